@@ -1,0 +1,4 @@
+#![no_std]
+pub mod abi {}
+#[cfg(feature = "image")]
+pub mod rt {}
