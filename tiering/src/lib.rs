@@ -1,1 +1,17 @@
+//! Tiered guest memory for tiervm.
+//!
+//! No KVM types appear in this crate's public API: the pieces that need KVM
+//! (the dirty log, vCPU kicks) are small traits that the `vmm` crate
+//! implements.
+//!
+//! - [`host`]: what the host offers (NUMA nodes, THP, userfaultfd, idle page tracking).
+//! - [`mem`]: tiered backing memory, dirty harvesting, access tracking and the
+//!   migration mechanisms (transactional migration, stop-and-copy, shadows).
+//! - [`policy`]: placement policies as pure code (observations in, decisions out).
+//! - [`sim`]: a deterministic, trace-driven simulator that runs the same policies
+//!   against modeled tiers.
 
+pub mod host;
+pub mod mem;
+pub mod policy;
+pub mod sim;
