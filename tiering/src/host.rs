@@ -574,6 +574,27 @@ impl UserfaultfdFacts {
     }
 }
 
+/// Explains why neither path produced a userfaultfd, with the fix.
+fn no_userfaultfd_reason(dev: &Access, syscall: &Access) -> String {
+    let both = format!(
+        "no userfaultfd (/dev/userfaultfd: {}, syscall: {})",
+        dev.describe(),
+        syscall.describe()
+    );
+    if *dev == Access::PermissionDenied || *syscall == Access::PermissionDenied {
+        format!(
+            "{both}: run as root, give this user read-write access to {DEV_USERFAULTFD}, \
+             or set vm.unprivileged_userfaultfd=1"
+        )
+    } else if *dev == Access::Absent && *syscall == Access::Absent {
+        format!(
+            "{both}: kernel built without CONFIG_USERFAULTFD (needs Linux >= 6.8 for UFFDIO_MOVE)"
+        )
+    } else {
+        both
+    }
+}
+
 /// Probes userfaultfd: tries `/dev/userfaultfd` and the syscall, and asks
 /// `UFFDIO_API` on the first fd obtained. All fds are closed on return.
 pub fn userfaultfd() -> UserfaultfdFacts {
@@ -595,12 +616,7 @@ pub fn userfaultfd() -> UserfaultfdFacts {
     let (api, api_error) = match source {
         None => (
             None,
-            Some(
-                "no userfaultfd: /dev/userfaultfd and the syscall both failed \
-                 (kernel needs CONFIG_USERFAULTFD; run as root, or give access to \
-                 /dev/userfaultfd, or set vm.unprivileged_userfaultfd=1)"
-                    .to_string(),
-            ),
+            Some(no_userfaultfd_reason(&dev_userfaultfd, &syscall_access)),
         ),
         Some((via, fd)) => match sys::uffdio_api(&fd) {
             Ok(raw) => (
@@ -646,16 +662,16 @@ pub enum IdlePageTracking {
 }
 
 impl IdlePageTracking {
-    /// Short human description, including the consequence for tiervm.
+    /// Short human description.
     pub fn describe(&self) -> String {
         match self {
             IdlePageTracking::Readable => format!("{PAGE_IDLE_BITMAP} readable"),
             IdlePageTracking::NotReadable { reason } => {
                 format!("{PAGE_IDLE_BITMAP} present but not readable ({reason}); needs root")
             }
-            IdlePageTracking::Absent => "absent: kernel built without \
-                CONFIG_IDLE_PAGE_TRACKING; tiervm falls back to hint-fault sampling"
-                .into(),
+            IdlePageTracking::Absent => {
+                "absent: kernel built without CONFIG_IDLE_PAGE_TRACKING".into()
+            }
         }
     }
 }
@@ -983,6 +999,20 @@ mod tests {
         let f = UffdFeatures::from_bits(UFFD_FEATURE_MINOR_SHMEM);
         assert_eq!(f.names, vec!["MINOR_SHMEM"]);
         assert!(f.minor_shmem && !f.moves);
+    }
+
+    #[test]
+    fn no_userfaultfd_reason_names_the_fix() {
+        let denied = no_userfaultfd_reason(&Access::PermissionDenied, &Access::PermissionDenied);
+        assert!(denied.contains("unprivileged_userfaultfd=1"), "{denied}");
+        let absent = no_userfaultfd_reason(&Access::Absent, &Access::Absent);
+        assert!(absent.contains("CONFIG_USERFAULTFD"), "{absent}");
+        let err = io::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(Access::from_io_error(&err), Access::PermissionDenied);
+        let err = io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(Access::from_io_error(&err), Access::Absent);
+        let err = io::Error::from_raw_os_error(libc::EMFILE);
+        assert!(matches!(Access::from_io_error(&err), Access::Failed { .. }));
     }
 
     fn node(id: u32, cpus: &[u32]) -> NumaNode {
