@@ -450,10 +450,11 @@ pub enum Migration {
     /// Copy while the guest runs, commit only if the page stayed clean
     /// (`UFFDIO_MOVE` + manual-protect dirty log).
     Transactional,
-    /// `UFFDIO_MOVE` without a per-page dirty check: vCPUs pause while a
-    /// batch is copied.
+    /// `UFFDIO_MOVE` without the manual-protect dirty log: no per-page dirty
+    /// check, so pages move only while the vCPUs are paused.
     StopAndCopy,
-    /// No way to move a guest page: pages stay where first placed.
+    /// No `UFFDIO_MOVE` (or no VMs): tiervm's migration mechanisms are
+    /// unavailable; only the no-migration baseline runs.
     None,
 }
 
@@ -533,7 +534,7 @@ impl Verdict {
             match migration {
                 Migration::Transactional => "transactional",
                 Migration::StopAndCopy => "stop-and-copy only",
-                Migration::None => "none (no-migration baseline only)",
+                Migration::None => "none (needs UFFDIO_MOVE; no-migration baseline only)",
             },
             match access_tracking {
                 AccessTracking::PageIdle => "accessed bits (page_idle)",
