@@ -226,8 +226,14 @@ mod tests {
 
     #[test]
     fn field_offsets_match_constants() {
-        assert_eq!(core::mem::offset_of!(StatusPage, stop_request) as u64, STATUS_STOP_OFFSET);
-        assert_eq!(core::mem::offset_of!(StatusPage, vcpus) as u64, STATUS_VCPUS_OFFSET);
+        assert_eq!(
+            core::mem::offset_of!(StatusPage, stop_request) as u64,
+            STATUS_STOP_OFFSET
+        );
+        assert_eq!(
+            core::mem::offset_of!(StatusPage, vcpus) as u64,
+            STATUS_VCPUS_OFFSET
+        );
         assert!(STATUS_GPA + STATUS_SIZE <= PAGE_TABLES_GPA);
         assert!(BOOT_INFO_GPA + 4096 <= STATUS_GPA);
     }

@@ -189,17 +189,23 @@ impl<'a> Args<'a> {
 
     /// `key` as a size; `fallback` if absent or malformed.
     pub fn size(&self, key: &str, fallback: u64) -> u64 {
-        self.raw(key).and_then(|v| parse_size(v).ok()).unwrap_or(fallback)
+        self.raw(key)
+            .and_then(|v| parse_size(v).ok())
+            .unwrap_or(fallback)
     }
 
     /// `key` as a float; `fallback` if absent or malformed.
     pub fn f64(&self, key: &str, fallback: f64) -> f64 {
-        self.raw(key).and_then(|v| parse_f64(v).ok()).unwrap_or(fallback)
+        self.raw(key)
+            .and_then(|v| parse_f64(v).ok())
+            .unwrap_or(fallback)
     }
 
     /// `key` as an integer; `fallback` if absent or malformed.
     pub fn u64(&self, key: &str, fallback: u64) -> u64 {
-        self.raw(key).and_then(|v| parse_u64(v).ok()).unwrap_or(fallback)
+        self.raw(key)
+            .and_then(|v| parse_u64(v).ok())
+            .unwrap_or(fallback)
     }
 
     /// `key` as text; `fallback` if absent.
@@ -247,7 +253,10 @@ mod tests {
             about: "",
             args: &[ArgSpec {
                 key: "wss",
-                kind: ArgKind::Size { min: 0, max: u64::MAX },
+                kind: ArgKind::Size {
+                    min: 0,
+                    max: u64::MAX,
+                },
                 default: "1M",
                 help: "",
             }],

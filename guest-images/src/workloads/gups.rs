@@ -6,8 +6,7 @@
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::{
-    data_words, touch_partition, Access, AffinePermutation, Env, OPS_ARG, PAGE_SIZE,
-    PUBLISH_EVERY,
+    data_words, touch_partition, Access, AffinePermutation, Env, OPS_ARG, PAGE_SIZE, PUBLISH_EVERY,
 };
 use crate::abi::Phase;
 use crate::args::{ArgKind, ArgSpec, Args, ImageSpec};
@@ -22,13 +21,19 @@ pub static SPEC: ImageSpec = ImageSpec {
     args: &[
         ArgSpec {
             key: "size",
-            kind: ArgKind::Size { min: PAGE_SIZE, max: MAX_BYTES },
+            kind: ArgKind::Size {
+                min: PAGE_SIZE,
+                max: MAX_BYTES,
+            },
             default: "512M",
             help: "buffer bytes",
         },
         ArgSpec {
             key: "hot_size",
-            kind: ArgKind::Size { min: PAGE_SIZE, max: MAX_BYTES },
+            kind: ArgKind::Size {
+                min: PAGE_SIZE,
+                max: MAX_BYTES,
+            },
             default: "160M",
             help: "hot-set bytes (<= size), a random subset of pages",
         },
@@ -40,7 +45,9 @@ pub static SPEC: ImageSpec = ImageSpec {
         },
         ArgSpec {
             key: "object",
-            kind: ArgKind::Choice(&["8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096"]),
+            kind: ArgKind::Choice(&[
+                "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096",
+            ]),
             default: "64",
             help: "object bytes read and updated per operation",
         },
@@ -65,9 +72,14 @@ impl GupsParams {
     /// Reads the parameters from `args`.
     pub fn from_args(args: &Args<'_>) -> Self {
         let size = (args.size("size", 512 << 20) / PAGE_SIZE).max(1) * PAGE_SIZE;
-        let hot_size = ((args.size("hot_size", 160 << 20) / PAGE_SIZE).max(1) * PAGE_SIZE).min(size);
+        let hot_size =
+            ((args.size("hot_size", 160 << 20) / PAGE_SIZE).max(1) * PAGE_SIZE).min(size);
         let object = args.u64("object", 64);
-        let object = if object.is_power_of_two() && (8..=PAGE_SIZE).contains(&object) { object } else { 64 };
+        let object = if object.is_power_of_two() && (8..=PAGE_SIZE).contains(&object) {
+            object
+        } else {
+            64
+        };
         Self {
             size,
             hot_size,
@@ -174,7 +186,8 @@ mod tests {
             object: 64,
         };
         let pat = GupsPattern::new(&p, 3);
-        let hot: std::collections::HashSet<u64> = (0..pat.hot_pages()).map(|i| pat.hot_page(i)).collect();
+        let hot: std::collections::HashSet<u64> =
+            (0..pat.hot_pages()).map(|i| pat.hot_page(i)).collect();
         assert_eq!(hot.len() as u64, pat.hot_pages());
         let mut rng = Rng::new(1);
         let n = 200_000;

@@ -28,7 +28,10 @@ pub static SPEC: ImageSpec = ImageSpec {
     args: &[
         ArgSpec {
             key: "region",
-            kind: ArgKind::Size { min: PAGE_SIZE, max: MAX_BYTES },
+            kind: ArgKind::Size {
+                min: PAGE_SIZE,
+                max: MAX_BYTES,
+            },
             default: "64M",
             help: "bytes of pages under check",
         },
@@ -40,13 +43,19 @@ pub static SPEC: ImageSpec = ImageSpec {
         },
         ArgSpec {
             key: "write_rate",
-            kind: ArgKind::Int { min: 0, max: 1 << 40 },
+            kind: ArgKind::Int {
+                min: 0,
+                max: 1 << 40,
+            },
             default: "0",
             help: "page writes per second per vCPU (0 = as fast as possible)",
         },
         ArgSpec {
             key: "hot_fraction",
-            kind: ArgKind::Float { min: 0.0001, max: 1.0 },
+            kind: ArgKind::Float {
+                min: 0.0001,
+                max: 1.0,
+            },
             default: "0.1",
             help: "pattern=hot: share of pages in the hot set",
         },
@@ -58,7 +67,10 @@ pub static SPEC: ImageSpec = ImageSpec {
         },
         ArgSpec {
             key: "verify_ms",
-            kind: ArgKind::Int { min: 1, max: 3_600_000 },
+            kind: ArgKind::Int {
+                min: 1,
+                max: 3_600_000,
+            },
             default: "200",
             help: "period of the full verification pass",
         },
@@ -163,9 +175,12 @@ impl Checker<'_> {
         let entry = b.load(Relaxed);
         let s = stamp(page, entry & !FLAG_MISMATCH);
         let base = page as usize * PAGE_WORDS;
-        let mut bad = self.pages[base].load(Relaxed) != s || self.pages[base + PAGE_WORDS - 1].load(Relaxed) != s;
+        let mut bad = self.pages[base].load(Relaxed) != s
+            || self.pages[base + PAGE_WORDS - 1].load(Relaxed) != s;
         if full && !bad {
-            bad = self.pages[base + 1..base + PAGE_WORDS - 1].iter().any(|w| w.load(Relaxed) != 0);
+            bad = self.pages[base + 1..base + PAGE_WORDS - 1]
+                .iter()
+                .any(|w| w.load(Relaxed) != 0);
         }
         if bad {
             b.store(entry | FLAG_MISMATCH, Relaxed);
@@ -207,7 +222,11 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let perm = AffinePermutation::new(n, env.seed() ^ u64::from(env.vcpu()));
     let khz = env.tsc_khz().max(1);
     let verify_cycles = params.verify_ms.saturating_mul(khz);
-    let write_cycles = if params.write_rate == 0 { 0 } else { (khz * 1000 / params.write_rate).max(1) };
+    let write_cycles = if params.write_rate == 0 {
+        0
+    } else {
+        (khz * 1000 / params.write_rate).max(1)
+    };
     let limit = env.args().u64("ops", 0);
     let (mut ops, mut seq, mut passes, mut periodic_bad) = (0u64, 0u64, 0u64, 0u64);
     let start = env.cycles();
@@ -234,7 +253,9 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
                 ops += 1;
                 if write_cycles != 0 {
                     next_write = next_write.wrapping_add(write_cycles);
-                    while (env.cycles().wrapping_sub(next_write) as i64) < 0 && !env.stop_requested() {
+                    while (env.cycles().wrapping_sub(next_write) as i64) < 0
+                        && !env.stop_requested()
+                    {
                         core::hint::spin_loop();
                     }
                 }
@@ -297,7 +318,11 @@ mod tests {
     #[test]
     fn clean_run_reports_zero() {
         for pattern in ["random", "hot", "sequential"] {
-            let env = TestEnv::new(&SPEC, &[("region", "256K"), ("pattern", pattern), ("verify_ms", "1")], 5_000);
+            let env = TestEnv::new(
+                &SPEC,
+                &[("region", "256K"), ("pattern", pattern), ("verify_ms", "1")],
+                5_000,
+            );
             let mem = mem_for(256 << 10);
             assert_eq!(run(&env, &mem), 0, "{pattern}");
             assert_eq!(env.metric_value("mismatched_pages"), Some(0.0));
@@ -355,7 +380,11 @@ mod tests {
         for (word, value) in [(3 * PAGE_WORDS, stamp(3, 0)), (5 * PAGE_WORDS + 17, 0xdead)] {
             let mem = mem_for(256 << 10);
             let env = CorruptingEnv {
-                inner: TestEnv::new(&SPEC, &[("region", "256K"), ("pattern", "sequential")], 5_000),
+                inner: TestEnv::new(
+                    &SPEC,
+                    &[("region", "256K"), ("pattern", "sequential")],
+                    5_000,
+                ),
                 mem: &mem,
                 word: SCRATCH_WORDS + word,
                 value,

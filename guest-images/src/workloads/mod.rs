@@ -69,7 +69,10 @@ pub struct Access {
 /// Common argument: stop after this many operations per worker (0 = until stopped).
 pub const OPS_ARG: ArgSpec = ArgSpec {
     key: "ops",
-    kind: ArgKind::Int { min: 0, max: u64::MAX },
+    kind: ArgKind::Int {
+        min: 0,
+        max: u64::MAX,
+    },
     default: "0",
     help: "operations per vCPU before the workload ends by itself (0 = run until stopped)",
 };
@@ -205,7 +208,11 @@ pub(crate) mod host_env {
             }
         }
         pub fn metric_value(&self, name: &str) -> Option<f64> {
-            self.metrics.borrow().iter().find(|(n, _)| n == name).map(|m| m.1)
+            self.metrics
+                .borrow()
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|m| m.1)
         }
     }
 

@@ -20,19 +20,28 @@ pub static SPEC: ImageSpec = ImageSpec {
     args: &[
         ArgSpec {
             key: "rss",
-            kind: ArgKind::Size { min: PAGE_SIZE, max: MAX_BYTES },
+            kind: ArgKind::Size {
+                min: PAGE_SIZE,
+                max: MAX_BYTES,
+            },
             default: "512M",
             help: "resident set: bytes touched at start",
         },
         ArgSpec {
             key: "wss",
-            kind: ArgKind::Size { min: PAGE_SIZE, max: MAX_BYTES },
+            kind: ArgKind::Size {
+                min: PAGE_SIZE,
+                max: MAX_BYTES,
+            },
             default: "256M",
             help: "working set: the last WSS bytes of the RSS get the Zipfian accesses (<= rss)",
         },
         ArgSpec {
             key: "theta",
-            kind: ArgKind::Float { min: 0.0, max: 0.9999 },
+            kind: ArgKind::Float {
+                min: 0.0,
+                max: 0.9999,
+            },
             default: "0.99",
             help: "Zipf skew",
         },
@@ -207,14 +216,25 @@ mod tests {
     fn run_writes_only_the_working_set() {
         let env = TestEnv::new(
             &SPEC,
-            &[("rss", "256K"), ("wss", "64K"), ("write_ratio", "1"), ("stride", "8")],
+            &[
+                ("rss", "256K"),
+                ("wss", "64K"),
+                ("write_ratio", "1"),
+                ("stride", "8"),
+            ],
             10_000,
         );
         let mem = zeroed(super::super::SCRATCH_WORDS + (256 << 10) / 8);
         assert_eq!(run(&env, &mem), 0);
         let data = &mem[super::super::SCRATCH_WORDS..];
-        let cold: u64 = data[..(192 << 10) / 8].iter().map(|x| x.load(Relaxed)).sum();
-        let hot: u64 = data[(192 << 10) / 8..].iter().map(|x| x.load(Relaxed)).sum();
+        let cold: u64 = data[..(192 << 10) / 8]
+            .iter()
+            .map(|x| x.load(Relaxed))
+            .sum();
+        let hot: u64 = data[(192 << 10) / 8..]
+            .iter()
+            .map(|x| x.load(Relaxed))
+            .sum();
         // Cold part only holds the touch marks (page numbers), the WSS got every write.
         let touch_marks: u64 = (0..48u64).sum();
         assert_eq!(cold, touch_marks);

@@ -1,0 +1,100 @@
+//! `tiervm run`: boot a guest image and report what it did.
+
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+
+use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
+use crate::error::{Error, Result};
+use crate::report::{RunReport, StopReason};
+use crate::runner::{self, Console, NoHooks};
+use crate::units::{parse_duration, parse_size};
+
+/// Report format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// A readable summary on stdout.
+    #[default]
+    Human,
+    /// One JSON object on stdout (schema: docs/report.md).
+    Json,
+}
+
+/// Flags of `tiervm run`.
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// Built-in image (zipf, gups, memcheck) or path to a static x86_64 ELF.
+    #[arg(default_value = "zipf")]
+    pub image: String,
+    /// Guest RAM size (multiple of 2M), e.g. 512M, 1G.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub mem: u64,
+    /// Number of vCPUs (threads running the workload).
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u32,
+    /// Run length (then the guest is asked to stop); 0 = until the guest exits.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Workload parameter key=value (repeatable); `tiervm images` lists them.
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    pub args: Vec<String>,
+    /// Seed of the guest's random generators.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Status-page sampling period in milliseconds (timeline resolution).
+    #[arg(long, default_value_t = DEFAULT_SAMPLE_MS)]
+    pub sample_ms: u64,
+    /// How long the guest gets to report after the stop request.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub stop_grace: Duration,
+    /// Report format.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
+    pub report: ReportFormat,
+}
+
+impl RunArgs {
+    /// The unvalidated VM request these flags describe.
+    pub fn request(&self) -> VmRequest {
+        VmRequest {
+            image: self.image.clone(),
+            args: self.args.clone(),
+            mem_bytes: self.mem,
+            vcpus: self.vcpus,
+            duration: self.duration,
+            sample_ms: self.sample_ms,
+            seed: self.seed,
+            stop_grace: self.stop_grace,
+        }
+    }
+}
+
+/// Runs `tiervm run`; returns the process exit code.
+pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
+    let cfg = VmConfig::from_request(&args.request())?;
+    let report = runner::run(&cfg, started, Console::Stderr, &mut NoHooks)?;
+    print_report(&report, args.report)?;
+    Ok(exit_code_of(&report))
+}
+
+/// Prints a report in the chosen format.
+pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
+    match format {
+        ReportFormat::Human => print!("{}", report.human()),
+        ReportFormat::Json => {
+            let s =
+                serde_json::to_string(report).map_err(|e| Error::host("encoding the report", e))?;
+            println!("{s}");
+        }
+    }
+    Ok(())
+}
+
+/// The process exit code for a finished run: 3 after a crash, 0 when the
+/// guest exited 0, 1 when it exited non-zero or never exited.
+pub fn exit_code_of(report: &RunReport) -> i32 {
+    match (report.stop_reason, report.exit_code) {
+        (StopReason::Crashed, _) => crate::error::EXIT_GUEST_CRASH,
+        (_, Some(0)) => 0,
+        _ => 1,
+    }
+}

@@ -1,0 +1,6 @@
+//! KVM state of a VM: guest memory, the VM file descriptor with its memory
+//! slots, and the vCPUs (Firecracker's `vstate` layout).
+
+pub mod memory;
+pub mod vcpu;
+pub mod vm;
