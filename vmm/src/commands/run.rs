@@ -73,6 +73,9 @@ pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     let cfg = VmConfig::from_request(&args.request())?;
     let report = runner::run(&cfg, started, Console::Stderr, &mut NoHooks)?;
     print_report(&report, args.report)?;
+    if let Some(crash) = &report.crash {
+        eprintln!("tiervm: guest crashed: {crash}");
+    }
     Ok(exit_code_of(&report))
 }
 

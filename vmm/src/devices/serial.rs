@@ -145,8 +145,8 @@ mod tests {
         let mut w = ConsoleWriter::new(sink.clone(), 8);
         w.write_all(b"ab\x1b[2Jcdefghijkl\n").unwrap();
         w.flush_line();
-        assert_eq!(sink.contents(), "[guest] ab?[2Jcde\n");
+        assert_eq!(sink.contents(), "[guest] ab?[2Jcd\n");
         assert_eq!(w.written(), 8);
-        assert_eq!(w.dropped(), 10);
+        assert_eq!(w.dropped(), 9);
     }
 }
