@@ -156,6 +156,8 @@ pub struct StatusPage {
 const _: () = assert!(core::mem::size_of::<StatusPage>() as u64 <= STATUS_SIZE);
 const _: () = assert!(core::mem::size_of::<BootInfo>() <= 4096);
 const _: () = assert!(core::mem::size_of::<VcpuStatus>() == 64);
+const _: () = assert!(STATUS_GPA + STATUS_SIZE <= PAGE_TABLES_GPA);
+const _: () = assert!(BOOT_INFO_GPA + 4096 <= STATUS_GPA);
 
 /// Where a vCPU is in its workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,8 +236,6 @@ mod tests {
             core::mem::offset_of!(StatusPage, vcpus) as u64,
             STATUS_VCPUS_OFFSET
         );
-        assert!(STATUS_GPA + STATUS_SIZE <= PAGE_TABLES_GPA);
-        assert!(BOOT_INFO_GPA + 4096 <= STATUS_GPA);
     }
 
     #[test]
@@ -245,6 +245,6 @@ mod tests {
         assert!(to_fixed::<2>("wss").is_none());
         assert!(to_fixed::<8>("a\0b").is_none());
         assert_eq!(from_fixed(&[0xff, 0xfe]), None);
-        assert_eq!(from_fixed(&[b'a', b'b']), Some("ab"));
+        assert_eq!(from_fixed(b"ab"), Some("ab"));
     }
 }

@@ -173,7 +173,7 @@ impl VmConfig {
                 format_size(MAX_RAM)
             )));
         }
-        if mem % GUEST_LARGE_PAGE != 0 {
+        if !mem.is_multiple_of(GUEST_LARGE_PAGE) {
             return Err(Error::Usage(format!(
                 "--mem {} is not a multiple of 2M: use e.g. --mem {}",
                 format_size(mem),

@@ -25,7 +25,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     let v: f64 = num.trim().parse().map_err(|_| bad())?;
     let secs = v * mult;
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(bad());
     }
     Ok(Duration::from_secs_f64(secs))
@@ -42,7 +42,7 @@ pub fn format_size(bytes: u64) -> String {
     for (suffix, unit) in UNITS {
         if bytes >= unit {
             let v = bytes as f64 / unit as f64;
-            return if bytes % unit == 0 {
+            return if bytes.is_multiple_of(unit) {
                 format!("{}{suffix}", bytes / unit)
             } else {
                 format!("{v:.1}{suffix}")

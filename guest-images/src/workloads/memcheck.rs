@@ -222,11 +222,10 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let perm = AffinePermutation::new(n, env.seed() ^ u64::from(env.vcpu()));
     let khz = env.tsc_khz().max(1);
     let verify_cycles = params.verify_ms.saturating_mul(khz);
-    let write_cycles = if params.write_rate == 0 {
-        0
-    } else {
-        (khz * 1000 / params.write_rate).max(1)
-    };
+    // 0 = unthrottled.
+    let write_cycles = (khz * 1000)
+        .checked_div(params.write_rate)
+        .map_or(0, |c| c.max(1));
     let limit = env.args().u64("ops", 0);
     let (mut ops, mut seq, mut passes, mut periodic_bad) = (0u64, 0u64, 0u64, 0u64);
     let start = env.cycles();
