@@ -68,7 +68,7 @@ pub fn run(
     console: Console,
     hooks: &mut dyn RunHooks,
 ) -> Result<RunReport> {
-    let mem = memory::create_ram(cfg.mem_bytes)?;
+    let mem = memory::create_ram(cfg.mem_bytes, true)?;
     Elf::load(&mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None)
         .map_err(|e| Error::Image(format!("image '{}': loading failed: {e}", cfg.image.name)))?;
     let cr3 = memory::write_page_tables(&mem, cfg.mem_bytes)?;

@@ -18,6 +18,9 @@ use crate::error::{Error, Result};
 use crate::report::group;
 use crate::status::{ops_per_sec, TimelinePoint};
 use crate::units::parse_duration;
+use crate::vstate::memory::create_ram;
+use tiervm_guest::abi::GUEST_LARGE_PAGE;
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 /// Flags of `tiervm native`.
 #[derive(Clone, Debug, Args)]
@@ -128,9 +131,19 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     check_args(spec.name, spec, &kv)?;
     let entries = to_entries(&kv)?;
     let need = workloads::heap_need(spec.name, &GuestArgs::new(&entries, Some(spec))).unwrap_or(0);
-    let words = usize::try_from(need / 8)
+    // The same backing as a VM's RAM: anonymous, private, transparent huge pages.
+    let bytes = need.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE;
+    let ram = create_ram(bytes, true)?;
+    let host = ram
+        .get_host_address(GuestAddress(0))
+        .map_err(|e| Error::host("native memory address", e))?;
+    let words = usize::try_from(bytes / 8)
         .map_err(|_| Error::Usage("data set too large for this host".into()))?;
-    let mem: Vec<AtomicU64> = (0..words).map(|_| AtomicU64::new(0)).collect();
+    // SAFETY: `ram` maps `bytes` bytes of zeroed, page-aligned anonymous
+    // memory that lives until the end of this function (after every worker
+    // thread joined); AtomicU64 has no invalid bit patterns and is only
+    // accessed atomically.
+    let mem: &[AtomicU64] = unsafe { std::slice::from_raw_parts(host.cast::<AtomicU64>(), words) };
     let stop = AtomicBool::new(false);
     let counters: Vec<AtomicU64> = (0..args.threads).map(|_| AtomicU64::new(0)).collect();
     let barrier = Barrier::new(args.threads as usize);
@@ -151,7 +164,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
                 barrier: &barrier,
                 tsc_khz,
             };
-            let (mem, exit_sum) = (&mem, &exit_sum);
+            let exit_sum = &exit_sum;
             s.spawn(move || {
                 let code = workloads::run_by_name(spec.name, &env, mem).unwrap_or(u32::MAX);
                 let _ = exit_sum.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {

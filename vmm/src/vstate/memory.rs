@@ -5,7 +5,7 @@ use tiervm_guest::abi::{
     self, ArgEntry, BootInfo, StatusPage, BOOT_INFO_GPA, GUEST_LARGE_PAGE, MAX_ARGS,
     PAGE_TABLES_GPA, STACK_SIZE, STATUS_GPA,
 };
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::error::{Error, Result};
 
@@ -74,12 +74,29 @@ impl Layout {
     }
 }
 
-/// Anonymous, private guest RAM of `size` bytes at guest-physical 0.
-pub fn create_ram(size: u64) -> Result<GuestMemoryMmap> {
+/// Anonymous, private guest RAM of `size` bytes at guest-physical 0. With
+/// `huge_pages` the host is asked to back it with transparent huge pages
+/// (`MADV_HUGEPAGE`), which the untiered VM uses; tiered RAM stays 4 KiB.
+pub fn create_ram(size: u64, huge_pages: bool) -> Result<GuestMemoryMmap> {
     let len = usize::try_from(size)
         .map_err(|_| Error::Usage(format!("--mem {size} does not fit this host")))?;
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)])
-        .map_err(|e| Error::host("mapping guest RAM", e))
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)])
+        .map_err(|e| Error::host("mapping guest RAM", e))?;
+    if huge_pages {
+        let host = mem
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| Error::host("guest RAM address", e))?;
+        // SAFETY: madvise on the mapping vm-memory just created for exactly
+        // `len` bytes; MADV_HUGEPAGE only changes the kernel's backing choice.
+        let rc = unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
+        if rc != 0 {
+            tracing::debug!(
+                "MADV_HUGEPAGE on guest RAM failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(mem)
 }
 
 /// Page-table entry bits.
@@ -190,7 +207,7 @@ mod tests {
 
     #[test]
     fn page_tables_map_ram_identity() {
-        let mem = create_ram(64 << 20).unwrap();
+        let mem = create_ram(64 << 20, false).unwrap();
         let cr3 = write_page_tables(&mem, 64 << 20).unwrap();
         let pml4e: u64 = mem.read_obj(GuestAddress(cr3)).unwrap();
         let pdpt = pml4e & !0xfff;
