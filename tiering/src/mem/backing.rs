@@ -146,36 +146,96 @@ fn initial_tiers(n: usize, fast_cap: usize, slow_cap: usize, placement: Placemen
         .collect()
 }
 
-/// Faults in the given pages of guest RAM from `node` (thread mempolicy).
-fn populate_tier(base: usize, tiers: &[Tier], tier: Tier, node: u32) -> std::io::Result<()> {
-    sys::set_thread_mempolicy(Some(node))?;
-    let mut i = 0;
-    let res = (|| {
-        while i < tiers.len() {
-            if tiers[i] != tier {
-                i += 1;
-                continue;
-            }
-            let start = i;
-            while i < tiers.len() && tiers[i] == tier {
-                i += 1;
-            }
-            let len = i - start;
-            if len >= 8 {
-                sys::populate_write(base + start * PAGE_SIZE, len * PAGE_SIZE)?;
-            } else {
-                for p in start..i {
-                    // SAFETY: the page lies inside guest RAM, which this thread may write
-                    // during setup (nothing else uses it yet); writing a zero to a fresh
-                    // anonymous page only faults it in.
-                    unsafe { ((base + p * PAGE_SIZE) as *mut u8).write_volatile(0) };
-                }
+/// A chunk of population work.
+#[derive(Clone, Copy)]
+enum PopulateJob {
+    /// Guest pages `[first, end)`, each from its tier's node (thread mempolicy).
+    Guest { first: usize, end: usize },
+    /// A pool range (its VMA is already bound to the node).
+    Pool { addr: usize, len: usize },
+}
+
+const POPULATE_CHUNK_PAGES: usize = 4096;
+
+/// Faults in guest pages `[first, end)`, each on its tier's node, switching the
+/// calling thread's memory policy only when the node changes.
+fn populate_guest(
+    base: usize,
+    tiers: &[Tier],
+    nodes: [u32; 2],
+    first: usize,
+    end: usize,
+    cur_node: &mut Option<u32>,
+) -> std::io::Result<()> {
+    let mut i = first;
+    while i < end {
+        let t = tiers[i];
+        let start = i;
+        while i < end && tiers[i] == t {
+            i += 1;
+        }
+        let node = nodes[t.index()];
+        if *cur_node != Some(node) {
+            sys::set_thread_mempolicy(Some(node))?;
+            *cur_node = Some(node);
+        }
+        let len = i - start;
+        if len >= 8 {
+            sys::populate_write(base + start * PAGE_SIZE, len * PAGE_SIZE)?;
+        } else {
+            for p in start..i {
+                // SAFETY: the page lies inside guest RAM, which only the populate threads
+                // touch during setup; writing a zero to a fresh anonymous page faults it in.
+                unsafe { ((base + p * PAGE_SIZE) as *mut u8).write_volatile(0) };
             }
         }
+    }
+    Ok(())
+}
+
+/// Runs the population jobs on all available cores.
+fn populate_parallel(
+    base: usize,
+    tiers: &[Tier],
+    nodes: [u32; 2],
+    jobs: &[PopulateJob],
+) -> Result<(), MemError> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 8)
+        .min(jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| -> Result<(), MemError> {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> std::io::Result<()> {
+                    let mut cur_node = None;
+                    let res = (|| loop {
+                        let j = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(job) = jobs.get(j) else {
+                            return Ok(());
+                        };
+                        match *job {
+                            PopulateJob::Guest { first, end } => {
+                                populate_guest(base, tiers, nodes, first, end, &mut cur_node)?
+                            }
+                            PopulateJob::Pool { addr, len } => sys::populate_write(addr, len)?,
+                        }
+                    })();
+                    if cur_node.is_some() {
+                        sys::set_thread_mempolicy(None)?;
+                    }
+                    res
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| MemError::Config("populate thread panicked".into()))??;
+        }
         Ok(())
-    })();
-    sys::set_thread_mempolicy(None)?;
-    res
+    })
 }
 
 impl TieredMemory {
@@ -221,34 +281,30 @@ impl TieredMemory {
         let shadow_base = pool_base[1] + slow_cap * PAGE_SIZE;
         let park_base = shadow_base + n * PAGE_SIZE;
         let nodes = [cfg.fast_node, cfg.slow_node];
+        let mut jobs = Vec::new();
         for t in [Tier::Fast, Tier::Slow] {
             let i = t.index();
             if caps[i] > 0 {
                 sys::mbind(pool_base[i], caps[i] * PAGE_SIZE, nodes[i])?;
                 let free = caps[i] - used[i];
-                if free > 0 {
-                    sys::populate_write(pool_base[i], free * PAGE_SIZE)?;
+                for c in (0..free).step_by(POPULATE_CHUNK_PAGES) {
+                    let len = POPULATE_CHUNK_PAGES.min(free - c);
+                    jobs.push(PopulateJob::Pool {
+                        addr: pool_base[i] + c * PAGE_SIZE,
+                        len: len * PAGE_SIZE,
+                    });
                 }
             }
         }
-        // Guest RAM: one thread per tier with a thread memory policy, so guest
-        // RAM keeps a single VMA whatever the placement.
-        let tiers_ref = &tiers;
-        std::thread::scope(|s| -> Result<(), MemError> {
-            let h: Vec<_> = [Tier::Fast, Tier::Slow]
-                .into_iter()
-                .filter(|t| used[t.index()] > 0)
-                .map(|t| {
-                    let node = nodes[t.index()];
-                    s.spawn(move || populate_tier(guest_base, tiers_ref, t, node))
-                })
-                .collect();
-            for j in h {
-                j.join()
-                    .map_err(|_| MemError::Config("guest RAM populate thread panicked".into()))??;
-            }
-            Ok(())
-        })?;
+        // Guest RAM keeps a single VMA whatever the placement: each page is
+        // faulted in under a thread memory policy for its tier's node.
+        for c in (0..n).step_by(POPULATE_CHUNK_PAGES) {
+            jobs.push(PopulateJob::Guest {
+                first: c,
+                end: (c + POPULATE_CHUNK_PAGES).min(n),
+            });
+        }
+        populate_parallel(guest_base, &tiers, nodes, &jobs)?;
         let uffd = Uffd::new()?;
         uffd.register_missing(map.addr(), map.len())?;
         let (release_tx, release_rx) = unbounded();

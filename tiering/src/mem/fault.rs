@@ -151,7 +151,16 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
                 mem.release_page(page, 0, 0);
                 continue;
             }
+            // Record the sample before the move wakes the toucher, so that a
+            // drain right after the touch sees it.
             let since_park = lock(&mem.park_epoch).elapsed();
+            lock(&mem.samples).push(AccessSample {
+                page: page as u64,
+                ns_since_park: since_park.as_nanos() as u64,
+                thread_id: p.thread_id,
+                write: p.write,
+            });
+            mem.counters.hint_faults.fetch_add(1, Ordering::Relaxed);
             if let Err(e) =
                 mem.uffd
                     .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, true)
@@ -163,16 +172,9 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
             mem.release_page(page, 0, PARKED);
             let stall = p.arrival.elapsed().as_nanos() as u64;
             let c = &mem.counters;
-            c.hint_faults.fetch_add(1, Ordering::Relaxed);
             c.hint_stall_ns.fetch_add(stall, Ordering::Relaxed);
             c.guest_stalls.fetch_add(1, Ordering::Relaxed);
             c.guest_stall_ns.fetch_add(stall, Ordering::Relaxed);
-            lock(&mem.samples).push(AccessSample {
-                page: page as u64,
-                ns_since_park: since_park.as_nanos() as u64,
-                thread_id: p.thread_id,
-                write: p.write,
-            });
             return true;
         }
         // Present (filled before or while we looked): wake is harmless.

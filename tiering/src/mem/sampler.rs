@@ -131,6 +131,7 @@ impl HintSampler {
     /// One period: unpark the previous window's untouched pages, measure the
     /// overhead and adapt the scan size, park the next window.
     pub fn tick(&mut self) -> io::Result<SamplerTick> {
+        let had_window = !self.window.is_empty();
         let untouched = self.unpark_all()?;
         let mem = self.mem.clone();
         let now = Instant::now();
@@ -141,7 +142,9 @@ impl HintSampler {
         self.last_tick = now;
         self.last_hint_ns = hint_ns;
         mem.set_overhead_pct(overhead_pct);
-        if overhead_pct > self.cfg.budget_pct {
+        if !had_window {
+            // Nothing was sampled over the last period: keep the scan size.
+        } else if overhead_pct > self.cfg.budget_pct {
             self.scan_pages = (self.scan_pages / 2).max(self.cfg.min_scan_pages.max(1));
         } else if overhead_pct < self.cfg.budget_pct / 2.0 {
             self.scan_pages =

@@ -312,3 +312,303 @@ fn skipping_the_dirty_check_loses_writes_and_the_test_sees_it() {
         "without the dirty check the writer must see lost writes"
     );
 }
+
+#[test]
+fn sampler_records_touches_and_obeys_its_budget() {
+    let Some((mem, _, _)) = setup(256, 128, Placement::Interleave) else {
+        return;
+    };
+    fill(&mem);
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    let cfg = SamplerConfig {
+        scan_pages: 64,
+        min_scan_pages: 8,
+        max_scan_pages: 256,
+        period: std::time::Duration::from_millis(50),
+        budget_pct: 0.0001,
+        vcpus: 1,
+    };
+    let mut s = HintSampler::new(mem.clone(), cfg);
+    let t = s.tick().unwrap();
+    assert_eq!(t.parked, 64);
+    // Touch pages 3 and 40 (parked) and 100 (not parked) from this thread:
+    // the fault handler unparks them and records samples.
+    assert_eq!(word(&mem, 3).load(Ordering::SeqCst), 3000);
+    word(&mem, 40).store(1, Ordering::SeqCst);
+    assert_eq!(word(&mem, 100).load(Ordering::SeqCst), 100_000);
+    let samples = mem.drain_samples();
+    let pages: Vec<u64> = samples.iter().map(|s| s.page).collect();
+    assert_eq!(pages, vec![3, 40], "{samples:?}");
+    assert!(samples[1].write && !samples[0].write);
+    assert_eq!(samples[0].thread_id, sys::thread_id());
+    let t = s.tick().unwrap();
+    assert_eq!(t.untouched, 62);
+    assert!(t.overhead_pct > 0.0);
+    assert_eq!(t.scan_pages, 32, "over budget: the scan size halves");
+    s.unpark_all().unwrap();
+    faults.stop().unwrap();
+    let st = mem.stats();
+    assert_eq!(st.hint_faults, 2);
+    assert!(st.tracking_overhead_pct > 0.0);
+    word(&mem, 40).store(40_000, Ordering::SeqCst);
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
+
+#[test]
+fn fault_handler_survives_unknown_addresses() {
+    let Some((mem, _, m)) = setup(64, 64, Placement::SlowFirst) else {
+        return;
+    };
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    // Reading guest RAM while a chaos driver moves it must never hang or panic.
+    let chaos = ChaosDriver::spawn(
+        m.clone(),
+        ChaosConfig {
+            units_per_sec: 20_000.0,
+            unit_pages: 1,
+            ..ChaosConfig::default()
+        },
+    )
+    .unwrap();
+    fill(&mem);
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(300) {
+        check_fill(&mem);
+    }
+    let rep = chaos.stop().unwrap();
+    assert!(rep.outcome.migrated > 0, "{rep:?}");
+    assert_eq!(rep.errors, 0);
+    faults.stop().unwrap();
+    assert_eq!(mem.stats().unexpected_faults, 0);
+    assert!(ChaosDriver::spawn(
+        m.clone(),
+        ChaosConfig {
+            unit_pages: 0,
+            ..ChaosConfig::default()
+        }
+    )
+    .is_err());
+    mem.check_consistency().unwrap();
+}
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Promote { first: usize, len: usize, tpm: bool },
+        Demote { first: usize, len: usize, tpm: bool },
+        Harvest,
+        Reclaim(usize),
+        Retry,
+        Sample,
+        Pause,
+    }
+
+    const PAGES: usize = 128;
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Half the units start in the writer's hot pages (0..16).
+        let first = prop_oneof![0..16usize, 0..PAGES];
+        let unit = (
+            first,
+            prop_oneof![Just(1usize), Just(4), Just(16)],
+            any::<bool>(),
+        );
+        prop_oneof![
+            3 => unit.clone().prop_map(|(f, l, tpm)| Op::Promote { first: f.min(PAGES - l), len: l, tpm }),
+            3 => unit.prop_map(|(f, l, tpm)| Op::Demote { first: f.min(PAGES - l), len: l, tpm }),
+            1 => Just(Op::Harvest),
+            1 => (1usize..40).prop_map(Op::Reclaim),
+            1 => Just(Op::Retry),
+            1 => Just(Op::Sample),
+            2 => Just(Op::Pause),
+        ]
+    }
+
+    /// A writer thread that increments random pages' counters through the
+    /// soft dirty log and can be paused so the checker can compare memory
+    /// with its model.
+    struct Writer {
+        model: Arc<Vec<AtomicU64>>,
+        pause: Arc<AtomicBool>,
+        paused: Arc<AtomicBool>,
+        stop: Arc<AtomicBool>,
+        join: Option<std::thread::JoinHandle<u64>>,
+    }
+
+    impl Writer {
+        fn spawn(mem: Arc<TieredMemory>, log: Arc<SoftDirtyLog>, seed: u64) -> Self {
+            let model: Arc<Vec<AtomicU64>> = Arc::new(
+                (0..PAGES)
+                    .map(|p| AtomicU64::new(word(&mem, p).load(Ordering::SeqCst)))
+                    .collect(),
+            );
+            let (pause, paused, stop) = (
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let (m2, p2, pd2, s2) = (model.clone(), pause.clone(), paused.clone(), stop.clone());
+            let join = std::thread::spawn(move || {
+                let mut x = seed | 1;
+                let mut writes = 0u64;
+                while !s2.load(Ordering::Relaxed) {
+                    if p2.load(Ordering::SeqCst) {
+                        pd2.store(true, Ordering::SeqCst);
+                        while p2.load(Ordering::SeqCst) && !s2.load(Ordering::Relaxed) {
+                            std::thread::yield_now();
+                        }
+                        pd2.store(false, Ordering::SeqCst);
+                        continue;
+                    }
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // 3/4 of the writes go to 16 hot pages so that copies race with writes.
+                    let p = if x & 3 != 0 {
+                        (x >> 8) as usize % 16
+                    } else {
+                        (x >> 8) as usize % PAGES
+                    };
+                    let _g = log.write_guard(p, 1);
+                    let v = m2[p].load(Ordering::SeqCst) + 1;
+                    word(&mem, p).store(v, Ordering::SeqCst);
+                    m2[p].store(v, Ordering::SeqCst);
+                    writes += 1;
+                }
+                writes
+            });
+            Self {
+                model,
+                pause,
+                paused,
+                stop,
+                join: Some(join),
+            }
+        }
+
+        fn pause(&self) {
+            self.pause.store(true, Ordering::SeqCst);
+            while !self.paused.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+        }
+
+        fn resume(&self) {
+            self.pause.store(false, Ordering::SeqCst);
+        }
+
+        fn finish(mut self) -> u64 {
+            // Returns the number of writes the writer made.
+            self.stop.store(true, Ordering::SeqCst);
+            self.pause.store(false, Ordering::SeqCst);
+            self.join.take().map(|j| j.join().unwrap()).unwrap_or(0)
+        }
+    }
+
+    fn run_case(ops: Vec<Op>, seed: u64) -> Result<(), TestCaseError> {
+        let Some((mem, log, m)) = setup(PAGES, 48, Placement::Random { seed }) else {
+            return Ok(());
+        };
+        for p in 0..PAGES {
+            word(&mem, p).store(p as u64 * 1000, Ordering::SeqCst);
+        }
+        let faults = FaultHandler::spawn(mem.clone()).unwrap();
+        let mut sampler = HintSampler::new(
+            mem.clone(),
+            SamplerConfig {
+                scan_pages: 16,
+                min_scan_pages: 4,
+                max_scan_pages: 32,
+                ..SamplerConfig::default()
+            },
+        );
+        let writer = Writer::spawn(mem.clone(), log, seed);
+        for op in &ops {
+            let requested = match op {
+                Op::Promote { len, .. } | Op::Demote { len, .. } => *len,
+                _ => 0,
+            };
+            let outcome = match *op {
+                Op::Promote { first, len, tpm } => Some(m.promote(
+                    &[Unit::run(first, len)],
+                    if tpm {
+                        Mechanism::Transactional
+                    } else {
+                        Mechanism::StopAndCopy
+                    },
+                )),
+                Op::Demote { first, len, tpm } => Some(m.demote(
+                    &[Unit::run(first, len)],
+                    if tpm {
+                        Mechanism::Transactional
+                    } else {
+                        Mechanism::StopAndCopy
+                    },
+                )),
+                Op::Harvest => {
+                    m.harvest().unwrap();
+                    None
+                }
+                Op::Reclaim(n) => {
+                    mem.reclaim_shadows(mem.free_pages(Tier::Slow) + n);
+                    None
+                }
+                Op::Retry => Some(m.run_due_retries()),
+                Op::Sample => {
+                    sampler.tick().unwrap();
+                    None
+                }
+                Op::Pause => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    None
+                }
+            };
+            if let Some(o) = outcome {
+                let o = o.unwrap();
+                if requested > 0 {
+                    // Every requested page is accounted for exactly once.
+                    let done = o.migrated
+                        + o.aborted_pages
+                        + o.skipped_no_space
+                        + o.skipped_busy
+                        + o.already_placed;
+                    prop_assert_eq!(done, requested, "{:?}: {:?}", op, o);
+                }
+            }
+            // Check with the writer paused (parked pages may still fault in).
+            writer.pause();
+            sampler.unpark_all().unwrap();
+            for p in 0..PAGES {
+                let want = writer.model[p].load(Ordering::SeqCst);
+                let got = word(&mem, p).load(Ordering::SeqCst);
+                prop_assert_eq!(got, want, "page {} after {:?}", p, op);
+            }
+            if let Err(e) = mem.check_consistency() {
+                prop_assert!(false, "after {:?}: {}", op, e);
+            }
+            let [f, s] = mem.guest_pages_per_tier();
+            prop_assert_eq!(f + s, PAGES);
+            prop_assert!(f <= 48);
+            writer.resume();
+        }
+        writer.finish();
+        faults.stop().unwrap();
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 64, .. ProptestConfig::default() })]
+        #[test]
+        fn mechanisms_match_the_model_under_a_concurrent_writer(
+            ops in proptest::collection::vec(op(), 1..25),
+            seed in any::<u64>(),
+        ) {
+            run_case(ops, seed)?;
+        }
+    }
+}
