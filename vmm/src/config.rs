@@ -9,6 +9,7 @@ use tiervm_guest::workloads;
 
 use crate::error::{Error, Result};
 use crate::image::{self, ElfInfo, Image};
+use crate::tiering_config::{TieringConfig, TieringRequest};
 use crate::units::format_size;
 use crate::vstate::memory::{Layout, MAX_RAM, MIN_RAM};
 
@@ -48,6 +49,8 @@ pub struct VmConfig {
     pub console_limit: u64,
     /// The guest-physical layout.
     pub layout: Layout,
+    /// Tiered memory settings; `None` = untiered RAM.
+    pub tiering: Option<TieringConfig>,
 }
 
 /// Unvalidated inputs (what the CLI parsed).
@@ -69,6 +72,8 @@ pub struct VmRequest {
     pub seed: u64,
     /// Stop grace.
     pub stop_grace: Duration,
+    /// Tiering flags.
+    pub tiering: TieringRequest,
 }
 
 impl Default for VmRequest {
@@ -82,6 +87,7 @@ impl Default for VmRequest {
             sample_ms: DEFAULT_SAMPLE_MS,
             seed: 1,
             stop_grace: DEFAULT_STOP_GRACE,
+            tiering: TieringRequest::default(),
         }
     }
 }
@@ -217,7 +223,12 @@ impl VmConfig {
                 req.vcpus
             )));
         }
+        let nodes: Vec<u32> = tiering::host::numa_nodes()
+            .map(|n| n.iter().map(|n| n.id).collect())
+            .unwrap_or_default();
+        let tiering = req.tiering.validate(mem, req.seed, &nodes)?;
         Ok(Self {
+            tiering,
             image,
             elf,
             args,

@@ -7,6 +7,8 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::status::TimelinePoint;
+use crate::vstate::tiered::{MigrationCounters, TieringReport, TrackingCounters};
+use tiering::mem::TierStats;
 use crate::units::format_size;
 
 /// Why the VM stopped.
@@ -64,6 +66,14 @@ pub struct RunReport {
     pub mmio_exits: u64,
     /// Crash description, when a vCPU crashed.
     pub crash: Option<String>,
+    /// Per-tier page counts (tiered runs only).
+    pub tiers: Option<Vec<TierStats>>,
+    /// Migration counters (tiered runs only).
+    pub migration: Option<MigrationCounters>,
+    /// Access-tracking counters (tiered runs only).
+    pub tracking: Option<TrackingCounters>,
+    /// Everything the tiering layer reports (tiered runs only).
+    pub tiering: Option<TieringReport>,
 }
 
 impl RunReport {
@@ -123,6 +133,37 @@ impl RunReport {
                 "  console    {} bytes dropped over the cap",
                 self.console_dropped
             );
+        }
+        if let Some(t) = &self.tiering {
+            let tiers: Vec<String> = t
+                .stats
+                .tiers
+                .iter()
+                .map(|x| format!("{} node{} {}/{} pages", x.name, x.node, group(x.pages), group(x.capacity_pages)))
+                .collect();
+            let emu = if t.emulated { " (emulated: both tiers on one host node)" } else { "" };
+            let _ = writeln!(s, "  tiers      policy {}: {}{emu}", t.policy, tiers.join(", "));
+            if let Some(m) = &self.migration {
+                let _ = writeln!(
+                    s,
+                    "  migration  promotions {} demotions {} tpm commits {} aborts {} retries {} stop-copy {}",
+                    group(m.promotions),
+                    group(m.demotions),
+                    group(m.tpm_commits),
+                    group(m.tpm_aborts),
+                    group(m.tpm_retries),
+                    group(m.stop_copy),
+                );
+                let _ = writeln!(
+                    s,
+                    "  shadows    demotions {} invalidations {} reclaims {}; skipped (no space) {}; guest stall {:.1} ms",
+                    group(m.shadow_demotions),
+                    group(m.shadow_invalidations),
+                    group(m.shadow_reclaims),
+                    group(m.skipped_no_space),
+                    m.guest_stall_ms
+                );
+            }
         }
         if let Some(c) = &self.crash {
             let _ = writeln!(s, "  crash      {c}");

@@ -24,7 +24,9 @@ use crate::devices::PortBus;
 use crate::error::{Error, Result};
 use crate::report::{RunReport, StopReason};
 use crate::status::{self, TimelinePoint};
+use crate::vstate::tiered::{TieredRam, TieringReport};
 use crate::vstate::{memory, vcpu, vm};
+use tiervm_guest::abi::{STATUS_GPA, STATUS_STOP_OFFSET};
 
 /// How long vCPUs 1.. may keep running after vCPU 0 exited.
 const SECONDARY_GRACE: Duration = Duration::from_secs(1);
@@ -68,13 +70,23 @@ pub fn run(
     console: Console,
     hooks: &mut dyn RunHooks,
 ) -> Result<RunReport> {
-    let mem = memory::create_ram(cfg.mem_bytes, true)?;
+    let mut tiered = cfg.tiering.as_ref().map(TieredRam::new).transpose()?;
+    // Keeps the tiered backing mapped until everything below is gone.
+    let _backing = tiered.as_ref().map(|t| t.memory().clone());
+    let mem = match &tiered {
+        Some(t) => t.guest().clone(),
+        None => memory::create_ram(cfg.mem_bytes, true)?,
+    };
     Elf::load(&mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None)
         .map_err(|e| Error::Image(format!("image '{}': loading failed: {e}", cfg.image.name)))?;
     let cr3 = memory::write_page_tables(&mem, cfg.mem_bytes)?;
 
     let kvm = vm::open_kvm()?;
-    let vm_fd = vm::create_vm(&kvm, &mem, false)?;
+    let vm_fd = vm::create_vm(&kvm)?;
+    if tiered.is_some() {
+        TieredRam::prepare_vm(&vm_fd)?;
+    }
+    vm::register_ram(&vm_fd, &mem, tiered.is_some())?;
     let cpuid = vcpu::supported_cpuid(&kvm)?;
     let mut vcpus = Vec::with_capacity(cfg.vcpus as usize);
     for id in 0..cfg.vcpus {
@@ -91,6 +103,12 @@ pub fn run(
     let tsc_khz = vcpu::tsc_khz(&vcpus[0]);
     memory::write_boot_info(&mem, &cfg.layout, cfg.seed, tsc_khz, &cfg.args)?;
     vcpu::install_kick_handler()?;
+    if let Some(t) = tiered.as_mut() {
+        // Everything the VMM wrote so far: boot info, status page, page
+        // tables, the image.
+        t.note_vmm_write(0, cfg.layout.stacks_base);
+        t.start(&vm_fd)?;
+    }
 
     let sink = match console {
         Console::Stderr => Sink::Stderr,
@@ -170,6 +188,9 @@ pub fn run(
                     .duration
                     .is_some_and(|d| now.duration_since(run_start) >= d)
                 {
+                    if let Some(t) = &tiered {
+                        t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
+                    }
                     status::request_stop(&mem);
                     stop_requested_at = Some(now);
                 }
@@ -199,6 +220,10 @@ pub fn run(
         t_s: end.duration_since(run_start).as_secs_f64(),
         ops: snap.total_ops(),
     });
+    let tiering = match tiered.take() {
+        Some(t) => Some(t.finish(None)?),
+        None => None,
+    };
     let crash = outcomes.iter().find_map(|o| match o {
         Some(vcpu::VcpuOutcome::Crashed(c)) => Some(c.clone()),
         _ => None,
@@ -243,6 +268,10 @@ pub fn run(
         unhandled_io: shared.unhandled_io.load(Ordering::Relaxed),
         mmio_exits: shared.mmio_exits.load(Ordering::Relaxed),
         crash,
+        tiers: tiering.as_ref().map(|t| t.stats.tiers.clone()),
+        migration: tiering.as_ref().map(TieringReport::migration),
+        tracking: tiering.as_ref().map(TieringReport::tracking),
+        tiering,
     })
 }
 

@@ -8,6 +8,7 @@ use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use crate::error::{Error, Result};
 use crate::report::{RunReport, StopReason};
 use crate::runner::{self, Console, NoHooks};
+use crate::tiering_config::{MechanismArg, PlacementArg, PolicyArg, TieringRequest, UnitArg};
 use crate::units::{parse_duration, parse_size};
 
 /// Report format.
@@ -50,6 +51,40 @@ pub struct RunArgs {
     /// Report format.
     #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
     pub report: ReportFormat,
+    /// Fast-tier capacity (enables tiered memory); default with a tiering policy: half of --mem.
+    #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
+    pub fast: Option<u64>,
+    /// Slow-tier capacity; default: the rest of --mem.
+    #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
+    pub slow: Option<u64>,
+    /// Host NUMA node of the fast tier (default 0).
+    #[arg(long, help_heading = "Tiering")]
+    pub fast_node: Option<u32>,
+    /// Host NUMA node of the slow tier (default: the next node with memory, else the fast node: emulated tiers).
+    #[arg(long, help_heading = "Tiering")]
+    pub slow_node: Option<u32>,
+    /// Initial placement of guest pages.
+    #[arg(long, value_enum, default_value_t = PlacementArg::FastFirst, help_heading = "Tiering")]
+    pub placement: PlacementArg,
+    /// Placement policy (default: none, or static when --fast/--slow is given).
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub policy: Option<PolicyArg>,
+    /// Chaos: units migrated per second.
+    #[arg(long, help_heading = "Tiering")]
+    pub chaos_rate: Option<f64>,
+    /// Chaos: promote:demote mix, e.g. 1:1.
+    #[arg(long, help_heading = "Tiering")]
+    pub chaos_mix: Option<String>,
+    /// Chaos: migration mechanism.
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub mechanism: Option<MechanismArg>,
+    /// Chaos: migration unit.
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub chaos_unit: Option<UnitArg>,
+    /// TEST ONLY: commit transactional migrations without the dirty check
+    /// (loses writes; exists to prove the integrity test can fail).
+    #[arg(long, hide = true)]
+    pub test_skip_dirty_check: bool,
 }
 
 impl RunArgs {
@@ -64,6 +99,19 @@ impl RunArgs {
             sample_ms: self.sample_ms,
             seed: self.seed,
             stop_grace: self.stop_grace,
+            tiering: TieringRequest {
+                fast: self.fast,
+                slow: self.slow,
+                fast_node: self.fast_node,
+                slow_node: self.slow_node,
+                placement: self.placement,
+                policy: self.policy,
+                chaos_rate: self.chaos_rate,
+                chaos_mix: self.chaos_mix.clone(),
+                mechanism: self.mechanism,
+                chaos_unit: self.chaos_unit,
+                skip_dirty_check: self.test_skip_dirty_check,
+            },
         }
     }
 }

@@ -2,5 +2,6 @@
 //! slots, and the vCPUs (Firecracker's `vstate` layout).
 
 pub mod memory;
+pub mod tiered;
 pub mod vcpu;
 pub mod vm;

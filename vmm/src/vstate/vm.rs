@@ -19,12 +19,14 @@ pub fn open_kvm() -> Result<Kvm> {
     })
 }
 
-/// Creates a VM with guest RAM registered as slot [`RAM_SLOT`]; with
-/// `dirty_log` the slot logs guest writes.
-pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, dirty_log: bool) -> Result<VmFd> {
-    let vm = kvm
-        .create_vm()
-        .map_err(|e| Error::host("KVM_CREATE_VM", e))?;
+/// Creates an empty VM.
+pub fn create_vm(kvm: &Kvm) -> Result<VmFd> {
+    kvm.create_vm().map_err(|e| Error::host("KVM_CREATE_VM", e))
+}
+
+/// Registers guest RAM as slot [`RAM_SLOT`]; with `dirty_log` the slot logs
+/// guest writes.
+pub fn register_ram(vm: &VmFd, mem: &GuestMemoryMmap, dirty_log: bool) -> Result<()> {
     for (i, region) in mem.iter().enumerate() {
         let slot = RAM_SLOT + i as u32;
         let host = mem
@@ -32,20 +34,15 @@ pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, dirty_log: bool) -> Result<Vm
             .map_err(|e| Error::host("guest RAM host address", e))?;
         let desc = kvm_userspace_memory_region {
             slot,
-            flags: if dirty_log {
-                KVM_MEM_LOG_DIRTY_PAGES
-            } else {
-                0
-            },
+            flags: if dirty_log { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: host as u64,
         };
-        // SAFETY: the region is a live mapping owned by `mem`, which the caller
-        // keeps alive for as long as the VM exists (the runner drops the VM
-        // before the memory).
+        // SAFETY: the region is a live mapping that the caller keeps alive for
+        // as long as the VM exists (the runner drops the VM before the memory).
         unsafe { vm.set_user_memory_region(desc) }
             .map_err(|e| Error::host("KVM_SET_USER_MEMORY_REGION", e))?;
     }
-    Ok(vm)
+    Ok(())
 }
