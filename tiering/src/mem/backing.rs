@@ -245,7 +245,7 @@ impl TieredMemory {
     /// never-touched page.
     pub fn new(cfg: &MemConfig) -> Result<Self, MemError> {
         let t0 = Instant::now();
-        if cfg.guest_bytes == 0 || cfg.guest_bytes % PAGE_SIZE != 0 {
+        if cfg.guest_bytes == 0 || !cfg.guest_bytes.is_multiple_of(PAGE_SIZE) {
             return Err(MemError::Config(format!(
                 "guest size {} is not a positive multiple of 4 KiB",
                 cfg.guest_bytes

@@ -91,7 +91,10 @@ impl ChaosDriver {
                 ),
             ));
         }
-        if cfg.promote_weight + cfg.demote_weight == 0 || !(cfg.units_per_sec > 0.0) {
+        if cfg.promote_weight + cfg.demote_weight == 0
+            || cfg.units_per_sec.is_nan()
+            || cfg.units_per_sec <= 0.0
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "chaos needs a positive rate and a non-zero promote:demote mix",

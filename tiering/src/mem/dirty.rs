@@ -133,7 +133,7 @@ impl DirtyLog for SoftDirtyLog {
     }
 
     fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()> {
-        if first_page % 64 != 0 {
+        if !first_page.is_multiple_of(64) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "dirty log clear: first_page must be a multiple of 64",

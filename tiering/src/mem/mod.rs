@@ -47,7 +47,7 @@ mod page_map;
 mod pool;
 mod sampler;
 mod stats;
-pub mod sys;
+mod sys;
 
 #[cfg(test)]
 mod tests;

@@ -43,13 +43,13 @@ impl Bits {
         let mut run = 0usize;
         while i < to {
             let w = self.words[i / 64] >> (i % 64);
-            if i % 64 == 0 && w == u64::MAX && i + 64 <= to {
+            if i.is_multiple_of(64) && w == u64::MAX && i + 64 <= to {
                 if run == 0 {
                     run_start = i;
                 }
                 run += 64;
                 i += 64;
-            } else if i % 64 == 0 && w == 0 {
+            } else if i.is_multiple_of(64) && w == 0 {
                 run = 0;
                 i += 64;
             } else {
