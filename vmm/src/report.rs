@@ -7,9 +7,9 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::status::TimelinePoint;
+use crate::units::format_size;
 use crate::vstate::tiered::{MigrationCounters, TieringReport, TrackingCounters};
 use tiering::mem::TierStats;
-use crate::units::format_size;
 
 /// Why the VM stopped.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -139,10 +139,27 @@ impl RunReport {
                 .stats
                 .tiers
                 .iter()
-                .map(|x| format!("{} node{} {}/{} pages", x.name, x.node, group(x.pages), group(x.capacity_pages)))
+                .map(|x| {
+                    format!(
+                        "{} node{} {}/{} pages",
+                        x.name,
+                        x.node,
+                        group(x.pages),
+                        group(x.capacity_pages)
+                    )
+                })
                 .collect();
-            let emu = if t.emulated { " (emulated: both tiers on one host node)" } else { "" };
-            let _ = writeln!(s, "  tiers      policy {}: {}{emu}", t.policy, tiers.join(", "));
+            let emu = if t.emulated {
+                " (emulated: both tiers on one host node)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                s,
+                "  tiers      policy {}: {}{emu}",
+                t.policy,
+                tiers.join(", ")
+            );
             if let Some(m) = &self.migration {
                 let _ = writeln!(
                     s,

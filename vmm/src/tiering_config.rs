@@ -2,7 +2,7 @@
 //! policy, chaos), built from command-line flags.
 
 use clap::ValueEnum;
-use tiering::mem::{ChaosConfig, MemConfig, Mechanism, Placement, PAGE_SIZE};
+use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, PAGE_SIZE};
 
 use crate::error::{Error, Result};
 use crate::units::format_size;
@@ -116,12 +116,18 @@ pub struct TieringConfig {
 
 /// Parses `P:D` with positive integer weights.
 pub fn parse_mix(s: &str) -> Result<(u32, u32)> {
-    let bad = || Error::Usage(format!("--chaos-mix '{s}' is not P:D with whole numbers, e.g. 1:1 or 3:1"));
+    let bad = || {
+        Error::Usage(format!(
+            "--chaos-mix '{s}' is not P:D with whole numbers, e.g. 1:1 or 3:1"
+        ))
+    };
     let (p, d) = s.split_once(':').ok_or_else(bad)?;
     let p: u32 = p.trim().parse().map_err(|_| bad())?;
     let d: u32 = d.trim().parse().map_err(|_| bad())?;
     if p == 0 && d == 0 {
-        return Err(Error::Usage("--chaos-mix 0:0 migrates nothing: give at least one non-zero weight".into()));
+        return Err(Error::Usage(
+            "--chaos-mix 0:0 migrates nothing: give at least one non-zero weight".into(),
+        ));
     }
     Ok((p, d))
 }
@@ -137,16 +143,32 @@ impl TieringRequest {
     }
 
     /// Validates against a guest of `mem_bytes`; `None` = untiered.
-    pub fn validate(&self, mem_bytes: u64, seed: u64, nodes: &[u32]) -> Result<Option<TieringConfig>> {
-        let policy = self.policy.unwrap_or(if self.wants_tiering() { PolicyArg::Static } else { PolicyArg::None });
-        let chaos_flags = self.chaos_rate.is_some() || self.chaos_mix.is_some() || self.mechanism.is_some() || self.chaos_unit.is_some();
+    pub fn validate(
+        &self,
+        mem_bytes: u64,
+        seed: u64,
+        nodes: &[u32],
+    ) -> Result<Option<TieringConfig>> {
+        let policy = self.policy.unwrap_or(if self.wants_tiering() {
+            PolicyArg::Static
+        } else {
+            PolicyArg::None
+        });
+        let chaos_flags = self.chaos_rate.is_some()
+            || self.chaos_mix.is_some()
+            || self.mechanism.is_some()
+            || self.chaos_unit.is_some();
         if chaos_flags && policy != PolicyArg::Chaos {
             return Err(Error::Usage(
                 "--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to --policy chaos: add --policy chaos or drop them".into(),
             ));
         }
         if policy == PolicyArg::None {
-            if self.fast.is_some() || self.slow.is_some() || self.fast_node.is_some() || self.slow_node.is_some() {
+            if self.fast.is_some()
+                || self.slow.is_some()
+                || self.fast_node.is_some()
+                || self.slow_node.is_some()
+            {
                 return Err(Error::Usage("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node or pick another policy".into()));
             }
             return Ok(None);
@@ -154,27 +176,45 @@ impl TieringRequest {
         let page = PAGE_SIZE as u64;
         let fast = self.fast.unwrap_or(mem_bytes / 2 / page * page);
         if fast > mem_bytes {
-            return Err(Error::Usage(format!("--fast {} exceeds --mem {}: lower --fast", format_size(fast), format_size(mem_bytes))));
+            return Err(Error::Usage(format!(
+                "--fast {} exceeds --mem {}: lower --fast",
+                format_size(fast),
+                format_size(mem_bytes)
+            )));
         }
         if fast % page != 0 {
-            return Err(Error::Usage(format!("--fast {} is not a multiple of 4K", format_size(fast))));
+            return Err(Error::Usage(format!(
+                "--fast {} is not a multiple of 4K",
+                format_size(fast)
+            )));
         }
-        let slow = self.slow.unwrap_or(mem_bytes - fast);
+        // Default: the slow tier can hold the whole guest (a large expander),
+        // which leaves room for demotions and shadows.
+        let slow = self.slow.unwrap_or(mem_bytes);
         if slow % page != 0 {
-            return Err(Error::Usage(format!("--slow {} is not a multiple of 4K", format_size(slow))));
+            return Err(Error::Usage(format!(
+                "--slow {} is not a multiple of 4K",
+                format_size(slow)
+            )));
         }
         if fast + slow < mem_bytes {
             return Err(Error::Usage(format!(
-                "--fast {} + --slow {} cannot hold --mem {}: raise --fast or --slow (or drop --slow to give it the rest)",
+                "--fast {} + --slow {} cannot hold --mem {}: raise --fast or --slow (or drop --slow: it then holds the whole guest)",
                 format_size(fast),
                 format_size(slow),
                 format_size(mem_bytes)
             )));
         }
-        let fast_node = self.fast_node.unwrap_or_else(|| nodes.first().copied().unwrap_or(0));
-        let slow_node = self
-            .slow_node
-            .unwrap_or_else(|| nodes.iter().copied().find(|&n| n != fast_node).unwrap_or(fast_node));
+        let fast_node = self
+            .fast_node
+            .unwrap_or_else(|| nodes.first().copied().unwrap_or(0));
+        let slow_node = self.slow_node.unwrap_or_else(|| {
+            nodes
+                .iter()
+                .copied()
+                .find(|&n| n != fast_node)
+                .unwrap_or(fast_node)
+        });
         for (flag, n) in [("--fast-node", fast_node), ("--slow-node", slow_node)] {
             if !nodes.is_empty() && !nodes.contains(&n) {
                 let list: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
@@ -195,10 +235,13 @@ impl TieringRequest {
             PlacementArg::Interleave => Placement::Interleave,
         };
         let chaos = if policy == PolicyArg::Chaos {
-            let (promote_weight, demote_weight) = parse_mix(self.chaos_mix.as_deref().unwrap_or("1:1"))?;
+            let (promote_weight, demote_weight) =
+                parse_mix(self.chaos_mix.as_deref().unwrap_or("1:1"))?;
             let rate = self.chaos_rate.unwrap_or(1000.0);
             if !rate.is_finite() || rate <= 0.0 {
-                return Err(Error::Usage(format!("--chaos-rate {rate}: give a positive number of units per second")));
+                return Err(Error::Usage(format!(
+                    "--chaos-rate {rate}: give a positive number of units per second"
+                )));
             }
             Some(ChaosConfig {
                 units_per_sec: rate,
@@ -247,7 +290,7 @@ mod tests {
         let c = v(|r| r.fast = Some(256 << 20)).unwrap().unwrap();
         assert_eq!(c.policy, PolicyArg::Static);
         assert_eq!(c.mem.fast_capacity_pages, 65536);
-        assert_eq!(c.mem.slow_capacity_pages, Some(196608));
+        assert_eq!(c.mem.slow_capacity_pages, Some(262144));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! - bit 3: `PARKED`, the sampler moved the page to the parking area;
 //! - bit 4: `DIRTY_SEEN`, the harvester consumed a dirty bit while `BUSY`;
 //! - bit 5: `WAITER`, the fault handler waits for the owner to release;
+//! - bit 6: `UNARMED`, the page's dirty bit is left set in the log on purpose
+//!   (nobody tracks its writes, so it stays writable without faults);
 //! - bits 8..16: saturating write count (dirty harvests that saw the page);
 //! - bits 16..32: shadow generation (orders shadows for oldest-first reclaim).
 
@@ -27,6 +29,8 @@ pub const PARKED: u32 = 1 << 3;
 pub const DIRTY_SEEN: u32 = 1 << 4;
 /// The fault handler waits for the page's release.
 pub const WAITER: u32 = 1 << 5;
+/// The page's dirty bit is deliberately left set (not re-armed).
+pub const UNARMED: u32 = 1 << 6;
 const WCOUNT_SHIFT: u32 = 8;
 const WCOUNT_MASK: u32 = 0xff << WCOUNT_SHIFT;
 const GEN_SHIFT: u32 = 16;
@@ -153,6 +157,31 @@ impl PageMap {
                 Err(c) => cur = c,
             }
         }
+    }
+
+    /// Marks `page` as left unarmed; returns true if it was armed before
+    /// (the dirty bit seen now is a new write), counting that write.
+    pub fn mark_unarmed(&self, page: usize) -> bool {
+        let w = &self.words[page];
+        let mut cur = w.load(Ordering::Acquire);
+        loop {
+            if cur & UNARMED != 0 {
+                return false;
+            }
+            let mut new = cur | UNARMED;
+            if write_count_of(cur) < u8::MAX {
+                new += 1 << WCOUNT_SHIFT;
+            }
+            match w.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Notes that `page`'s dirty bit was re-armed.
+    pub fn clear_unarmed(&self, page: usize) {
+        self.words[page].fetch_and(!UNARMED, Ordering::AcqRel);
     }
 
     /// Forgets writes consumed so far for an owned page.

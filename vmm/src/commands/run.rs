@@ -54,7 +54,7 @@ pub struct RunArgs {
     /// Fast-tier capacity (enables tiered memory); default with a tiering policy: half of --mem.
     #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
     pub fast: Option<u64>,
-    /// Slow-tier capacity; default: the rest of --mem.
+    /// Slow-tier capacity; default: as much as --mem (the whole guest fits there).
     #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
     pub slow: Option<u64>,
     /// Host NUMA node of the fast tier (default 0).

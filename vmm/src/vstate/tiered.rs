@@ -112,7 +112,10 @@ impl TieredRam {
     /// Allocates and places guest RAM per `cfg` and starts the fault handler
     /// (needed before anything touches guest memory: pages may be in flight).
     pub fn new(cfg: &TieringConfig) -> Result<Self> {
-        let mem = Arc::new(TieredMemory::new(&cfg.mem).map_err(|e| Error::host("setting up tiered guest RAM", e))?);
+        let mem = Arc::new(
+            TieredMemory::new(&cfg.mem)
+                .map_err(|e| Error::host("setting up tiered guest RAM", e))?,
+        );
         // SAFETY: the range is TieredMemory's guest mapping, which stays mapped
         // for the life of `mem`; `TieredRam` keeps `mem` alive at least as
         // long as `guest` (fields drop in order and `guest` is never handed
@@ -127,10 +130,13 @@ impl TieredRam {
             )
         }
         .map_err(|e| Error::host("wrapping tiered guest RAM", e))?;
-        let region = GuestRegionMmap::new(region, GuestAddress(0))
-            .ok_or_else(|| Error::Host("tiered guest RAM region overflows the address space".into()))?;
-        let guest = GuestMemoryMmap::from_regions(vec![region]).map_err(|e| Error::host("tiered guest RAM", e))?;
-        let faults = FaultHandler::spawn(mem.clone()).map_err(|e| Error::host("starting the userfaultfd handler", e))?;
+        let region = GuestRegionMmap::new(region, GuestAddress(0)).ok_or_else(|| {
+            Error::Host("tiered guest RAM region overflows the address space".into())
+        })?;
+        let guest = GuestMemoryMmap::from_regions(vec![region])
+            .map_err(|e| Error::host("tiered guest RAM", e))?;
+        let faults = FaultHandler::spawn(mem.clone())
+            .map_err(|e| Error::host("starting the userfaultfd handler", e))?;
         Ok(Self {
             mem,
             guest,
@@ -164,7 +170,8 @@ impl TieredRam {
 
     /// Turns on manual-protect dirty logging; call before the memslot exists.
     pub fn prepare_vm(vm: &VmFd) -> Result<()> {
-        enable_manual_dirty_log_protect(vm).map_err(|e| Error::host("enabling KVM dirty logging", e))
+        enable_manual_dirty_log_protect(vm)
+            .map_err(|e| Error::host("enabling KVM dirty logging", e))
     }
 
     /// Starts the migrator (and chaos) once the VM's memslot exists.
@@ -177,7 +184,8 @@ impl TieredRam {
         migrator.set_skip_dirty_check(self.cfg.skip_dirty_check);
         if let Some(chaos) = &self.cfg.chaos {
             self.chaos = Some(
-                ChaosDriver::spawn(migrator.clone(), chaos.clone()).map_err(|e| Error::host("starting the chaos driver", e))?,
+                ChaosDriver::spawn(migrator.clone(), chaos.clone())
+                    .map_err(|e| Error::host("starting the chaos driver", e))?,
             );
         }
         self.migrator = Some(migrator);
@@ -187,7 +195,10 @@ impl TieredRam {
     /// Stops migration (the guest may still be running).
     pub fn stop_migration(&mut self) -> Result<Option<ChaosReport>> {
         match self.chaos.take() {
-            Some(c) => c.stop().map(Some).map_err(|e| Error::host("stopping the chaos driver", e)),
+            Some(c) => c
+                .stop()
+                .map(Some)
+                .map_err(|e| Error::host("stopping the chaos driver", e)),
             None => Ok(None),
         }
     }
@@ -203,9 +214,12 @@ impl TieredRam {
             let _ = m.harvest();
         }
         if let Some(f) = self.faults.take() {
-            f.stop().map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
+            f.stop()
+                .map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
         }
-        self.mem.check_consistency().map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
+        self.mem
+            .check_consistency()
+            .map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
         Ok(TieringReport {
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             emulated: self.mem.emulated(),

@@ -34,7 +34,11 @@ pub fn register_ram(vm: &VmFd, mem: &GuestMemoryMmap, dirty_log: bool) -> Result
             .map_err(|e| Error::host("guest RAM host address", e))?;
         let desc = kvm_userspace_memory_region {
             slot,
-            flags: if dirty_log { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+            flags: if dirty_log {
+                KVM_MEM_LOG_DIRTY_PAGES
+            } else {
+                0
+            },
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: host as u64,
