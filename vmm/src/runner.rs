@@ -70,7 +70,11 @@ pub fn run(
     console: Console,
     hooks: &mut dyn RunHooks,
 ) -> Result<RunReport> {
-    let mut tiered = cfg.tiering.as_ref().map(TieredRam::new).transpose()?;
+    let mut tiered = cfg
+        .tiering
+        .as_ref()
+        .map(|t| TieredRam::new(t, cfg.vcpus))
+        .transpose()?;
     // Keeps the tiered backing mapped until everything below is gone.
     let _backing = tiered.as_ref().map(|t| t.memory().clone());
     let mem = match &tiered {
@@ -156,6 +160,9 @@ pub fn run(
                 t_s,
                 ops: snap.total_ops(),
             });
+            if let Some(t) = tiered.as_mut() {
+                t.drain_samples();
+            }
             hooks.on_sample(&SampleCtx {
                 mem: &mem,
                 layout: &cfg.layout,

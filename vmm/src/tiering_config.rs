@@ -2,7 +2,9 @@
 //! policy, chaos), built from command-line flags.
 
 use clap::ValueEnum;
-use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, PAGE_SIZE};
+use std::time::Duration;
+
+use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, PAGE_SIZE};
 
 use crate::error::{Error, Result};
 use crate::units::format_size;
@@ -81,6 +83,24 @@ pub struct TieringRequest {
     pub chaos_unit: Option<UnitArg>,
     /// Test-only: commit migrations without the dirty check.
     pub skip_dirty_check: bool,
+    /// `--tracking`.
+    pub tracking: Option<TrackingArg>,
+    /// `--scan-pages`.
+    pub scan_pages: Option<usize>,
+    /// `--scan-period`.
+    pub scan_period: Option<Duration>,
+    /// `--tracking-budget` (percent of vCPU time).
+    pub tracking_budget_pct: Option<f64>,
+}
+
+/// Access tracking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrackingArg {
+    /// No access tracking.
+    Off,
+    /// Hint faults: unmap windows of pages and record the guest's touches.
+    HintFaults,
 }
 
 impl Default for TieringRequest {
@@ -97,6 +117,10 @@ impl Default for TieringRequest {
             mechanism: None,
             chaos_unit: None,
             skip_dirty_check: false,
+            tracking: None,
+            scan_pages: None,
+            scan_period: None,
+            tracking_budget_pct: None,
         }
     }
 }
@@ -112,6 +136,8 @@ pub struct TieringConfig {
     pub chaos: Option<ChaosConfig>,
     /// Test-only switch.
     pub skip_dirty_check: bool,
+    /// Hint-fault sampler settings when tracking is on.
+    pub sampler: Option<SamplerConfig>,
 }
 
 /// Parses `P:D` with positive integer weights.
@@ -168,8 +194,9 @@ impl TieringRequest {
                 || self.slow.is_some()
                 || self.fast_node.is_some()
                 || self.slow_node.is_some()
+                || self.tracking.is_some_and(|t| t != TrackingArg::Off)
             {
-                return Err(Error::Usage("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node or pick another policy".into()));
+                return Err(Error::Usage("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node/--tracking or pick another policy".into()));
             }
             return Ok(None);
         }
@@ -182,7 +209,7 @@ impl TieringRequest {
                 format_size(mem_bytes)
             )));
         }
-        if fast % page != 0 {
+        if !fast.is_multiple_of(page) {
             return Err(Error::Usage(format!(
                 "--fast {} is not a multiple of 4K",
                 format_size(fast)
@@ -191,7 +218,7 @@ impl TieringRequest {
         // Default: the slow tier can hold the whole guest (a large expander),
         // which leaves room for demotions and shadows.
         let slow = self.slow.unwrap_or(mem_bytes);
-        if slow % page != 0 {
+        if !slow.is_multiple_of(page) {
             return Err(Error::Usage(format!(
                 "--slow {} is not a multiple of 4K",
                 format_size(slow)
@@ -261,11 +288,52 @@ impl TieringRequest {
         } else {
             None
         };
+        let tracking_flags = self.scan_pages.is_some()
+            || self.scan_period.is_some()
+            || self.tracking_budget_pct.is_some();
+        let sampler = match self.tracking.unwrap_or(TrackingArg::Off) {
+            TrackingArg::Off if tracking_flags => {
+                return Err(Error::Usage(
+                    "--scan-pages/--scan-period/--tracking-budget need --tracking hint-faults"
+                        .into(),
+                ))
+            }
+            TrackingArg::Off => None,
+            TrackingArg::HintFaults => {
+                let mut c = SamplerConfig::default();
+                if let Some(n) = self.scan_pages {
+                    if n == 0 {
+                        return Err(Error::Usage(
+                            "--scan-pages 0: give at least 1 page per scan window".into(),
+                        ));
+                    }
+                    c.scan_pages = n;
+                    c.max_scan_pages = c.max_scan_pages.max(n);
+                    c.min_scan_pages = c.min_scan_pages.min(n);
+                }
+                if let Some(p) = self.scan_period {
+                    if p < Duration::from_millis(1) {
+                        return Err(Error::Usage("--scan-period must be at least 1ms".into()));
+                    }
+                    c.period = p;
+                }
+                if let Some(b) = self.tracking_budget_pct {
+                    if !(b > 0.0 && b <= 100.0) {
+                        return Err(Error::Usage(format!(
+                            "--tracking-budget {b}: give a share of vCPU time in percent, 0 < budget <= 100"
+                        )));
+                    }
+                    c.budget_pct = b;
+                }
+                Some(c)
+            }
+        };
         Ok(Some(TieringConfig {
             mem,
             policy,
             chaos,
             skip_dirty_check: self.skip_dirty_check,
+            sampler,
         }))
     }
 }

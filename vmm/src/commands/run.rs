@@ -8,7 +8,9 @@ use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use crate::error::{Error, Result};
 use crate::report::{RunReport, StopReason};
 use crate::runner::{self, Console, NoHooks};
-use crate::tiering_config::{MechanismArg, PlacementArg, PolicyArg, TieringRequest, UnitArg};
+use crate::tiering_config::{
+    MechanismArg, PlacementArg, PolicyArg, TieringRequest, TrackingArg, UnitArg,
+};
 use crate::units::{parse_duration, parse_size};
 
 /// Report format.
@@ -81,6 +83,18 @@ pub struct RunArgs {
     /// Chaos: migration unit.
     #[arg(long, value_enum, help_heading = "Tiering")]
     pub chaos_unit: Option<UnitArg>,
+    /// Access tracking for policies (hint faults need tiered memory).
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub tracking: Option<TrackingArg>,
+    /// Hint faults: pages unmapped per scan window (adapted to the budget).
+    #[arg(long, help_heading = "Tiering")]
+    pub scan_pages: Option<usize>,
+    /// Hint faults: time between scan windows, e.g. 1s, 200ms.
+    #[arg(long, value_parser = parse_duration, help_heading = "Tiering")]
+    pub scan_period: Option<Duration>,
+    /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
+    #[arg(long, help_heading = "Tiering")]
+    pub tracking_budget: Option<f64>,
     /// TEST ONLY: commit transactional migrations without the dirty check
     /// (loses writes; exists to prove the integrity test can fail).
     #[arg(long, hide = true)]
@@ -111,6 +125,10 @@ impl RunArgs {
                 mechanism: self.mechanism,
                 chaos_unit: self.chaos_unit,
                 skip_dirty_check: self.test_skip_dirty_check,
+                tracking: self.tracking,
+                scan_pages: self.scan_pages,
+                scan_period: self.scan_period,
+                tracking_budget_pct: self.tracking_budget,
             },
         }
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use kvm_ioctls::VmFd;
 use serde::Serialize;
 use tiering::mem::{
-    ChaosDriver, ChaosReport, FaultHandler, MemStats, Migrator, MigratorConfig, TieredMemory,
-    PAGE_SIZE,
+    ChaosDriver, ChaosReport, FaultHandler, HintSampler, MemStats, Migrator, MigratorConfig,
+    SamplerHandle, TieredMemory, PAGE_SIZE,
 };
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
@@ -32,6 +32,8 @@ pub struct TieringReport {
     pub stats: MemStats,
     /// The chaos driver's own account, when chaos ran.
     pub chaos: Option<ChaosReport>,
+    /// Access samples (hint faults) recorded.
+    pub samples: u64,
 }
 
 /// The report's `migration` object.
@@ -105,13 +107,16 @@ pub struct TieredRam {
     faults: Option<FaultHandler>,
     migrator: Option<Arc<Migrator>>,
     chaos: Option<ChaosDriver>,
+    sampler: Option<SamplerHandle>,
+    samples: u64,
+    vcpus: usize,
     cfg: TieringConfig,
 }
 
 impl TieredRam {
     /// Allocates and places guest RAM per `cfg` and starts the fault handler
     /// (needed before anything touches guest memory: pages may be in flight).
-    pub fn new(cfg: &TieringConfig) -> Result<Self> {
+    pub fn new(cfg: &TieringConfig, vcpus: u32) -> Result<Self> {
         let mem = Arc::new(
             TieredMemory::new(&cfg.mem)
                 .map_err(|e| Error::host("setting up tiered guest RAM", e))?,
@@ -143,6 +148,9 @@ impl TieredRam {
             faults: Some(faults),
             migrator: None,
             chaos: None,
+            sampler: None,
+            samples: 0,
+            vcpus: vcpus as usize,
             cfg: cfg.clone(),
         })
     }
@@ -189,11 +197,36 @@ impl TieredRam {
             );
         }
         self.migrator = Some(migrator);
+        if let Some(sc) = &self.cfg.sampler {
+            let mut sc = sc.clone();
+            sc.vcpus = self.vcpus.max(1);
+            self.sampler = Some(
+                HintSampler::new(self.mem.clone(), sc)
+                    .spawn()
+                    .map_err(|e| Error::host("starting the hint-fault sampler", e))?,
+            );
+        }
         Ok(())
     }
 
-    /// Stops migration (the guest may still be running).
+    /// Drains the access samples recorded since the last call (the policy
+    /// engine will consume them; for now they are counted).
+    pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
+        let s = self.mem.drain_samples();
+        self.samples += s.len() as u64;
+        s
+    }
+
+    /// Stops migration and sampling (the guest may still be running).
     pub fn stop_migration(&mut self) -> Result<Option<ChaosReport>> {
+        if let Some(s) = self.sampler.take() {
+            let mut sampler = s
+                .stop()
+                .map_err(|e| Error::host("stopping the hint-fault sampler", e))?;
+            sampler
+                .unpark_all()
+                .map_err(|e| Error::host("unparking sampled pages", e))?;
+        }
         match self.chaos.take() {
             Some(c) => c
                 .stop()
@@ -205,6 +238,7 @@ impl TieredRam {
 
     /// Stops everything and reports; call after the vCPUs are gone.
     pub fn finish(mut self, chaos: Option<ChaosReport>) -> Result<TieringReport> {
+        self.drain_samples();
         let chaos = match chaos {
             Some(c) => Some(c),
             None => self.stop_migration()?,
@@ -226,6 +260,7 @@ impl TieredRam {
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
             stats: self.mem.stats(),
             chaos,
+            samples: self.samples,
         })
     }
 }
