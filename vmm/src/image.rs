@@ -18,6 +18,8 @@ pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 static ZIPF: &[u8] = include_bytes!(env!("TIERVM_IMAGE_ZIPF"));
 static GUPS: &[u8] = include_bytes!(env!("TIERVM_IMAGE_GUPS"));
 static MEMCHECK: &[u8] = include_bytes!(env!("TIERVM_IMAGE_MEMCHECK"));
+static KV: &[u8] = include_bytes!(env!("TIERVM_IMAGE_KV"));
+static PAGERANK: &[u8] = include_bytes!(env!("TIERVM_IMAGE_PAGERANK"));
 
 /// The ELF bytes of built-in image `name`.
 pub fn builtin_bytes(name: &str) -> Option<&'static [u8]> {
@@ -25,6 +27,8 @@ pub fn builtin_bytes(name: &str) -> Option<&'static [u8]> {
         "zipf" => ZIPF,
         "gups" => GUPS,
         "memcheck" => MEMCHECK,
+        "kv" => KV,
+        "pagerank" => PAGERANK,
         _ => return None,
     })
 }
