@@ -541,7 +541,7 @@ impl LatencyHistogram {
         if total == 0 {
             return 0;
         }
-        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).clamp(1, total);
+        let rank = (libm::ceil(q.clamp(0.0, 1.0) * total as f64) as u64).clamp(1, total);
         let mut seen = 0;
         for (b, &c) in self.counts.iter().enumerate() {
             seen += c;
