@@ -656,6 +656,7 @@ const S_CORRUPT: usize = 20;
 const S_STALE: usize = 21;
 const S_LOAD_FAIL: usize = 22;
 const S_CYCLES: usize = 23;
+const S_MAX: usize = 24;
 
 /// Runs the workload on one worker; returns this worker's
 /// `misses + corrupt + stale + load failures` (0 = no data lost).
@@ -686,7 +687,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let mut hist = LatencyHistogram::default();
     let (mut reads, mut updates, mut rmws) = (0u64, 0u64, 0u64);
     let (mut misses, mut corrupt, mut stale) = (0u64, 0u64, 0u64);
-    let (mut ops, mut cycles, mut sink) = (0u64, 0u64, 0u64);
+    let (mut ops, mut cycles, mut max, mut sink) = (0u64, 0u64, 0u64, 0u64);
     let mut tally = |o: ReadOutcome, sink: &mut u64| match o {
         ReadOutcome::Ok { sum, .. } => *sink = sink.wrapping_add(sum),
         ReadOutcome::Miss => misses += 1,
@@ -720,6 +721,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
             }
             let dt = env.cycles().wrapping_sub(t0);
             cycles = cycles.wrapping_add(dt);
+            max = max.max(dt);
             hist.record(dt);
         }
         ops += PUBLISH_EVERY;
@@ -746,6 +748,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     ] {
         scratch(i).fetch_add(v, Relaxed);
     }
+    scratch(S_MAX).fetch_max(max, Relaxed);
     // Keep the value reads observable.
     if let Some(s) = mem.get(64 + env.vcpu() as usize) {
         s.store(sink, Relaxed);
@@ -762,6 +765,8 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         env.metric("p50_ns", ns(all.percentile(0.50)));
         env.metric("p99_ns", ns(all.percentile(0.99)));
         env.metric("p999_ns", ns(all.percentile(0.999)));
+        env.metric("p9999_ns", ns(all.percentile(0.9999)));
+        env.metric("max_ns", ns(scratch(S_MAX).load(Relaxed)));
         env.metric(
             "mean_ns",
             if total == 0 {
