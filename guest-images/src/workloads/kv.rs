@@ -791,7 +791,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::host_env::{zeroed, TestEnv};
     use super::super::SCRATCH_WORDS;
     use super::*;
@@ -1085,5 +1085,128 @@ mod tests {
         );
         data.pop();
         assert!(KvTable::new(&l, &data).is_none());
+    }
+
+    /// A worker of a team of host threads (real concurrency, real barrier).
+    pub(crate) struct ThreadEnv<'a> {
+        pub vcpu: u32,
+        pub vcpus: u32,
+        pub entries: &'a [crate::abi::ArgEntry],
+        pub spec: &'static ImageSpec,
+        pub barrier: &'a std::sync::Barrier,
+        pub metrics: &'a std::sync::Mutex<Vec<(std::string::String, f64)>>,
+        pub ops: core::cell::Cell<u64>,
+    }
+
+    impl Env for ThreadEnv<'_> {
+        fn vcpu(&self) -> u32 {
+            self.vcpu
+        }
+        fn vcpus(&self) -> u32 {
+            self.vcpus
+        }
+        fn seed(&self) -> u64 {
+            // TestEnv's seed, so team and solo runs can be compared.
+            1
+        }
+        fn args(&self) -> Args<'_> {
+            Args::new(self.entries, Some(self.spec))
+        }
+        fn stop_requested(&self) -> bool {
+            false
+        }
+        fn set_ops(&self, ops: u64) {
+            self.ops.set(ops)
+        }
+        fn set_phase(&self, _: Phase) {}
+        fn cycles(&self) -> u64 {
+            // SAFETY: rdtsc only reads the time-stamp counter.
+            unsafe { core::arch::x86_64::_rdtsc() }
+        }
+        fn tsc_khz(&self) -> u64 {
+            1_000_000
+        }
+        fn barrier(&self) {
+            self.barrier.wait();
+        }
+        fn metric(&self, name: &str, value: f64) {
+            self.metrics.lock().unwrap().push((name.into(), value));
+        }
+        fn log(&self, _: &str) {}
+    }
+
+    /// Runs `run` on `threads` host threads; returns the summed exit code and
+    /// worker 0's metrics.
+    pub(crate) fn run_threads(
+        spec: &'static ImageSpec,
+        args: &[(&str, &str)],
+        threads: u32,
+        words: usize,
+        run: fn(&ThreadEnv<'_>, &[AtomicU64]) -> u32,
+    ) -> (u32, Vec<(std::string::String, f64)>, Vec<AtomicU64>) {
+        let entries: Vec<_> = args
+            .iter()
+            .map(|(k, v)| crate::abi::ArgEntry {
+                key: crate::abi::to_fixed(k).unwrap(),
+                value: crate::abi::to_fixed(v).unwrap(),
+            })
+            .collect();
+        let mem = zeroed(words);
+        let barrier = std::sync::Barrier::new(threads as usize);
+        let metrics = std::sync::Mutex::new(Vec::new());
+        let code: u32 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|vcpu| {
+                    let (entries, barrier, metrics, mem) = (&entries, &barrier, &metrics, &mem);
+                    s.spawn(move || {
+                        let env = ThreadEnv {
+                            vcpu,
+                            vcpus: threads,
+                            entries,
+                            spec,
+                            barrier,
+                            metrics,
+                            ops: Default::default(),
+                        };
+                        run(&env, mem)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        (code, metrics.into_inner().unwrap(), mem)
+    }
+
+    #[test]
+    fn concurrent_load_and_hot_updates_lose_nothing() {
+        // Four records: the threads fight over the same values.
+        for w in ["a", "f"] {
+            let args = [
+                ("records", "4"),
+                ("value_size", "1024"),
+                ("workload", w),
+                ("theta", "0.99"),
+                ("ops", "40000"),
+            ];
+            let l = KvParams::from_args(&TestEnv::new(&SPEC, &args, 0).args()).layout();
+            let words = SCRATCH_WORDS + (l.bytes / 8) as usize;
+            let (code, metrics, mem) = run_threads(&SPEC, &args, 3, words, |e, m| run(e, m));
+            let m = |n: &str| metrics.iter().find(|x| x.0 == n).unwrap().1;
+            assert_eq!(code, 0, "{w}: {metrics:?}");
+            assert_eq!(m("misses") + m("corrupt") + m("stale"), 0.0);
+            let writes = m("updates") + m("rmws");
+            assert!(writes > 50_000.0, "{w}: {writes}");
+            // Every value's version counts its updates: the versions of all
+            // records add up to twice the number of writes.
+            let t = KvTable::new(&l, &mem[SCRATCH_WORDS..]).unwrap();
+            let mut versions = 0u64;
+            for k in 0..4 {
+                match t.read(k) {
+                    ReadOutcome::Ok { version, .. } => versions += version,
+                    o => panic!("{w}: key {k}: {o:?}"),
+                }
+            }
+            assert_eq!(versions as f64, 2.0 * writes, "{w}");
+        }
     }
 }

@@ -1076,4 +1076,47 @@ mod tests {
         pat.restart();
         assert_eq!(pat.count() as u64, 7 * 256 + 2 * l.edges);
     }
+
+    #[test]
+    fn threads_build_the_same_graph_and_ranks() {
+        for graph in ["uniform", "rmat"] {
+            let args = [
+                ("graph", graph),
+                ("scale", "11"),
+                ("degree", "8"),
+                ("iterations", "8"),
+            ];
+            let p = PagerankParams::from_args(&TestEnv::new(&SPEC, &args, 0).args());
+            let l = p.layout();
+            let words = SCRATCH_WORDS + (l.bytes / 8) as usize;
+            let (code, metrics, mem) =
+                super::super::kv::tests::run_threads(&SPEC, &args, 3, words, |e, m| run(e, m));
+            assert_eq!(code, 0, "{graph}: {metrics:?}");
+            let m = |n: &str| metrics.iter().find(|x| x.0 == n).unwrap().1;
+            assert_eq!(m("iterations"), 8.0);
+            // The same seed on one thread.
+            let solo_mem = zeroed(words);
+            assert_eq!(run(&TestEnv::new(&SPEC, &args, u64::MAX), &solo_mem), 0);
+            let a = Csr::new(&l, &mem[SCRATCH_WORDS..]).unwrap();
+            let b = Csr::new(&l, &solo_mem[SCRATCH_WORDS..]).unwrap();
+            for v in 0..p.vertices() {
+                let sorted = |c: &Csr<'_>| {
+                    let mut x: Vec<u32> =
+                        c.in_neighbors(v).iter().map(|w| w.load(Relaxed)).collect();
+                    x.sort_unstable();
+                    x
+                };
+                assert_eq!(sorted(&a), sorted(&b), "{graph}: in-neighbors of {v}");
+                assert_eq!(
+                    a.out_degree[v as usize].load(Relaxed),
+                    b.out_degree[v as usize].load(Relaxed)
+                );
+                let (x, y) = (a.score(v), b.score(v));
+                assert!(
+                    (x - y).abs() <= 1e-6 * y.abs().max(1e-9),
+                    "{graph} {v}: {x} vs {y}"
+                );
+            }
+        }
+    }
 }
