@@ -257,6 +257,45 @@ fn payload_word(tag: u64, version: u64, i: usize) -> u64 {
     tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.rotate_left(29) ^ (i as u64)
 }
 
+/// Cycles a reader or writer waits for a value's seqlock before it declares
+/// the value corrupt (a version stuck odd): about a second, far above any
+/// legitimate hold (a descheduled writer included), short of the stop grace.
+pub const STUCK_LOCK_CYCLES: u64 = 1 << 32;
+
+/// Bounded waiting on a seqlock.
+struct Spin {
+    spins: u32,
+    start: u64,
+}
+
+impl Spin {
+    fn new() -> Self {
+        Self { spins: 0, start: 0 }
+    }
+
+    /// Pauses once; `false` once the wait exceeded [`STUCK_LOCK_CYCLES`].
+    #[inline]
+    fn wait(&mut self) -> bool {
+        core::hint::spin_loop();
+        self.spins = self.spins.wrapping_add(1);
+        if !self.spins.is_multiple_of(1024) {
+            return true;
+        }
+        let now = rdtsc();
+        if self.start == 0 {
+            self.start = now;
+        }
+        now.wrapping_sub(self.start) < STUCK_LOCK_CYCLES
+    }
+}
+
+#[inline]
+fn rdtsc() -> u64 {
+    // SAFETY: rdtsc only reads the time-stamp counter; it is allowed in
+    // ring 3 (the guest runtime relies on it too).
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
 /// The generator of operations (shared by the workload and [`KvPattern`], so
 /// a host-side trace is the one a vCPU with the same `Rng` issues).
 #[derive(Clone, Debug)]
@@ -416,10 +455,13 @@ impl<'a> KvTable<'a> {
             return ReadOutcome::Miss;
         }
         let v = self.value(index);
+        let mut spin = Spin::new();
         loop {
             let v1 = v[1].load(Acquire);
             if v1 & 1 == 1 {
-                core::hint::spin_loop();
+                if !spin.wait() {
+                    return ReadOutcome::Corrupt;
+                }
                 continue;
             }
             let tag = v[0].load(Relaxed);
@@ -430,6 +472,9 @@ impl<'a> KvTable<'a> {
             }
             fence(Acquire);
             if v[1].load(Relaxed) != v1 {
+                if !spin.wait() {
+                    return ReadOutcome::Corrupt;
+                }
                 continue;
             }
             return if tag != key.wrapping_add(1) {
@@ -444,18 +489,20 @@ impl<'a> KvTable<'a> {
         }
     }
 
-    /// Rewrites `key`'s whole value with its next version; `false` if the key
-    /// is missing.
+    /// Rewrites `key`'s whole value with its next version: `Ok` with the new
+    /// version (and `sum` 0), `Miss` if the key is missing, `Corrupt` if the
+    /// value's lock is stuck (see [`STUCK_LOCK_CYCLES`]).
     #[inline]
-    pub fn update(&self, key: u64) -> bool {
+    pub fn update(&self, key: u64) -> ReadOutcome {
         let Some(meta) = self.find(key) else {
-            return false;
+            return ReadOutcome::Miss;
         };
         let index = meta.load(Relaxed) & 0xffff_ffff;
         if index >= self.records {
-            return false;
+            return ReadOutcome::Miss;
         }
         let v = self.value(index);
+        let mut spin = Spin::new();
         let version = loop {
             let cur = v[1].load(Relaxed);
             if cur & 1 == 0
@@ -465,7 +512,9 @@ impl<'a> KvTable<'a> {
             {
                 break cur;
             }
-            core::hint::spin_loop();
+            if !spin.wait() {
+                return ReadOutcome::Corrupt;
+            }
         };
         fence(Release);
         let next = version + 2;
@@ -474,7 +523,10 @@ impl<'a> KvTable<'a> {
         // it only grows and a reader that sees it also sees the lock taken.
         meta.store(index | ((next >> 1) & 0xffff_ffff) << 32, Release);
         v[1].store(next, Release);
-        true
+        ReadOutcome::Ok {
+            version: next,
+            sum: 0,
+        }
     }
 }
 
@@ -704,9 +756,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
                     reads += 1;
                 }
                 OpKind::Update => {
-                    if !table.update(op.key) {
-                        tally(ReadOutcome::Miss, &mut sink);
-                    }
+                    tally(table.update(op.key), &mut sink);
                     updates += 1;
                 }
                 OpKind::ReadModifyWrite => {
@@ -714,7 +764,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
                     let found = o != ReadOutcome::Miss;
                     tally(o, &mut sink);
                     if found {
-                        table.update(op.key);
+                        tally(table.update(op.key), &mut sink);
                     }
                     rmws += 1;
                 }
@@ -847,7 +897,8 @@ pub(crate) mod tests {
         let data = loaded(&p);
         let t = KvTable::new(&p.layout(), &data).unwrap();
         let before = t.read(7);
-        assert!(t.update(7) && t.update(7));
+        assert!(matches!(t.update(7), ReadOutcome::Ok { version: 2, .. }));
+        assert!(matches!(t.update(7), ReadOutcome::Ok { version: 4, .. }));
         match (before, t.read(7)) {
             (ReadOutcome::Ok { sum: s0, .. }, ReadOutcome::Ok { version, sum }) => {
                 assert_eq!(version, 4);
@@ -856,7 +907,7 @@ pub(crate) mod tests {
             o => panic!("{o:?}"),
         }
         assert!(matches!(t.read(8), ReadOutcome::Ok { version: 0, .. }));
-        assert!(!t.update(p.records + 5));
+        assert_eq!(t.update(p.records + 5), ReadOutcome::Miss);
     }
 
     #[test]
@@ -867,7 +918,7 @@ pub(crate) mod tests {
         let t = KvTable::new(&l, &data).unwrap();
         let w = (l.value_offset(9) / 8) as usize;
         let old: Vec<u64> = data[w..w + 16].iter().map(|x| x.load(Relaxed)).collect();
-        assert!(t.update(9));
+        assert!(matches!(t.update(9), ReadOutcome::Ok { .. }));
         // A lost write: the value reverts to its old, self-consistent state.
         for (x, v) in data[w..w + 16].iter().zip(&old) {
             x.store(*v, Relaxed);
@@ -877,6 +928,10 @@ pub(crate) mod tests {
         let w = (l.value_offset(10) / 8) as usize;
         data[w + 5].fetch_xor(1 << 20, Relaxed);
         assert_eq!(t.read(10), ReadOutcome::Corrupt);
+        // A version stuck odd (a writer that never unlocks): reported, not a hang.
+        let w = (l.value_offset(11) / 8) as usize;
+        data[w + 1].store(7, Relaxed);
+        assert_eq!(t.read(11), ReadOutcome::Corrupt);
     }
 
     #[test]
