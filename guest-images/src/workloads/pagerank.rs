@@ -373,6 +373,8 @@ struct Team<'e> {
     vcpu: u32,
     vcpus: u32,
     barrier: &'e dyn Fn(),
+    /// Whether to abandon the build (a stop request).
+    stop: &'e dyn Fn() -> bool,
 }
 
 /// Where the edges come from.
@@ -457,6 +459,9 @@ fn build(team: &Team<'_>, csr: &Csr<'_>, edges: &dyn EdgeSource, m: u64) -> bool
     };
     for c in my_chunks.clone() {
         in_batches(edges, c, count);
+        if (team.stop)() {
+            break;
+        }
     }
     (team.barrier)();
     if team.vcpu == 0 {
@@ -488,6 +493,9 @@ fn build(team: &Team<'_>, csr: &Csr<'_>, edges: &dyn EdgeSource, m: u64) -> bool
     };
     for c in my_chunks {
         in_batches(edges, c, fill);
+        if (team.stop)() {
+            break;
+        }
     }
     (team.barrier)();
     if team.vcpu == 0 {
@@ -517,6 +525,7 @@ pub fn build_single(p: &PagerankParams, seed: u64, data: &[AtomicU64]) -> bool {
         vcpu: 0,
         vcpus: 1,
         barrier: &|| {},
+        stop: &|| false,
     };
     build(&team, &csr, &EdgeGen::new(p, seed), l.edges)
 }
@@ -663,8 +672,12 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         vcpu: env.vcpu(),
         vcpus: env.vcpus(),
         barrier: &|| env.barrier(),
+        stop: &|| env.stop_requested(),
     };
     let csr_ok = build(&team, &csr, &EdgeGen::new(&p, env.seed()), l.edges);
+    // A stop during the build may leave edges out (the stop flag is sticky):
+    // then no iteration runs and the CSR is not judged.
+    let csr_fine = csr_ok || env.stop_requested();
     let build_ms = env.cycles().wrapping_sub(t0) as f64 / env.tsc_khz().max(1) as f64;
     env.set_phase(Phase::Run);
     let mut code = iterate(env, mem, &csr, &p);
@@ -672,7 +685,8 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         env.metric("vertices", l.vertices as f64);
         env.metric("edges", l.edges as f64);
         env.metric("build_ms", build_ms);
-        if !csr_ok {
+        env.metric("build_complete", f64::from(u8::from(csr_ok)));
+        if !csr_fine {
             env.log("pagerank: the CSR does not hold every generated edge");
             code |= EXIT_CSR;
         }
@@ -837,6 +851,7 @@ mod tests {
             vcpu: 0,
             vcpus: 1,
             barrier: &|| {},
+            stop: &|| false,
         }
     }
 
@@ -1039,6 +1054,17 @@ mod tests {
         let mem = zeroed(SCRATCH_WORDS + (l.bytes / 8) as usize);
         assert_eq!(run(&env, &mem), 0);
         assert_eq!(env.metric_value("iterations"), Some(3.0));
+    }
+
+    #[test]
+    fn stop_during_build_is_a_clean_exit() {
+        let args = [("scale", "12"), ("degree", "8")];
+        let env = TestEnv::new(&SPEC, &args, 0);
+        let l = PagerankParams::from_args(&env.args()).layout();
+        let mem = zeroed(SCRATCH_WORDS + (l.bytes / 8) as usize);
+        assert_eq!(run(&env, &mem), 0);
+        assert_eq!(env.metric_value("build_complete"), Some(0.0));
+        assert_eq!(env.metric_value("iterations"), Some(0.0));
     }
 
     #[test]
