@@ -28,20 +28,33 @@
 //!   must match (else *corrupt*), and the value's version must not be older
 //!   than the one its slot recorded at the last update (else *stale*: a lost
 //!   write).
-//! * update: Redis `SET` semantics, the whole value is rewritten (YCSB's
-//!   default writes one of ten fields; a Redis hash would rewrite in place,
-//!   here the unit is the value). Lock the seqlock, rewrite payload and
-//!   checksum, publish the version in the slot, unlock.
+//! * update: the whole value is rewritten in place, like a Redis string
+//!   `SET` of a same-size value (YCSB's default update writes one of ten
+//!   fields; here the unit is the value). Lock the seqlock, rewrite payload
+//!   and checksum, publish the version in the slot, unlock.
 //! * read-modify-write: a verified read followed by an update.
 //!
+//! Waits on a value's seqlock are bounded by [`STUCK_LOCK_CYCLES`]: a version
+//! stuck odd counts as *corrupt* instead of hanging the vCPU. A legitimately
+//! held lock whose writer vCPU is descheduled by the host makes readers of
+//! that key spin: lock-holder preemption shows up in `p9999_ns`/`max_ns`.
+//!
 //! The load phase inserts every record, partitioned over the vCPUs; slots are
-//! claimed with a compare-and-swap so concurrent inserts are safe.
+//! claimed with a compare-and-swap so concurrent inserts are safe. A stop
+//! request during the load ends it early and skips the run (metric
+//! `load_complete` = 0), so unloaded records are never counted as misses.
 //!
 //! Per-operation latency (lookup and value access, not key generation) is
 //! measured with `rdtsc` into a per-vCPU [`LatencyHistogram`] (on the
 //! stack), merged into the heap at the end; worker 0 publishes the
-//! percentiles. `misses + corrupt + stale + load_failures` is the exit code:
-//! any non-zero value means the store lost or damaged data.
+//! percentiles (bucket midpoints, within 1/16 of the true value) as
+//! `p50_ns`, `p99_ns`, `p999_ns`, `p9999_ns`, plus `mean_ns` and `max_ns`
+//! (exact), `reads`, `updates`, `rmws` (workload F's read-modify-writes, not
+//! included in `reads`/`updates`), `records`, `misses`, `corrupt`, `stale`,
+//! `load_failures`, `load_ms` and `load_complete`.
+//!
+//! The exit code is `misses + corrupt + stale + load_failures`: any
+//! non-zero value means the store lost or damaged data.
 
 use core::sync::atomic::{
     fence, AtomicU64,
