@@ -26,7 +26,7 @@ pub enum ReportFormat {
 /// Flags of `tiervm run`.
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
-    /// Built-in image (zipf, gups, memcheck) or path to a static x86_64 ELF.
+    /// Built-in image (zipf, gups, memcheck, kv, pagerank) or path to a static x86_64 ELF.
     #[arg(default_value = "zipf")]
     pub image: String,
     /// Guest RAM size (multiple of 2M), e.g. 512M, 1G.
