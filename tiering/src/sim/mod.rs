@@ -1,1 +1,1 @@
-//! (under construction)
+//! Simulator (in progress).
