@@ -92,6 +92,7 @@ pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn Policy>, Err
     Ok(match name.trim().to_ascii_lowercase().as_str() {
         "static" | "none" | "no-migration" => Box::new(static_placement::Static::new(config)),
         "tpp" => Box::new(tpp::Tpp::new(config)),
+        "tpp-lru" => Box::new(tpp::Tpp::with_active_lru_check(config)),
         "nomad" => Box::new(nomad::Nomad::new(config)),
         "memtis" => Box::new(memtis::Memtis::new(config, memtis::COOLING_PERIOD_SAMPLES)),
         "memtis-quickcool" => Box::new(memtis::Memtis::new(

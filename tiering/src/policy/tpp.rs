@@ -7,9 +7,11 @@
 //!   below the threshold, which `numa_promotion_adjust_threshold()` moves in
 //!   16 steps so that candidates match the promotion rate limit; and the
 //!   promotion rate limit must not be exceeded.
-//! - TPP promotes only pages on the active LRU (TPP, ASPLOS'23; Nomad §2.2):
-//!   a page becomes active at its second reference, so a page is promoted
-//!   at its second qualifying hint fault.
+//! - Upstream 6.3 promotes at the first qualifying fault. The TPP patch the
+//!   Nomad paper ran as its baseline (TPP, ASPLOS'23; Nomad §2.2) promotes
+//!   only pages on the active LRU: a page becomes active at its second
+//!   reference, so it is promoted at its second qualifying hint fault. That
+//!   variant is `tpp-lru` ([`Tpp::with_active_lru_check`]).
 //! - Promotion is synchronous, in the fault path, by stop-and-copy, and
 //!   needs free pages above the high watermark; otherwise kswapd is woken.
 //! - kswapd demotes cold pages (second-chance over accessed bits, Linux's
@@ -288,6 +290,7 @@ pub struct Tpp {
     tiers: usize,
     scan_pages_per_sec: f64,
     promotions: u64,
+    require_active: bool,
 }
 
 impl Tpp {
@@ -302,6 +305,15 @@ impl Tpp {
                 / PAGE_BYTES as f64
                 / (SCAN_PERIOD_MIN_NS as f64 / 1e9),
             promotions: 0,
+            require_active: false,
+        }
+    }
+
+    /// The TPP-patch variant: promote only pages on the active LRU.
+    pub fn with_active_lru_check(config: &PolicyConfig) -> Self {
+        Self {
+            require_active: true,
+            ..Self::new(config)
         }
     }
 
@@ -313,7 +325,11 @@ impl Tpp {
 
 impl Policy for Tpp {
     fn name(&self) -> &'static str {
-        "tpp"
+        if self.require_active {
+            "tpp-lru"
+        } else {
+            "tpp"
+        }
     }
 
     fn trackers(&self) -> TrackerRequest {
@@ -340,7 +356,7 @@ impl Policy for Tpp {
         }
         let wm = self.kswapd.watermarks[0];
         let free_enough = self.gate.check(fault, &tiers[0], &wm)?;
-        if !free_enough {
+        if !free_enough && self.require_active {
             let f = self.flags.get_mut(fault.page as usize)?;
             f.mark_accessed();
             if !f.active() {
@@ -432,8 +448,31 @@ mod tests {
     }
 
     #[test]
-    fn promotes_on_second_fault_within_threshold() {
+    fn upstream_promotes_at_first_fault_within_threshold() {
         let (mut tpp, mut v, caps) = setup();
+        let st = v.status(&caps);
+        let m = tpp
+            .on_hint_fault(&fault(500, 999, 1), &st, &mut v)
+            .expect("hot fault promotes");
+        assert_eq!(
+            (m.unit, m.to, m.urgency),
+            (Unit::page(500), 0, Urgency::BeforeFaultingAccessResumes)
+        );
+        assert_eq!(
+            tpp.on_hint_fault(&fault(501, 1000, 2), &st, &mut v),
+            None,
+            "at the threshold: cold"
+        );
+    }
+
+    #[test]
+    fn lru_variant_promotes_on_second_fault_within_threshold() {
+        let cfg = PolicyConfig::new(1000, vec![100, 1000]);
+        let (mut tpp, mut v, caps) = (
+            Tpp::with_active_lru_check(&cfg),
+            VecView::two_tier(1000, 90),
+            vec![100, 1000],
+        );
         let st = v.status(&caps);
         assert_eq!(
             tpp.on_hint_fault(&fault(500, 10, 1), &st, &mut v),
@@ -462,7 +501,7 @@ mod tests {
     #[test]
     fn no_room_wakes_kswapd_which_demotes_cold_pages() {
         let cfg = PolicyConfig::new(1000, vec![100, 1000]);
-        let mut tpp = Tpp::new(&cfg);
+        let mut tpp = Tpp::with_active_lru_check(&cfg);
         let mut v = VecView::two_tier(1000, 100); // fast tier full
         let caps = [100, 1000];
         let st = v.status(&caps);
