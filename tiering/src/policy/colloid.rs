@@ -98,6 +98,7 @@ pub struct Colloid {
     reserve: u64,
     quantum_ns: u64,
     last_dp: f64,
+    base_only: bool,
 }
 
 impl Colloid {
@@ -119,6 +120,18 @@ impl Colloid {
             reserve: ((fast as f64 * FREE_RESERVE_FRACTION).round() as u64).max(1),
             quantum_ns: config.interval_ns.unwrap_or(QUANTUM_NS),
             last_dp: 0.0,
+            base_only: false,
+        }
+    }
+
+    /// The base system alone (`colloid-base`): the same tracker and
+    /// FindPages, but latencies ignored, so it packs the hottest pages into
+    /// the default tier like HeMem. The reference Colloid's gains are
+    /// measured against.
+    pub fn base(config: &PolicyConfig) -> Self {
+        Self {
+            base_only: true,
+            ..Self::new(config)
         }
     }
 
@@ -194,7 +207,11 @@ impl Colloid {
 
 impl Policy for Colloid {
     fn name(&self) -> &'static str {
-        "colloid"
+        if self.base_only {
+            "colloid-base"
+        } else {
+            "colloid"
+        }
     }
 
     fn trackers(&self) -> TrackerRequest {
@@ -225,20 +242,19 @@ impl Policy for Colloid {
         }
         let mut budget = FreeBudget::from_tiers(obs.tiers);
         // Base system: keep a small free reserve in the default tier.
-        if budget.free(0) < self.reserve {
+        if budget.free(0) < self.reserve && budget.free(1) > 0 {
             let want = self.reserve - budget.free(0);
             self.cold_demotions(view, want, &mut budget, &mut out);
         }
         let (d, a) = (obs.tiers[0], obs.tiers[1]);
-        let (l_d, l_a, r_d, r_a) = match (
-            d.loaded_latency_ns,
-            a.loaded_latency_ns,
-            d.request_rate,
-            a.request_rate,
-        ) {
-            (Some(ld), Some(la), Some(rd), Some(ra)) => (ld, la, rd.max(0.0), ra.max(0.0)),
-            // No latency source: behave like the base system (pack the default tier).
-            _ => (0.0, 1.0, 0.0, 1.0),
+        let rates = (
+            d.request_rate.unwrap_or(0.0).max(0.0),
+            a.request_rate.unwrap_or(1.0).max(0.0),
+        );
+        let (l_d, l_a, r_d, r_a) = match (d.loaded_latency_ns, a.loaded_latency_ns) {
+            (Some(ld), Some(la)) if !self.base_only => (ld, la, rates.0, rates.1),
+            // Base system, or no latency source: pack the default tier.
+            _ => (0.0, 1.0, rates.0, rates.1),
         };
         let total = r_d + r_a;
         if total <= 0.0 {
@@ -252,6 +268,10 @@ impl Policy for Colloid {
         }
         let promote = l_d < l_a;
         let (src, dst): (TierId, TierId) = if promote { (1, 0) } else { (0, 1) };
+        let room = budget.free(dst) > if promote { self.reserve } else { 0 };
+        if !room && !(promote && budget.free(1) > 0) {
+            return out; // nowhere to move pages to
+        }
         let dyn_pages = dp * total * (self.quantum_ns as f64 / 1e9) * REQUEST_BYTES
             / PAGE_BYTES as f64
             / self.scale;

@@ -40,7 +40,7 @@ pub struct Memtis {
     hand: ClockHand,
     fast_capacity: u64,
     reserve: u64,
-    budget_pages: u64,
+    budget: IntervalBudget,
     interval_ns: u64,
     tiers: usize,
     threshold_bin: usize,
@@ -62,7 +62,7 @@ impl Memtis {
             hand: ClockHand::default(),
             fast_capacity: fast,
             reserve: ((fast as f64 * FREE_RESERVE_FRACTION).round() as u64).max(1),
-            budget_pages: config.mb_to_pages(rate * interval_ns as f64 / 1e9),
+            budget: IntervalBudget::new(config.mb_to_pages_f64(rate * interval_ns as f64 / 1e9)),
             interval_ns,
             tiers: config.tiers(),
             threshold_bin: 1,
@@ -145,7 +145,8 @@ impl Policy for Memtis {
             }
         }
         hot.sort_by_key(|&p| (std::cmp::Reverse(self.counts.count(p)), p));
-        let promote_n = (hot.len() as u64).min(self.budget_pages);
+        let budget_pages = self.budget.next_interval();
+        let promote_n = (hot.len() as u64).min(budget_pages);
         // Demote cold pages to make room for the promotions plus the reserve.
         let need = (promote_n + self.reserve).saturating_sub(budget.free(0));
         let mut moved = 0u64;
@@ -154,7 +155,7 @@ impl Policy for Memtis {
             let max_scan = view.pages();
             let cold = self
                 .hand
-                .find(view, 0, need.min(self.budget_pages), max_scan, |p, _| {
+                .find(view, 0, need.min(budget_pages), max_scan, |p, _| {
                     bin_of(counts.count(p)) < th
                 });
             for p in cold {
@@ -176,7 +177,7 @@ impl Policy for Memtis {
         }
         let mut promoted = 0u64;
         for &p in &hot {
-            if promoted >= promote_n || moved + promoted >= 2 * self.budget_pages {
+            if promoted >= promote_n || moved + promoted >= 2 * budget_pages {
                 keep.push(p);
                 continue;
             }

@@ -100,6 +100,7 @@ pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn Policy>, Err
             memtis::QUICK_COOL_PERIOD_SAMPLES,
         )),
         "colloid" => Box::new(colloid::Colloid::new(config)),
+        "colloid-base" => Box::new(colloid::Colloid::base(config)),
         "mtm" => Box::new(mtm::Mtm::new(config)),
         _ => {
             return Err(Error::UnknownPolicy {

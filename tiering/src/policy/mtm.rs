@@ -14,7 +14,7 @@
 //! Policy (§6): `WHI = alpha * HI + (1 - alpha) * WHI_prev` (Eq. 2); one
 //! ranking of all regions of all tiers; the hottest regions are placed
 //! fastest-first ("fast promotion": straight to the fastest tier with room
-//! for them), regions of the lowest rank in a full tier are demoted one step
+//! left), regions of the lowest rank in a full tier are demoted one step
 //! ("slow demotion"), at most [`MIGRATION_BUDGET_MB`] promoted (and at most
 //! as much demoted) per interval.
 
@@ -107,7 +107,7 @@ pub struct Mtm {
     tau_m: f64,
     tau_s: f64,
     num_ps: u64,
-    budget_pages: u64,
+    budget: IntervalBudget,
     interval_ns: u64,
     scan_idx: u32,
     interval: u64,
@@ -146,7 +146,9 @@ impl Mtm {
             tau_m: TAU_MERGE,
             tau_s: TAU_SPLIT,
             num_ps,
-            budget_pages: config.mb_to_pages(rate.unwrap_or(MIGRATION_BUDGET_MB)),
+            budget: IntervalBudget::new(
+                config.mb_to_pages_f64(rate.unwrap_or(MIGRATION_BUDGET_MB)),
+            ),
             interval_ns,
             scan_idx: 0,
             interval: 0,
@@ -305,6 +307,7 @@ impl Mtm {
             return out;
         }
         let mut budget = FreeBudget::from_tiers(obs.tiers);
+        let budget_pages = self.budget.next_interval();
         let reserve: Vec<u64> = self
             .caps
             .iter()
@@ -322,7 +325,9 @@ impl Mtm {
         let (mut t, mut used) = (0usize, 0u64);
         for &i in &order {
             let len = self.regions[i].len;
-            while t < n - 1 && used + len > self.caps[t].saturating_sub(reserve[t]) {
+            // A region that does not fit whole still targets the tier it
+            // starts filling (its pages move as room and budget allow).
+            while t < n - 1 && used >= self.caps[t].saturating_sub(reserve[t]) {
                 t += 1;
                 used = 0;
             }
@@ -337,24 +342,24 @@ impl Mtm {
         let mut promoted_pages = 0u64;
         let mut moved_regions: HashSet<usize> = HashSet::new();
         for &i in &order {
-            if promoted_pages >= self.budget_pages || self.regions[i].whi <= 0.0 {
+            if promoted_pages >= budget_pages || self.regions[i].whi <= 0.0 {
                 break;
             }
             let dst = target[i];
             let (start, len) = (self.regions[i].start, self.regions[i].len);
-            let to_move: Vec<u64> = (start..start + len)
+            let mut to_move: Vec<u64> = (start..start + len)
                 .filter(|&p| view.tier_of(p) > dst)
                 .collect();
             if to_move.is_empty() {
                 continue;
             }
+            // A region larger than what is left of the budget moves in part
+            // (the rest follows next interval).
+            to_move.truncate((budget_pages - promoted_pages) as usize);
             let need = to_move.len() as u64;
-            if promoted_pages + need > self.budget_pages {
-                break;
-            }
             // Make room: demote the coldest regions in `dst` one step down.
             while budget.free(dst) < need + reserve[usize::from(dst)]
-                && demoted_pages < self.budget_pages
+                && demoted_pages < budget_pages
             {
                 let Some(&c) = cold_order.get(cold_cursor) else {
                     break;
@@ -366,7 +371,7 @@ impl Mtm {
                 let (cs, cl) = (self.regions[c].start, self.regions[c].len);
                 let mut pages_in: Vec<u64> =
                     (cs..cs + cl).filter(|&p| view.tier_of(p) == dst).collect();
-                pages_in.truncate((self.budget_pages - demoted_pages) as usize);
+                pages_in.truncate((budget_pages - demoted_pages) as usize);
                 let Some(down) = ((usize::from(dst) + 1)..n)
                     .map(|d| d as TierId)
                     .find(|&d| budget.free(d) >= pages_in.len() as u64)

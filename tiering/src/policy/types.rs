@@ -256,6 +256,16 @@ impl PolicyConfig {
         ((real_pages / s).round() as u64).max(1)
     }
 
+    /// Megabytes in real units to modeled pages, unrounded.
+    pub fn mb_to_pages_f64(&self, mb: f64) -> f64 {
+        let s = if self.scale.is_finite() && self.scale > 0.0 {
+            self.scale
+        } else {
+            1.0
+        };
+        (mb * 1024.0 * 1024.0 / PAGE_BYTES as f64 / s).max(0.0)
+    }
+
     /// Megabytes in real units to modeled pages.
     pub fn mb_to_pages(&self, mb: f64) -> u64 {
         self.scaled_pages(mb * 1024.0 * 1024.0 / PAGE_BYTES as f64)
@@ -302,5 +312,32 @@ impl FreeBudget {
         if let Some(f) = self.free.get_mut(usize::from(tier)) {
             *f += pages;
         }
+    }
+}
+
+/// A per-interval page budget that may be fractional (a rate limit scaled
+/// down by the simulator): each interval grants the whole pages of
+/// `per_interval` plus the fraction left over from earlier intervals.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IntervalBudget {
+    per_interval: f64,
+    carry: f64,
+}
+
+impl IntervalBudget {
+    /// `per_interval` pages per interval.
+    pub fn new(per_interval: f64) -> Self {
+        Self {
+            per_interval: per_interval.max(0.0),
+            carry: 0.0,
+        }
+    }
+
+    /// The pages granted for the next interval.
+    pub fn next_interval(&mut self) -> u64 {
+        let total = self.per_interval + self.carry;
+        let whole = total.floor();
+        self.carry = total - whole;
+        whole as u64
     }
 }

@@ -1,10 +1,10 @@
 //! The simulation loop.
 //!
-//! Time advances in quanta of [`QUANTUM_NS`]. At the start of a quantum the
+//! Time advances in quanta of 1 to 10 ms ([`MIN_QUANTUM_NS`], [`MAX_QUANTUM_NS`]). At the start of a quantum the
 //! loaded latency of every tier is solved as a fixed point of the closed
 //! loop (threads x MLP requests in flight; utilization from the access mix
 //! of the last quantum, migration traffic and the antagonist). The quantum
-//! then has `threads * mlp * QUANTUM_NS` request-slot nanoseconds to spend:
+//! then has `threads * mlp * quantum` request-slot nanoseconds to spend:
 //! each simulated access spends `scale * latency(tier)`, each stall of a
 //! thread (a fault, a fault-path migration, a TLB-shootdown IPI) spends
 //! `scale * stall * mlp`. Accesses are drawn from the workload stream until
@@ -32,8 +32,13 @@ use crate::policy::{
     PolicyConfig, TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGE_BYTES,
 };
 
-/// Simulation quantum: 1 ms of modeled time.
-pub const QUANTUM_NS: u64 = 1_000_000;
+/// Shortest simulation quantum: 1 ms of modeled time.
+pub const MIN_QUANTUM_NS: u64 = 1_000_000;
+/// Longest simulation quantum: 10 ms (Colloid's quantum).
+pub const MAX_QUANTUM_NS: u64 = 10_000_000;
+/// The quantum is sized for about this many simulated accesses (per-quantum
+/// work is then amortized), within [MIN_QUANTUM_NS, MAX_QUANTUM_NS].
+pub const ACCESSES_PER_QUANTUM: f64 = 512.0;
 /// Timeline buckets per run.
 pub const TIMELINE_POINTS: usize = 40;
 /// Fraction of each tier left free at start (as Linux keeps watermarks).
@@ -174,6 +179,8 @@ struct Sim {
     tot_ant_bytes: Vec<f64>,
     access_bytes: f64,
     tiers_model: Vec<TierModel>,
+    quantum_ns: u64,
+    mig_u: Vec<f64>,
 }
 
 impl Sim {
@@ -206,24 +213,24 @@ impl Sim {
 
     fn solve_latency(&mut self) {
         let n = self.cap.len();
-        let q_s = QUANTUM_NS as f64 / 1e9;
-        let mig_u: Vec<f64> = (0..n)
-            .map(|t| self.mig_bytes_q[t] * self.scale / q_s / (self.bw[t] * 1e9))
-            .collect();
-        let tiers = &self.tiers_model;
-        let mut lat: Vec<f64> = self.lat.clone();
-        for _ in 0..24 {
-            let lbar: f64 = (0..n).map(|t| self.mix[t] * lat[t]).sum::<f64>().max(1.0);
+        let q_s = self.quantum_ns as f64 / 1e9;
+        for t in 0..n {
+            self.mig_u[t] = self.mig_bytes_q[t] * self.scale / q_s / (self.bw[t] * 1e9);
+        }
+        for _ in 0..12 {
+            let lbar: f64 = (0..n)
+                .map(|t| self.mix[t] * self.lat[t])
+                .sum::<f64>()
+                .max(1.0);
             let rate = self.threads * self.mlp / lbar * 1e9; // accesses per second
             for t in 0..n {
                 let u = rate * self.mix[t] * self.access_bytes / (self.bw[t] * 1e9)
                     + self.ant_u[t]
-                    + mig_u[t];
-                let target = tiers[t].loaded_ns(u);
-                lat[t] = 0.5 * lat[t] + 0.5 * target;
+                    + self.mig_u[t];
+                let target = self.tiers_model[t].loaded_ns(u);
+                self.lat[t] = 0.5 * self.lat[t] + 0.5 * target;
             }
         }
-        self.lat = lat;
     }
 }
 
@@ -381,7 +388,8 @@ impl Sim {
             return;
         }
         let n = self.map.tier.len() as u64;
-        let want = self.trackers.hint_scan_pages_per_sec * (QUANTUM_NS as f64 / 1e9) / self.scale
+        let want = self.trackers.hint_scan_pages_per_sec * (self.quantum_ns as f64 / 1e9)
+            / self.scale
             + self.scan_carry;
         let whole = want.floor();
         self.scan_carry = want - whole;
@@ -570,8 +578,23 @@ pub fn run_with(
         tot_ant_bytes: vec![0.0; n],
         access_bytes: scn.access_bytes * (1.0 + scn.write_ratio.clamp(0.0, 1.0)),
         tiers_model: scn.tiers.clone(),
+        quantum_ns: MIN_QUANTUM_NS,
+        mig_u: vec![0.0; n],
     };
-    let quanta = ((scn.duration_s * 1e9) / QUANTUM_NS as f64).ceil().max(1.0) as u64;
+    // Quantum: about ACCESSES_PER_QUANTUM simulated accesses at unloaded speed.
+    let fastest = scn
+        .tiers
+        .iter()
+        .map(|t| t.unloaded_ns)
+        .fold(f64::INFINITY, f64::min)
+        .max(1.0);
+    let sim_rate = sim.threads * sim.mlp / fastest * 1e9 / s;
+    let quantum_ns = ((ACCESSES_PER_QUANTUM / sim_rate * 1e9 / MIN_QUANTUM_NS as f64).floor()
+        as u64
+        * MIN_QUANTUM_NS)
+        .clamp(MIN_QUANTUM_NS, MAX_QUANTUM_NS);
+    sim.quantum_ns = quantum_ns;
+    let quanta = ((scn.duration_s * 1e9) / quantum_ns as f64).ceil().max(1.0) as u64;
     let tick_ns = policy.tick_interval_ns().max(1);
     let mut next_tick = tick_ns;
     let per_point = quanta.div_ceil(TIMELINE_POINTS as u64).max(1);
@@ -580,7 +603,7 @@ pub fn run_with(
     let phase_q = ((quanta as f64 * scn.phase_fraction.clamp(0.01, 0.5)).round() as u64).max(1);
     let (mut first_acc, mut last_acc) = (0u64, 0u64);
     let mut sim_accesses = 0u64;
-    let slots_per_q = sim.threads * sim.mlp * QUANTUM_NS as f64;
+    let slots_per_q = sim.threads * sim.mlp * quantum_ns as f64;
     let mut carry = 0.0f64;
     let fault_slots = s * sim.costs.fault_ns * sim.mlp;
     let ipi_others = s * (sim.threads - 1.0).max(0.0) * sim.mlp * sim.costs.ipi_receive_ns;
@@ -589,19 +612,22 @@ pub fn run_with(
     let mut q_acc = vec![0u64; n];
     let mut q_lat = vec![0.0f64; n];
     let mut q_bytes = vec![0.0f64; n];
+    let mut lat_scaled = vec![0.0f64; n];
     for q in 0..quanta {
-        let q_start = q * QUANTUM_NS;
+        let q_start = q * quantum_ns;
         sim.now = q_start;
         sim.solve_latency();
         sim.mig_bytes_q.iter_mut().for_each(|b| *b = 0.0);
-        let lat_scaled: Vec<f64> = sim.lat.iter().map(|l| l * s).collect();
+        for t in 0..n {
+            lat_scaled[t] = sim.lat[t] * s;
+        }
         let budget = slots_per_q + carry - sim.pending_stall_slots;
         sim.pending_stall_slots = 0.0;
         let mut slots = budget;
         q_acc.iter_mut().for_each(|x| *x = 0);
         q_lat.iter_mut().for_each(|x| *x = 0.0);
         q_bytes.iter_mut().for_each(|x| *x = 0.0);
-        let slot_rate = slots_per_q / QUANTUM_NS as f64; // slot-ns per ns
+        let slot_rate = slots_per_q / quantum_ns as f64; // slot-ns per ns
         while slots > 0.0 {
             let a = sim.stream.next(&mut sim.rng);
             let pi = a.page as usize;
@@ -681,7 +707,7 @@ pub fn run_with(
             sim_accesses += 1;
         }
         carry = slots;
-        sim.now = q_start + QUANTUM_NS;
+        sim.now = q_start + quantum_ns;
         // Bookkeeping.
         let tot_q: u64 = q_acc.iter().sum();
         for t in 0..n {
@@ -690,7 +716,7 @@ pub fn run_with(
             sim.tot_acc[t] += q_acc[t];
             sim.tot_lat[t] += q_lat[t];
             sim.tot_bytes[t] += q_bytes[t] * scn.access_bytes * s;
-            sim.tot_ant_bytes[t] += sim.ant_u[t] * sim.bw[t] * 1e9 * QUANTUM_NS as f64 / 1e9;
+            sim.tot_ant_bytes[t] += sim.ant_u[t] * sim.bw[t] * 1e9 * quantum_ns as f64 / 1e9;
             if tot_q > 0 {
                 sim.mix[t] = q_acc[t] as f64 / tot_q as f64;
             }
@@ -706,7 +732,7 @@ pub fn run_with(
             last_acc += tot_q;
         }
         if pt_q == per_point || q + 1 == quanta {
-            let secs = pt_q as f64 * QUANTUM_NS as f64 / 1e9;
+            let secs = pt_q as f64 * quantum_ns as f64 / 1e9;
             timeline.push(TimelinePoint {
                 t_s: sim.now as f64 / 1e9,
                 throughput_maps: pt_acc as f64 * s / secs / 1e6,
@@ -729,7 +755,7 @@ pub fn run_with(
         }
         sim.scan_hint();
         if sim.now >= next_tick {
-            next_tick += tick_ns;
+            next_tick += tick_ns * ((sim.now - next_tick) / tick_ns + 1);
             sim.refresh_status();
             let samples = std::mem::take(&mut sim.samples);
             let outcomes = std::mem::take(&mut sim.outcomes);
@@ -762,8 +788,8 @@ pub fn run_with(
             sim.tot_mig_bytes[t] += sim.mig_bytes_q[t] * s;
         }
     }
-    let dur = quanta as f64 * QUANTUM_NS as f64 / 1e9;
-    let phase_s = phase_q as f64 * QUANTUM_NS as f64 / 1e9;
+    let dur = quanta as f64 * quantum_ns as f64 / 1e9;
+    let phase_s = phase_q as f64 * quantum_ns as f64 / 1e9;
     let total_acc: u64 = sim.tot_acc.iter().sum();
     let total_lat: f64 = sim.tot_lat.iter().sum();
     let r = &sim.raw;
