@@ -21,6 +21,8 @@
 //! the default tier keeps a small free reserve. Only tiers 0 and 1 take
 //! part (the paper evaluates two tiers).
 
+use std::collections::HashSet;
+
 use super::hotness::{ClockHand, SampleCounts};
 use super::types::*;
 use super::Policy;
@@ -99,6 +101,7 @@ pub struct Colloid {
     quantum_ns: u64,
     last_dp: f64,
     base_only: bool,
+    limit_carry: f64,
 }
 
 impl Colloid {
@@ -121,6 +124,7 @@ impl Colloid {
             quantum_ns: config.interval_ns.unwrap_or(QUANTUM_NS),
             last_dp: 0.0,
             base_only: false,
+            limit_carry: 0.0,
         }
     }
 
@@ -181,17 +185,20 @@ impl Colloid {
         want: u64,
         budget: &mut FreeBudget,
         out: &mut Decisions,
+        chosen: &mut HashSet<u64>,
     ) -> u64 {
         let counts = &self.counts;
         let max_scan = view.pages();
-        let cold = self
-            .hand
-            .find(view, 0, want, max_scan, |p, _| counts.count(p) == 0);
+        // The hand may wrap within one tick: never pick a page twice.
+        let cold = self.hand.find(view, 0, want, max_scan, |p, _| {
+            counts.count(p) == 0 && !chosen.contains(&p)
+        });
         let mut n = 0;
         for p in cold {
             if !budget.take(1, 1) {
                 break;
             }
+            chosen.insert(p);
             budget.release(0, 1);
             n += 1;
             out.migrations.push(Migration {
@@ -241,10 +248,11 @@ impl Policy for Colloid {
             return out;
         }
         let mut budget = FreeBudget::from_tiers(obs.tiers);
+        let mut chosen = HashSet::new();
         // Base system: keep a small free reserve in the default tier.
         if budget.free(0) < self.reserve && budget.free(1) > 0 {
             let want = self.reserve - budget.free(0);
-            self.cold_demotions(view, want, &mut budget, &mut out);
+            self.cold_demotions(view, want, &mut budget, &mut out, &mut chosen);
         }
         let (d, a) = (obs.tiers[0], obs.tiers[1]);
         let rates = (
@@ -269,13 +277,24 @@ impl Policy for Colloid {
         let promote = l_d < l_a;
         let (src, dst): (TierId, TierId) = if promote { (1, 0) } else { (0, 1) };
         let room = budget.free(dst) > if promote { self.reserve } else { 0 };
-        if !room && !(promote && budget.free(1) > 0) {
+        if !(room || promote && budget.free(1) > 0) {
             return out; // nowhere to move pages to
         }
+        // The dynamic limit in (scaled) pages; a fraction carries over so a
+        // low request rate still moves pages now and then.
         let dyn_pages = dp * total * (self.quantum_ns as f64 / 1e9) * REQUEST_BYTES
             / PAGE_BYTES as f64
-            / self.scale;
+            / self.scale
+            + self.limit_carry;
         let limit = (dyn_pages.floor() as u64).min(self.static_limit_pages);
+        self.limit_carry = if limit < self.static_limit_pages {
+            dyn_pages - dyn_pages.floor()
+        } else {
+            0.0
+        };
+        if limit == 0 {
+            return out;
+        }
         let total_count = self.counts.total().max(1) as f64;
         let mut bins: Vec<Vec<u64>> = vec![Vec::new(); FIND_BINS];
         for &pg in &self.tracked {
@@ -297,7 +316,7 @@ impl Policy for Colloid {
                 }
                 if promote && budget.free(0) <= self.reserve {
                     // HeMem makes room by demoting a cold page first.
-                    if self.cold_demotions(view, 1, &mut budget, &mut out) == 0 {
+                    if self.cold_demotions(view, 1, &mut budget, &mut out, &mut chosen) == 0 {
                         break 'bins;
                     }
                 }

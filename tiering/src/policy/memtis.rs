@@ -200,7 +200,7 @@ impl Policy for Memtis {
     }
 
     fn export_state(&self) -> PolicyState {
-        let max = f32::from(u16::MAX.min(1 << (self.counts.max_bin().max(1) - 1)).max(1));
+        let max = f32::from((1u16 << (self.counts.max_bin().clamp(1, 16) - 1)).max(1));
         let mut hot_pages: Vec<(u64, f32)> = (0..self.counts.pages())
             .filter(|&p| self.counts.count(p) > 0)
             .map(|p| (p, (f32::from(self.counts.count(p)) / max).min(1.0)))

@@ -175,7 +175,7 @@ impl Policy for Nomad {
                 self.kswapd.woken[0] = true;
                 break; // no reclaim for promotion: drop the rest of this batch
             }
-            budget.release(view.tier_of(page), 1);
+            // The source page stays allocated (it becomes the shadow).
             out.migrations.push(Migration {
                 unit: Unit::page(page),
                 to: 0,

@@ -55,8 +55,12 @@ impl MemoryView for VecView {
     fn tier_of(&self, page: u64) -> TierId {
         self.tier.get(page as usize).copied().unwrap_or(0)
     }
-    fn has_shadow(&self, page: u64) -> bool {
-        self.shadow.get(page as usize).copied().unwrap_or(false)
+    fn shadow_tier(&self, page: u64) -> Option<TierId> {
+        self.shadow
+            .get(page as usize)
+            .copied()
+            .unwrap_or(false)
+            .then_some(1)
     }
     fn test_and_clear_accessed(&mut self, page: u64) -> bool {
         match self.accessed.get_mut(page as usize) {

@@ -151,13 +151,17 @@ impl Kswapd {
                 .hand
                 .find(view, tier, want, max_scan, |_, accessed| !accessed);
             for page in cold {
-                let shadowed = shadow_ok && view.has_shadow(page);
-                let dest = if shadowed {
-                    Some(tier + 1)
+                let shadow = if shadow_ok {
+                    view.shadow_tier(page).filter(|&s| usize::from(s) > t)
                 } else {
-                    ((t + 1)..n)
+                    None
+                };
+                let shadowed = shadow.is_some();
+                let dest = match shadow {
+                    Some(s) => Some(s),
+                    None => ((t + 1)..n)
                         .map(|d| d as TierId)
-                        .find(|&d| budget.take(d, 1))
+                        .find(|&d| budget.take(d, 1)),
                 };
                 let Some(dest) = dest else {
                     // Nothing below has room: shadows there could be reclaimed.

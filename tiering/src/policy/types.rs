@@ -170,8 +170,12 @@ pub trait MemoryView {
     fn pages(&self) -> u64;
     /// Tier holding the page's master copy.
     fn tier_of(&self, page: u64) -> TierId;
-    /// Whether the page (in a fast tier) still has a clean shadow in a slower tier.
-    fn has_shadow(&self, page: u64) -> bool;
+    /// The slower tier holding the page's clean shadow, if it has one.
+    fn shadow_tier(&self, page: u64) -> Option<TierId>;
+    /// Whether the page still has a clean shadow in a slower tier.
+    fn has_shadow(&self, page: u64) -> bool {
+        self.shadow_tier(page).is_some()
+    }
     /// Reads and clears the page's accessed bit (accessed since the last call).
     fn test_and_clear_accessed(&mut self, page: u64) -> bool;
 }

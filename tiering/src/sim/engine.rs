@@ -79,10 +79,11 @@ impl MemoryView for PageMap {
     fn tier_of(&self, page: u64) -> TierId {
         self.tier.get(page as usize).copied().unwrap_or(0)
     }
-    fn has_shadow(&self, page: u64) -> bool {
+    fn shadow_tier(&self, page: u64) -> Option<TierId> {
         self.shadow
             .get(page as usize)
-            .is_some_and(|&s| s != NO_SHADOW)
+            .copied()
+            .filter(|&s| s != NO_SHADOW)
     }
     fn test_and_clear_accessed(&mut self, page: u64) -> bool {
         match self.flags.get_mut(page as usize) {
@@ -618,8 +619,8 @@ pub fn run_with(
         sim.now = q_start;
         sim.solve_latency();
         sim.mig_bytes_q.iter_mut().for_each(|b| *b = 0.0);
-        for t in 0..n {
-            lat_scaled[t] = sim.lat[t] * s;
+        for (l, &lat) in lat_scaled.iter_mut().zip(&sim.lat) {
+            *l = lat * s;
         }
         let budget = slots_per_q + carry - sim.pending_stall_slots;
         sim.pending_stall_slots = 0.0;
@@ -870,7 +871,7 @@ fn validate(scn: &Scenario) -> Result<(), SimError> {
         }
     }
     let pages = scn.workload.footprint_gib() * (1u64 << 30) as f64 / PAGE_BYTES as f64 / scn.scale;
-    if !(pages >= 1.0 && pages <= 64e6) {
+    if !(1.0..=64e6).contains(&pages) {
         return bad("footprint / scale must be between 1 and 64M modeled pages (raise --scale)");
     }
     if let Some(a) = &scn.antagonist {
