@@ -424,6 +424,43 @@ impl TieredMemory {
         sys::query_nodes(&addrs)
     }
 
+    /// Guest pages per tier counted from the host's view (`move_pages` query):
+    /// `[pages on the fast node, pages on the slow node]`, with pages that are
+    /// not present (in flight, parked) left out. On a host where the tiers are
+    /// distinct nodes this matches [`guest_pages_per_tier`](Self::guest_pages_per_tier);
+    /// with emulated tiers (one node) every page reports the same node.
+    pub fn guest_pages_per_node(&self) -> std::io::Result<[usize; 2]> {
+        let nodes = self.query_guest_nodes()?;
+        let mut c = [0usize; 2];
+        for n in nodes {
+            if n == self.nodes[0] as i32 {
+                c[0] += 1;
+            } else if n == self.nodes[1] as i32 {
+                c[1] += 1;
+            }
+        }
+        Ok(c)
+    }
+
+    /// Checks that every present guest page sits on its tier's node
+    /// (`move_pages` query). Meaningful only when the tiers are distinct nodes;
+    /// with emulated tiers it checks that every page is on the shared node.
+    pub fn check_nodes(&self) -> Result<(), String> {
+        let nodes = self.query_guest_nodes().map_err(|e| e.to_string())?;
+        for (p, n) in nodes.into_iter().enumerate() {
+            if n < 0 {
+                continue;
+            }
+            let want = self.nodes[page_map::tier_of(self.pages.load(p)).index()] as i32;
+            if n != want {
+                return Err(format!(
+                    "page {p} is on node {n} but its tier's node is {want}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Software dirty log for writes the VMM itself makes to guest RAM (device
     /// emulation, loaders). Use [`SoftDirtyLog::write_guard`] around each write;
     /// the harvester ORs this log into every harvest.
