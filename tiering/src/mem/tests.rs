@@ -616,3 +616,37 @@ mod model {
         }
     }
 }
+
+#[test]
+fn chaos_with_2mib_runs_and_a_concurrent_writer_loses_nothing() {
+    for mech in [Mechanism::Transactional, Mechanism::StopAndCopy] {
+        let Some((mem, log, m)) = setup(2048, 1024, Placement::Interleave) else {
+            return;
+        };
+        let faults = FaultHandler::spawn(mem.clone()).unwrap();
+        // Hot pages spread over all four 2 MiB runs.
+        let hot: Vec<usize> = (0..16).map(|i| i * 128 + 5).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let h = hammer(mem.clone(), log.clone(), hot, stop.clone());
+        let chaos = ChaosDriver::spawn(
+            m.clone(),
+            ChaosConfig {
+                units_per_sec: 400.0,
+                unit_pages: 512,
+                mechanism: mech,
+                ..ChaosConfig::default()
+            },
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let rep = chaos.stop().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let (writes, lost) = h.join().unwrap();
+        faults.stop().unwrap();
+        let st = mem.stats();
+        assert_eq!(lost, 0, "{mech:?}: {st:?}");
+        assert!(writes > 0 && rep.outcome.migrated > 0, "{mech:?}: {rep:?}");
+        assert_eq!(rep.errors, 0);
+        mem.check_consistency().unwrap();
+    }
+}
