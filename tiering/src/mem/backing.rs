@@ -33,6 +33,25 @@ pub enum Placement {
     Interleave,
 }
 
+impl std::str::FromStr for Placement {
+    type Err = String;
+    /// Parses `fast-first`, `slow-first`, `interleave` or `random:SEED`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fast-first" => Ok(Placement::FastFirst),
+            "slow-first" => Ok(Placement::SlowFirst),
+            "interleave" => Ok(Placement::Interleave),
+            "random" => Ok(Placement::Random { seed: 0 }),
+            _ => match s.strip_prefix("random:").map(str::parse::<u64>) {
+                Some(Ok(seed)) => Ok(Placement::Random { seed }),
+                _ => Err(format!(
+                    "unknown placement '{s}': use fast-first, slow-first, interleave or random:SEED"
+                )),
+            },
+        }
+    }
+}
+
 /// Configuration of a [`TieredMemory`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct MemConfig {
@@ -734,6 +753,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placement_parses() {
+        assert_eq!("random:9".parse(), Ok(Placement::Random { seed: 9 }));
+        assert_eq!("fast-first".parse(), Ok(Placement::FastFirst));
+        assert!("random:x".parse::<Placement>().is_err());
+    }
 
     #[test]
     fn placements_respect_capacities_exactly() {

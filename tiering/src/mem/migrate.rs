@@ -82,6 +82,21 @@ pub enum Mechanism {
     KernelMovePages,
 }
 
+impl std::str::FromStr for Mechanism {
+    type Err = String;
+    /// Parses `tpm`, `stop-copy` or `move-pages`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tpm" | "transactional" => Ok(Mechanism::Transactional),
+            "stop-copy" | "stop-and-copy" => Ok(Mechanism::StopAndCopy),
+            "move-pages" => Ok(Mechanism::KernelMovePages),
+            _ => Err(format!(
+                "unknown mechanism '{s}': use tpm, stop-copy or move-pages"
+            )),
+        }
+    }
+}
+
 /// What one batch did. Page counts unless noted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchOutcome {
