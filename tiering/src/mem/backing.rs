@@ -707,8 +707,15 @@ impl TieredMemory {
     /// `want_free` free pages or no shadow is left. Returns the number reclaimed.
     pub fn reclaim_shadows(&self, want_free: usize) -> usize {
         let mut reclaimed = 0;
+        // Shadows of pages owned by a mover (possibly the caller itself) are
+        // skipped; stop after one full pass without progress.
+        let mut busy_in_a_row = 0usize;
         while self.free_pages(Tier::Slow) < want_free {
-            let Some((page, generation)) = lock(&self.shadow_fifo).pop_front() else {
+            let (entry, queued) = {
+                let mut q = lock(&self.shadow_fifo);
+                (q.pop_front(), q.len())
+            };
+            let Some((page, generation)) = entry else {
                 break;
             };
             let page = page as usize;
@@ -717,13 +724,14 @@ impl TieredMemory {
                 continue; // stale entry: the shadow was freed or replaced
             }
             if self.pages.try_acquire(page, true).is_none() {
-                // Busy with a mover: keep it for a later round.
                 lock(&self.shadow_fifo).push_back((page as u32, generation));
-                if reclaimed == 0 && self.free_pages(Tier::Slow) < want_free {
-                    std::thread::yield_now();
+                busy_in_a_row += 1;
+                if busy_in_a_row > queued {
+                    break;
                 }
                 continue;
             }
+            busy_in_a_row = 0;
             let w = self.pages.load(page);
             if w & SHADOW != 0 && page_map::generation_of(w) == generation {
                 match self.free_shadow_owned(page) {

@@ -650,3 +650,38 @@ fn chaos_with_2mib_runs_and_a_concurrent_writer_loses_nothing() {
         mem.check_consistency().unwrap();
     }
 }
+
+#[test]
+fn reclaim_skips_shadows_the_caller_owns_instead_of_spinning() {
+    let mut cfg = MemConfig::new(64 * PAGE_SIZE, 64);
+    cfg.placement = Placement::SlowFirst;
+    cfg.slow_capacity_pages = Some(64);
+    cfg.shadow_low_watermark_pages = Some(1);
+    let Ok(mem) = TieredMemory::new(&cfg) else {
+        eprintln!("SKIP: tiered memory unavailable");
+        return;
+    };
+    let mem = Arc::new(mem);
+    let log = Arc::new(SoftDirtyLog::new(64));
+    let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
+    m.promote(&[Unit::page(20)], Mechanism::StopAndCopy)
+        .unwrap();
+    m.promote(&[Unit::run(0, 8)], Mechanism::Transactional)
+        .unwrap();
+    assert_eq!((mem.shadow_pages(), mem.free_pages(Tier::Slow)), (8, 1));
+    // Demoting page 20 wants 1 + watermark free slow pages: reclaim finds only
+    // shadows of pages this very batch owns, must give up, and the batch
+    // still completes with the one free page.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let o = m.demote(&[Unit::run(0, 8), Unit::page(20)], Mechanism::Transactional);
+        let _ = tx.send(o.map_err(|e| e.to_string()));
+    });
+    let o = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("demotion hung in shadow reclaim")
+        .unwrap();
+    assert_eq!(o.migrated, 9, "{o:?}");
+    assert_eq!(o.shadow_demoted, 8);
+    mem.check_consistency().unwrap();
+}
