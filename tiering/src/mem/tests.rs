@@ -646,7 +646,7 @@ fn chaos_with_2mib_runs_and_a_concurrent_writer_loses_nothing() {
         let st = mem.stats();
         assert_eq!(lost, 0, "{mech:?}: {st:?}");
         assert!(writes > 0 && rep.outcome.migrated > 0, "{mech:?}: {rep:?}");
-        assert_eq!(rep.errors, 0);
+        assert_eq!(rep.errors, 0, "{mech:?}: {rep:?}");
         mem.check_consistency().unwrap();
     }
 }
@@ -683,5 +683,33 @@ fn reclaim_skips_shadows_the_caller_owns_instead_of_spinning() {
         .unwrap();
     assert_eq!(o.migrated, 9, "{o:?}");
     assert_eq!(o.shadow_demoted, 8);
+    mem.check_consistency().unwrap();
+}
+#[test]
+fn pages_and_runs_migrate_in_one_batch_across_mechanisms() {
+    // 8 MiB guest, slow-first: mixed single pages and 2 MiB runs.
+    let Some((mem, _, m)) = setup(2048, 1024, Placement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let o = m
+        .promote(
+            &[Unit::page(3), Unit::run(512, 512), Unit::page(1600)],
+            Mechanism::Transactional,
+        )
+        .unwrap();
+    assert_eq!(o.migrated, 514, "{o:?}");
+    let o = m
+        .demote(
+            &[Unit::run(512, 512), Unit::page(3)],
+            Mechanism::StopAndCopy,
+        )
+        .unwrap();
+    assert_eq!(o.migrated, 513, "{o:?}");
+    let o = m
+        .promote(&[Unit::run(1024, 512)], Mechanism::StopAndCopy)
+        .unwrap();
+    assert_eq!(o.migrated, 512, "{o:?}");
+    check_fill(&mem);
     mem.check_consistency().unwrap();
 }
