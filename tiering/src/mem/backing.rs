@@ -33,6 +33,25 @@ pub enum Placement {
     Interleave,
 }
 
+impl std::str::FromStr for Placement {
+    type Err = String;
+    /// Parses `fast-first`, `slow-first`, `interleave` or `random:SEED`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fast-first" => Ok(Placement::FastFirst),
+            "slow-first" => Ok(Placement::SlowFirst),
+            "interleave" => Ok(Placement::Interleave),
+            "random" => Ok(Placement::Random { seed: 0 }),
+            _ => match s.strip_prefix("random:").map(str::parse::<u64>) {
+                Some(Ok(seed)) => Ok(Placement::Random { seed }),
+                _ => Err(format!(
+                    "unknown placement '{s}': use fast-first, slow-first, interleave or random:SEED"
+                )),
+            },
+        }
+    }
+}
+
 /// Configuration of a [`TieredMemory`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct MemConfig {
@@ -424,6 +443,43 @@ impl TieredMemory {
         sys::query_nodes(&addrs)
     }
 
+    /// Guest pages per tier counted from the host's view (`move_pages` query):
+    /// `[pages on the fast node, pages on the slow node]`, with pages that are
+    /// not present (in flight, parked) left out. On a host where the tiers are
+    /// distinct nodes this matches [`guest_pages_per_tier`](Self::guest_pages_per_tier);
+    /// with emulated tiers (one node) every page reports the same node.
+    pub fn guest_pages_per_node(&self) -> std::io::Result<[usize; 2]> {
+        let nodes = self.query_guest_nodes()?;
+        let mut c = [0usize; 2];
+        for n in nodes {
+            if n == self.nodes[0] as i32 {
+                c[0] += 1;
+            } else if n == self.nodes[1] as i32 {
+                c[1] += 1;
+            }
+        }
+        Ok(c)
+    }
+
+    /// Checks that every present guest page sits on its tier's node
+    /// (`move_pages` query). Meaningful only when the tiers are distinct nodes;
+    /// with emulated tiers it checks that every page is on the shared node.
+    pub fn check_nodes(&self) -> Result<(), String> {
+        let nodes = self.query_guest_nodes().map_err(|e| e.to_string())?;
+        for (p, n) in nodes.into_iter().enumerate() {
+            if n < 0 {
+                continue;
+            }
+            let want = self.nodes[page_map::tier_of(self.pages.load(p)).index()] as i32;
+            if n != want {
+                return Err(format!(
+                    "page {p} is on node {n} but its tier's node is {want}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Software dirty log for writes the VMM itself makes to guest RAM (device
     /// emulation, loaders). Use [`SoftDirtyLog::write_guard`] around each write;
     /// the harvester ORs this log into every harvest.
@@ -651,8 +707,15 @@ impl TieredMemory {
     /// `want_free` free pages or no shadow is left. Returns the number reclaimed.
     pub fn reclaim_shadows(&self, want_free: usize) -> usize {
         let mut reclaimed = 0;
+        // Shadows of pages owned by a mover (possibly the caller itself) are
+        // skipped; stop after one full pass without progress.
+        let mut busy_in_a_row = 0usize;
         while self.free_pages(Tier::Slow) < want_free {
-            let Some((page, generation)) = lock(&self.shadow_fifo).pop_front() else {
+            let (entry, queued) = {
+                let mut q = lock(&self.shadow_fifo);
+                (q.pop_front(), q.len())
+            };
+            let Some((page, generation)) = entry else {
                 break;
             };
             let page = page as usize;
@@ -661,13 +724,14 @@ impl TieredMemory {
                 continue; // stale entry: the shadow was freed or replaced
             }
             if self.pages.try_acquire(page, true).is_none() {
-                // Busy with a mover: keep it for a later round.
                 lock(&self.shadow_fifo).push_back((page as u32, generation));
-                if reclaimed == 0 && self.free_pages(Tier::Slow) < want_free {
-                    std::thread::yield_now();
+                busy_in_a_row += 1;
+                if busy_in_a_row > queued {
+                    break;
                 }
                 continue;
             }
+            busy_in_a_row = 0;
             let w = self.pages.load(page);
             if w & SHADOW != 0 && page_map::generation_of(w) == generation {
                 match self.free_shadow_owned(page) {
@@ -697,6 +761,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placement_parses() {
+        assert_eq!("random:9".parse(), Ok(Placement::Random { seed: 9 }));
+        assert_eq!("fast-first".parse(), Ok(Placement::FastFirst));
+        assert!("random:x".parse::<Placement>().is_err());
+    }
 
     #[test]
     fn placements_respect_capacities_exactly() {

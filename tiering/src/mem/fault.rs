@@ -188,3 +188,41 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
         return true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::{MemConfig, TieredMemory};
+
+    #[test]
+    fn unknown_addresses_are_counted_not_fatal() {
+        let Ok(mem) = TieredMemory::new(&MemConfig::new(16 * PAGE_SIZE, 16)) else {
+            eprintln!("SKIP: tiered memory unavailable");
+            return;
+        };
+        let mut pending = HashMap::new();
+        for address in [
+            0u64,
+            u64::MAX,
+            mem.guest_ptr() as u64 + mem.guest_len() as u64 + 5,
+        ] {
+            let ev = FaultEvent {
+                address,
+                thread_id: 1,
+                write: true,
+            };
+            handle_event(&mem, &ev, &mut pending);
+        }
+        assert!(pending.is_empty());
+        assert_eq!(mem.stats().unexpected_faults, 3);
+        // A fault on a present guest page (already filled) resolves at once.
+        let ev = FaultEvent {
+            address: mem.guest_ptr() as u64 + 3 * PAGE_SIZE as u64,
+            thread_id: 1,
+            write: false,
+        };
+        handle_event(&mem, &ev, &mut pending);
+        assert!(pending.is_empty());
+        assert_eq!(mem.stats().guest_stalls, 1);
+    }
+}
