@@ -68,7 +68,8 @@ impl ModeledLatency {
         let total = (accesses[0] + accesses[1]).max(1) as f64;
         let mut out = [0.0; 2];
         for t in 0..2 {
-            out[t] = self.unloaded_ns[t] * (1.0 + self.load_sensitivity * accesses[t] as f64 / total);
+            out[t] =
+                self.unloaded_ns[t] * (1.0 + self.load_sensitivity * accesses[t] as f64 / total);
         }
         out
     }
@@ -90,11 +91,18 @@ pub fn parse_schedule(s: &str) -> Result<Vec<ScheduledSwitch>, String> {
         let (name, at) = part
             .split_once('@')
             .ok_or_else(|| format!("'{part}' is not POLICY@TIME, e.g. nomad@0s,tpp@20s"))?;
-        let at = parse_secs(at).ok_or_else(|| format!("'{at}' in '{part}' is not a time like 500ms, 20s, 2m"))?;
+        let at = parse_secs(at)
+            .ok_or_else(|| format!("'{at}' in '{part}' is not a time like 500ms, 20s, 2m"))?;
         if !policy::NAMES.contains(&name) {
-            return Err(format!("unknown policy '{name}' in the schedule; valid: {}", policy::NAMES.join(", ")));
+            return Err(format!(
+                "unknown policy '{name}' in the schedule; valid: {}",
+                policy::NAMES.join(", ")
+            ));
         }
-        out.push(ScheduledSwitch { at, policy: name.to_string() });
+        out.push(ScheduledSwitch {
+            at,
+            policy: name.to_string(),
+        });
     }
     if out.is_empty() {
         return Err("empty --policy-schedule: give e.g. nomad@0s,tpp@20s".into());
@@ -143,9 +151,17 @@ pub struct EngineReport {
     pub latency_modeled: bool,
 }
 
+/// How long a hint-fault touch counts as the page's accessed bit.
+pub const ACCESSED_WINDOW: Duration = Duration::from_secs(1);
+
 /// The [`MemoryView`] of live tiered memory. Accessed bits come from the
-/// hint-fault samples (a page touched in a sampled window counts as accessed),
-/// because this host has no idle page tracking.
+/// hint-fault samples, because this host has no idle page tracking: a page
+/// touched in the last [`ACCESSED_WINDOW`] reads as accessed. Reading does not
+/// clear the bit (a sampled page is mapped back after its first touch, so a
+/// second touch in the same window cannot be seen); the engine clears all
+/// bits at the end of each window. Documented deviation: policies that test
+/// a page twice (Nomad's candidate queue, TPP's LRU check) see "touched in
+/// this window" rather than "touched since the last test".
 struct LiveView<'a> {
     mem: &'a TieredMemory,
     touched: &'a mut [u64],
@@ -166,14 +182,7 @@ impl MemoryView for LiveView<'_> {
     }
     fn test_and_clear_accessed(&mut self, page: u64) -> bool {
         let (w, b) = ((page / 64) as usize, page % 64);
-        match self.touched.get_mut(w) {
-            Some(word) => {
-                let was = *word & (1 << b) != 0;
-                *word &= !(1 << b);
-                was
-            }
-            None => false,
-        }
+        self.touched.get(w).is_some_and(|word| word & (1 << b) != 0)
     }
 }
 
@@ -215,13 +224,19 @@ impl EngineState {
         let mut urgent = Vec::new();
         for s in drained {
             let mem = self.migrator.memory().clone();
-            let Some(tier) = mem.tier_of(s.page as usize) else { continue };
+            let Some(tier) = mem.tier_of(s.page as usize) else {
+                continue;
+            };
             let tier_id = if tier == Tier::Fast { FAST } else { SLOW };
             if let Some(w) = self.touched.get_mut((s.page / 64) as usize) {
                 *w |= 1 << (s.page % 64);
             }
             self.tier_hits[tier_id as usize] += 1;
-            self.samples.push(AccessSample { page: s.page, tier: tier_id, write: s.write });
+            self.samples.push(AccessSample {
+                page: s.page,
+                tier: tier_id,
+                write: s.write,
+            });
             if self.hint_tiers.contains(&tier_id) {
                 self.report.hint_faults += 1;
                 let fault = HintFault {
@@ -231,9 +246,13 @@ impl EngineState {
                     write: s.write,
                     now_ns,
                 };
-                let mut view = LiveView { mem: &mem, touched: &mut self.touched };
+                let mut view = LiveView {
+                    mem: &mem,
+                    touched: &mut self.touched,
+                };
                 if let Some(m) = self.policy.on_hint_fault(&fault, &tiers, &mut view) {
-                    self.report.fault_path_migrations += u64::from(m.urgency == Urgency::BeforeFaultingAccessResumes);
+                    self.report.fault_path_migrations +=
+                        u64::from(m.urgency == Urgency::BeforeFaultingAccessResumes);
                     urgent.push(m);
                 }
             }
@@ -254,7 +273,10 @@ impl EngineState {
             tpm_outcomes: &[],
             dirty: &[],
         };
-        let mut view = LiveView { mem: &mem, touched: &mut self.touched };
+        let mut view = LiveView {
+            mem: &mem,
+            touched: &mut self.touched,
+        };
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
         self.tier_hits = [0; 2];
@@ -337,7 +359,10 @@ pub struct EngineConfig {
 
 impl Engine {
     /// The trackers the policies of `cfg` need (the union over the schedule).
-    pub fn trackers(cfg: &EngineConfig, pcfg: &PolicyConfig) -> Result<TrackerRequest, policy::Error> {
+    pub fn trackers(
+        cfg: &EngineConfig,
+        pcfg: &PolicyConfig,
+    ) -> Result<TrackerRequest, policy::Error> {
         let mut req = policy::by_name(&cfg.policy, pcfg)?.trackers();
         for s in &cfg.schedule {
             let t = policy::by_name(&s.policy, pcfg)?.trackers();
@@ -346,8 +371,13 @@ impl Engine {
                     req.hint_fault_tiers.push(tier);
                 }
             }
-            req.hint_scan_pages_per_sec = req.hint_scan_pages_per_sec.max(t.hint_scan_pages_per_sec);
-            req.sample_period = if req.sample_period == 0 { t.sample_period } else { req.sample_period };
+            req.hint_scan_pages_per_sec =
+                req.hint_scan_pages_per_sec.max(t.hint_scan_pages_per_sec);
+            req.sample_period = if req.sample_period == 0 {
+                t.sample_period
+            } else {
+                req.sample_period
+            };
             req.dirty_log |= t.dirty_log;
         }
         Ok(req)
@@ -357,7 +387,10 @@ impl Engine {
     pub fn policy_config(mem: &TieredMemory) -> PolicyConfig {
         PolicyConfig::new(
             mem.guest_pages() as u64,
-            vec![mem.capacity(Tier::Fast) as u64, mem.capacity(Tier::Slow) as u64],
+            vec![
+                mem.capacity(Tier::Fast) as u64,
+                mem.capacity(Tier::Slow) as u64,
+            ],
         )
     }
 
@@ -388,12 +421,20 @@ impl Engine {
             .name("tiering-engine".into())
             .spawn(move || {
                 let start = Instant::now();
-                state.report.policies.push((state.policy.name().to_string(), 0.0));
+                state
+                    .report
+                    .policies
+                    .push((state.policy.name().to_string(), 0.0));
                 let mut schedule: VecDeque<ScheduledSwitch> = cfg.schedule.into_iter().collect();
-                let mut next_tick = Duration::from_nanos(state.policy.tick_interval_ns().max(1_000_000));
+                let mut next_tick =
+                    Duration::from_nanos(state.policy.tick_interval_ns().max(1_000_000));
+                let mut next_window = ACCESSED_WINDOW;
                 while !s.load(Ordering::Relaxed) {
                     let now = start.elapsed();
-                    let mut switches: Vec<String> = c.lock().map(|mut q| q.drain(..).map(|Command::Switch(n)| n).collect()).unwrap_or_default();
+                    let mut switches: Vec<String> = c
+                        .lock()
+                        .map(|mut q| q.drain(..).map(|Command::Switch(n)| n).collect())
+                        .unwrap_or_default();
                     while schedule.front().is_some_and(|x| x.at <= now) {
                         if let Some(x) = schedule.pop_front() {
                             switches.push(x.policy);
@@ -414,9 +455,14 @@ impl Engine {
                     }
                     let drained = state.migrator.memory().drain_samples();
                     state.feed(drained, now.as_nanos() as u64);
+                    if now >= next_window {
+                        state.touched.iter_mut().for_each(|w| *w = 0);
+                        next_window = now + ACCESSED_WINDOW;
+                    }
                     if now >= next_tick {
                         state.tick(now.as_nanos() as u64);
-                        let interval = Duration::from_nanos(state.policy.tick_interval_ns().max(1_000_000));
+                        let interval =
+                            Duration::from_nanos(state.policy.tick_interval_ns().max(1_000_000));
                         next_tick = now + interval;
                     }
                     std::thread::sleep(POLL_INTERVAL);
@@ -434,7 +480,10 @@ impl Engine {
     /// Asks the engine to switch to `policy` (state handed over).
     pub fn switch(&self, policy: &str) -> Result<(), String> {
         if !policy::NAMES.contains(&policy) {
-            return Err(format!("unknown policy '{policy}'; valid: {}", policy::NAMES.join(", ")));
+            return Err(format!(
+                "unknown policy '{policy}'; valid: {}",
+                policy::NAMES.join(", ")
+            ));
         }
         self.commands
             .lock()
@@ -470,10 +519,20 @@ mod tests {
     #[test]
     fn schedules_parse_and_reject() {
         let s = parse_schedule("nomad@0s,tpp@20s").unwrap();
-        assert_eq!(s[1], ScheduledSwitch { at: Duration::from_secs(20), policy: "tpp".into() });
+        assert_eq!(
+            s[1],
+            ScheduledSwitch {
+                at: Duration::from_secs(20),
+                policy: "tpp".into()
+            }
+        );
         assert!(parse_schedule("nomad").unwrap_err().contains("POLICY@TIME"));
-        assert!(parse_schedule("foo@1s").unwrap_err().contains("unknown policy"));
-        assert!(parse_schedule("tpp@2s,nomad@1s").unwrap_err().contains("must not decrease"));
+        assert!(parse_schedule("foo@1s")
+            .unwrap_err()
+            .contains("unknown policy"));
+        assert!(parse_schedule("tpp@2s,nomad@1s")
+            .unwrap_err()
+            .contains("must not decrease"));
         assert!(parse_schedule("tpp@xs").unwrap_err().contains("not a time"));
     }
 

@@ -95,6 +95,9 @@ pub struct RunArgs {
     /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
     #[arg(long, help_heading = "Tiering")]
     pub tracking_budget: Option<f64>,
+    /// Switch policies while the VM runs, e.g. nomad@0s,tpp@20s.
+    #[arg(long, help_heading = "Tiering")]
+    pub policy_schedule: Option<String>,
     /// TEST ONLY: commit transactional migrations without the dirty check
     /// (loses writes; exists to prove the integrity test can fail).
     #[arg(long, hide = true)]
@@ -129,6 +132,7 @@ impl RunArgs {
                 scan_pages: self.scan_pages,
                 scan_period: self.scan_period,
                 tracking_budget_pct: self.tracking_budget,
+                policy_schedule: self.policy_schedule.clone(),
             },
         }
     }
