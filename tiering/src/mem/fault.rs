@@ -171,10 +171,12 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
             }
             mem.release_page(page, 0, PARKED);
             let stall = p.arrival.elapsed().as_nanos() as u64;
-            let c = &mem.counters;
-            c.hint_stall_ns.fetch_add(stall, Ordering::Relaxed);
-            c.guest_stalls.fetch_add(1, Ordering::Relaxed);
-            c.guest_stall_ns.fetch_add(stall, Ordering::Relaxed);
+            // A hint fault is tracking cost, not a migration stall: it is
+            // counted apart (tracking overhead), so `guest_stall_ms` measures
+            // what the mechanisms cost the guest.
+            mem.counters
+                .hint_stall_ns
+                .fetch_add(stall, Ordering::Relaxed);
             return true;
         }
         // Present (filled before or while we looked): wake is harmless.

@@ -71,7 +71,10 @@ pub struct MigrationCounters {
 pub struct TrackingCounters {
     /// Hint faults taken (sampled guest accesses).
     pub hint_faults: u64,
-    /// Share of vCPU time spent in hint faults, percent.
+    /// vCPU time blocked in hint faults, ms.
+    pub hint_stall_ms: f64,
+    /// Share of vCPU time spent in hint faults over the whole run, percent
+    /// (hint_stall_ms / (vCPUs x run time)).
     pub tracking_overhead_pct: f64,
 }
 
@@ -94,11 +97,13 @@ impl TieringReport {
         }
     }
 
-    /// The `tracking` object.
-    pub fn tracking(&self) -> TrackingCounters {
+    /// The `tracking` object for a run of `vcpus` vCPUs lasting `run_s` seconds.
+    pub fn tracking(&self, vcpus: u32, run_s: f64) -> TrackingCounters {
+        let vcpu_ms = f64::from(vcpus.max(1)) * run_s.max(1e-9) * 1e3;
         TrackingCounters {
             hint_faults: self.stats.hint_faults,
-            tracking_overhead_pct: self.stats.tracking_overhead_pct,
+            hint_stall_ms: self.stats.hint_stall_ms,
+            tracking_overhead_pct: 100.0 * self.stats.hint_stall_ms / vcpu_ms,
         }
     }
 }
