@@ -215,49 +215,79 @@ impl EngineState {
             .collect()
     }
 
-    /// Feeds drained samples; runs fault-path migrations at once.
+    /// One hint-fault sample: accessed bit, per-tier hits, tick sample, and
+    /// the policy's hint-fault decision.
+    fn observe(
+        &mut self,
+        s: &mem::AccessSample,
+        now_ns: u64,
+        tiers: &[TierStatus],
+    ) -> Option<Migration> {
+        let mem = self.migrator.memory().clone();
+        let tier = mem.tier_of(s.page as usize)?;
+        let tier_id = if tier == Tier::Fast { FAST } else { SLOW };
+        if let Some(w) = self.touched.get_mut((s.page / 64) as usize) {
+            *w |= 1 << (s.page % 64);
+        }
+        self.tier_hits[tier_id as usize] += 1;
+        self.samples.push(AccessSample {
+            page: s.page,
+            tier: tier_id,
+            write: s.write,
+        });
+        if !self.hint_tiers.contains(&tier_id) {
+            return None;
+        }
+        self.report.hint_faults += 1;
+        let fault = HintFault {
+            page: s.page,
+            tier: tier_id,
+            time_to_fault_ns: s.ns_since_park,
+            write: s.write,
+            now_ns,
+        };
+        let mut view = LiveView {
+            mem: &mem,
+            touched: &mut self.touched,
+        };
+        self.policy.on_hint_fault(&fault, tiers, &mut view)
+    }
+
+    /// Feeds drained samples; runs their migrations at once.
     fn feed(&mut self, drained: Vec<mem::AccessSample>, now_ns: u64) {
         if drained.is_empty() {
             return;
         }
         let tiers = self.tiers(None);
-        let mut urgent = Vec::new();
+        let mut now = Vec::new();
         for s in drained {
-            let mem = self.migrator.memory().clone();
-            let Some(tier) = mem.tier_of(s.page as usize) else {
-                continue;
-            };
-            let tier_id = if tier == Tier::Fast { FAST } else { SLOW };
-            if let Some(w) = self.touched.get_mut((s.page / 64) as usize) {
-                *w |= 1 << (s.page % 64);
-            }
-            self.tier_hits[tier_id as usize] += 1;
-            self.samples.push(AccessSample {
-                page: s.page,
-                tier: tier_id,
-                write: s.write,
-            });
-            if self.hint_tiers.contains(&tier_id) {
-                self.report.hint_faults += 1;
-                let fault = HintFault {
-                    page: s.page,
-                    tier: tier_id,
-                    time_to_fault_ns: s.ns_since_park,
-                    write: s.write,
-                    now_ns,
-                };
-                let mut view = LiveView {
-                    mem: &mem,
-                    touched: &mut self.touched,
-                };
-                if let Some(m) = self.policy.on_hint_fault(&fault, &tiers, &mut view) {
-                    self.report.fault_path_migrations +=
-                        u64::from(m.urgency == Urgency::BeforeFaultingAccessResumes);
-                    urgent.push(m);
-                }
+            if let Some(m) = self.observe(&s, now_ns, &tiers) {
+                now.push(m);
             }
         }
-        self.execute(&urgent);
+        self.execute(&now);
+    }
+
+    /// A hint fault delivered through the fault-path hook: `true` asks the
+    /// fault handler to promote the page before the access resumes.
+    fn fault_path(&mut self, s: &mem::AccessSample, now_ns: u64) -> bool {
+        let tiers = self.tiers(None);
+        match self.observe(s, now_ns, &tiers) {
+            Some(m)
+                if m.urgency == Urgency::BeforeFaultingAccessResumes
+                    && m.to == FAST
+                    && m.unit.pages == 1 =>
+            {
+                self.report.migrations_requested += 1;
+                self.report.fault_path_migrations += 1;
+                true
+            }
+            Some(m) => {
+                self.execute(&[m]);
+                false
+            }
+            None => false,
+        }
     }
 
     fn tick(&mut self, now_ns: u64) {
@@ -334,6 +364,16 @@ fn batch_key(mem: &TieredMemory, m: &Migration) -> Option<(mem::Direction, mem::
     Some((dir, mech))
 }
 
+/// Policies that promote in the fault path (their hint faults are decided
+/// by the fault handler, under the engine lock, before the access resumes).
+fn promotes_in_fault_path(policy: &str) -> bool {
+    policy == "tpp"
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A command to a running engine.
 enum Command {
     Switch(String),
@@ -403,10 +443,10 @@ impl Engine {
         let commands = Arc::new(Mutex::new(VecDeque::new()));
         let (s, c) = (stop.clone(), commands.clone());
         let words = migrator.memory().guest_pages().div_ceil(64);
-        let mut state = EngineState {
+        let state = Arc::new(Mutex::new(EngineState {
             policy: first,
             cfg: pcfg,
-            migrator,
+            migrator: migrator.clone(),
             touched: vec![0; words],
             samples: Vec::new(),
             tier_hits: [0; 2],
@@ -416,18 +456,35 @@ impl Engine {
                 latency_modeled: cfg.modeled_latency.is_some(),
                 ..Default::default()
             },
+        }));
+        let start = Instant::now();
+        // The fault handler calls the policy itself (under the engine lock)
+        // for policies that promote in the fault path, so the faulting vCPU
+        // waits exactly for the decision and the copy, as in Linux.
+        let mem = migrator.memory().clone();
+        let hook_state = state.clone();
+        let set_hook = move |policy: &str| {
+            let st = hook_state.clone();
+            mem.set_fault_path_hook(promotes_in_fault_path(policy).then(|| {
+                let hook: mem::FaultPathHook = Arc::new(move |sample: &mem::AccessSample| {
+                    let now_ns = start.elapsed().as_nanos() as u64;
+                    lock(&st).fault_path(sample, now_ns)
+                });
+                hook
+            }));
         };
+        set_hook(lock(&state).policy.name());
         let join = std::thread::Builder::new()
             .name("tiering-engine".into())
             .spawn(move || {
-                let start = Instant::now();
-                state
-                    .report
-                    .policies
-                    .push((state.policy.name().to_string(), 0.0));
+                {
+                    let mut st = lock(&state);
+                    let name = st.policy.name().to_string();
+                    st.report.policies.push((name, 0.0));
+                }
                 let mut schedule: VecDeque<ScheduledSwitch> = cfg.schedule.into_iter().collect();
                 let mut next_tick =
-                    Duration::from_nanos(state.policy.tick_interval_ns().max(1_000_000));
+                    Duration::from_nanos(lock(&state).policy.tick_interval_ns().max(1_000_000));
                 let mut next_window = ACCESSED_WINDOW;
                 while !s.load(Ordering::Relaxed) {
                     let now = start.elapsed();
@@ -441,33 +498,40 @@ impl Engine {
                         }
                     }
                     for name in switches {
-                        if name == state.policy.name() {
+                        let mut st = lock(&state);
+                        if name == st.policy.name() {
                             continue;
                         }
-                        let exported: PolicyState = state.policy.export_state();
-                        match policy::switch_to(&name, &state.cfg, &exported) {
+                        let exported: PolicyState = st.policy.export_state();
+                        match policy::switch_to(&name, &st.cfg, &exported) {
                             Ok(p) => {
-                                state.policy = p;
-                                state.report.policies.push((name, now.as_secs_f64()));
+                                st.policy = p;
+                                st.report.policies.push((name.clone(), now.as_secs_f64()));
+                                drop(st);
+                                set_hook(&name);
                             }
                             Err(e) => tracing::warn!("policy switch to {name}: {e}"),
                         }
                     }
-                    let drained = state.migrator.memory().drain_samples();
-                    state.feed(drained, now.as_nanos() as u64);
+                    let drained = migrator.memory().drain_samples();
+                    let mut st = lock(&state);
+                    st.feed(drained, now.as_nanos() as u64);
                     if now >= next_window {
-                        state.touched.iter_mut().for_each(|w| *w = 0);
+                        st.touched.iter_mut().for_each(|w| *w = 0);
                         next_window = now + ACCESSED_WINDOW;
                     }
                     if now >= next_tick {
-                        state.tick(now.as_nanos() as u64);
+                        st.tick(now.as_nanos() as u64);
                         let interval =
-                            Duration::from_nanos(state.policy.tick_interval_ns().max(1_000_000));
+                            Duration::from_nanos(st.policy.tick_interval_ns().max(1_000_000));
                         next_tick = now + interval;
                     }
+                    drop(st);
                     std::thread::sleep(POLL_INTERVAL);
                 }
-                state.report
+                set_hook("");
+                let report = lock(&state).report.clone();
+                report
             })
             .map_err(|e| format!("spawning the engine thread: {e}"))?;
         Ok(Self {

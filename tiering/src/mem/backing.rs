@@ -115,7 +115,25 @@ pub struct TieredMemory {
     pub(crate) park_epoch: Mutex<Instant>,
     overhead_pct_bits: AtomicU64,
     setup_time: Duration,
+    fault_path_hook: HookSlot,
 }
+
+/// Holder of the fault-path hook (a closure has no `Debug`).
+#[derive(Default)]
+struct HookSlot(std::sync::RwLock<Option<FaultPathHook>>);
+
+impl std::fmt::Debug for HookSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookSlot")
+    }
+}
+
+/// Asked by the fault handler when the guest touches a parked slow page:
+/// `true` = promote it now, before the faulting access resumes (TPP's
+/// promotion in the NUMA-hint-fault path). The sample passed in is the hint
+/// fault; when a hook is installed, hint faults are delivered through it
+/// instead of [`TieredMemory::drain_samples`].
+pub type FaultPathHook = std::sync::Arc<dyn Fn(&AccessSample) -> bool + Send + Sync>;
 
 struct SplitMix(u64);
 impl SplitMix {
@@ -358,6 +376,7 @@ impl TieredMemory {
             park_epoch: Mutex::new(Instant::now()),
             overhead_pct_bits: AtomicU64::new(0),
             setup_time: t0.elapsed(),
+            fault_path_hook: HookSlot::default(),
         })
     }
 
@@ -660,6 +679,74 @@ impl TieredMemory {
             i = j;
         }
         Ok(())
+    }
+
+    /// Installs (or removes) the fault-path hook.
+    pub fn set_fault_path_hook(&self, hook: Option<FaultPathHook>) {
+        *self
+            .fault_path_hook
+            .0
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = hook;
+    }
+
+    pub(crate) fn fault_path_hook(&self) -> Option<FaultPathHook> {
+        self.fault_path_hook
+            .0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Promotes an owned, parked slow page exclusively (stop-and-copy) while
+    /// the faulting vCPU waits: copies the parked page into a free fast pool
+    /// page, maps that at the guest address (which wakes the vCPU) and returns
+    /// the old slow page to its pool. No dirty check is needed: the page was
+    /// unmapped for the whole copy. Returns `Ok(false)` (nothing changed)
+    /// when the fast tier has no free page. The caller releases the page
+    /// with `PARKED | SLOW` cleared on `Ok(true)`.
+    pub(crate) fn promote_parked_owned(&self, page: usize) -> std::io::Result<bool> {
+        let Some(fast) = self.reserve(Tier::Fast, 1, SlotKind::Free) else {
+            self.counters
+                .skipped_no_space
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        };
+        let Some(hole) = self.reserve(Tier::Slow, 1, SlotKind::Hole) else {
+            self.unreserve(Tier::Fast, &fast, SlotKind::Free);
+            return Err(std::io::Error::other(
+                "no slow pool hole for a promoted page (accounting bug)",
+            ));
+        };
+        let staging = self.pool_addr(Tier::Fast, fast[0]);
+        // SAFETY: both are page-aligned pages of our mapping: the parked page
+        // is present in the parking area (we own it) and the staging page is a
+        // reserved free fast pool page; they do not overlap.
+        unsafe { sys::copy_page(staging as *mut u8, self.park_addr(page) as *const u8) };
+        if let Err(e) = self
+            .uffd
+            .move_range(self.guest_addr(page), staging, PAGE_SIZE, true)
+        {
+            self.unreserve(Tier::Fast, &fast, SlotKind::Free);
+            self.unreserve(Tier::Slow, &hole, SlotKind::Hole);
+            return Err(e);
+        }
+        self.unreserve(Tier::Fast, &fast, SlotKind::Hole);
+        match self.uffd.move_range(
+            self.pool_addr(Tier::Slow, hole[0]),
+            self.park_addr(page),
+            PAGE_SIZE,
+            true,
+        ) {
+            Ok(()) => self.unreserve(Tier::Slow, &hole, SlotKind::Free),
+            Err(e) => {
+                self.unreserve(Tier::Slow, &hole, SlotKind::Hole);
+                return Err(e);
+            }
+        }
+        self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+        self.counters.stop_copy.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// Releases an owned page; tells the fault handler if it waits on it.

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::backing::{lock, TieredMemory};
-use super::page_map::{BUSY, PARKED};
+use super::page_map::{BUSY, PARKED, SLOW};
 use super::sys::{FaultEvent, PAGE_SIZE};
 use super::AccessSample;
 
@@ -154,13 +154,37 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
             // Record the sample before the move wakes the toucher, so that a
             // drain right after the touch sees it.
             let since_park = lock(&mem.park_epoch).elapsed();
-            lock(&mem.samples).push(AccessSample {
+            let sample = AccessSample {
                 page: page as u64,
                 ns_since_park: since_park.as_nanos() as u64,
                 thread_id: p.thread_id,
                 write: p.write,
-            });
+            };
             mem.counters.hint_faults.fetch_add(1, Ordering::Relaxed);
+            match mem.fault_path_hook() {
+                Some(hook) => {
+                    // The policy decides now; a promotion happens before the
+                    // faulting access resumes, and its whole duration is a
+                    // migration stall of the guest.
+                    let slow = mem.pages.load(page) & SLOW != 0;
+                    if hook(&sample) && slow {
+                        match mem.promote_parked_owned(page) {
+                            Ok(true) => {
+                                mem.release_page(page, 0, PARKED | SLOW);
+                                let stall = p.arrival.elapsed().as_nanos() as u64;
+                                mem.counters.guest_stalls.fetch_add(1, Ordering::Relaxed);
+                                mem.counters
+                                    .guest_stall_ns
+                                    .fetch_add(stall, Ordering::Relaxed);
+                                return true;
+                            }
+                            Ok(false) => {}
+                            Err(e) => tracing::error!("fault-path promotion of page {page}: {e}"),
+                        }
+                    }
+                }
+                None => lock(&mem.samples).push(sample),
+            }
             if let Err(e) =
                 mem.uffd
                     .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, true)

@@ -54,7 +54,7 @@ mod tests;
 
 use std::sync::atomic::AtomicU32;
 
-pub use backing::{MemConfig, Placement, TieredMemory};
+pub use backing::{FaultPathHook, MemConfig, Placement, TieredMemory};
 pub use chaos::{ChaosConfig, ChaosDriver, ChaosReport};
 pub use dirty::{DirtyLog, SoftDirtyLog, WriteGuard};
 pub use fault::FaultHandler;
