@@ -50,6 +50,9 @@ fn thrash(policy: PolicyArg) -> VmRequest {
         &["rss=192M", "wss=192M", "theta=0.6", "write_ratio=0"],
     );
     r.tiering.fast = Some(64 << 20);
+    // Everything starts slow (the seeds' pre-demoted runs), so promoted
+    // pages carry shadows that a later demotion can remap.
+    r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
     r.tiering.policy = Some(policy);
     r
 }

@@ -681,6 +681,20 @@ impl TieredMemory {
         Ok(())
     }
 
+    /// Whether guest page `page` (mapped, possibly being written) currently
+    /// holds the same bytes as its shadow. The caller owns the page.
+    pub(crate) fn page_matches_shadow(&self, page: usize) -> bool {
+        let g = self.guest_addr(page) as *const u64;
+        let s = self.shadow_addr(page) as *const u64;
+        (0..PAGE_SIZE / 8).all(|i| {
+            // SAFETY: both are page-aligned, present pages of our mapping (the
+            // guest page is owned by the caller and mapped; the shadow slot of an
+            // owned page with SHADOW holds its shadow); volatile reads because
+            // vCPUs may write the guest page concurrently.
+            unsafe { g.add(i).read_volatile() == s.add(i).read_volatile() }
+        })
+    }
+
     /// Installs (or removes) the fault-path hook.
     pub fn set_fault_path_hook(&self, hook: Option<FaultPathHook>) {
         *self

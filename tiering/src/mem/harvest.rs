@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use super::backing::{lock, TieredMemory};
 use super::dirty::DirtyLog;
-use super::page_map::{Consumed, BUSY, SHADOW};
+use super::page_map::{Consumed, BUSY, PARKED, SHADOW};
 
 /// Owns GET/CLEAR of a [`DirtyLog`] (and of the VMM-write log of the memory).
 pub struct DirtyHarvester {
@@ -114,6 +114,34 @@ impl DirtyHarvester {
         Ok(())
     }
 
+    /// A dirty bit on a shadowed page does not always mean a write: under
+    /// shadow paging (PVM) KVM maps a page writable, and logs it dirty, on a
+    /// read when the guest's own PTE is already dirty. So before dropping a
+    /// shadow, re-arm the page (a write from now on shows at the next
+    /// harvest) and compare it with its shadow: equal content keeps the
+    /// shadow valid. Returns true if the shadow stays. The caller owns the
+    /// page and must not re-arm it again in this harvest (that could erase a
+    /// write made after this re-arm).
+    fn revalidate_shadow(&self, mem: &TieredMemory, page: usize) -> bool {
+        // A parked page is not mapped at its guest address: reading it here
+        // would fault on this thread while we own the page. Treat it as written.
+        if mem.pages.load(page) & PARKED != 0 {
+            return false;
+        }
+        let first = page / 64 * 64;
+        let mask = [1u64 << (page % 64)];
+        if self.log.clear(first, &mask).is_err() || mem.vmm_dirty_clear(first, &mask).is_err() {
+            return false;
+        }
+        let same = mem.page_matches_shadow(page);
+        if same {
+            mem.counters
+                .shadow_revalidations
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        same
+    }
+
     fn harvest_locked(&self, mem: &TieredMemory, scratch: &mut Scratch) -> io::Result<usize> {
         let Scratch { kvm, soft, rearm } = scratch;
         self.log.get(kvm)?;
@@ -143,6 +171,14 @@ impl DirtyHarvester {
                 consumed += 1;
                 rearm[w] |= 1 << i;
                 if let Consumed::OwnedForInvalidation(word) = mem.pages.consume_dirty(page) {
+                    if word & SHADOW != 0 && self.revalidate_shadow(mem, page) {
+                        // Not really written (see revalidate_shadow): keep the
+                        // shadow; the page is re-armed already.
+                        rearm[w] &= !(1 << i);
+                        mem.release_page(page, 0, 0);
+                        continue;
+                    }
+                    rearm[w] &= !(1 << i);
                     // First write after promotion: the shadow is stale.
                     if word & SHADOW != 0 {
                         match mem.free_shadow_owned(page) {

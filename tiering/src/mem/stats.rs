@@ -64,6 +64,9 @@ pub struct MemStats {
     pub guest_stall_ms: f64,
     /// Total stall of hint faults (parked pages touched), ms: tracking cost.
     pub hint_stall_ms: f64,
+    /// Shadows kept after a dirty bit because the page still equals its
+    /// shadow (dirty-on-read under shadow paging).
+    pub shadow_revalidations: u64,
     /// Hint faults (parked pages touched).
     pub hint_faults: u64,
     /// Share of vCPU time spent in hint faults over the last sampler period, percent.
@@ -97,6 +100,7 @@ pub struct Counters {
     pub(crate) guest_stall_ns: AtomicU64,
     pub(crate) hint_faults: AtomicU64,
     pub(crate) hint_stall_ns: AtomicU64,
+    pub(crate) shadow_revalidations: AtomicU64,
     pub(crate) unexpected_faults: AtomicU64,
     pub(crate) harvests: AtomicU64,
 }
@@ -124,6 +128,7 @@ impl Counters {
             guest_stalls: g(&self.guest_stalls),
             guest_stall_ms: g(&self.guest_stall_ns) as f64 / 1e6,
             hint_stall_ms: g(&self.hint_stall_ns) as f64 / 1e6,
+            shadow_revalidations: g(&self.shadow_revalidations),
             hint_faults: g(&self.hint_faults),
             tracking_overhead_pct: 0.0,
             unexpected_faults: g(&self.unexpected_faults),
