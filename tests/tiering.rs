@@ -86,13 +86,20 @@ fn without_the_dirty_check_writes_are_lost() {
     if !kvm_available("without_the_dirty_check_writes_are_lost") {
         return;
     }
-    let (r, _) = run(&chaos(
-        5,
-        50_000.0,
-        MechanismArg::Tpm,
-        UnitArg::Page4k,
-        true,
-    ));
+    // Concentrate the writes on few pages so copies race with writes often,
+    // even when other tests share the two cores.
+    let mut req = chaos(6, 50_000.0, MechanismArg::Tpm, UnitArg::Page4k, true);
+    req.args = [
+        "region=64M",
+        "pattern=hot",
+        "hot_fraction=0.02",
+        "hot_prob=0.95",
+        "verify_ms=100",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (r, _) = run(&req);
     let lost = r
         .guest_metrics
         .get("mismatched_pages")
