@@ -10,7 +10,12 @@ use tiering::sim;
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("sim");
     group.sample_size(10);
-    for (scenario, policy) in [("nomad-medium-ro", "static"), ("nomad-medium-ro", "nomad"), ("colloid-gups-1x", "colloid"), ("mtm-4tier", "mtm")] {
+    for (scenario, policy) in [
+        ("nomad-medium-ro", "static"),
+        ("nomad-medium-ro", "nomad"),
+        ("colloid-gups-1x", "colloid"),
+        ("mtm-4tier", "mtm"),
+    ] {
         let mut scn = sim::builtin(scenario).expect("built-in scenario");
         scn.duration_s = if scenario == "mtm-4tier" { 400.0 } else { 20.0 };
         let accesses = sim::run(&scn, policy).expect("runs").simulated_accesses;
