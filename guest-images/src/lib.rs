@@ -3,4 +3,10 @@
 //! and, with the `image` feature, the ring-3 runtime the guest images link.
 #![cfg_attr(not(test), no_std)]
 
+pub mod abi;
+pub mod args;
 pub mod gen;
+pub mod workloads;
+
+#[cfg(feature = "image")]
+pub mod rt;

@@ -1,1 +1,19 @@
+//! tiervm: a KVM virtual machine monitor whose guest RAM lives on tiered host
+//! memory. This crate holds everything KVM-specific: the VM and vCPUs, guest
+//! loading, the port devices, the run loop and the `tiervm` subcommands. The
+//! tiering itself lives in the `tiering` crate behind small traits.
+//!
+//! See `docs/architecture.md` for the threads and the data path.
 
+pub mod commands;
+pub mod config;
+pub mod devices;
+pub mod error;
+pub mod image;
+pub mod kvm_dirty_log;
+pub mod report;
+pub mod runner;
+pub mod status;
+pub mod tiering_config;
+pub mod units;
+pub mod vstate;

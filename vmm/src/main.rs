@@ -1,1 +1,70 @@
-fn main() {}
+//! The `tiervm` command line.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use vmm::commands::{info, native, run};
+use vmm::error::Error;
+
+/// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
+#[derive(Parser, Debug)]
+#[command(name = "tiervm", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Boot a guest image and report its throughput.
+    Run(run::RunArgs),
+    /// Show what this host offers (KVM, NUMA, userfaultfd, dirty log, THP).
+    Info(info::InfoArgs),
+    /// Run a built-in workload natively on host threads (the no-VM baseline).
+    Native(native::NativeArgs),
+    /// List the built-in images and their arguments.
+    Images,
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("TIERVM_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match &cli.command {
+        Command::Run(a) => run::run(a, started),
+        Command::Info(a) => info::run(a)
+            .map(|()| 0)
+            .map_err(|e| Error::Host(e.to_string())),
+        Command::Native(a) => native::run(a),
+        Command::Images => {
+            print_images();
+            Ok(0)
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("tiervm: error: {e}");
+            ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
+        }
+    }
+}
+
+fn print_images() {
+    for spec in tiervm_guest::workloads::IMAGES {
+        println!("{}: {}", spec.name, spec.about);
+        for a in spec.args {
+            println!("    {:<13} default {:<7} {}", a.key, a.default, a.help);
+        }
+    }
+}

@@ -65,7 +65,11 @@ impl Zipf {
     /// `scrambled` spreads the hot ranks over the item space with FNV.
     pub fn new(n: u64, theta: f64, scrambled: bool) -> Self {
         let n = n.max(1);
-        let theta = if theta.is_nan() { DEFAULT_THETA } else { theta.clamp(0.0, 0.9999) };
+        let theta = if theta.is_nan() {
+            DEFAULT_THETA
+        } else {
+            theta.clamp(0.0, 0.9999)
+        };
         let zetan = zeta(n, theta);
         let zeta2 = zeta(2.min(n), theta);
         let alpha = 1.0 / (1.0 - theta);
@@ -142,7 +146,10 @@ mod tests {
             let n = 200_000u64;
             let exact: f64 = (1..=n).map(|i| 1.0 / (i as f64).powf(theta)).sum();
             let approx = zeta(n, theta);
-            assert!(((exact - approx) / exact).abs() < 1e-9, "theta {theta}: {exact} vs {approx}");
+            assert!(
+                ((exact - approx) / exact).abs() < 1e-9,
+                "theta {theta}: {exact} vs {approx}"
+            );
         }
     }
 
@@ -188,7 +195,11 @@ mod tests {
     #[test]
     fn degenerate_inputs_do_not_panic() {
         let mut rng = Rng::new(0);
-        for z in [Zipf::new(0, 0.99, false), Zipf::new(1, f64::NAN, true), Zipf::new(2, 5.0, false)] {
+        for z in [
+            Zipf::new(0, 0.99, false),
+            Zipf::new(1, f64::NAN, true),
+            Zipf::new(2, 5.0, false),
+        ] {
             for _ in 0..100 {
                 assert!(z.next(&mut rng) < z.items());
             }

@@ -1,0 +1,250 @@
+//! The guest ABI: the contract between the tiervm VMM and a guest image.
+//!
+//! Documented for humans in `docs/guest-abi.md`; this module is the single
+//! source of truth both sides compile against. All structures are `repr(C)`,
+//! made of fixed-width integers and byte arrays only, so any bit pattern is a
+//! valid value: the VMM reads guest-written memory with plain copies and
+//! validates every field (the guest is untrusted).
+//!
+//! Guest-physical layout (identity-mapped at the same virtual addresses, user
+//! accessible, 2 MiB pages):
+//!
+//! | GPA range                 | what                                   |
+//! |---------------------------|----------------------------------------|
+//! | `0x0000..0x1000`          | unused                                 |
+//! | [`BOOT_INFO_GPA`]         | [`BootInfo`] (VMM writes, guest reads) |
+//! | [`STATUS_GPA`]            | [`StatusPage`] (both; see fields)      |
+//! | [`PAGE_TABLES_GPA`]..     | page tables built by the VMM           |
+//! | [`IMAGE_BASE_GPA`]..      | the ELF image's `PT_LOAD` segments      |
+//! | after the image           | per-vCPU stacks of [`STACK_SIZE`]       |
+//! | `heap_start..heap_end`    | free memory for the workload           |
+
+/// Magic in [`BootInfo::magic`]: "TIERVM01".
+pub const BOOT_MAGIC: u64 = u64::from_le_bytes(*b"TIERVM01");
+/// Magic in [`StatusPage::magic`]: "TVSTATUS".
+pub const STATUS_MAGIC: u64 = u64::from_le_bytes(*b"TVSTATUS");
+/// ABI version; bumped on any incompatible change.
+pub const ABI_VERSION: u32 = 1;
+
+/// Guest-physical address of the boot-info block.
+pub const BOOT_INFO_GPA: u64 = 0x1000;
+/// Guest-physical address of the status page (16 KiB).
+pub const STATUS_GPA: u64 = 0x4000;
+/// Size reserved for the status page.
+pub const STATUS_SIZE: u64 = 0x4000;
+/// Guest-physical address of the page tables (PML4 first).
+pub const PAGE_TABLES_GPA: u64 = 0x10_0000;
+/// Lowest address an image may load at (linker scripts use this base).
+pub const IMAGE_BASE_GPA: u64 = 0x40_0000;
+/// Stack bytes per vCPU.
+pub const STACK_SIZE: u64 = 256 * 1024;
+/// Guest page-table granule: the VMM maps guest RAM with 2 MiB pages.
+pub const GUEST_LARGE_PAGE: u64 = 2 * 1024 * 1024;
+
+/// Most vCPUs the ABI supports (status slots).
+pub const MAX_VCPUS: usize = 64;
+/// Most workload arguments passed in [`BootInfo`].
+pub const MAX_ARGS: usize = 32;
+/// Bytes of an argument key (NUL padded).
+pub const ARG_KEY_LEN: usize = 24;
+/// Bytes of an argument value (NUL padded).
+pub const ARG_VALUE_LEN: usize = 40;
+/// Most result metrics a guest can publish.
+pub const MAX_METRICS: usize = 64;
+/// Bytes of a metric name (NUL padded).
+pub const METRIC_NAME_LEN: usize = 24;
+
+/// Port: a 32-bit `out` here ends the writing vCPU with that exit code.
+/// The VM ends when every vCPU has exited; the VM's exit code is vCPU 0's
+/// (the runtime makes vCPU 0 wait for the others and report the aggregate).
+pub const PORT_EXIT: u16 = 0x501;
+/// Port: any `out` here marks "first guest instruction" (for `boot_ms`).
+pub const PORT_BOOTED: u16 = 0x502;
+/// COM1, a 16550 UART (write-only use by guests).
+pub const PORT_SERIAL: u16 = 0x3f8;
+
+/// One `key=value` workload argument, both NUL-padded UTF-8.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ArgEntry {
+    /// The key, NUL padded.
+    pub key: [u8; ARG_KEY_LEN],
+    /// The value, NUL padded.
+    pub value: [u8; ARG_VALUE_LEN],
+}
+
+impl ArgEntry {
+    /// An all-zero (absent) entry.
+    pub const EMPTY: Self = Self {
+        key: [0; ARG_KEY_LEN],
+        value: [0; ARG_VALUE_LEN],
+    };
+}
+
+/// Written by the VMM before the first vCPU runs; read-only for the guest.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BootInfo {
+    /// [`BOOT_MAGIC`].
+    pub magic: u64,
+    /// [`ABI_VERSION`].
+    pub abi_version: u32,
+    /// Number of vCPUs running this image.
+    pub vcpu_count: u32,
+    /// Guest RAM size in bytes (RAM spans GPA `0..ram_size`).
+    pub ram_size: u64,
+    /// TSC frequency in kHz (for turning `rdtsc` deltas into time).
+    pub tsc_khz: u64,
+    /// The run's seed (`--seed`).
+    pub seed: u64,
+    /// First byte of free memory for the workload (2 MiB aligned).
+    pub heap_start: u64,
+    /// One past the last byte of free memory.
+    pub heap_end: u64,
+    /// Guest-physical address of the [`StatusPage`].
+    pub status_gpa: u64,
+    /// Number of valid entries in `args`.
+    pub arg_count: u32,
+    /// Reserved, zero.
+    pub _reserved: u32,
+    /// Workload arguments.
+    pub args: [ArgEntry; MAX_ARGS],
+}
+
+/// Per-vCPU slot in the status page: one cache line, written only by its vCPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VcpuStatus {
+    /// Operations completed so far (monotonic).
+    pub ops: u64,
+    /// The vCPU's [`Phase`] as a `u64`.
+    pub phase: u64,
+    /// Reserved for the guest's use (e.g. a heartbeat).
+    pub heartbeat: u64,
+    /// Padding to 64 bytes.
+    pub _pad: [u64; 5],
+}
+
+/// One result metric a guest publishes before exiting.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    /// Name, NUL padded ASCII (e.g. `p99_ns`).
+    pub name: [u8; METRIC_NAME_LEN],
+    /// The value as `f64::to_bits`.
+    pub value_bits: u64,
+}
+
+/// Shared page the guest updates without VM exits and the VMM samples.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StatusPage {
+    /// [`STATUS_MAGIC`], written by the VMM.
+    pub magic: u64,
+    /// Non-zero once the VMM asks the guest to stop (written by the VMM).
+    pub stop_request: u64,
+    /// Guest: number of valid entries in `metrics` (clamped by the VMM).
+    pub metric_count: u64,
+    /// Reserved.
+    pub _reserved: [u64; 5],
+    /// Per-vCPU progress.
+    pub vcpus: [VcpuStatus; MAX_VCPUS],
+    /// Results published by the guest (vCPU 0) before it exits.
+    pub metrics: [Metric; MAX_METRICS],
+}
+
+const _: () = assert!(core::mem::size_of::<StatusPage>() as u64 <= STATUS_SIZE);
+const _: () = assert!(core::mem::size_of::<BootInfo>() <= 4096);
+const _: () = assert!(core::mem::size_of::<VcpuStatus>() == 64);
+const _: () = assert!(STATUS_GPA + STATUS_SIZE <= PAGE_TABLES_GPA);
+const _: () = assert!(BOOT_INFO_GPA + 4096 <= STATUS_GPA);
+
+/// Where a vCPU is in its workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Phase {
+    /// Entered, not yet set up.
+    Boot = 0,
+    /// Building the data set (not counted in throughput).
+    Init = 1,
+    /// Running the measured workload.
+    Run = 2,
+    /// Verifying results (memcheck).
+    Verify = 3,
+    /// Finished; about to exit.
+    Done = 4,
+}
+
+impl Phase {
+    /// Decodes a guest-written value; unknown values are `None`.
+    pub fn from_u64(v: u64) -> Option<Self> {
+        Some(match v {
+            0 => Self::Boot,
+            1 => Self::Init,
+            2 => Self::Run,
+            3 => Self::Verify,
+            4 => Self::Done,
+            _ => return None,
+        })
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Boot => "boot",
+            Self::Init => "init",
+            Self::Run => "run",
+            Self::Verify => "verify",
+            Self::Done => "done",
+        }
+    }
+}
+
+/// Offset of the `stop_request` field within [`StatusPage`].
+pub const STATUS_STOP_OFFSET: u64 = 8;
+/// Offset of `vcpus[0]` within [`StatusPage`].
+pub const STATUS_VCPUS_OFFSET: u64 = 64;
+
+/// Copies `s` into a NUL-padded fixed buffer; `None` if it does not fit.
+pub fn to_fixed<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let b = s.as_bytes();
+    if b.len() > N || b.contains(&0) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    out[..b.len()].copy_from_slice(b);
+    Some(out)
+}
+
+/// The text of a NUL-padded buffer, if it is valid UTF-8 up to its first NUL.
+pub fn from_fixed(buf: &[u8]) -> Option<&str> {
+    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    core::str::from_utf8(&buf[..end]).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_offsets_match_constants() {
+        assert_eq!(
+            core::mem::offset_of!(StatusPage, stop_request) as u64,
+            STATUS_STOP_OFFSET
+        );
+        assert_eq!(
+            core::mem::offset_of!(StatusPage, vcpus) as u64,
+            STATUS_VCPUS_OFFSET
+        );
+    }
+
+    #[test]
+    fn fixed_strings_round_trip_and_reject() {
+        let f: [u8; 8] = to_fixed("wss").unwrap();
+        assert_eq!(from_fixed(&f), Some("wss"));
+        assert!(to_fixed::<2>("wss").is_none());
+        assert!(to_fixed::<8>("a\0b").is_none());
+        assert_eq!(from_fixed(&[0xff, 0xfe]), None);
+        assert_eq!(from_fixed(b"ab"), Some("ab"));
+    }
+}

@@ -1,0 +1,193 @@
+//! The `tiervm` binary on bad input: one-line messages naming the problem
+//! and the fix, exit code 2; guest crashes exit 3 with registers; hostile
+//! guests cannot hang or crash the VMM.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{kvm_available, tiervm};
+use object::read::elf::{FileHeader, ProgramHeader};
+use object::{elf, Endianness};
+
+fn zipf_bytes() -> Vec<u8> {
+    vmm::image::builtin_bytes("zipf").unwrap().to_vec()
+}
+
+fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiervm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// File offset of the entry point and of each program header.
+fn layout(bytes: &[u8]) -> (usize, Vec<usize>) {
+    let h = elf::FileHeader64::<Endianness>::parse(bytes).unwrap();
+    let e = h.endian().unwrap();
+    let entry = h.e_entry(e);
+    let phoff = h.e_phoff(e) as usize;
+    let mut entry_off = 0;
+    let mut phs = Vec::new();
+    for (i, ph) in h.program_headers(e, bytes).unwrap().iter().enumerate() {
+        phs.push(phoff + i * 56);
+        let (va, sz) = (ph.p_vaddr(e), ph.p_filesz(e));
+        if ph.p_type(e) == elf::PT_LOAD && entry >= va && entry < va + sz {
+            entry_off = (ph.p_offset(e) + entry - va) as usize;
+        }
+    }
+    (entry_off, phs)
+}
+
+/// The zipf image with its entry code replaced by `code`.
+fn with_entry_code(code: &[u8]) -> Vec<u8> {
+    let mut b = zipf_bytes();
+    let (off, _) = layout(&b);
+    b[off..off + code.len()].copy_from_slice(code);
+    b
+}
+
+/// Runs tiervm and returns (exit code, stdout, stderr).
+fn tv(args: &[&str]) -> (i32, String, String) {
+    let out = tiervm().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn usage_error(args: &[&str], expect: &str) {
+    let (code, _, err) = tv(args);
+    assert_eq!(code, 2, "{args:?}: {err}");
+    assert!(err.contains(expect), "{args:?}: '{err}' lacks '{expect}'");
+    assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
+}
+
+#[test]
+fn bad_flags_and_images_exit_2_with_one_line() {
+    usage_error(&["run", "--vcpus", "0"], "--vcpus 0");
+    usage_error(&["run", "--mem", "16M"], "raise --mem to at least");
+    usage_error(&["run", "--mem", "100G"], "exceeds this host's memory");
+    usage_error(&["run", "--mem", "65M"], "multiple of 2M");
+    usage_error(
+        &["run", "--arg", "colour=blue"],
+        "unknown --arg key 'colour' for image zipf",
+    );
+    usage_error(&["run", "--arg", "write_ratio=3"], "out of range");
+    usage_error(&["run", "no-such-image"], "neither a built-in image");
+    let text = write_tmp("text", b"#!/bin/sh\necho hi\n");
+    usage_error(&["run", text.to_str().unwrap()], "not an ELF file");
+    let truncated = write_tmp("truncated", &zipf_bytes()[..100]);
+    usage_error(&["run", truncated.to_str().unwrap()], "truncated");
+    let mut arm = zipf_bytes();
+    arm[18] = 183;
+    let arm = write_tmp("arm", &arm);
+    usage_error(&["run", arm.to_str().unwrap()], "not x86_64");
+    let mut outside = zipf_bytes();
+    let (_, phs) = layout(&outside);
+    // Move the first PT_LOAD (vaddr and paddr) to 1 TiB.
+    for field in [16usize, 24] {
+        outside[phs[0] + field..phs[0] + field + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    }
+    let outside = write_tmp("outside", &outside);
+    usage_error(
+        &["run", "--mem", "64M", outside.to_str().unwrap()],
+        "outside guest RAM",
+    );
+    if std::path::Path::new("/bin/sh").exists() {
+        usage_error(&["run", "/bin/sh"], "link it");
+    }
+}
+
+#[test]
+fn guest_triple_fault_exits_3_with_registers() {
+    if !kvm_available("guest_triple_fault_exits_3_with_registers") {
+        return;
+    }
+    // ud2 at the entry point: #UD with no IDT -> triple fault.
+    let img = write_tmp("ud2", &with_entry_code(&[0x0f, 0x0b]));
+    let (code, _, err) = tv(&[
+        "run",
+        "--mem",
+        "32M",
+        "--duration",
+        "5s",
+        img.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("triple fault"), "{err}");
+    assert!(
+        err.contains("rip=0x0000000000400000"),
+        "registers printed: {err}"
+    );
+}
+
+#[test]
+fn guest_ignoring_stop_is_forced_off_in_bounded_time() {
+    if !kvm_available("guest_ignoring_stop_is_forced_off_in_bounded_time") {
+        return;
+    }
+    // jmp $ : spins forever in ring 3 without a single exit.
+    let img = write_tmp("spin", &with_entry_code(&[0xeb, 0xfe]));
+    let t = std::time::Instant::now();
+    let (code, out, err) = tv(&[
+        "run",
+        "--mem",
+        "32M",
+        "--duration",
+        "300ms",
+        "--stop-grace",
+        "300ms",
+        "--report",
+        "json",
+        img.to_str().unwrap(),
+    ]);
+    assert!(t.elapsed().as_secs() < 10, "took {:?}", t.elapsed());
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stop_reason"], "forced");
+    assert!(v["exit_code"].is_null());
+}
+
+#[test]
+fn hostile_status_page_and_console_flood_are_contained() {
+    if !kvm_available("hostile_status_page_and_console_flood_are_contained") {
+        return;
+    }
+    // Fill the status page (0x4000..0x8000) with 0xff, then flood the serial port forever.
+    let code = [
+        0x48, 0xc7, 0xc7, 0x00, 0x40, 0x00, 0x00, // mov rdi, 0x4000
+        0x48, 0xc7, 0xc1, 0x00, 0x40, 0x00, 0x00, // mov rcx, 0x4000
+        0xb0, 0xff, // mov al, 0xff
+        0xf3, 0xaa, // rep stosb
+        0xba, 0xf8, 0x03, 0x00, 0x00, // mov edx, 0x3f8
+        0xee, // out dx, al
+        0xeb, 0xfd, // jmp back to out
+    ];
+    let img = write_tmp("hostile", &with_entry_code(&code));
+    let (code, out, err) = tv(&[
+        "run",
+        "--mem",
+        "32M",
+        "--duration",
+        "1s",
+        "--stop-grace",
+        "200ms",
+        "--report",
+        "json",
+        img.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&out).expect("a valid report despite the garbage");
+    assert_eq!(v["stop_reason"], "forced");
+    assert!(
+        v["guest_metrics"].as_object().unwrap().is_empty(),
+        "garbage metrics rejected"
+    );
+    assert_eq!(v["ops"], u64::MAX, "ops saturate instead of overflowing");
+    assert!(v["console_bytes"].as_u64().unwrap() <= 1 << 20);
+    assert!(err.len() < (1 << 20) * 3, "console output capped");
+}

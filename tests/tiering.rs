@@ -1,0 +1,137 @@
+//! Tiered guest memory on KVM: memcheck under chaos migration never loses a
+//! write, and the same run without the transactional dirty check does.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{kvm_available, request, run};
+use vmm::config::VmRequest;
+use vmm::report::RunReport;
+use vmm::tiering_config::{MechanismArg, PolicyArg, UnitArg};
+
+const MEM: u64 = 256 << 20;
+
+fn chaos(
+    secs: u64,
+    rate: f64,
+    mech: MechanismArg,
+    unit: UnitArg,
+    skip_dirty_check: bool,
+) -> VmRequest {
+    let mut r = request(
+        "memcheck",
+        MEM,
+        2,
+        Duration::from_secs(secs),
+        &["region=64M", "pattern=hot", "verify_ms=100"],
+    );
+    r.tiering.fast = Some(96 << 20);
+    r.tiering.policy = Some(PolicyArg::Chaos);
+    r.tiering.chaos_rate = Some(rate);
+    r.tiering.chaos_mix = Some("1:1".into());
+    r.tiering.mechanism = Some(mech);
+    r.tiering.chaos_unit = Some(unit);
+    r.tiering.skip_dirty_check = skip_dirty_check;
+    r
+}
+
+fn check_accounting(r: &RunReport) {
+    let tiers = r.tiers.as_ref().expect("tiers reported");
+    assert_eq!(tiers.len(), 2);
+    let guest_pages: u64 = tiers.iter().map(|t| t.guest_pages).sum();
+    assert_eq!(
+        guest_pages,
+        MEM / 4096,
+        "every guest page on exactly one tier"
+    );
+    for t in tiers {
+        assert!(t.pages <= t.capacity_pages, "{t:?}");
+    }
+    let one_node = tiering::host::numa_nodes()
+        .map(|n| n.len() == 1)
+        .unwrap_or(true);
+    if one_node {
+        assert!(tiers.iter().all(|t| t.emulated));
+    }
+}
+
+#[test]
+fn memcheck_under_tpm_chaos_loses_nothing() {
+    if !kvm_available("memcheck_under_tpm_chaos_loses_nothing") {
+        return;
+    }
+    let (r, console) = run(&chaos(
+        10,
+        50_000.0,
+        MechanismArg::Tpm,
+        UnitArg::Page4k,
+        false,
+    ));
+    let m = r.migration.as_ref().expect("migration counters");
+    assert_eq!(r.exit_code, Some(0), "lost writes: {console} {m:?}");
+    assert_eq!(r.guest_metrics.get("mismatched_pages"), Some(&0.0));
+    assert!(m.tpm_commits > 1000, "{m:?}");
+    assert!(
+        m.tpm_aborts > 0,
+        "a write-heavy guest must abort some transactions: {m:?}"
+    );
+    assert!(m.shadow_demotions > 0, "{m:?}");
+    assert!(m.promotions > 0 && m.demotions > 0, "{m:?}");
+    check_accounting(&r);
+}
+
+#[test]
+fn without_the_dirty_check_writes_are_lost() {
+    if !kvm_available("without_the_dirty_check_writes_are_lost") {
+        return;
+    }
+    let (r, _) = run(&chaos(
+        5,
+        50_000.0,
+        MechanismArg::Tpm,
+        UnitArg::Page4k,
+        true,
+    ));
+    let lost = r
+        .guest_metrics
+        .get("mismatched_pages")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        lost > 0.0,
+        "skipping the dirty check must lose writes: {:?}",
+        r.migration
+    );
+    assert_eq!(r.exit_code, Some(lost as u32));
+}
+
+#[test]
+fn memcheck_under_stop_and_copy_of_2m_runs_loses_nothing() {
+    if !kvm_available("memcheck_under_stop_and_copy_of_2m_runs_loses_nothing") {
+        return;
+    }
+    let (r, console) = run(&chaos(
+        3,
+        200.0,
+        MechanismArg::StopCopy,
+        UnitArg::Run2m,
+        false,
+    ));
+    let m = r.migration.as_ref().unwrap();
+    assert_eq!(r.exit_code, Some(0), "{console} {m:?}");
+    assert!(m.stop_copy > 0, "{m:?}");
+    check_accounting(&r);
+}
+
+#[test]
+fn memcheck_under_tpm_of_2m_runs_loses_nothing() {
+    if !kvm_available("memcheck_under_tpm_of_2m_runs_loses_nothing") {
+        return;
+    }
+    let (r, console) = run(&chaos(3, 200.0, MechanismArg::Tpm, UnitArg::Run2m, false));
+    let m = r.migration.as_ref().unwrap();
+    assert_eq!(r.exit_code, Some(0), "{console} {m:?}");
+    assert!(m.tpm_commits > 0, "{m:?}");
+    check_accounting(&r);
+}

@@ -1,0 +1,201 @@
+//! Chaos driver: migrates random units at a fixed rate regardless of
+//! hotness, to stress the mechanisms and prove their integrity on a live
+//! guest.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::migrate::{BatchOutcome, Mechanism, Migrator, Unit};
+
+/// Chaos settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChaosConfig {
+    /// Units migrated per second.
+    pub units_per_sec: f64,
+    /// Promotion weight of the promote:demote mix.
+    pub promote_weight: u32,
+    /// Demotion weight of the promote:demote mix.
+    pub demote_weight: u32,
+    /// Mechanism for every migration.
+    pub mechanism: Mechanism,
+    /// Unit size in pages: 1 (4 KiB) or 512 (2 MiB, aligned runs).
+    pub unit_pages: usize,
+    /// Seed of the unit choice.
+    pub seed: u64,
+    /// Batching interval: units due in one interval go in one batch.
+    pub interval: Duration,
+}
+
+impl Default for ChaosConfig {
+    fn default() -> Self {
+        Self {
+            units_per_sec: 1000.0,
+            promote_weight: 1,
+            demote_weight: 1,
+            mechanism: Mechanism::Transactional,
+            unit_pages: 1,
+            seed: 1,
+            interval: Duration::from_millis(10),
+        }
+    }
+}
+
+/// What a chaos run did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChaosReport {
+    /// Batches issued.
+    pub batches: u64,
+    /// Units requested.
+    pub units: u64,
+    /// Summed batch outcomes (including retries).
+    pub outcome: BatchOutcome,
+    /// Errors seen (the driver keeps going).
+    pub errors: u64,
+    /// The first error's message.
+    pub first_error: Option<String>,
+    /// Wall time.
+    pub elapsed_ms: f64,
+}
+
+/// A running chaos thread.
+#[derive(Debug)]
+pub struct ChaosDriver {
+    stop: Arc<AtomicBool>,
+    join: Option<JoinHandle<ChaosReport>>,
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+impl ChaosDriver {
+    /// Starts the driver thread.
+    pub fn spawn(migrator: Arc<Migrator>, cfg: ChaosConfig) -> io::Result<Self> {
+        let n = migrator.memory().guest_pages();
+        if cfg.unit_pages == 0 || cfg.unit_pages > n || cfg.unit_pages > super::MAX_UNIT_PAGES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "chaos unit of {} pages does not fit a guest of {n} pages (use 1 or 512)",
+                    cfg.unit_pages
+                ),
+            ));
+        }
+        if cfg.promote_weight + cfg.demote_weight == 0
+            || cfg.units_per_sec.is_nan()
+            || cfg.units_per_sec <= 0.0
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "chaos needs a positive rate and a non-zero promote:demote mix",
+            ));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let join = std::thread::Builder::new()
+            .name("tiervm-chaos".into())
+            .spawn(move || run(&migrator, &cfg, &s))?;
+        Ok(Self {
+            stop,
+            join: Some(join),
+        })
+    }
+
+    /// Stops the driver and returns its report.
+    pub fn stop(mut self) -> io::Result<ChaosReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.join
+            .take()
+            .ok_or_else(|| io::Error::other("chaos driver already stopped"))?
+            .join()
+            .map_err(|_| io::Error::other("chaos thread panicked"))
+    }
+}
+
+impl Drop for ChaosDriver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
+    let start = Instant::now();
+    let mut rep = ChaosReport::default();
+    let mut rng = Rng(cfg.seed | 1);
+    let slots = m.memory().guest_pages() / cfg.unit_pages;
+    let mut owed = 0.0f64;
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        owed += cfg.units_per_sec * cfg.interval.as_secs_f64();
+        let k = owed as usize;
+        owed -= k as f64;
+        let (mut up, mut down) = (Vec::new(), Vec::new());
+        let total_w = (cfg.promote_weight + cfg.demote_weight) as u64;
+        for _ in 0..k {
+            let u = Unit::run(
+                (rng.next() as usize % slots) * cfg.unit_pages,
+                cfg.unit_pages,
+            );
+            if rng.next() % total_w < cfg.promote_weight as u64 {
+                up.push(u);
+            } else {
+                down.push(u);
+            }
+        }
+        rep.units += k as u64;
+        for (units, promote) in [(&up, true), (&down, false)] {
+            if units.is_empty() {
+                continue;
+            }
+            rep.batches += 1;
+            let r = if promote {
+                m.promote(units, cfg.mechanism)
+            } else {
+                m.demote(units, cfg.mechanism)
+            };
+            match r {
+                Ok(o) => rep.outcome.add(&o),
+                Err(e) => {
+                    rep.errors += 1;
+                    tracing::warn!("chaos batch: {e}");
+                    rep.first_error.get_or_insert(e.to_string());
+                }
+            }
+        }
+        match m.run_due_retries() {
+            Ok(o) => rep.outcome.add(&o),
+            Err(e) => {
+                rep.errors += 1;
+                rep.first_error.get_or_insert(e.to_string());
+            }
+        }
+        if let Err(e) = m.harvest() {
+            rep.errors += 1;
+            rep.first_error.get_or_insert(e.to_string());
+        }
+        next += cfg.interval;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            next = now;
+        }
+    }
+    rep.elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+    rep
+}

@@ -1,0 +1,183 @@
+//! Dirty tracking: the [`DirtyLog`] trait (KVM manual-protect semantics) and
+//! [`SoftDirtyLog`], a software implementation for writes the VMM makes itself
+//! and for tests on ordinary process memory.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// A dirty log with `KVM_GET_DIRTY_LOG` / `KVM_CLEAR_DIRTY_LOG` semantics
+/// under `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`:
+///
+/// - a page whose bit is clear is *armed*: its next write sets the bit;
+/// - [`get`](DirtyLog::get) copies the bitmap without clearing it;
+/// - [`clear`](DirtyLog::clear) clears (re-arms) the pages whose bits are set
+///   in `mask`; bit `i` of `mask[w]` is page `first_page + 64 * w + i`.
+///
+/// A bit must only be cleared after it was read with `get` and consumed;
+/// [`DirtyHarvester`](super::DirtyHarvester) is the one owner that does so.
+pub trait DirtyLog: Send + Sync {
+    /// Pages covered by the log.
+    fn pages(&self) -> usize;
+    /// Copies the bitmap (`pages().div_ceil(64)` words) into `bitmap`.
+    fn get(&self, bitmap: &mut [u64]) -> io::Result<()>;
+    /// Clears the bits set in `mask`, starting at `first_page` (a multiple of 64).
+    fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()>;
+}
+
+impl<T: DirtyLog + ?Sized> DirtyLog for std::sync::Arc<T> {
+    fn pages(&self) -> usize {
+        (**self).pages()
+    }
+    fn get(&self, bitmap: &mut [u64]) -> io::Result<()> {
+        (**self).get(bitmap)
+    }
+    fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()> {
+        (**self).clear(first_page, mask)
+    }
+}
+
+/// Software dirty log: writers bracket each write with a
+/// [`WriteGuard`](SoftDirtyLog::write_guard). A page with a write in progress
+/// reads as dirty, and the guard marks the page again when the write is done,
+/// so no `clear` can lose a write whose store lands after a `get` saw the page
+/// clean (the race a plain "mark then write" bitmap has against a commit check).
+#[derive(Debug)]
+pub struct SoftDirtyLog {
+    bits: Box<[AtomicU64]>,
+    word_writers: Box<[AtomicU32]>,
+    page_writers: Box<[AtomicU8]>,
+    pages: usize,
+}
+
+/// A write in progress on a page range of a [`SoftDirtyLog`]; marks the
+/// pages dirty again and ends the write when dropped.
+#[derive(Debug)]
+pub struct WriteGuard<'a> {
+    log: &'a SoftDirtyLog,
+    first: usize,
+    count: usize,
+}
+
+impl SoftDirtyLog {
+    /// A clean log of `pages` pages.
+    pub fn new(pages: usize) -> Self {
+        let words = pages.div_ceil(64);
+        Self {
+            bits: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            word_writers: (0..words).map(|_| AtomicU32::new(0)).collect(),
+            page_writers: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+            pages,
+        }
+    }
+
+    /// Starts a write to `count` pages from `first` (clamped to the log).
+    /// Hold the guard across the store(s).
+    pub fn write_guard(&self, first: usize, count: usize) -> WriteGuard<'_> {
+        let first = first.min(self.pages);
+        let count = count.min(self.pages - first);
+        for p in first..first + count {
+            self.word_writers[p / 64].fetch_add(1, Ordering::SeqCst);
+            self.page_writers[p].fetch_add(1, Ordering::SeqCst);
+            self.bits[p / 64].fetch_or(1 << (p % 64), Ordering::SeqCst);
+        }
+        WriteGuard {
+            log: self,
+            first,
+            count,
+        }
+    }
+
+    /// Marks pages dirty (for a write that has already completed).
+    pub fn mark(&self, first: usize, count: usize) {
+        for p in first.min(self.pages)..(first + count).min(self.pages) {
+            self.bits[p / 64].fetch_or(1 << (p % 64), Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        for p in self.first..self.first + self.count {
+            self.log.bits[p / 64].fetch_or(1 << (p % 64), Ordering::SeqCst);
+            self.log.page_writers[p].fetch_sub(1, Ordering::SeqCst);
+            self.log.word_writers[p / 64].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl DirtyLog for SoftDirtyLog {
+    fn pages(&self) -> usize {
+        self.pages
+    }
+
+    fn get(&self, bitmap: &mut [u64]) -> io::Result<()> {
+        if bitmap.len() < self.bits.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "dirty bitmap buffer shorter than the log",
+            ));
+        }
+        for (w, out) in bitmap.iter_mut().enumerate().take(self.bits.len()) {
+            let mut v = self.bits[w].load(Ordering::SeqCst);
+            if self.word_writers[w].load(Ordering::SeqCst) != 0 {
+                for i in 0..64 {
+                    let p = w * 64 + i;
+                    if p < self.pages && self.page_writers[p].load(Ordering::SeqCst) != 0 {
+                        v |= 1 << i;
+                    }
+                }
+            }
+            *out = v;
+        }
+        Ok(())
+    }
+
+    fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()> {
+        if !first_page.is_multiple_of(64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "dirty log clear: first_page must be a multiple of 64",
+            ));
+        }
+        let w0 = first_page / 64;
+        for (i, m) in mask.iter().enumerate() {
+            if *m != 0 {
+                if let Some(b) = self.bits.get(w0 + i) {
+                    b.fetch_and(!m, Ordering::SeqCst);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soft_log_get_clear_and_in_progress_writes() {
+        let log = SoftDirtyLog::new(130);
+        let mut bm = vec![0u64; 3];
+        log.mark(3, 2);
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm, vec![0b11000, 0, 0]);
+        log.clear(0, &[0b01000]).unwrap();
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm[0], 0b10000);
+        let g = log.write_guard(129, 5);
+        log.clear(128, &[u64::MAX]).unwrap();
+        log.get(&mut bm).unwrap();
+        assert_eq!(
+            bm[2], 0b10,
+            "a write in progress reads dirty even after a clear"
+        );
+        drop(g);
+        log.get(&mut bm).unwrap();
+        assert_eq!(
+            bm[2], 0b10,
+            "the guard marks the page again when the write ends"
+        );
+        assert!(log.clear(1, &[1]).is_err());
+    }
+}

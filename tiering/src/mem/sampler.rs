@@ -1,0 +1,263 @@
+//! Hint-fault access sampler: parks a window of guest pages (zero-copy
+//! `UFFDIO_MOVE` to the parking area), lets the fault handler record the
+//! touches, and unparks the rest at the next period. Scan size and period
+//! work like Linux NUMA balancing (`numa_balancing_scan_size_mb`,
+//! `scan_period_*`), and an overhead budget (MTM-style: a maximum share of
+//! vCPU time spent in hint faults) halves or grows the scan size.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::backing::{lock, TieredMemory};
+use super::page_map::PARKED;
+use super::sys::PAGE_SIZE;
+
+/// Sampler settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SamplerConfig {
+    /// Pages parked per period at first (Linux scans 256 MiB = 65536 pages).
+    pub scan_pages: usize,
+    /// Lower bound of the adapted scan size.
+    pub min_scan_pages: usize,
+    /// Upper bound of the adapted scan size.
+    pub max_scan_pages: usize,
+    /// Time between windows (Linux: 1 s minimum scan period).
+    pub period: Duration,
+    /// Maximum share of vCPU time spent in hint faults, percent.
+    pub budget_pct: f64,
+    /// vCPUs of the guest (the budget is a share of their time).
+    pub vcpus: usize,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            scan_pages: 65536,
+            min_scan_pages: 64,
+            max_scan_pages: 262_144,
+            period: Duration::from_secs(1),
+            budget_pct: 2.0,
+            vcpus: 1,
+        }
+    }
+}
+
+/// What one sampler period did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplerTick {
+    /// Pages parked for the new window.
+    pub parked: usize,
+    /// Pages of the previous window that were never touched (unparked).
+    pub untouched: usize,
+    /// Hint-fault overhead measured over the previous period, percent.
+    pub overhead_pct: f64,
+    /// Scan size for the next window.
+    pub scan_pages: usize,
+}
+
+/// The sampler state (drive it with [`tick`](HintSampler::tick) or
+/// [`spawn`](HintSampler::spawn)).
+#[derive(Debug)]
+pub struct HintSampler {
+    mem: Arc<TieredMemory>,
+    cfg: SamplerConfig,
+    cursor: usize,
+    scan_pages: usize,
+    window: Vec<usize>,
+    last_tick: Instant,
+    last_hint_ns: u64,
+}
+
+impl HintSampler {
+    /// A sampler over `mem`.
+    pub fn new(mem: Arc<TieredMemory>, cfg: SamplerConfig) -> Self {
+        let scan_pages = cfg
+            .scan_pages
+            .clamp(cfg.min_scan_pages.max(1), cfg.max_scan_pages.max(1));
+        let last_hint_ns = mem.counters.hint_stall_ns.load(Ordering::Relaxed);
+        Self {
+            mem,
+            cfg,
+            cursor: 0,
+            scan_pages,
+            window: Vec::new(),
+            last_tick: Instant::now(),
+            last_hint_ns,
+        }
+    }
+
+    /// Current scan size in pages.
+    pub fn scan_pages(&self) -> usize {
+        self.scan_pages
+    }
+
+    /// Unparks every page still parked by this sampler.
+    pub fn unpark_all(&mut self) -> io::Result<usize> {
+        let mem = &*self.mem;
+        let mut n = 0;
+        let mut first_err = None;
+        for &page in &self.window {
+            // Busy means the fault handler is unparking it right now.
+            let Some(w) = mem.pages.try_acquire(page, true) else {
+                continue;
+            };
+            if w & PARKED == 0 {
+                mem.release_page(page, 0, 0);
+                continue;
+            }
+            match mem
+                .uffd
+                .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, true)
+            {
+                Ok(()) => {
+                    mem.release_page(page, 0, PARKED);
+                    n += 1;
+                }
+                Err(e) => {
+                    mem.release_page(page, 0, 0);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        self.window.clear();
+        first_err.map_or(Ok(n), Err)
+    }
+
+    /// One period: unpark the previous window's untouched pages, measure the
+    /// overhead and adapt the scan size, park the next window.
+    pub fn tick(&mut self) -> io::Result<SamplerTick> {
+        let had_window = !self.window.is_empty();
+        let untouched = self.unpark_all()?;
+        let mem = self.mem.clone();
+        let now = Instant::now();
+        let hint_ns = mem.counters.hint_stall_ns.load(Ordering::Relaxed);
+        let wall_ns = now.duration_since(self.last_tick).as_nanos().max(1) as f64;
+        let overhead_pct =
+            (hint_ns - self.last_hint_ns) as f64 / (wall_ns * self.cfg.vcpus.max(1) as f64) * 100.0;
+        self.last_tick = now;
+        self.last_hint_ns = hint_ns;
+        mem.set_overhead_pct(overhead_pct);
+        if !had_window {
+            // Nothing was sampled over the last period: keep the scan size.
+        } else if overhead_pct > self.cfg.budget_pct {
+            self.scan_pages = (self.scan_pages / 2).max(self.cfg.min_scan_pages.max(1));
+        } else if overhead_pct < self.cfg.budget_pct / 2.0 {
+            self.scan_pages =
+                (self.scan_pages + self.scan_pages / 2 + 1).min(self.cfg.max_scan_pages.max(1));
+        }
+        // Park the next window: runs of pages we own move with one range move.
+        *lock(&mem.park_epoch) = Instant::now();
+        let n = mem.guest_pages();
+        let want = self.scan_pages.min(n);
+        let mut parked = 0;
+        let mut scanned = 0;
+        while scanned < want {
+            let start = self.cursor;
+            let mut run = Vec::new();
+            while scanned < want && self.cursor < n {
+                let p = self.cursor;
+                self.cursor += 1;
+                scanned += 1;
+                if mem.pages.try_acquire(p, false).is_some() {
+                    run.push(p);
+                } else if !run.is_empty() {
+                    break;
+                }
+            }
+            if self.cursor >= n {
+                self.cursor = 0;
+            }
+            if !run.is_empty() {
+                let pairs: Vec<_> = run
+                    .iter()
+                    .map(|&p| (mem.park_addr(p), mem.guest_addr(p)))
+                    .collect();
+                if let Err(e) = mem.move_pairs(&pairs) {
+                    // Put back whatever moved and give up this window.
+                    for &p in &run {
+                        let _ = mem.uffd.move_range(
+                            mem.guest_addr(p),
+                            mem.park_addr(p),
+                            PAGE_SIZE,
+                            true,
+                        );
+                        mem.release_page(p, 0, 0);
+                    }
+                    return Err(e);
+                }
+                for &p in &run {
+                    mem.release_page(p, PARKED, 0);
+                }
+                parked += run.len();
+                self.window.extend(run);
+            }
+            if start == self.cursor {
+                break;
+            }
+        }
+        Ok(SamplerTick {
+            parked,
+            untouched,
+            overhead_pct,
+            scan_pages: self.scan_pages,
+        })
+    }
+
+    /// Runs `tick` every period on its own thread until stopped.
+    pub fn spawn(mut self) -> io::Result<SamplerHandle> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let join = std::thread::Builder::new()
+            .name("tiervm-sampler".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    if let Err(e) = self.tick() {
+                        tracing::error!("hint sampler: {e}");
+                    }
+                    let until = Instant::now() + self.cfg.period;
+                    while !s.load(Ordering::Relaxed) && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(5).min(self.cfg.period));
+                    }
+                }
+                let _ = self.unpark_all();
+                self
+            })?;
+        Ok(SamplerHandle {
+            stop,
+            join: Some(join),
+        })
+    }
+}
+
+/// A running sampler thread.
+#[derive(Debug)]
+pub struct SamplerHandle {
+    stop: Arc<AtomicBool>,
+    join: Option<JoinHandle<HintSampler>>,
+}
+
+impl SamplerHandle {
+    /// Stops the thread (unparking every page) and returns the sampler.
+    pub fn stop(mut self) -> io::Result<HintSampler> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.join
+            .take()
+            .ok_or_else(|| io::Error::other("sampler already stopped"))?
+            .join()
+            .map_err(|_| io::Error::other("sampler thread panicked"))
+    }
+}
+
+impl Drop for SamplerHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Mechanism statistics: atomic counters and a serde snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// Per-tier numbers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierStats {
+    /// "fast" or "slow".
+    pub name: String,
+    /// Host NUMA node.
+    pub node: u32,
+    /// Capacity in 4 KiB pages.
+    pub capacity_pages: u64,
+    /// Pages in use on this tier (guest pages + shadows).
+    pub pages: u64,
+    /// Guest pages on this tier.
+    pub guest_pages: u64,
+    /// Shadow pages on this tier (slow tier only).
+    pub shadow_pages: u64,
+    /// Free pool pages.
+    pub free_pages: u64,
+    /// True when both tiers share one host node (capacities still enforced).
+    pub emulated: bool,
+}
+
+/// Snapshot of the mechanism counters. Page counts unless noted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemStats {
+    /// Pages promoted (slow to fast), all mechanisms.
+    pub promotions: u64,
+    /// Pages demoted (fast to slow), all mechanisms.
+    pub demotions: u64,
+    /// Committed transactions (one per unit run).
+    pub tpm_commits: u64,
+    /// Aborted transactions (the unit was written during the copy).
+    pub tpm_aborts: u64,
+    /// Transactions retried from the back-off queue.
+    pub tpm_retries: u64,
+    /// Aborted units dropped after the last retry.
+    pub tpm_gave_up: u64,
+    /// Pages moved with exclusive stop-and-copy.
+    pub stop_copy: u64,
+    /// Pages moved with the kernel's `move_pages(2)`.
+    pub kernel_move_pages: u64,
+    /// Demotions that remapped a clean shadow (no copy).
+    pub shadow_demotions: u64,
+    /// Demotions of shadowed pages that were written meanwhile (copied into the shadow).
+    pub shadow_demotions_copied: u64,
+    /// Shadows freed on the first write after promotion.
+    pub shadow_invalidations: u64,
+    /// Shadows reclaimed under slow-tier pressure (oldest first).
+    pub shadow_reclaims: u64,
+    /// Shadows currently held.
+    pub shadow_pages: u64,
+    /// Pages not migrated because the destination tier had no free page.
+    pub skipped_no_space: u64,
+    /// Pages not migrated because another mover or the sampler owned them.
+    pub skipped_busy: u64,
+    /// Guest faults on pages in flight or parked that the fault handler saw.
+    pub guest_stalls: u64,
+    /// Total stall of those faults (handler's read of the event to the wake), ms.
+    pub guest_stall_ms: f64,
+    /// Hint faults (parked pages touched).
+    pub hint_faults: u64,
+    /// Share of vCPU time spent in hint faults over the last sampler period, percent.
+    pub tracking_overhead_pct: f64,
+    /// Faults on addresses no mechanism explains (a bug indicator; woken and counted).
+    pub unexpected_faults: u64,
+    /// Dirty-log harvests (GET + CLEAR rounds).
+    pub harvests: u64,
+    /// Per tier.
+    pub tiers: Vec<TierStats>,
+}
+
+/// Live counters.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub(crate) promotions: AtomicU64,
+    pub(crate) demotions: AtomicU64,
+    pub(crate) tpm_commits: AtomicU64,
+    pub(crate) tpm_aborts: AtomicU64,
+    pub(crate) tpm_retries: AtomicU64,
+    pub(crate) tpm_gave_up: AtomicU64,
+    pub(crate) stop_copy: AtomicU64,
+    pub(crate) kernel_move_pages: AtomicU64,
+    pub(crate) shadow_demotions: AtomicU64,
+    pub(crate) shadow_demotions_copied: AtomicU64,
+    pub(crate) shadow_invalidations: AtomicU64,
+    pub(crate) shadow_reclaims: AtomicU64,
+    pub(crate) skipped_no_space: AtomicU64,
+    pub(crate) skipped_busy: AtomicU64,
+    pub(crate) guest_stalls: AtomicU64,
+    pub(crate) guest_stall_ns: AtomicU64,
+    pub(crate) hint_faults: AtomicU64,
+    pub(crate) hint_stall_ns: AtomicU64,
+    pub(crate) unexpected_faults: AtomicU64,
+    pub(crate) harvests: AtomicU64,
+}
+
+impl Counters {
+    /// Snapshot (tier fields left empty).
+    pub fn snapshot(&self) -> MemStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MemStats {
+            promotions: g(&self.promotions),
+            demotions: g(&self.demotions),
+            tpm_commits: g(&self.tpm_commits),
+            tpm_aborts: g(&self.tpm_aborts),
+            tpm_retries: g(&self.tpm_retries),
+            tpm_gave_up: g(&self.tpm_gave_up),
+            stop_copy: g(&self.stop_copy),
+            kernel_move_pages: g(&self.kernel_move_pages),
+            shadow_demotions: g(&self.shadow_demotions),
+            shadow_demotions_copied: g(&self.shadow_demotions_copied),
+            shadow_invalidations: g(&self.shadow_invalidations),
+            shadow_reclaims: g(&self.shadow_reclaims),
+            shadow_pages: 0,
+            skipped_no_space: g(&self.skipped_no_space),
+            skipped_busy: g(&self.skipped_busy),
+            guest_stalls: g(&self.guest_stalls),
+            guest_stall_ms: g(&self.guest_stall_ns) as f64 / 1e6,
+            hint_faults: g(&self.hint_faults),
+            tracking_overhead_pct: 0.0,
+            unexpected_faults: g(&self.unexpected_faults),
+            harvests: g(&self.harvests),
+            tiers: Vec::new(),
+        }
+    }
+}

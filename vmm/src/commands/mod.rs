@@ -1,0 +1,5 @@
+//! The `tiervm` subcommands, one module each.
+
+pub mod info;
+pub mod native;
+pub mod run;

@@ -1,0 +1,173 @@
+//! `tiervm run`: boot a guest image and report what it did.
+
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+
+use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
+use crate::error::{Error, Result};
+use crate::report::{RunReport, StopReason};
+use crate::runner::{self, Console, NoHooks};
+use crate::tiering_config::{
+    MechanismArg, PlacementArg, PolicyArg, TieringRequest, TrackingArg, UnitArg,
+};
+use crate::units::{parse_duration, parse_size};
+
+/// Report format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// A readable summary on stdout.
+    #[default]
+    Human,
+    /// One JSON object on stdout (schema: docs/report.md).
+    Json,
+}
+
+/// Flags of `tiervm run`.
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// Built-in image (zipf, gups, memcheck, kv, pagerank) or path to a static x86_64 ELF.
+    #[arg(default_value = "zipf")]
+    pub image: String,
+    /// Guest RAM size (multiple of 2M), e.g. 512M, 1G.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub mem: u64,
+    /// Number of vCPUs (threads running the workload).
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u32,
+    /// Run length (then the guest is asked to stop); 0 = until the guest exits.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Workload parameter key=value (repeatable); `tiervm images` lists them.
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    pub args: Vec<String>,
+    /// Seed of the guest's random generators.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Status-page sampling period in milliseconds (timeline resolution).
+    #[arg(long, default_value_t = DEFAULT_SAMPLE_MS)]
+    pub sample_ms: u64,
+    /// How long the guest gets to report after the stop request.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub stop_grace: Duration,
+    /// Report format.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
+    pub report: ReportFormat,
+    /// Fast-tier capacity (enables tiered memory); default with a tiering policy: half of --mem.
+    #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
+    pub fast: Option<u64>,
+    /// Slow-tier capacity; default: as much as --mem (the whole guest fits there).
+    #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
+    pub slow: Option<u64>,
+    /// Host NUMA node of the fast tier (default 0).
+    #[arg(long, help_heading = "Tiering")]
+    pub fast_node: Option<u32>,
+    /// Host NUMA node of the slow tier (default: the next node with memory, else the fast node: emulated tiers).
+    #[arg(long, help_heading = "Tiering")]
+    pub slow_node: Option<u32>,
+    /// Initial placement of guest pages.
+    #[arg(long, value_enum, default_value_t = PlacementArg::FastFirst, help_heading = "Tiering")]
+    pub placement: PlacementArg,
+    /// Placement policy (default: none, or static when --fast/--slow is given).
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub policy: Option<PolicyArg>,
+    /// Chaos: units migrated per second.
+    #[arg(long, help_heading = "Tiering")]
+    pub chaos_rate: Option<f64>,
+    /// Chaos: promote:demote mix, e.g. 1:1.
+    #[arg(long, help_heading = "Tiering")]
+    pub chaos_mix: Option<String>,
+    /// Chaos: migration mechanism.
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub mechanism: Option<MechanismArg>,
+    /// Chaos: migration unit.
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub chaos_unit: Option<UnitArg>,
+    /// Access tracking for policies (hint faults need tiered memory).
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub tracking: Option<TrackingArg>,
+    /// Hint faults: pages unmapped per scan window (adapted to the budget).
+    #[arg(long, help_heading = "Tiering")]
+    pub scan_pages: Option<usize>,
+    /// Hint faults: time between scan windows, e.g. 1s, 200ms.
+    #[arg(long, value_parser = parse_duration, help_heading = "Tiering")]
+    pub scan_period: Option<Duration>,
+    /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
+    #[arg(long, help_heading = "Tiering")]
+    pub tracking_budget: Option<f64>,
+    /// Switch policies while the VM runs, e.g. nomad@0s,tpp@20s.
+    #[arg(long, help_heading = "Tiering")]
+    pub policy_schedule: Option<String>,
+    /// TEST ONLY: commit transactional migrations without the dirty check
+    /// (loses writes; exists to prove the integrity test can fail).
+    #[arg(long, hide = true)]
+    pub test_skip_dirty_check: bool,
+}
+
+impl RunArgs {
+    /// The unvalidated VM request these flags describe.
+    pub fn request(&self) -> VmRequest {
+        VmRequest {
+            image: self.image.clone(),
+            args: self.args.clone(),
+            mem_bytes: self.mem,
+            vcpus: self.vcpus,
+            duration: self.duration,
+            sample_ms: self.sample_ms,
+            seed: self.seed,
+            stop_grace: self.stop_grace,
+            tiering: TieringRequest {
+                fast: self.fast,
+                slow: self.slow,
+                fast_node: self.fast_node,
+                slow_node: self.slow_node,
+                placement: self.placement,
+                policy: self.policy,
+                chaos_rate: self.chaos_rate,
+                chaos_mix: self.chaos_mix.clone(),
+                mechanism: self.mechanism,
+                chaos_unit: self.chaos_unit,
+                skip_dirty_check: self.test_skip_dirty_check,
+                tracking: self.tracking,
+                scan_pages: self.scan_pages,
+                scan_period: self.scan_period,
+                tracking_budget_pct: self.tracking_budget,
+                policy_schedule: self.policy_schedule.clone(),
+            },
+        }
+    }
+}
+
+/// Runs `tiervm run`; returns the process exit code.
+pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
+    let cfg = VmConfig::from_request(&args.request())?;
+    let report = runner::run(&cfg, started, Console::Stderr, &mut NoHooks)?;
+    print_report(&report, args.report)?;
+    if let Some(crash) = &report.crash {
+        eprintln!("tiervm: guest crashed: {crash}");
+    }
+    Ok(exit_code_of(&report))
+}
+
+/// Prints a report in the chosen format.
+pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
+    match format {
+        ReportFormat::Human => print!("{}", report.human()),
+        ReportFormat::Json => {
+            let s =
+                serde_json::to_string(report).map_err(|e| Error::host("encoding the report", e))?;
+            println!("{s}");
+        }
+    }
+    Ok(())
+}
+
+/// The process exit code for a finished run: 3 after a crash, 0 when the
+/// guest exited 0, 1 when it exited non-zero or never exited.
+pub fn exit_code_of(report: &RunReport) -> i32 {
+    match (report.stop_reason, report.exit_code) {
+        (StopReason::Crashed, _) => crate::error::EXIT_GUEST_CRASH,
+        (_, Some(0)) => 0,
+        _ => 1,
+    }
+}

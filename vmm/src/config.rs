@@ -1,0 +1,326 @@
+//! The validated configuration of one VM run, built from command-line
+//! flags; every check names the problem and the fix.
+
+use std::time::Duration;
+
+use tiervm_guest::abi::{ArgEntry, GUEST_LARGE_PAGE, MAX_VCPUS};
+use tiervm_guest::args::{ArgError, ArgKind, Args};
+use tiervm_guest::workloads;
+
+use crate::error::{Error, Result};
+use crate::image::{self, ElfInfo, Image};
+use crate::tiering_config::{TieringConfig, TieringRequest};
+use crate::units::format_size;
+use crate::vstate::memory::{Layout, MAX_RAM, MIN_RAM};
+
+/// Default guest RAM.
+pub const DEFAULT_MEM: u64 = 1 << 30;
+/// Default run length.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
+/// Default status sampling period.
+pub const DEFAULT_SAMPLE_MS: u64 = 100;
+/// Default time the guest gets to report after a stop request.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+/// Default cap on guest console bytes forwarded.
+pub const DEFAULT_CONSOLE_LIMIT: u64 = 1 << 20;
+
+/// Everything needed to run one VM.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// The image.
+    pub image: Image,
+    /// Its validated ELF description.
+    pub elf: ElfInfo,
+    /// Workload arguments as given (in order).
+    pub args: Vec<(String, String)>,
+    /// Guest RAM bytes.
+    pub mem_bytes: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Run length; `None` = until the guest exits.
+    pub duration: Option<Duration>,
+    /// Status sampling period.
+    pub sample: Duration,
+    /// Seed passed to the guest.
+    pub seed: u64,
+    /// How long the guest gets to finish after a stop request.
+    pub stop_grace: Duration,
+    /// Guest console bytes forwarded before dropping.
+    pub console_limit: u64,
+    /// The guest-physical layout.
+    pub layout: Layout,
+    /// Tiered memory settings; `None` = untiered RAM.
+    pub tiering: Option<TieringConfig>,
+}
+
+/// Unvalidated inputs (what the CLI parsed).
+#[derive(Clone, Debug)]
+pub struct VmRequest {
+    /// Built-in name or path.
+    pub image: String,
+    /// `key=value` strings.
+    pub args: Vec<String>,
+    /// Guest RAM bytes.
+    pub mem_bytes: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Run length (zero = until the guest exits).
+    pub duration: Duration,
+    /// Sampling period in ms.
+    pub sample_ms: u64,
+    /// Seed.
+    pub seed: u64,
+    /// Stop grace.
+    pub stop_grace: Duration,
+    /// Tiering flags.
+    pub tiering: TieringRequest,
+}
+
+impl Default for VmRequest {
+    fn default() -> Self {
+        Self {
+            image: "zipf".into(),
+            args: Vec::new(),
+            mem_bytes: DEFAULT_MEM,
+            vcpus: 1,
+            duration: DEFAULT_DURATION,
+            sample_ms: DEFAULT_SAMPLE_MS,
+            seed: 1,
+            stop_grace: DEFAULT_STOP_GRACE,
+            tiering: TieringRequest::default(),
+        }
+    }
+}
+
+/// Splits `key=value` flags.
+pub fn parse_kv(args: &[String]) -> Result<Vec<(String, String)>> {
+    args.iter()
+        .map(|a| match a.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            _ => Err(Error::Usage(format!(
+                "--arg '{a}' is not key=value: write e.g. --arg wss=256M"
+            ))),
+        })
+        .collect()
+}
+
+/// Checks `args` against a built-in image's spec.
+pub fn check_args(
+    image: &str,
+    spec: &tiervm_guest::args::ImageSpec,
+    args: &[(String, String)],
+) -> Result<()> {
+    for (k, v) in args {
+        let Some(a) = spec.arg(k) else {
+            let keys: Vec<_> = spec.args.iter().map(|a| a.key).collect();
+            return Err(Error::Usage(format!(
+                "unknown --arg key '{k}' for image {image}: valid keys are {}",
+                keys.join(", ")
+            )));
+        };
+        if let Err(e) = a.kind.check(v) {
+            let expected = match a.kind {
+                ArgKind::Size { min, max } => {
+                    format!("a size from {} to {}", format_size(min), format_size(max))
+                }
+                ArgKind::Float { min, max } => format!("a number from {min} to {max}"),
+                ArgKind::Int { min, max } => format!("an integer from {min} to {max}"),
+                ArgKind::Choice(words) => format!("one of {}", words.join(", ")),
+            };
+            let why = match e {
+                ArgError::OutOfRange => "out of range",
+                ArgError::BadChoice => "not an allowed value",
+                _ => "malformed",
+            };
+            return Err(Error::Usage(format!(
+                "--arg {k}={v} for image {image} is {why}: give {expected}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// MemTotal of this host in bytes, if /proc/meminfo says.
+pub fn host_memory_bytes() -> Option<u64> {
+    tiering::host::host_memory_bytes().ok()
+}
+
+impl VmConfig {
+    /// Validates a request.
+    pub fn from_request(req: &VmRequest) -> Result<Self> {
+        if req.vcpus == 0 {
+            return Err(Error::Usage(
+                "--vcpus 0: a VM needs at least one vCPU; use --vcpus 1 or more".into(),
+            ));
+        }
+        if req.vcpus as usize > MAX_VCPUS {
+            return Err(Error::Usage(format!(
+                "--vcpus {} exceeds the {MAX_VCPUS} vCPUs tiervm supports",
+                req.vcpus
+            )));
+        }
+        if req.sample_ms == 0 {
+            return Err(Error::Usage(
+                "--sample-ms 0: the sampling period must be at least 1 ms".into(),
+            ));
+        }
+        let mem = req.mem_bytes;
+        if mem < MIN_RAM {
+            return Err(Error::Usage(format!(
+                "--mem {} is below the {} minimum",
+                format_size(mem),
+                format_size(MIN_RAM)
+            )));
+        }
+        if mem > MAX_RAM {
+            return Err(Error::Usage(format!(
+                "--mem {} exceeds the {} maximum",
+                format_size(mem),
+                format_size(MAX_RAM)
+            )));
+        }
+        if !mem.is_multiple_of(GUEST_LARGE_PAGE) {
+            return Err(Error::Usage(format!(
+                "--mem {} is not a multiple of 2M: use e.g. --mem {}",
+                format_size(mem),
+                format_size(mem.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE)
+            )));
+        }
+        if let Some(host) = host_memory_bytes() {
+            if mem > host {
+                return Err(Error::Usage(format!(
+                    "--mem {} exceeds this host's memory ({}): lower --mem",
+                    format_size(mem),
+                    format_size(host)
+                )));
+            }
+        }
+        let image = Image::resolve(&req.image)?;
+        let args = parse_kv(&req.args)?;
+        if let Some(spec) = image.spec {
+            check_args(&image.name, spec, &args)?;
+        }
+        let elf = image::validate_elf(&image.name, &image.bytes, mem)?;
+        let layout = Layout::new(mem, elf.end, req.vcpus);
+        if let Some(spec) = image.spec {
+            let entries = to_entries(&args)?;
+            let need =
+                workloads::heap_need(spec.name, &Args::new(&entries, Some(spec))).unwrap_or(0);
+            let ram_needed = layout.ram_needed(need);
+            if ram_needed > mem {
+                return Err(Error::Usage(format!(
+                    "--mem {} is below what image {} needs with these arguments ({}): raise --mem to at least {} or shrink the data set",
+                    format_size(mem),
+                    spec.name,
+                    format_size(ram_needed),
+                    format_size(ram_needed)
+                )));
+            }
+        } else if layout.heap_start > mem {
+            return Err(Error::Usage(format!(
+                "--mem {} leaves no room for {} vCPU stacks after the image: raise --mem",
+                format_size(mem),
+                req.vcpus
+            )));
+        }
+        let nodes: Vec<u32> = tiering::host::numa_nodes()
+            .map(|n| n.iter().map(|n| n.id).collect())
+            .unwrap_or_default();
+        let tiering = req.tiering.validate(mem, req.seed, &nodes)?;
+        Ok(Self {
+            tiering,
+            image,
+            elf,
+            args,
+            mem_bytes: mem,
+            vcpus: req.vcpus,
+            duration: (!req.duration.is_zero()).then_some(req.duration),
+            sample: Duration::from_millis(req.sample_ms),
+            seed: req.seed,
+            stop_grace: req.stop_grace,
+            console_limit: DEFAULT_CONSOLE_LIMIT,
+            layout,
+        })
+    }
+
+    /// The arguments with the image's defaults filled in (for reports).
+    pub fn effective_args(&self) -> std::collections::BTreeMap<String, String> {
+        let mut out = std::collections::BTreeMap::new();
+        if let Some(spec) = self.image.spec {
+            for a in spec.args {
+                out.insert(a.key.to_string(), a.default.to_string());
+            }
+        }
+        for (k, v) in &self.args {
+            out.insert(k.clone(), v.clone());
+        }
+        out
+    }
+}
+
+/// Converts `key=value` pairs to ABI entries.
+pub fn to_entries(args: &[(String, String)]) -> Result<Vec<ArgEntry>> {
+    args.iter()
+        .map(|(k, v)| {
+            Ok(ArgEntry {
+                key: tiervm_guest::abi::to_fixed(k).ok_or_else(|| {
+                    Error::Usage(format!(
+                        "--arg key '{k}' is too long (max {} bytes)",
+                        tiervm_guest::abi::ARG_KEY_LEN
+                    ))
+                })?,
+                value: tiervm_guest::abi::to_fixed(v).ok_or_else(|| {
+                    Error::Usage(format!(
+                        "--arg value '{v}' is too long (max {} bytes)",
+                        tiervm_guest::abi::ARG_VALUE_LEN
+                    ))
+                })?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(f: impl FnOnce(&mut VmRequest)) -> VmRequest {
+        let mut r = VmRequest::default();
+        f(&mut r);
+        r
+    }
+
+    fn err(r: VmRequest) -> String {
+        let e = VmConfig::from_request(&r).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn usage_errors_name_the_fix() {
+        assert!(err(req(|r| r.vcpus = 0)).contains("--vcpus 0"));
+        assert!(err(req(|r| r.mem_bytes = 1 << 20)).contains("below the 16M minimum"));
+        assert!(err(req(|r| r.mem_bytes = (64 << 20) + 4096)).contains("multiple of 2M"));
+        assert!(err(req(|r| r.mem_bytes = 64 << 20)).contains("raise --mem to at least"));
+        assert!(err(req(|r| r.args = vec!["bogus=1".into()]))
+            .contains("unknown --arg key 'bogus' for image zipf"));
+        assert!(err(req(|r| r.args = vec!["theta=2".into()])).contains("out of range"));
+        assert!(err(req(|r| r.args = vec!["theta".into()])).contains("not key=value"));
+        assert!(err(req(|r| r.image = "nope".into())).contains("neither a built-in image"));
+        if let Some(host) = host_memory_bytes() {
+            let over = (host / GUEST_LARGE_PAGE + 1) * GUEST_LARGE_PAGE;
+            if over <= MAX_RAM {
+                assert!(err(req(|r| r.mem_bytes = over)).contains("exceeds this host's memory"));
+            }
+        }
+    }
+
+    #[test]
+    fn valid_request_builds() {
+        let c = VmConfig::from_request(&req(|r| r.args = vec!["wss=16M".into(), "rss=32M".into()]))
+            .unwrap();
+        assert_eq!(c.effective_args()["wss"], "16M");
+        assert_eq!(c.effective_args()["theta"], "0.99");
+        assert!(c.layout.heap_bytes() >= 32 << 20);
+    }
+}

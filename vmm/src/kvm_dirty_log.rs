@@ -1,0 +1,417 @@
+//! KVM implementation of `tiering::mem::DirtyLog` for one memslot, with
+//! `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`: `KVM_GET_DIRTY_LOG` reads the bitmap
+//! without clearing it and `KVM_CLEAR_DIRTY_LOG` re-arms (write-protects)
+//! exactly the pages the harvester consumed.
+//!
+//! Order of setup (the lead wires it in `vmm`):
+//! 1. [`enable_manual_dirty_log_protect`] on the VM, before the memslot exists;
+//! 2. create the memslot over `TieredMemory::guest_ptr()/guest_len()` with
+//!    `KVM_MEM_LOG_DIRTY_PAGES`;
+//! 3. hand `Box::new(KvmDirtyLog::new(vm_fd.as_raw_fd(), slot, pages))` to
+//!    `tiering::mem::Migrator::new`.
+//!
+//! `KVM_DIRTY_LOG_INITIALLY_SET` is deliberately NOT used: with it the first
+//! GET reports every page dirty (the harvester would count a write on every
+//! page) and pages stay unprotected until cleared. Without it KVM
+//! write-protects the whole slot once when the slot is created, and the
+//! bitmap starts clean, which is what the harvester's "a set bit is a real
+//! write" rule needs. The cost is one write-protect fault per page on the
+//! guest's first write to it.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use kvm_bindings::{
+    kvm_clear_dirty_log, kvm_dirty_log, kvm_enable_cap, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
+    KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE,
+};
+use kvm_ioctls::VmFd;
+use tiering::mem::DirtyLog;
+use vmm_sys_util::{ioctl_iow_nr, ioctl_iowr_nr};
+
+const KVMIO: u32 = 0xAE;
+ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
+ioctl_iowr_nr!(KVM_CLEAR_DIRTY_LOG, KVMIO, 0xc0, kvm_clear_dirty_log);
+
+/// Enables `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` (manual protect, without
+/// `INITIALLY_SET`). Call before creating the logged memslot.
+pub fn enable_manual_dirty_log_protect(vm: &VmFd) -> io::Result<()> {
+    let supported = vm.check_extension_raw(KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 as u64);
+    if supported & KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE as i32 == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 is not supported by this kernel (needs Linux 5.8+); \
+             transactional migration needs it to re-arm single pages",
+        ));
+    }
+    let cap = kvm_enable_cap {
+        cap: KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
+        args: [KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE as u64, 0, 0, 0],
+        ..Default::default()
+    };
+    vm.enable_cap(&cap)
+        .map_err(|e| io::Error::other(format!("KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2): {e}")))
+}
+
+/// The dirty log of one KVM memslot.
+#[derive(Debug)]
+pub struct KvmDirtyLog {
+    vm_fd: RawFd,
+    slot: u32,
+    pages: usize,
+}
+
+impl KvmDirtyLog {
+    /// A dirty log of `pages` 4 KiB pages of memslot `slot` of the VM whose fd
+    /// is `vm_fd`. The VM fd must outlive this value.
+    pub fn new(vm_fd: RawFd, slot: u32, pages: usize) -> Self {
+        Self { vm_fd, slot, pages }
+    }
+}
+
+impl DirtyLog for KvmDirtyLog {
+    fn pages(&self) -> usize {
+        self.pages
+    }
+
+    fn get(&self, bitmap: &mut [u64]) -> io::Result<()> {
+        if bitmap.len() < self.pages.div_ceil(64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "dirty bitmap buffer shorter than the memslot",
+            ));
+        }
+        let mut log = kvm_dirty_log {
+            slot: self.slot,
+            ..Default::default()
+        };
+        log.__bindgen_anon_1.dirty_bitmap = bitmap.as_mut_ptr().cast();
+        // SAFETY: `log` points at `bitmap`, which holds at least one bit per page of the
+        // slot; the kernel writes at most that many bits.
+        let r = unsafe { libc::ioctl(self.vm_fd, KVM_GET_DIRTY_LOG() as _, &log) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("KVM_GET_DIRTY_LOG(slot {}): {e} (was the memslot created with KVM_MEM_LOG_DIRTY_PAGES?)", self.slot),
+            ));
+        }
+        Ok(())
+    }
+
+    fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()> {
+        if !first_page.is_multiple_of(64) || first_page >= self.pages {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("KVM_CLEAR_DIRTY_LOG: first page {first_page} must be a multiple of 64 inside the slot"),
+            ));
+        }
+        // num_pages must be a multiple of 64 unless the range ends at the slot's end.
+        let num_pages = (mask.len() * 64).min(self.pages - first_page);
+        if num_pages == 0 {
+            return Ok(());
+        }
+        let mut clear = kvm_clear_dirty_log {
+            slot: self.slot,
+            num_pages: num_pages as u32,
+            first_page: first_page as u64,
+            ..Default::default()
+        };
+        clear.__bindgen_anon_1.dirty_bitmap = mask.as_ptr() as *mut _;
+        // SAFETY: `clear` points at `mask`, which holds at least `num_pages` bits; the kernel
+        // only reads it.
+        let r = unsafe { libc::ioctl(self.vm_fd, KVM_CLEAR_DIRTY_LOG() as _, &clear) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "KVM_CLEAR_DIRTY_LOG(slot {}, pages {first_page}+{num_pages}): {e} \
+                     (is KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 enabled?)",
+                    self.slot
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
+    use kvm_ioctls::{Kvm, VcpuExit};
+    use std::os::fd::AsRawFd;
+    use std::sync::Arc;
+    use tiering::mem::{MemConfig, TieredMemory, PAGE_SIZE};
+
+    /// A real-mode guest on tiered memory writes one byte to page 5; the KVM
+    /// dirty log shows page 5 (and not the code page it only read), a CLEAR
+    /// re-arms it, and a second run dirties it again.
+    #[test]
+    fn kvm_dirty_log_reports_guest_writes_and_clear_rearms() {
+        let Ok(kvm) = Kvm::new() else {
+            eprintln!("SKIP: /dev/kvm not available");
+            return;
+        };
+        let vm = kvm.create_vm().unwrap();
+        enable_manual_dirty_log_protect(&vm).unwrap();
+        let mem = match TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                eprintln!("SKIP: tiered memory unavailable: {e}");
+                return;
+            }
+        };
+        // Code at 0x1000: mov byte [0x5000], 1 ; hlt
+        let code = [0xc6u8, 0x06, 0x00, 0x50, 0x01, 0xf4];
+        // SAFETY: guest RAM is 64 pages long; 0x1000 + 6 bytes lies inside it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), mem.guest_ptr().add(0x1000), code.len())
+        };
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: KVM_MEM_LOG_DIRTY_PAGES,
+            guest_phys_addr: 0,
+            memory_size: mem.guest_len() as u64,
+            userspace_addr: mem.guest_ptr() as u64,
+        };
+        // SAFETY: the region is our live guest RAM mapping, kept alive by `mem` until the
+        // end of the test, after the VM.
+        unsafe { vm.set_user_memory_region(region).unwrap() };
+        let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
+        let mut bm = vec![0u64; 1];
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm[0], 0, "no INITIALLY_SET: the log starts clean");
+        let mut vcpu = vm.create_vcpu(0).unwrap();
+        let run = |vcpu: &mut kvm_ioctls::VcpuFd| {
+            let mut sregs = vcpu.get_sregs().unwrap();
+            sregs.cs.base = 0;
+            sregs.cs.selector = 0;
+            sregs.ds.base = 0;
+            sregs.ds.selector = 0;
+            vcpu.set_sregs(&sregs).unwrap();
+            let mut regs = vcpu.get_regs().unwrap();
+            regs.rip = 0x1000;
+            regs.rflags = 2;
+            vcpu.set_regs(&regs).unwrap();
+            loop {
+                match vcpu.run().unwrap() {
+                    VcpuExit::Hlt => break,
+                    VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError => {
+                        panic!("guest failed")
+                    }
+                    _ => {}
+                }
+            }
+        };
+        run(&mut vcpu);
+        // SAFETY: 0x5000 lies inside guest RAM.
+        assert_eq!(unsafe { *mem.guest_ptr().add(0x5000) }, 1);
+        log.get(&mut bm).unwrap();
+        assert_eq!(
+            bm[0] & (1 << 5),
+            1 << 5,
+            "the written page is dirty: {:#x}",
+            bm[0]
+        );
+        log.get(&mut bm).unwrap();
+        assert_ne!(bm[0] & (1 << 5), 0, "GET does not clear");
+        log.clear(0, &[1 << 5]).unwrap();
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm[0] & (1 << 5), 0, "CLEAR re-arms the page");
+        run(&mut vcpu);
+        log.get(&mut bm).unwrap();
+        assert_ne!(
+            bm[0] & (1 << 5),
+            0,
+            "a re-armed page is logged again on the next write"
+        );
+        assert!(log.clear(3, &[1]).is_err());
+    }
+
+    /// Runs a real-mode guest that increments a counter in page 5 `n` times
+    /// while the host keeps migrating page 5 with TPM (promote, demote) using
+    /// the KVM dirty log. Returns (final counter, stats).
+    fn tpm_against_a_live_guest(
+        skip_dirty_check: bool,
+        n: u32,
+    ) -> Option<(u32, tiering::mem::MemStats)> {
+        use tiering::mem::{FaultHandler, Mechanism, Migrator, MigratorConfig, Placement, Unit};
+        let kvm = Kvm::new().ok()?;
+        let vm = kvm.create_vm().unwrap();
+        enable_manual_dirty_log_protect(&vm).unwrap();
+        let mut cfg = MemConfig::new(64 * PAGE_SIZE, 32);
+        cfg.placement = Placement::SlowFirst;
+        let mem = Arc::new(TieredMemory::new(&cfg).ok()?);
+        // mov ecx, n ; l: inc dword [0x5000] ; dec ecx ; jnz l ; hlt
+        let mut code = vec![0x66u8, 0xb9];
+        code.extend_from_slice(&n.to_le_bytes());
+        code.extend_from_slice(&[0x66, 0xff, 0x06, 0x00, 0x50, 0x66, 0x49, 0x75, 0xf7, 0xf4]);
+        // SAFETY: guest RAM is 64 pages long; the code fits at 0x1000.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), mem.guest_ptr().add(0x1000), code.len())
+        };
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: KVM_MEM_LOG_DIRTY_PAGES,
+            guest_phys_addr: 0,
+            memory_size: mem.guest_len() as u64,
+            userspace_addr: mem.guest_ptr() as u64,
+        };
+        // SAFETY: the region is our live guest RAM mapping, which outlives the VM here.
+        unsafe { vm.set_user_memory_region(region).unwrap() };
+        let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
+        let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
+        m.set_skip_dirty_check(skip_dirty_check);
+        let faults = FaultHandler::spawn(mem.clone()).unwrap();
+        let mut vcpu = vm.create_vcpu(0).unwrap();
+        let mut sregs = vcpu.get_sregs().unwrap();
+        sregs.cs.base = 0;
+        sregs.cs.selector = 0;
+        sregs.ds.base = 0;
+        sregs.ds.selector = 0;
+        vcpu.set_sregs(&sregs).unwrap();
+        let mut regs = vcpu.get_regs().unwrap();
+        regs.rip = 0x1000;
+        regs.rflags = 2;
+        vcpu.set_regs(&regs).unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d2 = done.clone();
+        let t = std::thread::spawn(move || {
+            loop {
+                match vcpu.run() {
+                    Ok(VcpuExit::Hlt) => break,
+                    Ok(VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError) => {
+                        break
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            d2.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            m.promote(&[Unit::page(5)], Mechanism::Transactional)
+                .unwrap();
+            m.demote(&[Unit::page(5)], Mechanism::Transactional)
+                .unwrap();
+            m.harvest().unwrap();
+        }
+        t.join().unwrap();
+        faults.stop().unwrap();
+        // SAFETY: 0x5000 lies inside guest RAM and the guest has stopped.
+        let v = unsafe { (mem.guest_ptr().add(0x5000) as *const u32).read_volatile() };
+        mem.check_consistency().unwrap();
+        Some((v, mem.stats()))
+    }
+
+    /// Transactional migration under a live (emulated) guest loses no write
+    /// with the KVM dirty check, and aborts when the guest wrote during a copy.
+    #[test]
+    fn tpm_with_kvm_dirty_log_loses_no_guest_write() {
+        let Some((v, st)) = tpm_against_a_live_guest(false, 20_000) else {
+            eprintln!("SKIP: /dev/kvm or userfaultfd not available");
+            return;
+        };
+        eprintln!("with dirty check: counter {v}, {st:?}");
+        assert_eq!(v, 20_000, "lost guest writes: {st:?}");
+        assert!(st.tpm_commits > 0, "{st:?}");
+    }
+
+    /// The same run without the dirty check must lose writes: proves the
+    /// test above can fail.
+    #[test]
+    fn tpm_without_the_dirty_check_loses_guest_writes() {
+        let Some((v, st)) = tpm_against_a_live_guest(true, 20_000) else {
+            eprintln!("SKIP: /dev/kvm or userfaultfd not available");
+            return;
+        };
+        eprintln!("without dirty check: counter {v}, {st:?}");
+        assert!(
+            v < 20_000,
+            "expected lost writes without the dirty check: {st:?}"
+        );
+    }
+
+    /// Hint-fault sampling on a live guest: parked pages are touched by KVM
+    /// (kernel-mode faults), the fault handler records samples for exactly
+    /// the pages the guest uses (code page 1, data page 5) and unparks them.
+    #[test]
+    fn hint_faults_from_a_live_guest_are_sampled() {
+        use tiering::mem::{FaultHandler, HintSampler, SamplerConfig};
+        let Ok(kvm) = Kvm::new() else {
+            eprintln!("SKIP: /dev/kvm not available");
+            return;
+        };
+        let vm = kvm.create_vm().unwrap();
+        let Ok(mem) = TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)) else {
+            eprintln!("SKIP: tiered memory unavailable");
+            return;
+        };
+        let mem = Arc::new(mem);
+        // mov ecx, 3000 ; l: mov eax, [0x5000] ; dec ecx ; jnz l ; hlt
+        let code = [
+            0x66u8, 0xb9, 0xb8, 0x0b, 0x00, 0x00, 0x66, 0xa1, 0x00, 0x50, 0x66, 0x49, 0x75, 0xf8,
+            0xf4,
+        ];
+        // SAFETY: guest RAM is 64 pages long; the code fits at 0x1000.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), mem.guest_ptr().add(0x1000), code.len())
+        };
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: mem.guest_len() as u64,
+            userspace_addr: mem.guest_ptr() as u64,
+        };
+        // SAFETY: the region is our live guest RAM mapping, which outlives the VM here.
+        unsafe { vm.set_user_memory_region(region).unwrap() };
+        let faults = FaultHandler::spawn(mem.clone()).unwrap();
+        let mut sampler = HintSampler::new(
+            mem.clone(),
+            SamplerConfig {
+                scan_pages: 8,
+                min_scan_pages: 8,
+                max_scan_pages: 8,
+                budget_pct: 100.0,
+                ..SamplerConfig::default()
+            },
+        );
+        // Park pages 0..8 before the guest starts: its first fetch faults.
+        assert_eq!(sampler.tick().unwrap().parked, 8);
+        let mut vcpu = vm.create_vcpu(0).unwrap();
+        let mut sregs = vcpu.get_sregs().unwrap();
+        sregs.cs.base = 0;
+        sregs.cs.selector = 0;
+        sregs.ds.base = 0;
+        sregs.ds.selector = 0;
+        vcpu.set_sregs(&sregs).unwrap();
+        let mut regs = vcpu.get_regs().unwrap();
+        regs.rip = 0x1000;
+        regs.rflags = 2;
+        vcpu.set_regs(&regs).unwrap();
+        loop {
+            match vcpu.run().unwrap() {
+                VcpuExit::Hlt => break,
+                VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError => {
+                    panic!("guest failed")
+                }
+                _ => {}
+            }
+        }
+        let tick = sampler.tick().unwrap();
+        sampler.unpark_all().unwrap();
+        faults.stop().unwrap();
+        let mut pages: Vec<u64> = mem.drain_samples().iter().map(|s| s.page).collect();
+        pages.sort_unstable();
+        pages.dedup();
+        assert_eq!(pages, vec![1, 5], "pages the guest touched");
+        assert_eq!(tick.untouched, 6);
+        let st = mem.stats();
+        assert!(st.hint_faults >= 2, "{st:?}");
+        assert_eq!(st.unexpected_faults, 0);
+        mem.check_consistency().unwrap();
+    }
+}

@@ -1,0 +1,213 @@
+//! The report of a run: JSON (`--report json`, schema in `docs/report.md`)
+//! and a human summary.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::status::TimelinePoint;
+use crate::units::format_size;
+use crate::vstate::tiered::{MigrationCounters, TieringReport, TrackingCounters};
+use tiering::mem::TierStats;
+
+/// Why the VM stopped.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// Every vCPU wrote its exit code.
+    GuestExited,
+    /// `--duration` ended and the guest exited after the stop request.
+    Duration,
+    /// The guest did not exit within the stop grace period; vCPUs were stopped.
+    Forced,
+    /// A vCPU crashed.
+    Crashed,
+}
+
+/// One run of one VM.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    /// Image name or path.
+    pub image: String,
+    /// Effective workload arguments (defaults filled in for built-in images).
+    pub args: BTreeMap<String, String>,
+    /// Seed passed to the guest.
+    pub seed: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Guest RAM bytes.
+    pub mem_bytes: u64,
+    /// Wall time from the first vCPU start to the VM's end, seconds.
+    pub duration_s: f64,
+    /// The guest's exit code (vCPU 0's), `null` if it never exited.
+    pub exit_code: Option<u32>,
+    /// Why the VM stopped.
+    pub stop_reason: StopReason,
+    /// Total operations the guest reported.
+    pub ops: u64,
+    /// Operations per second while operations were counting.
+    pub ops_per_sec: f64,
+    /// Throughput timeline, one point per sample.
+    pub timeline: Vec<TimelinePoint>,
+    /// KVM exits of all vCPUs.
+    pub vm_exits: u64,
+    /// Milliseconds from VMM start to the first guest instruction.
+    pub boot_ms: Option<f64>,
+    /// Result metrics the guest published (validated).
+    pub guest_metrics: BTreeMap<String, f64>,
+    /// Guest console bytes forwarded and dropped over the cap.
+    pub console_bytes: u64,
+    /// Console bytes dropped.
+    pub console_dropped: u64,
+    /// Port-I/O exits to unclaimed ports.
+    pub unhandled_io: u64,
+    /// MMIO exits (no MMIO devices exist).
+    pub mmio_exits: u64,
+    /// Crash description, when a vCPU crashed.
+    pub crash: Option<String>,
+    /// Per-tier page counts (tiered runs only).
+    pub tiers: Option<Vec<TierStats>>,
+    /// Migration counters (tiered runs only).
+    pub migration: Option<MigrationCounters>,
+    /// Access-tracking counters (tiered runs only).
+    pub tracking: Option<TrackingCounters>,
+    /// Everything the tiering layer reports (tiered runs only).
+    pub tiering: Option<TieringReport>,
+}
+
+impl RunReport {
+    /// A readable multi-line summary.
+    pub fn human(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "tiervm run: image {} on {} vCPU(s), {} RAM, seed {}",
+            self.image,
+            self.vcpus,
+            format_size(self.mem_bytes),
+            self.seed
+        );
+        let args: Vec<String> = self.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if !args.is_empty() {
+            let _ = writeln!(s, "  args       {}", args.join(" "));
+        }
+        let how = match self.stop_reason {
+            StopReason::GuestExited => "the guest exited",
+            StopReason::Duration => "stopped at --duration",
+            StopReason::Forced => "FORCED: the guest ignored the stop request",
+            StopReason::Crashed => "CRASHED",
+        };
+        let code = self.exit_code.map_or("none".to_string(), |c| c.to_string());
+        let _ = writeln!(
+            s,
+            "  result     exit code {code} ({how}) after {:.2} s",
+            self.duration_s
+        );
+        if let Some(b) = self.boot_ms {
+            let _ = writeln!(s, "  boot       {b:.1} ms to the first guest instruction");
+        }
+        let _ = writeln!(
+            s,
+            "  ops        {} total, {} ops/s while running",
+            group(self.ops),
+            group(self.ops_per_sec as u64)
+        );
+        let _ = writeln!(
+            s,
+            "  vm exits   {} ({} samples in the timeline)",
+            group(self.vm_exits),
+            self.timeline.len()
+        );
+        if !self.guest_metrics.is_empty() {
+            let m: Vec<String> = self
+                .guest_metrics
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let _ = writeln!(s, "  guest      {}", m.join(" "));
+        }
+        if self.console_dropped > 0 {
+            let _ = writeln!(
+                s,
+                "  console    {} bytes dropped over the cap",
+                self.console_dropped
+            );
+        }
+        if let Some(t) = &self.tiering {
+            let tiers: Vec<String> = t
+                .stats
+                .tiers
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{} node{} {}/{} pages",
+                        x.name,
+                        x.node,
+                        group(x.pages),
+                        group(x.capacity_pages)
+                    )
+                })
+                .collect();
+            let emu = if t.emulated {
+                " (emulated: both tiers on one host node)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                s,
+                "  tiers      policy {}: {}{emu}",
+                t.policy,
+                tiers.join(", ")
+            );
+            if let Some(m) = &self.migration {
+                let _ = writeln!(
+                    s,
+                    "  migration  promotions {} demotions {} tpm commits {} aborts {} retries {} stop-copy {}",
+                    group(m.promotions),
+                    group(m.demotions),
+                    group(m.tpm_commits),
+                    group(m.tpm_aborts),
+                    group(m.tpm_retries),
+                    group(m.stop_copy),
+                );
+                let _ = writeln!(
+                    s,
+                    "  shadows    demotions {} invalidations {} reclaims {}; skipped (no space) {}; guest stall {:.1} ms",
+                    group(m.shadow_demotions),
+                    group(m.shadow_invalidations),
+                    group(m.shadow_reclaims),
+                    group(m.skipped_no_space),
+                    m.guest_stall_ms
+                );
+            }
+        }
+        if let Some(c) = &self.crash {
+            let _ = writeln!(s, "  crash      {c}");
+        }
+        s
+    }
+}
+
+/// `1234567` -> `1,234,567`.
+pub fn group(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn groups_digits() {
+        assert_eq!(super::group(0), "0");
+        assert_eq!(super::group(1234567), "1,234,567");
+        assert_eq!(super::group(100), "100");
+    }
+}

@@ -1,0 +1,474 @@
+//! Validated tiering settings of a VM (`--fast`, `--slow`, nodes, placement,
+//! policy, chaos), built from command-line flags.
+
+use clap::ValueEnum;
+use std::time::Duration;
+
+use tiering::engine::{parse_schedule, EngineConfig, ModeledLatency};
+
+use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, PAGE_SIZE};
+
+use crate::error::{Error, Result};
+use crate::units::format_size;
+
+/// Initial placement of guest pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementArg {
+    /// Fill the fast tier first (Linux's default).
+    FastFirst,
+    /// Everything starts slow (the seeds' pre-demoted runs), overflow fast.
+    SlowFirst,
+    /// Each page on a random tier (seeded).
+    Random,
+    /// Alternate fast and slow.
+    Interleave,
+}
+
+/// Who moves pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyArg {
+    /// Untiered: plain anonymous RAM (THP), no tracking, no migration.
+    None,
+    /// Tiered backing, pages never move.
+    Static,
+    /// Torture mode: random units migrate at --chaos-rate regardless of hotness.
+    Chaos,
+    /// Linux 6.3 TPP: hint faults on slow pages, promotion in the fault path.
+    Tpp,
+    /// Nomad: TPP's signal, candidate/pending queues, async TPM, shadows.
+    Nomad,
+    /// Memtis: access histogram, cooling, background migration.
+    Memtis,
+    /// Colloid: balances the tiers' loaded latencies (modeled here).
+    Colloid,
+    /// MTM: adaptive regions, one histogram, fast promotion / slow demotion.
+    Mtm,
+}
+
+impl PolicyArg {
+    /// The placement policy's name in `tiering::policy`, for policies run by the engine.
+    pub fn engine_policy(self) -> Option<&'static str> {
+        Some(match self {
+            Self::None | Self::Chaos => return None,
+            Self::Static => "static",
+            Self::Tpp => "tpp",
+            Self::Nomad => "nomad",
+            Self::Memtis => "memtis",
+            Self::Colloid => "colloid",
+            Self::Mtm => "mtm",
+        })
+    }
+}
+
+/// Migration mechanism for chaos.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MechanismArg {
+    /// Transactional migration (copy while running, commit if clean).
+    Tpm,
+    /// Exclusive stop-and-copy.
+    StopCopy,
+}
+
+/// Migration unit for chaos.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub enum UnitArg {
+    /// One 4 KiB page.
+    #[value(name = "4k")]
+    #[serde(rename = "4k")]
+    Page4k,
+    /// A 2 MiB aligned run of 512 pages.
+    #[value(name = "2m")]
+    #[serde(rename = "2m")]
+    Run2m,
+}
+
+/// Tiering flags as parsed (unvalidated).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TieringRequest {
+    /// `--fast`.
+    pub fast: Option<u64>,
+    /// `--slow`.
+    pub slow: Option<u64>,
+    /// `--fast-node`.
+    pub fast_node: Option<u32>,
+    /// `--slow-node`.
+    pub slow_node: Option<u32>,
+    /// `--placement`.
+    pub placement: PlacementArg,
+    /// `--policy` (None = not given).
+    pub policy: Option<PolicyArg>,
+    /// `--chaos-rate` units per second.
+    pub chaos_rate: Option<f64>,
+    /// `--chaos-mix P:D`.
+    pub chaos_mix: Option<String>,
+    /// `--mechanism`.
+    pub mechanism: Option<MechanismArg>,
+    /// `--chaos-unit`.
+    pub chaos_unit: Option<UnitArg>,
+    /// Test-only: commit migrations without the dirty check.
+    pub skip_dirty_check: bool,
+    /// `--tracking`.
+    pub tracking: Option<TrackingArg>,
+    /// `--scan-pages`.
+    pub scan_pages: Option<usize>,
+    /// `--scan-period`.
+    pub scan_period: Option<Duration>,
+    /// `--tracking-budget` (percent of vCPU time).
+    pub tracking_budget_pct: Option<f64>,
+    /// `--policy-schedule` (e.g. `nomad@0s,tpp@20s`).
+    pub policy_schedule: Option<String>,
+}
+
+/// Access tracking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrackingArg {
+    /// No access tracking.
+    Off,
+    /// Hint faults: unmap windows of pages and record the guest's touches.
+    HintFaults,
+}
+
+impl Default for TieringRequest {
+    fn default() -> Self {
+        Self {
+            fast: None,
+            slow: None,
+            fast_node: None,
+            slow_node: None,
+            placement: PlacementArg::FastFirst,
+            policy: None,
+            chaos_rate: None,
+            chaos_mix: None,
+            mechanism: None,
+            chaos_unit: None,
+            skip_dirty_check: false,
+            tracking: None,
+            scan_pages: None,
+            scan_period: None,
+            tracking_budget_pct: None,
+            policy_schedule: None,
+        }
+    }
+}
+
+/// Validated tiering settings.
+#[derive(Clone, Debug)]
+pub struct TieringConfig {
+    /// The backing's configuration.
+    pub mem: MemConfig,
+    /// The policy.
+    pub policy: PolicyArg,
+    /// Chaos settings when `policy == Chaos`.
+    pub chaos: Option<ChaosConfig>,
+    /// Test-only switch.
+    pub skip_dirty_check: bool,
+    /// Hint-fault sampler settings when tracking is on.
+    pub sampler: Option<SamplerConfig>,
+    /// The policy engine, for the placement policies.
+    pub engine: Option<EngineConfig>,
+}
+
+/// Parses `P:D` with positive integer weights.
+pub fn parse_mix(s: &str) -> Result<(u32, u32)> {
+    let bad = || {
+        Error::Usage(format!(
+            "--chaos-mix '{s}' is not P:D with whole numbers, e.g. 1:1 or 3:1"
+        ))
+    };
+    let (p, d) = s.split_once(':').ok_or_else(bad)?;
+    let p: u32 = p.trim().parse().map_err(|_| bad())?;
+    let d: u32 = d.trim().parse().map_err(|_| bad())?;
+    if p == 0 && d == 0 {
+        return Err(Error::Usage(
+            "--chaos-mix 0:0 migrates nothing: give at least one non-zero weight".into(),
+        ));
+    }
+    Ok((p, d))
+}
+
+impl TieringRequest {
+    /// Whether any tiering flag asks for tiered memory.
+    pub fn wants_tiering(&self) -> bool {
+        match self.policy {
+            Some(PolicyArg::None) => false,
+            Some(_) => true,
+            None => self.fast.is_some() || self.slow.is_some(),
+        }
+    }
+
+    /// Validates against a guest of `mem_bytes`; `None` = untiered.
+    pub fn validate(
+        &self,
+        mem_bytes: u64,
+        seed: u64,
+        nodes: &[u32],
+    ) -> Result<Option<TieringConfig>> {
+        let policy = self.policy.unwrap_or(if self.wants_tiering() {
+            PolicyArg::Static
+        } else {
+            PolicyArg::None
+        });
+        let chaos_flags = self.chaos_rate.is_some()
+            || self.chaos_mix.is_some()
+            || self.mechanism.is_some()
+            || self.chaos_unit.is_some();
+        if chaos_flags && policy != PolicyArg::Chaos {
+            return Err(Error::Usage(
+                "--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to --policy chaos: add --policy chaos or drop them".into(),
+            ));
+        }
+        if policy == PolicyArg::None {
+            if self.fast.is_some()
+                || self.slow.is_some()
+                || self.fast_node.is_some()
+                || self.slow_node.is_some()
+                || self.tracking.is_some_and(|t| t != TrackingArg::Off)
+            {
+                return Err(Error::Usage("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node/--tracking or pick another policy".into()));
+            }
+            return Ok(None);
+        }
+        let page = PAGE_SIZE as u64;
+        let fast = self.fast.unwrap_or(mem_bytes / 2 / page * page);
+        if fast > mem_bytes {
+            return Err(Error::Usage(format!(
+                "--fast {} exceeds --mem {}: lower --fast",
+                format_size(fast),
+                format_size(mem_bytes)
+            )));
+        }
+        if !fast.is_multiple_of(page) {
+            return Err(Error::Usage(format!(
+                "--fast {} is not a multiple of 4K",
+                format_size(fast)
+            )));
+        }
+        // Default: the slow tier can hold the whole guest (a large expander),
+        // which leaves room for demotions and shadows.
+        let slow = self.slow.unwrap_or(mem_bytes);
+        if !slow.is_multiple_of(page) {
+            return Err(Error::Usage(format!(
+                "--slow {} is not a multiple of 4K",
+                format_size(slow)
+            )));
+        }
+        if fast + slow < mem_bytes {
+            return Err(Error::Usage(format!(
+                "--fast {} + --slow {} cannot hold --mem {}: raise --fast or --slow (or drop --slow: it then holds the whole guest)",
+                format_size(fast),
+                format_size(slow),
+                format_size(mem_bytes)
+            )));
+        }
+        let fast_node = self
+            .fast_node
+            .unwrap_or_else(|| nodes.first().copied().unwrap_or(0));
+        let slow_node = self.slow_node.unwrap_or_else(|| {
+            nodes
+                .iter()
+                .copied()
+                .find(|&n| n != fast_node)
+                .unwrap_or(fast_node)
+        });
+        for (flag, n) in [("--fast-node", fast_node), ("--slow-node", slow_node)] {
+            if !nodes.is_empty() && !nodes.contains(&n) {
+                let list: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+                return Err(Error::Usage(format!(
+                    "{flag} {n}: this host has NUMA nodes with memory {} (see tiervm info)",
+                    list.join(", ")
+                )));
+            }
+        }
+        let mut mem = MemConfig::new(mem_bytes as usize, (fast / page) as usize);
+        mem.fast_node = fast_node;
+        mem.slow_node = slow_node;
+        mem.slow_capacity_pages = Some((slow / page) as usize);
+        mem.placement = match self.placement {
+            PlacementArg::FastFirst => Placement::FastFirst,
+            PlacementArg::SlowFirst => Placement::SlowFirst,
+            PlacementArg::Random => Placement::Random { seed },
+            PlacementArg::Interleave => Placement::Interleave,
+        };
+        let chaos = if policy == PolicyArg::Chaos {
+            let (promote_weight, demote_weight) =
+                parse_mix(self.chaos_mix.as_deref().unwrap_or("1:1"))?;
+            let rate = self.chaos_rate.unwrap_or(1000.0);
+            if !rate.is_finite() || rate <= 0.0 {
+                return Err(Error::Usage(format!(
+                    "--chaos-rate {rate}: give a positive number of units per second"
+                )));
+            }
+            Some(ChaosConfig {
+                units_per_sec: rate,
+                promote_weight,
+                demote_weight,
+                mechanism: match self.mechanism.unwrap_or(MechanismArg::Tpm) {
+                    MechanismArg::Tpm => Mechanism::Transactional,
+                    MechanismArg::StopCopy => Mechanism::StopAndCopy,
+                },
+                unit_pages: match self.chaos_unit.unwrap_or(UnitArg::Page4k) {
+                    UnitArg::Page4k => 1,
+                    UnitArg::Run2m => 512,
+                },
+                seed,
+                ..ChaosConfig::default()
+            })
+        } else {
+            None
+        };
+        let tracking_flags = self.scan_pages.is_some()
+            || self.scan_period.is_some()
+            || self.tracking_budget_pct.is_some();
+        let engine = match (policy.engine_policy(), &self.policy_schedule) {
+            (None, Some(_)) => {
+                return Err(Error::Usage(
+                    "--policy-schedule needs a placement policy (static, tpp, nomad, memtis, colloid, mtm)".into(),
+                ))
+            }
+            (None, None) => None,
+            (Some(first), sched) => {
+                let schedule = match sched {
+                    Some(s) => parse_schedule(s).map_err(|e| Error::Usage(format!("--policy-schedule: {e}")))?,
+                    None => Vec::new(),
+                };
+                // A schedule starting at 0 names the first policy itself.
+                let first = match schedule.first() {
+                    Some(s) if s.at.is_zero() => s.policy.clone(),
+                    _ => first.to_string(),
+                };
+                Some(EngineConfig {
+                    policy: first,
+                    schedule,
+                    modeled_latency: Some(ModeledLatency::default()),
+                })
+            }
+        };
+        // Policies other than static need access samples: hint faults at
+        // the policy's scan rate unless --tracking says otherwise.
+        let wants_samples = engine.as_ref().is_some_and(|e| {
+            e.policy != "static" || e.schedule.iter().any(|s| s.policy != "static")
+        });
+        let default_tracking = if wants_samples {
+            TrackingArg::HintFaults
+        } else {
+            TrackingArg::Off
+        };
+        let sampler = match self.tracking.unwrap_or(default_tracking) {
+            TrackingArg::Off if tracking_flags => {
+                return Err(Error::Usage(
+                    "--scan-pages/--scan-period/--tracking-budget need --tracking hint-faults"
+                        .into(),
+                ))
+            }
+            TrackingArg::Off => None,
+            TrackingArg::HintFaults => {
+                let mut c = SamplerConfig::default();
+                if let Some(n) = self.scan_pages {
+                    if n == 0 {
+                        return Err(Error::Usage(
+                            "--scan-pages 0: give at least 1 page per scan window".into(),
+                        ));
+                    }
+                    c.scan_pages = n;
+                    c.max_scan_pages = c.max_scan_pages.max(n);
+                    c.min_scan_pages = c.min_scan_pages.min(n);
+                }
+                if let Some(p) = self.scan_period {
+                    if p < Duration::from_millis(1) {
+                        return Err(Error::Usage("--scan-period must be at least 1ms".into()));
+                    }
+                    c.period = p;
+                }
+                if let Some(b) = self.tracking_budget_pct {
+                    if !(b > 0.0 && b <= 100.0) {
+                        return Err(Error::Usage(format!(
+                            "--tracking-budget {b}: give a share of vCPU time in percent, 0 < budget <= 100"
+                        )));
+                    }
+                    c.budget_pct = b;
+                }
+                Some(c)
+            }
+        };
+        Ok(Some(TieringConfig {
+            mem,
+            policy,
+            chaos,
+            skip_dirty_check: self.skip_dirty_check,
+            sampler,
+            engine,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(f: impl FnOnce(&mut TieringRequest)) -> Result<Option<TieringConfig>> {
+        let mut r = TieringRequest::default();
+        f(&mut r);
+        r.validate(1 << 30, 1, &[0])
+    }
+
+    #[test]
+    fn untiered_by_default() {
+        assert!(v(|_| {}).unwrap().is_none());
+    }
+
+    #[test]
+    fn fast_alone_enables_static_tiering_with_the_rest_slow() {
+        let c = v(|r| r.fast = Some(256 << 20)).unwrap().unwrap();
+        assert_eq!(c.policy, PolicyArg::Static);
+        assert_eq!(c.mem.fast_capacity_pages, 65536);
+        assert_eq!(c.mem.slow_capacity_pages, Some(262144));
+    }
+
+    #[test]
+    fn errors_name_the_fix() {
+        let e = |f: fn(&mut TieringRequest)| v(f).unwrap_err().to_string();
+        assert!(e(|r| r.fast = Some(8 << 30)).contains("--fast 8G exceeds --mem 1G"));
+        assert!(e(|r| {
+            r.fast = Some(256 << 20);
+            r.slow = Some(256 << 20);
+        })
+        .contains("cannot hold --mem 1G"));
+        assert!(e(|r| r.chaos_rate = Some(5.0)).contains("only apply to --policy chaos"));
+        assert!(e(|r| {
+            r.policy = Some(PolicyArg::Chaos);
+            r.chaos_mix = Some("x".into());
+        })
+        .contains("not P:D"));
+        assert!(e(|r| {
+            r.policy = Some(PolicyArg::Static);
+            r.slow_node = Some(3);
+        })
+        .contains("--slow-node 3: this host has NUMA nodes with memory 0"));
+        assert!(e(|r| {
+            r.policy = Some(PolicyArg::None);
+            r.fast = Some(1 << 20);
+        })
+        .contains("runs untiered"));
+    }
+
+    #[test]
+    fn chaos_settings_map() {
+        let c = v(|r| {
+            r.policy = Some(PolicyArg::Chaos);
+            r.chaos_rate = Some(5000.0);
+            r.chaos_mix = Some("3:1".into());
+            r.mechanism = Some(MechanismArg::StopCopy);
+            r.chaos_unit = Some(UnitArg::Run2m);
+        })
+        .unwrap()
+        .unwrap();
+        let ch = c.chaos.unwrap();
+        assert_eq!((ch.promote_weight, ch.demote_weight), (3, 1));
+        assert_eq!(ch.unit_pages, 512);
+        assert_eq!(ch.mechanism, Mechanism::StopAndCopy);
+    }
+}

@@ -1,0 +1,77 @@
+//! Parsing and printing of sizes and durations given on the command line.
+
+use std::time::Duration;
+
+/// Parses a byte size like `1G`, `512M`, `4096` (binary suffixes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    tiervm_guest::args::parse_size(s)
+        .map_err(|_| format!("'{s}' is not a size: use e.g. 4096, 64K, 512M, 1G"))
+}
+
+/// Parses a duration like `5s`, `500ms`, `2m`, `1.5s` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("'{s}' is not a duration: use e.g. 500ms, 5s, 2m");
+    let t = s.trim();
+    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let secs = v * mult;
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Formats a byte count with a binary suffix (`1G`, `512M`, `4.5K`).
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("T", 1 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ];
+    for (suffix, unit) in UNITS {
+        if bytes >= unit {
+            let v = bytes as f64 / unit as f64;
+            return if bytes.is_multiple_of(unit) {
+                format!("{}{suffix}", bytes / unit)
+            } else {
+                format!("{v:.1}{suffix}")
+            };
+        }
+    }
+    format!("{bytes}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        for bad in ["", "s", "-1s", "1x", "nan", "1e20s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(format_size(1 << 30), "1G");
+        assert_eq!(format_size(1536 << 20), "1.5G");
+        assert_eq!(format_size(100), "100");
+        assert!(parse_size("1Q").unwrap_err().contains("not a size"));
+    }
+}

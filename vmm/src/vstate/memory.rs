@@ -1,0 +1,227 @@
+//! Guest memory: the RAM mapping, the guest-physical layout of the guest ABI,
+//! the ring-3 page tables and the boot-info block.
+
+use tiervm_guest::abi::{
+    self, ArgEntry, BootInfo, StatusPage, BOOT_INFO_GPA, GUEST_LARGE_PAGE, MAX_ARGS,
+    PAGE_TABLES_GPA, STACK_SIZE, STATUS_GPA,
+};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::error::{Error, Result};
+
+/// Most RAM one page-table tree (one PDPT) maps with 2 MiB pages: 512 GiB.
+pub const MAX_RAM: u64 = 512 << 30;
+/// Least RAM tiervm accepts.
+pub const MIN_RAM: u64 = 16 << 20;
+
+/// A `repr(transparent)` wrapper that lets vm-memory copy ABI structs.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct Wire<T>(pub T);
+
+// SAFETY: BootInfo is repr(C), built only of integers and byte arrays with no
+// padding (checked by its layout assertions), so every byte pattern is valid.
+unsafe impl ByteValued for Wire<BootInfo> {}
+// SAFETY: as above for StatusPage (integers and byte arrays, no padding).
+unsafe impl ByteValued for Wire<StatusPage> {}
+
+/// Where everything lives in guest-physical memory for one VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Guest RAM bytes.
+    pub ram_size: u64,
+    /// One past the image's last byte.
+    pub image_end: u64,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Lowest stack byte (stacks grow down from `stacks_base + (i+1)*STACK_SIZE`).
+    pub stacks_base: u64,
+    /// First heap byte (2 MiB aligned).
+    pub heap_start: u64,
+    /// One past the last heap byte.
+    pub heap_end: u64,
+}
+
+impl Layout {
+    /// The layout for an image ending at `image_end` with `vcpus` vCPUs.
+    pub fn new(ram_size: u64, image_end: u64, vcpus: u32) -> Self {
+        let stacks_base = image_end.div_ceil(4096) * 4096;
+        let stacks_end = stacks_base + u64::from(vcpus) * STACK_SIZE;
+        let heap_start = stacks_end.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE;
+        Self {
+            ram_size,
+            image_end,
+            vcpus,
+            stacks_base,
+            heap_start,
+            heap_end: ram_size.max(heap_start),
+        }
+    }
+
+    /// Heap bytes available.
+    pub fn heap_bytes(&self) -> u64 {
+        self.heap_end - self.heap_start
+    }
+
+    /// Initial stack pointer of vCPU `i`.
+    pub fn stack_top(&self, i: u32) -> u64 {
+        self.stacks_base + (u64::from(i) + 1) * STACK_SIZE - 8
+    }
+
+    /// RAM needed for a heap of `heap` bytes with this image and vCPU count.
+    pub fn ram_needed(&self, heap: u64) -> u64 {
+        (self.heap_start + heap).div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE
+    }
+}
+
+/// Anonymous, private guest RAM of `size` bytes at guest-physical 0. With
+/// `huge_pages` the host is asked to back it with transparent huge pages
+/// (`MADV_HUGEPAGE`), which the untiered VM uses; tiered RAM stays 4 KiB.
+pub fn create_ram(size: u64, huge_pages: bool) -> Result<GuestMemoryMmap> {
+    let len = usize::try_from(size)
+        .map_err(|_| Error::Usage(format!("--mem {size} does not fit this host")))?;
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)])
+        .map_err(|e| Error::host("mapping guest RAM", e))?;
+    if huge_pages {
+        let host = mem
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| Error::host("guest RAM address", e))?;
+        // SAFETY: madvise on the mapping vm-memory just created for exactly
+        // `len` bytes; MADV_HUGEPAGE only changes the kernel's backing choice.
+        let rc = unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
+        if rc != 0 {
+            tracing::debug!(
+                "MADV_HUGEPAGE on guest RAM failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(mem)
+}
+
+/// Page-table entry bits.
+const PTE_PRESENT: u64 = 1;
+const PTE_WRITABLE: u64 = 1 << 1;
+const PTE_USER: u64 = 1 << 2;
+const PTE_LARGE: u64 = 1 << 7;
+const PTE_TABLE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+
+/// Builds a 4-level tree at [`PAGE_TABLES_GPA`] identity-mapping all of RAM
+/// with user-accessible, writable 2 MiB pages. Returns the CR3 value.
+pub fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<u64> {
+    if ram_size > MAX_RAM {
+        return Err(Error::Usage(format!(
+            "--mem above {} GiB is not supported",
+            MAX_RAM >> 30
+        )));
+    }
+    let pml4 = PAGE_TABLES_GPA;
+    let pdpt = pml4 + 0x1000;
+    let pd_base = pdpt + 0x1000;
+    let gib = ram_size.div_ceil(1 << 30);
+    let w = |gpa: u64, val: u64| {
+        mem.write_obj(val, GuestAddress(gpa))
+            .map_err(|e| Error::host("writing page tables", e))
+    };
+    w(pml4, pdpt | PTE_TABLE)?;
+    for g in 0..gib {
+        let pd = pd_base + g * 0x1000;
+        w(pdpt + g * 8, pd | PTE_TABLE)?;
+        for i in 0..512u64 {
+            let addr = (g << 30) | (i << 21);
+            if addr >= ram_size {
+                break;
+            }
+            w(
+                pd + i * 8,
+                addr | PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_LARGE,
+            )?;
+        }
+    }
+    Ok(pml4)
+}
+
+/// Writes the boot-info block and an initialised status page.
+pub fn write_boot_info(
+    mem: &GuestMemoryMmap,
+    layout: &Layout,
+    seed: u64,
+    tsc_khz: u64,
+    args: &[(String, String)],
+) -> Result<()> {
+    if args.len() > MAX_ARGS {
+        return Err(Error::Usage(format!(
+            "{} --arg flags given; at most {MAX_ARGS} are supported",
+            args.len()
+        )));
+    }
+    let mut entries = [ArgEntry::EMPTY; MAX_ARGS];
+    for (slot, (k, v)) in entries.iter_mut().zip(args) {
+        slot.key = abi::to_fixed(k).ok_or_else(|| {
+            Error::Usage(format!(
+                "--arg key '{k}' is longer than {} bytes or contains NUL",
+                abi::ARG_KEY_LEN
+            ))
+        })?;
+        slot.value = abi::to_fixed(v).ok_or_else(|| {
+            Error::Usage(format!(
+                "--arg value '{v}' of '{k}' is longer than {} bytes or contains NUL",
+                abi::ARG_VALUE_LEN
+            ))
+        })?;
+    }
+    let info = BootInfo {
+        magic: abi::BOOT_MAGIC,
+        abi_version: abi::ABI_VERSION,
+        vcpu_count: layout.vcpus,
+        ram_size: layout.ram_size,
+        tsc_khz,
+        seed,
+        heap_start: layout.heap_start,
+        heap_end: layout.heap_end,
+        status_gpa: STATUS_GPA,
+        arg_count: args.len() as u32,
+        _reserved: 0,
+        args: entries,
+    };
+    mem.write_obj(Wire(info), GuestAddress(BOOT_INFO_GPA))
+        .map_err(|e| Error::host("writing boot info", e))?;
+    mem.write_obj(abi::STATUS_MAGIC, GuestAddress(STATUS_GPA))
+        .map_err(|e| Error::host("writing status page", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_aligned_and_ordered() {
+        let l = Layout::new(1 << 30, 0x40c1e0, 4);
+        assert_eq!(l.stacks_base, 0x40d000);
+        assert_eq!(l.heap_start % GUEST_LARGE_PAGE, 0);
+        assert!(l.heap_start >= l.stacks_base + 4 * STACK_SIZE);
+        assert_eq!(l.stack_top(0) % 8, 0);
+        assert!(l.stack_top(3) < l.heap_start);
+        assert_eq!(l.heap_end, 1 << 30);
+    }
+
+    #[test]
+    fn page_tables_map_ram_identity() {
+        let mem = create_ram(64 << 20, false).unwrap();
+        let cr3 = write_page_tables(&mem, 64 << 20).unwrap();
+        let pml4e: u64 = mem.read_obj(GuestAddress(cr3)).unwrap();
+        let pdpt = pml4e & !0xfff;
+        let pdpte: u64 = mem.read_obj(GuestAddress(pdpt)).unwrap();
+        let pd = pdpte & !0xfff;
+        for i in 0..32u64 {
+            let pde: u64 = mem.read_obj(GuestAddress(pd + i * 8)).unwrap();
+            assert_eq!(pde & !0xfff, i << 21);
+            assert_eq!(
+                pde & 0xff,
+                PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_LARGE
+            );
+        }
+        let beyond: u64 = mem.read_obj(GuestAddress(pd + 32 * 8)).unwrap();
+        assert_eq!(beyond, 0, "no mapping beyond RAM");
+    }
+}

@@ -1,0 +1,287 @@
+//! Guest RAM on tiered memory: builds `tiering::mem::TieredMemory`, exposes
+//! it to vm-memory and KVM, and runs the tiering threads (userfaultfd fault
+//! handler, migrator with KVM's dirty log, chaos driver) for one VM.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use kvm_ioctls::VmFd;
+use serde::Serialize;
+use tiering::mem::{
+    ChaosDriver, ChaosReport, FaultHandler, HintSampler, MemStats, Migrator, MigratorConfig,
+    SamplerHandle, TieredMemory, PAGE_SIZE,
+};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+use crate::error::{Error, Result};
+use crate::kvm_dirty_log::{enable_manual_dirty_log_protect, KvmDirtyLog};
+use crate::tiering_config::TieringConfig;
+use crate::vstate::vm::RAM_SLOT;
+use tiering::engine::{Engine, EngineReport};
+
+/// What the report says about tiering.
+#[derive(Clone, Debug, Serialize)]
+pub struct TieringReport {
+    /// The policy that ran.
+    pub policy: String,
+    /// Whether tier latencies are emulated (both tiers on one host node).
+    pub emulated: bool,
+    /// Milliseconds the backing took to set up (allocation and placement).
+    pub setup_ms: f64,
+    /// Mechanism counters and per-tier page counts.
+    pub stats: MemStats,
+    /// The chaos driver's own account, when chaos ran.
+    pub chaos: Option<ChaosReport>,
+    /// Access samples (hint faults) recorded.
+    pub samples: u64,
+    /// What the policy engine did (placement policies only).
+    pub engine: Option<EngineReport>,
+}
+
+/// The report's `migration` object.
+#[derive(Clone, Debug, Serialize)]
+pub struct MigrationCounters {
+    /// Pages moved slow -> fast.
+    pub promotions: u64,
+    /// Pages moved fast -> slow.
+    pub demotions: u64,
+    /// Committed transactions.
+    pub tpm_commits: u64,
+    /// Aborted transactions (page written during the copy).
+    pub tpm_aborts: u64,
+    /// Aborted transactions retried.
+    pub tpm_retries: u64,
+    /// Units moved by stop-and-copy.
+    pub stop_copy: u64,
+    /// Demotions that remapped a shadow.
+    pub shadow_demotions: u64,
+    /// Shadows dropped because the page was written after promotion.
+    pub shadow_invalidations: u64,
+    /// Shadows reclaimed under slow-tier pressure.
+    pub shadow_reclaims: u64,
+    /// Migrations skipped because the destination tier was full.
+    pub skipped_no_space: u64,
+    /// vCPU time blocked in migration userfaults, ms.
+    pub guest_stall_ms: f64,
+}
+
+/// The report's `tracking` object.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrackingCounters {
+    /// Hint faults taken (sampled guest accesses).
+    pub hint_faults: u64,
+    /// Share of vCPU time spent in hint faults, percent.
+    pub tracking_overhead_pct: f64,
+}
+
+impl TieringReport {
+    /// The `migration` object.
+    pub fn migration(&self) -> MigrationCounters {
+        let s = &self.stats;
+        MigrationCounters {
+            promotions: s.promotions,
+            demotions: s.demotions,
+            tpm_commits: s.tpm_commits,
+            tpm_aborts: s.tpm_aborts,
+            tpm_retries: s.tpm_retries,
+            stop_copy: s.stop_copy,
+            shadow_demotions: s.shadow_demotions,
+            shadow_invalidations: s.shadow_invalidations,
+            shadow_reclaims: s.shadow_reclaims,
+            skipped_no_space: s.skipped_no_space,
+            guest_stall_ms: s.guest_stall_ms,
+        }
+    }
+
+    /// The `tracking` object.
+    pub fn tracking(&self) -> TrackingCounters {
+        TrackingCounters {
+            hint_faults: self.stats.hint_faults,
+            tracking_overhead_pct: self.stats.tracking_overhead_pct,
+        }
+    }
+}
+
+/// Tiered guest RAM and the threads that manage it.
+pub struct TieredRam {
+    mem: Arc<TieredMemory>,
+    guest: GuestMemoryMmap,
+    faults: Option<FaultHandler>,
+    migrator: Option<Arc<Migrator>>,
+    chaos: Option<ChaosDriver>,
+    sampler: Option<SamplerHandle>,
+    samples: u64,
+    vcpus: usize,
+    engine: Option<Engine>,
+    engine_report: Option<EngineReport>,
+    cfg: TieringConfig,
+}
+
+impl TieredRam {
+    /// Allocates and places guest RAM per `cfg` and starts the fault handler
+    /// (needed before anything touches guest memory: pages may be in flight).
+    pub fn new(cfg: &TieringConfig, vcpus: u32) -> Result<Self> {
+        let mem = Arc::new(
+            TieredMemory::new(&cfg.mem)
+                .map_err(|e| Error::host("setting up tiered guest RAM", e))?,
+        );
+        // SAFETY: the range is TieredMemory's guest mapping, which stays mapped
+        // for the life of `mem`; `TieredRam` keeps `mem` alive at least as
+        // long as `guest` (fields drop in order and `guest` is never handed
+        // out beyond the runner, which drops it first). vm-memory does not
+        // unmap a raw region.
+        let region = unsafe {
+            MmapRegion::build_raw(
+                mem.guest_ptr(),
+                mem.guest_len(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            )
+        }
+        .map_err(|e| Error::host("wrapping tiered guest RAM", e))?;
+        let region = GuestRegionMmap::new(region, GuestAddress(0)).ok_or_else(|| {
+            Error::Host("tiered guest RAM region overflows the address space".into())
+        })?;
+        let guest = GuestMemoryMmap::from_regions(vec![region])
+            .map_err(|e| Error::host("tiered guest RAM", e))?;
+        let faults = FaultHandler::spawn(mem.clone())
+            .map_err(|e| Error::host("starting the userfaultfd handler", e))?;
+        Ok(Self {
+            mem,
+            guest,
+            faults: Some(faults),
+            migrator: None,
+            chaos: None,
+            sampler: None,
+            samples: 0,
+            vcpus: vcpus as usize,
+            engine: None,
+            engine_report: None,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// Guest memory for loading, page tables and the status page.
+    pub fn guest(&self) -> &GuestMemoryMmap {
+        &self.guest
+    }
+
+    /// The backing.
+    pub fn memory(&self) -> &Arc<TieredMemory> {
+        &self.mem
+    }
+
+    /// Records that the VMM wrote `len` bytes at `gpa` (so shadows and
+    /// transactions see VMM writes as well as guest writes).
+    pub fn note_vmm_write(&self, gpa: u64, len: u64) {
+        let first = (gpa / PAGE_SIZE as u64) as usize;
+        let last = ((gpa + len.max(1) - 1) / PAGE_SIZE as u64) as usize;
+        if first < self.mem.guest_pages() {
+            let count = (last + 1).min(self.mem.guest_pages()) - first;
+            self.mem.vmm_writes().mark(first, count);
+        }
+    }
+
+    /// Turns on manual-protect dirty logging; call before the memslot exists.
+    pub fn prepare_vm(vm: &VmFd) -> Result<()> {
+        enable_manual_dirty_log_protect(vm)
+            .map_err(|e| Error::host("enabling KVM dirty logging", e))
+    }
+
+    /// Starts the migrator (and chaos) once the VM's memslot exists.
+    pub fn start(&mut self, vm: &VmFd) -> Result<()> {
+        let log = KvmDirtyLog::new(vm.as_raw_fd(), RAM_SLOT, self.mem.guest_pages());
+        let migrator = Arc::new(
+            Migrator::new(self.mem.clone(), Box::new(log), MigratorConfig::default())
+                .map_err(|e| Error::host("starting the migrator", e))?,
+        );
+        migrator.set_skip_dirty_check(self.cfg.skip_dirty_check);
+        if let Some(chaos) = &self.cfg.chaos {
+            self.chaos = Some(
+                ChaosDriver::spawn(migrator.clone(), chaos.clone())
+                    .map_err(|e| Error::host("starting the chaos driver", e))?,
+            );
+        }
+        if let Some(e) = &self.cfg.engine {
+            self.engine = Some(Engine::spawn(migrator.clone(), e.clone()).map_err(Error::Usage)?);
+        }
+        self.migrator = Some(migrator);
+        if let Some(sc) = &self.cfg.sampler {
+            let mut sc = sc.clone();
+            sc.vcpus = self.vcpus.max(1);
+            self.sampler = Some(
+                HintSampler::new(self.mem.clone(), sc)
+                    .spawn()
+                    .map_err(|e| Error::host("starting the hint-fault sampler", e))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Drains the access samples recorded since the last call (the policy
+    /// engine will consume them; for now they are counted).
+    pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
+        if self.engine.is_some() {
+            // The engine consumes them.
+            return Vec::new();
+        }
+        let s = self.mem.drain_samples();
+        self.samples += s.len() as u64;
+        s
+    }
+
+    /// Stops migration and sampling (the guest may still be running).
+    pub fn stop_migration(&mut self) -> Result<Option<ChaosReport>> {
+        if let Some(e) = self.engine.take() {
+            self.engine_report = Some(
+                e.stop()
+                    .map_err(|e| Error::host("stopping the tiering engine", e))?,
+            );
+        }
+        if let Some(s) = self.sampler.take() {
+            let mut sampler = s
+                .stop()
+                .map_err(|e| Error::host("stopping the hint-fault sampler", e))?;
+            sampler
+                .unpark_all()
+                .map_err(|e| Error::host("unparking sampled pages", e))?;
+        }
+        match self.chaos.take() {
+            Some(c) => c
+                .stop()
+                .map(Some)
+                .map_err(|e| Error::host("stopping the chaos driver", e)),
+            None => Ok(None),
+        }
+    }
+
+    /// Stops everything and reports; call after the vCPUs are gone.
+    pub fn finish(mut self, chaos: Option<ChaosReport>) -> Result<TieringReport> {
+        self.drain_samples();
+        let chaos = match chaos {
+            Some(c) => Some(c),
+            None => self.stop_migration()?,
+        };
+        if let Some(m) = &self.migrator {
+            // A last harvest so write counts and invalidations are complete.
+            let _ = m.harvest();
+        }
+        if let Some(f) = self.faults.take() {
+            f.stop()
+                .map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
+        }
+        self.mem
+            .check_consistency()
+            .map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
+        Ok(TieringReport {
+            policy: format!("{:?}", self.cfg.policy).to_lowercase(),
+            emulated: self.mem.emulated(),
+            setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
+            stats: self.mem.stats(),
+            chaos,
+            samples: self.samples + self.engine_report.as_ref().map_or(0, |e| e.samples),
+            engine: self.engine_report.take(),
+        })
+    }
+}
