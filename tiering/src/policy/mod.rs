@@ -31,7 +31,7 @@ pub use types::*;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     /// The name matches no policy.
-    #[error("unknown policy `{name}`; valid policies: {}", NAMES.join(", "))]
+    #[error("unknown policy `{name}`; valid policies: {} (variants: {})", NAMES.join(", "), VARIANTS.join(", "))]
     UnknownPolicy {
         /// The name given.
         name: String,
@@ -43,6 +43,9 @@ pub enum Error {
 
 /// Names accepted by [`by_name`], in the order tables list them.
 pub const NAMES: &[&str] = &["static", "tpp", "nomad", "memtis", "colloid", "mtm"];
+/// Variants also accepted by [`by_name`]: TPP with the active-LRU check the
+/// Nomad paper's TPP had, Memtis-QuickCool, and Colloid's base tracker alone.
+pub const VARIANTS: &[&str] = &["tpp-lru", "memtis-quickcool", "colloid-base"];
 
 /// A placement policy. See the module docs.
 pub trait Policy: Send {
