@@ -44,6 +44,7 @@ pub struct Memtis {
     interval_ns: u64,
     tiers: usize,
     threshold_bin: usize,
+    quick_cool: bool,
 }
 
 impl Memtis {
@@ -66,6 +67,7 @@ impl Memtis {
             interval_ns,
             tiers: config.tiers(),
             threshold_bin: 1,
+            quick_cool: cooling_period_samples == QUICK_COOL_PERIOD_SAMPLES,
         }
     }
 
@@ -99,7 +101,11 @@ impl Memtis {
 
 impl Policy for Memtis {
     fn name(&self) -> &'static str {
-        "memtis"
+        if self.quick_cool {
+            "memtis-quickcool"
+        } else {
+            "memtis"
+        }
     }
 
     fn trackers(&self) -> TrackerRequest {

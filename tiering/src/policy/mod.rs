@@ -31,7 +31,7 @@ pub use types::*;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     /// The name matches no policy.
-    #[error("unknown policy `{name}`; valid policies: {}", NAMES.join(", "))]
+    #[error("unknown policy `{name}`; valid policies: {} (variants: {})", NAMES.join(", "), VARIANTS.join(", "))]
     UnknownPolicy {
         /// The name given.
         name: String,
@@ -43,6 +43,9 @@ pub enum Error {
 
 /// Names accepted by [`by_name`], in the order tables list them.
 pub const NAMES: &[&str] = &["static", "tpp", "nomad", "memtis", "colloid", "mtm"];
+/// Variants also accepted by [`by_name`]: TPP with the active-LRU check the
+/// Nomad paper's TPP had, Memtis-QuickCool, and Colloid's base tracker alone.
+pub const VARIANTS: &[&str] = &["tpp-lru", "memtis-quickcool", "colloid-base"];
 
 /// A placement policy. See the module docs.
 pub trait Policy: Send {
@@ -137,5 +140,47 @@ mod tests {
             assert_eq!(by_name(n, &cfg).map(|p| p.name()).ok(), Some(*n));
         }
         assert!(by_name("tpp", &PolicyConfig::new(0, vec![1])).is_err());
+    }
+
+    #[test]
+    fn switching_hands_hotness_over() {
+        use testutil::{obs, VecView};
+        let cfg = PolicyConfig::new(100, vec![20, 100]);
+        let mut v = VecView::two_tier(100, 10);
+        let caps = [20, 100];
+        let st = v.status(&caps);
+        // Memtis learns that slow page 70 is hot and 30 other slow pages are warm.
+        let mut memtis = by_name("memtis", &cfg).unwrap();
+        let mut samples: Vec<AccessSample> = (0..6)
+            .map(|_| AccessSample {
+                page: 70,
+                tier: 1,
+                write: false,
+            })
+            .collect();
+        samples.extend((30..60).map(|page| AccessSample {
+            page,
+            tier: 1,
+            write: false,
+        }));
+        memtis.tick(&obs(1, &st, &samples), &mut v);
+        let state = memtis.export_state();
+        assert_eq!(state.hot_pages.first().map(|h| h.0), Some(70));
+        // Colloid built from that state promotes page 70 at its first quantum
+        // (no samples of its own): the default tier is faster, so it packs it.
+        let mut colloid = switch_to("colloid", &cfg, &state).unwrap();
+        let mut st2 = v.status(&caps);
+        st2[0].loaded_latency_ns = Some(80.0);
+        st2[1].loaded_latency_ns = Some(140.0);
+        st2[0].request_rate = Some(1e8);
+        st2[1].request_rate = Some(1e8);
+        let d = colloid.tick(&obs(2, &st2, &[]), &mut v);
+        assert!(
+            d.migrations.iter().any(|m| m.unit.page == 70 && m.to == 0),
+            "{d:?}"
+        );
+        // A fresh Colloid knows nothing and moves nothing.
+        let mut fresh = by_name("colloid", &cfg).unwrap();
+        assert!(fresh.tick(&obs(2, &st2, &[]), &mut v).migrations.is_empty());
     }
 }

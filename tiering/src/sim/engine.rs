@@ -455,7 +455,7 @@ pub fn run_with(
             gib_pages(hot_gib),
             hot_prob,
             scn.write_ratio,
-            &mut layout_rng,
+            layout_rng.next_u64(),
         )),
         WorkloadSpec::GaussianHot {
             hot_fraction,

@@ -82,7 +82,7 @@ fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenar
         access_bytes: 64.0,
         antagonist: None,
         duration_s: 200.0,
-        scale: 1024.0,
+        scale: 256.0,
         seed: 1,
         costs: CostModel::default(),
         promote_rate_limit_mbps: None,

@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 use tiervm_guest::gen::{Rng, Zipf};
+use tiervm_guest::workloads::gups::{GupsParams, GupsPattern};
+use tiervm_guest::workloads::zipf::{ZipfParams, ZipfPattern};
+use tiervm_guest::workloads::PAGE_SIZE;
 
 /// One access: a page (in the modeled, scaled page space) and whether it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,8 +92,16 @@ pub struct TableZipf {
 impl TableZipf {
     /// Items in `0..n` (`n <= 2^32 - 1`), skew `theta`, scrambled like the guest's.
     pub fn new(n: u64, theta: f64, scrambled: bool) -> Self {
-        let z = Zipf::new(n.clamp(1, u64::from(u32::MAX)), theta, scrambled);
-        let n = z.items();
+        Self::from_zipf(&Zipf::new(
+            n.clamp(1, u64::from(u32::MAX)),
+            theta,
+            scrambled,
+        ))
+    }
+
+    /// The table for the guest generator `z` (at most 2^32 - 1 items).
+    pub fn from_zipf(z: &Zipf) -> Self {
+        let n = z.items().min(u64::from(u32::MAX));
         let theta = z.theta();
         let zetan = tiervm_guest::gen::zipf::zeta(n, theta);
         let zeta2 = tiervm_guest::gen::zipf::zeta(2.min(n), theta);
@@ -153,22 +164,40 @@ impl TableZipf {
     }
 }
 
-/// Nomad's Zipf stream over pages `[first, first + n)`.
+/// Nomad's Zipf stream: `tiervm_guest::workloads::zipf::ZipfPattern` over
+/// the modeled page space, with the guest's draw order (rank, slot within
+/// the page, write) so the same seed gives the guest's page sequence; the
+/// rank comes from [`TableZipf`].
 #[derive(Clone, Debug)]
 pub struct ZipfStream {
     zipf: TableZipf,
     first: u64,
+    slots_per_page: u64,
     write_ratio: f64,
 }
 
 impl ZipfStream {
+    /// From the guest workload's parameters (`rss`, `wss` in modeled bytes).
+    pub fn from_params(p: &ZipfParams) -> Self {
+        let pattern = ZipfPattern::new(p);
+        Self {
+            zipf: TableZipf::from_zipf(pattern.zipf()),
+            first: (p.rss - p.wss) / PAGE_SIZE,
+            slots_per_page: PAGE_SIZE / p.stride.max(1),
+            write_ratio: p.write_ratio,
+        }
+    }
+
     /// Scrambled Zipf over `n` pages starting at `first`.
     pub fn new(first: u64, n: u64, theta: f64, write_ratio: f64) -> Self {
-        Self {
-            zipf: TableZipf::new(n, theta, true),
-            first,
-            write_ratio,
-        }
+        Self::from_params(&ZipfParams {
+            rss: (first + n.max(1)) * PAGE_SIZE,
+            wss: n.max(1) * PAGE_SIZE,
+            theta,
+            write_ratio: write_ratio.clamp(0.0, 1.0),
+            stride: 64,
+            scrambled: true,
+        })
     }
 }
 
@@ -176,98 +205,53 @@ impl AccessStream for ZipfStream {
     #[inline]
     fn next_access(&mut self, rng: &mut Rng) -> PageAccess {
         let page = self.first + self.zipf.next(rng);
-        let write =
-            self.write_ratio >= 1.0 || (self.write_ratio > 0.0 && rng.chance(self.write_ratio));
+        let _slot = rng.below(self.slots_per_page); // keeps the guest's draw order
+        let write = self.write_ratio > 0.0 && rng.chance(self.write_ratio);
         PageAccess { page, write }
     }
 }
 
-/// An affine permutation of `0..n` (`(a * i + b) mod n` with `gcd(a, n) = 1`),
-/// to pick a random-looking hot set without a table.
-#[derive(Clone, Copy, Debug)]
-pub struct AffinePermutation {
-    n: u64,
-    a: u64,
-    b: u64,
-}
-
-impl AffinePermutation {
-    /// A permutation of `0..n` drawn from `rng`.
-    pub fn new(n: u64, rng: &mut Rng) -> Self {
-        let n = n.max(1);
-        let mut a = (rng.below(n) | 1) % n.max(2);
-        while gcd(a, n) != 1 {
-            a = (a + 1) % n.max(2);
-            if a == 0 {
-                a = 1;
-            }
-        }
-        Self {
-            n,
-            a,
-            b: rng.below(n),
-        }
-    }
-
-    /// Image of `i`.
-    #[inline]
-    pub fn apply(&self, i: u64) -> u64 {
-        ((u128::from(self.a) * u128::from(i % self.n) + u128::from(self.b)) % u128::from(self.n))
-            as u64
-    }
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
-/// GUPS over `n` pages.
+/// GUPS: `tiervm_guest::workloads::gups::GupsPattern` over `n` modeled
+/// pages (its hot set, its draws). The guest always writes (read+update);
+/// a `write_ratio` below 1 draws the write flag afterwards.
 #[derive(Clone, Debug)]
 pub struct GupsStream {
-    n: u64,
-    hot: u64,
-    hot_prob: f64,
-    perm: AffinePermutation,
-    hot_table: Vec<u64>,
+    pattern: GupsPattern,
     write_ratio: f64,
 }
 
 impl GupsStream {
-    /// GUPS with `hot` hot pages out of `n`.
-    pub fn new(n: u64, hot: u64, hot_prob: f64, write_ratio: f64, layout_rng: &mut Rng) -> Self {
-        let perm = AffinePermutation::new(n, layout_rng);
-        let hot = hot.clamp(1, n.max(1));
-        let hot_table = (0..hot).map(|i| perm.apply(i)).collect();
+    /// GUPS with `hot` hot pages out of `n`, hot set chosen by `seed`.
+    pub fn new(n: u64, hot: u64, hot_prob: f64, write_ratio: f64, seed: u64) -> Self {
+        let n = n.max(1);
+        let params = GupsParams {
+            size: n * PAGE_SIZE,
+            hot_size: hot.clamp(1, n) * PAGE_SIZE,
+            hot_prob: hot_prob.clamp(0.0, 1.0),
+            object: 64,
+        };
         Self {
-            n: n.max(1),
-            hot,
-            hot_prob,
-            perm,
-            hot_table,
+            pattern: GupsPattern::new(&params, seed),
             write_ratio,
         }
     }
 
     /// The hot pages.
     pub fn hot_pages(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.hot).map(|i| self.perm.apply(i))
+        (0..self.pattern.hot_pages()).map(|i| self.pattern.hot_page(i))
     }
 }
 
 impl AccessStream for GupsStream {
     #[inline]
     fn next_access(&mut self, rng: &mut Rng) -> PageAccess {
-        let page = if rng.chance(self.hot_prob) {
-            self.hot_table[rng.below(self.hot) as usize]
-        } else {
-            rng.below(self.n)
-        };
+        let a = self.pattern.next_access(rng);
         let write =
             self.write_ratio >= 1.0 || (self.write_ratio > 0.0 && rng.chance(self.write_ratio));
-        PageAccess { page, write }
+        PageAccess {
+            page: a.addr / PAGE_SIZE,
+            write,
+        }
     }
 }
 
@@ -369,20 +353,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn affine_permutation_is_a_bijection() {
-        let mut rng = Rng::new(1);
-        for n in [1u64, 2, 10, 97, 1024] {
-            let p = AffinePermutation::new(n, &mut rng);
-            let mut seen = vec![false; n as usize];
-            for i in 0..n {
-                let j = p.apply(i) as usize;
-                assert!(!seen[j]);
-                seen[j] = true;
-            }
-        }
-    }
-
-    #[test]
     fn table_zipf_matches_the_guest_generator() {
         for (n, theta) in [(1000u64, 0.99), (50_000, 0.99), (7, 0.5), (1, 0.99)] {
             let guest = Zipf::new(n, theta, true);
@@ -408,9 +378,48 @@ mod tests {
     }
 
     #[test]
+    fn streams_replay_the_guest_patterns() {
+        let p = ZipfParams {
+            rss: 3000 * PAGE_SIZE,
+            wss: 2000 * PAGE_SIZE,
+            theta: 0.99,
+            write_ratio: 0.3,
+            stride: 64,
+            scrambled: true,
+        };
+        let guest = ZipfPattern::new(&p);
+        let mut sim = ZipfStream::from_params(&p);
+        let (mut a, mut b) = (Rng::new(11), Rng::new(11));
+        let n = 100_000;
+        let same = (0..n)
+            .filter(|_| {
+                let g = guest.next_access(&mut a);
+                let s = sim.next_access(&mut b);
+                g.addr / PAGE_SIZE == s.page && g.write == s.write
+            })
+            .count();
+        assert!(same as f64 >= n as f64 * 0.9999, "{same}");
+        let gp = GupsParams {
+            size: 1000 * PAGE_SIZE,
+            hot_size: 100 * PAGE_SIZE,
+            hot_prob: 0.9,
+            object: 64,
+        };
+        let guest = GupsPattern::new(&gp, 4);
+        let mut sim = GupsStream::new(1000, 100, 0.9, 1.0, 4);
+        let (mut a, mut b) = (Rng::new(3), Rng::new(3));
+        for _ in 0..10_000 {
+            assert_eq!(
+                guest.next_access(&mut a).addr / PAGE_SIZE,
+                sim.next_access(&mut b).page
+            );
+        }
+    }
+
+    #[test]
     fn gups_hot_share() {
         let mut rng = Rng::new(2);
-        let mut g = GupsStream::new(1000, 100, 0.9, 1.0, &mut rng);
+        let mut g = GupsStream::new(1000, 100, 0.9, 1.0, 7);
         let hot: std::collections::HashSet<u64> = g.hot_pages().collect();
         let n = 100_000;
         let hits = (0..n)

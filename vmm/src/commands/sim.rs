@@ -265,7 +265,11 @@ fn list() -> String {
     for scn in sim::builtins() {
         s.push_str(&format!("  {:<18} {}\n", scn.name, scn.about));
     }
-    s.push_str(&format!("policies: {}\n", NAMES.join(", ")));
+    s.push_str(&format!(
+        "policies: {} (variants: {})\n",
+        NAMES.join(", "),
+        tiering::policy::VARIANTS.join(", ")
+    ));
     s
 }
 
