@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use vmm::commands::{info, native, run};
+use vmm::commands::{info, native, run, sim};
 use vmm::error::Error;
 
 /// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
@@ -23,6 +23,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Run a built-in workload natively on host threads (the no-VM baseline).
     Native(native::NativeArgs),
+    /// Compare policies in the deterministic simulator (modeled tiers).
+    Sim(sim::SimArgs),
     /// List the built-in images and their arguments.
     Images,
 }
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
             .map(|()| 0)
             .map_err(|e| Error::Host(e.to_string())),
         Command::Native(a) => native::run(a),
+        Command::Sim(a) => sim::run(a).map_err(|e| Error::Usage(e.to_string())),
         Command::Images => {
             print_images();
             Ok(0)

@@ -125,7 +125,7 @@ fn parse_secs(s: &str) -> Option<Duration> {
         (s, 1.0)
     };
     let v: f64 = n.parse().ok()?;
-    (v.is_finite() && v >= 0.0 && v < 1e9).then(|| Duration::from_secs_f64(v * mult))
+    (v.is_finite() && (0.0..1e9).contains(&v)).then(|| Duration::from_secs_f64(v * mult))
 }
 
 /// What the engine did.

@@ -3,3 +3,4 @@
 pub mod info;
 pub mod native;
 pub mod run;
+pub mod sim;
