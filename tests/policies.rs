@@ -54,6 +54,10 @@ fn thrash(policy: PolicyArg) -> VmRequest {
     // pages carry shadows that a later demotion can remap.
     r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
     r.tiering.policy = Some(policy);
+    // A generous sampling budget so the fast tier fills and demotions start
+    // within the run.
+    r.tiering.tracking = Some(vmm::tiering_config::TrackingArg::HintFaults);
+    r.tiering.tracking_budget_pct = Some(25.0);
     r
 }
 

@@ -11,6 +11,9 @@ use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, 
 use crate::error::{Error, Result};
 use crate::units::format_size;
 
+/// Hint-fault budget of placement policies (MTM's overhead target, §3.2).
+pub const POLICY_TRACKING_BUDGET_PCT: f64 = 5.0;
+
 /// Initial placement of guest pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -367,6 +370,11 @@ impl TieringRequest {
             TrackingArg::Off => None,
             TrackingArg::HintFaults => {
                 let mut c = SamplerConfig::default();
+                if wants_samples {
+                    // Placement policies get MTM's 5% profiling budget; an
+                    // idle engine (static) keeps the 2% default.
+                    c.budget_pct = POLICY_TRACKING_BUDGET_PCT;
+                }
                 if let Some(n) = self.scan_pages {
                     if n == 0 {
                         return Err(Error::Usage(

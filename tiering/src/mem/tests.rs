@@ -326,9 +326,19 @@ fn sampler_records_touches_and_obeys_its_budget() {
         min_scan_pages: 8,
         max_scan_pages: 256,
         period: std::time::Duration::from_millis(50),
-        budget_pct: 0.0001,
+        budget_pct: 100.0,
         vcpus: 1,
     };
+    // A tiny budget sizes the first window down to the minimum.
+    let tight = HintSampler::new(
+        mem.clone(),
+        SamplerConfig {
+            budget_pct: 0.0001,
+            ..cfg.clone()
+        },
+    );
+    assert_eq!(tight.scan_pages(), 8, "first window sized by the budget");
+    drop(tight);
     let mut s = HintSampler::new(mem.clone(), cfg);
     let t = s.tick().unwrap();
     assert_eq!(t.parked, 64);
@@ -345,7 +355,8 @@ fn sampler_records_touches_and_obeys_its_budget() {
     let t = s.tick().unwrap();
     assert_eq!(t.untouched, 62);
     assert!(t.overhead_pct > 0.0);
-    assert_eq!(t.scan_pages, 32, "over budget: the scan size halves");
+    assert!(t.overhead_pct < 100.0);
+    assert_eq!(t.scan_pages, 96, "under budget: the scan size grows 1.5x");
     s.unpark_all().unwrap();
     faults.stop().unwrap();
     let st = mem.stats();
