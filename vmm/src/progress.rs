@@ -44,8 +44,12 @@ impl ProgressLine {
         }
         s.push_str(&format!("{:.1} s", self.elapsed_s));
         if let Some(d) = self.duration_s {
-            let left = (d - self.elapsed_s).max(0.0);
-            s.push_str(&format!(" of {d:.1} s ({left:.1} s left)"));
+            let left = d - self.elapsed_s;
+            if left > 0.0 {
+                s.push_str(&format!(" of {d:.1} s ({left:.1} s left)"));
+            } else {
+                s.push_str(&format!(" of {d:.1} s (stopping)"));
+            }
         }
         match self.ops_per_sec {
             Some(r) => s.push_str(&format!("  {} ops/s", si(r))),
@@ -242,6 +246,11 @@ mod tests {
         p.update(1.0, 0);
         let l = p.update(2.0, 2_500_000);
         assert_eq!(l.render(""), "2.0 s  2.50M ops/s");
+        let mut p = Progress::new("", Some(Duration::from_secs(1)), None);
+        assert_eq!(
+            p.update(1.5, 0).render("a"),
+            "[a] 1.5 s of 1.0 s (stopping)  - ops/s"
+        );
     }
 
     #[test]
