@@ -132,6 +132,12 @@ impl Progress {
         self
     }
 
+    /// Sets the tiering probe once the tiered memory exists (e.g. from a
+    /// hook called when the run starts).
+    pub fn set_probe(&mut self, probe: TierProbe) {
+        self.probe = Some(probe);
+    }
+
     /// Whether anything is drawn.
     pub fn is_enabled(&self) -> bool {
         self.out.is_some()

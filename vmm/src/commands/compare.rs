@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::commands::run::{exit_code_of, ReportFormat};
+use crate::commands::run::exit_code_of;
 use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use crate::devices::serial::Sink;
 use crate::error::{Error, Result};
@@ -34,6 +34,16 @@ const NOT_DEFAULT: [PolicyArg; 2] = [PolicyArg::None, PolicyArg::Chaos];
 
 /// Guest console lines kept in a failed run's error message.
 const CONSOLE_TAIL_LINES: usize = 3;
+
+/// What `tiervm compare` prints on stdout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum CompareFormat {
+    /// The table (and the failed runs).
+    #[default]
+    Human,
+    /// The results.json object on one line (schema: docs/compare.md).
+    Json,
+}
 
 /// VM flags shared with `tiervm run` (same names, defaults and meaning).
 #[derive(Clone, Debug, Args)]
@@ -116,8 +126,8 @@ pub struct CompareArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Output on stdout: a table, or the results as one JSON object.
-    #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
-    pub report: ReportFormat,
+    #[arg(long, value_enum, default_value_t = CompareFormat::Human)]
+    pub report: CompareFormat,
     /// No live progress line and no per-run lines on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -933,25 +943,29 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         setup,
         runs,
     };
-    if let Some(dir) = &args.out {
-        write_outputs(dir, &results)?;
-    }
+    // Print what was measured even when writing the files fails.
+    let written = args
+        .out
+        .as_deref()
+        .map(|dir| write_outputs(dir, &results))
+        .transpose();
     match args.report {
-        ReportFormat::Human => {
+        CompareFormat::Human => {
             print!("{}", format_human(&results));
-            if let Some(dir) = &args.out {
+            if let (Some(dir), Ok(Some(()))) = (&args.out, &written) {
                 println!(
                     "\nWrote results.json, results.csv, throughput.svg, migrations.svg to {}",
                     dir.display()
                 );
             }
         }
-        ReportFormat::Json => {
+        CompareFormat::Json => {
             let s = serde_json::to_string(&results)
                 .map_err(|e| Error::host("encoding the results", e))?;
             println!("{s}");
         }
     }
+    written?;
     Ok(if results.runs.iter().all(|r| r.ok) {
         0
     } else {
