@@ -64,6 +64,44 @@ fn gups_boots_and_reports() {
 }
 
 #[test]
+fn kv_boots_and_reports_latency() {
+    if !kvm_available("kv_boots_and_reports_latency") {
+        return;
+    }
+    let (r, console) = run(&request(
+        "kv",
+        MEM,
+        2,
+        Duration::ZERO,
+        &["records=20000", "value_size=256", "ops=50000"],
+    ));
+    assert_eq!(r.exit_code, Some(0), "{console}");
+    assert_eq!(r.guest_metrics.get("misses"), Some(&0.0));
+    assert!(r.ops >= 100_000, "ops {}", r.ops);
+    let (p50, p99) = (r.guest_metrics["p50_ns"], r.guest_metrics["p99_ns"]);
+    assert!(p50 > 0.0 && p99 >= p50, "p50 {p50} p99 {p99}");
+}
+
+#[test]
+fn pagerank_boots_and_conserves_rank() {
+    if !kvm_available("pagerank_boots_and_conserves_rank") {
+        return;
+    }
+    let (r, console) = run(&request(
+        "pagerank",
+        MEM,
+        2,
+        Duration::ZERO,
+        &["scale=14", "degree=8", "iterations=5"],
+    ));
+    assert_eq!(r.exit_code, Some(0), "{console}");
+    assert_eq!(r.guest_metrics.get("iterations"), Some(&5.0));
+    assert_eq!(r.guest_metrics.get("edges"), Some(&(8.0 * 16384.0)));
+    assert!(r.guest_metrics["iteration_ms_avg"] > 0.0);
+    assert!(r.ops > 0);
+}
+
+#[test]
 fn memcheck_untouched_exits_zero() {
     if !kvm_available("memcheck_untouched_exits_zero") {
         return;

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const IMAGES: &[&str] = &["zipf", "gups", "memcheck"];
+const IMAGES: &[&str] = &["zipf", "gups", "memcheck", "kv", "pagerank"];
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 fn main() {

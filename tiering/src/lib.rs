@@ -8,9 +8,12 @@
 //! - [`mem`]: tiered backing memory, dirty harvesting, access tracking and the
 //!   migration mechanisms (transactional migration, stop-and-copy, shadows).
 //! - [`policy`]: placement policies as pure code (observations in, decisions out).
+//! - [`engine`]: the live per-VM loop that feeds observations to a policy and
+//!   executes its decisions with the mechanisms.
 //! - [`sim`]: a deterministic, trace-driven simulator that runs the same policies
 //!   against modeled tiers.
 
+pub mod engine;
 pub mod host;
 pub mod mem;
 pub mod policy;

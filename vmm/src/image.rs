@@ -15,16 +15,25 @@ use crate::error::{Error, Result};
 /// Largest image file tiervm reads.
 pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 
-static ZIPF: &[u8] = include_bytes!(env!("TIERVM_IMAGE_ZIPF"));
-static GUPS: &[u8] = include_bytes!(env!("TIERVM_IMAGE_GUPS"));
-static MEMCHECK: &[u8] = include_bytes!(env!("TIERVM_IMAGE_MEMCHECK"));
+/// Embedded bytes aligned to 8: `object` parses ELF headers in place and
+/// rejects a misaligned buffer, and `include_bytes!` alone only guarantees 1.
+#[repr(C, align(8))]
+struct Aligned<B: ?Sized>(B);
+
+static ZIPF: &Aligned<[u8]> = &Aligned(*include_bytes!(env!("TIERVM_IMAGE_ZIPF")));
+static GUPS: &Aligned<[u8]> = &Aligned(*include_bytes!(env!("TIERVM_IMAGE_GUPS")));
+static MEMCHECK: &Aligned<[u8]> = &Aligned(*include_bytes!(env!("TIERVM_IMAGE_MEMCHECK")));
+static KV: &Aligned<[u8]> = &Aligned(*include_bytes!(env!("TIERVM_IMAGE_KV")));
+static PAGERANK: &Aligned<[u8]> = &Aligned(*include_bytes!(env!("TIERVM_IMAGE_PAGERANK")));
 
 /// The ELF bytes of built-in image `name`.
 pub fn builtin_bytes(name: &str) -> Option<&'static [u8]> {
     Some(match name {
-        "zipf" => ZIPF,
-        "gups" => GUPS,
-        "memcheck" => MEMCHECK,
+        "zipf" => &ZIPF.0,
+        "gups" => &GUPS.0,
+        "memcheck" => &MEMCHECK.0,
+        "kv" => &KV.0,
+        "pagerank" => &PAGERANK.0,
         _ => return None,
     })
 }

@@ -277,7 +277,9 @@ pub fn run(
         crash,
         tiers: tiering.as_ref().map(|t| t.stats.tiers.clone()),
         migration: tiering.as_ref().map(TieringReport::migration),
-        tracking: tiering.as_ref().map(TieringReport::tracking),
+        tracking: tiering
+            .as_ref()
+            .map(|t| t.tracking(cfg.vcpus, end.duration_since(run_start).as_secs_f64())),
         tiering,
     })
 }

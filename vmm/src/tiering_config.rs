@@ -4,6 +4,8 @@
 use clap::ValueEnum;
 use std::time::Duration;
 
+use tiering::engine::{parse_schedule, EngineConfig, ModeledLatency};
+
 use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, PAGE_SIZE};
 
 use crate::error::{Error, Result};
@@ -33,6 +35,31 @@ pub enum PolicyArg {
     Static,
     /// Torture mode: random units migrate at --chaos-rate regardless of hotness.
     Chaos,
+    /// Linux 6.3 TPP: hint faults on slow pages, promotion in the fault path.
+    Tpp,
+    /// Nomad: TPP's signal, candidate/pending queues, async TPM, shadows.
+    Nomad,
+    /// Memtis: access histogram, cooling, background migration.
+    Memtis,
+    /// Colloid: balances the tiers' loaded latencies (modeled here).
+    Colloid,
+    /// MTM: adaptive regions, one histogram, fast promotion / slow demotion.
+    Mtm,
+}
+
+impl PolicyArg {
+    /// The placement policy's name in `tiering::policy`, for policies run by the engine.
+    pub fn engine_policy(self) -> Option<&'static str> {
+        Some(match self {
+            Self::None | Self::Chaos => return None,
+            Self::Static => "static",
+            Self::Tpp => "tpp",
+            Self::Nomad => "nomad",
+            Self::Memtis => "memtis",
+            Self::Colloid => "colloid",
+            Self::Mtm => "mtm",
+        })
+    }
 }
 
 /// Migration mechanism for chaos.
@@ -91,6 +118,8 @@ pub struct TieringRequest {
     pub scan_period: Option<Duration>,
     /// `--tracking-budget` (percent of vCPU time).
     pub tracking_budget_pct: Option<f64>,
+    /// `--policy-schedule` (e.g. `nomad@0s,tpp@20s`).
+    pub policy_schedule: Option<String>,
 }
 
 /// Access tracking.
@@ -121,6 +150,7 @@ impl Default for TieringRequest {
             scan_pages: None,
             scan_period: None,
             tracking_budget_pct: None,
+            policy_schedule: None,
         }
     }
 }
@@ -138,6 +168,8 @@ pub struct TieringConfig {
     pub skip_dirty_check: bool,
     /// Hint-fault sampler settings when tracking is on.
     pub sampler: Option<SamplerConfig>,
+    /// The policy engine, for the placement policies.
+    pub engine: Option<EngineConfig>,
 }
 
 /// Parses `P:D` with positive integer weights.
@@ -291,7 +323,41 @@ impl TieringRequest {
         let tracking_flags = self.scan_pages.is_some()
             || self.scan_period.is_some()
             || self.tracking_budget_pct.is_some();
-        let sampler = match self.tracking.unwrap_or(TrackingArg::Off) {
+        let engine = match (policy.engine_policy(), &self.policy_schedule) {
+            (None, Some(_)) => {
+                return Err(Error::Usage(
+                    "--policy-schedule needs a placement policy (static, tpp, nomad, memtis, colloid, mtm)".into(),
+                ))
+            }
+            (None, None) => None,
+            (Some(first), sched) => {
+                let schedule = match sched {
+                    Some(s) => parse_schedule(s).map_err(|e| Error::Usage(format!("--policy-schedule: {e}")))?,
+                    None => Vec::new(),
+                };
+                // A schedule starting at 0 names the first policy itself.
+                let first = match schedule.first() {
+                    Some(s) if s.at.is_zero() => s.policy.clone(),
+                    _ => first.to_string(),
+                };
+                Some(EngineConfig {
+                    policy: first,
+                    schedule,
+                    modeled_latency: Some(ModeledLatency::default()),
+                })
+            }
+        };
+        // Policies other than static need access samples: hint faults at
+        // the policy's scan rate unless --tracking says otherwise.
+        let wants_samples = engine.as_ref().is_some_and(|e| {
+            e.policy != "static" || e.schedule.iter().any(|s| s.policy != "static")
+        });
+        let default_tracking = if wants_samples {
+            TrackingArg::HintFaults
+        } else {
+            TrackingArg::Off
+        };
+        let sampler = match self.tracking.unwrap_or(default_tracking) {
             TrackingArg::Off if tracking_flags => {
                 return Err(Error::Usage(
                     "--scan-pages/--scan-period/--tracking-budget need --tracking hint-faults"
@@ -334,6 +400,7 @@ impl TieringRequest {
             chaos,
             skip_dirty_check: self.skip_dirty_check,
             sampler,
+            engine,
         }))
     }
 }

@@ -14,7 +14,9 @@ use crate::abi::Phase;
 use crate::args::{ArgKind, ArgSpec, Args, ImageSpec};
 
 pub mod gups;
+pub mod kv;
 pub mod memcheck;
+pub mod pagerank;
 pub mod zipf;
 
 /// Words at the start of the heap reserved for cross-vCPU accumulators.
@@ -78,7 +80,13 @@ pub const OPS_ARG: ArgSpec = ArgSpec {
 };
 
 /// The built-in images.
-pub const IMAGES: &[&ImageSpec] = &[&zipf::SPEC, &gups::SPEC, &memcheck::SPEC];
+pub const IMAGES: &[&ImageSpec] = &[
+    &zipf::SPEC,
+    &gups::SPEC,
+    &memcheck::SPEC,
+    &kv::SPEC,
+    &pagerank::SPEC,
+];
 
 /// The spec of built-in image `name`.
 pub fn image_spec(name: &str) -> Option<&'static ImageSpec> {
@@ -91,6 +99,8 @@ pub fn heap_need(name: &str, args: &Args<'_>) -> Option<u64> {
         "zipf" => zipf::ZipfParams::from_args(args).rss,
         "gups" => gups::GupsParams::from_args(args).size,
         "memcheck" => memcheck::MemcheckParams::from_args(args).bytes_needed(),
+        "kv" => kv::KvParams::from_args(args).layout().bytes,
+        "pagerank" => pagerank::PagerankParams::from_args(args).layout().bytes,
         _ => return None,
     };
     Some(SCRATCH_BYTES + data)
@@ -102,6 +112,8 @@ pub fn run_by_name<E: Env>(name: &str, env: &E, mem: &[AtomicU64]) -> Option<u32
         "zipf" => zipf::run(env, mem),
         "gups" => gups::run(env, mem),
         "memcheck" => memcheck::run(env, mem),
+        "kv" => kv::run(env, mem),
+        "pagerank" => pagerank::run(env, mem),
         _ => return None,
     })
 }

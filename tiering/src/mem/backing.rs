@@ -33,6 +33,25 @@ pub enum Placement {
     Interleave,
 }
 
+impl std::str::FromStr for Placement {
+    type Err = String;
+    /// Parses `fast-first`, `slow-first`, `interleave` or `random:SEED`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fast-first" => Ok(Placement::FastFirst),
+            "slow-first" => Ok(Placement::SlowFirst),
+            "interleave" => Ok(Placement::Interleave),
+            "random" => Ok(Placement::Random { seed: 0 }),
+            _ => match s.strip_prefix("random:").map(str::parse::<u64>) {
+                Some(Ok(seed)) => Ok(Placement::Random { seed }),
+                _ => Err(format!(
+                    "unknown placement '{s}': use fast-first, slow-first, interleave or random:SEED"
+                )),
+            },
+        }
+    }
+}
+
 /// Configuration of a [`TieredMemory`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct MemConfig {
@@ -96,7 +115,25 @@ pub struct TieredMemory {
     pub(crate) park_epoch: Mutex<Instant>,
     overhead_pct_bits: AtomicU64,
     setup_time: Duration,
+    fault_path_hook: HookSlot,
 }
+
+/// Holder of the fault-path hook (a closure has no `Debug`).
+#[derive(Default)]
+struct HookSlot(std::sync::RwLock<Option<FaultPathHook>>);
+
+impl std::fmt::Debug for HookSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookSlot")
+    }
+}
+
+/// Asked by the fault handler when the guest touches a parked slow page:
+/// `true` = promote it now, before the faulting access resumes (TPP's
+/// promotion in the NUMA-hint-fault path). The sample passed in is the hint
+/// fault; when a hook is installed, hint faults are delivered through it
+/// instead of [`TieredMemory::drain_samples`].
+pub type FaultPathHook = std::sync::Arc<dyn Fn(&AccessSample) -> bool + Send + Sync>;
 
 struct SplitMix(u64);
 impl SplitMix {
@@ -339,6 +376,7 @@ impl TieredMemory {
             park_epoch: Mutex::new(Instant::now()),
             overhead_pct_bits: AtomicU64::new(0),
             setup_time: t0.elapsed(),
+            fault_path_hook: HookSlot::default(),
         })
     }
 
@@ -422,6 +460,43 @@ impl TieredMemory {
     pub fn query_guest_nodes(&self) -> std::io::Result<Vec<i32>> {
         let addrs: Vec<usize> = (0..self.guest_pages).map(|p| self.guest_addr(p)).collect();
         sys::query_nodes(&addrs)
+    }
+
+    /// Guest pages per tier counted from the host's view (`move_pages` query):
+    /// `[pages on the fast node, pages on the slow node]`, with pages that are
+    /// not present (in flight, parked) left out. On a host where the tiers are
+    /// distinct nodes this matches [`guest_pages_per_tier`](Self::guest_pages_per_tier);
+    /// with emulated tiers (one node) every page reports the same node.
+    pub fn guest_pages_per_node(&self) -> std::io::Result<[usize; 2]> {
+        let nodes = self.query_guest_nodes()?;
+        let mut c = [0usize; 2];
+        for n in nodes {
+            if n == self.nodes[0] as i32 {
+                c[0] += 1;
+            } else if n == self.nodes[1] as i32 {
+                c[1] += 1;
+            }
+        }
+        Ok(c)
+    }
+
+    /// Checks that every present guest page sits on its tier's node
+    /// (`move_pages` query). Meaningful only when the tiers are distinct nodes;
+    /// with emulated tiers it checks that every page is on the shared node.
+    pub fn check_nodes(&self) -> Result<(), String> {
+        let nodes = self.query_guest_nodes().map_err(|e| e.to_string())?;
+        for (p, n) in nodes.into_iter().enumerate() {
+            if n < 0 {
+                continue;
+            }
+            let want = self.nodes[page_map::tier_of(self.pages.load(p)).index()] as i32;
+            if n != want {
+                return Err(format!(
+                    "page {p} is on node {n} but its tier's node is {want}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Software dirty log for writes the VMM itself makes to guest RAM (device
@@ -606,6 +681,74 @@ impl TieredMemory {
         Ok(())
     }
 
+    /// Installs (or removes) the fault-path hook.
+    pub fn set_fault_path_hook(&self, hook: Option<FaultPathHook>) {
+        *self
+            .fault_path_hook
+            .0
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = hook;
+    }
+
+    pub(crate) fn fault_path_hook(&self) -> Option<FaultPathHook> {
+        self.fault_path_hook
+            .0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Promotes an owned, parked slow page exclusively (stop-and-copy) while
+    /// the faulting vCPU waits: copies the parked page into a free fast pool
+    /// page, maps that at the guest address (which wakes the vCPU) and returns
+    /// the old slow page to its pool. No dirty check is needed: the page was
+    /// unmapped for the whole copy. Returns `Ok(false)` (nothing changed)
+    /// when the fast tier has no free page. The caller releases the page
+    /// with `PARKED | SLOW` cleared on `Ok(true)`.
+    pub(crate) fn promote_parked_owned(&self, page: usize) -> std::io::Result<bool> {
+        let Some(fast) = self.reserve(Tier::Fast, 1, SlotKind::Free) else {
+            self.counters
+                .skipped_no_space
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        };
+        let Some(hole) = self.reserve(Tier::Slow, 1, SlotKind::Hole) else {
+            self.unreserve(Tier::Fast, &fast, SlotKind::Free);
+            return Err(std::io::Error::other(
+                "no slow pool hole for a promoted page (accounting bug)",
+            ));
+        };
+        let staging = self.pool_addr(Tier::Fast, fast[0]);
+        // SAFETY: both are page-aligned pages of our mapping: the parked page
+        // is present in the parking area (we own it) and the staging page is a
+        // reserved free fast pool page; they do not overlap.
+        unsafe { sys::copy_page(staging as *mut u8, self.park_addr(page) as *const u8) };
+        if let Err(e) = self
+            .uffd
+            .move_range(self.guest_addr(page), staging, PAGE_SIZE, true)
+        {
+            self.unreserve(Tier::Fast, &fast, SlotKind::Free);
+            self.unreserve(Tier::Slow, &hole, SlotKind::Hole);
+            return Err(e);
+        }
+        self.unreserve(Tier::Fast, &fast, SlotKind::Hole);
+        match self.uffd.move_range(
+            self.pool_addr(Tier::Slow, hole[0]),
+            self.park_addr(page),
+            PAGE_SIZE,
+            true,
+        ) {
+            Ok(()) => self.unreserve(Tier::Slow, &hole, SlotKind::Free),
+            Err(e) => {
+                self.unreserve(Tier::Slow, &hole, SlotKind::Hole);
+                return Err(e);
+            }
+        }
+        self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+        self.counters.stop_copy.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// Releases an owned page; tells the fault handler if it waits on it.
     pub(crate) fn release_page(&self, page: usize, set: u32, clear: u32) {
         if self.pages.release(page, set, clear) {
@@ -651,8 +794,15 @@ impl TieredMemory {
     /// `want_free` free pages or no shadow is left. Returns the number reclaimed.
     pub fn reclaim_shadows(&self, want_free: usize) -> usize {
         let mut reclaimed = 0;
+        // Shadows of pages owned by a mover (possibly the caller itself) are
+        // skipped; stop after one full pass without progress.
+        let mut busy_in_a_row = 0usize;
         while self.free_pages(Tier::Slow) < want_free {
-            let Some((page, generation)) = lock(&self.shadow_fifo).pop_front() else {
+            let (entry, queued) = {
+                let mut q = lock(&self.shadow_fifo);
+                (q.pop_front(), q.len())
+            };
+            let Some((page, generation)) = entry else {
                 break;
             };
             let page = page as usize;
@@ -661,13 +811,14 @@ impl TieredMemory {
                 continue; // stale entry: the shadow was freed or replaced
             }
             if self.pages.try_acquire(page, true).is_none() {
-                // Busy with a mover: keep it for a later round.
                 lock(&self.shadow_fifo).push_back((page as u32, generation));
-                if reclaimed == 0 && self.free_pages(Tier::Slow) < want_free {
-                    std::thread::yield_now();
+                busy_in_a_row += 1;
+                if busy_in_a_row > queued {
+                    break;
                 }
                 continue;
             }
+            busy_in_a_row = 0;
             let w = self.pages.load(page);
             if w & SHADOW != 0 && page_map::generation_of(w) == generation {
                 match self.free_shadow_owned(page) {
@@ -697,6 +848,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placement_parses() {
+        assert_eq!("random:9".parse(), Ok(Placement::Random { seed: 9 }));
+        assert_eq!("fast-first".parse(), Ok(Placement::FastFirst));
+        assert!("random:x".parse::<Placement>().is_err());
+    }
 
     #[test]
     fn placements_respect_capacities_exactly() {

@@ -56,6 +56,8 @@ pub struct ChaosReport {
     pub outcome: BatchOutcome,
     /// Errors seen (the driver keeps going).
     pub errors: u64,
+    /// The first error's message.
+    pub first_error: Option<String>,
     /// Wall time.
     pub elapsed_ms: f64,
 }
@@ -171,15 +173,20 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
                 Err(e) => {
                     rep.errors += 1;
                     tracing::warn!("chaos batch: {e}");
+                    rep.first_error.get_or_insert(e.to_string());
                 }
             }
         }
         match m.run_due_retries() {
             Ok(o) => rep.outcome.add(&o),
-            Err(_) => rep.errors += 1,
+            Err(e) => {
+                rep.errors += 1;
+                rep.first_error.get_or_insert(e.to_string());
+            }
         }
-        if m.harvest().is_err() {
+        if let Err(e) = m.harvest() {
             rep.errors += 1;
+            rep.first_error.get_or_insert(e.to_string());
         }
         next += cfg.interval;
         let now = Instant::now();

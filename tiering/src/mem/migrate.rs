@@ -82,6 +82,21 @@ pub enum Mechanism {
     KernelMovePages,
 }
 
+impl std::str::FromStr for Mechanism {
+    type Err = String;
+    /// Parses `tpm`, `stop-copy` or `move-pages`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tpm" | "transactional" => Ok(Mechanism::Transactional),
+            "stop-copy" | "stop-and-copy" => Ok(Mechanism::StopAndCopy),
+            "move-pages" => Ok(Mechanism::KernelMovePages),
+            _ => Err(format!(
+                "unknown mechanism '{s}': use tpm, stop-copy or move-pages"
+            )),
+        }
+    }
+}
+
 /// What one batch did. Page counts unless noted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchOutcome {
@@ -414,6 +429,7 @@ impl Migrator {
         let mem = &*self.mem;
         let (_, dst) = dir.tiers();
         let skip = self.skip_dirty_check.load(Ordering::Relaxed);
+        let mut first_err = None;
         let mut txns = Vec::new();
         for &run in runs {
             let Some(staging) = self.reserve_destination(dst, run, out) else {
@@ -427,7 +443,8 @@ impl Migrator {
                         for p in run.pages() {
                             mem.release_page(p, 0, 0);
                         }
-                        return Err(e);
+                        first_err.get_or_insert(e);
+                        continue;
                     }
                 }
             } else {
@@ -440,7 +457,7 @@ impl Migrator {
             });
         }
         if txns.is_empty() {
-            return Ok(());
+            return first_err.map_or(Ok(()), Err);
         }
         let old_addr = |t: &Txn, i: usize| match &t.old_slots {
             Some(s) => mem.pool_addr(Tier::Fast, s[i]),
@@ -467,7 +484,6 @@ impl Migrator {
         }
         // 3. Unmap: move the old pages out of guest RAM (zero copy). Guest
         //    accesses now fault and wait.
-        let mut first_err = None;
         let mut live = Vec::with_capacity(txns.len());
         for t in txns {
             let pairs: Vec<_> = t
@@ -652,6 +668,7 @@ impl Migrator {
     ) -> io::Result<()> {
         let mem = &*self.mem;
         let (src, dst) = dir.tiers();
+        let mut first_err = None;
         for &run in runs {
             let Some(staging) = self.reserve_destination(dst, run, out) else {
                 continue;
@@ -663,7 +680,8 @@ impl Migrator {
                     for p in run.pages() {
                         mem.release_page(p, 0, 0);
                     }
-                    return Err(e);
+                    first_err.get_or_insert(e);
+                    continue;
                 }
             };
             let unmap: Vec<_> = run
@@ -684,7 +702,8 @@ impl Migrator {
                 }
                 mem.unreserve(dst, &staging, SlotKind::Free);
                 mem.unreserve(src, &old, SlotKind::Hole);
-                return Err(e);
+                first_err.get_or_insert(e);
+                continue;
             }
             for i in 0..run.len {
                 // SAFETY: the old page now sits in a reserved pool slot no one else uses and
@@ -713,7 +732,8 @@ impl Migrator {
                 }
                 mem.unreserve(dst, &staging, SlotKind::Free);
                 mem.unreserve(src, &old, SlotKind::Hole);
-                return Err(e);
+                first_err.get_or_insert(e);
+                continue;
             }
             mem.unreserve(src, &old, SlotKind::Free);
             mem.unreserve(dst, &staging, SlotKind::Hole);
@@ -731,7 +751,7 @@ impl Migrator {
                 .fetch_add(run.len as u64, Ordering::Relaxed);
             out.migrated += run.len;
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// `move_pages(2)`: the kernel migrates the guest page in place (its own
@@ -746,6 +766,7 @@ impl Migrator {
     ) -> io::Result<()> {
         let mem = &*self.mem;
         let (src, dst) = dir.tiers();
+        let mut first_err = None;
         for &run in runs {
             let Some(give_back) = self.reserve_destination(dst, run, out) else {
                 continue;
@@ -757,7 +778,8 @@ impl Migrator {
                     for p in run.pages() {
                         mem.release_page(p, 0, 0);
                     }
-                    return Err(e);
+                    first_err.get_or_insert(e);
+                    continue;
                 }
             };
             let addrs: Vec<usize> = run.pages().map(|p| mem.guest_addr(p)).collect();
@@ -807,7 +829,7 @@ impl Migrator {
                 .fetch_add(moved as u64, Ordering::Relaxed);
             out.migrated += moved;
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     fn count_moved(&self, dir: Direction, n: usize) {

@@ -33,8 +33,8 @@
 //! // mem.vmm_writes().write_guard(page, pages) ...
 //! let report = chaos.stop()?;
 //! faults.stop()?;
-//! println!("{}", serde_json::to_string(&mem.stats())?);
-//! # let _ = report; Ok(()) }
+//! println!("{:?} {:?}", mem.stats(), report); // MemStats is serde-serializable
+//! # Ok(()) }
 //! ```
 
 mod backing;
@@ -54,7 +54,7 @@ mod tests;
 
 use std::sync::atomic::AtomicU32;
 
-pub use backing::{MemConfig, Placement, TieredMemory};
+pub use backing::{FaultPathHook, MemConfig, Placement, TieredMemory};
 pub use chaos::{ChaosConfig, ChaosDriver, ChaosReport};
 pub use dirty::{DirtyLog, SoftDirtyLog, WriteGuard};
 pub use fault::FaultHandler;

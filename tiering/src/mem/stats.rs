@@ -58,10 +58,12 @@ pub struct MemStats {
     pub skipped_no_space: u64,
     /// Pages not migrated because another mover or the sampler owned them.
     pub skipped_busy: u64,
-    /// Guest faults on pages in flight or parked that the fault handler saw.
+    /// Guest faults on pages in flight (migration) that the fault handler saw.
     pub guest_stalls: u64,
     /// Total stall of those faults (handler's read of the event to the wake), ms.
     pub guest_stall_ms: f64,
+    /// Total stall of hint faults (parked pages touched), ms: tracking cost.
+    pub hint_stall_ms: f64,
     /// Hint faults (parked pages touched).
     pub hint_faults: u64,
     /// Share of vCPU time spent in hint faults over the last sampler period, percent.
@@ -121,6 +123,7 @@ impl Counters {
             skipped_busy: g(&self.skipped_busy),
             guest_stalls: g(&self.guest_stalls),
             guest_stall_ms: g(&self.guest_stall_ns) as f64 / 1e6,
+            hint_stall_ms: g(&self.hint_stall_ns) as f64 / 1e6,
             hint_faults: g(&self.hint_faults),
             tracking_overhead_pct: 0.0,
             unexpected_faults: g(&self.unexpected_faults),

@@ -124,6 +124,7 @@ fn every_mechanism_moves_pages_and_keeps_contents() {
         }
         assert_eq!(mem.has_shadow(base + 7), mech == Mechanism::Transactional);
         mem.check_consistency().unwrap();
+        mem.check_nodes().unwrap();
         check_fill(&mem);
     }
     let st = mem.stats();
@@ -356,10 +357,13 @@ fn sampler_records_touches_and_obeys_its_budget() {
 }
 
 #[test]
-fn fault_handler_survives_unknown_addresses() {
+fn reads_under_chaos_see_intact_data() {
     let Some((mem, _, m)) = setup(64, 64, Placement::SlowFirst) else {
         return;
     };
+    // Fill first: these plain stores bypass the dirty log, so they must not
+    // race with migrations.
+    fill(&mem);
     let faults = FaultHandler::spawn(mem.clone()).unwrap();
     // Reading guest RAM while a chaos driver moves it must never hang or panic.
     let chaos = ChaosDriver::spawn(
@@ -371,7 +375,6 @@ fn fault_handler_survives_unknown_addresses() {
         },
     )
     .unwrap();
-    fill(&mem);
     let t0 = std::time::Instant::now();
     while t0.elapsed() < std::time::Duration::from_millis(300) {
         check_fill(&mem);
@@ -381,6 +384,7 @@ fn fault_handler_survives_unknown_addresses() {
     assert_eq!(rep.errors, 0);
     faults.stop().unwrap();
     assert_eq!(mem.stats().unexpected_faults, 0);
+    assert!(mem.stats().promotions > 0);
     assert!(ChaosDriver::spawn(
         m.clone(),
         ChaosConfig {
@@ -611,4 +615,101 @@ mod model {
             run_case(ops, seed)?;
         }
     }
+}
+
+#[test]
+fn chaos_with_2mib_runs_and_a_concurrent_writer_loses_nothing() {
+    for mech in [Mechanism::Transactional, Mechanism::StopAndCopy] {
+        let Some((mem, log, m)) = setup(2048, 1024, Placement::Interleave) else {
+            return;
+        };
+        let faults = FaultHandler::spawn(mem.clone()).unwrap();
+        // Hot pages spread over all four 2 MiB runs.
+        let hot: Vec<usize> = (0..16).map(|i| i * 128 + 5).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let h = hammer(mem.clone(), log.clone(), hot, stop.clone());
+        let chaos = ChaosDriver::spawn(
+            m.clone(),
+            ChaosConfig {
+                units_per_sec: 400.0,
+                unit_pages: 512,
+                mechanism: mech,
+                ..ChaosConfig::default()
+            },
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let rep = chaos.stop().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let (writes, lost) = h.join().unwrap();
+        faults.stop().unwrap();
+        let st = mem.stats();
+        assert_eq!(lost, 0, "{mech:?}: {st:?}");
+        assert!(writes > 0 && rep.outcome.migrated > 0, "{mech:?}: {rep:?}");
+        assert_eq!(rep.errors, 0, "{mech:?}: {rep:?}");
+        mem.check_consistency().unwrap();
+    }
+}
+
+#[test]
+fn reclaim_skips_shadows_the_caller_owns_instead_of_spinning() {
+    let mut cfg = MemConfig::new(64 * PAGE_SIZE, 64);
+    cfg.placement = Placement::SlowFirst;
+    cfg.slow_capacity_pages = Some(64);
+    cfg.shadow_low_watermark_pages = Some(1);
+    let Ok(mem) = TieredMemory::new(&cfg) else {
+        eprintln!("SKIP: tiered memory unavailable");
+        return;
+    };
+    let mem = Arc::new(mem);
+    let log = Arc::new(SoftDirtyLog::new(64));
+    let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
+    m.promote(&[Unit::page(20)], Mechanism::StopAndCopy)
+        .unwrap();
+    m.promote(&[Unit::run(0, 8)], Mechanism::Transactional)
+        .unwrap();
+    assert_eq!((mem.shadow_pages(), mem.free_pages(Tier::Slow)), (8, 1));
+    // Demoting page 20 wants 1 + watermark free slow pages: reclaim finds only
+    // shadows of pages this very batch owns, must give up, and the batch
+    // still completes with the one free page.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let o = m.demote(&[Unit::run(0, 8), Unit::page(20)], Mechanism::Transactional);
+        let _ = tx.send(o.map_err(|e| e.to_string()));
+    });
+    let o = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("demotion hung in shadow reclaim")
+        .unwrap();
+    assert_eq!(o.migrated, 9, "{o:?}");
+    assert_eq!(o.shadow_demoted, 8);
+    mem.check_consistency().unwrap();
+}
+#[test]
+fn pages_and_runs_migrate_in_one_batch_across_mechanisms() {
+    // 8 MiB guest, slow-first: mixed single pages and 2 MiB runs.
+    let Some((mem, _, m)) = setup(2048, 1024, Placement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let o = m
+        .promote(
+            &[Unit::page(3), Unit::run(512, 512), Unit::page(1600)],
+            Mechanism::Transactional,
+        )
+        .unwrap();
+    assert_eq!(o.migrated, 514, "{o:?}");
+    let o = m
+        .demote(
+            &[Unit::run(512, 512), Unit::page(3)],
+            Mechanism::StopAndCopy,
+        )
+        .unwrap();
+    assert_eq!(o.migrated, 513, "{o:?}");
+    let o = m
+        .promote(&[Unit::run(1024, 512)], Mechanism::StopAndCopy)
+        .unwrap();
+    assert_eq!(o.migrated, 512, "{o:?}");
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
 }

@@ -204,11 +204,12 @@ impl CompareArgs {
                 chaos_mix: v.chaos_mix.clone().filter(|_| chaos),
                 mechanism: v.mechanism.filter(|_| chaos),
                 chaos_unit: v.chaos_unit.filter(|_| chaos),
-                skip_dirty_check: false,
                 tracking: v.tracking,
                 scan_pages: v.scan_pages,
                 scan_period: v.scan_period,
                 tracking_budget_pct: v.tracking_budget,
+                // One policy per run; new flags keep their defaults.
+                ..TieringRequest::default()
             }
         };
         VmRequest {
@@ -366,12 +367,16 @@ pub struct SummaryRow {
     pub exit_codes: Vec<i32>,
 }
 
-/// Summarizes the runs per policy, in `policies` order. `tracking_on`:
-/// whether access tracking ran (else its overhead is left empty, not 0).
-pub fn summarize(policies: &[String], runs: &[RunRecord], tracking_on: bool) -> Vec<SummaryRow> {
+/// Summarizes the runs per policy, in `policies` order. `tracked[i]`:
+/// whether access tracking ran under `policies[i]` (else its overhead is
+/// left empty rather than shown as 0). A guest's `p99_ns` counts only from
+/// runs that completed operations.
+pub fn summarize(policies: &[String], runs: &[RunRecord], tracked: &[bool]) -> Vec<SummaryRow> {
     let mut rows: Vec<SummaryRow> = policies
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
+            let tracking_on = tracked.get(i).copied().unwrap_or(false);
             let mine: Vec<&RunRecord> = runs.iter().filter(|r| &r.policy == p).collect();
             let ok: Vec<&RunReport> = mine
                 .iter()
@@ -394,7 +399,9 @@ pub fn summarize(policies: &[String], runs: &[RunRecord], tracking_on: bool) -> 
                 ops_per_sec_min: ops.iter().copied().reduce(f64::min),
                 ops_per_sec_max: ops.iter().copied().reduce(f64::max),
                 ratio_to_static: None,
-                p99_ns_median: pick(&|r| r.guest_metrics.get("p99_ns").copied()),
+                p99_ns_median: pick(&|r| {
+                    r.guest_metrics.get("p99_ns").copied().filter(|_| r.ops > 0)
+                }),
                 promotions: pick(&|r| r.migration.as_ref().map(|m| m.promotions as f64)),
                 demotions: pick(&|r| r.migration.as_ref().map(|m| m.demotions as f64)),
                 tpm_aborts: pick(&|r| r.migration.as_ref().map(|m| m.tpm_aborts as f64)),
@@ -915,6 +922,10 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             runs.push(record);
         }
     }
+    let tracked: Vec<bool> = configs
+        .iter()
+        .map(|(_, c)| c.tiering.as_ref().is_some_and(|t| t.sampler.is_some()))
+        .collect();
     let first = &configs[0].1;
     let tiered = configs.iter().find_map(|(_, c)| c.tiering.as_ref());
     let page = tiering::mem::PAGE_SIZE as u64;
@@ -934,11 +945,7 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     };
     let results = CompareResults {
         schema: "tiervm-compare/1",
-        summary: summarize(
-            &names,
-            &runs,
-            args.vm.tracking == Some(TrackingArg::HintFaults),
-        ),
+        summary: summarize(&names, &runs, &tracked),
         policies: names,
         setup,
         runs,
@@ -1027,6 +1034,7 @@ mod tests {
             }),
             tracking: Some(TrackingCounters {
                 hint_faults: 10,
+                hint_stall_ms: 5.0,
                 tracking_overhead_pct: 0.25,
             }),
             tiering: None,
@@ -1092,7 +1100,7 @@ mod tests {
             RunRecord::finished("tpp", 3, bad, "[guest] mismatch at page 7\n"),
         ];
         let names = vec!["static".to_string(), "tpp".to_string()];
-        let rows = summarize(&names, &runs, true);
+        let rows = summarize(&names, &runs, &[true, true]);
         let s = &rows[0];
         assert_eq!((s.runs, s.failed), (3, 0));
         assert_eq!(s.ops_per_sec_median, Some(200.0));
@@ -1122,15 +1130,29 @@ mod tests {
             fail.contains("code 1") && fail.contains("mismatch at page 7"),
             "{fail}"
         );
-        let untracked = summarize(&names, &runs, false);
+        let untracked = summarize(&names, &runs, &[false, true]);
         assert_eq!(untracked[0].tracking_overhead_pct, None);
+        assert_eq!(untracked[1].tracking_overhead_pct, Some(0.25));
         assert_eq!(rows[0].tracking_overhead_pct, Some(0.25));
+    }
+
+    #[test]
+    fn p99_of_a_run_without_operations_is_not_a_latency() {
+        let runs = vec![
+            ok("kv", 1, report(0.0, 0, Some(0.0))),
+            ok("kv", 2, report(10.0, 0, Some(700.0))),
+        ];
+        let rows = summarize(&["kv".to_string()], &runs, &[false]);
+        assert_eq!(rows[0].p99_ns_median, Some(700.0));
+        let rows = summarize(&["kv".to_string()], &runs[..1], &[false]);
+        assert_eq!(rows[0].p99_ns_median, None);
+        assert_eq!(table_cells(&rows[0])[4], "-");
     }
 
     #[test]
     fn no_ratio_without_static() {
         let runs = vec![ok("chaos", 1, report(5.0, 1, None))];
-        let rows = summarize(&["chaos".to_string()], &runs, false);
+        let rows = summarize(&["chaos".to_string()], &runs, &[false]);
         assert_eq!(rows[0].ratio_to_static, None);
         assert_eq!(table_cells(&rows[0])[3], "-");
     }
@@ -1143,7 +1165,7 @@ mod tests {
             ok("chaos", 1, report(1_500_000.0, 12_345, Some(1500.0))),
             RunRecord::failed("chaos", 2, &Error::Host("KVM_RUN failed".into())),
         ];
-        let rows = summarize(&["static".into(), "chaos".into()], &runs, true);
+        let rows = summarize(&["static".into(), "chaos".into()], &runs, &[true, true]);
         let a = table_cells(&rows[0]);
         assert_eq!(a[1], "3.00M");
         assert_eq!(a[2], "2.00M-4.00M");
@@ -1189,7 +1211,7 @@ mod tests {
                 emulated_tiers: true,
             },
             policies: vec!["static".into()],
-            summary: summarize(&["static".into()], &runs, false),
+            summary: summarize(&["static".into()], &runs, &[false]),
             runs,
         };
         let h = format_human(&res);

@@ -25,7 +25,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend};
 /// Flags of `tiervm native`.
 #[derive(Clone, Debug, Args)]
 pub struct NativeArgs {
-    /// Built-in image whose workload to run (zipf, gups, memcheck).
+    /// Built-in image whose workload to run (zipf, gups, memcheck, kv, pagerank).
     #[arg(default_value = "zipf")]
     pub image: String,
     /// Worker threads (the vCPU count of the VM run to compare with).
@@ -65,6 +65,8 @@ pub struct NativeReport {
     pub ops_per_sec: f64,
     /// Throughput timeline.
     pub timeline: Vec<TimelinePoint>,
+    /// Metrics the workload published (same names as in a VM run).
+    pub guest_metrics: std::collections::BTreeMap<String, f64>,
 }
 
 struct HostEnv<'a> {
@@ -77,6 +79,7 @@ struct HostEnv<'a> {
     ops: &'a AtomicU64,
     barrier: &'a Barrier,
     tsc_khz: u64,
+    metrics: &'a Mutex<std::collections::BTreeMap<String, f64>>,
 }
 
 impl Env for HostEnv<'_> {
@@ -109,7 +112,12 @@ impl Env for HostEnv<'_> {
     fn barrier(&self) {
         self.barrier.wait();
     }
-    fn metric(&self, _: &str, _: f64) {}
+    fn metric(&self, name: &str, value: f64) {
+        self.metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), value);
+    }
     fn log(&self, msg: &str) {
         eprintln!("[native {}] {msg}", self.vcpu);
     }
@@ -150,6 +158,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     let exit_sum = AtomicU32::new(0);
     let tsc_khz = measure_tsc_khz();
     let timeline = Mutex::new(Vec::new());
+    let metrics = Mutex::new(std::collections::BTreeMap::new());
     let start = Instant::now();
     std::thread::scope(|s| {
         for i in 0..args.threads {
@@ -163,6 +172,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
                 ops: &counters[i as usize],
                 barrier: &barrier,
                 tsc_khz,
+                metrics: &metrics,
             };
             let exit_sum = &exit_sum;
             s.spawn(move || {
@@ -196,6 +206,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         ops,
         ops_per_sec: ops_per_sec(&timeline),
         timeline,
+        guest_metrics: metrics.into_inner().unwrap_or_else(|p| p.into_inner()),
     };
     match args.report {
         ReportFormat::Json => println!(

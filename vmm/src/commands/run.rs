@@ -26,7 +26,7 @@ pub enum ReportFormat {
 /// Flags of `tiervm run`.
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
-    /// Built-in image (zipf, gups, memcheck) or path to a static x86_64 ELF.
+    /// Built-in image (zipf, gups, memcheck, kv, pagerank) or path to a static x86_64 ELF.
     #[arg(default_value = "zipf")]
     pub image: String,
     /// Guest RAM size (multiple of 2M), e.g. 512M, 1G.
@@ -95,6 +95,9 @@ pub struct RunArgs {
     /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
     #[arg(long, help_heading = "Tiering")]
     pub tracking_budget: Option<f64>,
+    /// Switch policies while the VM runs, e.g. nomad@0s,tpp@20s.
+    #[arg(long, help_heading = "Tiering")]
+    pub policy_schedule: Option<String>,
     /// TEST ONLY: commit transactional migrations without the dirty check
     /// (loses writes; exists to prove the integrity test can fail).
     #[arg(long, hide = true)]
@@ -129,6 +132,7 @@ impl RunArgs {
                 scan_pages: self.scan_pages,
                 scan_period: self.scan_period,
                 tracking_budget_pct: self.tracking_budget,
+                policy_schedule: self.policy_schedule.clone(),
             },
         }
     }

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::kvm_dirty_log::{enable_manual_dirty_log_protect, KvmDirtyLog};
 use crate::tiering_config::TieringConfig;
 use crate::vstate::vm::RAM_SLOT;
+use tiering::engine::{Engine, EngineReport};
 
 /// What the report says about tiering.
 #[derive(Clone, Debug, Serialize)]
@@ -34,6 +35,8 @@ pub struct TieringReport {
     pub chaos: Option<ChaosReport>,
     /// Access samples (hint faults) recorded.
     pub samples: u64,
+    /// What the policy engine did (placement policies only).
+    pub engine: Option<EngineReport>,
 }
 
 /// The report's `migration` object.
@@ -68,7 +71,10 @@ pub struct MigrationCounters {
 pub struct TrackingCounters {
     /// Hint faults taken (sampled guest accesses).
     pub hint_faults: u64,
-    /// Share of vCPU time spent in hint faults, percent.
+    /// vCPU time blocked in hint faults, ms.
+    pub hint_stall_ms: f64,
+    /// Share of vCPU time spent in hint faults over the whole run, percent
+    /// (hint_stall_ms / (vCPUs x run time)).
     pub tracking_overhead_pct: f64,
 }
 
@@ -91,11 +97,13 @@ impl TieringReport {
         }
     }
 
-    /// The `tracking` object.
-    pub fn tracking(&self) -> TrackingCounters {
+    /// The `tracking` object for a run of `vcpus` vCPUs lasting `run_s` seconds.
+    pub fn tracking(&self, vcpus: u32, run_s: f64) -> TrackingCounters {
+        let vcpu_ms = f64::from(vcpus.max(1)) * run_s.max(1e-9) * 1e3;
         TrackingCounters {
             hint_faults: self.stats.hint_faults,
-            tracking_overhead_pct: self.stats.tracking_overhead_pct,
+            hint_stall_ms: self.stats.hint_stall_ms,
+            tracking_overhead_pct: 100.0 * self.stats.hint_stall_ms / vcpu_ms,
         }
     }
 }
@@ -110,6 +118,8 @@ pub struct TieredRam {
     sampler: Option<SamplerHandle>,
     samples: u64,
     vcpus: usize,
+    engine: Option<Engine>,
+    engine_report: Option<EngineReport>,
     cfg: TieringConfig,
 }
 
@@ -151,6 +161,8 @@ impl TieredRam {
             sampler: None,
             samples: 0,
             vcpus: vcpus as usize,
+            engine: None,
+            engine_report: None,
             cfg: cfg.clone(),
         })
     }
@@ -196,6 +208,9 @@ impl TieredRam {
                     .map_err(|e| Error::host("starting the chaos driver", e))?,
             );
         }
+        if let Some(e) = &self.cfg.engine {
+            self.engine = Some(Engine::spawn(migrator.clone(), e.clone()).map_err(Error::Usage)?);
+        }
         self.migrator = Some(migrator);
         if let Some(sc) = &self.cfg.sampler {
             let mut sc = sc.clone();
@@ -212,6 +227,10 @@ impl TieredRam {
     /// Drains the access samples recorded since the last call (the policy
     /// engine will consume them; for now they are counted).
     pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
+        if self.engine.is_some() {
+            // The engine consumes them.
+            return Vec::new();
+        }
         let s = self.mem.drain_samples();
         self.samples += s.len() as u64;
         s
@@ -219,6 +238,12 @@ impl TieredRam {
 
     /// Stops migration and sampling (the guest may still be running).
     pub fn stop_migration(&mut self) -> Result<Option<ChaosReport>> {
+        if let Some(e) = self.engine.take() {
+            self.engine_report = Some(
+                e.stop()
+                    .map_err(|e| Error::host("stopping the tiering engine", e))?,
+            );
+        }
         if let Some(s) = self.sampler.take() {
             let mut sampler = s
                 .stop()
@@ -260,7 +285,8 @@ impl TieredRam {
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
             stats: self.mem.stats(),
             chaos,
-            samples: self.samples,
+            samples: self.samples + self.engine_report.as_ref().map_or(0, |e| e.samples),
+            engine: self.engine_report.take(),
         })
     }
 }

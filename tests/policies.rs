@@ -1,0 +1,85 @@
+//! Placement policies in live VMs: switching policies mid-run loses nothing,
+//! and in a thrashing setup TPP's fault-path promotion stalls the guest more
+//! than Nomad's asynchronous transactional migration.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{kvm_available, request, run};
+use vmm::config::VmRequest;
+use vmm::tiering_config::PolicyArg;
+
+#[test]
+fn policy_switch_mid_run_keeps_memcheck_clean() {
+    if !kvm_available("policy_switch_mid_run_keeps_memcheck_clean") {
+        return;
+    }
+    let mut r = request(
+        "memcheck",
+        256 << 20,
+        2,
+        Duration::from_secs(4),
+        &["region=96M", "pattern=hot"],
+    );
+    r.tiering.fast = Some(48 << 20);
+    r.tiering.policy = Some(PolicyArg::Nomad);
+    r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
+    r.tiering.policy_schedule = Some("nomad@0s,tpp@1500ms,memtis@3s".into());
+    let (rep, console) = run(&r);
+    assert_eq!(rep.exit_code, Some(0), "{console}");
+    assert_eq!(rep.guest_metrics.get("mismatched_pages"), Some(&0.0));
+    let engine = rep
+        .tiering
+        .as_ref()
+        .and_then(|t| t.engine.as_ref())
+        .expect("engine report");
+    let names: Vec<&str> = engine.policies.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["nomad", "tpp", "memtis"], "all switches happened");
+    let m = rep.migration.as_ref().unwrap();
+    assert!(m.promotions > 0, "policies moved pages: {m:?}");
+}
+
+fn thrash(policy: PolicyArg) -> VmRequest {
+    // Working set (192M) three times the fast tier (64M), read-mostly.
+    let mut r = request(
+        "zipf",
+        512 << 20,
+        1,
+        Duration::from_secs(6),
+        &["rss=192M", "wss=192M", "theta=0.6", "write_ratio=0"],
+    );
+    r.tiering.fast = Some(64 << 20);
+    r.tiering.policy = Some(policy);
+    r
+}
+
+#[test]
+fn tpp_stalls_the_guest_more_than_nomad_when_thrashing() {
+    if !kvm_available("tpp_stalls_the_guest_more_than_nomad_when_thrashing") {
+        return;
+    }
+    let (tpp, _) = run(&thrash(PolicyArg::Tpp));
+    let (nomad, _) = run(&thrash(PolicyArg::Nomad));
+    let (t, n) = (tpp.migration.unwrap(), nomad.migration.unwrap());
+    assert_eq!(tpp.exit_code, Some(0));
+    assert_eq!(nomad.exit_code, Some(0));
+    assert!(
+        t.promotions > 0 && n.promotions > 0,
+        "both promote: tpp {t:?} nomad {n:?}"
+    );
+    assert!(
+        t.stop_copy > 0 && n.tpm_commits > 0,
+        "tpp copies exclusively, nomad transactionally"
+    );
+    assert!(
+        t.guest_stall_ms > n.guest_stall_ms,
+        "tpp stall {} ms should exceed nomad's {} ms",
+        t.guest_stall_ms,
+        n.guest_stall_ms
+    );
+    assert!(
+        n.shadow_demotions > 0,
+        "nomad demotes clean pages by remapping shadows: {n:?}"
+    );
+}

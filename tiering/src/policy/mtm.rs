@@ -1,0 +1,606 @@
+//! `mtm`: MTM (EuroSys'24) profiling and migration across N tiers.
+//!
+//! Profiling (§5): the address space is cut into regions (initially 2 MiB).
+//! Each interval, each region's sampled pages have their accessed bit
+//! scanned [`NUM_SCANS`] times; a region's hotness `HI` is the mean count
+//! (0..=3). At the end of an interval, a region whose sampled counts differ
+//! by more than `tau_s` ([`TAU_SPLIT`]) splits into two halves (samples
+//! divided), adjacent regions whose `HI` differ by less than `tau_m`
+//! ([`TAU_MERGE`]) merge (samples halved, the freed samples going to the
+//! [`TOP_VARIANCE_REGIONS`] regions whose hotness changed most). The total
+//! sample budget comes from the overhead target by MTM's Eq. 1; while there
+//! are more regions than samples, `tau_m` is raised step by step.
+//!
+//! Policy (§6): `WHI = alpha * HI + (1 - alpha) * WHI_prev` (Eq. 2); one
+//! ranking of all regions of all tiers; the hottest regions are placed
+//! fastest-first ("fast promotion": straight to the fastest tier with room
+//! left), regions of the lowest rank in a full tier are demoted one step
+//! ("slow demotion"), at most [`MIGRATION_BUDGET_MB`] promoted (and at most
+//! as much demoted) per interval.
+
+use std::collections::HashSet;
+
+use super::types::*;
+use super::Policy;
+
+/// Accessed-bit scans per sampled page per interval (`num_scans`, §5.1).
+pub const NUM_SCANS: u32 = 3;
+/// Merge threshold `tau_m = num_scans / 3` (§5.1).
+pub const TAU_MERGE: f64 = NUM_SCANS as f64 / 3.0;
+/// Split threshold `tau_s = 2 * num_scans / 3` (§5.1).
+pub const TAU_SPLIT: f64 = 2.0 * NUM_SCANS as f64 / 3.0;
+/// Profiling overhead target: 5% of execution time (§5.3, evaluation).
+pub const OVERHEAD_TARGET: f64 = 0.05;
+/// Profiling interval `t_mi` = 10 s (§8 settings).
+pub const INTERVAL_NS: u64 = 10_000_000_000;
+/// EMA weight alpha (Eq. 2, §6).
+pub const EMA_ALPHA: f64 = 0.5;
+/// Promotion budget per interval N = 200 MB (§6).
+pub const MIGRATION_BUDGET_MB: f64 = 200.0;
+/// Freed samples go to this many regions of highest hotness variance (§5.2).
+pub const TOP_VARIANCE_REGIONS: usize = 5;
+/// Initial region size: one last-level PDE = 2 MiB (§5.1).
+pub const REGION_PAGES: u64 = PAGES_PER_2M as u64;
+/// Cost of one sampled-page scan including the amortized hint fault. The
+/// paper measures it offline and does not give it: ASSUMED 1 us.
+pub const ONE_SCAN_OVERHEAD_NS: f64 = 1_000.0;
+/// Step by which `tau_m` rises while regions exceed the sample budget. Not
+/// given in the paper: ASSUMED a sixth of num_scans.
+pub const TAU_MERGE_STEP: f64 = NUM_SCANS as f64 / 6.0;
+/// Free pages kept in each non-slowest tier (0.4%, as for the others).
+pub const FREE_RESERVE_FRACTION: f64 = 0.004;
+
+/// MTM's Eq. 1: samples per interval for an overhead budget.
+pub fn sample_budget(interval_ns: u64, overhead: f64, one_scan_ns: f64, num_scans: u32) -> f64 {
+    interval_ns as f64 * overhead / (one_scan_ns * f64::from(num_scans))
+}
+
+/// A profiling region.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Region {
+    /// First page.
+    pub start: u64,
+    /// Pages.
+    pub len: u64,
+    /// Sampled pages per interval.
+    pub samples: u32,
+    /// Accessed counts of this interval's sampled pages.
+    pub counts: Vec<u8>,
+    /// This interval's sampled pages.
+    pub sample_pages: Vec<u64>,
+    /// Hotness of the last interval (0..=num_scans).
+    pub hi: f64,
+    /// Hotness of the interval before.
+    pub hi_prev: f64,
+    /// EMA hotness.
+    pub whi: f64,
+}
+
+impl Region {
+    fn new(start: u64, len: u64, samples: u32) -> Self {
+        Self {
+            start,
+            len,
+            samples: samples.max(1),
+            counts: Vec::new(),
+            sample_pages: Vec::new(),
+            hi: 0.0,
+            hi_prev: 0.0,
+            whi: 0.0,
+        }
+    }
+    fn variance(&self) -> f64 {
+        (self.hi - self.hi_prev).powi(2)
+    }
+}
+
+fn mix(a: u64, b: u64) -> u64 {
+    let mut s = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    tiervm_guest::gen::rng::splitmix64(&mut s)
+}
+
+/// The `mtm` policy.
+#[derive(Clone, Debug)]
+pub struct Mtm {
+    regions: Vec<Region>,
+    unit: u64,
+    tau_m: f64,
+    tau_s: f64,
+    num_ps: u64,
+    budget: IntervalBudget,
+    interval_ns: u64,
+    scan_idx: u32,
+    interval: u64,
+    started: bool,
+    caps: Vec<u64>,
+    /// Splits and merges in the last interval.
+    pub last_splits: u64,
+    /// Merges in the last interval.
+    pub last_merges: u64,
+}
+
+impl Mtm {
+    /// MTM for `config`.
+    pub fn new(config: &PolicyConfig) -> Self {
+        let unit = config.scaled_pages(REGION_PAGES as f64).max(1);
+        let interval_ns = config.interval_ns.unwrap_or(INTERVAL_NS);
+        let num_ps = config.scaled_pages(sample_budget(
+            interval_ns,
+            OVERHEAD_TARGET,
+            ONE_SCAN_OVERHEAD_NS,
+            NUM_SCANS,
+        ));
+        let mut regions = Vec::new();
+        let mut start = 0;
+        while start < config.pages {
+            let len = unit.min(config.pages - start);
+            regions.push(Region::new(start, len, 1));
+            start += len;
+        }
+        let rate = config
+            .promote_rate_limit_mbps
+            .map(|r| r * interval_ns as f64 / 1e9);
+        Self {
+            regions,
+            unit,
+            tau_m: TAU_MERGE,
+            tau_s: TAU_SPLIT,
+            num_ps,
+            budget: IntervalBudget::new(
+                config.mb_to_pages_f64(rate.unwrap_or(MIGRATION_BUDGET_MB)),
+            ),
+            interval_ns,
+            scan_idx: 0,
+            interval: 0,
+            started: false,
+            caps: config.tier_capacity_pages.clone(),
+            last_splits: 0,
+            last_merges: 0,
+        }
+    }
+
+    /// The current regions.
+    pub fn regions(&self) -> &[Region] {
+        &self.regions
+    }
+
+    /// Sample budget per interval (Eq. 1, scaled).
+    pub fn sample_budget(&self) -> u64 {
+        self.num_ps
+    }
+
+    /// Current merge and split thresholds.
+    pub fn thresholds(&self) -> (f64, f64) {
+        (self.tau_m, self.tau_s)
+    }
+
+    fn pick_samples(&mut self, view: &mut dyn MemoryView) {
+        let interval = self.interval;
+        for r in &mut self.regions {
+            let n = u64::from(r.samples).min(r.len);
+            r.sample_pages = (0..n)
+                .map(|k| r.start + mix(r.start ^ (interval << 40), k) % r.len)
+                .collect();
+            r.counts = vec![0; r.sample_pages.len()];
+            for &p in &r.sample_pages {
+                view.test_and_clear_accessed(p);
+            }
+        }
+    }
+
+    fn scan(&mut self, view: &mut dyn MemoryView) {
+        for r in &mut self.regions {
+            for (c, &p) in r.counts.iter_mut().zip(&r.sample_pages) {
+                if view.test_and_clear_accessed(p) {
+                    *c += 1;
+                }
+            }
+        }
+    }
+
+    /// End of interval: hotness, EMA, split, merge, sample redistribution.
+    /// Public for tests that drive the profiler by hand.
+    pub fn end_interval(&mut self) {
+        for r in &mut self.regions {
+            r.hi_prev = r.hi;
+            r.hi = if r.counts.is_empty() {
+                0.0
+            } else {
+                r.counts.iter().map(|&c| f64::from(c)).sum::<f64>() / r.counts.len() as f64
+            };
+            r.whi = EMA_ALPHA * r.hi + (1.0 - EMA_ALPHA) * r.whi;
+        }
+        // Split.
+        let mut splits = 0;
+        let mut out = Vec::with_capacity(self.regions.len());
+        for r in self.regions.drain(..) {
+            let spread = match (r.counts.iter().max(), r.counts.iter().min()) {
+                (Some(&mx), Some(&mn)) => f64::from(mx - mn),
+                _ => 0.0,
+            };
+            let units = r.len / self.unit;
+            if spread > self.tau_s && units >= 2 {
+                let left_len = (units / 2) * self.unit;
+                let (sl, sr) = (r.samples.div_ceil(2).max(1), (r.samples / 2).max(1));
+                let mut a = Region::new(r.start, left_len, sl);
+                let mut b = Region::new(r.start + left_len, r.len - left_len, sr);
+                for x in [&mut a, &mut b] {
+                    x.hi = r.hi;
+                    x.hi_prev = r.hi_prev;
+                    x.whi = r.whi;
+                }
+                // Each half keeps the counts of the samples that fall in it.
+                for (&p, &c) in r.sample_pages.iter().zip(&r.counts) {
+                    let x = if p < b.start { &mut a } else { &mut b };
+                    x.sample_pages.push(p);
+                    x.counts.push(c);
+                }
+                for x in [&mut a, &mut b] {
+                    if !x.counts.is_empty() {
+                        x.hi = x.counts.iter().map(|&c| f64::from(c)).sum::<f64>()
+                            / x.counts.len() as f64;
+                    }
+                }
+                out.push(a);
+                out.push(b);
+                splits += 1;
+            } else {
+                out.push(r);
+            }
+        }
+        // Merge (chains of adjacent regions of similar hotness).
+        let mut merges = 0;
+        let mut freed = 0u32;
+        let mut merged: Vec<Region> = Vec::with_capacity(out.len());
+        for r in out {
+            if let Some(last) = merged.last_mut() {
+                if (last.hi - r.hi).abs() < self.tau_m {
+                    let total = last.len + r.len;
+                    let both = last.samples + r.samples;
+                    let kept = (both / 2).max(1);
+                    freed += both - kept;
+                    last.whi = (last.whi * last.len as f64 + r.whi * r.len as f64) / total as f64;
+                    last.hi = (last.hi * last.len as f64 + r.hi * r.len as f64) / total as f64;
+                    last.hi_prev =
+                        (last.hi_prev * last.len as f64 + r.hi_prev * r.len as f64) / total as f64;
+                    last.len = total;
+                    last.samples = kept;
+                    merges += 1;
+                    continue;
+                }
+            }
+            merged.push(r);
+        }
+        // Freed samples to the top regions by hotness variance.
+        if freed > 0 && !merged.is_empty() {
+            let mut idx: Vec<usize> = (0..merged.len()).collect();
+            idx.sort_by(|&a, &b| {
+                merged[b]
+                    .variance()
+                    .total_cmp(&merged[a].variance())
+                    .then(a.cmp(&b))
+            });
+            let top = &idx[..TOP_VARIANCE_REGIONS.min(idx.len())];
+            for k in 0..freed as usize {
+                let r = &mut merged[top[k % top.len()]];
+                r.samples = (r.samples + 1).min(u32::try_from(r.len).unwrap_or(u32::MAX));
+            }
+        }
+        self.regions = merged;
+        // Overhead control: more regions than samples -> raise tau_m.
+        if self.regions.len() as u64 > self.num_ps {
+            self.tau_m += TAU_MERGE_STEP;
+            self.tau_s = self.tau_s.max(self.tau_m + TAU_MERGE_STEP);
+        } else {
+            self.tau_m = TAU_MERGE;
+            self.tau_s = TAU_SPLIT;
+        }
+        self.last_splits = splits;
+        self.last_merges = merges;
+        self.interval += 1;
+    }
+
+    fn migrate(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
+        let mut out = Decisions::none();
+        let n = obs.tiers.len();
+        if n < 2 {
+            return out;
+        }
+        let mut budget = FreeBudget::from_tiers(obs.tiers);
+        let budget_pages = self.budget.next_interval();
+        let reserve: Vec<u64> = self
+            .caps
+            .iter()
+            .map(|&c| ((c as f64 * FREE_RESERVE_FRACTION) as u64).max(1))
+            .collect();
+        // Global ranking, hottest first; target tier by cumulative capacity.
+        let mut order: Vec<usize> = (0..self.regions.len()).collect();
+        order.sort_by(|&a, &b| {
+            self.regions[b]
+                .whi
+                .total_cmp(&self.regions[a].whi)
+                .then(a.cmp(&b))
+        });
+        let mut target = vec![(n - 1) as TierId; self.regions.len()];
+        let (mut t, mut used) = (0usize, 0u64);
+        for &i in &order {
+            let len = self.regions[i].len;
+            // A region that does not fit whole still targets the tier it
+            // starts filling (its pages move as room and budget allow).
+            while t < n - 1 && used >= self.caps[t].saturating_sub(reserve[t]) {
+                t += 1;
+                used = 0;
+            }
+            target[i] = t as TierId;
+            used += len;
+        }
+        // Demotion cursor: coldest first.
+        let mut cold_order: Vec<usize> = order.clone();
+        cold_order.reverse();
+        let mut cold_cursor = 0usize;
+        let mut demoted_pages = 0u64;
+        let mut promoted_pages = 0u64;
+        let mut moved_regions: HashSet<usize> = HashSet::new();
+        for &i in &order {
+            if promoted_pages >= budget_pages || self.regions[i].whi <= 0.0 {
+                break;
+            }
+            let dst = target[i];
+            let (start, len) = (self.regions[i].start, self.regions[i].len);
+            let mut to_move: Vec<u64> = (start..start + len)
+                .filter(|&p| view.tier_of(p) > dst)
+                .collect();
+            if to_move.is_empty() {
+                continue;
+            }
+            // A region larger than what is left of the budget moves in part
+            // (the rest follows next interval).
+            to_move.truncate((budget_pages - promoted_pages) as usize);
+            let need = to_move.len() as u64;
+            // Make room: demote the coldest regions in `dst` one step down.
+            while budget.free(dst) < need + reserve[usize::from(dst)]
+                && demoted_pages < budget_pages
+            {
+                let Some(&c) = cold_order.get(cold_cursor) else {
+                    break;
+                };
+                cold_cursor += 1;
+                if target[c] <= dst || moved_regions.contains(&c) {
+                    continue;
+                }
+                let (cs, cl) = (self.regions[c].start, self.regions[c].len);
+                let mut pages_in: Vec<u64> =
+                    (cs..cs + cl).filter(|&p| view.tier_of(p) == dst).collect();
+                pages_in.truncate((budget_pages - demoted_pages) as usize);
+                let Some(down) = ((usize::from(dst) + 1)..n)
+                    .map(|d| d as TierId)
+                    .find(|&d| budget.free(d) >= pages_in.len() as u64)
+                else {
+                    continue;
+                };
+                for run in runs(&pages_in, view) {
+                    budget.take(down, u64::from(run.pages));
+                    budget.release(dst, u64::from(run.pages));
+                    out.migrations.push(Migration {
+                        unit: run,
+                        to: down,
+                        mechanism: Mechanism::StopAndCopy,
+                        urgency: Urgency::Background,
+                    });
+                }
+                demoted_pages += pages_in.len() as u64;
+                moved_regions.insert(c);
+            }
+            if budget.free(dst) < need {
+                continue;
+            }
+            for run in runs(&to_move, view) {
+                let src = view.tier_of(run.page);
+                budget.take(dst, u64::from(run.pages));
+                budget.release(src, u64::from(run.pages));
+                out.migrations.push(Migration {
+                    unit: run,
+                    to: dst,
+                    mechanism: Mechanism::StopAndCopy,
+                    urgency: Urgency::Background,
+                });
+            }
+            promoted_pages += need;
+            moved_regions.insert(i);
+        }
+        out
+    }
+}
+
+/// Coalesces sorted pages into runs of consecutive pages in the same tier.
+fn runs(pages: &[u64], view: &dyn MemoryView) -> Vec<Unit> {
+    let mut out: Vec<Unit> = Vec::new();
+    let mut last_tier = None;
+    for &p in pages {
+        let t = view.tier_of(p);
+        match out.last_mut() {
+            Some(u)
+                if u.page + u64::from(u.pages) == p
+                    && last_tier == Some(t)
+                    && u.pages < u32::MAX =>
+            {
+                u.pages += 1
+            }
+            _ => out.push(Unit::page(p)),
+        }
+        last_tier = Some(t);
+    }
+    out
+}
+
+impl Policy for Mtm {
+    fn name(&self) -> &'static str {
+        "mtm"
+    }
+
+    fn trackers(&self) -> TrackerRequest {
+        TrackerRequest::none()
+    }
+
+    fn tick_interval_ns(&self) -> u64 {
+        (self.interval_ns / u64::from(NUM_SCANS)).max(1)
+    }
+
+    fn on_hint_fault(
+        &mut self,
+        _: &HintFault,
+        _: &[TierStatus],
+        _: &mut dyn MemoryView,
+    ) -> Option<Migration> {
+        None
+    }
+
+    fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
+        if !self.started {
+            self.started = true;
+            self.pick_samples(view);
+            return Decisions::none();
+        }
+        self.scan(view);
+        self.scan_idx += 1;
+        if self.scan_idx < NUM_SCANS {
+            return Decisions::none();
+        }
+        self.scan_idx = 0;
+        self.end_interval();
+        let d = self.migrate(obs, view);
+        self.pick_samples(view);
+        d
+    }
+
+    fn export_state(&self) -> PolicyState {
+        let mut hot_pages = Vec::new();
+        for r in self.regions.iter().filter(|r| r.whi > 0.0) {
+            let heat = (r.whi / f64::from(NUM_SCANS)) as f32;
+            hot_pages.extend((r.start..r.start + r.len).map(|p| (p, heat)));
+        }
+        hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        PolicyState {
+            from: "mtm".into(),
+            now_ns: 0,
+            hot_pages,
+        }
+    }
+
+    fn import_state(&mut self, state: &PolicyState) {
+        let mut heat = vec![0f64; self.regions.len()];
+        for &(p, h) in &state.hot_pages {
+            if let Ok(i) = self.regions.binary_search_by(|r| {
+                if p < r.start {
+                    std::cmp::Ordering::Greater
+                } else if p >= r.start + r.len {
+                    std::cmp::Ordering::Less
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            }) {
+                heat[i] += f64::from(h.clamp(0.0, 1.0)) * f64::from(NUM_SCANS);
+            }
+        }
+        for (r, h) in self.regions.iter_mut().zip(heat) {
+            r.whi = h / r.len as f64;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+
+    /// 8 regions of 4 pages each (scale 128: 512 / 128 = 4 pages per region).
+    fn mtm() -> Mtm {
+        let mut cfg = PolicyConfig::new(32, vec![8, 32]);
+        cfg.scale = 128.0;
+        Mtm::new(&cfg)
+    }
+
+    fn set_counts(m: &mut Mtm, counts: &[&[u8]]) {
+        for (r, c) in m.regions.iter_mut().zip(counts) {
+            r.counts = c.to_vec();
+            r.sample_pages = (0..c.len() as u64).map(|k| r.start + k).collect();
+        }
+    }
+
+    #[test]
+    fn eq1_budget() {
+        // 10 s * 5% / (1 us * 3) = 166,667 samples.
+        assert_eq!(
+            sample_budget(
+                INTERVAL_NS,
+                OVERHEAD_TARGET,
+                ONE_SCAN_OVERHEAD_NS,
+                NUM_SCANS
+            )
+            .round(),
+            166_667.0
+        );
+    }
+
+    #[test]
+    fn merges_only_below_tau_m() {
+        let mut m = mtm();
+        assert_eq!(m.regions().len(), 8);
+        // HI: 0, 0.99 (merge: diff < 1), 3, 2 (diff 1: no merge), 0, 1 (no),
+        // 3, 3 (merge).
+        set_counts(
+            &mut m,
+            &[&[0], &[1, 1, 1, 0], &[3], &[2], &[0], &[1], &[3], &[3]],
+        );
+        // HI of region 1 is 0.75: |0 - 0.75| < 1 merges.
+        m.end_interval();
+        let starts: Vec<u64> = m.regions().iter().map(|r| r.start).collect();
+        assert_eq!(starts, vec![0, 8, 12, 16, 20, 24], "{starts:?}");
+        assert_eq!(m.last_merges, 2);
+    }
+
+    #[test]
+    fn splits_only_above_tau_s() {
+        let mut m = mtm();
+        // Two merged regions of 2 units (8 pages) each, then two of 1 unit.
+        let mk = |start: u64, len: u64, samples: &[u64], counts: &[u8]| {
+            let mut r = Region::new(start, len, samples.len() as u32);
+            r.sample_pages = samples.to_vec();
+            r.counts = counts.to_vec();
+            r
+        };
+        m.regions = vec![
+            mk(0, 8, &[1, 5], &[0, 3]),    // spread 3 > 2: splits into HI 0 | HI 3
+            mk(8, 8, &[9, 13], &[1, 3]),   // spread 2, not > 2: stays (HI 2)
+            mk(16, 8, &[17, 21], &[0, 0]), // HI 0
+            mk(24, 8, &[25, 29], &[3, 3]), // HI 3
+        ];
+        m.end_interval();
+        let layout: Vec<(u64, u64)> = m.regions().iter().map(|r| (r.start, r.len)).collect();
+        assert_eq!(m.last_splits, 1);
+        // The HI-3 right half and the HI-2 region differ by exactly 1: no merge.
+        assert_eq!(layout, vec![(0, 4), (4, 4), (8, 8), (16, 8), (24, 8)]);
+        assert_eq!((m.regions()[0].samples, m.regions()[1].samples), (1, 1));
+    }
+
+    #[test]
+    fn promotes_hot_regions_fastest_first_and_demotes_cold_ones() {
+        let mut m = mtm();
+        // Tier 0 holds pages 0..8 (regions 0 and 1); region 5 (pages 20..24) is hot.
+        let mut v = VecView::two_tier(32, 8);
+        for r in &mut m.regions {
+            r.whi = 0.1;
+        }
+        m.regions[5].whi = 3.0;
+        m.regions[0].whi = 0.0;
+        let st = v.status(&[8, 32]);
+        let d = m.migrate(&obs(0, &st, &[]), &mut v);
+        v.apply(&d.migrations);
+        assert!((20..24).all(|p| v.tier[p] == 0), "{:?}", d.migrations);
+        assert!(
+            (0..4).all(|p| v.tier[p] == 1),
+            "coldest region demoted: {:?}",
+            d.migrations
+        );
+    }
+}

@@ -1,0 +1,547 @@
+//! `tpp`: Linux 6.3 NUMA-balancing memory tiering (TPP upstream).
+//!
+//! - Slow-tier pages are protected by the hint-fault scanner. On a hint
+//!   fault, `should_numa_migrate_memory()` decides: promote at once if the
+//!   top tier has plenty of free space (`pgdat_free_space_enough`); else the
+//!   page is hot if its hint-fault latency (time from scan to fault) is
+//!   below the threshold, which `numa_promotion_adjust_threshold()` moves in
+//!   16 steps so that candidates match the promotion rate limit; and the
+//!   promotion rate limit must not be exceeded.
+//! - Upstream 6.3 promotes at the first qualifying fault. The TPP patch the
+//!   Nomad paper ran as its baseline (TPP, ASPLOS'23; Nomad §2.2) promotes
+//!   only pages on the active LRU: a page becomes active at its second
+//!   reference, so it is promoted at its second qualifying hint fault. That
+//!   variant is `tpp-lru` ([`Tpp::with_active_lru_check`]).
+//! - Promotion is synchronous, in the fault path, by stop-and-copy, and
+//!   needs free pages above the high watermark; otherwise kswapd is woken.
+//! - kswapd demotes cold pages (second-chance over accessed bits, Linux's
+//!   inactive list) one tier down when free pages fall below the low
+//!   watermark, until free pages reach the promotion watermark.
+
+use super::hotness::ClockHand;
+use super::types::*;
+use super::Policy;
+
+/// `sysctl_numa_balancing_hot_threshold` = 1000 ms (kernel/sched/fair.c, 6.3).
+pub const HOT_THRESHOLD_NS: u64 = 1_000_000_000;
+/// `sysctl_numa_balancing_promote_rate_limit` = 65536 MB/s (fair.c, 6.3).
+pub const PROMOTE_RATE_LIMIT_MBPS: f64 = 65536.0;
+/// `NUMA_MIGRATION_ADJUST_STEPS` (fair.c, 6.3).
+pub const ADJUST_STEPS: u64 = 16;
+/// Threshold-adjust period = `sysctl_numa_balancing_scan_period_max` = 60 s.
+pub const THRESHOLD_ADJUST_PERIOD_NS: u64 = 60_000_000_000;
+/// Rate-limit window: one second (`numa_promotion_rate_limit`).
+pub const RATE_LIMIT_WINDOW_NS: u64 = 1_000_000_000;
+/// `sysctl_numa_balancing_scan_size` = 256 MB per scan period.
+pub const SCAN_SIZE_MB: f64 = 256.0;
+/// `sysctl_numa_balancing_scan_period_min` = 1000 ms.
+pub const SCAN_PERIOD_MIN_NS: u64 = 1_000_000_000;
+/// `pgdat_free_space_enough`: free above the promotion watermark by
+/// max(1 GB, node/16) promotes without a hotness check.
+pub const FREE_ENOUGH_MIN_MB: f64 = 1024.0;
+/// Node fraction for `pgdat_free_space_enough` (node_present_pages >> 4).
+pub const FREE_ENOUGH_NODE_SHIFT: u32 = 4;
+/// `watermark_scale_factor` default 10 (per 10,000): the gap between the
+/// min, low, high and promo watermarks as a fraction of the tier.
+pub const WATERMARK_SCALE_FACTOR: f64 = 10.0 / 10_000.0;
+/// kswapd and bookkeeping tick.
+pub const TICK_INTERVAL_NS: u64 = 1_000_000;
+
+/// Per-tier watermarks in pages (min < low < high < promo).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watermarks {
+    /// Below this, allocations stall (unused by policies).
+    pub min: u64,
+    /// kswapd wakes below this.
+    pub low: u64,
+    /// Promotion needs free pages above this (`migrate_balanced_pgdat`).
+    pub high: u64,
+    /// kswapd reclaims up to this in tiering mode (`WMARK_PROMO`, 6.3).
+    pub promo: u64,
+}
+
+impl Watermarks {
+    /// Watermarks for a tier of `capacity` pages.
+    pub fn for_capacity(capacity: u64) -> Self {
+        let gap = ((capacity as f64 * WATERMARK_SCALE_FACTOR).round() as u64).max(1);
+        Self {
+            min: gap,
+            low: 2 * gap,
+            high: 3 * gap,
+            promo: 4 * gap,
+        }
+    }
+}
+
+/// Linux's LRU reference state of a page.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LruFlags(u8);
+
+impl LruFlags {
+    const REFERENCED: u8 = 1;
+    const ACTIVE: u8 = 2;
+    pub(crate) fn active(self) -> bool {
+        self.0 & Self::ACTIVE != 0
+    }
+    pub(crate) fn referenced(self) -> bool {
+        self.0 & Self::REFERENCED != 0
+    }
+    /// `mark_page_accessed`: inactive,unreferenced -> referenced; inactive,referenced -> active.
+    pub(crate) fn mark_accessed(&mut self) {
+        if self.active() {
+            return;
+        }
+        if self.referenced() {
+            self.0 = Self::ACTIVE;
+        } else {
+            self.0 |= Self::REFERENCED;
+        }
+    }
+}
+
+/// kswapd: demotes cold pages one tier down under memory pressure. Shared
+/// by `tpp` and `nomad` (which uses shadow demotion where it can).
+#[derive(Clone, Debug)]
+pub(crate) struct Kswapd {
+    hand: ClockHand,
+    pub(crate) woken: Vec<bool>,
+    pub(crate) watermarks: Vec<Watermarks>,
+}
+
+impl Kswapd {
+    pub(crate) fn new(config: &PolicyConfig) -> Self {
+        Self {
+            hand: ClockHand::default(),
+            woken: vec![false; config.tiers()],
+            watermarks: config
+                .tier_capacity_pages
+                .iter()
+                .map(|&c| Watermarks::for_capacity(c))
+                .collect(),
+        }
+    }
+
+    /// Demotes from every tier (but the slowest) below its low watermark or
+    /// explicitly woken, until free pages reach the promotion watermark.
+    /// `shadow_ok`: use shadow demotion for pages with a shadow.
+    pub(crate) fn run(
+        &mut self,
+        tiers: &[TierStatus],
+        view: &mut dyn MemoryView,
+        budget: &mut FreeBudget,
+        shadow_ok: bool,
+        flags: &mut [LruFlags],
+        out: &mut Decisions,
+    ) {
+        let n = tiers.len();
+        for t in 0..n.saturating_sub(1) {
+            let wm = self.watermarks[t];
+            let tier = t as TierId;
+            let free = budget.free(tier);
+            if !(free < wm.low || self.woken[t]) {
+                continue;
+            }
+            self.woken[t] = false;
+            let want = wm.promo.saturating_sub(free);
+            if want == 0 {
+                continue;
+            }
+            let max_scan = view.pages();
+            let cold = self
+                .hand
+                .find(view, tier, want, max_scan, |_, accessed| !accessed);
+            for page in cold {
+                let shadow = if shadow_ok {
+                    view.shadow_tier(page).filter(|&s| usize::from(s) > t)
+                } else {
+                    None
+                };
+                let shadowed = shadow.is_some();
+                let dest = match shadow {
+                    Some(s) => Some(s),
+                    None => ((t + 1)..n)
+                        .map(|d| d as TierId)
+                        .find(|&d| budget.take(d, 1)),
+                };
+                let Some(dest) = dest else {
+                    // Nothing below has room: shadows there could be reclaimed.
+                    if shadow_ok {
+                        out.reclaim_shadows.push((tier + 1, wm.promo));
+                    }
+                    break;
+                };
+                budget.release(tier, 1);
+                if let Some(f) = flags.get_mut(page as usize) {
+                    *f = LruFlags::default();
+                }
+                out.migrations.push(Migration {
+                    unit: Unit::page(page),
+                    to: dest,
+                    mechanism: if shadowed {
+                        Mechanism::ShadowDemotion
+                    } else {
+                        Mechanism::StopAndCopy
+                    },
+                    urgency: Urgency::Background,
+                });
+            }
+        }
+    }
+}
+
+/// The hotness threshold and promotion rate limit of `should_numa_migrate_memory`.
+#[derive(Clone, Debug)]
+pub(crate) struct PromotionGate {
+    /// Pages per second (scaled).
+    rate_limit_pages: f64,
+    free_enough_pages: u64,
+    threshold_ns: u64,
+    th_start_ns: u64,
+    th_candidates: u64,
+    rl_start_ns: u64,
+    rl_candidates: u64,
+    candidates: u64,
+}
+
+impl PromotionGate {
+    pub(crate) fn new(config: &PolicyConfig) -> Self {
+        let limit_mbps = config
+            .promote_rate_limit_mbps
+            .unwrap_or(PROMOTE_RATE_LIMIT_MBPS);
+        let fast = config.tier_capacity_pages.first().copied().unwrap_or(0);
+        Self {
+            rate_limit_pages: config.mb_to_pages(limit_mbps) as f64,
+            free_enough_pages: config
+                .mb_to_pages(FREE_ENOUGH_MIN_MB)
+                .max(fast >> FREE_ENOUGH_NODE_SHIFT),
+            threshold_ns: 0,
+            th_start_ns: 0,
+            th_candidates: 0,
+            rl_start_ns: 0,
+            rl_candidates: 0,
+            candidates: 0,
+        }
+    }
+
+    /// Current hot threshold (0 means the default).
+    pub(crate) fn threshold_ns(&self) -> u64 {
+        if self.threshold_ns == 0 {
+            HOT_THRESHOLD_NS
+        } else {
+            self.threshold_ns
+        }
+    }
+
+    /// `numa_promotion_adjust_threshold`.
+    fn adjust_threshold(&mut self, now: u64) {
+        if now.saturating_sub(self.th_start_ns) <= THRESHOLD_ADJUST_PERIOD_NS {
+            return;
+        }
+        self.th_start_ns = now;
+        let ref_cand = self.rate_limit_pages * (THRESHOLD_ADJUST_PERIOD_NS as f64 / 1e9);
+        let diff = (self.candidates - self.th_candidates) as f64;
+        let unit = HOT_THRESHOLD_NS * 2 / ADJUST_STEPS;
+        let mut th = self.threshold_ns();
+        if diff > ref_cand * 1.1 {
+            th = th.saturating_sub(unit).max(unit);
+        } else if diff < ref_cand * 0.9 {
+            th = (th + unit).min(HOT_THRESHOLD_NS * 2);
+        }
+        self.th_candidates = self.candidates;
+        self.threshold_ns = th;
+    }
+
+    /// `numa_promotion_rate_limit`: true if over the limit.
+    fn rate_limited(&mut self, now: u64) -> bool {
+        self.candidates += 1;
+        if now.saturating_sub(self.rl_start_ns) > RATE_LIMIT_WINDOW_NS {
+            self.rl_start_ns = now;
+            self.rl_candidates = self.candidates;
+        }
+        (self.candidates - self.rl_candidates) as f64 >= self.rate_limit_pages
+    }
+
+    /// `should_numa_migrate_memory` for a fault into the top tier: `Some(true)`
+    /// = promote regardless of LRU state (free space enough), `Some(false)` =
+    /// hot and within the rate limit, `None` = do not promote.
+    pub(crate) fn check(
+        &mut self,
+        fault: &HintFault,
+        top: &TierStatus,
+        wm: &Watermarks,
+    ) -> Option<bool> {
+        if top.free_pages > wm.promo + self.free_enough_pages {
+            self.threshold_ns = 0;
+            return Some(true);
+        }
+        self.adjust_threshold(fault.now_ns);
+        if fault.time_to_fault_ns >= self.threshold_ns() {
+            return None;
+        }
+        if self.rate_limited(fault.now_ns) {
+            return None;
+        }
+        Some(false)
+    }
+}
+
+/// The `tpp` policy.
+#[derive(Clone, Debug)]
+pub struct Tpp {
+    gate: PromotionGate,
+    kswapd: Kswapd,
+    flags: Vec<LruFlags>,
+    tiers: usize,
+    scan_pages_per_sec: f64,
+    promotions: u64,
+    require_active: bool,
+}
+
+impl Tpp {
+    /// A TPP instance for `config`.
+    pub fn new(config: &PolicyConfig) -> Self {
+        Self {
+            gate: PromotionGate::new(config),
+            kswapd: Kswapd::new(config),
+            flags: vec![LruFlags::default(); config.pages as usize],
+            tiers: config.tiers(),
+            scan_pages_per_sec: SCAN_SIZE_MB * 1024.0 * 1024.0
+                / PAGE_BYTES as f64
+                / (SCAN_PERIOD_MIN_NS as f64 / 1e9),
+            promotions: 0,
+            require_active: false,
+        }
+    }
+
+    /// The TPP-patch variant: promote only pages on the active LRU.
+    pub fn with_active_lru_check(config: &PolicyConfig) -> Self {
+        Self {
+            require_active: true,
+            ..Self::new(config)
+        }
+    }
+
+    /// The current hot threshold in ns.
+    pub fn threshold_ns(&self) -> u64 {
+        self.gate.threshold_ns()
+    }
+}
+
+impl Policy for Tpp {
+    fn name(&self) -> &'static str {
+        if self.require_active {
+            "tpp-lru"
+        } else {
+            "tpp"
+        }
+    }
+
+    fn trackers(&self) -> TrackerRequest {
+        TrackerRequest {
+            hint_fault_tiers: (1..self.tiers).map(|t| t as TierId).collect(),
+            hint_scan_pages_per_sec: self.scan_pages_per_sec,
+            sample_period: 0,
+            dirty_log: false,
+        }
+    }
+
+    fn tick_interval_ns(&self) -> u64 {
+        TICK_INTERVAL_NS
+    }
+
+    fn on_hint_fault(
+        &mut self,
+        fault: &HintFault,
+        tiers: &[TierStatus],
+        _view: &mut dyn MemoryView,
+    ) -> Option<Migration> {
+        if fault.tier == 0 || tiers.is_empty() {
+            return None;
+        }
+        let wm = self.kswapd.watermarks[0];
+        let free_enough = self.gate.check(fault, &tiers[0], &wm)?;
+        if !free_enough && self.require_active {
+            let f = self.flags.get_mut(fault.page as usize)?;
+            f.mark_accessed();
+            if !f.active() {
+                return None;
+            }
+        }
+        // migrate_balanced_pgdat: room above the high watermark, else wake kswapd.
+        if tiers[0].free_pages <= wm.high {
+            self.kswapd.woken[0] = true;
+            return None;
+        }
+        self.promotions += 1;
+        Some(Migration {
+            unit: Unit::page(fault.page),
+            to: 0,
+            mechanism: Mechanism::StopAndCopy,
+            urgency: Urgency::BeforeFaultingAccessResumes,
+        })
+    }
+
+    fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
+        let mut out = Decisions::none();
+        let mut budget = FreeBudget::from_tiers(obs.tiers);
+        self.kswapd.run(
+            obs.tiers,
+            view,
+            &mut budget,
+            false,
+            &mut self.flags,
+            &mut out,
+        );
+        out
+    }
+
+    fn export_state(&self) -> PolicyState {
+        let hot_pages = self
+            .flags
+            .iter()
+            .enumerate()
+            .filter_map(|(p, f)| {
+                if f.active() {
+                    Some((p as u64, 1.0))
+                } else if f.referenced() {
+                    Some((p as u64, 0.5))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        PolicyState {
+            from: "tpp".into(),
+            now_ns: 0,
+            hot_pages,
+        }
+    }
+
+    fn import_state(&mut self, state: &PolicyState) {
+        for &(p, heat) in &state.hot_pages {
+            if let Some(f) = self.flags.get_mut(p as usize) {
+                if heat >= 0.75 {
+                    *f = LruFlags(LruFlags::ACTIVE);
+                } else if heat >= 0.25 {
+                    *f = LruFlags(LruFlags::REFERENCED);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+
+    fn fault(page: u64, ttf_ms: u64, now_ms: u64) -> HintFault {
+        HintFault {
+            page,
+            tier: 1,
+            time_to_fault_ns: ttf_ms * 1_000_000,
+            write: false,
+            now_ns: now_ms * 1_000_000,
+        }
+    }
+
+    /// 1000 pages, 100 fast (90 used: too little free for the free-space shortcut).
+    fn setup() -> (Tpp, VecView, Vec<u64>) {
+        let cfg = PolicyConfig::new(1000, vec![100, 1000]);
+        (Tpp::new(&cfg), VecView::two_tier(1000, 90), vec![100, 1000])
+    }
+
+    #[test]
+    fn upstream_promotes_at_first_fault_within_threshold() {
+        let (mut tpp, mut v, caps) = setup();
+        let st = v.status(&caps);
+        let m = tpp
+            .on_hint_fault(&fault(500, 999, 1), &st, &mut v)
+            .expect("hot fault promotes");
+        assert_eq!(
+            (m.unit, m.to, m.urgency),
+            (Unit::page(500), 0, Urgency::BeforeFaultingAccessResumes)
+        );
+        assert_eq!(
+            tpp.on_hint_fault(&fault(501, 1000, 2), &st, &mut v),
+            None,
+            "at the threshold: cold"
+        );
+    }
+
+    #[test]
+    fn lru_variant_promotes_on_second_fault_within_threshold() {
+        let cfg = PolicyConfig::new(1000, vec![100, 1000]);
+        let (mut tpp, mut v, caps) = (
+            Tpp::with_active_lru_check(&cfg),
+            VecView::two_tier(1000, 90),
+            vec![100, 1000],
+        );
+        let st = v.status(&caps);
+        assert_eq!(
+            tpp.on_hint_fault(&fault(500, 10, 1), &st, &mut v),
+            None,
+            "first fault only references"
+        );
+        let m = tpp
+            .on_hint_fault(&fault(500, 10, 2), &st, &mut v)
+            .expect("second fault promotes");
+        assert_eq!(
+            (m.unit, m.to, m.urgency),
+            (Unit::page(500), 0, Urgency::BeforeFaultingAccessResumes)
+        );
+        assert_eq!(m.mechanism, Mechanism::StopAndCopy);
+    }
+
+    #[test]
+    fn slow_faults_never_promote() {
+        let (mut tpp, mut v, caps) = setup();
+        let st = v.status(&caps);
+        for i in 0..5 {
+            assert_eq!(tpp.on_hint_fault(&fault(501, 1500, i), &st, &mut v), None);
+        }
+    }
+
+    #[test]
+    fn no_room_wakes_kswapd_which_demotes_cold_pages() {
+        let cfg = PolicyConfig::new(1000, vec![100, 1000]);
+        let mut tpp = Tpp::with_active_lru_check(&cfg);
+        let mut v = VecView::two_tier(1000, 100); // fast tier full
+        let caps = [100, 1000];
+        let st = v.status(&caps);
+        tpp.on_hint_fault(&fault(600, 5, 1), &st, &mut v);
+        assert_eq!(tpp.on_hint_fault(&fault(600, 5, 2), &st, &mut v), None);
+        // Pages 0..50 were accessed recently: second chance; 50.. are cold.
+        for p in 0..50 {
+            v.accessed[p] = true;
+        }
+        let d = tpp.tick(&obs(3_000_000, &st, &[]), &mut v);
+        let wm = Watermarks::for_capacity(100);
+        assert_eq!(d.migrations.len() as u64, wm.promo);
+        assert!(d
+            .migrations
+            .iter()
+            .all(|m| m.to == 1 && m.unit.page >= 50 && m.unit.page < 100));
+    }
+
+    #[test]
+    fn threshold_adapts_towards_rate_limit() {
+        // A tiny rate limit: far more candidates than the limit, so the
+        // threshold drops by one step per adjust period.
+        let mut cfg = PolicyConfig::new(1000, vec![100, 1000]);
+        cfg.promote_rate_limit_mbps = Some(0.004); // 1 page/s
+        let mut tpp = Tpp::new(&cfg);
+        let mut v = VecView::two_tier(1000, 90);
+        let st = v.status(&[100, 1000]);
+        let mut now = 0;
+        for i in 0..10_000u64 {
+            now = i * 10; // ms
+            tpp.on_hint_fault(&fault(100 + i % 800, 1, now), &st, &mut v);
+        }
+        assert!(now > 61_000);
+        assert_eq!(
+            tpp.threshold_ns(),
+            HOT_THRESHOLD_NS - HOT_THRESHOLD_NS * 2 / ADJUST_STEPS
+        );
+    }
+}

@@ -1,0 +1,347 @@
+//! Plain-data observations a policy reads and decisions it returns.
+//!
+//! Units: a *page* is a 4 KiB guest-physical page, named by its index from
+//! the start of guest RAM. A [`Unit`] is a run of pages (one page, or 512
+//! pages for a 2 MiB run). Tier 0 is the fastest tier; higher ids are slower.
+
+use serde::{Deserialize, Serialize};
+
+/// Index of a memory tier: 0 is the fastest (the *default* tier), higher is slower.
+pub type TierId = u8;
+
+/// Bytes in one page.
+pub const PAGE_BYTES: u64 = 4096;
+/// Pages in a 2 MiB run.
+pub const PAGES_PER_2M: u32 = 512;
+
+/// A run of guest pages: `pages` pages starting at page index `page`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Unit {
+    /// First page index.
+    pub page: u64,
+    /// Number of pages (>= 1).
+    pub pages: u32,
+}
+
+impl Unit {
+    /// A single 4 KiB page.
+    pub fn page(page: u64) -> Self {
+        Self { page, pages: 1 }
+    }
+}
+
+/// How a migration is carried out (the mechanisms live in `tiering::mem`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mechanism {
+    /// Nomad's transactional migration: copy while mapped, commit only if
+    /// the page was not written during the copy, else abort and keep it.
+    /// `keep_shadow`: on commit, keep the source copy as a shadow.
+    Transactional {
+        /// Keep the source page as a shadow after commit (non-exclusive tiering).
+        keep_shadow: bool,
+    },
+    /// Unmap, copy, remap (Linux `migrate_pages`). Always succeeds if the
+    /// destination has room.
+    StopAndCopy,
+    /// Demote a page by remapping it to its shadow in the destination tier
+    /// (no copy). If the shadow was lost (page written), the mechanism falls
+    /// back to stop-and-copy.
+    ShadowDemotion,
+}
+
+/// When the migration must happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Urgency {
+    /// In the fault path: the faulting access waits until the page moved.
+    BeforeFaultingAccessResumes,
+    /// In the background (a migration thread); the guest keeps running.
+    Background,
+}
+
+/// One decision: move `unit` to tier `to` with `mechanism`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Migration {
+    /// Pages to move.
+    pub unit: Unit,
+    /// Destination tier.
+    pub to: TierId,
+    /// Mechanism to use.
+    pub mechanism: Mechanism,
+    /// Fault path or background.
+    pub urgency: Urgency,
+}
+
+impl Migration {
+    /// Whether this migration moves towards a faster tier than `from`.
+    pub fn is_promotion_from(&self, from: TierId) -> bool {
+        self.to < from
+    }
+}
+
+/// What a policy asks the engine to do after a tick.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Decisions {
+    /// Migrations, in the order the policy wants them done.
+    pub migrations: Vec<Migration>,
+    /// Shadows to drop, per tier (`(tier, pages)`), to relieve pressure there.
+    /// The mechanism picks which shadows (oldest first).
+    pub reclaim_shadows: Vec<(TierId, u64)>,
+}
+
+impl Decisions {
+    /// No action.
+    pub fn none() -> Self {
+        Self::default()
+    }
+}
+
+/// A NUMA-hint-style fault on a protected page.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HintFault {
+    /// Faulting page.
+    pub page: u64,
+    /// Tier the page sits in.
+    pub tier: TierId,
+    /// Nanoseconds from the scan that protected the page to this fault
+    /// (Linux's `numa_hint_fault_latency`).
+    pub time_to_fault_ns: u64,
+    /// The faulting access is a write.
+    pub write: bool,
+    /// Clock at the fault.
+    pub now_ns: u64,
+}
+
+/// One sampled access (PEBS-like; in a VM, sampled hint faults stand in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessSample {
+    /// Accessed page.
+    pub page: u64,
+    /// Tier it sits in.
+    pub tier: TierId,
+    /// The access is a store.
+    pub write: bool,
+}
+
+/// Outcome of a transactional migration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpmOutcome {
+    /// The page.
+    pub page: u64,
+    /// `true` = committed; `false` = aborted (written during the copy).
+    pub committed: bool,
+}
+
+/// Per-tier state at tick time.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TierStatus {
+    /// Capacity in pages available to this VM.
+    pub capacity_pages: u64,
+    /// Free pages (not holding a master copy or a shadow).
+    pub free_pages: u64,
+    /// Pages holding shadows (reclaimable).
+    pub shadow_pages: u64,
+    /// Average loaded read latency over the last interval, if measured.
+    pub loaded_latency_ns: Option<f64>,
+    /// Requests per second to this tier over the last interval, if measured.
+    pub request_rate: Option<f64>,
+}
+
+/// Everything a policy observes at a tick (besides the [`MemoryView`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Observations<'a> {
+    /// Clock in nanoseconds.
+    pub now_ns: u64,
+    /// Per-tier status, indexed by tier id.
+    pub tiers: &'a [TierStatus],
+    /// Access samples since the last tick (if requested).
+    pub samples: &'a [AccessSample],
+    /// Transactional-migration outcomes since the last tick.
+    pub tpm_outcomes: &'a [TpmOutcome],
+    /// Pages found dirty since the last tick (if requested).
+    pub dirty: &'a [u64],
+}
+
+/// The per-page state a policy can query and the accessed-bit tracker.
+///
+/// The simulator implements this over its page map; the live engine over the
+/// tiered backing memory and its trackers.
+pub trait MemoryView {
+    /// Number of guest pages.
+    fn pages(&self) -> u64;
+    /// Tier holding the page's master copy.
+    fn tier_of(&self, page: u64) -> TierId;
+    /// The slower tier holding the page's clean shadow, if it has one.
+    fn shadow_tier(&self, page: u64) -> Option<TierId>;
+    /// Whether the page still has a clean shadow in a slower tier.
+    fn has_shadow(&self, page: u64) -> bool {
+        self.shadow_tier(page).is_some()
+    }
+    /// Reads and clears the page's accessed bit (accessed since the last call).
+    fn test_and_clear_accessed(&mut self, page: u64) -> bool;
+}
+
+/// Which trackers a policy needs the engine to run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrackerRequest {
+    /// Protect pages of these tiers for hint faults (empty = no hint faults).
+    pub hint_fault_tiers: Vec<TierId>,
+    /// Hint-fault scan rate in pages per second (real pages, before scaling).
+    pub hint_scan_pages_per_sec: f64,
+    /// Take one access sample every this many accesses (0 = no sampling).
+    pub sample_period: u64,
+    /// Report dirty pages at each tick.
+    pub dirty_log: bool,
+}
+
+impl TrackerRequest {
+    /// No tracking at all.
+    pub fn none() -> Self {
+        Self {
+            hint_fault_tiers: Vec::new(),
+            hint_scan_pages_per_sec: 0.0,
+            sample_period: 0,
+            dirty_log: false,
+        }
+    }
+}
+
+/// A policy-neutral hotness snapshot, for switching policies at run time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyState {
+    /// Name of the policy that exported the state.
+    pub from: String,
+    /// Clock at export.
+    pub now_ns: u64,
+    /// Pages believed hot, with a heat in [0, 1] (1 = hottest), hottest first.
+    pub hot_pages: Vec<(u64, f32)>,
+}
+
+/// Construction-time configuration shared by all policies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PolicyConfig {
+    /// Guest pages.
+    pub pages: u64,
+    /// Capacity of each tier in pages, fastest first.
+    pub tier_capacity_pages: Vec<u64>,
+    /// Real pages one modeled page stands for (1 live; N in a scaled
+    /// simulation). Constants that count pages or bytes in total (rate
+    /// limits, cooling periods, sample budgets) are divided by it.
+    pub scale: f64,
+    /// Overrides the policy's promotion rate limit (MB/s, real units).
+    pub promote_rate_limit_mbps: Option<f64>,
+    /// Overrides the policy's migration interval (ns).
+    pub interval_ns: Option<u64>,
+}
+
+impl PolicyConfig {
+    /// A config for `pages` guest pages over tiers of the given capacities, unscaled.
+    pub fn new(pages: u64, tier_capacity_pages: Vec<u64>) -> Self {
+        Self {
+            pages,
+            tier_capacity_pages,
+            scale: 1.0,
+            promote_rate_limit_mbps: None,
+            interval_ns: None,
+        }
+    }
+
+    /// Number of tiers.
+    pub fn tiers(&self) -> usize {
+        self.tier_capacity_pages.len()
+    }
+
+    /// `real_pages` (a page count from a paper) in modeled pages (at least 1).
+    pub fn scaled_pages(&self, real_pages: f64) -> u64 {
+        let s = if self.scale.is_finite() && self.scale > 0.0 {
+            self.scale
+        } else {
+            1.0
+        };
+        ((real_pages / s).round() as u64).max(1)
+    }
+
+    /// Megabytes in real units to modeled pages, unrounded.
+    pub fn mb_to_pages_f64(&self, mb: f64) -> f64 {
+        let s = if self.scale.is_finite() && self.scale > 0.0 {
+            self.scale
+        } else {
+            1.0
+        };
+        (mb * 1024.0 * 1024.0 / PAGE_BYTES as f64 / s).max(0.0)
+    }
+
+    /// Megabytes in real units to modeled pages.
+    pub fn mb_to_pages(&self, mb: f64) -> u64 {
+        self.scaled_pages(mb * 1024.0 * 1024.0 / PAGE_BYTES as f64)
+    }
+}
+
+/// Tracks free pages per tier while a policy builds its decision list, so
+/// it never asks for more pages than a destination has free. Decisions run
+/// in order, so pages freed by an earlier migration in the list may be
+/// used by a later one ([`FreeBudget::release`]); shadow demotions need no
+/// destination page (the shadow is already there).
+#[derive(Clone, Debug)]
+pub struct FreeBudget {
+    free: Vec<u64>,
+}
+
+impl FreeBudget {
+    /// From the tick's tier status.
+    pub fn from_tiers(tiers: &[TierStatus]) -> Self {
+        Self {
+            free: tiers.iter().map(|t| t.free_pages).collect(),
+        }
+    }
+
+    /// Free pages left in `tier`.
+    pub fn free(&self, tier: TierId) -> u64 {
+        self.free.get(usize::from(tier)).copied().unwrap_or(0)
+    }
+
+    /// Reserves `pages` in `tier`; false (and nothing reserved) if they do not fit.
+    pub fn take(&mut self, tier: TierId, pages: u64) -> bool {
+        match self.free.get_mut(usize::from(tier)) {
+            Some(f) if *f >= pages => {
+                *f -= pages;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Returns `pages` to `tier` (a demotion earlier in the same decision
+    /// list frees its source pages before later migrations run).
+    pub fn release(&mut self, tier: TierId, pages: u64) {
+        if let Some(f) = self.free.get_mut(usize::from(tier)) {
+            *f += pages;
+        }
+    }
+}
+
+/// A per-interval page budget that may be fractional (a rate limit scaled
+/// down by the simulator): each interval grants the whole pages of
+/// `per_interval` plus the fraction left over from earlier intervals.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IntervalBudget {
+    per_interval: f64,
+    carry: f64,
+}
+
+impl IntervalBudget {
+    /// `per_interval` pages per interval.
+    pub fn new(per_interval: f64) -> Self {
+        Self {
+            per_interval: per_interval.max(0.0),
+            carry: 0.0,
+        }
+    }
+
+    /// The pages granted for the next interval.
+    pub fn next_interval(&mut self) -> u64 {
+        let total = self.per_interval + self.carry;
+        let whole = total.floor();
+        self.carry = total - whole;
+        whole as u64
+    }
+}

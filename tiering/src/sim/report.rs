@@ -1,0 +1,188 @@
+//! Results of simulation runs: per-policy reports, a comparison table and JSON.
+
+use serde::{Deserialize, Serialize};
+
+/// One point of the throughput / latency timeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// End of the bucket, modeled seconds.
+    pub t_s: f64,
+    /// Modeled application throughput, million accesses per second.
+    pub throughput_maps: f64,
+    /// Modeled average access latency (loaded tier latency, without stalls), ns.
+    pub avg_latency_ns: f64,
+    /// Share of accesses served by tier 0.
+    pub fast_share: f64,
+}
+
+/// Per-tier traffic over the run, GB (real units).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierTraffic {
+    /// Tier name.
+    pub name: String,
+    /// Application accesses served (real-equivalent count).
+    pub accesses: f64,
+    /// Application bytes read and written back, GB.
+    pub app_gb: f64,
+    /// Migration copy bytes read or written here, GB.
+    pub migration_gb: f64,
+    /// Antagonist bytes, GB.
+    pub antagonist_gb: f64,
+    /// Access-weighted average loaded latency, ns.
+    pub avg_loaded_latency_ns: f64,
+    /// Pages (real-equivalent) holding master copies at the end.
+    pub pages_at_end: f64,
+}
+
+/// Event counts, in real-equivalent units (modeled counts times the scale).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Pages moved to a faster tier (committed).
+    pub promotions: f64,
+    /// Pages moved to a slower tier (any mechanism).
+    pub demotions: f64,
+    /// Demotions done by remapping to a shadow (no copy): shadow hits.
+    pub shadow_demotions: f64,
+    /// Shadow demotions that found the shadow gone and copied instead.
+    pub shadow_misses: f64,
+    /// Transactional migrations committed.
+    pub tpm_commits: f64,
+    /// Transactional migrations aborted (written during the copy).
+    pub tpm_aborts: f64,
+    /// Write faults on shadowed masters (shadow dropped).
+    pub shadow_write_faults: f64,
+    /// Shadows dropped to relieve memory pressure.
+    pub shadows_reclaimed: f64,
+    /// Hint faults taken.
+    pub hint_faults: f64,
+    /// Promotions done in the fault path.
+    pub sync_promotions: f64,
+    /// Decisions the engine refused (destination full): should stay 0.
+    pub rejected: f64,
+}
+
+/// The result of running one policy on one scenario. All performance
+/// numbers are **modeled**.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// Always true: these numbers come from a latency model.
+    pub modeled: bool,
+    /// Scenario name.
+    pub scenario: String,
+    /// Policy name.
+    pub policy: String,
+    /// Modeled seconds.
+    pub duration_s: f64,
+    /// Whole-run throughput, million accesses per second.
+    pub throughput_maps: f64,
+    /// Throughput over the first phase ("in progress").
+    pub in_progress_maps: f64,
+    /// Throughput over the last phase ("stable").
+    pub stable_maps: f64,
+    /// Average loaded latency per access over the run, ns.
+    pub avg_latency_ns: f64,
+    /// Event counts.
+    pub counters: Counters,
+    /// Per-tier traffic.
+    pub tiers: Vec<TierTraffic>,
+    /// Timeline.
+    pub timeline: Vec<TimelinePoint>,
+    /// Simulated (scaled) accesses.
+    pub simulated_accesses: u64,
+    /// Wall-clock seconds the run took.
+    pub wall_s: f64,
+}
+
+impl RunReport {
+    /// Simulated accesses per wall-clock second.
+    pub fn sim_rate(&self) -> f64 {
+        if self.wall_s > 0.0 {
+            self.simulated_accesses as f64 / self.wall_s
+        } else {
+            0.0
+        }
+    }
+}
+
+fn si(x: f64) -> String {
+    let a = x.abs();
+    if a >= 1e9 {
+        format!("{:.2}G", x / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if a >= 1e3 {
+        format!("{:.1}K", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// A comparison table of several runs of one scenario.
+pub fn table(reports: &[RunReport]) -> String {
+    let mut s = String::new();
+    if let Some(r) = reports.first() {
+        s.push_str(&format!(
+            "scenario {} ({} modeled s) -- MODELED results from a latency model, not measurements\n",
+            r.scenario, r.duration_s
+        ));
+    }
+    s.push_str(&format!(
+        "{:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+        "policy",
+        "Macc/s",
+        "progress",
+        "stable",
+        "lat ns",
+        "fast%",
+        "promo",
+        "demo",
+        "shadowDm",
+        "tpm ok",
+        "tpm abrt",
+        "hintflt",
+        "sim Ma/s"
+    ));
+    for r in reports {
+        let total: f64 = r.tiers.iter().map(|t| t.accesses).sum();
+        let fast = r.tiers.first().map(|t| t.accesses).unwrap_or(0.0);
+        let c = &r.counters;
+        s.push_str(&format!(
+            "{:<8} {:>9.1} {:>9.1} {:>9.1} {:>8.0} {:>6.1}% {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1}\n",
+            r.policy,
+            r.throughput_maps,
+            r.in_progress_maps,
+            r.stable_maps,
+            r.avg_latency_ns,
+            if total > 0.0 { 100.0 * fast / total } else { 0.0 },
+            si(c.promotions),
+            si(c.demotions),
+            si(c.shadow_demotions),
+            si(c.tpm_commits),
+            si(c.tpm_aborts),
+            si(c.hint_faults),
+            r.sim_rate() / 1e6,
+        ));
+    }
+    s
+}
+
+/// Per-tier traffic of one run as text.
+pub fn tier_table(r: &RunReport) -> String {
+    let mut s = format!("{} / {} per-tier traffic (modeled)\n", r.scenario, r.policy);
+    s.push_str(&format!(
+        "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
+        "tier", "accesses", "app GB", "migr GB", "antag GB", "lat ns"
+    ));
+    for t in &r.tiers {
+        s.push_str(&format!(
+            "{:<12} {:>10} {:>9.1} {:>9.2} {:>9.1} {:>9.0}\n",
+            t.name,
+            si(t.accesses),
+            t.app_gb,
+            t.migration_gb,
+            t.antagonist_gb,
+            t.avg_loaded_latency_ns
+        ));
+    }
+    s
+}

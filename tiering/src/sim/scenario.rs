@@ -1,0 +1,185 @@
+//! Built-in scenarios named after the seeds' experiments, and overrides.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{CostModel, TierModel, DEFAULT_QUEUE_K};
+use super::workload::WorkloadSpec;
+
+/// Extra load on one tier (Colloid's antagonist), as a fraction of that
+/// tier's peak bandwidth, present the whole run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Antagonist {
+    /// Loaded tier.
+    pub tier: u8,
+    /// Fraction of the tier's bandwidth it consumes.
+    pub utilization: f64,
+}
+
+/// Everything a simulation run needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scenario {
+    /// Name.
+    pub name: String,
+    /// One-line description with its source.
+    pub about: String,
+    /// Tiers, fastest first.
+    pub tiers: Vec<TierModel>,
+    /// Workload.
+    pub workload: WorkloadSpec,
+    /// Fraction of accesses that write.
+    pub write_ratio: f64,
+    /// Application threads.
+    pub threads: u32,
+    /// Outstanding memory requests per thread (memory-level parallelism).
+    pub mlp: f64,
+    /// Bytes moved per access (a cache line; a write adds a write-back).
+    pub access_bytes: f64,
+    /// Antagonist, if any.
+    pub antagonist: Option<Antagonist>,
+    /// Modeled seconds.
+    pub duration_s: f64,
+    /// Real pages per modeled page.
+    pub scale: f64,
+    /// Seed.
+    pub seed: u64,
+    /// Mechanism costs.
+    pub costs: CostModel,
+    /// Promotion / migration rate limit handed to every policy (MB/s), as
+    /// when a paper gives all systems the same cap.
+    pub promote_rate_limit_mbps: Option<f64>,
+    /// Fraction of the run counted as "in progress" (start) and "stable" (end).
+    pub phase_fraction: f64,
+}
+
+fn tier(name: &str, gib: f64, ns: f64, gbps: f64) -> TierModel {
+    TierModel {
+        name: name.into(),
+        capacity_gib: gib,
+        unloaded_ns: ns,
+        bandwidth_gbps: gbps,
+        queue_k: DEFAULT_QUEUE_K,
+    }
+}
+
+/// Nomad platform A (Table 1): 2.1 GHz, fast 316 cycles, slow 854 cycles;
+/// peak read bandwidth 31.45 / 21.7 GB/s; both tiers 16 GB for micro-benchmarks.
+fn nomad_platform_a() -> Vec<TierModel> {
+    vec![
+        tier("DDR5", 16.0, 316.0 / 2.1, 31.45),
+        tier("CXL", 16.0, 854.0 / 2.1, 21.7),
+    ]
+}
+
+fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenario {
+    Scenario {
+        name: name.into(),
+        about: format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A"),
+        tiers: nomad_platform_a(),
+        workload: WorkloadSpec::Zipf { rss_gib: rss, wss_gib: wss, theta: 0.99 },
+        write_ratio,
+        threads: 16,
+        mlp: 1.0,
+        access_bytes: 64.0,
+        antagonist: None,
+        duration_s: 200.0,
+        scale: 1024.0,
+        seed: 1,
+        costs: CostModel::default(),
+        promote_rate_limit_mbps: None,
+        phase_fraction: 0.25,
+    }
+}
+
+fn colloid(level: u32) -> Scenario {
+    let utilization = [0.0, 0.51, 0.65, 0.70][level.min(3) as usize];
+    Scenario {
+        name: format!("colloid-gups-{level}x"),
+        about: format!(
+            "Colloid §5.1 GUPS: 72 GB, 24 GB hot at 90%, 1:1 read/update, 15 threads; antagonist {level}x ({:.0}% of local bandwidth)",
+            utilization * 100.0
+        ),
+        tiers: vec![tier("local", 32.0, 70.0, 205.0), tier("remote", 96.0, 135.0, 75.0)],
+        workload: WorkloadSpec::Gups { size_gib: 72.0, hot_gib: 24.0, hot_prob: 0.9 },
+        write_ratio: 1.0,
+        threads: 15,
+        mlp: 3.0,
+        access_bytes: 64.0,
+        antagonist: (level > 0).then_some(Antagonist { tier: 0, utilization }),
+        duration_s: 300.0,
+        scale: 8192.0,
+        seed: 1,
+        costs: CostModel::default(),
+        promote_rate_limit_mbps: None,
+        phase_fraction: 0.25,
+    }
+}
+
+fn mtm_4tier() -> Scenario {
+    Scenario {
+        name: "mtm-4tier".into(),
+        about: "MTM Table 1 four tiers (90/145/275/340 ns), GUPS-like 512 GB with a 20% Gaussian hot set at 80%, 8 threads, 200 MB per 10 s migration cap for all".into(),
+        tiers: vec![
+            tier("local DRAM", 96.0, 90.0, 95.0),
+            tier("remote DRAM", 96.0, 145.0, 35.0),
+            tier("local PM", 756.0, 275.0, 35.0),
+            tier("remote PM", 756.0, 340.0, 1.0),
+        ],
+        workload: WorkloadSpec::GaussianHot { size_gib: 512.0, hot_fraction: 0.2, hot_prob: 0.8 },
+        write_ratio: 0.5,
+        threads: 8,
+        mlp: 1.0,
+        access_bytes: 64.0,
+        antagonist: None,
+        duration_s: 4000.0,
+        scale: 4096.0,
+        seed: 1,
+        costs: CostModel::default(),
+        promote_rate_limit_mbps: Some(20.0),
+        phase_fraction: 0.25,
+    }
+}
+
+/// Names of the built-in scenarios.
+pub fn builtin_names() -> Vec<String> {
+    builtins().into_iter().map(|s| s.name).collect()
+}
+
+/// All built-in scenarios.
+pub fn builtins() -> Vec<Scenario> {
+    let mut v = Vec::new();
+    for (size, rss, wss) in [
+        ("small", 20.0, 10.0),
+        ("medium", 27.0, 13.5),
+        ("large", 27.0, 27.0),
+    ] {
+        v.push(nomad(
+            &format!("nomad-{size}-ro"),
+            rss,
+            wss,
+            0.0,
+            "read-only",
+        ));
+        v.push(nomad(
+            &format!("nomad-{size}-wo"),
+            rss,
+            wss,
+            1.0,
+            "write-only",
+        ));
+    }
+    for level in 0..=3 {
+        v.push(colloid(level));
+    }
+    v.push(mtm_4tier());
+    v
+}
+
+/// The built-in scenario `name`. `nomad-small` (no suffix) means read-only.
+pub fn builtin(name: &str) -> Option<Scenario> {
+    let name = name.trim().to_ascii_lowercase();
+    let name = match name.as_str() {
+        "nomad-small" | "nomad-medium" | "nomad-large" => format!("{name}-ro"),
+        _ => name,
+    };
+    builtins().into_iter().find(|s| s.name == name)
+}

@@ -1,0 +1,386 @@
+//! `tiervm sim`: run placement policies in the deterministic tiered-memory
+//! simulator (`tiering::sim`). Every number it prints is MODELED.
+
+use clap::{Args, ValueEnum};
+use tiering::policy::NAMES;
+use tiering::sim::{self, RunReport, Scenario};
+
+/// Output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// A comparison table.
+    #[default]
+    Table,
+    /// JSON (one object with the scenario and one report per policy).
+    Json,
+}
+
+/// Arguments of `tiervm sim`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct SimArgs {
+    /// Scenario to run (see --list).
+    pub scenario: Option<String>,
+    /// List the built-in scenarios and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Policies to compare, comma-separated (default: all six).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    pub report: ReportFormat,
+    /// Also print each run's throughput timeline and per-tier traffic.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Also sweep static placements with 0%, 10%, ..., 100% of the hot set
+    /// in tier 0 (GUPS scenarios: Colloid's best case).
+    #[arg(long)]
+    pub sweep_static: bool,
+    /// Parallel runs (default: available cores).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+
+    /// Modeled seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Real pages per modeled page (larger = faster, coarser).
+    #[arg(long)]
+    pub scale: Option<f64>,
+    /// Fraction of accesses that write (0..1).
+    #[arg(long)]
+    pub write_ratio: Option<f64>,
+    /// Application threads.
+    #[arg(long)]
+    pub threads: Option<u32>,
+    /// Outstanding requests per thread.
+    #[arg(long)]
+    pub mlp: Option<f64>,
+    /// Antagonist load on its tier as a fraction of its bandwidth (0 = none).
+    #[arg(long)]
+    pub antagonist: Option<f64>,
+    /// Tier the antagonist loads.
+    #[arg(long)]
+    pub antagonist_tier: Option<u8>,
+    /// Zipf: resident set GiB.
+    #[arg(long)]
+    pub rss_gib: Option<f64>,
+    /// Zipf: working set GiB.
+    #[arg(long)]
+    pub wss_gib: Option<f64>,
+    /// Zipf: skew theta.
+    #[arg(long)]
+    pub theta: Option<f64>,
+    /// GUPS / Gaussian: buffer GiB.
+    #[arg(long)]
+    pub size_gib: Option<f64>,
+    /// GUPS: hot set GiB.
+    #[arg(long)]
+    pub hot_gib: Option<f64>,
+    /// GUPS / Gaussian: probability of a hot access.
+    #[arg(long)]
+    pub hot_prob: Option<f64>,
+    /// Gaussian: hot fraction of the buffer.
+    #[arg(long)]
+    pub hot_fraction: Option<f64>,
+    /// Tier capacities in GiB, fastest first, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub tier_capacity_gib: Vec<f64>,
+    /// Tier unloaded latencies in ns, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub tier_latency_ns: Vec<f64>,
+    /// Tier peak bandwidths in GB/s, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub tier_bandwidth_gbps: Vec<f64>,
+    /// Queueing coefficient k of every tier's latency curve.
+    #[arg(long)]
+    pub queue_k: Option<f64>,
+    /// Promotion / migration rate limit for every policy, MB/s.
+    #[arg(long)]
+    pub rate_limit_mbps: Option<f64>,
+    /// Modeled fault cost, ns.
+    #[arg(long)]
+    pub fault_ns: Option<f64>,
+    /// Modeled TLB shootdown cost (initiator), ns.
+    #[arg(long)]
+    pub shootdown_ns: Option<f64>,
+    /// Modeled IPI cost per interrupted thread, ns.
+    #[arg(long)]
+    pub ipi_ns: Option<f64>,
+    /// Modeled per-page migration bookkeeping, ns.
+    #[arg(long)]
+    pub migrate_setup_ns: Option<f64>,
+    /// Modeled single-thread copy bandwidth, GB/s.
+    #[arg(long)]
+    pub copy_gbps: Option<f64>,
+}
+
+/// Errors of `tiervm sim`.
+#[derive(Debug, thiserror::Error)]
+pub enum SimCmdError {
+    /// No or unknown scenario.
+    #[error("{0}")]
+    Usage(String),
+    /// The simulator refused the scenario or a policy.
+    #[error(transparent)]
+    Sim(#[from] sim::SimError),
+    /// JSON encoding failed.
+    #[error("cannot encode the report as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+fn set_list(dst: &mut [f64], src: &[f64], what: &str) -> Result<(), SimCmdError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    if src.len() != dst.len() {
+        return Err(SimCmdError::Usage(format!(
+            "--{what} needs {} comma-separated values (one per tier), got {}",
+            dst.len(),
+            src.len()
+        )));
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+/// Applies the command-line overrides to a scenario.
+pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
+    use tiering::sim::workload::WorkloadSpec as W;
+    if let Some(v) = a.duration {
+        scn.duration_s = v;
+    }
+    if let Some(v) = a.seed {
+        scn.seed = v;
+    }
+    if let Some(v) = a.scale {
+        scn.scale = v;
+    }
+    if let Some(v) = a.write_ratio {
+        scn.write_ratio = v;
+    }
+    if let Some(v) = a.threads {
+        scn.threads = v;
+    }
+    if let Some(v) = a.mlp {
+        scn.mlp = v;
+    }
+    if let Some(v) = a.antagonist {
+        let tier = a
+            .antagonist_tier
+            .or(scn.antagonist.as_ref().map(|x| x.tier))
+            .unwrap_or(0);
+        scn.antagonist = (v > 0.0).then_some(sim::scenario::Antagonist {
+            tier,
+            utilization: v,
+        });
+    } else if let (Some(t), Some(ant)) = (a.antagonist_tier, scn.antagonist.as_mut()) {
+        ant.tier = t;
+    }
+    match &mut scn.workload {
+        W::Zipf {
+            rss_gib,
+            wss_gib,
+            theta,
+        } => {
+            if let Some(v) = a.rss_gib {
+                *rss_gib = v;
+            }
+            if let Some(v) = a.wss_gib {
+                *wss_gib = v;
+            }
+            if let Some(v) = a.theta {
+                *theta = v;
+            }
+        }
+        W::Gups {
+            size_gib,
+            hot_gib,
+            hot_prob,
+        } => {
+            if let Some(v) = a.size_gib {
+                *size_gib = v;
+            }
+            if let Some(v) = a.hot_gib {
+                *hot_gib = v;
+            }
+            if let Some(v) = a.hot_prob {
+                *hot_prob = v;
+            }
+        }
+        W::GaussianHot {
+            size_gib,
+            hot_fraction,
+            hot_prob,
+        } => {
+            if let Some(v) = a.size_gib {
+                *size_gib = v;
+            }
+            if let Some(v) = a.hot_fraction {
+                *hot_fraction = v;
+            }
+            if let Some(v) = a.hot_prob {
+                *hot_prob = v;
+            }
+        }
+    }
+    let n = scn.tiers.len();
+    let mut caps: Vec<f64> = scn.tiers.iter().map(|t| t.capacity_gib).collect();
+    let mut lats: Vec<f64> = scn.tiers.iter().map(|t| t.unloaded_ns).collect();
+    let mut bws: Vec<f64> = scn.tiers.iter().map(|t| t.bandwidth_gbps).collect();
+    set_list(&mut caps, &a.tier_capacity_gib, "tier-capacity-gib")?;
+    set_list(&mut lats, &a.tier_latency_ns, "tier-latency-ns")?;
+    set_list(&mut bws, &a.tier_bandwidth_gbps, "tier-bandwidth-gbps")?;
+    for i in 0..n {
+        let t = &mut scn.tiers[i];
+        t.capacity_gib = caps[i];
+        t.unloaded_ns = lats[i];
+        t.bandwidth_gbps = bws[i];
+        if let Some(k) = a.queue_k {
+            t.queue_k = k;
+        }
+    }
+    if let Some(v) = a.rate_limit_mbps {
+        scn.promote_rate_limit_mbps = Some(v);
+    }
+    let c = &mut scn.costs;
+    for (dst, src) in [
+        (&mut c.fault_ns, a.fault_ns),
+        (&mut c.shootdown_ns, a.shootdown_ns),
+        (&mut c.ipi_receive_ns, a.ipi_ns),
+        (&mut c.migrate_setup_ns, a.migrate_setup_ns),
+        (&mut c.copy_gbps, a.copy_gbps),
+    ] {
+        if let Some(v) = src {
+            *dst = v;
+        }
+    }
+    Ok(())
+}
+
+fn list() -> String {
+    let mut s = String::from("built-in scenarios (all results MODELED):\n");
+    for scn in sim::builtins() {
+        s.push_str(&format!("  {:<18} {}\n", scn.name, scn.about));
+    }
+    s.push_str(&format!("policies: {}\n", NAMES.join(", ")));
+    s
+}
+
+/// Runs jobs over at most `jobs` threads, keeping the input order.
+fn parallel<T: Send, R: Send>(items: Vec<T>, jobs: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let jobs = jobs.max(1);
+    let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    let queue = std::sync::Mutex::new(items.into_iter().enumerate().collect::<Vec<_>>());
+    let results = std::sync::Mutex::new(&mut slots);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let next = queue.lock().map(|mut q| q.pop()).unwrap_or(None);
+                let Some((i, item)) = next else { break };
+                let r = f(item);
+                if let Ok(mut out) = results.lock() {
+                    out[i] = Some(r);
+                }
+            });
+        }
+    });
+    slots.into_iter().flatten().collect()
+}
+
+/// Runs `tiervm sim`. Returns the process exit code.
+pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
+    if args.list {
+        print!("{}", list());
+        return Ok(0);
+    }
+    let Some(name) = args.scenario.as_deref() else {
+        return Err(SimCmdError::Usage(format!(
+            "name a scenario (tiervm sim SCENARIO)\n{}",
+            list()
+        )));
+    };
+    let mut scn = sim::builtin(name).ok_or_else(|| {
+        SimCmdError::Usage(format!(
+            "unknown scenario `{name}`; valid: {} (see tiervm sim --list)",
+            sim::builtin_names().join(", ")
+        ))
+    })?;
+    apply_overrides(&mut scn, args)?;
+    let policies: Vec<String> = if args.policies.is_empty() {
+        NAMES.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.policies
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    for p in &policies {
+        tiering::policy::by_name(p, &tiering::policy::PolicyConfig::new(1, vec![1]))
+            .map_err(|e| SimCmdError::Usage(e.to_string()))?;
+    }
+    let jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let mut work: Vec<(String, Option<f64>)> = policies.iter().map(|p| (p.clone(), None)).collect();
+    if args.sweep_static {
+        work.extend((0..=10).map(|i| ("static".to_string(), Some(f64::from(i) / 10.0))));
+    }
+    let wall = std::time::Instant::now();
+    let results: Vec<Result<RunReport, sim::SimError>> =
+        parallel(work.clone(), jobs, |(p, share)| match share {
+            None => sim::run(&scn, &p),
+            Some(s) => sim::run_with(&scn, &p, sim::Placement::HotShare(s)).map(|mut r| {
+                r.policy = format!("split{:.0}", s * 100.0);
+                r
+            }),
+        });
+    let wall_s = wall.elapsed().as_secs_f64();
+    let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    match args.report {
+        ReportFormat::Json => {
+            let v = serde_json::json!({
+                "modeled": true,
+                "note": "all performance numbers come from the simulator's latency model",
+                "scenario": scn,
+                "reports": reports,
+                "wall_s": wall_s,
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        ReportFormat::Table => {
+            println!("{}", scn.about);
+            print!("{}", sim::report::table(&reports));
+            let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
+            let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
+            println!(
+                "simulated {:.1}M accesses in {:.1} s wall ({} jobs); {:.1}M simulated accesses per core-second",
+                sim_acc as f64 / 1e6,
+                wall_s,
+                jobs,
+                sim_acc as f64 / cpu_s.max(1e-9) / 1e6
+            );
+            if args.verbose {
+                for r in &reports {
+                    print!("{}", sim::report::tier_table(r));
+                    println!("  t(s)  Macc/s  lat(ns)  fast%");
+                    for p in &r.timeline {
+                        println!(
+                            "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
+                            p.t_s,
+                            p.throughput_maps,
+                            p.avg_latency_ns,
+                            100.0 * p.fast_share
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(0)
+}
