@@ -10,12 +10,34 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tiering::mem::TieredMemory;
+
 use crate::report::group;
 use crate::runner::{RunHooks, SampleCtx};
 
 /// Reads the tiering layer's live counters: total migrations so far
 /// (promotions + demotions) and pages resident per tier `[fast, slow]`.
 pub type TierProbe = Arc<dyn Fn() -> (u64, [u64; 2]) + Send + Sync>;
+
+/// A probe on tiered memory: migrations = promotions + demotions so far,
+/// pages = guest pages on the fast and the slow tier. Each call scans the
+/// page map (about a millisecond per GiB); it is only called when the line
+/// is drawn.
+pub fn tiered_probe(mem: Arc<TieredMemory>) -> TierProbe {
+    Arc::new(move || {
+        let s = mem.stats();
+        let pages = |name: &str| {
+            s.tiers
+                .iter()
+                .find(|t| t.name == name)
+                .map_or(0, |t| t.guest_pages)
+        };
+        (
+            s.promotions.saturating_add(s.demotions),
+            [pages("fast"), pages("slow")],
+        )
+    })
+}
 
 /// ANSI "erase to the end of the line".
 const CLEAR_TO_EOL: &str = "\x1b[K";
@@ -284,6 +306,23 @@ mod tests {
         p.draw(1.0, 10);
         assert!(!p.drawn);
         assert!(p.last.is_none(), "a silent display does not even sample");
+    }
+
+    #[test]
+    fn tiered_probe_counts_pages_per_tier() {
+        let mut cfg = tiering::mem::MemConfig::new(64 * tiering::mem::PAGE_SIZE, 16);
+        cfg.placement = tiering::mem::Placement::FastFirst;
+        let mem = match TieredMemory::new(&cfg) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                eprintln!(
+                    "SKIPPED tiered_probe_counts_pages_per_tier: tiered memory unavailable ({e})"
+                );
+                return;
+            }
+        };
+        let probe = tiered_probe(mem);
+        assert_eq!(probe(), (0, [16, 48]));
     }
 
     #[test]
