@@ -34,19 +34,24 @@ pub struct BarGroup {
     pub values: Vec<f64>,
 }
 
-/// Ops/s per sample interval from a cumulative timeline: one point per
-/// interval, at the interval's end time. Intervals shorter than `min_dt_s`
-/// (e.g. the stub between the last sample and the VM's end, whose rate is
-/// mostly noise) and of zero length are skipped.
-pub fn rates_from_timeline(timeline: &[TimelinePoint], min_dt_s: f64) -> Vec<(f64, f64)> {
-    timeline
-        .windows(2)
-        .filter_map(|w| {
-            let dt = w[1].t_s - w[0].t_s;
-            (dt > 0.0 && dt >= min_dt_s)
-                .then(|| (w[1].t_s, w[1].ops.saturating_sub(w[0].ops) as f64 / dt))
-        })
-        .collect()
+/// Ops/s over windows of at least `window_s` seconds from a cumulative
+/// timeline: one point per window, at the window's end. With `window_s` at
+/// most the sampling period this is one point per sample interval. A tail
+/// shorter than `window_s` (e.g. the stub between the last sample and the
+/// VM's end, whose rate is mostly noise) is left out.
+pub fn rates_from_timeline(timeline: &[TimelinePoint], window_s: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let Some(mut start) = timeline.first().copied() else {
+        return out;
+    };
+    for p in &timeline[1..] {
+        let dt = p.t_s - start.t_s;
+        if dt > 0.0 && dt >= window_s {
+            out.push((p.t_s, p.ops.saturating_sub(start.ops) as f64 / dt));
+            start = *p;
+        }
+    }
+    out
 }
 
 /// The color of series `i` (a fixed palette, so a policy keeps its color
@@ -321,10 +326,27 @@ mod tests {
         assert_eq!(r.len(), 3, "the zero-length interval is skipped");
         assert!((r[0].0 - 0.2).abs() < 1e-12 && (r[0].1 - 1000.0).abs() < 1e-6);
         assert!((r[1].0 - 0.4).abs() < 1e-12 && (r[1].1 - 2000.0).abs() < 1e-6);
-        assert!((r[2].1 - 100.0).abs() < 1e-6);
+        assert!((r[2].1 - 10_100.0).abs() < 1e-6, "from (0.4, 500): {r:?}");
         let r = rates_from_timeline(&t, 0.05);
         assert_eq!(r.len(), 2, "the 10 ms stub at the end is skipped");
         assert!(rates_from_timeline(&tl(&[(1.0, 5)]), 0.0).is_empty());
+        assert!(rates_from_timeline(&[], 0.0).is_empty());
+    }
+
+    #[test]
+    fn wider_windows_average_several_samples() {
+        let t = tl(&[
+            (0.0, 0),
+            (0.1, 10),
+            (0.2, 30),
+            (0.3, 60),
+            (0.4, 100),
+            (0.45, 200),
+        ]);
+        let r = rates_from_timeline(&t, 0.2);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!((r[0].0 - 0.2).abs() < 1e-9 && (r[0].1 - 150.0).abs() < 1e-6);
+        assert!((r[1].0 - 0.4).abs() < 1e-9 && (r[1].1 - 350.0).abs() < 1e-6);
     }
 
     /// The trimmed contents of every `<text>` element.

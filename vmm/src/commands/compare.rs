@@ -732,11 +732,23 @@ pub fn to_csv(runs: &[RunRecord]) -> String {
     out
 }
 
-/// `throughput.svg`: ops/s per sample interval over time, one line per
+/// The throughput plot's window: about 40 points over the run, never
+/// finer than the sampling period (a shorter tail is left out).
+pub fn plot_window_s(sample_ms: u64, duration_s: f64) -> f64 {
+    let sample_s = sample_ms as f64 / 1e3;
+    let by_length = if duration_s > 0.0 {
+        duration_s / 40.0
+    } else {
+        0.0
+    };
+    // Sampling jitter makes intervals slightly shorter than the period.
+    (sample_s * 0.9).max(by_length * 0.9)
+}
+
+/// `throughput.svg`: ops/s per window over time, one line per
 /// policy (its first run that produced a report).
 pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, String> {
-    // Skip the stub interval between the last sample and the VM's end.
-    let min_dt_s = res.setup.sample_ms as f64 / 1e3 / 2.0;
+    let window_s = plot_window_s(res.setup.sample_ms, res.setup.duration_s);
     let series: Vec<Series> = res
         .policies
         .iter()
@@ -753,7 +765,7 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, Strin
             };
             Some(Series {
                 name,
-                points: plot::rates_from_timeline(&run.1.timeline, min_dt_s),
+                points: plot::rates_from_timeline(&run.1.timeline, window_s),
             })
         })
         .collect();
@@ -768,7 +780,7 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, Strin
             res.setup.image
         ),
         "time since vCPU start (s)",
-        "guest ops/s (per sample interval)",
+        &format!("guest ops/s (per {:.2} s window)", window_s),
         &series,
     )
 }
@@ -853,6 +865,12 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         ));
     }
     let policies = parse_policies(&args.policies)?;
+    if policies.is_empty() {
+        return Err(Error::Usage(
+            "no policies to compare: name them with --policies, e.g. --policies static,chaos"
+                .into(),
+        ));
+    }
     if args.has_chaos_flags() && !policies.contains(&PolicyArg::Chaos) {
         return Err(Error::Usage(
             "--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to the chaos policy: add chaos to --policies or drop them".into(),
@@ -1279,6 +1297,13 @@ mod tests {
         let n = a.request(PolicyArg::None).tiering;
         assert_eq!(n.fast, None);
         assert!(!n.wants_tiering());
+    }
+
+    #[test]
+    fn plot_window_is_a_sample_or_a_fortieth_of_the_run() {
+        assert!((plot_window_s(100, 1.0) - 0.09).abs() < 1e-9);
+        assert!((plot_window_s(100, 60.0) - 1.35).abs() < 1e-9);
+        assert!((plot_window_s(50, 0.0) - 0.045).abs() < 1e-9);
     }
 
     #[test]
