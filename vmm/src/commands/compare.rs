@@ -732,23 +732,24 @@ pub fn to_csv(runs: &[RunRecord]) -> String {
     out
 }
 
-/// The throughput plot's window: about 40 points over the run, never
-/// finer than the sampling period (a shorter tail is left out).
+/// The throughput plot's window in seconds: a whole number of sampling
+/// periods, about 1/40 of the run (at least one period).
 pub fn plot_window_s(sample_ms: u64, duration_s: f64) -> f64 {
-    let sample_s = sample_ms as f64 / 1e3;
-    let by_length = if duration_s > 0.0 {
-        duration_s / 40.0
+    let sample_s = sample_ms.max(1) as f64 / 1e3;
+    let k = if duration_s > 0.0 {
+        (duration_s / 40.0 / sample_s).round().max(1.0)
     } else {
-        0.0
+        1.0
     };
-    // Sampling jitter makes intervals slightly shorter than the period.
-    (sample_s * 0.9).max(by_length * 0.9)
+    k * sample_s
 }
 
 /// `throughput.svg`: ops/s per window over time, one line per
 /// policy (its first run that produced a report).
 pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, String> {
     let window_s = plot_window_s(res.setup.sample_ms, res.setup.duration_s);
+    // Samples come a little late or early; accept windows 10% short.
+    let min_window_s = window_s * 0.9;
     let series: Vec<Series> = res
         .policies
         .iter()
@@ -765,7 +766,7 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, Strin
             };
             Some(Series {
                 name,
-                points: plot::rates_from_timeline(&run.1.timeline, window_s),
+                points: plot::rates_from_timeline(&run.1.timeline, min_window_s),
             })
         })
         .collect();
@@ -780,7 +781,7 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, Strin
             res.setup.image
         ),
         "time since vCPU start (s)",
-        &format!("guest ops/s (per {:.2} s window)", window_s),
+        &format!("guest ops/s (per {window_s:.2} s window)"),
         &series,
     )
 }
@@ -1301,9 +1302,10 @@ mod tests {
 
     #[test]
     fn plot_window_is_a_sample_or_a_fortieth_of_the_run() {
-        assert!((plot_window_s(100, 1.0) - 0.09).abs() < 1e-9);
-        assert!((plot_window_s(100, 60.0) - 1.35).abs() < 1e-9);
-        assert!((plot_window_s(50, 0.0) - 0.045).abs() < 1e-9);
+        assert!((plot_window_s(100, 1.0) - 0.1).abs() < 1e-9);
+        assert!((plot_window_s(100, 6.0) - 0.2).abs() < 1e-9);
+        assert!((plot_window_s(100, 60.0) - 1.5).abs() < 1e-9);
+        assert!((plot_window_s(50, 0.0) - 0.05).abs() < 1e-9);
     }
 
     #[test]
