@@ -1303,7 +1303,7 @@ mod tests {
     #[test]
     fn plot_window_is_a_sample_or_a_fortieth_of_the_run() {
         assert!((plot_window_s(100, 1.0) - 0.1).abs() < 1e-9);
-        assert!((plot_window_s(100, 6.0) - 0.2).abs() < 1e-9);
+        assert!((plot_window_s(100, 8.0) - 0.2).abs() < 1e-9);
         assert!((plot_window_s(100, 60.0) - 1.5).abs() < 1e-9);
         assert!((plot_window_s(50, 0.0) - 0.05).abs() < 1e-9);
     }
