@@ -11,6 +11,8 @@ pub mod devices;
 pub mod error;
 pub mod image;
 pub mod kvm_dirty_log;
+pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod runner;
 pub mod status;

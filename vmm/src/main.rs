@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use vmm::commands::{info, native, run, sim};
+use vmm::commands::{compare, info, native, run, sim};
 use vmm::error::Error;
 
 /// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
@@ -19,6 +19,8 @@ struct Cli {
 enum Command {
     /// Boot a guest image and report its throughput.
     Run(run::RunArgs),
+    /// Run one image under several policies and compare them (table, JSON/CSV, SVG plots).
+    Compare(compare::CompareArgs),
     /// Show what this host offers (KVM, NUMA, userfaultfd, dirty log, THP).
     Info(info::InfoArgs),
     /// Run a built-in workload natively on host threads (the no-VM baseline).
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         .init();
     let result = match &cli.command {
         Command::Run(a) => run::run(a, started),
+        Command::Compare(a) => compare::run(a, started),
         Command::Info(a) => info::run(a)
             .map(|()| 0)
             .map_err(|e| Error::Host(e.to_string())),

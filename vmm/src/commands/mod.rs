@@ -1,5 +1,6 @@
 //! The `tiervm` subcommands, one module each.
 
+pub mod compare;
 pub mod info;
 pub mod native;
 pub mod run;
