@@ -219,6 +219,12 @@ impl Progress {
 }
 
 impl RunHooks for Progress {
+    fn on_start(&mut self, tiered: Option<&Arc<TieredMemory>>) {
+        if let Some(m) = tiered {
+            self.set_probe(tiered_probe(m.clone()));
+        }
+    }
+
     fn on_sample(&mut self, ctx: &SampleCtx<'_>) {
         self.draw(ctx.t_s, ctx.ops);
     }

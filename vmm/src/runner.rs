@@ -45,8 +45,11 @@ pub struct SampleCtx<'a> {
     pub ops: u64,
 }
 
-/// Observers of a run (tests, the tiering engine, progress display).
+/// Observers of a run (tests, progress display).
 pub trait RunHooks {
+    /// Called once the VM is about to run, with its tiered memory if any.
+    fn on_start(&mut self, _tiered: Option<&std::sync::Arc<tiering::mem::TieredMemory>>) {}
+
     /// Called after every status sample.
     fn on_sample(&mut self, _ctx: &SampleCtx<'_>) {}
 }
@@ -123,6 +126,7 @@ pub fn run(
         cfg.console_limit,
     ))));
 
+    hooks.on_start(_backing.as_ref());
     let run_start = Instant::now();
     let mut threads: Vec<Option<JoinHandle<vcpu::VcpuOutcome>>> = Vec::new();
     for (id, fd) in vcpus.into_iter().enumerate() {

@@ -6,8 +6,9 @@ use clap::{Args, ValueEnum};
 
 use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use crate::error::{Error, Result};
+use crate::progress::Progress;
 use crate::report::{RunReport, StopReason};
-use crate::runner::{self, Console, NoHooks};
+use crate::runner::{self, Console};
 use crate::tiering_config::{
     MechanismArg, PlacementArg, PolicyArg, TieringRequest, TrackingArg, UnitArg,
 };
@@ -53,6 +54,9 @@ pub struct RunArgs {
     /// Report format.
     #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
     pub report: ReportFormat,
+    /// No live progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
     /// Fast-tier capacity (enables tiered memory); default with a tiering policy: half of --mem.
     #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
     pub fast: Option<u64>,
@@ -141,7 +145,9 @@ impl RunArgs {
 /// Runs `tiervm run`; returns the process exit code.
 pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     let cfg = VmConfig::from_request(&args.request())?;
-    let report = runner::run(&cfg, started, Console::Stderr, &mut NoHooks)?;
+    let mut progress = Progress::stderr("run", cfg.duration, args.quiet);
+    let report = runner::run(&cfg, started, Console::Stderr, &mut progress)?;
+    progress.finish();
     print_report(&report, args.report)?;
     if let Some(crash) = &report.crash {
         eprintln!("tiervm: guest crashed: {crash}");

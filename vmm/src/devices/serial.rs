@@ -44,6 +44,10 @@ impl Sink {
         match self {
             Self::Stderr => {
                 let mut e = std::io::stderr().lock();
+                if std::io::IsTerminal::is_terminal(&e) {
+                    // Clear a live progress line before printing over it.
+                    let _ = e.write_all(b"\r\x1b[K");
+                }
                 let _ = e.write_all(b"[guest] ");
                 let _ = e.write_all(line);
                 let _ = e.write_all(b"\n");
