@@ -164,13 +164,13 @@ impl HintSampler {
             // Nothing was sampled over the last period: keep the scan size.
         } else {
             // Proportional control towards the budget, at most 4x down or
-            // 1.5x up per period.
+            // up per period (the first window was sized pessimistically).
             let ratio = if overhead_pct > 0.0 {
                 self.cfg.budget_pct / overhead_pct
             } else {
-                1.5
+                4.0
             };
-            let next = (self.scan_pages as f64 * ratio.clamp(0.25, 1.5)).round() as usize;
+            let next = (self.scan_pages as f64 * ratio.clamp(0.25, 4.0)).round() as usize;
             self.scan_pages = next.clamp(
                 self.cfg.min_scan_pages.max(1),
                 self.cfg.max_scan_pages.max(1),
