@@ -12,8 +12,14 @@ A=(zipf --mem 512M --fast 256M --policy static --duration "${SECS}s" --report js
    --arg rss=192M --arg wss=192M --arg write_ratio=0.2)
 ops() { python3 -c "import json,sys; r=json.load(sys.stdin); print(r['ops_per_sec'], r['tracking']['hint_faults'], r['tracking']['tracking_overhead_pct'])"; }
 for i in $(seq "$PAIRS"); do
-  off=$($T run "${A[@]}" --tracking off 2>/dev/null | ops)
-  on=$($T run "${A[@]}" --tracking hint-faults 2>/dev/null | ops)
+  # Alternate which side runs first, so order effects cancel out.
+  if [ $((i % 2)) -eq 1 ]; then
+    off=$($T run "${A[@]}" --tracking off 2>/dev/null | ops)
+    on=$($T run "${A[@]}" --tracking hint-faults 2>/dev/null | ops)
+  else
+    on=$($T run "${A[@]}" --tracking hint-faults 2>/dev/null | ops)
+    off=$($T run "${A[@]}" --tracking off 2>/dev/null | ops)
+  fi
   python3 - "$off" "$on" <<'PY'
 import sys
 off, on = sys.argv[1].split(), sys.argv[2].split()

@@ -37,14 +37,20 @@ pub const FAST: TierId = 0;
 /// The slow tier's id.
 pub const SLOW: TierId = 1;
 
+/// Modeled total memory request rate of a VM (64-byte requests per second,
+/// about 6.4 GB/s), split over the tiers by the measured access shares.
+pub const MODELED_REQUESTS_PER_SEC: f64 = 100e6;
+
 /// Modeled per-tier loaded latency for hosts without latency counters:
 /// `latency_t = unloaded_t * (1 + LOAD_SENSITIVITY * share_t)`, where
 /// `share_t` is the share of sampled guest accesses that hit tier `t` over
 /// the last interval. Unloaded latencies are Colloid's measured 70 ns (local
 /// DRAM) and 135 ns (remote/CXL-like); `LOAD_SENSITIVITY = 1.5` makes a tier
 /// that serves every access 2.5x its unloaded latency, Colloid's local-DRAM
-/// figure under 1x antagonist load. This is a model, labeled as such in
-/// reports; it is not a measurement.
+/// figure under 1x antagonist load. Per-tier request rates are the measured
+/// shares times a modeled total of [`MODELED_REQUESTS_PER_SEC`] (the hint
+/// faults see a sample of the accesses, not their number). This is a model,
+/// labeled as such in reports; it is not a measurement.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct ModeledLatency {
     /// Unloaded latency per tier, ns.
@@ -292,7 +298,14 @@ impl EngineState {
 
     fn tick(&mut self, now_ns: u64) {
         let latencies = self.latency.map(|l| l.latencies(self.tier_hits));
-        let tiers = self.tiers(latencies);
+        let mut tiers = self.tiers(latencies);
+        if self.latency.is_some() {
+            let total = (self.tier_hits[0] + self.tier_hits[1]).max(1) as f64;
+            for (t, status) in tiers.iter_mut().enumerate() {
+                status.request_rate =
+                    Some(MODELED_REQUESTS_PER_SEC * self.tier_hits[t] as f64 / total);
+            }
+        }
         let mem = self.migrator.memory().clone();
         let samples = std::mem::take(&mut self.samples);
         self.report.samples += samples.len() as u64;
