@@ -226,7 +226,14 @@ impl VmConfig {
         let nodes: Vec<u32> = tiering::host::numa_nodes()
             .map(|n| n.iter().map(|n| n.id).collect())
             .unwrap_or_default();
-        let tiering = req.tiering.validate(mem, req.seed, &nodes)?;
+        let mut tiering = req.tiering.validate(mem, req.seed, &nodes)?;
+        if req.tiering.chaos_heap_only {
+            if let Some(chaos) = tiering.as_mut().and_then(|t| t.chaos.as_mut()) {
+                let page = tiering::mem::PAGE_SIZE as u64;
+                chaos.pages =
+                    Some((layout.heap_start / page) as usize..(layout.heap_end / page) as usize);
+            }
+        }
         Ok(Self {
             tiering,
             image,

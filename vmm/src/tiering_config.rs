@@ -123,6 +123,9 @@ pub struct TieringRequest {
     pub tracking_budget_pct: Option<f64>,
     /// `--policy-schedule` (e.g. `nomad@0s,tpp@20s`).
     pub policy_schedule: Option<String>,
+    /// Test-only: chaos migrates only the workload's heap (not the image,
+    /// stacks, page tables or status page).
+    pub chaos_heap_only: bool,
 }
 
 /// Access tracking.
@@ -154,6 +157,7 @@ impl Default for TieringRequest {
             scan_period: None,
             tracking_budget_pct: None,
             policy_schedule: None,
+            chaos_heap_only: false,
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct ChaosConfig {
     pub seed: u64,
     /// Batching interval: units due in one interval go in one batch.
     pub interval: Duration,
+    /// Only pick units in these guest pages (`None`: all of guest RAM).
+    pub pages: Option<std::ops::Range<usize>>,
 }
 
 impl Default for ChaosConfig {
@@ -41,6 +43,7 @@ impl Default for ChaosConfig {
             unit_pages: 1,
             seed: 1,
             interval: Duration::from_millis(10),
+            pages: None,
         }
     }
 }
@@ -137,7 +140,15 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
     let start = Instant::now();
     let mut rep = ChaosReport::default();
     let mut rng = Rng(cfg.seed | 1);
-    let slots = m.memory().guest_pages() / cfg.unit_pages;
+    let n = m.memory().guest_pages();
+    let range = cfg
+        .pages
+        .clone()
+        .map_or(0..n, |r| r.start.min(n)..r.end.min(n));
+    let base_slot = range.start.div_ceil(cfg.unit_pages);
+    let slots = (range.end / cfg.unit_pages)
+        .saturating_sub(base_slot)
+        .max(1);
     let mut owed = 0.0f64;
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -148,7 +159,7 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
         let total_w = (cfg.promote_weight + cfg.demote_weight) as u64;
         for _ in 0..k {
             let u = Unit::run(
-                (rng.next() as usize % slots) * cfg.unit_pages,
+                (base_slot + rng.next() as usize % slots) * cfg.unit_pages,
                 cfg.unit_pages,
             );
             if rng.next() % total_w < cfg.promote_weight as u64 {

@@ -102,6 +102,9 @@ pub struct RunArgs {
     /// Switch policies while the VM runs, e.g. nomad@0s,tpp@20s.
     #[arg(long, help_heading = "Tiering")]
     pub policy_schedule: Option<String>,
+    /// TEST ONLY: chaos migrates only the workload's heap.
+    #[arg(long, hide = true)]
+    pub test_chaos_heap_only: bool,
     /// TEST ONLY: commit transactional migrations without the dirty check
     /// (loses writes; exists to prove the integrity test can fail).
     #[arg(long, hide = true)]
@@ -137,6 +140,7 @@ impl RunArgs {
                 scan_period: self.scan_period,
                 tracking_budget_pct: self.tracking_budget,
                 policy_schedule: self.policy_schedule.clone(),
+                chaos_heap_only: self.test_chaos_heap_only,
             },
         }
     }
