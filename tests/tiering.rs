@@ -48,6 +48,11 @@ fn check_accounting(r: &RunReport) {
     for t in tiers {
         assert!(t.pages <= t.capacity_pages, "{t:?}");
     }
+    let t = r.tiering.as_ref().expect("tiering report");
+    assert_eq!(
+        t.node_check, "ok",
+        "every page on its tier's node (move_pages)"
+    );
     let one_node = tiering::host::numa_nodes()
         .map(|n| n.len() == 1)
         .unwrap_or(true);

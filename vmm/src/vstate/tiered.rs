@@ -37,6 +37,10 @@ pub struct TieringReport {
     pub samples: u64,
     /// What the policy engine did (placement policies only).
     pub engine: Option<EngineReport>,
+    /// `move_pages(2)` check at the end of the run: "ok" when every present
+    /// guest page sits on its tier's host node (trivially true with emulated
+    /// tiers), else the first mismatch.
+    pub node_check: String,
 }
 
 /// The report's `migration` object.
@@ -279,7 +283,12 @@ impl TieredRam {
         self.mem
             .check_consistency()
             .map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
+        let node_check = match self.mem.check_nodes() {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e,
+        };
         Ok(TieringReport {
+            node_check,
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             emulated: self.mem.emulated(),
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
