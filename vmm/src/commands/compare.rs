@@ -10,23 +10,21 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::commands::run::exit_code_of;
-use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
+use crate::commands::run::{exit_code_of, VmFlags};
+use crate::config::{VmConfig, VmRequest};
 use crate::devices::serial::Sink;
 use crate::error::{Error, Result};
 use crate::plot::{self, BarGroup, Series};
 use crate::progress::{si, Progress};
 use crate::report::{group, RunReport};
 use crate::runner::{self, Console};
-use crate::tiering_config::{
-    MechanismArg, PlacementArg, PolicyArg, TieringRequest, TrackingArg, UnitArg,
-};
-use crate::units::{format_size, parse_duration, parse_size};
+use crate::tiering_config::{PlacementArg, PolicyArg, TieringRequest};
+use crate::units::format_size;
 
 /// Policies left out of the default set: `none` is untiered and `chaos` is
 /// a torture test, not a placement policy.
@@ -43,71 +41,6 @@ pub enum CompareFormat {
     Human,
     /// The results.json object on one line (schema: docs/compare.md).
     Json,
-}
-
-/// VM flags shared with `tiervm run` (same names, defaults and meaning).
-#[derive(Clone, Debug, Args)]
-pub struct VmFlags {
-    /// Guest RAM size (multiple of 2M), e.g. 512M, 1G.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub mem: u64,
-    /// Number of vCPUs (threads running the workload).
-    #[arg(long, default_value_t = 1)]
-    pub vcpus: u32,
-    /// Run length of each VM (then the guest is asked to stop); 0 = until the guest exits.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    pub duration: Duration,
-    /// Workload parameter key=value (repeatable); `tiervm images` lists them.
-    #[arg(long = "arg", value_name = "KEY=VALUE")]
-    pub args: Vec<String>,
-    /// Seed of the guest's random generators (the same for every run).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Status-page sampling period in milliseconds (timeline resolution).
-    #[arg(long, default_value_t = DEFAULT_SAMPLE_MS)]
-    pub sample_ms: u64,
-    /// How long the guest gets to report after the stop request.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub stop_grace: Duration,
-    /// Fast-tier capacity; default: half of --mem.
-    #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
-    pub fast: Option<u64>,
-    /// Slow-tier capacity; default: as much as --mem (the whole guest fits there).
-    #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
-    pub slow: Option<u64>,
-    /// Host NUMA node of the fast tier (default 0).
-    #[arg(long, help_heading = "Tiering")]
-    pub fast_node: Option<u32>,
-    /// Host NUMA node of the slow tier (default: the next node with memory, else the fast node: emulated tiers).
-    #[arg(long, help_heading = "Tiering")]
-    pub slow_node: Option<u32>,
-    /// Initial placement of guest pages (the same for every policy).
-    #[arg(long, value_enum, default_value_t = PlacementArg::FastFirst, help_heading = "Tiering")]
-    pub placement: PlacementArg,
-    /// Chaos policy only: units migrated per second.
-    #[arg(long, help_heading = "Tiering")]
-    pub chaos_rate: Option<f64>,
-    /// Chaos policy only: promote:demote mix, e.g. 1:1.
-    #[arg(long, help_heading = "Tiering")]
-    pub chaos_mix: Option<String>,
-    /// Chaos policy only: migration mechanism.
-    #[arg(long, value_enum, help_heading = "Tiering")]
-    pub mechanism: Option<MechanismArg>,
-    /// Chaos policy only: migration unit.
-    #[arg(long, value_enum, help_heading = "Tiering")]
-    pub chaos_unit: Option<UnitArg>,
-    /// Access tracking for policies (hint faults need tiered memory).
-    #[arg(long, value_enum, help_heading = "Tiering")]
-    pub tracking: Option<TrackingArg>,
-    /// Hint faults: pages unmapped per scan window (adapted to the budget).
-    #[arg(long, help_heading = "Tiering")]
-    pub scan_pages: Option<usize>,
-    /// Hint faults: time between scan windows, e.g. 1s, 200ms.
-    #[arg(long, value_parser = parse_duration, help_heading = "Tiering")]
-    pub scan_period: Option<Duration>,
-    /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
-    #[arg(long, help_heading = "Tiering")]
-    pub tracking_budget: Option<f64>,
 }
 
 /// Flags of `tiervm compare`.
@@ -185,44 +118,22 @@ impl CompareArgs {
     /// The VM request of one policy's runs. Chaos flags go to the chaos
     /// policy only; `none` gets no tiering flags at all (plain RAM).
     pub fn request(&self, policy: PolicyArg) -> VmRequest {
-        let v = &self.vm;
-        let chaos = policy == PolicyArg::Chaos;
         let tiering = if policy == PolicyArg::None {
             TieringRequest {
                 policy: Some(PolicyArg::None),
                 ..TieringRequest::default()
             }
         } else {
-            TieringRequest {
-                fast: v.fast,
-                slow: v.slow,
-                fast_node: v.fast_node,
-                slow_node: v.slow_node,
-                placement: v.placement,
-                policy: Some(policy),
-                chaos_rate: v.chaos_rate.filter(|_| chaos),
-                chaos_mix: v.chaos_mix.clone().filter(|_| chaos),
-                mechanism: v.mechanism.filter(|_| chaos),
-                chaos_unit: v.chaos_unit.filter(|_| chaos),
-                tracking: v.tracking,
-                scan_pages: v.scan_pages,
-                scan_period: v.scan_period,
-                tracking_budget_pct: v.tracking_budget,
-                // One policy per run; new flags keep their defaults.
-                ..TieringRequest::default()
+            let mut t = self.vm.tiering(Some(policy));
+            if policy != PolicyArg::Chaos {
+                t.chaos_rate = None;
+                t.chaos_mix = None;
+                t.mechanism = None;
+                t.chaos_unit = None;
             }
+            t
         };
-        VmRequest {
-            image: self.image.clone(),
-            args: v.args.clone(),
-            mem_bytes: v.mem,
-            vcpus: v.vcpus,
-            duration: v.duration,
-            sample_ms: v.sample_ms,
-            seed: v.seed,
-            stop_grace: v.stop_grace,
-            tiering,
-        }
+        self.vm.request(&self.image, tiering)
     }
 
     fn has_chaos_flags(&self) -> bool {

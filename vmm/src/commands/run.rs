@@ -30,6 +30,33 @@ pub struct RunArgs {
     /// Built-in image (zipf, gups, memcheck, kv, pagerank) or path to a static x86_64 ELF.
     #[arg(default_value = "zipf")]
     pub image: String,
+    /// VM settings.
+    #[command(flatten)]
+    pub vm: VmFlags,
+    /// Placement policy (default: none, or static when --fast/--slow is given).
+    #[arg(long, value_enum, help_heading = "Tiering")]
+    pub policy: Option<PolicyArg>,
+    /// Switch policies while the VM runs, e.g. nomad@0s,tpp@20s.
+    #[arg(long, help_heading = "Tiering")]
+    pub policy_schedule: Option<String>,
+    /// Report format.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
+    pub report: ReportFormat,
+    /// No live progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+    /// TEST ONLY: chaos migrates only the workload's heap.
+    #[arg(long, hide = true)]
+    pub test_chaos_heap_only: bool,
+    /// TEST ONLY: commit transactional migrations without the dirty check
+    /// (loses writes; exists to prove the integrity test can fail).
+    #[arg(long, hide = true)]
+    pub test_skip_dirty_check: bool,
+}
+
+/// VM flags shared by `tiervm run` and `tiervm compare` (same names, defaults and meaning).
+#[derive(Clone, Debug, Args)]
+pub struct VmFlags {
     /// Guest RAM size (multiple of 2M), e.g. 512M, 1G.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub mem: u64,
@@ -42,7 +69,7 @@ pub struct RunArgs {
     /// Workload parameter key=value (repeatable); `tiervm images` lists them.
     #[arg(long = "arg", value_name = "KEY=VALUE")]
     pub args: Vec<String>,
-    /// Seed of the guest's random generators.
+    /// Seed of the guest's random generators (the same for every run).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Status-page sampling period in milliseconds (timeline resolution).
@@ -51,13 +78,7 @@ pub struct RunArgs {
     /// How long the guest gets to report after the stop request.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub stop_grace: Duration,
-    /// Report format.
-    #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
-    pub report: ReportFormat,
-    /// No live progress line on stderr.
-    #[arg(long)]
-    pub quiet: bool,
-    /// Fast-tier capacity (enables tiered memory); default with a tiering policy: half of --mem.
+    /// Fast-tier capacity; default: half of --mem.
     #[arg(long, value_parser = parse_size, help_heading = "Tiering")]
     pub fast: Option<u64>,
     /// Slow-tier capacity; default: as much as --mem (the whole guest fits there).
@@ -69,22 +90,19 @@ pub struct RunArgs {
     /// Host NUMA node of the slow tier (default: the next node with memory, else the fast node: emulated tiers).
     #[arg(long, help_heading = "Tiering")]
     pub slow_node: Option<u32>,
-    /// Initial placement of guest pages.
+    /// Initial placement of guest pages (the same for every policy).
     #[arg(long, value_enum, default_value_t = PlacementArg::FastFirst, help_heading = "Tiering")]
     pub placement: PlacementArg,
-    /// Placement policy (default: none, or static when --fast/--slow is given).
-    #[arg(long, value_enum, help_heading = "Tiering")]
-    pub policy: Option<PolicyArg>,
-    /// Chaos: units migrated per second.
+    /// Chaos policy only: units migrated per second.
     #[arg(long, help_heading = "Tiering")]
     pub chaos_rate: Option<f64>,
-    /// Chaos: promote:demote mix, e.g. 1:1.
+    /// Chaos policy only: promote:demote mix, e.g. 1:1.
     #[arg(long, help_heading = "Tiering")]
     pub chaos_mix: Option<String>,
-    /// Chaos: migration mechanism.
+    /// Chaos policy only: migration mechanism.
     #[arg(long, value_enum, help_heading = "Tiering")]
     pub mechanism: Option<MechanismArg>,
-    /// Chaos: migration unit.
+    /// Chaos policy only: migration unit.
     #[arg(long, value_enum, help_heading = "Tiering")]
     pub chaos_unit: Option<UnitArg>,
     /// Access tracking for policies (hint faults need tiered memory).
@@ -99,23 +117,34 @@ pub struct RunArgs {
     /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
     #[arg(long, help_heading = "Tiering")]
     pub tracking_budget: Option<f64>,
-    /// Switch policies while the VM runs, e.g. nomad@0s,tpp@20s.
-    #[arg(long, help_heading = "Tiering")]
-    pub policy_schedule: Option<String>,
-    /// TEST ONLY: chaos migrates only the workload's heap.
-    #[arg(long, hide = true)]
-    pub test_chaos_heap_only: bool,
-    /// TEST ONLY: commit transactional migrations without the dirty check
-    /// (loses writes; exists to prove the integrity test can fail).
-    #[arg(long, hide = true)]
-    pub test_skip_dirty_check: bool,
 }
 
-impl RunArgs {
-    /// The unvalidated VM request these flags describe.
-    pub fn request(&self) -> VmRequest {
+impl VmFlags {
+    /// The tiering flags, with `policy`.
+    pub fn tiering(&self, policy: Option<PolicyArg>) -> TieringRequest {
+        TieringRequest {
+            fast: self.fast,
+            slow: self.slow,
+            fast_node: self.fast_node,
+            slow_node: self.slow_node,
+            placement: self.placement,
+            policy,
+            chaos_rate: self.chaos_rate,
+            chaos_mix: self.chaos_mix.clone(),
+            mechanism: self.mechanism,
+            chaos_unit: self.chaos_unit,
+            tracking: self.tracking,
+            scan_pages: self.scan_pages,
+            scan_period: self.scan_period,
+            tracking_budget_pct: self.tracking_budget,
+            ..TieringRequest::default()
+        }
+    }
+
+    /// The unvalidated VM request for `image` with `tiering`.
+    pub fn request(&self, image: &str, tiering: TieringRequest) -> VmRequest {
         VmRequest {
-            image: self.image.clone(),
+            image: image.to_string(),
             args: self.args.clone(),
             mem_bytes: self.mem,
             vcpus: self.vcpus,
@@ -123,26 +152,19 @@ impl RunArgs {
             sample_ms: self.sample_ms,
             seed: self.seed,
             stop_grace: self.stop_grace,
-            tiering: TieringRequest {
-                fast: self.fast,
-                slow: self.slow,
-                fast_node: self.fast_node,
-                slow_node: self.slow_node,
-                placement: self.placement,
-                policy: self.policy,
-                chaos_rate: self.chaos_rate,
-                chaos_mix: self.chaos_mix.clone(),
-                mechanism: self.mechanism,
-                chaos_unit: self.chaos_unit,
-                skip_dirty_check: self.test_skip_dirty_check,
-                tracking: self.tracking,
-                scan_pages: self.scan_pages,
-                scan_period: self.scan_period,
-                tracking_budget_pct: self.tracking_budget,
-                policy_schedule: self.policy_schedule.clone(),
-                chaos_heap_only: self.test_chaos_heap_only,
-            },
+            tiering,
         }
+    }
+}
+
+impl RunArgs {
+    /// The unvalidated VM request these flags describe.
+    pub fn request(&self) -> VmRequest {
+        let mut tiering = self.vm.tiering(self.policy);
+        tiering.policy_schedule = self.policy_schedule.clone();
+        tiering.skip_dirty_check = self.test_skip_dirty_check;
+        tiering.chaos_heap_only = self.test_chaos_heap_only;
+        self.vm.request(&self.image, tiering)
     }
 }
 
