@@ -85,6 +85,25 @@ pub struct SimArgs {
     /// Gaussian: hot fraction of the buffer.
     #[arg(long)]
     pub hot_fraction: Option<f64>,
+    /// kv: records (real; the simulator runs records / scale).
+    #[arg(long)]
+    pub records: Option<u64>,
+    /// kv: bytes per value (rounded up to 64).
+    #[arg(long)]
+    pub value_size: Option<u64>,
+    /// kv: YCSB mix a, b, c or f.
+    #[arg(long)]
+    pub kv_workload: Option<String>,
+    /// pagerank: log2 of the vertex count (real; the simulator divides the
+    /// vertex count by the scale rounded to a power of two).
+    #[arg(long)]
+    pub graph_scale: Option<u32>,
+    /// pagerank: average degree.
+    #[arg(long)]
+    pub degree: Option<u64>,
+    /// pagerank: graph generator, uniform or rmat.
+    #[arg(long)]
+    pub graph: Option<String>,
     /// Tier capacities in GiB, fastest first, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub tier_capacity_gib: Vec<f64>,
@@ -148,7 +167,7 @@ fn set_list(dst: &mut [f64], src: &[f64], what: &str) -> Result<(), SimCmdError>
 
 /// Applies the command-line overrides to a scenario.
 pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
-    use tiering::sim::workload::WorkloadSpec as W;
+    use tiering::sim::workload::{PrGraph, WorkloadSpec as W, YcsbMix};
     if let Some(v) = a.duration {
         scn.duration_s = v;
     }
@@ -223,6 +242,52 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
             }
             if let Some(v) = a.hot_prob {
                 *hot_prob = v;
+            }
+        }
+        W::Kv {
+            records,
+            value_size,
+            mix,
+            theta,
+        } => {
+            if let Some(v) = a.records {
+                *records = v;
+            }
+            if let Some(v) = a.value_size {
+                *value_size = v;
+            }
+            if let Some(v) = a.theta {
+                *theta = v;
+            }
+            if let Some(w) = &a.kv_workload {
+                *mix = YcsbMix::parse(w).ok_or_else(|| {
+                    SimCmdError::Usage(format!("--kv-workload must be a, b, c or f, got `{w}`"))
+                })?;
+                let letter = w.trim().to_ascii_lowercase();
+                if scn.name.starts_with("kv-ycsb-") {
+                    scn.name = format!("kv-ycsb-{letter}");
+                    if let Some(i) = scn.about.find("YCSB-") {
+                        scn.about
+                            .replace_range(i + 5..i + 6, &letter.to_ascii_uppercase());
+                    }
+                }
+            }
+        }
+        W::Pagerank {
+            scale,
+            degree,
+            graph,
+        } => {
+            if let Some(v) = a.graph_scale {
+                *scale = v;
+            }
+            if let Some(v) = a.degree {
+                *degree = v;
+            }
+            if let Some(g) = &a.graph {
+                *graph = PrGraph::parse(g).ok_or_else(|| {
+                    SimCmdError::Usage(format!("--graph must be uniform or rmat, got `{g}`"))
+                })?;
             }
         }
     }
