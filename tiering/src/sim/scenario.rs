@@ -204,6 +204,13 @@ fn pagerank_u() -> Scenario {
     }
 }
 
+/// The fast tier `pagerank-*` scenarios use for `workload`: Nomad's
+/// PageRank fast:RSS ratio of 16:22 applied to the guest CSR's footprint
+/// (GiB, two decimals).
+pub fn pagerank_fast_tier_gib(workload: &WorkloadSpec) -> f64 {
+    (workload.footprint_gib() * 16.0 / 22.0 * 100.0).round() / 100.0
+}
+
 /// Names of the built-in scenarios.
 pub fn builtin_names() -> Vec<String> {
     builtins().into_iter().map(|s| s.name).collect()

@@ -767,6 +767,116 @@ mod tests {
         }
     }
 
+    fn kv_params_small(mix: Mix, value_size: u64) -> KvParams {
+        KvParams {
+            records: 3000,
+            value_size,
+            mix,
+            theta: 0.99,
+        }
+    }
+
+    #[test]
+    fn kv_stream_replays_the_guest_pattern_inside_its_region() {
+        for (mix, vs) in [(Mix::A, 2048), (Mix::B, 64), (Mix::C, 5000), (Mix::F, 9000)] {
+            let p = kv_params_small(mix, vs);
+            let guest = KvPattern::new(&p);
+            let mut sim = KvStream::new(&p);
+            let pages = sim.pages();
+            assert_eq!(pages, guest.layout().bytes / PAGE_SIZE);
+            let (mut a, mut b) = (Rng::new(9), Rng::new(9));
+            let mut out = [tiervm_guest::workloads::Access {
+                addr: 0,
+                write: false,
+            }; KV_MAX_ACCESSES];
+            let ops = 20_000;
+            let mut same = 0;
+            let mut writes = 0;
+            for _ in 0..ops {
+                let n = guest.next_op(&mut a, &mut out);
+                let mine: Vec<PageAccess> = (0..n).map(|_| sim.next_access(&mut b)).collect();
+                for m in &mine {
+                    assert!(m.page < pages, "{mix:?}: page {} of {pages}", m.page);
+                    writes += usize::from(m.write);
+                }
+                let theirs: Vec<PageAccess> = out[..n]
+                    .iter()
+                    .map(|g| PageAccess {
+                        page: g.addr / PAGE_SIZE,
+                        write: g.write,
+                    })
+                    .collect();
+                same += usize::from(mine == theirs);
+            }
+            // Identical up to Zipf rounding exactly at a rank boundary.
+            assert!(
+                same as f64 >= ops as f64 * 0.999,
+                "{mix:?}: {same} of {ops}"
+            );
+            assert_eq!(writes == 0, mix == Mix::C, "{mix:?}: writes {writes}");
+        }
+    }
+
+    #[test]
+    fn pagerank_stream_is_the_guest_iteration_inside_its_region() {
+        let p = PagerankParams {
+            graph: GraphKind::Uniform,
+            scale: 10,
+            degree: 8,
+            iterations: 0,
+        };
+        let mut s = PagerankStream::new(&p, 3).unwrap();
+        let l = p.layout();
+        assert_eq!(s.pages(), l.bytes / PAGE_SIZE);
+        let per = s.accesses_per_iteration();
+        assert_eq!(per as u64, 7 * l.vertices + 2 * l.edges);
+        // Against the guest's own iterator over the same graph.
+        let data: Vec<AtomicU64> = (0..l.bytes / 8).map(|_| AtomicU64::new(0)).collect();
+        assert!(build_single(&p, 3, &data));
+        let guest: Vec<PageAccess> = PagerankPattern::new(&p, &data)
+            .unwrap()
+            .map(|a| PageAccess {
+                page: a.addr / PAGE_SIZE,
+                write: a.write,
+            })
+            .collect();
+        let mut rng = Rng::new(1);
+        let mine: Vec<PageAccess> = (0..per).map(|_| s.next_access(&mut rng)).collect();
+        assert_eq!(mine, guest);
+        assert!(mine.iter().all(|a| a.page < s.pages()));
+        // The contrib reads go to the contrib pages, spread over them.
+        let contrib_pages: std::collections::HashSet<u64> = mine
+            .iter()
+            .filter(|a| !a.write && a.page >= l.contrib_off / PAGE_SIZE)
+            .map(|a| a.page)
+            .collect();
+        assert_eq!(
+            contrib_pages.len() as u64,
+            (l.vertices * 4).div_ceil(PAGE_SIZE)
+        );
+        // The next iteration replays the first.
+        assert_eq!(s.next_access(&mut rng), guest[0]);
+        // Same seed, same graph; another seed, another graph.
+        let again = PagerankStream::new(&p, 3).unwrap();
+        assert_eq!(again.trace, s.trace);
+        let other = PagerankStream::new(&p, 4).unwrap();
+        assert_ne!(other.trace, s.trace);
+    }
+
+    #[test]
+    fn kv_same_seed_same_stream() {
+        let p = kv_params_small(Mix::A, 2048);
+        let run = |seed| {
+            let mut s = KvStream::new(&p);
+            let mut rng = Rng::new(seed);
+            (0..5000)
+                .map(|_| s.next_access(&mut rng))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
+    }
+
     #[test]
     fn gups_hot_share() {
         let mut rng = Rng::new(2);
