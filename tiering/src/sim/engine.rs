@@ -24,7 +24,8 @@ use super::model::{CostModel, TierModel};
 use super::report::{Counters, RunReport, TierTraffic, TimelinePoint};
 use super::scenario::Scenario;
 use super::workload::{
-    AccessStream, GaussianHotStream, GupsStream, PageAccess, WorkloadSpec, ZipfStream,
+    AccessStream, GaussianHotStream, GupsStream, KvStream, PageAccess, PagerankStream,
+    WorkloadSpec, ZipfStream,
 };
 use super::SimError;
 use crate::policy::{
@@ -101,6 +102,8 @@ enum Stream {
     Zipf(ZipfStream),
     Gups(GupsStream),
     Gauss(GaussianHotStream),
+    Kv(Box<KvStream>),
+    Pagerank(PagerankStream),
 }
 
 impl Stream {
@@ -110,6 +113,8 @@ impl Stream {
             Self::Zipf(s) => s.next_access(rng),
             Self::Gups(s) => s.next_access(rng),
             Self::Gauss(s) => s.next_access(rng),
+            Self::Kv(s) => s.next_access(rng),
+            Self::Pagerank(s) => s.next_access(rng),
         }
     }
 }
@@ -419,9 +424,31 @@ pub fn run_with(
 ) -> Result<RunReport, SimError> {
     validate(scn)?;
     let started = Instant::now();
-    let s = scn.scale;
+    let s = scn.workload.effective_scale(scn.scale);
     let gib_pages = |g: f64| ((g * (1u64 << 30) as f64 / PAGE_BYTES as f64) / s).round() as u64;
-    let pages = gib_pages(scn.workload.footprint_gib()).max(1);
+    // kv and pagerank run a scaled-down instance of the guest workload
+    // whose own layout defines the modeled page space.
+    let guest_stream = if let Some(p) = scn.workload.kv_params_at(s) {
+        Some(Stream::Kv(Box::new(KvStream::new(&p))))
+    } else if let Some(p) = scn.workload.pagerank_params_at(s) {
+        Some(Stream::Pagerank(
+            PagerankStream::new(&p, scn.seed).map_err(SimError::InvalidScenario)?,
+        ))
+    } else {
+        None
+    };
+    let pages = match &guest_stream {
+        Some(Stream::Kv(k)) => k.pages(),
+        Some(Stream::Pagerank(g)) => g.pages(),
+        _ => gib_pages(scn.workload.footprint_gib()).max(1),
+    };
+    // Writes add a write-back to the bandwidth model: the guest workloads'
+    // own write share, else the scenario's.
+    let write_share = match &guest_stream {
+        Some(Stream::Kv(k)) => k.write_fraction(4096),
+        Some(Stream::Pagerank(g)) => g.write_fraction(),
+        _ => scn.write_ratio.clamp(0.0, 1.0),
+    };
     let cap: Vec<u64> = scn
         .tiers
         .iter()
@@ -439,29 +466,44 @@ pub fn run_with(
         });
     }
     let mut layout_rng = Rng::for_stream(scn.seed, 1);
-    let stream = match scn.workload {
-        WorkloadSpec::Zipf {
-            rss_gib,
-            wss_gib,
-            theta,
-        } => {
+    let stream = match (guest_stream, &scn.workload) {
+        (Some(g), _) => g,
+        (None, WorkloadSpec::Kv { .. } | WorkloadSpec::Pagerank { .. }) => {
+            return Err(SimError::InvalidScenario(
+                "kv/pagerank stream could not be built".into(),
+            ))
+        }
+        (
+            None,
+            &WorkloadSpec::Zipf {
+                rss_gib,
+                wss_gib,
+                theta,
+            },
+        ) => {
             let wss = gib_pages(wss_gib.min(rss_gib)).clamp(1, pages);
             Stream::Zipf(ZipfStream::new(pages - wss, wss, theta, scn.write_ratio))
         }
-        WorkloadSpec::Gups {
-            hot_gib, hot_prob, ..
-        } => Stream::Gups(GupsStream::new(
+        (
+            None,
+            &WorkloadSpec::Gups {
+                hot_gib, hot_prob, ..
+            },
+        ) => Stream::Gups(GupsStream::new(
             pages,
             gib_pages(hot_gib),
             hot_prob,
             scn.write_ratio,
             layout_rng.next_u64(),
         )),
-        WorkloadSpec::GaussianHot {
-            hot_fraction,
-            hot_prob,
-            ..
-        } => Stream::Gauss(GaussianHotStream::new(
+        (
+            None,
+            &WorkloadSpec::GaussianHot {
+                hot_fraction,
+                hot_prob,
+                ..
+            },
+        ) => Stream::Gauss(GaussianHotStream::new(
             pages,
             ((pages as f64 * hot_fraction) as u64).max(1),
             hot_prob,
@@ -491,11 +533,19 @@ pub fn run_with(
         order.extend_from_slice(&cold[filler..]);
     }
     {
-        let mut t = 0usize;
+        // Fastest tier first, or slowest first when the scenario starts with
+        // every page demoted (Nomad's Redis cases 1 and 2).
+        let tier_order: Vec<usize> = if scn.start_in_slow_tier {
+            (0..n).rev().collect()
+        } else {
+            (0..n).collect()
+        };
+        let mut ti = 0usize;
         for &p in &order {
-            while used[t] >= fill[t] {
-                t += 1;
+            while used[tier_order[ti]] >= fill[tier_order[ti]] {
+                ti += 1;
             }
+            let t = tier_order[ti];
             tier[p as usize] = t as TierId;
             used[t] += 1;
         }
@@ -577,7 +627,7 @@ pub fn run_with(
         tot_bytes: vec![0.0; n],
         tot_mig_bytes: vec![0.0; n],
         tot_ant_bytes: vec![0.0; n],
-        access_bytes: scn.access_bytes * (1.0 + scn.write_ratio.clamp(0.0, 1.0)),
+        access_bytes: scn.access_bytes * (1.0 + write_share),
         tiers_model: scn.tiers.clone(),
         quantum_ns: MIN_QUANTUM_NS,
         mig_u: vec![0.0; n],

@@ -138,6 +138,43 @@ mod tests {
     }
 
     #[test]
+    fn kv_and_pagerank_scenarios_run_with_every_policy() {
+        let mut kv = builtin("kv-ycsb-f").expect("built-in");
+        kv.workload = workload::WorkloadSpec::Kv {
+            records: 4_000_000,
+            value_size: 2048,
+            mix: workload::YcsbMix::F,
+            theta: 0.99,
+        };
+        kv.duration_s = 20.0;
+        kv.scale = 1024.0;
+        let mut pr = builtin("pagerank-u").expect("built-in");
+        pr.workload = workload::WorkloadSpec::Pagerank {
+            scale: 22,
+            degree: 8,
+            graph: workload::PrGraph::Uniform,
+        };
+        pr.tiers[0].capacity_gib = 0.1;
+        pr.duration_s = 5.0;
+        pr.scale = 1024.0;
+        for p in crate::policy::NAMES {
+            let k = run(&kv, p).unwrap();
+            assert!(k.simulated_accesses > 0, "kv/{p}");
+            assert_eq!(k.counters.rejected, 0.0, "kv/{p}");
+            let r = run(&pr, p).unwrap();
+            assert!(r.simulated_accesses > 0, "pagerank/{p}");
+            assert_eq!(r.counters.rejected, 0.0, "pagerank/{p}");
+        }
+        // kv starts demoted: static never reaches the fast tier, a
+        // migrating policy does.
+        let end_share = |r: &RunReport| r.timeline.last().map_or(0.0, |p| p.fast_share);
+        let st = end_share(&run(&kv, "static").unwrap());
+        let tpp = end_share(&run(&kv, "tpp").unwrap());
+        assert!(st < 0.01, "static fast share {st}");
+        assert!(tpp > st + 0.2, "tpp fast share {tpp}");
+    }
+
+    #[test]
     fn invalid_scenarios_are_refused_with_a_reason() {
         let mut s = quick("nomad-small-ro");
         s.scale = 0.5;

@@ -1,9 +1,13 @@
 //! Access streams: the workloads the simulator replays, built on the same
 //! generators the guest images use (`tiervm_guest::gen`).
 
+use std::sync::atomic::AtomicU64;
+
 use serde::{Deserialize, Serialize};
 use tiervm_guest::gen::{Rng, Zipf};
 use tiervm_guest::workloads::gups::{GupsParams, GupsPattern};
+use tiervm_guest::workloads::kv::{KvOps, KvParams, KvPattern, Mix, KV_MAX_ACCESSES};
+use tiervm_guest::workloads::pagerank::{build_single, GraphKind, PagerankParams, PagerankPattern};
 use tiervm_guest::workloads::zipf::{ZipfParams, ZipfPattern};
 use tiervm_guest::workloads::PAGE_SIZE;
 
@@ -58,6 +62,90 @@ pub enum WorkloadSpec {
         /// Probability of a hot-set access.
         hot_prob: f64,
     },
+    /// The `kv` guest image (`tiervm_guest::workloads::kv`): a hash table
+    /// plus value slab under a YCSB mix with scrambled Zipfian keys. The
+    /// simulator runs it with `records / scale` records (same value size),
+    /// so the modeled page space is the scaled-down store's own layout.
+    Kv {
+        /// Records (real).
+        records: u64,
+        /// Bytes per value (rounded up to 64 like the guest).
+        value_size: u64,
+        /// YCSB mix.
+        mix: YcsbMix,
+        /// Zipf skew of the key choice.
+        theta: f64,
+    },
+    /// The `pagerank` guest image (`tiervm_guest::workloads::pagerank`):
+    /// GAP pull PageRank over `2^scale` vertices of average in-degree
+    /// `degree`. The simulator runs it on `2^(scale - log2(sim scale))`
+    /// vertices (same degree), so the modeled page space is the smaller
+    /// graph's own CSR layout.
+    Pagerank {
+        /// log2 of the vertex count (real).
+        scale: u32,
+        /// Average degree.
+        degree: u64,
+        /// Graph generator.
+        graph: PrGraph,
+    },
+}
+
+/// YCSB core workload mix of the `kv` workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum YcsbMix {
+    /// 50% read, 50% update.
+    A,
+    /// 95% read, 5% update.
+    B,
+    /// Read only.
+    C,
+    /// 50% read, 50% read-modify-write.
+    F,
+}
+
+impl YcsbMix {
+    /// Parses `a`, `b`, `c` or `f` (any case).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "a" => Some(Self::A),
+            "b" => Some(Self::B),
+            "c" => Some(Self::C),
+            "f" => Some(Self::F),
+            _ => None,
+        }
+    }
+
+    fn guest(self) -> Mix {
+        match self {
+            Self::A => Mix::A,
+            Self::B => Mix::B,
+            Self::C => Mix::C,
+            Self::F => Mix::F,
+        }
+    }
+}
+
+/// Graph generator of the `pagerank` workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrGraph {
+    /// Uniform random endpoints (GAP `-u`).
+    Uniform,
+    /// R-MAT / Kronecker (GAP `-g`).
+    Rmat,
+}
+
+impl PrGraph {
+    /// Parses `uniform` or `rmat` (any case).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "uniform" | "u" => Some(Self::Uniform),
+            "rmat" | "g" | "kron" => Some(Self::Rmat),
+            _ => None,
+        }
+    }
 }
 
 impl WorkloadSpec {
@@ -66,7 +154,97 @@ impl WorkloadSpec {
         match self {
             Self::Zipf { rss_gib, .. } => *rss_gib,
             Self::Gups { size_gib, .. } | Self::GaussianHot { size_gib, .. } => *size_gib,
+            Self::Kv {
+                records,
+                value_size,
+                ..
+            } => {
+                kv_params(*records, *value_size, YcsbMix::A, 0.99)
+                    .layout()
+                    .bytes as f64
+                    / GIB
+            }
+            Self::Pagerank { scale, degree, .. } => {
+                let v = 2f64.powi((*scale).min(63) as i32);
+                // PrLayout::new without overflow for any real size.
+                (v * (8.0 + 8.0 + 4.0 + 4.0) + v * *degree as f64 * 4.0) / GIB
+            }
         }
+    }
+
+    /// The real pages per modeled page the simulator uses for `scale`:
+    /// pagerank divides the vertex count by a power of two, so its scale
+    /// is `scale` rounded to one; every other workload uses `scale`.
+    pub fn effective_scale(&self, scale: f64) -> f64 {
+        match self {
+            Self::Pagerank { scale: log_v, .. } => {
+                let shift = scale
+                    .max(1.0)
+                    .log2()
+                    .round()
+                    .clamp(0.0, f64::from(*log_v) - 1.0);
+                2f64.powi(shift as i32)
+            }
+            _ => scale,
+        }
+    }
+
+    /// The guest parameters the simulator runs at `scale` real pages per
+    /// modeled page (kv and pagerank only).
+    pub fn kv_params_at(&self, scale: f64) -> Option<KvParams> {
+        match *self {
+            Self::Kv {
+                records,
+                value_size,
+                mix,
+                theta,
+            } => Some(kv_params(
+                ((records as f64 / scale.max(1.0)).round() as u64).max(1),
+                value_size,
+                mix,
+                theta,
+            )),
+            _ => None,
+        }
+    }
+
+    /// The pagerank parameters at `scale` real pages per modeled page: the
+    /// vertex count divided by `scale` rounded to a power of two.
+    pub fn pagerank_params_at(&self, scale: f64) -> Option<PagerankParams> {
+        match *self {
+            Self::Pagerank {
+                scale: log_v,
+                degree,
+                graph,
+            } => {
+                let shift = self.effective_scale(scale).log2().round() as i64;
+                Some(PagerankParams {
+                    graph: match graph {
+                        PrGraph::Uniform => GraphKind::Uniform,
+                        PrGraph::Rmat => GraphKind::Rmat,
+                    },
+                    scale: (i64::from(log_v) - shift).clamp(1, 31) as u32,
+                    degree: degree.clamp(1, 1024),
+                    iterations: 0,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn kv_params(records: u64, value_size: u64, mix: YcsbMix, theta: f64) -> KvParams {
+    use tiervm_guest::workloads::kv::{MAX_RECORDS, MAX_VALUE_SIZE, MIN_VALUE_SIZE};
+    KvParams {
+        records: records.clamp(1, MAX_RECORDS),
+        value_size: value_size
+            .clamp(MIN_VALUE_SIZE, MAX_VALUE_SIZE)
+            .div_ceil(64)
+            * 64,
+        mix: mix.guest(),
+        theta: theta.clamp(0.0, 0.9999),
     }
 }
 
@@ -255,6 +433,179 @@ impl AccessStream for GupsStream {
     }
 }
 
+/// The `kv` workload: `tiervm_guest::workloads::kv::KvPattern`'s accesses
+/// (home bucket, value pages, bucket write-back on updates) with the
+/// guest's draw order (key, then the mix's coin), the key rank taken from
+/// [`TableZipf`] instead of one `pow` per operation. Pages are the guest
+/// layout's byte offsets / 4 KiB.
+#[derive(Clone, Debug)]
+pub struct KvStream {
+    pattern: KvPattern,
+    zipf: TableZipf,
+    mix: Mix,
+    buf: Vec<u64>,
+    pos: usize,
+}
+
+/// Bit marking a write in a packed access (`page << 1 | write`).
+const WRITE_BIT: u64 = 1;
+
+impl KvStream {
+    /// The stream for guest parameters `p`.
+    pub fn new(p: &KvParams) -> Self {
+        let ops = KvOps::new(p);
+        Self {
+            pattern: KvPattern::new(p),
+            zipf: TableZipf::from_zipf(ops.zipf()),
+            mix: p.mix,
+            buf: Vec::with_capacity(KV_MAX_ACCESSES),
+            pos: 0,
+        }
+    }
+
+    /// Modeled pages: the layout's size.
+    pub fn pages(&self) -> u64 {
+        (self.pattern.layout().bytes / PAGE_SIZE).max(1)
+    }
+
+    /// Fraction of accesses that write, estimated over `ops` operations
+    /// of a private generator (for the bandwidth model).
+    pub fn write_fraction(&self, ops: u32) -> f64 {
+        let mut rng = Rng::new(0x5EED);
+        let mut out = [tiervm_guest::workloads::Access {
+            addr: 0,
+            write: false,
+        }; KV_MAX_ACCESSES];
+        let (mut all, mut writes) = (0usize, 0usize);
+        for _ in 0..ops {
+            let n = self.pattern.next_op(&mut rng, &mut out);
+            all += n;
+            writes += out[..n].iter().filter(|a| a.write).count();
+        }
+        writes as f64 / all.max(1) as f64
+    }
+
+    fn refill(&mut self, rng: &mut Rng) {
+        // KvOps::next: the key, then the mix's coin.
+        let key = self.zipf.next(rng);
+        let (read, write) = match self.mix {
+            Mix::A if rng.chance(0.5) => (false, true),
+            Mix::B if rng.chance(0.05) => (false, true),
+            Mix::F if rng.chance(0.5) => (true, true),
+            _ => (true, false),
+        };
+        // KvPattern::next_op: bucket, value read pass, value write pass,
+        // bucket write.
+        let l = self.pattern.layout();
+        let bucket = l.home_bucket_offset(key) / PAGE_SIZE;
+        let first = l.value_offset(key) / PAGE_SIZE;
+        let last = (l.value_offset(key) + l.value_size - 1) / PAGE_SIZE;
+        self.buf.clear();
+        self.buf.push(bucket << 1);
+        if read {
+            self.buf.extend((first..=last).map(|p| p << 1));
+        }
+        if write {
+            self.buf.extend((first..=last).map(|p| p << 1 | WRITE_BIT));
+            self.buf.push(bucket << 1 | WRITE_BIT);
+        }
+        self.pos = 0;
+    }
+}
+
+impl AccessStream for KvStream {
+    #[inline]
+    fn next_access(&mut self, rng: &mut Rng) -> PageAccess {
+        if self.pos >= self.buf.len() {
+            self.refill(rng);
+        }
+        let a = self.buf[self.pos];
+        self.pos += 1;
+        PageAccess {
+            page: a >> 1,
+            write: a & WRITE_BIT != 0,
+        }
+    }
+}
+
+/// Most accesses per iteration [`PagerankStream`] precomputes (1 GiB of
+/// packed accesses); larger graphs need a larger simulator scale.
+pub const PAGERANK_MAX_TRACE: u64 = 1 << 28;
+
+/// The `pagerank` workload: one iteration of
+/// `tiervm_guest::workloads::pagerank::PagerankPattern` over a graph built
+/// with the guest's `build_single` (same generator and seed), precomputed
+/// once as packed pages (`page << 1 | write`, 4 bytes each) and replayed
+/// iteration after iteration. The pattern draws nothing from the run's
+/// random stream: PageRank's accesses depend only on the graph.
+#[derive(Clone, Debug)]
+pub struct PagerankStream {
+    trace: Vec<u32>,
+    pos: usize,
+    pages: u64,
+}
+
+impl PagerankStream {
+    /// Builds the graph of `p` for `seed` and records one iteration.
+    pub fn new(p: &PagerankParams, seed: u64) -> Result<Self, String> {
+        let layout = p.layout();
+        let pages = layout.bytes.div_ceil(PAGE_SIZE).max(1);
+        let per_iteration = 7 * layout.vertices + 2 * layout.edges;
+        if per_iteration > PAGERANK_MAX_TRACE || pages >= 1 << 31 {
+            return Err(format!(
+                "pagerank at 2^{} vertices x degree {} is {per_iteration} accesses per iteration (at most {PAGERANK_MAX_TRACE}); raise --scale",
+                p.scale, p.degree
+            ));
+        }
+        let data: Vec<AtomicU64> = (0..layout.bytes / 8).map(|_| AtomicU64::new(0)).collect();
+        if !build_single(p, seed, &data) {
+            return Err("pagerank graph build failed (CSR edge count mismatch)".into());
+        }
+        let pattern = PagerankPattern::new(p, &data)
+            .ok_or_else(|| "pagerank data region too small for its layout".to_string())?;
+        let mut trace = Vec::with_capacity(per_iteration as usize);
+        trace.extend(pattern.map(|a| ((a.addr / PAGE_SIZE) << 1 | u64::from(a.write)) as u32));
+        if trace.is_empty() {
+            trace.push(0);
+        }
+        Ok(Self {
+            trace,
+            pos: 0,
+            pages,
+        })
+    }
+
+    /// Modeled pages: the layout's size.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Accesses per iteration.
+    pub fn accesses_per_iteration(&self) -> usize {
+        self.trace.len()
+    }
+
+    /// Fraction of an iteration's accesses that write.
+    pub fn write_fraction(&self) -> f64 {
+        self.trace.iter().filter(|&&a| a & 1 != 0).count() as f64 / self.trace.len() as f64
+    }
+}
+
+impl AccessStream for PagerankStream {
+    #[inline]
+    fn next_access(&mut self, _rng: &mut Rng) -> PageAccess {
+        if self.pos >= self.trace.len() {
+            self.pos = 0;
+        }
+        let a = self.trace[self.pos];
+        self.pos += 1;
+        PageAccess {
+            page: u64::from(a >> 1),
+            write: a & 1 != 0,
+        }
+    }
+}
+
 /// Gaussian-hot stream over `n` pages.
 #[derive(Clone, Debug)]
 pub struct GaussianHotStream {
@@ -414,6 +765,116 @@ mod tests {
                 sim.next_access(&mut b).page
             );
         }
+    }
+
+    fn kv_params_small(mix: Mix, value_size: u64) -> KvParams {
+        KvParams {
+            records: 3000,
+            value_size,
+            mix,
+            theta: 0.99,
+        }
+    }
+
+    #[test]
+    fn kv_stream_replays_the_guest_pattern_inside_its_region() {
+        for (mix, vs) in [(Mix::A, 2048), (Mix::B, 64), (Mix::C, 5000), (Mix::F, 9000)] {
+            let p = kv_params_small(mix, vs);
+            let guest = KvPattern::new(&p);
+            let mut sim = KvStream::new(&p);
+            let pages = sim.pages();
+            assert_eq!(pages, guest.layout().bytes / PAGE_SIZE);
+            let (mut a, mut b) = (Rng::new(9), Rng::new(9));
+            let mut out = [tiervm_guest::workloads::Access {
+                addr: 0,
+                write: false,
+            }; KV_MAX_ACCESSES];
+            let ops = 20_000;
+            let mut same = 0;
+            let mut writes = 0;
+            for _ in 0..ops {
+                let n = guest.next_op(&mut a, &mut out);
+                let mine: Vec<PageAccess> = (0..n).map(|_| sim.next_access(&mut b)).collect();
+                for m in &mine {
+                    assert!(m.page < pages, "{mix:?}: page {} of {pages}", m.page);
+                    writes += usize::from(m.write);
+                }
+                let theirs: Vec<PageAccess> = out[..n]
+                    .iter()
+                    .map(|g| PageAccess {
+                        page: g.addr / PAGE_SIZE,
+                        write: g.write,
+                    })
+                    .collect();
+                same += usize::from(mine == theirs);
+            }
+            // Identical up to Zipf rounding exactly at a rank boundary.
+            assert!(
+                same as f64 >= ops as f64 * 0.999,
+                "{mix:?}: {same} of {ops}"
+            );
+            assert_eq!(writes == 0, mix == Mix::C, "{mix:?}: writes {writes}");
+        }
+    }
+
+    #[test]
+    fn pagerank_stream_is_the_guest_iteration_inside_its_region() {
+        let p = PagerankParams {
+            graph: GraphKind::Uniform,
+            scale: 10,
+            degree: 8,
+            iterations: 0,
+        };
+        let mut s = PagerankStream::new(&p, 3).unwrap();
+        let l = p.layout();
+        assert_eq!(s.pages(), l.bytes / PAGE_SIZE);
+        let per = s.accesses_per_iteration();
+        assert_eq!(per as u64, 7 * l.vertices + 2 * l.edges);
+        // Against the guest's own iterator over the same graph.
+        let data: Vec<AtomicU64> = (0..l.bytes / 8).map(|_| AtomicU64::new(0)).collect();
+        assert!(build_single(&p, 3, &data));
+        let guest: Vec<PageAccess> = PagerankPattern::new(&p, &data)
+            .unwrap()
+            .map(|a| PageAccess {
+                page: a.addr / PAGE_SIZE,
+                write: a.write,
+            })
+            .collect();
+        let mut rng = Rng::new(1);
+        let mine: Vec<PageAccess> = (0..per).map(|_| s.next_access(&mut rng)).collect();
+        assert_eq!(mine, guest);
+        assert!(mine.iter().all(|a| a.page < s.pages()));
+        // The contrib reads go to the contrib pages, spread over them.
+        let contrib_pages: std::collections::HashSet<u64> = mine
+            .iter()
+            .filter(|a| !a.write && a.page >= l.contrib_off / PAGE_SIZE)
+            .map(|a| a.page)
+            .collect();
+        assert_eq!(
+            contrib_pages.len() as u64,
+            (l.vertices * 4).div_ceil(PAGE_SIZE)
+        );
+        // The next iteration replays the first.
+        assert_eq!(s.next_access(&mut rng), guest[0]);
+        // Same seed, same graph; another seed, another graph.
+        let again = PagerankStream::new(&p, 3).unwrap();
+        assert_eq!(again.trace, s.trace);
+        let other = PagerankStream::new(&p, 4).unwrap();
+        assert_ne!(other.trace, s.trace);
+    }
+
+    #[test]
+    fn kv_same_seed_same_stream() {
+        let p = kv_params_small(Mix::A, 2048);
+        let run = |seed| {
+            let mut s = KvStream::new(&p);
+            let mut rng = Rng::new(seed);
+            (0..5000)
+                .map(|_| s.next_access(&mut rng))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
     }
 
     #[test]

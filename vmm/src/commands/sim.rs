@@ -85,6 +85,9 @@ pub struct SimArgs {
     /// Gaussian: hot fraction of the buffer.
     #[arg(long)]
     pub hot_fraction: Option<f64>,
+    /// kv and pagerank parameters (boxed: keeps the subcommand enum small).
+    #[command(flatten)]
+    pub guest: Box<GuestWorkloadArgs>,
     /// Tier capacities in GiB, fastest first, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub tier_capacity_gib: Vec<f64>,
@@ -115,6 +118,30 @@ pub struct SimArgs {
     /// Modeled single-thread copy bandwidth, GB/s.
     #[arg(long)]
     pub copy_gbps: Option<f64>,
+}
+
+/// Overrides of the guest-image workloads (`kv-*`, `pagerank-*` scenarios).
+#[derive(Clone, Debug, Default, Args)]
+pub struct GuestWorkloadArgs {
+    /// kv: records (real; the simulator runs records / scale).
+    #[arg(long)]
+    pub records: Option<u64>,
+    /// kv: bytes per value (rounded up to 64).
+    #[arg(long)]
+    pub value_size: Option<u64>,
+    /// kv: YCSB mix a, b, c or f.
+    #[arg(long)]
+    pub kv_workload: Option<String>,
+    /// pagerank: log2 of the vertex count (real; the simulator divides the
+    /// vertex count by the scale rounded to a power of two).
+    #[arg(long)]
+    pub graph_scale: Option<u32>,
+    /// pagerank: average degree.
+    #[arg(long)]
+    pub degree: Option<u64>,
+    /// pagerank: graph generator, uniform or rmat.
+    #[arg(long)]
+    pub graph: Option<String>,
 }
 
 /// Errors of `tiervm sim`.
@@ -148,7 +175,7 @@ fn set_list(dst: &mut [f64], src: &[f64], what: &str) -> Result<(), SimCmdError>
 
 /// Applies the command-line overrides to a scenario.
 pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
-    use tiering::sim::workload::WorkloadSpec as W;
+    use tiering::sim::workload::{PrGraph, WorkloadSpec as W, YcsbMix};
     if let Some(v) = a.duration {
         scn.duration_s = v;
     }
@@ -225,6 +252,74 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
                 *hot_prob = v;
             }
         }
+        W::Kv {
+            records,
+            value_size,
+            mix,
+            theta,
+        } => {
+            if let Some(v) = a.guest.records {
+                *records = v;
+            }
+            if let Some(v) = a.guest.value_size {
+                *value_size = v;
+            }
+            if let Some(v) = a.theta {
+                *theta = v;
+            }
+            if let Some(w) = &a.guest.kv_workload {
+                *mix = YcsbMix::parse(w).ok_or_else(|| {
+                    SimCmdError::Usage(format!("--kv-workload must be a, b, c or f, got `{w}`"))
+                })?;
+                let letter = w.trim().to_ascii_lowercase();
+                if scn.name.starts_with("kv-ycsb-") {
+                    scn.name = format!("kv-ycsb-{letter}");
+                    if let Some(i) = scn.about.find("YCSB-") {
+                        scn.about
+                            .replace_range(i + 5..i + 6, &letter.to_ascii_uppercase());
+                    }
+                }
+            }
+        }
+        W::Pagerank {
+            scale,
+            degree,
+            graph,
+        } => {
+            if let Some(v) = a.guest.graph_scale {
+                *scale = v;
+            }
+            if let Some(v) = a.guest.degree {
+                *degree = v;
+            }
+            if let Some(g) = &a.guest.graph {
+                *graph = PrGraph::parse(g).ok_or_else(|| {
+                    SimCmdError::Usage(format!("--graph must be uniform or rmat, got `{g}`"))
+                })?;
+            }
+        }
+    }
+    let g = &a.guest;
+    let guest_overridden = g.records.is_some()
+        || g.value_size.is_some()
+        || g.graph_scale.is_some()
+        || g.degree.is_some()
+        || g.graph.is_some()
+        || (a.theta.is_some() && matches!(scn.workload, W::Kv { .. }));
+    if guest_overridden {
+        if matches!(scn.workload, W::Pagerank { .. }) && scn.name.starts_with("pagerank-") {
+            // Keep Nomad's fast:RSS ratio for the new graph (an explicit
+            // --tier-capacity-gib below still wins).
+            if let Some(t) = scn.tiers.first_mut() {
+                t.capacity_gib = sim::scenario::pagerank_fast_tier_gib(&scn.workload);
+            }
+        }
+        scn.about = format!(
+            "{} [overridden: {:?}, fast tier {} GiB]",
+            scn.about,
+            scn.workload,
+            scn.tiers.first().map_or(0.0, |t| t.capacity_gib)
+        );
     }
     let n = scn.tiers.len();
     let mut caps: Vec<f64> = scn.tiers.iter().map(|t| t.capacity_gib).collect();
