@@ -5,6 +5,7 @@
 //!
 //! See `docs/architecture.md` for the threads and the data path.
 
+pub mod ab;
 pub mod commands;
 pub mod config;
 pub mod devices;

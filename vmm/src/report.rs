@@ -74,6 +74,8 @@ pub struct RunReport {
     pub tracking: Option<TrackingCounters>,
     /// Everything the tiering layer reports (tiered runs only).
     pub tiering: Option<TieringReport>,
+    /// Tracking on/off throughput within this run (`--tracking-ab` only).
+    pub tracking_ab: Option<crate::ab::TrackingAb>,
 }
 
 impl RunReport {

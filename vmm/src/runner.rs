@@ -18,6 +18,7 @@ use linux_loader::loader::{elf::Elf, KernelLoader};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::signal::Killable;
 
+use crate::ab::AbDriver;
 use crate::config::VmConfig;
 use crate::devices::serial::{ConsoleWriter, Sink};
 use crate::devices::PortBus;
@@ -144,6 +145,11 @@ pub fn run(
     let mut vcpu0_exited_at: Option<Instant> = None;
     let mut reason = None;
     let mut next = run_start + cfg.sample;
+    let mut ab = cfg
+        .tiering
+        .as_ref()
+        .and_then(|t| t.tracking_ab)
+        .map(|p| AbDriver::new(p.as_secs_f64()));
     loop {
         let now = Instant::now();
         if next > now {
@@ -166,6 +172,9 @@ pub fn run(
             });
             if let Some(t) = tiered.as_mut() {
                 t.drain_samples();
+                if let Some(on) = ab.as_mut().and_then(|a| a.on_sample(t_s, snap.total_ops())) {
+                    t.set_tracking_paused(!on);
+                }
             }
             hooks.on_sample(&SampleCtx {
                 mem: &mem,
@@ -285,6 +294,7 @@ pub fn run(
             .as_ref()
             .map(|t| t.tracking(cfg.vcpus, end.duration_since(run_start).as_secs_f64())),
         tiering,
+        tracking_ab: ab.map(|a| a.result()),
     })
 }
 

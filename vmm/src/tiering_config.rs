@@ -126,6 +126,8 @@ pub struct TieringRequest {
     /// Test-only: chaos migrates only the workload's heap (not the image,
     /// stacks, page tables or status page).
     pub chaos_heap_only: bool,
+    /// Measurement: switch hint-fault tracking on and off every this long.
+    pub tracking_ab: Option<Duration>,
 }
 
 /// Access tracking.
@@ -158,6 +160,7 @@ impl Default for TieringRequest {
             tracking_budget_pct: None,
             policy_schedule: None,
             chaos_heap_only: false,
+            tracking_ab: None,
         }
     }
 }
@@ -177,6 +180,8 @@ pub struct TieringConfig {
     pub sampler: Option<SamplerConfig>,
     /// The policy engine, for the placement policies.
     pub engine: Option<EngineConfig>,
+    /// Switch tracking on and off every this long (A/B measurement).
+    pub tracking_ab: Option<Duration>,
 }
 
 /// Parses `P:D` with positive integer weights.
@@ -411,6 +416,18 @@ impl TieringRequest {
             policy,
             chaos,
             skip_dirty_check: self.skip_dirty_check,
+            tracking_ab: match (self.tracking_ab, &sampler) {
+                (Some(_), None) => {
+                    return Err(Error::Usage(
+                        "--tracking-ab needs --tracking hint-faults (or a policy that tracks)"
+                            .into(),
+                    ))
+                }
+                (Some(p), Some(_)) if p < Duration::from_millis(200) => {
+                    return Err(Error::Usage("--tracking-ab must be at least 200ms".into()))
+                }
+                (ab, _) => ab,
+            },
             sampler,
             engine,
         }))

@@ -968,6 +968,7 @@ mod tests {
                 tracking_overhead_pct: 0.25,
             }),
             tiering: None,
+            tracking_ab: None,
         }
     }
 

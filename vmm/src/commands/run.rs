@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// No live progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Measure tracking's cost within this run: switch hint-fault tracking on
+    /// and off every PERIOD and report both throughputs (`tracking_ab`).
+    #[arg(long, value_parser = parse_duration, value_name = "PERIOD", help_heading = "Tiering")]
+    pub tracking_ab: Option<Duration>,
     /// TEST ONLY: chaos migrates only the workload's heap.
     #[arg(long, hide = true)]
     pub test_chaos_heap_only: bool,
@@ -164,6 +168,7 @@ impl RunArgs {
         tiering.policy_schedule = self.policy_schedule.clone();
         tiering.skip_dirty_check = self.test_skip_dirty_check;
         tiering.chaos_heap_only = self.test_chaos_heap_only;
+        tiering.tracking_ab = self.tracking_ab;
         self.vm.request(&self.image, tiering)
     }
 }

@@ -228,6 +228,13 @@ impl TieredRam {
         Ok(())
     }
 
+    /// Pauses or resumes hint-fault sampling (A/B measurements).
+    pub fn set_tracking_paused(&self, paused: bool) {
+        if let Some(s) = &self.sampler {
+            s.set_paused(paused);
+        }
+    }
+
     /// Drains the access samples recorded since the last call (the policy
     /// engine will consume them; for now they are counted).
     pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
