@@ -3,7 +3,7 @@
 //! touches, and unparks the rest at the next period. Scan size and period
 //! work like Linux NUMA balancing (`numa_balancing_scan_size_mb`,
 //! `scan_period_*`), and an overhead budget (MTM-style: a maximum share of
-//! vCPU time spent in hint faults) halves or grows the scan size.
+//! vCPU time spent in hint faults) sizes the scan windows.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
