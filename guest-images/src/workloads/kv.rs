@@ -991,51 +991,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// An env that corrupts one word the first time the stop flag is polled
-    /// after a first batch of operations.
-    struct CorruptingEnv<'a> {
-        inner: TestEnv,
-        mem: &'a [AtomicU64],
-        word: usize,
-        done: core::cell::Cell<bool>,
-    }
-
-    impl Env for CorruptingEnv<'_> {
-        fn vcpu(&self) -> u32 {
-            0
-        }
-        fn vcpus(&self) -> u32 {
-            1
-        }
-        fn seed(&self) -> u64 {
-            1
-        }
-        fn args(&self) -> Args<'_> {
-            self.inner.args()
-        }
-        fn stop_requested(&self) -> bool {
-            if self.inner.ops.get() > 0 && !self.done.replace(true) {
-                self.mem[self.word].fetch_xor(0xff, Relaxed);
-            }
-            self.inner.stop_requested()
-        }
-        fn set_ops(&self, ops: u64) {
-            self.inner.set_ops(ops)
-        }
-        fn set_phase(&self, _: Phase) {}
-        fn cycles(&self) -> u64 {
-            self.inner.cycles()
-        }
-        fn tsc_khz(&self) -> u64 {
-            self.inner.tsc_khz()
-        }
-        fn barrier(&self) {}
-        fn metric(&self, n: &str, v: f64) {
-            self.inner.metric(n, v)
-        }
-        fn log(&self, _: &str) {}
-    }
-
     #[test]
     fn corrupted_record_shows_in_metrics_and_exit_code() {
         let args = [
@@ -1053,14 +1008,15 @@ pub(crate) mod tests {
             (data_word(l.value_offset(hot)), "misses"),
         ] {
             let mem = zeroed(SCRATCH_WORDS + (l.bytes / 8) as usize);
-            let env = CorruptingEnv {
-                inner: TestEnv::new(&SPEC, &args, 20_000),
-                mem: &mem,
-                word,
-                done: Default::default(),
-            };
+            // Corrupt the word once, after the first batch of operations.
+            let done = core::cell::Cell::new(false);
+            let env = TestEnv::new(&SPEC, &args, 20_000).with_hook(|before, _| {
+                if before > 0 && !done.replace(true) {
+                    mem[word].fetch_xor(0xff, Relaxed);
+                }
+            });
             let code = run(&env, &mem);
-            let bad = env.inner.metric_value(metric).unwrap();
+            let bad = env.metric_value(metric).unwrap();
             assert!(bad > 100.0, "{metric}: {bad}");
             assert_eq!(code as f64, bad);
         }

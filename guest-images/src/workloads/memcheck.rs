@@ -329,65 +329,22 @@ mod tests {
         }
     }
 
-    /// An env whose stop check corrupts one page mid-run, like a lost write.
-    struct CorruptingEnv<'a> {
-        inner: TestEnv,
-        mem: &'a [AtomicU64],
-        word: usize,
-        value: u64,
-    }
-
-    impl Env for CorruptingEnv<'_> {
-        fn vcpu(&self) -> u32 {
-            0
-        }
-        fn vcpus(&self) -> u32 {
-            1
-        }
-        fn seed(&self) -> u64 {
-            1
-        }
-        fn args(&self) -> Args<'_> {
-            self.inner.args()
-        }
-        fn stop_requested(&self) -> bool {
-            if self.inner.ops.get() == 640 {
-                self.mem[self.word].store(self.value, Relaxed);
-            }
-            self.inner.stop_requested()
-        }
-        fn set_ops(&self, ops: u64) {
-            self.inner.set_ops(ops)
-        }
-        fn set_phase(&self, _: Phase) {}
-        fn cycles(&self) -> u64 {
-            self.inner.cycles()
-        }
-        fn tsc_khz(&self) -> u64 {
-            self.inner.tsc_khz()
-        }
-        fn barrier(&self) {}
-        fn metric(&self, n: &str, v: f64) {
-            self.inner.metric(n, v)
-        }
-        fn log(&self, _: &str) {}
-    }
-
     #[test]
     fn detects_stale_stamp_and_garbage() {
         // Stale stamp in the first word of page 3, then garbage in the middle of page 5.
         for (word, value) in [(3 * PAGE_WORDS, stamp(3, 0)), (5 * PAGE_WORDS + 17, 0xdead)] {
             let mem = mem_for(256 << 10);
-            let env = CorruptingEnv {
-                inner: TestEnv::new(
-                    &SPEC,
-                    &[("region", "256K"), ("pattern", "sequential")],
-                    5_000,
-                ),
-                mem: &mem,
-                word: SCRATCH_WORDS + word,
-                value,
-            };
+            // Corrupt the word once, when 640 operations are published.
+            let env = TestEnv::new(
+                &SPEC,
+                &[("region", "256K"), ("pattern", "sequential")],
+                5_000,
+            )
+            .with_hook(|_, after| {
+                if after == 640 {
+                    mem[SCRATCH_WORDS + word].store(value, Relaxed);
+                }
+            });
             // Sequential writes rewrite every page 78 times in 5000 ops, so
             // only the final full check or a periodic check can see this.
             let bad = run(&env, &mem);

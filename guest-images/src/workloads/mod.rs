@@ -194,15 +194,26 @@ pub(crate) mod host_env {
     use std::string::String;
     use std::vec::Vec;
 
-    pub struct TestEnv {
+    /// Called on every `set_ops` with (ops before, ops after): lets a test
+    /// inject a fault (a lost write, a flipped bit) at a chosen point.
+    pub type ProgressHook<'a> = std::boxed::Box<dyn Fn(u64, u64) + 'a>;
+
+    pub struct TestEnv<'a> {
         pub entries: Vec<ArgEntry>,
         pub spec: &'static ImageSpec,
         pub ops: Cell<u64>,
         pub stop_after_ops: u64,
         pub metrics: core::cell::RefCell<Vec<(String, f64)>>,
+        pub on_progress: Option<ProgressHook<'a>>,
     }
 
-    impl TestEnv {
+    impl<'a> TestEnv<'a> {
+        /// This env with `hook` called on every progress publication.
+        pub fn with_hook(mut self, hook: impl Fn(u64, u64) + 'a) -> Self {
+            self.on_progress = Some(std::boxed::Box::new(hook));
+            self
+        }
+
         pub fn new(spec: &'static ImageSpec, args: &[(&str, &str)], stop_after_ops: u64) -> Self {
             let entries = args
                 .iter()
@@ -217,6 +228,7 @@ pub(crate) mod host_env {
                 ops: Cell::new(0),
                 stop_after_ops,
                 metrics: Default::default(),
+                on_progress: None,
             }
         }
         pub fn metric_value(&self, name: &str) -> Option<f64> {
@@ -228,7 +240,7 @@ pub(crate) mod host_env {
         }
     }
 
-    impl Env for TestEnv {
+    impl Env for TestEnv<'_> {
         fn vcpu(&self) -> u32 {
             0
         }
@@ -245,6 +257,9 @@ pub(crate) mod host_env {
             self.ops.get() >= self.stop_after_ops
         }
         fn set_ops(&self, ops: u64) {
+            if let Some(hook) = &self.on_progress {
+                hook(self.ops.get(), ops);
+            }
             self.ops.set(ops)
         }
         fn set_phase(&self, _: Phase) {}

@@ -909,7 +909,11 @@ mod tests {
         assert_eq!(env.ops.get(), 20 * edges.len() as u64);
     }
 
-    fn run_graph(graph: &str, scale: &str, degree: &str) -> (TestEnv, Vec<AtomicU64>, u32) {
+    fn run_graph(
+        graph: &str,
+        scale: &str,
+        degree: &str,
+    ) -> (TestEnv<'static>, Vec<AtomicU64>, u32) {
         let env = TestEnv::new(
             &SPEC,
             &[
@@ -988,48 +992,6 @@ mod tests {
         }
     }
 
-    /// Corrupts an out-degree the first time ops are published.
-    struct CorruptingEnv<'a> {
-        inner: TestEnv,
-        word: &'a AtomicU64,
-    }
-
-    impl Env for CorruptingEnv<'_> {
-        fn vcpu(&self) -> u32 {
-            0
-        }
-        fn vcpus(&self) -> u32 {
-            1
-        }
-        fn seed(&self) -> u64 {
-            1
-        }
-        fn args(&self) -> Args<'_> {
-            self.inner.args()
-        }
-        fn stop_requested(&self) -> bool {
-            self.inner.stop_requested()
-        }
-        fn set_ops(&self, ops: u64) {
-            if self.inner.ops.get() == 0 {
-                self.word.store(1, Relaxed);
-            }
-            self.inner.set_ops(ops)
-        }
-        fn set_phase(&self, _: Phase) {}
-        fn cycles(&self) -> u64 {
-            self.inner.cycles()
-        }
-        fn tsc_khz(&self) -> u64 {
-            self.inner.tsc_khz()
-        }
-        fn barrier(&self) {}
-        fn metric(&self, n: &str, v: f64) {
-            self.inner.metric(n, v)
-        }
-        fn log(&self, _: &str) {}
-    }
-
     #[test]
     fn corrupted_out_degree_fails_the_mass_check() {
         let args = [("scale", "10"), ("degree", "16"), ("iterations", "5")];
@@ -1037,12 +999,15 @@ mod tests {
         let l = p.layout();
         let mem = zeroed(SCRATCH_WORDS + (l.bytes / 8) as usize);
         // A vertex with out-degree 16+ claims 1: its contribution is counted 16x.
-        let env = CorruptingEnv {
-            inner: TestEnv::new(&SPEC, &args, u64::MAX),
-            word: &mem[SCRATCH_WORDS + (l.out_degree_of(7) / 8) as usize],
-        };
+        // Corrupt the out-degree the first time ops are published.
+        let word = &mem[SCRATCH_WORDS + (l.out_degree_of(7) / 8) as usize];
+        let env = TestEnv::new(&SPEC, &args, u64::MAX).with_hook(|before, _| {
+            if before == 0 {
+                word.store(1, Relaxed);
+            }
+        });
         assert_eq!(run(&env, &mem), EXIT_MASS);
-        assert!(env.inner.metric_value("rank_sum_max_dev").unwrap() > MASS_TOLERANCE);
+        assert!(env.metric_value("rank_sum_max_dev").unwrap() > MASS_TOLERANCE);
     }
 
     #[test]
