@@ -41,7 +41,7 @@ fn policy_switch_mid_run_keeps_memcheck_clean() {
 }
 
 fn thrash(policy: PolicyArg) -> VmRequest {
-    // Working set (192M) three times the fast tier (64M), read-mostly.
+    // Working set (192M) twelve times the fast tier (16M), read-only.
     let mut r = request(
         "zipf",
         512 << 20,
@@ -49,7 +49,10 @@ fn thrash(policy: PolicyArg) -> VmRequest {
         Duration::from_secs(6),
         &["rss=192M", "wss=192M", "theta=0.6", "write_ratio=0"],
     );
-    r.tiering.fast = Some(64 << 20);
+    r.tiering.fast = Some(16 << 20);
+    // Slow-tier headroom, so promoted pages keep their shadows instead of
+    // having them reclaimed at once.
+    r.tiering.slow = Some(640 << 20);
     // Everything starts slow (the seeds' pre-demoted runs), so promoted
     // pages carry shadows that a later demotion can remap.
     r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
