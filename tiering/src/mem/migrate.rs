@@ -408,6 +408,32 @@ impl Migrator {
         r
     }
 
+    /// Reserves, for an owned `run`, free destination pages in `dst` and
+    /// holes for the old pages in `src`. On failure every reservation and the
+    /// pages are released: `Ok(None)` = no room (counted as skipped), `Err` =
+    /// an accounting failure.
+    fn reserve_exchange(
+        &self,
+        src: Tier,
+        dst: Tier,
+        run: Run,
+        out: &mut BatchOutcome,
+    ) -> io::Result<Option<(Vec<u32>, Vec<u32>)>> {
+        let Some(fresh) = self.reserve_destination(dst, run, out) else {
+            return Ok(None);
+        };
+        match self.reserve_holes(src, run.len) {
+            Ok(holes) => Ok(Some((fresh, holes))),
+            Err(e) => {
+                self.mem.unreserve(dst, &fresh, SlotKind::Free);
+                for p in run.pages() {
+                    self.mem.release_page(p, 0, 0);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Reserves holes for old pages in `tier`'s pool; they always exist while
     /// the accounting holds (the pool has a slot for every page of the tier).
     fn reserve_holes(&self, tier: Tier, n: usize) -> io::Result<Vec<u32>> {
@@ -670,16 +696,10 @@ impl Migrator {
         let (src, dst) = dir.tiers();
         let mut first_err = None;
         for &run in runs {
-            let Some(staging) = self.reserve_destination(dst, run, out) else {
-                continue;
-            };
-            let old = match self.reserve_holes(src, run.len) {
-                Ok(h) => h,
+            let (staging, old) = match self.reserve_exchange(src, dst, run, out) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
                 Err(e) => {
-                    mem.unreserve(dst, &staging, SlotKind::Free);
-                    for p in run.pages() {
-                        mem.release_page(p, 0, 0);
-                    }
                     first_err.get_or_insert(e);
                     continue;
                 }
@@ -768,16 +788,10 @@ impl Migrator {
         let (src, dst) = dir.tiers();
         let mut first_err = None;
         for &run in runs {
-            let Some(give_back) = self.reserve_destination(dst, run, out) else {
-                continue;
-            };
-            let refill = match self.reserve_holes(src, run.len) {
-                Ok(h) => h,
+            let (give_back, refill) = match self.reserve_exchange(src, dst, run, out) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
                 Err(e) => {
-                    mem.unreserve(dst, &give_back, SlotKind::Free);
-                    for p in run.pages() {
-                        mem.release_page(p, 0, 0);
-                    }
                     first_err.get_or_insert(e);
                     continue;
                 }
