@@ -408,6 +408,22 @@ impl Migrator {
         r
     }
 
+    /// Rollback for an owned `run` whose pages sit (or may sit) in the pool
+    /// slots `slots` of `tier`: moves each back into guest RAM (a page already
+    /// back makes its move fail harmlessly) and releases it.
+    fn put_back(&self, run: Run, tier: Tier, slots: &[u32]) {
+        let mem = &*self.mem;
+        for (i, p) in run.pages().enumerate() {
+            let _ = mem.uffd.move_range(
+                mem.guest_addr(p),
+                mem.pool_addr(tier, slots[i]),
+                PAGE_SIZE,
+                true,
+            );
+            mem.release_page(p, 0, 0);
+        }
+    }
+
     /// Reserves, for an owned `run`, free destination pages in `dst` and
     /// holes for the old pages in `src`. On failure every reservation and the
     /// pages are released: `Ok(None)` = no room (counted as skipped), `Err` =
@@ -711,15 +727,7 @@ impl Migrator {
                 .collect();
             if let Err(e) = mem.move_pairs(&unmap) {
                 // Put back whatever moved.
-                for (i, p) in run.pages().enumerate() {
-                    let _ = mem.uffd.move_range(
-                        mem.guest_addr(p),
-                        mem.pool_addr(src, old[i]),
-                        PAGE_SIZE,
-                        true,
-                    );
-                    mem.release_page(p, 0, 0);
-                }
+                self.put_back(run, src, &old);
                 mem.unreserve(dst, &staging, SlotKind::Free);
                 mem.unreserve(src, &old, SlotKind::Hole);
                 first_err.get_or_insert(e);
@@ -741,15 +749,7 @@ impl Migrator {
                 .map(|(i, p)| (mem.guest_addr(p), mem.pool_addr(dst, staging[i])))
                 .collect();
             if let Err(e) = mem.move_pairs(&map) {
-                for (i, p) in run.pages().enumerate() {
-                    let _ = mem.uffd.move_range(
-                        mem.guest_addr(p),
-                        mem.pool_addr(src, old[i]),
-                        PAGE_SIZE,
-                        true,
-                    );
-                    mem.release_page(p, 0, 0);
-                }
+                self.put_back(run, src, &old);
                 mem.unreserve(dst, &staging, SlotKind::Free);
                 mem.unreserve(src, &old, SlotKind::Hole);
                 first_err.get_or_insert(e);
@@ -880,15 +880,7 @@ impl Migrator {
                 .map(|(i, p)| (mem.pool_addr(Tier::Fast, holes[i]), mem.guest_addr(p)))
                 .collect();
             if let Err(e) = mem.move_pairs(&pairs) {
-                for (i, p) in run.pages().enumerate() {
-                    let _ = mem.uffd.move_range(
-                        mem.guest_addr(p),
-                        mem.pool_addr(Tier::Fast, holes[i]),
-                        PAGE_SIZE,
-                        true,
-                    );
-                    mem.release_page(p, 0, 0);
-                }
+                self.put_back(run, Tier::Fast, &holes);
                 mem.unreserve(Tier::Fast, &holes, SlotKind::Hole);
                 first_err.get_or_insert(e);
                 continue;
@@ -924,15 +916,7 @@ impl Migrator {
                 .map(|p| (mem.guest_addr(p), mem.shadow_addr(p)))
                 .collect();
             if let Err(e) = mem.move_pairs(&pairs) {
-                for (i, p) in run.pages().enumerate() {
-                    let _ = mem.uffd.move_range(
-                        mem.guest_addr(p),
-                        mem.pool_addr(Tier::Fast, holes[i]),
-                        PAGE_SIZE,
-                        true,
-                    );
-                    mem.release_page(p, 0, 0);
-                }
+                self.put_back(*run, Tier::Fast, holes);
                 mem.unreserve(Tier::Fast, holes, SlotKind::Hole);
                 first_err.get_or_insert(e);
                 continue;
