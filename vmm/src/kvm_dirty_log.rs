@@ -145,6 +145,34 @@ mod tests {
     use std::sync::Arc;
     use tiering::mem::{MemConfig, TieredMemory, PAGE_SIZE};
 
+    /// Puts a fresh vCPU at the real-mode test program at 0x1000 (flat segments).
+    fn enter_real_mode(vcpu: &mut kvm_ioctls::VcpuFd) {
+        let mut sregs = vcpu.get_sregs().unwrap();
+        sregs.cs.base = 0;
+        sregs.cs.selector = 0;
+        sregs.ds.base = 0;
+        sregs.ds.selector = 0;
+        vcpu.set_sregs(&sregs).unwrap();
+        let mut regs = vcpu.get_regs().unwrap();
+        regs.rip = 0x1000;
+        regs.rflags = 2;
+        vcpu.set_regs(&regs).unwrap();
+    }
+
+    /// Runs the test program from its start until it halts.
+    fn run_until_hlt(vcpu: &mut kvm_ioctls::VcpuFd) {
+        enter_real_mode(vcpu);
+        loop {
+            match vcpu.run().unwrap() {
+                VcpuExit::Hlt => break,
+                VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError => {
+                    panic!("guest failed")
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// A real-mode guest on tiered memory writes one byte to page 5; the KVM
     /// dirty log shows page 5 (and not the code page it only read), a CLEAR
     /// re-arms it, and a second run dirties it again.
@@ -184,28 +212,7 @@ mod tests {
         log.get(&mut bm).unwrap();
         assert_eq!(bm[0], 0, "no INITIALLY_SET: the log starts clean");
         let mut vcpu = vm.create_vcpu(0).unwrap();
-        let run = |vcpu: &mut kvm_ioctls::VcpuFd| {
-            let mut sregs = vcpu.get_sregs().unwrap();
-            sregs.cs.base = 0;
-            sregs.cs.selector = 0;
-            sregs.ds.base = 0;
-            sregs.ds.selector = 0;
-            vcpu.set_sregs(&sregs).unwrap();
-            let mut regs = vcpu.get_regs().unwrap();
-            regs.rip = 0x1000;
-            regs.rflags = 2;
-            vcpu.set_regs(&regs).unwrap();
-            loop {
-                match vcpu.run().unwrap() {
-                    VcpuExit::Hlt => break,
-                    VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError => {
-                        panic!("guest failed")
-                    }
-                    _ => {}
-                }
-            }
-        };
-        run(&mut vcpu);
+        run_until_hlt(&mut vcpu);
         // SAFETY: 0x5000 lies inside guest RAM.
         assert_eq!(unsafe { *mem.guest_ptr().add(0x5000) }, 1);
         log.get(&mut bm).unwrap();
@@ -220,7 +227,7 @@ mod tests {
         log.clear(0, &[1 << 5]).unwrap();
         log.get(&mut bm).unwrap();
         assert_eq!(bm[0] & (1 << 5), 0, "CLEAR re-arms the page");
-        run(&mut vcpu);
+        run_until_hlt(&mut vcpu);
         log.get(&mut bm).unwrap();
         assert_ne!(
             bm[0] & (1 << 5),
@@ -266,16 +273,7 @@ mod tests {
         m.set_skip_dirty_check(skip_dirty_check);
         let faults = FaultHandler::spawn(mem.clone()).unwrap();
         let mut vcpu = vm.create_vcpu(0).unwrap();
-        let mut sregs = vcpu.get_sregs().unwrap();
-        sregs.cs.base = 0;
-        sregs.cs.selector = 0;
-        sregs.ds.base = 0;
-        sregs.ds.selector = 0;
-        vcpu.set_sregs(&sregs).unwrap();
-        let mut regs = vcpu.get_regs().unwrap();
-        regs.rip = 0x1000;
-        regs.rflags = 2;
-        vcpu.set_regs(&regs).unwrap();
+        enter_real_mode(&mut vcpu);
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let d2 = done.clone();
         let t = std::thread::spawn(move || {
@@ -382,25 +380,7 @@ mod tests {
         // Park pages 0..8 before the guest starts: its first fetch faults.
         assert_eq!(sampler.tick().unwrap().parked, 8);
         let mut vcpu = vm.create_vcpu(0).unwrap();
-        let mut sregs = vcpu.get_sregs().unwrap();
-        sregs.cs.base = 0;
-        sregs.cs.selector = 0;
-        sregs.ds.base = 0;
-        sregs.ds.selector = 0;
-        vcpu.set_sregs(&sregs).unwrap();
-        let mut regs = vcpu.get_regs().unwrap();
-        regs.rip = 0x1000;
-        regs.rflags = 2;
-        vcpu.set_regs(&regs).unwrap();
-        loop {
-            match vcpu.run().unwrap() {
-                VcpuExit::Hlt => break,
-                VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError => {
-                    panic!("guest failed")
-                }
-                _ => {}
-            }
-        }
+        run_until_hlt(&mut vcpu);
         let tick = sampler.tick().unwrap();
         sampler.unpark_all().unwrap();
         faults.stop().unwrap();
