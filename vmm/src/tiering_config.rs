@@ -4,7 +4,7 @@
 use clap::ValueEnum;
 use std::time::Duration;
 
-use tiering::engine::{parse_schedule, EngineConfig, ModeledLatency};
+use tiering::engine::{parse_intervals, parse_schedule, EngineConfig, ModeledLatency};
 
 use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, PAGE_SIZE};
 
@@ -123,6 +123,8 @@ pub struct TieringRequest {
     pub tracking_budget_pct: Option<f64>,
     /// `--policy-schedule` (e.g. `nomad@0s,tpp@20s`).
     pub policy_schedule: Option<String>,
+    /// `--policy-interval` (e.g. `mtm=2s`).
+    pub policy_interval: Option<String>,
     /// Test-only: chaos migrates only the workload's heap (not the image,
     /// stacks, page tables or status page).
     pub chaos_heap_only: bool,
@@ -159,6 +161,7 @@ impl Default for TieringRequest {
             scan_period: None,
             tracking_budget_pct: None,
             policy_schedule: None,
+            policy_interval: None,
             chaos_heap_only: false,
             tracking_ab: None,
         }
@@ -241,6 +244,11 @@ impl TieringRequest {
                 || self.tracking.is_some_and(|t| t != TrackingArg::Off)
             {
                 return Err(Error::Usage("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node/--tracking or pick another policy".into()));
+            }
+            if self.policy_schedule.is_some() || self.policy_interval.is_some() {
+                return Err(Error::Usage(
+                    "--policy-schedule/--policy-interval need a placement policy: add --fast SIZE or --policy (static, tpp, nomad, memtis, colloid, mtm)".into(),
+                ));
             }
             return Ok(None);
         }
@@ -352,17 +360,31 @@ impl TieringRequest {
                     Some(s) if s.at.is_zero() => s.policy.clone(),
                     _ => first.to_string(),
                 };
+                let intervals = match &self.policy_interval {
+                    Some(s) => parse_intervals(s)
+                        .map_err(|e| Error::Usage(format!("--policy-interval: {e}")))?,
+                    None => Vec::new(),
+                };
                 Some(EngineConfig {
                     policy: first,
                     schedule,
                     modeled_latency: Some(ModeledLatency::default()),
+                    intervals,
                 })
             }
         };
-        // Policies other than static need access samples: hint faults at
-        // the policy's scan rate unless --tracking says otherwise.
+        if engine.is_none() && self.policy_interval.is_some() {
+            return Err(Error::Usage(
+                "--policy-interval needs a placement policy (static, tpp, nomad, memtis, colloid, mtm)".into(),
+            ));
+        }
+        // Policies that learn from access samples (all but static and mtm,
+        // which probes the accessed bits of its own sampled pages) get
+        // hint-fault windows unless --tracking says otherwise.
         let wants_samples = engine.as_ref().is_some_and(|e| {
-            e.policy != "static" || e.schedule.iter().any(|s| s.policy != "static")
+            std::iter::once(e.policy.as_str())
+                .chain(e.schedule.iter().map(|s| s.policy.as_str()))
+                .any(wants_sample_windows)
         });
         let default_tracking = if wants_samples {
             TrackingArg::HintFaults
@@ -434,6 +456,35 @@ impl TieringRequest {
     }
 }
 
+impl TieringConfig {
+    /// Whether this run tracks accesses at all: hint-fault windows, or a
+    /// policy that probes accessed bits (mtm).
+    pub fn tracks_accesses(&self) -> bool {
+        self.sampler.is_some()
+            || self.engine.as_ref().is_some_and(|e| {
+                std::iter::once(e.policy.as_str())
+                    .chain(e.schedule.iter().map(|s| s.policy.as_str()))
+                    .any(probes_accessed_bits)
+            })
+    }
+}
+
+/// Whether `policy` probes the accessed bits of the pages it tests.
+fn probes_accessed_bits(policy: &str) -> bool {
+    let probe = tiering::policy::PolicyConfig::new(1024, vec![512, 1024]);
+    tiering::policy::by_name(policy, &probe).is_ok_and(|p| p.trackers().accessed_bits)
+}
+
+/// Whether `policy` learns from the hint-fault sampler's windows (its
+/// trackers ask for hint faults or access samples).
+fn wants_sample_windows(policy: &str) -> bool {
+    let probe = tiering::policy::PolicyConfig::new(1024, vec![512, 1024]);
+    tiering::policy::by_name(policy, &probe).is_ok_and(|p| {
+        let t = p.trackers();
+        !t.hint_fault_tiers.is_empty() || t.sample_period > 0
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,6 +506,39 @@ mod tests {
         assert_eq!(c.policy, PolicyArg::Static);
         assert_eq!(c.mem.fast_capacity_pages, 65536);
         assert_eq!(c.mem.slow_capacity_pages, Some(262144));
+    }
+
+    #[test]
+    fn mtm_probes_instead_of_sampling_and_takes_an_interval() {
+        let c = v(|r| {
+            r.fast = Some(256 << 20);
+            r.policy = Some(PolicyArg::Mtm);
+            r.policy_interval = Some("mtm=2s".into());
+        })
+        .unwrap()
+        .unwrap();
+        assert!(c.sampler.is_none(), "mtm needs no hint-fault windows");
+        assert!(c.tracks_accesses(), "but it tracks accesses");
+        let e = c.engine.unwrap();
+        assert_eq!(
+            e.intervals,
+            vec![("mtm".to_string(), Duration::from_secs(2))]
+        );
+        let nomad = v(|r| {
+            r.fast = Some(256 << 20);
+            r.policy = Some(PolicyArg::Nomad);
+        })
+        .unwrap()
+        .unwrap();
+        assert!(nomad.sampler.is_some());
+        let e = |f: fn(&mut TieringRequest)| v(f).unwrap_err().to_string();
+        assert!(e(|r| {
+            r.fast = Some(256 << 20);
+            r.policy_interval = Some("mtm=fast".into());
+        })
+        .contains("--policy-interval: 'fast'"));
+        assert!(e(|r| r.policy_interval = Some("mtm=2s".into()))
+            .contains("--policy-interval need a placement policy"));
     }
 
     #[test]

@@ -155,6 +155,9 @@ pub struct EngineReport {
     pub errors: u64,
     /// Whether latencies fed to the policy were modeled.
     pub latency_modeled: bool,
+    /// Pages armed as accessed-bit probes (policies that scan accessed
+    /// bits: each tested page hint-faults once on its next touch).
+    pub probes_armed: u64,
 }
 
 /// How long a hint-fault touch counts as the page's accessed bit.
@@ -168,9 +171,32 @@ pub const ACCESSED_WINDOW: Duration = Duration::from_secs(1);
 /// bits at the end of each window. Documented deviation: policies that test
 /// a page twice (Nomad's candidate queue, TPP's LRU check) see "touched in
 /// this window" rather than "touched since the last test".
+///
+/// Policies that ask for accessed bits ([`TrackerRequest::accessed_bits`],
+/// MTM) get exact ones instead: every page they test is armed as an
+/// [`mem::AccessProbes`] probe, so a touch after the test is recorded, and
+/// the test reads and clears "touched since the last test".
 struct LiveView<'a> {
     mem: &'a TieredMemory,
     touched: &'a mut [u64],
+    probe: Option<Probing<'a>>,
+}
+
+/// Accessed bits kept exactly for the pages a policy tests.
+struct Probing<'a> {
+    /// Touched since the page's last test.
+    touched: &'a mut [u64],
+    /// Pages tested in this call, to arm afterwards.
+    to_arm: &'a mut Vec<usize>,
+}
+
+fn test_and_clear_bit(bits: &mut [u64], page: u64) -> bool {
+    let (w, b) = ((page / 64) as usize, page % 64);
+    bits.get_mut(w).is_some_and(|word| {
+        let hit = *word & (1 << b) != 0;
+        *word &= !(1 << b);
+        hit
+    })
 }
 
 impl MemoryView for LiveView<'_> {
@@ -187,6 +213,10 @@ impl MemoryView for LiveView<'_> {
         self.mem.has_shadow(page as usize).then_some(SLOW)
     }
     fn test_and_clear_accessed(&mut self, page: u64) -> bool {
+        if let Some(p) = &mut self.probe {
+            p.to_arm.push(page as usize);
+            return test_and_clear_bit(p.touched, page);
+        }
         let (w, b) = ((page / 64) as usize, page % 64);
         self.touched.get(w).is_some_and(|word| word & (1 << b) != 0)
     }
@@ -195,8 +225,14 @@ impl MemoryView for LiveView<'_> {
 struct EngineState {
     policy: Box<dyn Policy>,
     cfg: PolicyConfig,
+    /// Per-policy interval overrides.
+    intervals: Vec<(String, Duration)>,
     migrator: Arc<Migrator>,
     touched: Vec<u64>,
+    /// Armed accessed-bit probes, while the policy asks for accessed bits.
+    probes: Option<mem::AccessProbes>,
+    probe_touched: Vec<u64>,
+    to_arm: Vec<usize>,
     samples: Vec<AccessSample>,
     tier_hits: [u64; 2],
     hint_tiers: Vec<TierId>,
@@ -205,6 +241,32 @@ struct EngineState {
 }
 
 impl EngineState {
+    /// The policy configuration for `name` (its interval override applied).
+    fn config_for(&self, name: &str) -> PolicyConfig {
+        config_for(&self.cfg, &self.intervals, name)
+    }
+
+    /// Starts or stops the accessed-bit probes for the current policy.
+    fn set_probing(&mut self) {
+        let wants = self.policy.trackers().accessed_bits;
+        if wants && self.probes.is_none() {
+            self.probe_touched.iter_mut().for_each(|w| *w = 0);
+            self.probes = Some(mem::AccessProbes::new(self.migrator.memory().clone()));
+        } else if !wants {
+            self.stop_probing();
+        }
+    }
+
+    /// Disarms every probe (the pages map back) and stops probing.
+    fn stop_probing(&mut self) {
+        if let Some(mut p) = self.probes.take() {
+            if let Err(e) = p.disarm_all() {
+                tracing::warn!("disarming accessed-bit probes: {e}");
+            }
+            self.report.probes_armed += p.armed_total();
+        }
+    }
+
     fn tiers(&self, latencies: Option<[f64; 2]>) -> Vec<TierStatus> {
         let mem = self.migrator.memory();
         let shadows = mem.shadow_pages() as u64;
@@ -232,8 +294,10 @@ impl EngineState {
         let mem = self.migrator.memory().clone();
         let tier = mem.tier_of(s.page as usize)?;
         let tier_id = if tier == Tier::Fast { FAST } else { SLOW };
-        if let Some(w) = self.touched.get_mut((s.page / 64) as usize) {
-            *w |= 1 << (s.page % 64);
+        for bits in [&mut self.touched, &mut self.probe_touched] {
+            if let Some(w) = bits.get_mut((s.page / 64) as usize) {
+                *w |= 1 << (s.page % 64);
+            }
         }
         self.tier_hits[tier_id as usize] += 1;
         self.samples.push(AccessSample {
@@ -255,6 +319,7 @@ impl EngineState {
         let mut view = LiveView {
             mem: &mem,
             touched: &mut self.touched,
+            probe: None,
         };
         self.policy.on_hint_fault(&fault, tiers, &mut view)
     }
@@ -307,6 +372,16 @@ impl EngineState {
             }
         }
         let mem = self.migrator.memory().clone();
+        if self.probes.is_some() {
+            // Record every touch so far, then map back the probes the guest
+            // did not touch: the policy re-arms what it tests.
+            self.feed(mem.drain_samples(), now_ns);
+            if let Some(p) = &mut self.probes {
+                if let Err(e) = p.disarm_all() {
+                    tracing::warn!("disarming accessed-bit probes: {e}");
+                }
+            }
+        }
         let samples = std::mem::take(&mut self.samples);
         self.report.samples += samples.len() as u64;
         let obs = policy::Observations {
@@ -316,14 +391,27 @@ impl EngineState {
             tpm_outcomes: &[],
             dirty: &[],
         };
+        self.to_arm.clear();
         let mut view = LiveView {
             mem: &mem,
             touched: &mut self.touched,
+            probe: self.probes.is_some().then_some(Probing {
+                touched: &mut self.probe_touched,
+                to_arm: &mut self.to_arm,
+            }),
         };
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
         self.tier_hits = [0; 2];
         self.execute(&d.migrations);
+        if let Some(p) = &mut self.probes {
+            self.to_arm.sort_unstable();
+            self.to_arm.dedup();
+            if let Err(e) = p.arm(&self.to_arm) {
+                self.report.errors += 1;
+                tracing::warn!("arming {} accessed-bit probes: {e}", self.to_arm.len());
+            }
+        }
         for &(tier, pages) in &d.reclaim_shadows {
             if tier == SLOW {
                 let want = mem.free_pages(Tier::Slow) + pages as usize;
@@ -343,7 +431,7 @@ impl EngineState {
             let mut units = Vec::new();
             while i < migrations.len() && batch_key(&mem, &migrations[i]) == key {
                 let u = migrations[i].unit;
-                units.push(mem::Unit::run(u.page as usize, u.pages as usize));
+                push_split(&mut units, u.page as usize, u.pages as usize);
                 i += 1;
             }
             let Some((dir, mech)) = key else { continue };
@@ -355,6 +443,18 @@ impl EngineState {
                 }
             }
         }
+    }
+}
+
+/// Pushes the run `first..first + pages` as mechanism units of at most
+/// [`mem::MAX_UNIT_PAGES`] pages, cut at 2 MiB boundaries (a policy's unit
+/// may be a whole region of many huge pages).
+fn push_split(units: &mut Vec<mem::Unit>, first: usize, pages: usize) {
+    let (mut p, end) = (first, first.saturating_add(pages));
+    while p < end {
+        let next = ((p / mem::MAX_UNIT_PAGES + 1) * mem::MAX_UNIT_PAGES).min(end);
+        units.push(mem::Unit::run(p, next - p));
+        p = next;
     }
 }
 
@@ -375,6 +475,41 @@ fn batch_key(mem: &TieredMemory, m: &Migration) -> Option<(mem::Direction, mem::
         policy::Mechanism::ShadowDemotion => mem::Mechanism::StopAndCopy,
     };
     Some((dir, mech))
+}
+
+/// `base` with `name`'s interval override applied.
+fn config_for(base: &PolicyConfig, intervals: &[(String, Duration)], name: &str) -> PolicyConfig {
+    let mut cfg = base.clone();
+    if let Some((_, d)) = intervals.iter().find(|(n, _)| n == name) {
+        cfg.interval_ns = Some(d.as_nanos().min(u128::from(u64::MAX)) as u64);
+    }
+    cfg
+}
+
+/// Parses `mtm=2s,memtis=1s` (per-policy interval overrides).
+pub fn parse_intervals(s: &str) -> Result<Vec<(String, Duration)>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, d) = part
+            .split_once('=')
+            .ok_or_else(|| format!("'{part}' is not POLICY=TIME, e.g. mtm=2s"))?;
+        if !policy::NAMES.contains(&name) {
+            return Err(format!(
+                "unknown policy '{name}'; valid: {}",
+                policy::NAMES.join(", ")
+            ));
+        }
+        let d = parse_secs(d)
+            .filter(|d| *d >= Duration::from_millis(1))
+            .ok_or_else(|| {
+                format!("'{d}' in '{part}' is not a time of at least 1ms like 500ms, 2s")
+            })?;
+        out.push((name.to_string(), d));
+    }
+    if out.is_empty() {
+        return Err("empty list: give e.g. mtm=2s".into());
+    }
+    Ok(out)
 }
 
 /// Policies that promote in the fault path (their hint faults are decided
@@ -408,6 +543,9 @@ pub struct EngineConfig {
     pub schedule: Vec<ScheduledSwitch>,
     /// Use the modeled latency for policies that read loaded latency.
     pub modeled_latency: Option<ModeledLatency>,
+    /// Per-policy interval overrides (`--policy-interval mtm=2s`): the
+    /// policy's migration interval (memtis, mtm) or quantum (colloid).
+    pub intervals: Vec<(String, Duration)>,
 }
 
 impl Engine {
@@ -438,19 +576,23 @@ impl Engine {
 
     /// The policy configuration for `mem`.
     pub fn policy_config(mem: &TieredMemory) -> PolicyConfig {
-        PolicyConfig::new(
+        let mut cfg = PolicyConfig::new(
             mem.guest_pages() as u64,
             vec![
                 mem.capacity(Tier::Fast) as u64,
                 mem.capacity(Tier::Slow) as u64,
             ],
-        )
+        );
+        // An accessed-bit test costs the guest one hint fault here.
+        cfg.accessed_test_cost_ns = Some(mem::MEASURED_HINT_FAULT_GUEST_NS);
+        cfg
     }
 
     /// Starts the engine over `migrator`.
     pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, String> {
         let pcfg = Self::policy_config(migrator.memory());
-        let first = policy::by_name(&cfg.policy, &pcfg).map_err(|e| e.to_string())?;
+        let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))
+            .map_err(|e| e.to_string())?;
         let trackers = Self::trackers(&cfg, &pcfg).map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let commands = Arc::new(Mutex::new(VecDeque::new()));
@@ -459,8 +601,12 @@ impl Engine {
         let state = Arc::new(Mutex::new(EngineState {
             policy: first,
             cfg: pcfg,
+            intervals: cfg.intervals.clone(),
             migrator: migrator.clone(),
             touched: vec![0; words],
+            probes: None,
+            probe_touched: vec![0; words],
+            to_arm: Vec::new(),
             samples: Vec::new(),
             tier_hits: [0; 2],
             hint_tiers: trackers.hint_fault_tiers.clone(),
@@ -494,6 +640,7 @@ impl Engine {
                     let mut st = lock(&state);
                     let name = st.policy.name().to_string();
                     st.report.policies.push((name, 0.0));
+                    st.set_probing();
                 }
                 let mut schedule: VecDeque<ScheduledSwitch> = cfg.schedule.into_iter().collect();
                 let mut next_tick =
@@ -516,9 +663,11 @@ impl Engine {
                             continue;
                         }
                         let exported: PolicyState = st.policy.export_state();
-                        match policy::switch_to(&name, &st.cfg, &exported) {
+                        let pcfg = st.config_for(&name);
+                        match policy::switch_to(&name, &pcfg, &exported) {
                             Ok(p) => {
                                 st.policy = p;
+                                st.set_probing();
                                 st.report.policies.push((name.clone(), now.as_secs_f64()));
                                 drop(st);
                                 set_hook(&name);
@@ -543,8 +692,9 @@ impl Engine {
                     std::thread::sleep(POLL_INTERVAL);
                 }
                 set_hook("");
-                let report = lock(&state).report.clone();
-                report
+                let mut st = lock(&state);
+                st.stop_probing();
+                st.report.clone()
             })
             .map_err(|e| format!("spawning the engine thread: {e}"))?;
         Ok(Self {
@@ -611,6 +761,94 @@ mod tests {
             .unwrap_err()
             .contains("must not decrease"));
         assert!(parse_schedule("tpp@xs").unwrap_err().contains("not a time"));
+    }
+
+    /// MTM live: with accessed bits from probes, the one region a thread
+    /// keeps touching is promoted whole, and no untouched page moves.
+    #[test]
+    fn mtm_promotes_the_region_it_sees_touched() {
+        use std::sync::atomic::AtomicU64;
+        const PAGES: usize = 2048;
+        const HOT: std::ops::Range<usize> = 1024..1536;
+        let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 600);
+        mc.placement = mem::Placement::SlowFirst;
+        let m = match TieredMemory::new(&mc) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                eprintln!("SKIP: tiered memory unavailable here: {e}");
+                return;
+            }
+        };
+        let faults = mem::FaultHandler::spawn(m.clone()).unwrap();
+        let log = Box::new(mem::SoftDirtyLog::new(PAGES));
+        let migrator = Arc::new(Migrator::new(m.clone(), log, Default::default()).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = m.guest_ptr() as usize;
+        let toucher = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for p in HOT {
+                        // SAFETY: page p < PAGES lies in guest RAM, mapped and
+                        // 8-byte aligned until `m` drops after this thread
+                        // joins; every access to it here is atomic.
+                        let w = unsafe { &*((base + p * mem::PAGE_SIZE) as *const AtomicU64) };
+                        w.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        let engine = Engine::spawn(
+            migrator,
+            EngineConfig {
+                policy: "mtm".into(),
+                schedule: Vec::new(),
+                modeled_latency: None,
+                intervals: vec![("mtm".into(), Duration::from_millis(300))],
+            },
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while HOT.clone().any(|p| m.tier_of(p) != Some(Tier::Fast)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let report = engine.stop().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        toucher.join().unwrap();
+        faults.stop().unwrap();
+        assert!(report.probes_armed > 0, "{report:?}");
+        let fast: Vec<usize> = (0..PAGES)
+            .filter(|&p| m.tier_of(p) == Some(Tier::Fast))
+            .collect();
+        assert_eq!(fast, HOT.collect::<Vec<_>>(), "{report:?}");
+        m.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn long_runs_split_at_huge_page_boundaries() {
+        let mut u = Vec::new();
+        push_split(&mut u, 500, 1100);
+        let got: Vec<(usize, usize)> = u.iter().map(|x| (x.first_page, x.pages)).collect();
+        assert_eq!(got, vec![(500, 12), (512, 512), (1024, 512), (1536, 64)]);
+        u.clear();
+        push_split(&mut u, 7, 1);
+        assert_eq!((u[0].first_page, u[0].pages), (7, 1));
+    }
+
+    #[test]
+    fn intervals_parse_and_reject() {
+        let v = parse_intervals("mtm=2s, memtis=500ms").unwrap();
+        assert_eq!(v[0], ("mtm".to_string(), Duration::from_secs(2)));
+        assert_eq!(v[1].1, Duration::from_millis(500));
+        assert!(parse_intervals("mtm").unwrap_err().contains("POLICY=TIME"));
+        assert!(parse_intervals("lru=1s")
+            .unwrap_err()
+            .contains("unknown policy"));
+        assert!(parse_intervals("mtm=0s")
+            .unwrap_err()
+            .contains("at least 1ms"));
+        assert!(parse_intervals("").unwrap_err().contains("empty"));
     }
 
     #[test]

@@ -763,6 +763,68 @@ impl TieredMemory {
         Ok(true)
     }
 
+    /// Parks `pages` for hint faults (zero-copy moves to the parking area;
+    /// runs of consecutive pages move with one range move). Pages that are
+    /// busy or already parked are skipped. Returns the pages parked. On a
+    /// failed move every page of the call is put back and owned bits are
+    /// released, so nothing is lost.
+    pub(crate) fn park_pages(&self, pages: &[usize]) -> std::io::Result<Vec<usize>> {
+        let owned: Vec<usize> = pages
+            .iter()
+            .copied()
+            .filter(|&p| p < self.guest_pages && self.pages.try_acquire(p, false).is_some())
+            .collect();
+        let pairs: Vec<_> = owned
+            .iter()
+            .map(|&p| (self.park_addr(p), self.guest_addr(p)))
+            .collect();
+        if let Err(e) = self.move_pairs(&pairs) {
+            // Put back whatever moved (a page not moved fails with ENOENT).
+            for &p in &owned {
+                let _ =
+                    self.uffd
+                        .move_range(self.guest_addr(p), self.park_addr(p), PAGE_SIZE, true);
+                self.release_page(p, 0, 0);
+            }
+            return Err(e);
+        }
+        for &p in &owned {
+            self.release_page(p, PARKED, 0);
+        }
+        Ok(owned)
+    }
+
+    /// Maps back those of `pages` that are still parked (the guest never
+    /// touched them). Pages busy in the fault handler are being unparked by
+    /// it and are skipped. Returns how many were unparked.
+    pub(crate) fn unpark_pages(&self, pages: &[usize]) -> std::io::Result<usize> {
+        let mut n = 0;
+        let mut first_err = None;
+        for &page in pages.iter().filter(|&&p| p < self.guest_pages) {
+            let Some(w) = self.pages.try_acquire(page, true) else {
+                continue;
+            };
+            if w & PARKED == 0 {
+                self.release_page(page, 0, 0);
+                continue;
+            }
+            match self
+                .uffd
+                .move_range(self.guest_addr(page), self.park_addr(page), PAGE_SIZE, true)
+            {
+                Ok(()) => {
+                    self.release_page(page, 0, PARKED);
+                    n += 1;
+                }
+                Err(e) => {
+                    self.release_page(page, 0, 0);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(n), Err)
+    }
+
     /// Releases an owned page; tells the fault handler if it waits on it.
     pub(crate) fn release_page(&self, page: usize, set: u32, clear: u32) {
         if self.pages.release(page, set, clear) {

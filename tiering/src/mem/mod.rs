@@ -45,6 +45,7 @@ mod harvest;
 mod migrate;
 mod page_map;
 mod pool;
+mod probe;
 mod sampler;
 mod stats;
 mod sys;
@@ -62,6 +63,7 @@ pub use harvest::DirtyHarvester;
 pub use migrate::{
     BatchOutcome, Direction, Mechanism, Migrator, MigratorConfig, Unit, MAX_UNIT_PAGES,
 };
+pub use probe::{AccessProbes, MEASURED_HINT_FAULT_GUEST_NS};
 pub use sampler::{HintSampler, SamplerConfig, SamplerHandle, SamplerTick};
 pub use stats::{MemStats, TierStats};
 pub use sys::PAGE_SIZE;

@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::backing::{lock, TieredMemory};
-use super::page_map::PARKED;
-use super::sys::PAGE_SIZE;
 
 /// What one hint fault costs the guest, relative to the stall the fault
 /// handler observes (event read to wake-up). The handler does not see the
@@ -116,34 +114,9 @@ impl HintSampler {
 
     /// Unparks every page still parked by this sampler.
     pub fn unpark_all(&mut self) -> io::Result<usize> {
-        let mem = &*self.mem;
-        let mut n = 0;
-        let mut first_err = None;
-        for &page in &self.window {
-            // Busy means the fault handler is unparking it right now.
-            let Some(w) = mem.pages.try_acquire(page, true) else {
-                continue;
-            };
-            if w & PARKED == 0 {
-                mem.release_page(page, 0, 0);
-                continue;
-            }
-            match mem
-                .uffd
-                .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, true)
-            {
-                Ok(()) => {
-                    mem.release_page(page, 0, PARKED);
-                    n += 1;
-                }
-                Err(e) => {
-                    mem.release_page(page, 0, 0);
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
+        let r = self.mem.unpark_pages(&self.window);
         self.window.clear();
-        first_err.map_or(Ok(n), Err)
+        r
     }
 
     /// One period: unpark the previous window's untouched pages, measure the
@@ -190,39 +163,14 @@ impl HintSampler {
                 let p = self.cursor;
                 self.cursor += 1;
                 scanned += 1;
-                if mem.pages.try_acquire(p, false).is_some() {
-                    run.push(p);
-                } else if !run.is_empty() {
-                    break;
-                }
+                run.push(p);
             }
             if self.cursor >= n {
                 self.cursor = 0;
             }
-            if !run.is_empty() {
-                let pairs: Vec<_> = run
-                    .iter()
-                    .map(|&p| (mem.park_addr(p), mem.guest_addr(p)))
-                    .collect();
-                if let Err(e) = mem.move_pairs(&pairs) {
-                    // Put back whatever moved and give up this window.
-                    for &p in &run {
-                        let _ = mem.uffd.move_range(
-                            mem.guest_addr(p),
-                            mem.park_addr(p),
-                            PAGE_SIZE,
-                            true,
-                        );
-                        mem.release_page(p, 0, 0);
-                    }
-                    return Err(e);
-                }
-                for &p in &run {
-                    mem.release_page(p, PARKED, 0);
-                }
-                parked += run.len();
-                self.window.extend(run);
-            }
+            let got = mem.park_pages(&run)?;
+            parked += got.len();
+            self.window.extend(got);
             if start == self.cursor {
                 break;
             }

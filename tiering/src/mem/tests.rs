@@ -369,6 +369,38 @@ fn sampler_records_touches_and_obeys_its_budget() {
 }
 
 #[test]
+fn probes_park_exactly_the_tested_pages_and_lose_nothing() {
+    let Some((mem, _, _)) = setup(256, 128, Placement::Interleave) else {
+        return;
+    };
+    fill(&mem);
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    let mut probes = AccessProbes::new(mem.clone());
+    // Out-of-range pages are skipped; re-arming an armed page is a no-op.
+    assert_eq!(probes.arm(&[5, 6, 7, 200, 9999]).unwrap(), 4);
+    assert_eq!(probes.arm(&[6]).unwrap(), 0);
+    // Only armed pages fault: 6 (read) and 200 (write); 8 is not armed.
+    assert_eq!(word(&mem, 6).load(Ordering::SeqCst), 6000);
+    word(&mem, 200).store(7, Ordering::SeqCst);
+    assert_eq!(word(&mem, 8).load(Ordering::SeqCst), 8000);
+    let pages: Vec<u64> = mem.drain_samples().iter().map(|s| s.page).collect();
+    assert_eq!(pages, vec![6, 200]);
+    // 5 and 7 were never touched: disarming maps them back.
+    assert_eq!(probes.disarm_all().unwrap(), 2);
+    assert_eq!(probes.armed_total(), 4);
+    mem.check_consistency().unwrap();
+    // Re-armed after disarming, a page faults again.
+    assert_eq!(probes.arm(&[6]).unwrap(), 1);
+    assert_eq!(last_word(&mem, 6).load(Ordering::SeqCst), !6);
+    assert_eq!(mem.drain_samples().len(), 1);
+    drop(probes);
+    faults.stop().unwrap();
+    word(&mem, 200).store(200_000, Ordering::SeqCst);
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
+
+#[test]
 fn reads_under_chaos_see_intact_data() {
     let Some((mem, _, m)) = setup(64, 64, Placement::SlowFirst) else {
         return;

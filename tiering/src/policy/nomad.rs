@@ -112,6 +112,7 @@ impl Policy for Nomad {
                 / (SCAN_PERIOD_MIN_NS as f64 / 1e9),
             sample_period: 0,
             dirty_log: false,
+            accessed_bits: false,
         }
     }
 

@@ -342,6 +342,7 @@ impl Policy for Tpp {
             hint_scan_pages_per_sec: self.scan_pages_per_sec,
             sample_period: 0,
             dirty_log: false,
+            accessed_bits: false,
         }
     }
 

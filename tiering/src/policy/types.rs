@@ -191,6 +191,11 @@ pub struct TrackerRequest {
     pub sample_period: u64,
     /// Report dirty pages at each tick.
     pub dirty_log: bool,
+    /// [`MemoryView::test_and_clear_accessed`] must see every access since
+    /// the page's last test (MTM's accessed-bit scans). Live, without idle
+    /// page tracking, each tested page is armed as a probe that hint-faults
+    /// once on its next touch.
+    pub accessed_bits: bool,
 }
 
 impl TrackerRequest {
@@ -201,6 +206,7 @@ impl TrackerRequest {
             hint_scan_pages_per_sec: 0.0,
             sample_period: 0,
             dirty_log: false,
+            accessed_bits: false,
         }
     }
 }
@@ -231,6 +237,10 @@ pub struct PolicyConfig {
     pub promote_rate_limit_mbps: Option<f64>,
     /// Overrides the policy's migration interval (ns).
     pub interval_ns: Option<u64>,
+    /// Measured cost to the guest of one accessed-bit test that finds the
+    /// page touched (live: one hint fault). Policies that budget their
+    /// profiling (MTM's Eq. 1) use it instead of their assumed cost.
+    pub accessed_test_cost_ns: Option<f64>,
 }
 
 impl PolicyConfig {
@@ -242,6 +252,7 @@ impl PolicyConfig {
             scale: 1.0,
             promote_rate_limit_mbps: None,
             interval_ns: None,
+            accessed_test_cost_ns: None,
         }
     }
 

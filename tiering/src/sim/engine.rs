@@ -556,6 +556,7 @@ pub fn run_with(
         scale: s,
         promote_rate_limit_mbps: scn.promote_rate_limit_mbps,
         interval_ns: None,
+        accessed_test_cost_ns: None,
     };
     let mut policy: Box<dyn Policy> = policy::by_name(policy_name, &config)?;
     let trackers = policy.trackers();

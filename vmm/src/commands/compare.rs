@@ -854,7 +854,7 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     }
     let tracked: Vec<bool> = configs
         .iter()
-        .map(|(_, c)| c.tiering.as_ref().is_some_and(|t| t.sampler.is_some()))
+        .map(|(_, c)| c.tiering.as_ref().is_some_and(|t| t.tracks_accesses()))
         .collect();
     let first = &configs[0].1;
     let tiered = configs.iter().find_map(|(_, c)| c.tiering.as_ref());

@@ -121,6 +121,10 @@ pub struct VmFlags {
     /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
     #[arg(long, help_heading = "Tiering")]
     pub tracking_budget: Option<f64>,
+    /// Per-policy interval, e.g. mtm=2s,memtis=1s: the migration interval of
+    /// memtis and mtm, colloid's quantum (defaults: the papers' 0.5 s, 10 s, 10 ms).
+    #[arg(long, value_name = "POLICY=TIME,...", help_heading = "Tiering")]
+    pub policy_interval: Option<String>,
 }
 
 impl VmFlags {
@@ -141,6 +145,7 @@ impl VmFlags {
             scan_pages: self.scan_pages,
             scan_period: self.scan_period,
             tracking_budget_pct: self.tracking_budget,
+            policy_interval: self.policy_interval.clone(),
             ..TieringRequest::default()
         }
     }
