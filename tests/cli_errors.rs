@@ -77,6 +77,14 @@ fn bad_flags_and_images_exit_2_with_one_line() {
     );
     usage_error(&["run", "--arg", "write_ratio=3"], "out of range");
     usage_error(&["run", "no-such-image"], "neither a built-in image");
+    usage_error(
+        &["run", "--fast", "256M", "--policy-interval", "mtm=2x"],
+        "'2x' in 'mtm=2x' is not a time",
+    );
+    usage_error(
+        &["run", "--fast", "256M", "--policy-interval", "lru=2s"],
+        "unknown policy 'lru'",
+    );
     let text = write_tmp("text", b"#!/bin/sh\necho hi\n");
     usage_error(&["run", text.to_str().unwrap()], "not an ELF file");
     let truncated = write_tmp("truncated", &zipf_bytes()[..100]);

@@ -25,7 +25,9 @@ fn policy_switch_mid_run_keeps_memcheck_clean() {
     r.tiering.fast = Some(48 << 20);
     r.tiering.policy = Some(PolicyArg::Nomad);
     r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
-    r.tiering.policy_schedule = Some("nomad@0s,tpp@1500ms,memtis@3s".into());
+    // mtm in the middle: its armed probes must be handed back intact.
+    r.tiering.policy_schedule = Some("nomad@0s,mtm@1s,tpp@2200ms,memtis@3s".into());
+    r.tiering.policy_interval = Some("mtm=300ms".into());
     let (rep, console) = run(&r);
     assert_eq!(rep.exit_code, Some(0), "{console}");
     assert_eq!(rep.guest_metrics.get("mismatched_pages"), Some(&0.0));
@@ -35,9 +37,41 @@ fn policy_switch_mid_run_keeps_memcheck_clean() {
         .and_then(|t| t.engine.as_ref())
         .expect("engine report");
     let names: Vec<&str> = engine.policies.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["nomad", "tpp", "memtis"], "all switches happened");
+    assert_eq!(
+        names,
+        ["nomad", "mtm", "tpp", "memtis"],
+        "all switches happened"
+    );
+    assert!(engine.probes_armed > 0, "mtm armed probes: {engine:?}");
     let m = rep.migration.as_ref().unwrap();
     assert!(m.promotions > 0, "policies moved pages: {m:?}");
+}
+
+#[test]
+fn mtm_promotes_hot_regions_in_a_live_vm() {
+    if !kvm_available("mtm_promotes_hot_regions_in_a_live_vm") {
+        return;
+    }
+    let mut r = request(
+        "memcheck",
+        256 << 20,
+        1,
+        Duration::from_secs(3),
+        &["region=96M", "pattern=hot"],
+    );
+    r.tiering.fast = Some(48 << 20);
+    r.tiering.policy = Some(PolicyArg::Mtm);
+    r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
+    r.tiering.policy_interval = Some("mtm=600ms".into());
+    let (rep, console) = run(&r);
+    assert_eq!(rep.exit_code, Some(0), "{console}");
+    assert_eq!(rep.guest_metrics.get("mismatched_pages"), Some(&0.0));
+    let t = rep.tiering.as_ref().expect("tiering report");
+    let engine = t.engine.as_ref().expect("engine report");
+    assert!(engine.probes_armed > 0, "{engine:?}");
+    assert!(t.stats.hint_faults > 0, "probes saw touches: {:?}", t.stats);
+    let m = rep.migration.as_ref().unwrap();
+    assert!(m.promotions > 0, "mtm promoted: {m:?} {engine:?}");
 }
 
 fn thrash(policy: PolicyArg) -> VmRequest {
