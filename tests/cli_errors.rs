@@ -83,7 +83,7 @@ fn bad_flags_and_images_exit_2_with_one_line() {
     );
     usage_error(
         &["run", "--fast", "256M", "--policy-interval", "lru=2s"],
-        "unknown policy 'lru'",
+        "'lru' has no interval to set",
     );
     let text = write_tmp("text", b"#!/bin/sh\necho hi\n");
     usage_error(&["run", text.to_str().unwrap()], "not an ELF file");

@@ -56,7 +56,7 @@ fn mtm_promotes_hot_regions_in_a_live_vm() {
         "memcheck",
         256 << 20,
         1,
-        Duration::from_secs(3),
+        Duration::from_secs(5),
         &["region=96M", "pattern=hot"],
     );
     r.tiering.fast = Some(48 << 20);

@@ -155,8 +155,9 @@ pub struct EngineReport {
     pub errors: u64,
     /// Whether latencies fed to the policy were modeled.
     pub latency_modeled: bool,
-    /// Pages armed as accessed-bit probes (policies that scan accessed
-    /// bits: each tested page hint-faults once on its next touch).
+    /// Accessed-bit probe armings (policies that scan accessed bits: each
+    /// tested page is armed and hint-faults once on its next touch; a page
+    /// re-armed at every scan counts each time).
     pub probes_armed: u64,
 }
 
@@ -254,6 +255,19 @@ impl EngineState {
             self.probes = Some(mem::AccessProbes::new(self.migrator.memory().clone()));
         } else if !wants {
             self.stop_probing();
+        }
+    }
+
+    /// Arms `pages` as accessed-bit probes, if probing.
+    fn arm_probes(&mut self, pages: &[usize]) {
+        if pages.is_empty() {
+            return;
+        }
+        if let Some(p) = &mut self.probes {
+            if let Err(e) = p.arm(pages) {
+                self.report.errors += 1;
+                tracing::warn!("arming {} accessed-bit probes: {e}", pages.len());
+            }
         }
     }
 
@@ -372,15 +386,13 @@ impl EngineState {
             }
         }
         let mem = self.migrator.memory().clone();
-        if self.probes.is_some() {
-            // Record every touch so far, then map back the probes the guest
-            // did not touch: the policy re-arms what it tests.
-            self.feed(mem.drain_samples(), now_ns);
-            if let Some(p) = &mut self.probes {
-                if let Err(e) = p.disarm_all() {
-                    tracing::warn!("disarming accessed-bit probes: {e}");
-                }
+        if let Some(p) = &mut self.probes {
+            // Map back the probes the guest did not touch, then record every
+            // touch up to now: the policy re-arms what it tests.
+            if let Err(e) = p.disarm_all() {
+                tracing::warn!("disarming accessed-bit probes: {e}");
             }
+            self.feed(mem.drain_samples(), now_ns);
         }
         let samples = std::mem::take(&mut self.samples);
         self.report.samples += samples.len() as u64;
@@ -403,15 +415,26 @@ impl EngineState {
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
         self.tier_hits = [0; 2];
-        self.execute(&d.migrations);
-        if let Some(p) = &mut self.probes {
+        // Arm the tested pages at once, so touches during the migrations
+        // count; pages about to migrate are armed after (the migrator skips
+        // parked pages).
+        let mut later = Vec::new();
+        if self.probes.is_some() {
             self.to_arm.sort_unstable();
             self.to_arm.dedup();
-            if let Err(e) = p.arm(&self.to_arm) {
-                self.report.errors += 1;
-                tracing::warn!("arming {} accessed-bit probes: {e}", self.to_arm.len());
-            }
+            let moving = |p: usize| {
+                d.migrations.iter().any(|m| {
+                    let (s, n) = (m.unit.page as usize, m.unit.pages as usize);
+                    (s..s.saturating_add(n)).contains(&p)
+                })
+            };
+            let (now, after): (Vec<usize>, Vec<usize>) =
+                self.to_arm.iter().partition(|&&p| !moving(p));
+            self.arm_probes(&now);
+            later = after;
         }
+        self.execute(&d.migrations);
+        self.arm_probes(&later);
         for &(tier, pages) in &d.reclaim_shadows {
             if tier == SLOW {
                 let want = mem.free_pages(Tier::Slow) + pages as usize;
@@ -486,18 +509,25 @@ fn config_for(base: &PolicyConfig, intervals: &[(String, Duration)], name: &str)
     cfg
 }
 
+/// Policies with an interval that `--policy-interval` can set: the
+/// migration interval of memtis and mtm, colloid's quantum.
+pub const POLICIES_WITH_INTERVAL: [&str; 3] = ["memtis", "mtm", "colloid"];
+
 /// Parses `mtm=2s,memtis=1s` (per-policy interval overrides).
 pub fn parse_intervals(s: &str) -> Result<Vec<(String, Duration)>, String> {
-    let mut out = Vec::new();
+    let mut out: Vec<(String, Duration)> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (name, d) = part
             .split_once('=')
             .ok_or_else(|| format!("'{part}' is not POLICY=TIME, e.g. mtm=2s"))?;
-        if !policy::NAMES.contains(&name) {
+        if !POLICIES_WITH_INTERVAL.contains(&name) {
             return Err(format!(
-                "unknown policy '{name}'; valid: {}",
-                policy::NAMES.join(", ")
+                "'{name}' has no interval to set; policies with one: {}",
+                POLICIES_WITH_INTERVAL.join(", ")
             ));
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            return Err(format!("{name} is given twice: give each policy once"));
         }
         let d = parse_secs(d)
             .filter(|d| *d >= Duration::from_millis(1))
@@ -570,6 +600,7 @@ impl Engine {
                 req.sample_period
             };
             req.dirty_log |= t.dirty_log;
+            req.accessed_bits |= t.accessed_bits;
         }
         Ok(req)
     }
@@ -668,6 +699,10 @@ impl Engine {
                             Ok(p) => {
                                 st.policy = p;
                                 st.set_probing();
+                                next_tick = now
+                                    + Duration::from_nanos(
+                                        st.policy.tick_interval_ns().max(1_000_000),
+                                    );
                                 st.report.policies.push((name.clone(), now.as_secs_f64()));
                                 drop(st);
                                 set_hook(&name);
@@ -844,7 +879,13 @@ mod tests {
         assert!(parse_intervals("mtm").unwrap_err().contains("POLICY=TIME"));
         assert!(parse_intervals("lru=1s")
             .unwrap_err()
-            .contains("unknown policy"));
+            .contains("no interval"));
+        assert!(parse_intervals("tpp=1s")
+            .unwrap_err()
+            .contains("memtis, mtm, colloid"));
+        assert!(parse_intervals("mtm=1s,mtm=2s")
+            .unwrap_err()
+            .contains("twice"));
         assert!(parse_intervals("mtm=0s")
             .unwrap_err()
             .contains("at least 1ms"));

@@ -779,12 +779,19 @@ impl TieredMemory {
             .map(|&p| (self.park_addr(p), self.guest_addr(p)))
             .collect();
         if let Err(e) = self.move_pairs(&pairs) {
-            // Put back whatever moved (a page not moved fails with ENOENT).
+            // Put back whatever moved. A page that never moved fails with
+            // ENOENT and stays mapped; one that moved but cannot move back
+            // stays parked, and the fault handler maps it back on its touch.
             for &p in &owned {
-                let _ =
-                    self.uffd
-                        .move_range(self.guest_addr(p), self.park_addr(p), PAGE_SIZE, true);
-                self.release_page(p, 0, 0);
+                match self
+                    .uffd
+                    .move_range(self.guest_addr(p), self.park_addr(p), PAGE_SIZE, true)
+                {
+                    Err(b) if b.raw_os_error() != Some(libc::ENOENT) => {
+                        self.release_page(p, PARKED, 0)
+                    }
+                    _ => self.release_page(p, 0, 0),
+                }
             }
             return Err(e);
         }
@@ -795,13 +802,20 @@ impl TieredMemory {
     }
 
     /// Maps back those of `pages` that are still parked (the guest never
-    /// touched them). Pages busy in the fault handler are being unparked by
-    /// it and are skipped. Returns how many were unparked.
-    pub(crate) fn unpark_pages(&self, pages: &[usize]) -> std::io::Result<usize> {
+    /// touched them). Pages owned by someone else right now (the fault
+    /// handler unparking them, a harvest, a shadow reclaim) are skipped and
+    /// pushed to `busy`, for the caller to retry. Returns how many were
+    /// unparked.
+    pub(crate) fn unpark_pages(
+        &self,
+        pages: &[usize],
+        busy: &mut Vec<usize>,
+    ) -> std::io::Result<usize> {
         let mut n = 0;
         let mut first_err = None;
         for &page in pages.iter().filter(|&&p| p < self.guest_pages) {
             let Some(w) = self.pages.try_acquire(page, true) else {
+                busy.push(page);
                 continue;
             };
             if w & PARKED == 0 {
@@ -823,6 +837,24 @@ impl TieredMemory {
             }
         }
         first_err.map_or(Ok(n), Err)
+    }
+
+    /// [`Self::unpark_pages`], retrying pages that were busy for up to
+    /// about 100 ms (owners hold a page for microseconds). A page still busy
+    /// after that stays parked, and the fault handler maps it back on its
+    /// next touch.
+    pub(crate) fn unpark_pages_settled(&self, pages: &[usize]) -> std::io::Result<usize> {
+        let mut busy = Vec::new();
+        let mut n = self.unpark_pages(pages, &mut busy)?;
+        for _ in 0..100 {
+            if busy.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            let retry = std::mem::take(&mut busy);
+            n += self.unpark_pages(&retry, &mut busy)?;
+        }
+        Ok(n)
     }
 
     /// Releases an owned page; tells the fault handler if it waits on it.

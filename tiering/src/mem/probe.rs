@@ -53,14 +53,14 @@ impl AccessProbes {
     }
 
     /// Maps back every armed page the guest has not touched. Returns how
-    /// many were still armed.
+    /// many were still armed. Pages busy right now are retried for a bounded
+    /// time (see `unpark_pages_settled`).
     pub fn disarm_all(&mut self) -> io::Result<usize> {
-        let r = self.mem.unpark_pages(&self.armed);
-        self.armed.clear();
-        r
+        let armed = std::mem::take(&mut self.armed);
+        self.mem.unpark_pages_settled(&armed)
     }
 
-    /// Pages armed since creation.
+    /// Armings since creation (a page re-armed at every scan counts each time).
     pub fn armed_total(&self) -> u64 {
         self.armed_total
     }

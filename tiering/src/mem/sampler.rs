@@ -112,11 +112,11 @@ impl HintSampler {
         self.scan_pages
     }
 
-    /// Unparks every page still parked by this sampler.
+    /// Unparks every page still parked by this sampler (pages busy right
+    /// now are retried for a bounded time, then left to the fault handler).
     pub fn unpark_all(&mut self) -> io::Result<usize> {
-        let r = self.mem.unpark_pages(&self.window);
-        self.window.clear();
-        r
+        let window = std::mem::take(&mut self.window);
+        self.mem.unpark_pages_settled(&window)
     }
 
     /// One period: unpark the previous window's untouched pages, measure the

@@ -186,9 +186,13 @@ impl Mtm {
         let interval = self.interval;
         for r in &mut self.regions {
             let n = u64::from(r.samples).min(r.len);
+            // Distinct pages: a page drawn twice would read accessed at its
+            // first test and not at its second, a spread that is not there.
             r.sample_pages = (0..n)
                 .map(|k| r.start + mix(r.start ^ (interval << 40), k) % r.len)
                 .collect();
+            r.sample_pages.sort_unstable();
+            r.sample_pages.dedup();
             r.counts = vec![0; r.sample_pages.len()];
             for &p in &r.sample_pages {
                 view.test_and_clear_accessed(p);

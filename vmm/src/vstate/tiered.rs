@@ -306,3 +306,14 @@ impl TieredRam {
         })
     }
 }
+
+impl Drop for TieredRam {
+    /// On an early return (an error after `start`), stop the engine, the
+    /// sampler and chaos first, so no page is parked or in flight while
+    /// the fault handler (a field dropped before them) goes away.
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_migration() {
+            tracing::warn!("stopping tiering on drop: {e}");
+        }
+    }
+}
