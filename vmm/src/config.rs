@@ -146,6 +146,35 @@ pub fn host_memory_bytes() -> Option<u64> {
 }
 
 impl VmConfig {
+    /// Advice about settings that are valid but will not do what the user
+    /// probably wants (printed on stderr before the run).
+    pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let (Some(d), Some(engine)) = (
+            self.duration,
+            self.tiering.as_ref().and_then(|t| t.engine.as_ref()),
+        ) else {
+            return out;
+        };
+        let runs_mtm = engine.policy == "mtm" || engine.schedule.iter().any(|s| s.policy == "mtm");
+        let interval = engine.intervals.iter().find(|(n, _)| n == "mtm").map_or(
+            Duration::from_nanos(tiering::policy::mtm::INTERVAL_NS),
+            |(_, i)| *i,
+        );
+        // MTM picks its samples a third of an interval in, then scans for a
+        // whole interval before its first migration.
+        let first_migration = interval.mul_f64(4.0 / 3.0);
+        if runs_mtm && d < first_migration {
+            out.push(format!(
+                "note: mtm's first migration comes {:.1} s into the run ({:.1} s profiling interval), after --duration {:.1}s ends; shorten the interval with --policy-interval mtm=2s",
+                first_migration.as_secs_f64(),
+                interval.as_secs_f64(),
+                d.as_secs_f64()
+            ));
+        }
+        out
+    }
+
     /// Validates a request.
     pub fn from_request(req: &VmRequest) -> Result<Self> {
         if req.vcpus == 0 {
@@ -301,6 +330,25 @@ mod tests {
         let e = VmConfig::from_request(&r).unwrap_err();
         assert_eq!(e.exit_code(), 2, "{e}");
         e.to_string()
+    }
+
+    #[test]
+    fn notes_warn_when_mtm_cannot_migrate_within_the_run() {
+        let mtm = |interval: Option<&str>, secs: u64| {
+            let r = req(|r| {
+                r.duration = Duration::from_secs(secs);
+                r.tiering.fast = Some(256 << 20);
+                r.tiering.policy = Some(crate::tiering_config::PolicyArg::Mtm);
+                r.tiering.policy_interval = interval.map(str::to_string);
+            });
+            VmConfig::from_request(&r).unwrap().notes()
+        };
+        let n = mtm(None, 6);
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert!(n[0].contains("13.3 s into the run"), "{n:?}");
+        assert!(mtm(Some("mtm=2s"), 6).is_empty());
+        assert_eq!(mtm(Some("mtm=6s"), 6).len(), 1);
+        assert!(mtm(None, 20).is_empty());
     }
 
     #[test]

@@ -800,6 +800,11 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
                 })
         })
         .collect::<Result<_>>()?;
+    if !args.quiet {
+        let mut notes: Vec<String> = configs.iter().flat_map(|(_, c)| c.notes()).collect();
+        notes.dedup();
+        notes.iter().for_each(|n| eprintln!("tiervm compare: {n}"));
+    }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|e| {
             Error::host(

@@ -181,6 +181,9 @@ impl RunArgs {
 /// Runs `tiervm run`; returns the process exit code.
 pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     let cfg = VmConfig::from_request(&args.request())?;
+    if !args.quiet {
+        cfg.notes().iter().for_each(|n| eprintln!("tiervm: {n}"));
+    }
     let mut progress = Progress::stderr("run", cfg.duration, args.quiet);
     let report = runner::run(&cfg, started, Console::Stderr, &mut progress)?;
     progress.finish();
