@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::{unbounded, Receiver, Sender};
 
 use super::dirty::SoftDirtyLog;
-use super::page_map::{self, PageMap, BUSY, PARKED, SHADOW, SLOW};
+use super::page_map::{self, PageMap, BUSY, PARKED, PROBE, SHADOW, SLOW};
 use super::pool::{Pool, SlotKind};
 use super::stats::{Counters, MemStats, TierStats};
 use super::sys::{self, EventFd, Mapping, Uffd, PAGE_SIZE};
@@ -116,6 +116,15 @@ pub struct TieredMemory {
     overhead_pct_bits: AtomicU64,
     setup_time: Duration,
     fault_path_hook: HookSlot,
+}
+
+/// Who parks a page for hint faults: each maps back only its own pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parker {
+    /// The [`super::HintSampler`]'s scan windows.
+    Sampler,
+    /// [`super::AccessProbes`] (accessed bits of pages a policy tests).
+    Probe,
 }
 
 /// Holder of the fault-path hook (a closure has no `Debug`).
@@ -600,6 +609,9 @@ impl TieredMemory {
                 return Err(format!("page {p} still busy"));
             }
             let parked = w & PARKED != 0;
+            if w & PROBE != 0 && !parked {
+                return Err(format!("page {p}: probe bit without parked bit"));
+            }
             if g[p] == parked || pk[p] != parked {
                 return Err(format!(
                     "page {p}: in guest RAM={} in parking={} but parked={parked}",
@@ -764,16 +776,34 @@ impl TieredMemory {
     }
 
     /// Parks `pages` for hint faults (zero-copy moves to the parking area;
-    /// runs of consecutive pages move with one range move). Pages that are
-    /// busy or already parked are skipped. Returns the pages parked. On a
-    /// failed move every page of the call is put back and owned bits are
-    /// released, so nothing is lost.
-    pub(crate) fn park_pages(&self, pages: &[usize]) -> std::io::Result<Vec<usize>> {
-        let owned: Vec<usize> = pages
-            .iter()
-            .copied()
-            .filter(|&p| p < self.guest_pages && self.pages.try_acquire(p, false).is_some())
-            .collect();
+    /// runs of consecutive pages move with one range move) on behalf of
+    /// `parker`. Busy pages are skipped. A page already parked is skipped,
+    /// except that a probe takes over a sampler window page (its touch will
+    /// be recorded all the same; the probe now maps it back) and counts it
+    /// as parked. Returns the pages parked. On a failed move every page of
+    /// the call is put back and owned bits are released, so nothing is lost.
+    pub(crate) fn park_pages(
+        &self,
+        pages: &[usize],
+        parker: Parker,
+    ) -> std::io::Result<Vec<usize>> {
+        let probe = parker == Parker::Probe;
+        let tag = if probe { PARKED | PROBE } else { PARKED };
+        let mut taken_over = Vec::new();
+        let mut owned = Vec::new();
+        for &p in pages.iter().filter(|&&p| p < self.guest_pages) {
+            let Some(w) = self.pages.try_acquire(p, probe) else {
+                continue;
+            };
+            if w & PARKED == 0 {
+                owned.push(p);
+            } else if w & PROBE == 0 {
+                self.release_page(p, PROBE, 0);
+                taken_over.push(p);
+            } else {
+                self.release_page(p, 0, 0);
+            }
+        }
         let pairs: Vec<_> = owned
             .iter()
             .map(|&p| (self.park_addr(p), self.guest_addr(p)))
@@ -788,7 +818,7 @@ impl TieredMemory {
                     .move_range(self.guest_addr(p), self.park_addr(p), PAGE_SIZE, true)
                 {
                     Err(b) if b.raw_os_error() != Some(libc::ENOENT) => {
-                        self.release_page(p, PARKED, 0)
+                        self.release_page(p, tag, 0)
                     }
                     _ => self.release_page(p, 0, 0),
                 }
@@ -796,19 +826,21 @@ impl TieredMemory {
             return Err(e);
         }
         for &p in &owned {
-            self.release_page(p, PARKED, 0);
+            self.release_page(p, tag, 0);
         }
+        owned.extend(taken_over);
         Ok(owned)
     }
 
-    /// Maps back those of `pages` that are still parked (the guest never
-    /// touched them). Pages owned by someone else right now (the fault
-    /// handler unparking them, a harvest, a shadow reclaim) are skipped and
-    /// pushed to `busy`, for the caller to retry. Returns how many were
-    /// unparked.
+    /// Maps back those of `pages` that are still parked by `parker` (the
+    /// guest never touched them). Pages owned by someone else right now (the
+    /// fault handler unparking them, a harvest, a shadow reclaim) are
+    /// skipped and pushed to `busy`, for the caller to retry. Returns how
+    /// many were unparked.
     pub(crate) fn unpark_pages(
         &self,
         pages: &[usize],
+        parker: Parker,
         busy: &mut Vec<usize>,
     ) -> std::io::Result<usize> {
         let mut n = 0;
@@ -818,7 +850,8 @@ impl TieredMemory {
                 busy.push(page);
                 continue;
             };
-            if w & PARKED == 0 {
+            if w & PARKED == 0 || (w & PROBE != 0) != (parker == Parker::Probe) {
+                // Touched and mapped back already, or parked by the other side.
                 self.release_page(page, 0, 0);
                 continue;
             }
@@ -827,7 +860,7 @@ impl TieredMemory {
                 .move_range(self.guest_addr(page), self.park_addr(page), PAGE_SIZE, true)
             {
                 Ok(()) => {
-                    self.release_page(page, 0, PARKED);
+                    self.release_page(page, 0, PARKED | PROBE);
                     n += 1;
                 }
                 Err(e) => {
@@ -843,16 +876,20 @@ impl TieredMemory {
     /// about 100 ms (owners hold a page for microseconds). A page still busy
     /// after that stays parked, and the fault handler maps it back on its
     /// next touch.
-    pub(crate) fn unpark_pages_settled(&self, pages: &[usize]) -> std::io::Result<usize> {
+    pub(crate) fn unpark_pages_settled(
+        &self,
+        pages: &[usize],
+        parker: Parker,
+    ) -> std::io::Result<usize> {
         let mut busy = Vec::new();
-        let mut n = self.unpark_pages(pages, &mut busy)?;
+        let mut n = self.unpark_pages(pages, parker, &mut busy)?;
         for _ in 0..100 {
             if busy.is_empty() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
             let retry = std::mem::take(&mut busy);
-            n += self.unpark_pages(&retry, &mut busy)?;
+            n += self.unpark_pages(&retry, parker, &mut busy)?;
         }
         Ok(n)
     }

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::backing::{lock, TieredMemory};
-use super::page_map::{BUSY, PARKED, SLOW};
+use super::page_map::{BUSY, PARKED, PROBE, SLOW};
 use super::sys::{FaultEvent, PAGE_SIZE};
 use super::AccessSample;
 
@@ -170,7 +170,7 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
                     if hook(&sample) && slow {
                         match mem.promote_parked_owned(page) {
                             Ok(true) => {
-                                mem.release_page(page, 0, PARKED | SLOW);
+                                mem.release_page(page, 0, PARKED | PROBE | SLOW);
                                 let stall = p.arrival.elapsed().as_nanos() as u64;
                                 mem.counters.guest_stalls.fetch_add(1, Ordering::Relaxed);
                                 mem.counters
@@ -193,7 +193,7 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
                 mem.release_page(page, 0, 0);
                 return true;
             }
-            mem.release_page(page, 0, PARKED);
+            mem.release_page(page, 0, PARKED | PROBE);
             let stall = p.arrival.elapsed().as_nanos() as u64;
             // A hint fault is tracking cost, not a migration stall: it is
             // counted apart (tracking overhead), so `guest_stall_ms` measures

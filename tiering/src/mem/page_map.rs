@@ -10,6 +10,8 @@
 //! - bit 5: `WAITER`, the fault handler waits for the owner to release;
 //! - bit 6: `UNARMED`, the page's dirty bit is left set in the log on purpose
 //!   (nobody tracks its writes, so it stays writable without faults);
+//! - bit 7: `PROBE`, a parked page is an accessed-bit probe, not a sampler
+//!   window page (each side maps back only its own pages);
 //! - bits 8..16: saturating write count (dirty harvests that saw the page);
 //! - bits 16..32: shadow generation (orders shadows for oldest-first reclaim).
 
@@ -31,6 +33,8 @@ pub const DIRTY_SEEN: u32 = 1 << 4;
 pub const WAITER: u32 = 1 << 5;
 /// The page's dirty bit is deliberately left set (not re-armed).
 pub const UNARMED: u32 = 1 << 6;
+/// With `PARKED`: parked as an accessed-bit probe.
+pub const PROBE: u32 = 1 << 7;
 const WCOUNT_SHIFT: u32 = 8;
 const WCOUNT_MASK: u32 = 0xff << WCOUNT_SHIFT;
 const GEN_SHIFT: u32 = 16;

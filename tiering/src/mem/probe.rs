@@ -16,7 +16,7 @@
 use std::io;
 use std::sync::Arc;
 
-use super::backing::TieredMemory;
+use super::backing::{Parker, TieredMemory};
 
 /// Guest cost of one hint fault measured on the development host (PVM,
 /// 2 cores) with `--tracking-ab`: [`super::sampler::GUEST_COST_FACTOR`] times
@@ -45,7 +45,7 @@ impl AccessProbes {
     /// Arms `pages` (out-of-range, busy and already parked pages are
     /// skipped). Returns how many were armed.
     pub fn arm(&mut self, pages: &[usize]) -> io::Result<usize> {
-        let got = self.mem.park_pages(pages)?;
+        let got = self.mem.park_pages(pages, Parker::Probe)?;
         self.armed_total += got.len() as u64;
         let n = got.len();
         self.armed.extend(got);
@@ -57,7 +57,7 @@ impl AccessProbes {
     /// time (see `unpark_pages_settled`).
     pub fn disarm_all(&mut self) -> io::Result<usize> {
         let armed = std::mem::take(&mut self.armed);
-        self.mem.unpark_pages_settled(&armed)
+        self.mem.unpark_pages_settled(&armed, Parker::Probe)
     }
 
     /// Armings since creation (a page re-armed at every scan counts each time).

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::backing::{lock, TieredMemory};
+use super::backing::{lock, Parker, TieredMemory};
 
 /// What one hint fault costs the guest, relative to the stall the fault
 /// handler observes (event read to wake-up). The handler does not see the
@@ -116,7 +116,7 @@ impl HintSampler {
     /// now are retried for a bounded time, then left to the fault handler).
     pub fn unpark_all(&mut self) -> io::Result<usize> {
         let window = std::mem::take(&mut self.window);
-        self.mem.unpark_pages_settled(&window)
+        self.mem.unpark_pages_settled(&window, Parker::Sampler)
     }
 
     /// One period: unpark the previous window's untouched pages, measure the
@@ -168,7 +168,7 @@ impl HintSampler {
             if self.cursor >= n {
                 self.cursor = 0;
             }
-            let got = mem.park_pages(&run)?;
+            let got = mem.park_pages(&run, Parker::Sampler)?;
             parked += got.len();
             self.window.extend(got);
             if start == self.cursor {

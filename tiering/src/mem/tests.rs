@@ -400,6 +400,38 @@ fn probes_park_exactly_the_tested_pages_and_lose_nothing() {
 }
 
 #[test]
+fn probes_and_sampler_windows_map_back_only_their_own_pages() {
+    let Some((mem, _, _)) = setup(256, 128, Placement::Interleave) else {
+        return;
+    };
+    fill(&mem);
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    let cfg = SamplerConfig {
+        scan_pages: 8,
+        min_scan_pages: 8,
+        max_scan_pages: 8,
+        period: std::time::Duration::from_secs(1),
+        budget_pct: 1000.0,
+        vcpus: 1,
+    };
+    let mut sampler = HintSampler::new(mem.clone(), cfg);
+    assert_eq!(sampler.tick().unwrap().parked, 8, "window: pages 0..8");
+    let mut probes = AccessProbes::new(mem.clone());
+    // Page 3 is in the window: the probe takes it over.
+    assert_eq!(probes.arm(&[3, 20]).unwrap(), 2);
+    // The sampler maps back its 7 other pages, not the probe's page 3.
+    assert_eq!(sampler.unpark_all().unwrap(), 7);
+    assert_eq!(word(&mem, 3).load(Ordering::SeqCst), 3000);
+    let pages: Vec<u64> = mem.drain_samples().iter().map(|s| s.page).collect();
+    assert_eq!(pages, vec![3], "the probe's touch is recorded");
+    // The probe maps back only page 20 (3 was touched and is mapped).
+    assert_eq!(probes.disarm_all().unwrap(), 1);
+    faults.stop().unwrap();
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
+
+#[test]
 fn reads_under_chaos_see_intact_data() {
     let Some((mem, _, m)) = setup(64, 64, Placement::SlowFirst) else {
         return;
