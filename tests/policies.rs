@@ -72,6 +72,11 @@ fn mtm_promotes_hot_regions_in_a_live_vm() {
     assert!(t.stats.hint_faults > 0, "probes saw touches: {:?}", t.stats);
     let m = rep.migration.as_ref().unwrap();
     assert!(m.promotions > 0, "mtm promoted: {m:?} {engine:?}");
+    let human = rep.human();
+    assert!(
+        human.contains("engine     mtm@0.0s") && human.contains("accessed-bit probes armed"),
+        "{human}"
+    );
 }
 
 fn thrash(policy: PolicyArg) -> VmRequest {

@@ -183,6 +183,42 @@ impl RunReport {
                     m.guest_stall_ms
                 );
             }
+            if let Some(tr) = self.tracking.as_ref().filter(|tr| tr.hint_faults > 0) {
+                let _ = writeln!(
+                    s,
+                    "  tracking   hint faults {} ({:.1} ms, {:.2}% of vCPU time as the fault handler sees it)",
+                    group(tr.hint_faults),
+                    tr.hint_stall_ms,
+                    tr.tracking_overhead_pct
+                );
+            }
+            if let Some(e) = &t.engine {
+                let policies: Vec<String> = e
+                    .policies
+                    .iter()
+                    .map(|(p, at)| format!("{p}@{at:.1}s"))
+                    .collect();
+                let probes = if e.probes_armed > 0 {
+                    format!("; accessed-bit probes armed {}", group(e.probes_armed))
+                } else {
+                    String::new()
+                };
+                let modeled = if e.latency_modeled && e.policies.iter().any(|(p, _)| p == "colloid")
+                {
+                    " (tier latency for colloid: modeled)"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    s,
+                    "  engine     {}; ticks {}; migrations asked {} (fault path {}), pages moved {}{probes}{modeled}",
+                    policies.join(" -> "),
+                    group(e.ticks),
+                    group(e.migrations_requested),
+                    group(e.fault_path_migrations),
+                    group(e.pages_migrated)
+                );
+            }
         }
         if let Some(c) = &self.crash {
             let _ = writeln!(s, "  crash      {c}");
