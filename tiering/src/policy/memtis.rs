@@ -119,14 +119,6 @@ impl Policy for Memtis {
         self.interval_ns
     }
 
-    fn on_hint_fault(
-        &mut self,
-        _: &HintFault,
-        _: &[TierStatus],
-        _: &mut dyn MemoryView,
-    ) -> Option<Migration> {
-        None
-    }
 
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         self.ingest(obs.samples);

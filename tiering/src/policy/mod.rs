@@ -62,13 +62,16 @@ pub trait Policy: Send {
     /// [`Urgency::BeforeFaultingAccessResumes`] asks the engine to move the
     /// page before the faulting access continues. The returned migration's
     /// destination must have a free page (see `TierStatus::free_pages` in
-    /// `tiers`).
+    /// `tiers`). Policies that ask for no hint faults keep the default:
+    /// no migration.
     fn on_hint_fault(
         &mut self,
-        fault: &HintFault,
-        tiers: &[TierStatus],
-        view: &mut dyn MemoryView,
-    ) -> Option<Migration>;
+        _fault: &HintFault,
+        _tiers: &[TierStatus],
+        _view: &mut dyn MemoryView,
+    ) -> Option<Migration> {
+        None
+    }
 
     /// Periodic decision point.
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions;

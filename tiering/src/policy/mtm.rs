@@ -461,14 +461,6 @@ impl Policy for Mtm {
         (self.interval_ns / u64::from(NUM_SCANS)).max(1)
     }
 
-    fn on_hint_fault(
-        &mut self,
-        _: &HintFault,
-        _: &[TierStatus],
-        _: &mut dyn MemoryView,
-    ) -> Option<Migration> {
-        None
-    }
 
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         if !self.started {

@@ -28,14 +28,6 @@ impl Policy for Static {
     fn tick_interval_ns(&self) -> u64 {
         TICK_INTERVAL_NS
     }
-    fn on_hint_fault(
-        &mut self,
-        _: &HintFault,
-        _: &[TierStatus],
-        _: &mut dyn MemoryView,
-    ) -> Option<Migration> {
-        None
-    }
     fn tick(&mut self, _: &Observations<'_>, _: &mut dyn MemoryView) -> Decisions {
         Decisions::none()
     }

@@ -74,13 +74,16 @@ fn nomad_platform_a() -> Vec<TierModel> {
     ]
 }
 
-fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenario {
+/// A platform-A run as Nomad §4 runs it: 16 threads, one outstanding
+/// 64-byte access each, no antagonist, 200 modeled s at scale 256, pages
+/// placed first-touch; read-only unless the caller says otherwise.
+fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec) -> Scenario {
     Scenario {
-        name: name.into(),
-        about: format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A"),
+        name,
+        about,
         tiers: nomad_platform_a(),
-        workload: WorkloadSpec::Zipf { rss_gib: rss, wss_gib: wss, theta: 0.99 },
-        write_ratio,
+        workload,
+        write_ratio: 0.0,
         threads: 16,
         mlp: 1.0,
         access_bytes: 64.0,
@@ -92,6 +95,17 @@ fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenar
         promote_rate_limit_mbps: None,
         phase_fraction: 0.25,
         start_in_slow_tier: false,
+    }
+}
+
+fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenario {
+    Scenario {
+        write_ratio,
+        ..nomad_platform_a_run(
+            name.into(),
+            format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A"),
+            WorkloadSpec::Zipf { rss_gib: rss, wss_gib: wss, theta: 0.99 },
+        )
     }
 }
 
@@ -151,22 +165,13 @@ fn mtm_4tier() -> Scenario {
 /// the run; one server thread doing dependent bucket -> value loads.
 fn kv_ycsb(mix: YcsbMix, letter: &str) -> Scenario {
     Scenario {
-        name: format!("kv-ycsb-{letter}"),
-        about: format!("Nomad §4.3 Redis case 1: kv image, YCSB-{} over 6M records x 2 KiB (RSS ~12 GiB), all pages demoted to slow first, 1 thread, platform A (16 GB fast)", letter.to_ascii_uppercase()),
-        tiers: nomad_platform_a(),
-        workload: WorkloadSpec::Kv { records: 6_000_000, value_size: 2048, mix, theta: 0.99 },
-        write_ratio: 0.0,
         threads: 1,
-        mlp: 1.0,
-        access_bytes: 64.0,
-        antagonist: None,
-        duration_s: 200.0,
-        scale: 256.0,
-        seed: 1,
-        costs: CostModel::default(),
-        promote_rate_limit_mbps: None,
-        phase_fraction: 0.25,
         start_in_slow_tier: true,
+        ..nomad_platform_a_run(
+            format!("kv-ycsb-{letter}"),
+            format!("Nomad §4.3 Redis case 1: kv image, YCSB-{} over 6M records x 2 KiB (RSS ~12 GiB), all pages demoted to slow first, 1 thread, platform A (16 GB fast)", letter.to_ascii_uppercase()),
+            WorkloadSpec::Kv { records: 6_000_000, value_size: 2048, mix, theta: 0.99 },
+        )
     }
 }
 
@@ -181,27 +186,11 @@ fn pagerank_u() -> Scenario {
         degree: 20,
         graph: PrGraph::Uniform,
     };
-    let fast = (workload.footprint_gib() * 16.0 / 22.0 * 100.0).round() / 100.0;
-    let mut tiers = nomad_platform_a();
-    tiers[0].capacity_gib = fast;
-    Scenario {
-        name: "pagerank-u".into(),
-        about: format!("Nomad §4.3 PageRank: pagerank image, GAP pull PR on a uniform graph 2^26 vertices x degree 20 ({:.1} GiB CSR), 16 threads, platform A with fast tier {fast} GiB (Nomad's 16:22 fast:RSS)", workload.footprint_gib()),
-        tiers,
-        workload,
-        write_ratio: 0.0,
-        threads: 16,
-        mlp: 1.0,
-        access_bytes: 64.0,
-        antagonist: None,
-        duration_s: 200.0,
-        scale: 256.0,
-        seed: 1,
-        costs: CostModel::default(),
-        promote_rate_limit_mbps: None,
-        phase_fraction: 0.25,
-        start_in_slow_tier: false,
-    }
+    let fast = pagerank_fast_tier_gib(&workload);
+    let about = format!("Nomad §4.3 PageRank: pagerank image, GAP pull PR on a uniform graph 2^26 vertices x degree 20 ({:.1} GiB CSR), 16 threads, platform A with fast tier {fast} GiB (Nomad's 16:22 fast:RSS)", workload.footprint_gib());
+    let mut s = nomad_platform_a_run("pagerank-u".into(), about, workload);
+    s.tiers[0].capacity_gib = fast;
+    s
 }
 
 /// The fast tier `pagerank-*` scenarios use for `workload`: Nomad's
