@@ -160,6 +160,30 @@ mod tests {
     }
 
     /// Runs the test program from its start until it halts.
+    /// Copies `code` to guest address 0x1000 and maps `mem`'s guest RAM as
+    /// memslot 0 of `vm` with `flags`.
+    fn install(vm: &kvm_ioctls::VmFd, mem: &TieredMemory, code: &[u8], flags: u32) {
+        assert!(
+            0x1000 + code.len() <= mem.guest_len(),
+            "code fits in guest RAM"
+        );
+        // SAFETY: the destination lies inside guest RAM (asserted above), which
+        // `mem` keeps mapped; `code` is a separate slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), mem.guest_ptr().add(0x1000), code.len())
+        };
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags,
+            guest_phys_addr: 0,
+            memory_size: mem.guest_len() as u64,
+            userspace_addr: mem.guest_ptr() as u64,
+        };
+        // SAFETY: the region is the caller's live guest RAM mapping; every caller
+        // keeps `mem` alive until after the VM is dropped.
+        unsafe { vm.set_user_memory_region(region).unwrap() };
+    }
+
     fn run_until_hlt(vcpu: &mut kvm_ioctls::VcpuFd) {
         enter_real_mode(vcpu);
         loop {
@@ -193,20 +217,7 @@ mod tests {
         };
         // Code at 0x1000: mov byte [0x5000], 1 ; hlt
         let code = [0xc6u8, 0x06, 0x00, 0x50, 0x01, 0xf4];
-        // SAFETY: guest RAM is 64 pages long; 0x1000 + 6 bytes lies inside it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(code.as_ptr(), mem.guest_ptr().add(0x1000), code.len())
-        };
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            flags: KVM_MEM_LOG_DIRTY_PAGES,
-            guest_phys_addr: 0,
-            memory_size: mem.guest_len() as u64,
-            userspace_addr: mem.guest_ptr() as u64,
-        };
-        // SAFETY: the region is our live guest RAM mapping, kept alive by `mem` until the
-        // end of the test, after the VM.
-        unsafe { vm.set_user_memory_region(region).unwrap() };
+        install(&vm, &mem, &code, KVM_MEM_LOG_DIRTY_PAGES);
         let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
         let mut bm = vec![0u64; 1];
         log.get(&mut bm).unwrap();
@@ -255,19 +266,7 @@ mod tests {
         let mut code = vec![0x66u8, 0xb9];
         code.extend_from_slice(&n.to_le_bytes());
         code.extend_from_slice(&[0x66, 0xff, 0x06, 0x00, 0x50, 0x66, 0x49, 0x75, 0xf7, 0xf4]);
-        // SAFETY: guest RAM is 64 pages long; the code fits at 0x1000.
-        unsafe {
-            std::ptr::copy_nonoverlapping(code.as_ptr(), mem.guest_ptr().add(0x1000), code.len())
-        };
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            flags: KVM_MEM_LOG_DIRTY_PAGES,
-            guest_phys_addr: 0,
-            memory_size: mem.guest_len() as u64,
-            userspace_addr: mem.guest_ptr() as u64,
-        };
-        // SAFETY: the region is our live guest RAM mapping, which outlives the VM here.
-        unsafe { vm.set_user_memory_region(region).unwrap() };
+        install(&vm, &mem, &code, KVM_MEM_LOG_DIRTY_PAGES);
         let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
         let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
         m.set_skip_dirty_check(skip_dirty_check);
@@ -353,19 +352,7 @@ mod tests {
             0x66u8, 0xb9, 0xb8, 0x0b, 0x00, 0x00, 0x66, 0xa1, 0x00, 0x50, 0x66, 0x49, 0x75, 0xf8,
             0xf4,
         ];
-        // SAFETY: guest RAM is 64 pages long; the code fits at 0x1000.
-        unsafe {
-            std::ptr::copy_nonoverlapping(code.as_ptr(), mem.guest_ptr().add(0x1000), code.len())
-        };
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: mem.guest_len() as u64,
-            userspace_addr: mem.guest_ptr() as u64,
-        };
-        // SAFETY: the region is our live guest RAM mapping, which outlives the VM here.
-        unsafe { vm.set_user_memory_region(region).unwrap() };
+        install(&vm, &mem, &code, 0);
         let faults = FaultHandler::spawn(mem.clone()).unwrap();
         let mut sampler = HintSampler::new(
             mem.clone(),

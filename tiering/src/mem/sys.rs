@@ -532,57 +532,52 @@ pub fn set_thread_mempolicy(node: Option<u32>) -> io::Result<()> {
     Ok(())
 }
 
-/// Queries the NUMA node of each page (`move_pages` with `nodes = NULL`).
-/// Entries are the node id, or a negative errno (`-ENOENT`: not present).
-pub fn query_nodes(addrs: &[usize]) -> io::Result<Vec<i32>> {
+/// `move_pages(2)` on our own process: with `to_node` the kernel migrates
+/// each page there, without it only reports where each page is. Returns
+/// the per-page status (node or negative errno).
+fn move_pages(addrs: &[usize], to_node: Option<u32>) -> io::Result<Vec<i32>> {
     let mut status = vec![0i32; addrs.len()];
     if addrs.is_empty() {
         return Ok(status);
     }
-    // SAFETY: `addrs` and `status` have `addrs.len()` elements; with nodes == NULL the
-    // kernel only reports the node of each page and migrates nothing.
+    let nodes: Option<Vec<i32>> = to_node.map(|n| vec![n as i32; addrs.len()]);
+    let (nodes_ptr, flags) = match &nodes {
+        Some(n) => (n.as_ptr(), MPOL_MF_MOVE),
+        None => (std::ptr::null::<i32>(), 0),
+    };
+    // SAFETY: `addrs`, `status` and (when given) `nodes` have `addrs.len()`
+    // elements. With nodes == NULL the kernel only reports each page's node;
+    // otherwise it migrates our own pages, keeping addresses and contents.
     let r = unsafe {
         libc::syscall(
             libc::SYS_move_pages,
             0,
             addrs.len(),
             addrs.as_ptr(),
-            std::ptr::null::<i32>(),
+            nodes_ptr,
             status.as_mut_ptr(),
-            0,
+            flags,
         )
     };
     if r < 0 {
-        return Err(last_err("move_pages (query)"));
+        return Err(match to_node {
+            Some(n) => last_err(&format!("move_pages to node {n}")),
+            None => last_err("move_pages (query)"),
+        });
     }
     Ok(status)
+}
+
+/// Queries the NUMA node of each page (`move_pages` with `nodes = NULL`).
+/// Entries are the node id, or a negative errno (`-ENOENT`: not present).
+pub fn query_nodes(addrs: &[usize]) -> io::Result<Vec<i32>> {
+    move_pages(addrs, None)
 }
 
 /// Migrates each page to `node` with the kernel's own (exclusive) migration,
 /// `move_pages(2)`. Returns the per-page status (node or negative errno).
 pub fn move_pages_to(addrs: &[usize], node: u32) -> io::Result<Vec<i32>> {
-    let nodes = vec![node as i32; addrs.len()];
-    let mut status = vec![0i32; addrs.len()];
-    if addrs.is_empty() {
-        return Ok(status);
-    }
-    // SAFETY: all three arrays have `addrs.len()` elements; the kernel migrates our own
-    // pages and keeps their virtual addresses and contents.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_pages,
-            0,
-            addrs.len(),
-            addrs.as_ptr(),
-            nodes.as_ptr(),
-            status.as_mut_ptr(),
-            MPOL_MF_MOVE,
-        )
-    };
-    if r < 0 {
-        return Err(last_err(&format!("move_pages to node {node}")));
-    }
-    Ok(status)
+    move_pages(addrs, Some(node))
 }
 
 /// Residency of each page of `[addr, addr+pages*4K)` (`mincore`).

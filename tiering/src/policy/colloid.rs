@@ -232,7 +232,6 @@ impl Policy for Colloid {
         self.quantum_ns
     }
 
-
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         self.ingest(obs.samples);
         let mut out = Decisions::none();

@@ -119,7 +119,6 @@ impl Policy for Memtis {
         self.interval_ns
     }
 
-
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         self.ingest(obs.samples);
         self.threshold_bin = self

@@ -461,7 +461,6 @@ impl Policy for Mtm {
         (self.interval_ns / u64::from(NUM_SCANS)).max(1)
     }
 
-
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         if !self.started {
             self.started = true;
