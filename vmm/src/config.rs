@@ -156,15 +156,13 @@ impl VmConfig {
         ) else {
             return out;
         };
-        let runs_mtm = engine.policy == "mtm" || engine.schedule.iter().any(|s| s.policy == "mtm");
-        let interval = engine.intervals.iter().find(|(n, _)| n == "mtm").map_or(
-            Duration::from_nanos(tiering::policy::mtm::INTERVAL_NS),
-            |(_, i)| *i,
-        );
+        let interval = engine
+            .interval("mtm")
+            .unwrap_or(Duration::from_nanos(tiering::policy::mtm::INTERVAL_NS));
         // MTM picks its samples a third of an interval in, then scans for a
         // whole interval before its first migration.
         let first_migration = interval.mul_f64(4.0 / 3.0);
-        if runs_mtm && d < first_migration {
+        if engine.runs("mtm") && d < first_migration {
             out.push(format!(
                 "note: mtm's first migration comes {:.1} s into the run ({:.1} s profiling interval), after --duration {:.1}s ends; shorten the interval with --policy-interval mtm=2s",
                 first_migration.as_secs_f64(),

@@ -381,11 +381,10 @@ impl TieringRequest {
         // Policies that learn from access samples (all but static and mtm,
         // which probes the accessed bits of its own sampled pages) get
         // hint-fault windows unless --tracking says otherwise.
-        let wants_samples = engine.as_ref().is_some_and(|e| {
-            std::iter::once(e.policy.as_str())
-                .chain(e.schedule.iter().map(|s| s.policy.as_str()))
-                .any(wants_sample_windows)
-        });
+        let wants_samples = engine
+            .as_ref()
+            .and_then(schedule_trackers)
+            .is_some_and(|t| !t.hint_fault_tiers.is_empty() || t.sample_period > 0);
         let default_tracking = if wants_samples {
             TrackingArg::HintFaults
         } else {
@@ -461,28 +460,19 @@ impl TieringConfig {
     /// policy that probes accessed bits (mtm).
     pub fn tracks_accesses(&self) -> bool {
         self.sampler.is_some()
-            || self.engine.as_ref().is_some_and(|e| {
-                std::iter::once(e.policy.as_str())
-                    .chain(e.schedule.iter().map(|s| s.policy.as_str()))
-                    .any(probes_accessed_bits)
-            })
+            || self
+                .engine
+                .as_ref()
+                .and_then(schedule_trackers)
+                .is_some_and(|t| t.accessed_bits)
     }
 }
 
-/// Whether `policy` probes the accessed bits of the pages it tests.
-fn probes_accessed_bits(policy: &str) -> bool {
-    let probe = tiering::policy::PolicyConfig::new(1024, vec![512, 1024]);
-    tiering::policy::by_name(policy, &probe).is_ok_and(|p| p.trackers().accessed_bits)
-}
-
-/// Whether `policy` learns from the hint-fault sampler's windows (its
-/// trackers ask for hint faults or access samples).
-fn wants_sample_windows(policy: &str) -> bool {
-    let probe = tiering::policy::PolicyConfig::new(1024, vec![512, 1024]);
-    tiering::policy::by_name(policy, &probe).is_ok_and(|p| {
-        let t = p.trackers();
-        !t.hint_fault_tiers.is_empty() || t.sample_period > 0
-    })
+/// The trackers the policies of `engine`'s schedule ask for, together.
+fn schedule_trackers(engine: &EngineConfig) -> Option<tiering::policy::TrackerRequest> {
+    // What a policy tracks does not depend on the memory's size.
+    let any_size = tiering::policy::PolicyConfig::new(1024, vec![512, 1024]);
+    tiering::engine::Engine::trackers(engine, &any_size).ok()
 }
 
 #[cfg(test)]

@@ -415,24 +415,19 @@ impl EngineState {
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
         self.tier_hits = [0; 2];
-        // Arm the tested pages at once, so touches during the migrations
-        // count; pages about to migrate are armed after (the migrator skips
-        // parked pages).
-        let mut later = Vec::new();
-        if self.probes.is_some() {
-            self.to_arm.sort_unstable();
-            self.to_arm.dedup();
-            let moving = |p: usize| {
-                d.migrations.iter().any(|m| {
-                    let (s, n) = (m.unit.page as usize, m.unit.pages as usize);
-                    (s..s.saturating_add(n)).contains(&p)
-                })
-            };
-            let (now, after): (Vec<usize>, Vec<usize>) =
-                self.to_arm.iter().partition(|&&p| !moving(p));
-            self.arm_probes(&now);
-            later = after;
-        }
+        // Arm the tested pages (none unless probing) at once, so touches
+        // during the migrations count; pages about to migrate are armed
+        // after (the migrator skips parked pages).
+        self.to_arm.sort_unstable();
+        self.to_arm.dedup();
+        let moving = |p: usize| {
+            d.migrations.iter().any(|m| {
+                let (s, n) = (m.unit.page as usize, m.unit.pages as usize);
+                (s..s.saturating_add(n)).contains(&p)
+            })
+        };
+        let (now, later): (Vec<usize>, Vec<usize>) = self.to_arm.iter().partition(|&&p| !moving(p));
+        self.arm_probes(&now);
         self.execute(&d.migrations);
         self.arm_probes(&later);
         for &(tier, pages) in &d.reclaim_shadows {
@@ -503,10 +498,14 @@ fn batch_key(mem: &TieredMemory, m: &Migration) -> Option<(mem::Direction, mem::
 /// `base` with `name`'s interval override applied.
 fn config_for(base: &PolicyConfig, intervals: &[(String, Duration)], name: &str) -> PolicyConfig {
     let mut cfg = base.clone();
-    if let Some((_, d)) = intervals.iter().find(|(n, _)| n == name) {
+    if let Some(d) = interval_override(intervals, name) {
         cfg.interval_ns = Some(d.as_nanos().min(u128::from(u64::MAX)) as u64);
     }
     cfg
+}
+
+fn interval_override(intervals: &[(String, Duration)], policy: &str) -> Option<Duration> {
+    intervals.iter().find(|(n, _)| n == policy).map(|(_, d)| *d)
 }
 
 /// Policies with an interval that `--policy-interval` can set: the
@@ -576,6 +575,18 @@ pub struct EngineConfig {
     /// Per-policy interval overrides (`--policy-interval mtm=2s`): the
     /// policy's migration interval (memtis, mtm) or quantum (colloid).
     pub intervals: Vec<(String, Duration)>,
+}
+
+impl EngineConfig {
+    /// Whether `policy` runs at some point (first or scheduled).
+    pub fn runs(&self, policy: &str) -> bool {
+        self.policy == policy || self.schedule.iter().any(|s| s.policy == policy)
+    }
+
+    /// `policy`'s interval override, if `--policy-interval` set one.
+    pub fn interval(&self, policy: &str) -> Option<Duration> {
+        interval_override(&self.intervals, policy)
+    }
 }
 
 impl Engine {
