@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use super::backing::{lock, TieredMemory};
 use super::dirty::DirtyLog;
-use super::page_map::{Consumed, BUSY, PARKED, SHADOW};
+use super::page_map::{Consumed, BUSY, PARKED, SHADOW, SHADOW_BITS};
 
 /// Owns GET/CLEAR of a [`DirtyLog`] (and of the VMM-write log of the memory).
 pub struct DirtyHarvester {
@@ -181,16 +181,12 @@ impl DirtyHarvester {
                     rearm[w] &= !(1 << i);
                     // First write after promotion: the shadow is stale.
                     if word & SHADOW != 0 {
-                        match mem.free_shadow_owned(page) {
-                            Ok(()) => {
-                                mem.release_page(page, 0, SHADOW);
-                                mem.counters
-                                    .shadow_invalidations
-                                    .fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                            Err(e) => tracing::error!("shadow invalidation of page {page}: {e}"),
-                        }
+                        mem.free_shadow_owned(page);
+                        mem.release_page(page, 0, SHADOW_BITS);
+                        mem.counters
+                            .shadow_invalidations
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
                     }
                     mem.release_page(page, 0, 0);
                 }
