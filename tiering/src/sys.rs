@@ -11,6 +11,9 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 /// Base page size the tiered memory works in.
 pub const PAGE_SIZE: usize = 4096;
@@ -241,12 +244,13 @@ pub enum RegisterMode {
 #[derive(Debug)]
 pub struct Uffd {
     fd: OwnedFd,
+    inject: Arc<Injector>,
 }
 
 impl Uffd {
     /// Creates the userfaultfd (syscall first, `/dev/userfaultfd` as the
     /// fallback) and negotiates `UFFD_FEATURE_MOVE | UFFD_FEATURE_THREAD_ID`.
-    pub fn new() -> io::Result<Self> {
+    pub fn new(inject: Arc<Injector>) -> io::Result<Self> {
         let fd = match userfaultfd_syscall() {
             Ok(fd) => fd,
             Err(sys_err) => userfaultfd_from_device().map_err(|e| {
@@ -266,7 +270,7 @@ impl Uffd {
                 format!("UFFDIO_API with UFFD_FEATURE_MOVE: {e} (needs Linux 6.8 or newer)"),
             )
         })?;
-        Ok(Self { fd })
+        Ok(Self { fd, inject })
     }
 
     /// Raw fd, for polling.
@@ -308,6 +312,15 @@ impl Uffd {
         len: usize,
         wake: bool,
     ) -> Result<(), MoveError> {
+        if let Some(errno) = self.inject.check(FaultPoint::Move) {
+            return Err(MoveError {
+                dst,
+                src,
+                len,
+                moved: 0,
+                errno,
+            });
+        }
         let mut done = 0usize;
         while done < len {
             let mut mv = UffdioMove {
@@ -347,6 +360,7 @@ impl Uffd {
     /// release a faulting thread when no memory can be committed: reads see
     /// zeros, a write allocates through the kernel).
     pub fn zero_page(&self, dst: usize, len: usize) -> io::Result<()> {
+        self.inject.io(FaultPoint::ZeroPage)?;
         let mut z = UffdioZeropage {
             range: UffdioRange {
                 start: dst as u64,
@@ -944,5 +958,165 @@ pub unsafe fn zero_volatile(dst: *mut u8, len: usize) {
     for i in 0..len / 8 {
         // SAFETY: the caller guarantees the pointer is valid and aligned for `len`.
         unsafe { d.add(i).write_volatile(0) };
+    }
+}
+
+/// A point of the syscall layer where a failure can be injected (tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FaultPoint {
+    /// `UFFDIO_MOVE`.
+    Move,
+    /// `UFFDIO_ZEROPAGE`.
+    ZeroPage,
+    /// Making a page (`MADV_POPULATE_WRITE`, a first touch's allocation).
+    Populate,
+    /// `MADV_DONTNEED` of freed pages.
+    Discard,
+    /// `move_pages(2)` migration.
+    MovePages,
+    /// The dirty log's GET.
+    DirtyGet,
+    /// The dirty log's CLEAR.
+    DirtyClear,
+}
+
+impl std::str::FromStr for FaultPoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "move" => FaultPoint::Move,
+            "zero-page" => FaultPoint::ZeroPage,
+            "populate" => FaultPoint::Populate,
+            "discard" => FaultPoint::Discard,
+            "move-pages" => FaultPoint::MovePages,
+            "dirty-get" => FaultPoint::DirtyGet,
+            "dirty-clear" => FaultPoint::DirtyClear,
+            _ => {
+                return Err(format!(
+                    "unknown fault point '{s}': use move, zero-page, populate, discard, \
+                     move-pages, dirty-get or dirty-clear"
+                ))
+            }
+        })
+    }
+}
+
+/// One injected failure: every `every`-th call of `point` fails with
+/// `errno`, at most `max` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultPlan {
+    /// Where.
+    pub point: FaultPoint,
+    /// Fail one call in this many (1: every call).
+    pub every: u64,
+    /// The errno of the failure.
+    pub errno: i32,
+    /// Failures after which the plan stops firing.
+    pub max: u64,
+}
+
+impl FaultPlan {
+    /// Parses `POINT[:every=N][:errno=NAME|N][:max=N]`, e.g.
+    /// `move:every=50:errno=EBUSY`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(':');
+        let point = parts.next().unwrap_or_default().parse()?;
+        let mut plan = FaultPlan {
+            point,
+            every: 1,
+            errno: libc::EIO,
+            max: u64::MAX,
+        };
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("'{kv}' in fault plan '{s}' is not key=value"))?;
+            let num = |v: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("'{v}' in '{s}' is not a number"))
+            };
+            match k {
+                "every" => plan.every = num(v)?.max(1),
+                "max" => plan.max = num(v)?,
+                "errno" => {
+                    plan.errno = match v {
+                        "EIO" => libc::EIO,
+                        "EBUSY" => libc::EBUSY,
+                        "EAGAIN" => libc::EAGAIN,
+                        "ENOMEM" => libc::ENOMEM,
+                        "EEXIST" => libc::EEXIST,
+                        "ENOENT" => libc::ENOENT,
+                        "EFAULT" => libc::EFAULT,
+                        _ => v
+                            .parse()
+                            .map_err(|_| format!("unknown errno '{v}' in '{s}'"))?,
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown key '{k}' in fault plan '{s}' (every, errno, max)"
+                    ))
+                }
+            }
+        }
+        Ok(plan)
+    }
+}
+
+/// Failure injection for one tiered memory (tests only: nothing fires
+/// unless plans were set). Scoped to an instance, so tests running in
+/// parallel do not disturb each other.
+#[derive(Debug, Default)]
+pub struct Injector {
+    armed: std::sync::atomic::AtomicBool,
+    plans: std::sync::Mutex<Vec<(FaultPlan, u64, u64)>>,
+}
+
+impl Injector {
+    /// Replaces the plans (an empty list disarms).
+    pub fn set(&self, plans: &[FaultPlan]) {
+        let mut g = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        *g = plans.iter().map(|p| (*p, 0, 0)).collect();
+        self.armed
+            .store(!plans.is_empty(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Failures injected so far at `point`.
+    pub fn fired(&self, point: FaultPoint) -> u64 {
+        let g = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter()
+            .filter(|(p, _, _)| p.point == point)
+            .map(|x| x.2)
+            .sum()
+    }
+
+    /// Whether a call at `point` must fail now (and with which errno).
+    pub fn check(&self, point: FaultPoint) -> Option<i32> {
+        if !self.armed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let mut g = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        for (plan, calls, fired) in g.iter_mut().filter(|x| x.0.point == point) {
+            *calls += 1;
+            if *fired < plan.max && (*calls).is_multiple_of(plan.every) {
+                *fired += 1;
+                return Some(plan.errno);
+            }
+        }
+        None
+    }
+
+    /// `Err` with the injected errno, if a call at `point` must fail now.
+    pub fn io(&self, point: FaultPoint) -> io::Result<()> {
+        match self.check(point) {
+            Some(errno) => Err(io::Error::new(
+                io::Error::from_raw_os_error(errno).kind(),
+                format!(
+                    "{point:?}: injected failure: {}",
+                    io::Error::from_raw_os_error(errno)
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 }

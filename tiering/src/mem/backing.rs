@@ -280,6 +280,7 @@ pub struct TieredMemory {
     pub(crate) host_guard: HostGuard,
     pub(crate) sweep: Vec<super::resize::SweepCursor>,
     pub(crate) scanner: sys::PageScanner,
+    pub(crate) inject: Arc<sys::Injector>,
     /// The reservation every area lives in. Declared last: it is unmapped
     /// only after everything above (which may hold addresses into it) is
     /// dropped, and nothing outside this struct may keep an address into it
@@ -325,7 +326,8 @@ impl TieredMemory {
             area_pages,
         };
         set_up_areas(&map, &layout, cfg)?;
-        let uffd = Uffd::new()?;
+        let inject = Arc::new(sys::Injector::default());
+        let uffd = Uffd::new(inject.clone())?;
         uffd.register(guest, area_pages * PAGE_SIZE, RegisterMode::Missing)?;
         for (t, &p) in layout.pools.iter().enumerate() {
             uffd.register(p, pool_slots[t] * PAGE_SIZE, RegisterMode::WriteProtect)?;
@@ -378,6 +380,7 @@ impl TieredMemory {
             host_guard: HostGuard::new(&nodes, cfg.host_reserve_bytes),
             sweep: cfg.tiers.iter().map(|_| Default::default()).collect(),
             scanner: sys::PageScanner::open()?,
+            inject,
             map,
         })
     }
@@ -705,14 +708,8 @@ impl TieredMemory {
                     shadows[i]
                 ));
             }
-            if guest[i] + shadows[i] > t.capacity() {
-                return Err(format!(
-                    "{name}: guest {} + shadows {} exceed the capacity {}",
-                    guest[i],
-                    shadows[i],
-                    t.capacity()
-                ));
-            }
+            // (Guest pages + shadows may exceed the capacity: a shrink
+            // lowers the capacity first and converges after.)
             let pool = self.pool(i as TierId);
             if pool.unreserved_slots() != pool.slots() {
                 return Err(format!(
@@ -784,6 +781,68 @@ impl TieredMemory {
         Ok(())
     }
 
+    /// A rollback move: like `uffd.move_range`, but a failure that may be
+    /// transient is retried a few times (a rollback that gives up leaves a
+    /// page out of guest RAM). `EEXIST` and `ENOENT` are final.
+    pub(crate) fn move_retrying(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+    ) -> Result<(), MoveError> {
+        let mut last = None;
+        for attempt in 0..ROLLBACK_ATTEMPTS {
+            match self.uffd.move_range(dst, src, len, true) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.dst_not_a_hole() || e.src_missing() => return Err(e),
+                Err(e) if e.moved > 0 => {
+                    // Part moved: finish the rest.
+                    return self.move_retrying(dst + e.moved, src + e.moved, len - e.moved);
+                }
+                Err(e) => {
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_micros(50 << attempt.min(6)));
+                }
+            }
+        }
+        Err(last.unwrap_or(MoveError {
+            dst,
+            src,
+            len,
+            moved: 0,
+            errno: libc::EIO,
+        }))
+    }
+
+    /// A populated, owned page whose guest RAM slot is a hole (a failure
+    /// path left it out): puts back the copy it finds (parking slot, then
+    /// shadow slot) and releases the page; with no copy anywhere, stops the
+    /// VM and keeps the page owned (a touch waits while the VM stops).
+    pub(crate) fn recover_hole(&self, page: usize) {
+        self.counters
+            .unexpected_faults
+            .fetch_add(1, Ordering::Relaxed);
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        for (src, clear) in [
+            (self.park_addr(page), page_map::PARKED | page_map::PROBE),
+            (self.shadow_addr(page), page_map::SHADOW_BITS),
+        ] {
+            if present(src)
+                && self
+                    .move_retrying(self.guest_addr(page), src, PAGE_SIZE)
+                    .is_ok()
+            {
+                tracing::warn!("guest page {page} was out of guest RAM; its copy was put back");
+                self.release_page(page, 0, clear);
+                return;
+            }
+        }
+        self.set_fatal(format!(
+            "guest page {page} is missing from guest RAM and no copy of it was found; the VM is \
+             stopped to avoid running on lost data"
+        ));
+    }
+
     /// Whether guest page `page` (mapped, possibly being written) holds the
     /// same bytes as its shadow. The caller owns the page.
     pub(crate) fn page_matches_shadow(&self, page: usize) -> bool {
@@ -797,6 +856,12 @@ impl TieredMemory {
                 PAGE_SIZE,
             )
         }
+    }
+
+    /// Failure injection into this memory's system calls (tests: see
+    /// [`sys::Injector`]; nothing fires unless plans are set).
+    pub fn injector(&self) -> &sys::Injector {
+        &self.inject
     }
 
     /// Installs (or removes) the fault-path hook.
@@ -898,6 +963,9 @@ fn set_up_areas(map: &Mapping, l: &Layout, cfg: &MemConfig) -> Result<(), MemErr
     debug_assert!(l.guest.is_multiple_of(HUGE_PAGE_SIZE));
     Ok(())
 }
+
+/// Attempts of a rollback move before it gives up.
+const ROLLBACK_ATTEMPTS: u32 = 8;
 
 /// Locks a mutex, ignoring poisoning (state stays consistent: every critical
 /// section is a few non-panicking updates).

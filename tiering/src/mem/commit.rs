@@ -30,6 +30,9 @@ use super::pool::{Holds, CHUNK_SLOTS};
 use crate::sys::{self, Advice, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::vocab::TierId;
 
+/// Attempts of a failed commit (other than out of memory) before the VM stops.
+const COMMIT_RETRIES: usize = 4;
+
 /// How often the guard re-reads the node's free memory at most.
 const GUARD_RECHECK: Duration = Duration::from_millis(100);
 /// Bytes committed after which the guard re-reads at once.
@@ -180,7 +183,18 @@ impl TieredMemory {
                 .emergency_commits
                 .fetch_add(count as u64, Ordering::Relaxed);
         }
-        match self.fill_from_pool(tier, first, count) {
+        let mut filled = self.fill_from_pool(tier, first, count);
+        for _ in 0..COMMIT_RETRIES {
+            match &filled {
+                // Out of memory is final; anything else may be transient.
+                Err(e) if e.raw_os_error() != Some(libc::ENOMEM) => {
+                    std::thread::sleep(Duration::from_micros(100));
+                    filled = self.fill_from_pool(tier, first, count);
+                }
+                _ => break,
+            }
+        }
+        match filled {
             Ok(()) => {
                 for p in first..first + count {
                     self.release_page(p, on_tier(tier), page_map::PLACEMENT_BITS);
@@ -306,6 +320,7 @@ impl TieredMemory {
                         // uses it while we hold the reservation.
                         unsafe { sys::zero_volatile(a as *mut u8, HUGE_PAGE_SIZE) };
                     } else {
+                        self.inject.io(sys::FaultPoint::Populate)?;
                         sys::advise(a, HUGE_PAGE_SIZE, Advice::PopulateWrite)?;
                     }
                     let huge = self
@@ -323,6 +338,7 @@ impl TieredMemory {
                             // SAFETY: a reserved, resident pool page nobody else uses.
                             unsafe { sys::zero_volatile(a as *mut u8, PAGE_SIZE) };
                         } else {
+                            self.inject.io(sys::FaultPoint::Populate)?;
                             sys::advise(a, PAGE_SIZE, Advice::PopulateWrite)?;
                         }
                         let _ = i;

@@ -169,7 +169,19 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
                 CommitOutcome::NoRoom => return false,
             }
         }
-        // Present (filled before or while we looked): wake is harmless.
+        // Present (filled before or while we looked): wake is harmless. But
+        // if the bookkeeping says present and guest RAM has a hole, waking
+        // would make the guest fault again forever: recover the page.
+        if !crate::sys::resident(mem.guest_addr(page), 1)
+            .map(|r| r[0])
+            .unwrap_or(true)
+            && mem.pages.load(page) & (BUSY | PARKED) == 0
+        {
+            if mem.pages.try_acquire(page, false).is_some() {
+                mem.recover_hole(page);
+            }
+            continue;
+        }
         let _ = mem.uffd.wake(mem.guest_addr(page), PAGE_SIZE);
         let end = filled.unwrap_or_else(Instant::now);
         let stall = end.saturating_duration_since(p.arrival).as_nanos() as u64;

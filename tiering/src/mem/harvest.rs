@@ -108,6 +108,7 @@ impl DirtyHarvester {
             while w < mask.len() && mask[w] != 0 {
                 w += 1;
             }
+            mem.inject.io(crate::sys::FaultPoint::DirtyClear)?;
             self.log.clear(start * 64, &mask[start..w])?;
             mem.vmm_dirty_clear(start * 64, &mask[start..w])?;
         }
@@ -130,7 +131,10 @@ impl DirtyHarvester {
         }
         let first = page / 64 * 64;
         let mask = [1u64 << (page % 64)];
-        if self.log.clear(first, &mask).is_err() || mem.vmm_dirty_clear(first, &mask).is_err() {
+        if mem.inject.io(crate::sys::FaultPoint::DirtyClear).is_err()
+            || self.log.clear(first, &mask).is_err()
+            || mem.vmm_dirty_clear(first, &mask).is_err()
+        {
             return false;
         }
         let same = mem.page_matches_shadow(page);
@@ -144,6 +148,7 @@ impl DirtyHarvester {
 
     fn harvest_locked(&self, mem: &TieredMemory, scratch: &mut Scratch) -> io::Result<usize> {
         let Scratch { kvm, soft, rearm } = scratch;
+        mem.inject.io(crate::sys::FaultPoint::DirtyGet)?;
         self.log.get(kvm)?;
         mem.vmm_dirty_get(soft)?;
         let n = mem.guest_pages();

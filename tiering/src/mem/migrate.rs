@@ -694,7 +694,10 @@ impl Migrator {
             .pages()
             .map(|p| (mem.guest_addr(p), mem.shadow_addr(p)))
             .collect();
-        if let Err(e) = mem.move_pairs(&pairs) {
+        let moved = mem
+            .move_pairs(&pairs)
+            .or_else(|_| mem.move_retrying(pairs[0].0, pairs[0].1, t.run.len * PAGE_SIZE));
+        if let Err(e) = moved {
             tracing::error!("TPM abort of {:?}: {e}", t.run);
             first_err.get_or_insert(e.into());
             self.settle_and_finish(t, to, keep_shadow, true, out);
@@ -748,17 +751,22 @@ impl Migrator {
         mem.counters.rollback_errors.fetch_add(1, Ordering::Relaxed);
         let mut committed = Vec::new();
         let mut restored = Vec::new();
+        let mut stuck = 0;
         for (i, p) in t.run.pages().enumerate() {
             match self.settle(p, t.staging.addr(mem, to, i)) {
                 Some(Settled::Committed) => committed.push(p),
                 Some(Settled::Restored) => restored.push(p),
                 None => {
+                    // Its content is still in the shadow slot or the staging
+                    // page, but guest RAM has a hole: keep the page owned, so
+                    // a guest touch waits (and the stopping VM is kicked out
+                    // of the wait) instead of running on wrong data.
                     mem.set_fatal(format!(
                         "guest page {p}: neither its old nor its new copy could be put back into \
                          guest RAM after a failed migration; the VM is stopped to avoid running on \
                          lost data"
                     ));
-                    restored.push(p);
+                    stuck += 1;
                 }
             }
         }
@@ -776,7 +784,7 @@ impl Migrator {
             };
             self.finish_committed(run, to, keep_shadow, tpm, out);
         }
-        mem.tiers[usize::from(to)].unreserve((t.run.len - committed.len()) as u64);
+        mem.tiers[usize::from(to)].unreserve((t.run.len - committed.len() - stuck) as u64);
     }
 
     /// Where is page `p` now? Old page in the shadow slot, new one at
@@ -789,8 +797,7 @@ impl Migrator {
             (true, true) => Some(Settled::Committed),
             (true, false) => Some(Settled::Restored),
             (false, true) => mem
-                .uffd
-                .move_range(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE, true)
+                .move_retrying(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE)
                 .ok()
                 .map(|()| Settled::Restored),
             (false, false) => {
@@ -798,8 +805,7 @@ impl Migrator {
                 tracing::error!("page {p}: old copy missing, mapping the staging copy");
                 (present(staging)
                     && mem
-                        .uffd
-                        .move_range(mem.guest_addr(p), staging, PAGE_SIZE, true)
+                        .move_retrying(mem.guest_addr(p), staging, PAGE_SIZE)
                         .is_ok())
                 .then_some(Settled::Restored)
             }
@@ -845,10 +851,14 @@ impl Migrator {
             }
             let addrs: Vec<usize> = run.pages().map(|p| mem.guest_addr(p)).collect();
             let node = mem.node(to) as i32;
-            let status = sys::move_pages_to(&addrs, node as u32).unwrap_or_else(|e| {
-                tracing::warn!("move_pages: {e}");
-                vec![-1; addrs.len()]
-            });
+            let status = mem
+                .inject
+                .io(sys::FaultPoint::MovePages)
+                .and_then(|()| sys::move_pages_to(&addrs, node as u32))
+                .unwrap_or_else(|e| {
+                    tracing::warn!("move_pages: {e}");
+                    vec![-1; addrs.len()]
+                });
             let mut moved = 0;
             for (i, p) in run.pages().enumerate() {
                 if status[i] == node {
@@ -899,7 +909,12 @@ impl Migrator {
             mem.move_pairs_present(&back);
             for r in runs {
                 for p in r.pages() {
-                    mem.release_page(p, 0, 0);
+                    // A page that could not move back stays parked: the
+                    // fault handler maps it back on its next touch.
+                    let in_guest = sys::resident(mem.guest_addr(p), 1)
+                        .map(|x| x[0])
+                        .unwrap_or(true);
+                    mem.release_page(p, if in_guest { 0 } else { page_map::PARKED }, 0);
                 }
             }
             return Err(e);

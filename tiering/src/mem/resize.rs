@@ -123,6 +123,7 @@ impl TieredMemory {
             let end = (p + CHUNK_SLOTS).min(n);
             if self.huge_pages
                 && end - p == CHUNK_SLOTS
+                && want - got >= CHUNK_SLOTS
                 && (p..end).all(|q| on_tier(self.pages.load(q)))
             {
                 out.push(Unit::run(p as u64, CHUNK_SLOTS as u32));

@@ -107,7 +107,7 @@ impl TieredMemory {
         let mut moved = 0;
         for &(dst, src) in pairs {
             if sys::resident(src, 1).map(|r| r[0]).unwrap_or(false)
-                && self.uffd.move_range(dst, src, PAGE_SIZE, true).is_ok()
+                && self.move_retrying(dst, src, PAGE_SIZE).is_ok()
             {
                 moved += 1;
             }
@@ -161,7 +161,13 @@ impl TieredMemory {
                 self.pool(tier).release_chunk(slot, holds, true);
             }
         }
-        if let Err(e) = sys::discard(addr, HUGE_PAGE_SIZE) {
+        let r = self
+            .inject
+            .io(sys::FaultPoint::Discard)
+            .and_then(|()| sys::discard(addr, HUGE_PAGE_SIZE));
+        if let Err(e) = r {
+            // The run stays where it is; a later move into that slot finds it
+            // and heals (discards it first).
             tracing::error!("discarding a 2 MiB run at {addr:#x}: {e}");
         }
     }
@@ -221,7 +227,11 @@ impl TieredMemory {
             while j < sorted.len() && sorted[j] == start + (j - i) * PAGE_SIZE {
                 j += 1;
             }
-            if let Err(e) = sys::discard(start, (j - i) * PAGE_SIZE) {
+            let r = self
+                .inject
+                .io(sys::FaultPoint::Discard)
+                .and_then(|()| sys::discard(start, (j - i) * PAGE_SIZE));
+            if let Err(e) = r {
                 tracing::error!("discarding {} pages at {start:#x}: {e}", j - i);
             }
             i = j;
