@@ -1093,10 +1093,7 @@ fn resize_storm_with_chaos_loses_nothing() {
     ] {
         let what = format!("{mech:?} x{unit}");
         let r = bounded(60, &what.clone(), move || {
-            let Some((mem, log, m, faults)) = setup(2048, 2048, InitialPlacement::Interleave)
-            else {
-                return None;
-            };
+            let (mem, log, m, faults) = setup(2048, 2048, InitialPlacement::Interleave)?;
             fill(&mem);
             let hot: Vec<usize> = (0..32).map(|i| i * 37 + 3).collect();
             let stop = Arc::new(AtomicBool::new(false));
