@@ -635,6 +635,9 @@ impl Engine {
         let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))
             .map_err(|e| e.to_string())?;
         let trackers = Self::trackers(&cfg, &pcfg).map_err(|e| e.to_string())?;
+        // Policies that read write counts keep the dirty log on; the others
+        // let it go off while nothing is migrating (huge-page mappings).
+        migrator.set_dirty_log_required(trackers.dirty_log);
         let stop = Arc::new(AtomicBool::new(false));
         let commands = Arc::new(Mutex::new(VecDeque::new()));
         let (s, c) = (stop.clone(), commands.clone());

@@ -134,6 +134,15 @@ struct Txn {
     staging: Staging,
 }
 
+/// Ends a harvester transaction when dropped (on every return path).
+struct EndOnDrop<'a>(&'a DirtyHarvester);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
 /// How a page of a failed step ended up, from residency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Settled {
@@ -193,6 +202,17 @@ impl Migrator {
     /// policy tick). Returns the number of dirty pages seen.
     pub fn harvest(&self) -> io::Result<usize> {
         self.harvester.harvest(&self.mem)
+    }
+
+    /// Keeps the dirty log on (a policy reads write counts), or lets it go
+    /// off while nothing needs it (huge-page mappings in KVM).
+    pub fn set_dirty_log_required(&self, required: bool) {
+        self.harvester.set_required(required);
+    }
+
+    /// Whether the dirty log is on, and how many times it was switched.
+    pub fn dirty_log_state(&self) -> (bool, u64) {
+        (self.harvester.logging(), self.harvester.switches())
     }
 
     /// Promotes units to the fastest tier.
@@ -535,6 +555,9 @@ impl Migrator {
             return Ok(());
         }
         // 2. Arm: from now on a write to these pages shows up as DIRTY_SEEN.
+        //    (Logging stays on until the batch ends.)
+        self.harvester.begin();
+        let _end = EndOnDrop(&self.harvester);
         if !skip {
             if let Err(e) = self
                 .harvester
@@ -575,6 +598,7 @@ impl Migrator {
         }
         // 6. Commit: map the staging pages (this wakes waiting faults).
         self.commit(commits, to, keep_shadow, true, out, &mut first_err);
+        self.harvester.finish_deferred(mem);
         first_err.map_or(Ok(()), Err)
     }
 
@@ -1002,6 +1026,7 @@ impl Migrator {
         out.shadow_demoted += moved - copied;
         out.shadow_copied += copied;
         out.migrated += moved;
+        self.harvester.finish_deferred(mem);
         verdict.map(|_| ())
     }
 }

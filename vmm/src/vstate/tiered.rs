@@ -15,7 +15,7 @@ use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use crate::error::{Error, Result};
-use crate::kvm_dirty_log::{enable_manual_dirty_log_protect, KvmDirtyLog};
+use crate::kvm_dirty_log::{enable_manual_dirty_log_protect_initially_set, KvmDirtyLog};
 use crate::tiering_config::TieringConfig;
 use crate::vstate::vm::RAM_SLOT;
 use tiering::engine::{Engine, EngineReport};
@@ -198,15 +198,26 @@ impl TieredRam {
         }
     }
 
-    /// Turns on manual-protect dirty logging; call before the memslot exists.
+    /// Turns on manual-protect dirty logging (with INITIALLY_SET, so the
+    /// harvester can switch a memslot's logging on without write-protecting
+    /// it); call before the memslot exists. The memslot is registered
+    /// without logging: KVM maps guest RAM with huge pages until the first
+    /// migration switches logging on.
     pub fn prepare_vm(vm: &VmFd) -> Result<()> {
-        enable_manual_dirty_log_protect(vm)
+        enable_manual_dirty_log_protect_initially_set(vm)
             .map_err(|e| Error::host("enabling KVM dirty logging", e))
     }
 
     /// Starts the migrator (and chaos) once the VM's memslot exists.
     pub fn start(&mut self, vm: &VmFd) -> Result<()> {
-        let log = KvmDirtyLog::new(vm.as_raw_fd(), RAM_SLOT, self.mem.guest_pages());
+        let region = kvm_bindings::kvm_userspace_memory_region {
+            slot: RAM_SLOT,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: self.mem.guest_len() as u64,
+            userspace_addr: self.mem.guest_ptr() as u64,
+        };
+        let log = KvmDirtyLog::switchable(vm.as_raw_fd(), region);
         let migrator = Arc::new(
             Migrator::new(self.mem.clone(), Box::new(log), MigratorConfig::default())
                 .map_err(|e| Error::host("starting the migrator", e))?,
