@@ -41,6 +41,12 @@ pub struct TieringReport {
     /// guest page sits on its tier's host node (trivially true with emulated
     /// tiers), else the first mismatch.
     pub node_check: String,
+    /// Guest pages the kernel (`move_pages` query, at the same moment as
+    /// `node_check`) finds on `[the fast tier's node, the slow tier's node]`;
+    /// pages in flight or parked are not counted. With real tiers and no page
+    /// parked this equals the tiers' `guest_pages`, so a check that both are
+    /// non-zero shows pages really are on both nodes. `None` if the query failed.
+    pub node_pages: Option<[u64; 2]>,
 }
 
 /// The report's `migration` object.
@@ -294,8 +300,14 @@ impl TieredRam {
             Ok(()) => "ok".to_string(),
             Err(e) => e,
         };
+        let node_pages = self
+            .mem
+            .guest_pages_per_node()
+            .ok()
+            .map(|c| c.map(|n| n as u64));
         Ok(TieringReport {
             node_check,
+            node_pages,
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             emulated: self.mem.emulated(),
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
