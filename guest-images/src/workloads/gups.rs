@@ -3,9 +3,11 @@
 //! probability `hot_prob`, else from the whole buffer of `size` bytes. The
 //! hot set is a seeded random subset of pages, or (`hot_layout=block`) one
 //! contiguous run of pages at the start of the buffer. With `hot_move_s`,
-//! the hot set moves once, that many seconds into the run, to the next
-//! `hot_size` pages (of the permutation, or the next block): a disjoint set
-//! when `2 * hot_size <= size`. Access trackers are tested against this
+//! the hot set moves once, that many seconds into the run, by half the
+//! buffer (to the pages half a permutation further on, or to the block that
+//! starts half the buffer further on): a disjoint set when
+//! `2 * hot_size <= size`, and for the block layout one that is not
+//! adjacent either unless `2 * hot_size == size`. Access trackers are tested against this
 //! known move; worker 0 publishes where the set was and went
 //! (`hot_first_page`, `hot_next_page`: guest-physical page numbers of the
 //! block in a VM, whose RAM is identity-mapped) and when it moved
@@ -55,16 +57,14 @@ pub static SPEC: ImageSpec = ImageSpec {
             key: "hot_layout",
             kind: ArgKind::Choice(&["random", "block"]),
             default: "random",
-            help: "hot set: a random subset of pages, or one contiguous block at the buffer's start",
+            help:
+                "hot set: a random subset of pages, or one contiguous block at the buffer's start",
         },
         ArgSpec {
             key: "hot_move_s",
-            kind: ArgKind::Float {
-                min: 0.0,
-                max: 1e6,
-            },
+            kind: ArgKind::Float { min: 0.0, max: 1e6 },
             default: "0",
-            help: "seconds into the run at which the hot set moves to the next hot_size pages (0 = never)",
+            help: "seconds into the run at which the hot set moves by half the buffer (0 = never)",
         },
         ArgSpec {
             key: "object",
@@ -148,10 +148,10 @@ impl GupsPattern {
         self
     }
 
-    /// Moves the hot set to the next `hot_pages` pages (disjoint from the
-    /// current set when `2 * hot_pages <= pages`; it wraps otherwise).
+    /// Moves the hot set by half the buffer (disjoint from the current set
+    /// when `2 * hot_pages <= pages`; it wraps at the buffer's end).
     pub fn move_hot_set(&mut self) {
-        self.hot_base = (self.hot_base + self.hot_pages) % self.pages.max(1);
+        self.hot_base = (self.hot_base + self.pages / 2) % self.pages.max(1);
     }
 
     /// First page of the hot block (with the block layout).
@@ -289,7 +289,7 @@ mod tests {
     }
 
     /// The block layout's hot set is one run of pages, and a move takes
-    /// every hot access to the next, disjoint run.
+    /// every hot access to the run half the buffer further on.
     #[test]
     fn block_hot_set_moves_to_the_next_block() {
         let p = GupsParams {
@@ -306,12 +306,13 @@ mod tests {
             assert!(page < hot, "page {page} outside the first block");
         }
         pat.move_hot_set();
-        assert_eq!(pat.hot_block_start(), hot);
+        let half = (64 << 20) / PAGE_SIZE / 2;
+        assert_eq!(pat.hot_block_start(), half);
         for _ in 0..10_000 {
             let page = pat.next_access(&mut rng).addr / PAGE_SIZE;
             assert!(
-                (hot..2 * hot).contains(&page),
-                "page {page} outside the next block"
+                (half..half + hot).contains(&page),
+                "page {page} outside the moved block"
             );
         }
         // The random layout moves to a disjoint subset too.
