@@ -29,6 +29,7 @@ use crate::policy::{
     self, AccessSample, Decisions, HintFault, MemoryView, Migration, Policy, PolicyConfig,
     PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
 };
+use crate::tracking::damon::{self, DamonConfig, DamonReport, DamonTracker};
 
 /// How often the engine drains hint-fault samples.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
@@ -159,6 +160,8 @@ pub struct EngineReport {
     /// tested page is armed and hint-faults once on its next touch; a page
     /// re-armed at every scan counts each time).
     pub probes_armed: u64,
+    /// The DAMON tracker's account (`--tracking damon`).
+    pub damon: Option<DamonReport>,
 }
 
 /// How long a hint-fault touch counts as the page's accessed bit.
@@ -177,6 +180,10 @@ pub const ACCESSED_WINDOW: Duration = Duration::from_secs(1);
 /// MTM) get exact ones instead: every page they test is armed as an
 /// [`mem::AccessProbes`] probe, so a touch after the test is recorded, and
 /// the test reads and clears "touched since the last test".
+///
+/// With DAMON ([`EngineConfig::damon`]) every policy's tests read the bits
+/// DAMON found since the page's last test (region-granular; see
+/// [`crate::tracking::damon`]), and no page is armed.
 struct LiveView<'a> {
     mem: &'a TieredMemory,
     touched: &'a mut [u64],
@@ -234,6 +241,9 @@ struct EngineState {
     probes: Option<mem::AccessProbes>,
     probe_touched: Vec<u64>,
     to_arm: Vec<usize>,
+    /// Accessed bits and samples from DAMON instead of probes and hint
+    /// faults (`--tracking damon`).
+    damon: Option<DamonTracker>,
     samples: Vec<AccessSample>,
     tier_hits: [u64; 2],
     hint_tiers: Vec<TierId>,
@@ -249,7 +259,8 @@ impl EngineState {
 
     /// Starts or stops the accessed-bit probes for the current policy.
     fn set_probing(&mut self) {
-        let wants = self.policy.trackers().accessed_bits;
+        // DAMON supplies the accessed bits: no probes.
+        let wants = self.policy.trackers().accessed_bits && self.damon.is_none();
         if wants && self.probes.is_none() {
             self.probe_touched.iter_mut().for_each(|w| *w = 0);
             self.probes = Some(mem::AccessProbes::new(self.migrator.memory().clone()));
@@ -394,6 +405,22 @@ impl EngineState {
             }
             self.feed(mem.drain_samples(), now_ns);
         }
+        if let Some(d) = &self.damon {
+            // DAMON's accessed bits since the last tick become the bits the
+            // policy tests; its samples join the tick's samples.
+            d.merge_accessed_into(&mut self.probe_touched);
+            for page in d.drain_sample_pages() {
+                if let Some(t) = mem.tier_of(page as usize) {
+                    let tier = if t == Tier::Fast { FAST } else { SLOW };
+                    self.tier_hits[tier as usize] += 1;
+                    self.samples.push(AccessSample {
+                        page,
+                        tier,
+                        write: false,
+                    });
+                }
+            }
+        }
         let samples = std::mem::take(&mut self.samples);
         self.report.samples += samples.len() as u64;
         let obs = policy::Observations {
@@ -407,7 +434,7 @@ impl EngineState {
         let mut view = LiveView {
             mem: &mem,
             touched: &mut self.touched,
-            probe: self.probes.is_some().then_some(Probing {
+            probe: (self.probes.is_some() || self.damon.is_some()).then_some(Probing {
                 touched: &mut self.probe_touched,
                 to_arm: &mut self.to_arm,
             }),
@@ -575,6 +602,9 @@ pub struct EngineConfig {
     /// Per-policy interval overrides (`--policy-interval mtm=2s`): the
     /// policy's migration interval (memtis, mtm) or quantum (colloid).
     pub intervals: Vec<(String, Duration)>,
+    /// Track accesses with DAMON (`--tracking damon`): accessed bits and
+    /// samples come from the kernel instead of probes and hint faults.
+    pub damon: Option<DamonConfig>,
 }
 
 impl EngineConfig {
@@ -636,6 +666,23 @@ impl Engine {
         let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))
             .map_err(|e| e.to_string())?;
         let trackers = Self::trackers(&cfg, &pcfg).map_err(|e| e.to_string())?;
+        let damon = match &cfg.damon {
+            Some(dc) => {
+                let mem = migrator.memory();
+                Some(
+                    DamonTracker::start(
+                        std::path::Path::new(damon::SYSFS_ROOT),
+                        damon::allowed_by_env(),
+                        dc,
+                        std::process::id(),
+                        mem.guest_ptr() as usize,
+                        mem.guest_pages(),
+                    )
+                    .map_err(|e| format!("--tracking damon: {e}"))?,
+                )
+            }
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let commands = Arc::new(Mutex::new(VecDeque::new()));
         let (s, c) = (stop.clone(), commands.clone());
@@ -649,6 +696,7 @@ impl Engine {
             probes: None,
             probe_touched: vec![0; words],
             to_arm: Vec::new(),
+            damon,
             samples: Vec::new(),
             tier_hits: [0; 2],
             hint_tiers: trackers.hint_fault_tiers.clone(),
@@ -740,6 +788,7 @@ impl Engine {
                 set_hook("");
                 let mut st = lock(&state);
                 st.stop_probing();
+                st.report.damon = st.damon.take().map(DamonTracker::stop);
                 st.report.clone()
             })
             .map_err(|e| format!("spawning the engine thread: {e}"))?;
@@ -852,6 +901,7 @@ mod tests {
                 schedule: Vec::new(),
                 modeled_latency: None,
                 intervals: vec![("mtm".into(), Duration::from_millis(300))],
+                damon: None,
             },
         )
         .unwrap();
