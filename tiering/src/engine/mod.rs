@@ -671,8 +671,8 @@ impl Engine {
                 let mem = migrator.memory();
                 Some(
                     DamonTracker::start(
-                        std::path::Path::new(damon::SYSFS_ROOT),
-                        damon::allowed_by_env(),
+                        &dc.sysfs_root,
+                        !damon::is_machine_damon(&dc.sysfs_root) || damon::allowed_by_env(),
                         dc,
                         std::process::id(),
                         mem.guest_ptr() as usize,
@@ -918,6 +918,99 @@ mod tests {
             .filter(|&p| m.tier_of(p) == Some(Tier::Fast))
             .collect();
         assert_eq!(fast, HOT.collect::<Vec<_>>(), "{report:?}");
+        m.check_consistency().unwrap();
+    }
+
+    /// MTM live on DAMON's accessed bits (a fake DAMON sysfs tree that
+    /// reports one region accessed, nothing touching the memory): that
+    /// region is promoted whole, nothing else moves, no probe is armed,
+    /// and the tracker removes its kdamond when the engine stops.
+    #[test]
+    fn mtm_on_damon_bits_promotes_the_region_damon_reports() {
+        use crate::tracking::damon::{fake::FakeSysfs, RawRegion};
+        const PAGES: usize = 2048;
+        const HOT: std::ops::Range<usize> = 1024..1536;
+        let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 600);
+        mc.placement = mem::Placement::SlowFirst;
+        let m = match TieredMemory::new(&mc) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                assert!(
+                    std::env::var("TIERVM_REQUIRE_KVM").as_deref() != Ok("1"),
+                    "tiered memory unavailable under TIERVM_REQUIRE_KVM=1: {e}"
+                );
+                eprintln!("SKIP: tiered memory unavailable here: {e}");
+                return;
+            }
+        };
+        let faults = mem::FaultHandler::spawn(m.clone()).unwrap();
+        let log = Box::new(mem::SoftDirtyLog::new(PAGES));
+        let migrator = Arc::new(Migrator::new(m.clone(), log, Default::default()).unwrap());
+        let fake = FakeSysfs::new("engine-mtm", 0);
+        let base = m.guest_ptr() as u64;
+        let page = mem::PAGE_SIZE as u64;
+        let at = |p: usize| base + p as u64 * page;
+        for (i, (a, b, n)) in [
+            (0, HOT.start, 0),
+            (HOT.start, HOT.end, 12),
+            (HOT.end, PAGES, 0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            fake.region(
+                i as u32,
+                RawRegion {
+                    start: at(a),
+                    end: at(b),
+                    nr_accesses: n,
+                    age: 1,
+                },
+            );
+        }
+        let engine = Engine::spawn(
+            migrator,
+            EngineConfig {
+                policy: "mtm".into(),
+                schedule: Vec::new(),
+                modeled_latency: None,
+                intervals: vec![("mtm".into(), Duration::from_millis(300))],
+                damon: Some(DamonConfig {
+                    sysfs_root: fake.root.clone(),
+                    sample_us: 1_000,
+                    aggr_us: 10_000,
+                    ..DamonConfig::default()
+                }),
+            },
+        )
+        .unwrap();
+        assert_eq!(fake.get("kdamonds/nr_kdamonds"), "1", "kdamond 0 created");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while HOT.clone().any(|p| m.tier_of(p) != Some(Tier::Fast)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let report = engine.stop().unwrap();
+        faults.stop().unwrap();
+        assert_eq!(report.probes_armed, 0, "no probes with DAMON");
+        let d = report.damon.as_ref().expect("damon report");
+        assert!(
+            d.snapshots > 0 && d.teardown == "ok",
+            "snapshots {}, teardown {}",
+            d.snapshots,
+            d.teardown
+        );
+        assert_eq!(fake.get("kdamonds/nr_kdamonds"), "0", "kdamond 0 removed");
+        let fast: Vec<usize> = (0..PAGES)
+            .filter(|&p| m.tier_of(p) == Some(Tier::Fast))
+            .collect();
+        assert_eq!(
+            fast,
+            HOT.collect::<Vec<_>>(),
+            "ticks {}, migrations asked {}, DAMON snapshots {}",
+            report.ticks,
+            report.migrations_requested,
+            d.snapshots
+        );
         m.check_consistency().unwrap();
     }
 

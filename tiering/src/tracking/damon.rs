@@ -80,6 +80,11 @@ pub const MAX_PENDING_SAMPLES: usize = 1 << 20;
 /// How long stopping waits for the reader thread (it is at most one
 /// update request, about two aggregation intervals, from noticing).
 const STOP_BOUND: Duration = Duration::from_secs(10);
+/// How long stopping first waits for the reader's request to finish.
+const READER_QUIET_BOUND: Duration = Duration::from_secs(3);
+/// Retries of a sysfs write that failed with EBUSY, and the pause between.
+const BUSY_RETRIES: u32 = 250;
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
 /// Consecutive failed update requests after which the reader gives up.
 const MAX_CONSECUTIVE_ERRORS: u32 = 20;
 
@@ -87,6 +92,9 @@ const MAX_CONSECUTIVE_ERRORS: u32 = 20;
 /// sampling, 100 ms aggregation, 10..1000 regions).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DamonConfig {
+    /// DAMON's sysfs root ([`SYSFS_ROOT`]; tests point it at a scratch
+    /// tree, which is nobody's machine-wide state and needs no opt-in).
+    pub sysfs_root: PathBuf,
     /// Sampling interval, us: one accessed-bit check per region per interval.
     pub sample_us: u64,
     /// Aggregation interval, us: `nr_accesses` counts the checks of one.
@@ -100,6 +108,7 @@ pub struct DamonConfig {
 impl Default for DamonConfig {
     fn default() -> Self {
         Self {
+            sysfs_root: PathBuf::from(SYSFS_ROOT),
             sample_us: 5_000,
             aggr_us: 100_000,
             min_regions: 10,
@@ -164,6 +173,16 @@ pub enum DamonStatus {
 /// Whether the environment opts in to DAMON sysfs writes ([`ALLOW_ENV`]`=1`).
 pub fn allowed_by_env() -> bool {
     std::env::var(ALLOW_ENV).is_ok_and(|v| v == "1")
+}
+
+/// Whether `root` is this machine's DAMON sysfs interface ([`SYSFS_ROOT`],
+/// however spelled): writing it needs the opt-in.
+pub fn is_machine_damon(root: &Path) -> bool {
+    let machine = Path::new(SYSFS_ROOT);
+    match (std::fs::canonicalize(root), std::fs::canonicalize(machine)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => root.components().eq(machine.components()),
+    }
 }
 
 /// Reads DAMON's state under `root` (normally [`SYSFS_ROOT`]); writes nothing.
@@ -617,41 +636,24 @@ impl DamonTracker {
         self.stop.store(true, Ordering::Relaxed);
         self.torn_down = true;
         let mut problems = Vec::new();
-        // Turning kdamond off also ends an update request the reader waits in.
-        if let Err(e) = self.fs.write(&format!("{KDAMOND}/state"), "off") {
+        // The kernel refuses sysfs writes with EBUSY while another one holds
+        // its DAMON lock (our reader's update request takes it now and
+        // then), so let the reader finish its request first (normally
+        // within two aggregation intervals), then retry each write.
+        let mut reader_cpu = self.wait_reader(READER_QUIET_BOUND);
+        if let Err(e) = retry_busy(|| self.fs.write(&format!("{KDAMOND}/state"), "off")) {
             problems.push(format!("state off: {e}"));
         }
-        let reader_cpu = match self.done.recv_timeout(STOP_BOUND) {
-            Ok(cpu) => {
-                if let Some(r) = self.reader.take() {
-                    let _ = r.join();
-                }
-                cpu
-            }
-            Err(RecvTimeoutError::Timeout) => {
+        if self.reader.is_some() {
+            // Turning kdamond off also ends an update request still waiting.
+            reader_cpu = self.wait_reader(STOP_BOUND);
+            if self.reader.is_some() {
                 problems.push(format!(
                     "the reader thread did not end within {STOP_BOUND:?} (left running)"
                 ));
-                None
             }
-            Err(RecvTimeoutError::Disconnected) => {
-                self.reader.take().map(|r| r.join());
-                None
-            }
-        };
-        // Removing kdamond 0 fails with EBUSY while it is still stopping.
-        let mut removed = Err(String::new());
-        for _ in 0..50 {
-            removed = self
-                .fs
-                .write("kdamonds/nr_kdamonds", "0")
-                .map_err(|e| e.to_string());
-            if removed.is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        if let Err(e) = removed {
+        if let Err(e) = retry_busy(|| self.fs.write("kdamonds/nr_kdamonds", "0")) {
             problems.push(format!("nr_kdamonds 0: {e} (kdamond 0 left behind)"));
         }
         let mut s = lock(&self.shared);
@@ -673,6 +675,44 @@ impl DamonTracker {
         };
         r
     }
+}
+
+impl DamonTracker {
+    /// Waits up to `bound` for the reader to end; its CPU seconds if it did.
+    fn wait_reader(&mut self, bound: Duration) -> Option<f64> {
+        self.reader.as_ref()?;
+        match self.done.recv_timeout(bound) {
+            Ok(cpu) => {
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                cpu
+            }
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Runs a sysfs write until it stops failing with EBUSY (the kernel's
+/// DAMON lock is taken with a trylock), at most [`BUSY_RETRIES`] times.
+fn retry_busy(mut f: impl FnMut() -> Result<(), DamonError>) -> Result<(), DamonError> {
+    let mut last = f();
+    for _ in 0..BUSY_RETRIES {
+        match &last {
+            Err(DamonError::Io { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(BUSY_PAUSE);
+                last = f();
+            }
+            _ => break,
+        }
+    }
+    last
 }
 
 impl Drop for DamonTracker {
@@ -756,9 +796,9 @@ fn reader_loop(
     let mut consecutive_errors = 0;
     while !stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
-        let snapshot = fs
-            .write(&format!("{KDAMOND}/state"), "update_schemes_tried_regions")
-            .and_then(|()| read_regions(fs));
+        let snapshot =
+            retry_busy(|| fs.write(&format!("{KDAMOND}/state"), "update_schemes_tried_regions"))
+                .and_then(|()| read_regions(fs));
         if stop.load(Ordering::Relaxed) {
             break;
         }
@@ -786,19 +826,20 @@ fn reader_loop(
     }
 }
 
+/// A fake DAMON sysfs tree for tests (the engine's too).
 #[cfg(test)]
-mod tests {
+pub(crate) mod fake {
     use super::*;
 
     /// A scratch directory laid out like DAMON's sysfs tree after the
     /// kernel created kdamond 0 (plain files: writes do not block, and
     /// `tried_regions` holds whatever the test put there).
-    struct FakeSysfs {
-        root: PathBuf,
+    pub(crate) struct FakeSysfs {
+        pub(crate) root: PathBuf,
     }
 
     impl FakeSysfs {
-        fn new(name: &str, nr_kdamonds: u32) -> Self {
+        pub(crate) fn new(name: &str, nr_kdamonds: u32) -> Self {
             let root = std::env::temp_dir().join(format!(
                 "tiervm-damon-{name}-{}-{:?}",
                 std::process::id(),
@@ -841,7 +882,7 @@ mod tests {
             Self { root }
         }
 
-        fn region(&self, i: u32, r: RawRegion) {
+        pub(crate) fn region(&self, i: u32, r: RawRegion) {
             let d = self.root.join(format!("{TRIED}/{i}"));
             std::fs::create_dir_all(&d).unwrap();
             for (f, v) in [
@@ -854,7 +895,7 @@ mod tests {
             }
         }
 
-        fn get(&self, rel: &str) -> String {
+        pub(crate) fn get(&self, rel: &str) -> String {
             std::fs::read_to_string(self.root.join(rel))
                 .unwrap()
                 .trim()
@@ -867,6 +908,12 @@ mod tests {
             let _ = std::fs::remove_dir_all(&self.root);
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::FakeSysfs;
+    use super::*;
 
     const BASE: u64 = 0x7f00_0000_0000;
 
@@ -1064,6 +1111,13 @@ mod tests {
         assert!(s.samples[..2].iter().all(|&p| p < 10));
         assert!(s.samples[3..].iter().all(|&p| (90..100).contains(&p)));
         assert_eq!(s.accessed[1] >> (90 - 64), (1 << 10) - 1);
+    }
+
+    #[test]
+    fn only_the_real_root_is_machine_state() {
+        assert!(is_machine_damon(Path::new(SYSFS_ROOT)));
+        assert!(is_machine_damon(Path::new("/sys/kernel/mm/damon/admin/")));
+        assert!(!is_machine_damon(&std::env::temp_dir().join("damon")));
     }
 
     #[test]
