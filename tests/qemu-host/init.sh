@@ -114,7 +114,7 @@ numa_maps_guest() {
 }
 
 echo
-echo "TIERVM-QEMU-PLAN modules info memcheck-tpm-4k memcheck-tpm-2m memcheck-stop-copy-4k memcheck-stop-copy-2m negative-control placement-nodes node-check-control damon-refuses damon-hot-move damon-cost fast-schedule"
+echo "TIERVM-QEMU-PLAN modules info memcheck-tpm-4k memcheck-tpm-2m memcheck-stop-copy-4k memcheck-stop-copy-2m negative-control placement-nodes node-check-control damon-refuses damon-hot-move damon-memtis damon-cost fast-schedule"
 echo "## kernel $(uname -r), $(nproc) CPUs"
 
 # --- modules: nested KVM on SVM -------------------------------------------
@@ -356,6 +356,29 @@ else
   fail damon-hot-move "${problem:-tiervm exited $(cat "$out.rc")}"
   show_failure "$out"
   jq -c '.tiering.engine.damon | {snapshots, errors, first_error, teardown, t: [.timeline[]? | {t_s, accessed_pages, accessed}] | .[0:60]}' "$out.json" 2>/dev/null | sed 's/^/## /'
+fi
+
+# damon-memtis: memtis on DAMON's samples (one per positive DAMON check, on
+# a page of its region): it promotes from a slow-first start with no hint
+# fault taken, and the pages it finds hot are the hot block's.
+out=/tmp/damon-memtis
+run_tiervm_damon "$out" $GUPS_HOT --placement slow-first --policy memtis --policy-interval memtis=1s \
+  --tracking damon --duration 8s
+problem=$(no_report "$out")
+[ -z "$problem" ] && problem=$(jq -r '
+  if .exit_code != 0 then "gups exit code \(.exit_code)"
+  elif .tiering.engine.damon.teardown != "ok" then "teardown: \(.tiering.engine.damon.teardown)"
+  elif .tracking.hint_faults != 0 then "\(.tracking.hint_faults) hint faults taken"
+  elif .tiering.engine.samples < 1 then "memtis got no samples"
+  elif .migration.promotions < 1 then "memtis promoted nothing"
+  else empty end' "$out.json" 2>&1)
+left=$(damon_leftover)
+[ -z "$problem" ] && [ -n "$left" ] && problem="$left"
+if [ "$(cat "$out.rc")" = 0 ] && [ -z "$problem" ]; then
+  pass damon-memtis "$(jq -r '"\(.tiering.engine.samples) samples from \(.tiering.engine.damon.snapshots) DAMON snapshots, 0 hint faults; memtis promotions \(.migration.promotions), demotions \(.migration.demotions); fast tier \([.tiers[] | select(.name == "fast") | .guest_pages][0]) pages"' "$out.json")"
+else
+  fail damon-memtis "${problem:-tiervm exited $(cat "$out.rc")}"
+  show_failure "$out"
 fi
 
 # damon-cost: the same static run with no tracking, hint faults asked to
