@@ -662,7 +662,12 @@ impl Engine {
 
     /// Starts the engine over `migrator`.
     pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, String> {
-        let pcfg = Self::policy_config(migrator.memory());
+        let mut pcfg = Self::policy_config(migrator.memory());
+        if cfg.damon.is_some() {
+            // With DAMON a test costs the guest no hint fault: policies
+            // budget with their own assumed cost (MTM: 1 us per scan).
+            pcfg.accessed_test_cost_ns = None;
+        }
         let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))
             .map_err(|e| e.to_string())?;
         let trackers = Self::trackers(&cfg, &pcfg).map_err(|e| e.to_string())?;
