@@ -69,19 +69,23 @@ no_report() {
     echo "no JSON report (exit status $(cat "$1.rc" 2>/dev/null)): $(tail -1 "$1.err" 2>/dev/null)"
 }
 
-# check_nodes OUT: the kernel agrees with tiervm on every page's node and
-# pages really are on both nodes. Prints a problem, or nothing.
+# check_nodes OUT: the kernel agrees with tiervm on every present page's
+# node (node_check, and it checked every page the kernel counts), and pages
+# really are on both nodes. Prints a problem, or nothing.
 check_nodes() {
   no_report "$1"
   jq -r '
     def g(n): [.tiers[] | select(.name == n) | .guest_pages][0];
-    if (.tiers | length) != 2 then "no two tiers in the report"
+    (.tiering.node_pages // []) as $np
+    | if (.tiers | length) != 2 then "no two tiers in the report"
     elif ([.tiers[] | .emulated] | any) then "tiers are emulated, not real nodes"
     elif .tiering.node_check != "ok" then "node_check: \(.tiering.node_check)"
     elif .tiering.node_pages == null then "node_pages missing (move_pages query failed)"
-    elif .tiering.node_pages != [g("fast"), g("slow")] then
-      "kernel sees \(.tiering.node_pages) pages on [fast node, slow node], tiervm says [\(g("fast")), \(g("slow"))]"
-    elif (.tiering.node_pages | min) == 0 then "pages on one node only: \(.tiering.node_pages)"
+    elif ($np | add) != .tiering.node_checked_pages then
+      "the kernel counts \($np) present pages on the tier nodes but node_check compared \(.tiering.node_checked_pages)"
+    elif $np[0] > g("fast") or $np[1] > g("slow") then
+      "more pages on a node than on its tier: kernel \($np), tiervm [\(g("fast")), \(g("slow"))]"
+    elif ($np | min) == 0 then "pages on one node only: \($np)"
     else empty end' "$1.json" 2>&1
 }
 
@@ -240,7 +244,7 @@ if [ -z "$problem" ]; then
   esac
 fi
 if [ "$(cat "$out.rc")" = 0 ] && [ -z "$problem" ]; then
-  pass placement-nodes "$(jq -r '"promotions \(.migration.promotions), demotions \(.migration.demotions), node_check \(.tiering.node_check), kernel node_pages \(.tiering.node_pages) = tiervm [fast, slow] guest pages"' "$out.json"), numa_maps guest RAM during the run: N0=$1 N1=$2"
+  pass placement-nodes "$(jq -r '"promotions \(.migration.promotions), demotions \(.migration.demotions), node_check \(.tiering.node_check) (\(.tiering.node_checked_pages) pages), kernel node_pages \(.tiering.node_pages), tiervm [fast, slow] guest pages [\([.tiers[] | .guest_pages] | join(", "))]"' "$out.json"), numa_maps guest RAM during the run: N0=$1 N1=$2"
 else
   fail placement-nodes "${problem:-tiervm exited $(cat "$out.rc")}"
   show_failure "$out"

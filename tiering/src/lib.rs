@@ -11,6 +11,7 @@
 //! - [`tracking`]: access trackers the kernel runs for us (DAMON).
 //! - [`engine`]: the live per-VM loop that feeds observations to a policy and
 //!   executes its decisions with the mechanisms.
+//! - [`vocab`]: the shared vocabulary (tiers, units, mechanisms).
 //! - [`sim`]: a deterministic, trace-driven simulator that runs the same policies
 //!   against modeled tiers.
 
@@ -19,4 +20,6 @@ pub mod host;
 pub mod mem;
 pub mod policy;
 pub mod sim;
+pub mod sys;
 pub mod tracking;
+pub mod vocab;

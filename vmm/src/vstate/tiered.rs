@@ -37,16 +37,26 @@ pub struct TieringReport {
     pub samples: u64,
     /// What the policy engine did (placement policies only).
     pub engine: Option<EngineReport>,
+    /// Bookkeeping check at the end of the run: "ok", or "inconsistent: "
+    /// and the first violation (the run then exits 1, after the report).
+    pub consistency: String,
+    /// The error that stopped the VM from the memory side (e.g. the host ran
+    /// out of memory for a lazy commit), if any.
+    pub fatal: Option<String>,
     /// `move_pages(2)` check at the end of the run: "ok" when every present
     /// guest page sits on its tier's host node (trivially true with emulated
     /// tiers), else the first mismatch.
     pub node_check: String,
-    /// Guest pages the kernel (`move_pages` query, at the same moment as
-    /// `node_check`) finds on `[the fast tier's node, the slow tier's node]`;
-    /// pages in flight or parked are not counted. With real tiers and no page
-    /// parked this equals the tiers' `guest_pages`, so a check that both are
-    /// non-zero shows pages really are on both nodes. `None` if the query failed.
-    pub node_pages: Option<[u64; 2]>,
+    /// Present guest pages `node_check` compared with their tier's node.
+    pub node_checked_pages: u64,
+    /// Present guest pages the kernel (`move_pages` query, right after
+    /// `node_check`) finds on each tier's node, in tier order (a node shared
+    /// by several tiers counts for the first); pages not present (never
+    /// touched, in flight, parked) are not counted. With real tiers and
+    /// `node_check` ok, their sum equals `node_checked_pages`, and a tier
+    /// with a non-zero count really has pages on its node. `None` if the
+    /// query failed.
+    pub node_pages: Option<Vec<u64>>,
 }
 
 /// The report's `migration` object.
@@ -243,7 +253,7 @@ impl TieredRam {
 
     /// Drains the access samples recorded since the last call (the policy
     /// engine will consume them; for now they are counted).
-    pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
+    pub fn drain_samples(&mut self) -> Vec<tiering::mem::HintFaultRecord> {
         if self.engine.is_some() {
             // The engine consumes them.
             return Vec::new();
@@ -293,20 +303,25 @@ impl TieredRam {
             f.stop()
                 .map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
         }
-        self.mem
-            .check_consistency()
-            .map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
-        let node_check = match self.mem.check_nodes() {
+        // An inconsistency is reported, not raised: the report (with the
+        // guest's own verdict) must never be lost.
+        let consistency = match self.mem.check_consistency() {
             Ok(()) => "ok".to_string(),
-            Err(e) => e,
+            Err(e) => {
+                tracing::error!("tiered memory inconsistent after the run: {e}");
+                format!("inconsistent: {e}")
+            }
         };
-        let node_pages = self
-            .mem
-            .guest_pages_per_node()
-            .ok()
-            .map(|c| c.map(|n| n as u64));
+        let (node_check, node_checked_pages) = match self.mem.check_nodes() {
+            Ok(n) => ("ok".to_string(), n as u64),
+            Err(e) => (e, 0),
+        };
+        let node_pages = self.node_pages();
         Ok(TieringReport {
+            consistency,
+            fatal: self.mem.fatal_error().map(str::to_string),
             node_check,
+            node_checked_pages,
             node_pages,
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             emulated: self.mem.emulated(),
@@ -316,6 +331,26 @@ impl TieredRam {
             samples: self.samples + self.engine_report.as_ref().map_or(0, |e| e.samples),
             engine: self.engine_report.take(),
         })
+    }
+}
+
+impl TieredRam {
+    /// Present guest pages per tier's node, from the kernel's view
+    /// ([`TieringReport::node_pages`]).
+    fn node_pages(&self) -> Option<Vec<u64>> {
+        let nodes = self.mem.query_guest_nodes().ok()?;
+        let tier_nodes: Vec<i32> = self
+            .mem
+            .tier_ids()
+            .map(|t| self.mem.node(t) as i32)
+            .collect();
+        let mut counts = vec![0u64; tier_nodes.len()];
+        for n in nodes.into_iter().filter(|&n| n >= 0) {
+            if let Some(i) = tier_nodes.iter().position(|&tn| tn == n) {
+                counts[i] += 1;
+            }
+        }
+        Some(counts)
     }
 }
 
