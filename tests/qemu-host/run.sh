@@ -4,7 +4,8 @@
 #
 # What it does (docs/two-node-host.md has the details):
 #   1. installs qemu-system-x86, busybox-static, cpio, xz-utils and jq from the
-#      Debian archive if they are missing (apt-get update first), and downloads
+#      Debian archive if they are missing (apt-get update first; numactl for
+#      migratepages, the node check's negative control), and downloads
 #      the newest Debian linux-image-6.12.*-amd64-unsigned package (6.1 lacks
 #      UFFDIO_MOVE), cached under target/qemu-host/;
 #   2. builds an initramfs: busybox, the kvm modules of that package, the
@@ -37,7 +38,7 @@ cache="$root/target/qemu-host"
 bin=${TIERVM_BIN:-$root/target/release/tiervm}
 boot_timeout=${TIERVM_QEMU_TIMEOUT:-420}
 require=${TIERVM_REQUIRE_QEMU:-0}
-packages=(qemu-system-x86 busybox-static cpio xz-utils jq)
+packages=(qemu-system-x86 busybox-static cpio xz-utils jq numactl)
 
 t_start=$(date +%s)
 log() { echo "== qemu-host: $*"; }
@@ -76,7 +77,8 @@ mkdir -p "$cache"
 have_tools() {
   command -v qemu-system-x86_64 >/dev/null && [ -x /bin/busybox ] &&
     /bin/busybox --list >/dev/null 2>&1 && command -v cpio >/dev/null &&
-    command -v xz >/dev/null && command -v jq >/dev/null && command -v dpkg-deb >/dev/null
+    command -v xz >/dev/null && command -v jq >/dev/null && command -v migratepages >/dev/null &&
+    command -v dpkg-deb >/dev/null
 }
 
 apt_ok=0
@@ -183,6 +185,7 @@ add_binary() {
 }
 add_binary "$bin" /usr/bin/tiervm
 add_binary "$(command -v jq)" /usr/bin/jq
+add_binary "$(command -v migratepages)" /usr/bin/migratepages
 cp "${TIERVM_QEMU_INIT:-$here/init.sh}" "$ir/init"
 chmod 755 "$ir/init"
 initrd="$cache/initrd.gz"
@@ -193,16 +196,21 @@ log "initramfs $(du -h "$initrd" | cut -f1) ($(ls "$ir/lib/modules" | tr '\n' ' 
 # 3. Boot (bounded) and 4. judge the console.
 # ---------------------------------------------------------------------------
 console="$cache/console.log"
-log "booting: TCG, EPYC+svm, 2 vCPUs, node0 1G (CPUs 0-1) + node1 1G (no CPUs), timeout ${boot_timeout}s"
+# One TCG thread for both vCPUs (thread=single): with multi-threaded TCG a
+# kernel text patch (a static key KVM flips when tiervm creates or destroys
+# a vCPU) once left a stale int3 that oopsed the guest kernel. The checks
+# are counts and states, never speed, so the slower emulation costs only
+# operations per run.
+log "booting: TCG (one thread), EPYC+svm, 2 vCPUs, node0 1G (CPUs 0-1) + node1 1G (no CPUs), timeout ${boot_timeout}s"
 t_boot=$(date +%s)
 set +e
 timeout --kill-after=10 "$boot_timeout" qemu-system-x86_64 \
-  -accel tcg -cpu EPYC,+svm -m 2G -smp 2 \
+  -accel tcg,thread=single -cpu EPYC,+svm -m 2G -smp 2 \
   -object memory-backend-ram,id=m0,size=1G -object memory-backend-ram,id=m1,size=1G \
   -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,memdev=m1 \
   -numa dist,src=0,dst=1,val=20 \
   -kernel "$vmlinuz" -initrd "$initrd" \
-  -append "console=ttyS0 quiet panic=-1" \
+  -append "console=ttyS0 quiet panic=-1 numa_balancing=disable" \
   -nographic -no-reboot -monitor none </dev/null 2>&1 |
   sed -u -e 's/\r//g' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1b[a-zA-Z]//g' | tee "$console" |
   grep --line-buffered -E '^(TIERVM-QEMU|\+ |## )'
