@@ -973,30 +973,32 @@ impl Migrator {
             .flat_map(|r| r.pages().map(|p| (mem.guest_addr(p), mem.shadow_addr(p))))
             .collect();
         if let Err(e) = mem.move_pairs(&map) {
-            // Put the pages back from their parking slots where guest RAM
-            // still has a hole; a shadow that did move in holds the same
-            // content (copied above if written).
+            // Finish page by page: the shadow in (retried), or else the page
+            // back from its parking slot; either holds the page's content
+            // (a written page was copied into its shadow above).
             for r in runs {
                 for p in r.pages() {
                     let in_guest = sys::resident(mem.guest_addr(p), 1)
                         .map(|x| x[0])
                         .unwrap_or(false);
-                    if in_guest {
-                        // The shadow is the page now.
+                    let shadow_in = in_guest
+                        || mem
+                            .move_retrying(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE)
+                            .is_ok();
+                    if shadow_in {
                         mem.dispose(r.from, &[mem.park_addr(p)]);
                         mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
                         self.count_moved(r.from, to, 1);
                     } else if mem
-                        .uffd
-                        .move_range(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE, true)
+                        .move_retrying(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE)
                         .is_ok()
                     {
                         mem.release_page(p, 0, 0);
                     } else {
+                        // Kept owned: a touch waits while the VM stops.
                         mem.set_fatal(format!(
                             "guest page {p} could not be put back after a failed shadow demotion"
                         ));
-                        mem.release_page(p, 0, 0);
                     }
                 }
             }
