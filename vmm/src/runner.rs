@@ -22,7 +22,8 @@ use crate::ab::AbDriver;
 use crate::config::VmConfig;
 use crate::devices::serial::{ConsoleWriter, Sink};
 use crate::devices::PortBus;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::image::ImageError;
 use crate::report::{RunReport, StopReason};
 use crate::status::{self, TimelinePoint};
 use crate::vstate::tiered::{TieredRam, TieringReport};
@@ -85,8 +86,12 @@ pub fn run(
         Some(t) => t.guest().clone(),
         None => memory::create_ram(cfg.mem_bytes, true)?,
     };
-    Elf::load(&mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None)
-        .map_err(|e| Error::Image(format!("image '{}': loading failed: {e}", cfg.image.name)))?;
+    Elf::load(&mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None).map_err(|source| {
+        ImageError::Load {
+            name: cfg.image.name.clone(),
+            source,
+        }
+    })?;
     let cr3 = memory::write_page_tables(&mem, cfg.mem_bytes)?;
 
     let kvm = vm::open_kvm()?;
@@ -135,7 +140,7 @@ pub fn run(
         let h = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
             .spawn(move || vcpu::run_vcpu(id as u32, fd, sh))
-            .map_err(|e| Error::host("spawning a vCPU thread", e))?;
+            .map_err(vcpu::VcpuError::Spawn)?;
         threads.push(Some(h));
     }
 
@@ -252,7 +257,7 @@ pub fn run(
         .iter()
         .find(|o| matches!(o, Some(vcpu::VcpuOutcome::HostError(_))))
     {
-        return Err(Error::Host(e.clone()));
+        return Err(vcpu::VcpuError::Run(e.clone()).into());
     }
     let exit_code = match outcomes[0] {
         Some(vcpu::VcpuOutcome::Exited(c)) => Some(c),
@@ -315,9 +320,10 @@ fn reap(
     for (slot, out) in threads.iter_mut().zip(outcomes.iter_mut()) {
         if slot.as_ref().is_some_and(JoinHandle::is_finished) {
             if let Some(h) = slot.take() {
-                *out = Some(h.join().unwrap_or_else(|_| {
-                    vcpu::VcpuOutcome::HostError("vCPU thread panicked".into())
-                }));
+                *out = Some(
+                    h.join()
+                        .unwrap_or(vcpu::VcpuOutcome::HostError(vcpu::VcpuRunError::Panicked)),
+                );
             }
         }
     }

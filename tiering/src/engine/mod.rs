@@ -25,6 +25,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::mem::{self, Migrator, Tier, TieredMemory};
+pub mod schedule;
+
+pub use schedule::{
+    parse_intervals, parse_schedule, IntervalError, ScheduleError, ScheduledSwitch,
+    POLICIES_WITH_INTERVAL,
+};
+
 use crate::policy::{
     self, AccessSample, Decisions, HintFault, MemoryView, Migration, Policy, PolicyConfig,
     PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
@@ -81,57 +88,30 @@ impl ModeledLatency {
     }
 }
 
-/// A scheduled policy switch: at `at` after the engine starts, switch to `policy`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScheduledSwitch {
-    /// When.
-    pub at: Duration,
-    /// To which policy.
-    pub policy: String,
-}
-
-/// Parses `nomad@0s,tpp@20s` (times like `500ms`, `20s`, `2m`).
-pub fn parse_schedule(s: &str) -> Result<Vec<ScheduledSwitch>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, at) = part
-            .split_once('@')
-            .ok_or_else(|| format!("'{part}' is not POLICY@TIME, e.g. nomad@0s,tpp@20s"))?;
-        let at = parse_secs(at)
-            .ok_or_else(|| format!("'{at}' in '{part}' is not a time like 500ms, 20s, 2m"))?;
-        if !policy::NAMES.contains(&name) {
-            return Err(format!(
-                "unknown policy '{name}' in the schedule; valid: {}",
-                policy::NAMES.join(", ")
-            ));
-        }
-        out.push(ScheduledSwitch {
-            at,
-            policy: name.to_string(),
-        });
-    }
-    if out.is_empty() {
-        return Err("empty --policy-schedule: give e.g. nomad@0s,tpp@20s".into());
-    }
-    if out.windows(2).any(|w| w[0].at > w[1].at) {
-        return Err("--policy-schedule times must not decrease".into());
-    }
-    Ok(out)
-}
-
-fn parse_secs(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (n, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = n.parse().ok()?;
-    (v.is_finite() && (0.0..1e9).contains(&v)).then(|| Duration::from_secs_f64(v * mult))
+/// Why an engine could not start, take a command or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A policy could not be built.
+    #[error(transparent)]
+    Policy(#[from] policy::Error),
+    /// The engine thread could not be created.
+    #[error("spawning the engine thread")]
+    Spawn(#[source] io::Error),
+    /// A switch to a policy that does not exist.
+    #[error("unknown policy '{name}'; valid: {}", policy::NAMES.join(", "))]
+    UnknownPolicy {
+        /// The name given.
+        name: String,
+    },
+    /// The command queue's lock was poisoned by a panic.
+    #[error("engine command queue poisoned")]
+    QueuePoisoned,
+    /// [`Engine::stop`] ran twice.
+    #[error("engine already stopped")]
+    AlreadyStopped,
+    /// The engine thread panicked.
+    #[error("engine thread panicked")]
+    Panicked,
 }
 
 /// What the engine did.
@@ -508,39 +488,6 @@ fn interval_override(intervals: &[(String, Duration)], policy: &str) -> Option<D
     intervals.iter().find(|(n, _)| n == policy).map(|(_, d)| *d)
 }
 
-/// Policies with an interval that `--policy-interval` can set: the
-/// migration interval of memtis and mtm, colloid's quantum.
-pub const POLICIES_WITH_INTERVAL: [&str; 3] = ["memtis", "mtm", "colloid"];
-
-/// Parses `mtm=2s,memtis=1s` (per-policy interval overrides).
-pub fn parse_intervals(s: &str) -> Result<Vec<(String, Duration)>, String> {
-    let mut out: Vec<(String, Duration)> = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, d) = part
-            .split_once('=')
-            .ok_or_else(|| format!("'{part}' is not POLICY=TIME, e.g. mtm=2s"))?;
-        if !POLICIES_WITH_INTERVAL.contains(&name) {
-            return Err(format!(
-                "'{name}' has no interval to set; policies with one: {}",
-                POLICIES_WITH_INTERVAL.join(", ")
-            ));
-        }
-        if out.iter().any(|(n, _)| n == name) {
-            return Err(format!("{name} is given twice: give each policy once"));
-        }
-        let d = parse_secs(d)
-            .filter(|d| *d >= Duration::from_millis(1))
-            .ok_or_else(|| {
-                format!("'{d}' in '{part}' is not a time of at least 1ms like 500ms, 2s")
-            })?;
-        out.push((name.to_string(), d));
-    }
-    if out.is_empty() {
-        return Err("empty list: give e.g. mtm=2s".into());
-    }
-    Ok(out)
-}
-
 /// Policies that promote in the fault path (their hint faults are decided
 /// by the fault handler, under the engine lock, before the access resumes).
 fn promotes_in_fault_path(policy: &str) -> bool {
@@ -631,11 +578,10 @@ impl Engine {
     }
 
     /// Starts the engine over `migrator`.
-    pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, String> {
+    pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, EngineError> {
         let pcfg = Self::policy_config(migrator.memory());
-        let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))
-            .map_err(|e| e.to_string())?;
-        let trackers = Self::trackers(&cfg, &pcfg).map_err(|e| e.to_string())?;
+        let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))?;
+        let trackers = Self::trackers(&cfg, &pcfg)?;
         let stop = Arc::new(AtomicBool::new(false));
         let commands = Arc::new(Mutex::new(VecDeque::new()));
         let (s, c) = (stop.clone(), commands.clone());
@@ -742,7 +688,7 @@ impl Engine {
                 st.stop_probing();
                 st.report.clone()
             })
-            .map_err(|e| format!("spawning the engine thread: {e}"))?;
+            .map_err(EngineError::Spawn)?;
         Ok(Self {
             stop,
             commands,
@@ -751,28 +697,27 @@ impl Engine {
     }
 
     /// Asks the engine to switch to `policy` (state handed over).
-    pub fn switch(&self, policy: &str) -> Result<(), String> {
+    pub fn switch(&self, policy: &str) -> Result<(), EngineError> {
         if !policy::NAMES.contains(&policy) {
-            return Err(format!(
-                "unknown policy '{policy}'; valid: {}",
-                policy::NAMES.join(", ")
-            ));
+            return Err(EngineError::UnknownPolicy {
+                name: policy.into(),
+            });
         }
         self.commands
             .lock()
-            .map_err(|_| "engine command queue poisoned".to_string())?
+            .map_err(|_| EngineError::QueuePoisoned)?
             .push_back(Command::Switch(policy.to_string()));
         Ok(())
     }
 
     /// Stops the engine and returns its report.
-    pub fn stop(mut self) -> io::Result<EngineReport> {
+    pub fn stop(mut self) -> Result<EngineReport, EngineError> {
         self.stop.store(true, Ordering::Relaxed);
         self.join
             .take()
-            .ok_or_else(|| io::Error::other("engine already stopped"))?
+            .ok_or(EngineError::AlreadyStopped)?
             .join()
-            .map_err(|_| io::Error::other("engine thread panicked"))
+            .map_err(|_| EngineError::Panicked)
     }
 }
 
@@ -788,26 +733,6 @@ impl Drop for Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn schedules_parse_and_reject() {
-        let s = parse_schedule("nomad@0s,tpp@20s").unwrap();
-        assert_eq!(
-            s[1],
-            ScheduledSwitch {
-                at: Duration::from_secs(20),
-                policy: "tpp".into()
-            }
-        );
-        assert!(parse_schedule("nomad").unwrap_err().contains("POLICY@TIME"));
-        assert!(parse_schedule("foo@1s")
-            .unwrap_err()
-            .contains("unknown policy"));
-        assert!(parse_schedule("tpp@2s,nomad@1s")
-            .unwrap_err()
-            .contains("must not decrease"));
-        assert!(parse_schedule("tpp@xs").unwrap_err().contains("not a time"));
-    }
 
     /// MTM live: with accessed bits from probes, the one region a thread
     /// keeps touching is promoted whole, and no untouched page moves.
@@ -880,27 +805,6 @@ mod tests {
         u.clear();
         push_split(&mut u, 7, 1);
         assert_eq!((u[0].first_page, u[0].pages), (7, 1));
-    }
-
-    #[test]
-    fn intervals_parse_and_reject() {
-        let v = parse_intervals("mtm=2s, memtis=500ms").unwrap();
-        assert_eq!(v[0], ("mtm".to_string(), Duration::from_secs(2)));
-        assert_eq!(v[1].1, Duration::from_millis(500));
-        assert!(parse_intervals("mtm").unwrap_err().contains("POLICY=TIME"));
-        assert!(parse_intervals("lru=1s")
-            .unwrap_err()
-            .contains("no interval"));
-        assert!(parse_intervals("tpp=1s")
-            .unwrap_err()
-            .contains("memtis, mtm, colloid"));
-        assert!(parse_intervals("mtm=1s,mtm=2s")
-            .unwrap_err()
-            .contains("twice"));
-        assert!(parse_intervals("mtm=0s")
-            .unwrap_err()
-            .contains("at least 1ms"));
-        assert!(parse_intervals("").unwrap_err().contains("empty"));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::commands::run::{exit_code_of, VmFlags};
 use crate::config::{VmConfig, VmRequest};
 use crate::devices::serial::Sink;
-use crate::error::{Error, Result};
+use crate::error::{Error, OutputError, Result};
 use crate::plot::{self, BarGroup, Series};
 use crate::progress::{si, Progress};
 use crate::report::{group, RunReport};
@@ -32,6 +32,80 @@ const NOT_DEFAULT: [PolicyArg; 2] = [PolicyArg::None, PolicyArg::Chaos];
 
 /// Guest console lines kept in a failed run's error message.
 const CONSOLE_TAIL_LINES: usize = 3;
+
+/// `tiervm compare` cannot run or write what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    /// `--repeat 0`.
+    #[error("--repeat 0: give at least 1 run per policy")]
+    NoRepeat,
+    /// `--policies` resolves to nothing.
+    #[error("no policies to compare: name them with --policies, e.g. --policies static,chaos")]
+    NoPolicies,
+    /// `--policies` names something unknown.
+    #[error("--policies: unknown policy '{name}': choose from {}", .known.join(", "))]
+    UnknownPolicy {
+        /// The name given.
+        name: String,
+        /// The valid names.
+        known: Vec<String>,
+    },
+    /// `--policies` names a policy twice.
+    #[error("--policies names '{0}' twice: list each policy once and use --repeat for more runs")]
+    DuplicatePolicy(String),
+    /// Chaos flags without the chaos policy.
+    #[error("--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to the chaos policy: add chaos to --policies or drop them")]
+    ChaosFlagsWithoutChaos,
+    /// One policy's VM settings are invalid.
+    #[error("policy {policy}")]
+    Policy {
+        /// The policy.
+        policy: String,
+        /// What is wrong with its VM.
+        #[source]
+        source: Box<Error>,
+    },
+    /// `--out` cannot be created.
+    #[error("creating --out {} (pick a writable directory)", .dir.display())]
+    CreateOut {
+        /// The directory.
+        dir: PathBuf,
+        /// The reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An output file cannot be written.
+    #[error("writing {} (check --out and free space)", .path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A plot cannot be drawn.
+    #[error("{file}")]
+    Plot {
+        /// The SVG file.
+        file: &'static str,
+        /// The reason.
+        #[source]
+        source: plot::PlotError,
+    },
+}
+
+impl CompareError {
+    /// The process exit code: 2 for bad input, 1 for the host.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Policy { source, .. } => source.exit_code(),
+            Self::CreateOut { .. } | Self::Write { .. } | Self::Plot { .. } => {
+                crate::error::EXIT_HOST
+            }
+            _ => crate::error::EXIT_USAGE,
+        }
+    }
+}
 
 /// What `tiervm compare` prints on stdout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -97,17 +171,12 @@ pub fn parse_policies(names: &[String]) -> Result<Vec<PolicyArg>> {
     let mut out: Vec<PolicyArg> = Vec::new();
     for raw in names {
         let name = raw.trim();
-        let p = PolicyArg::from_str(name, true).map_err(|_| {
-            Error::Usage(format!(
-                "--policies: unknown policy '{name}': choose from {}",
-                known.join(", ")
-            ))
+        let p = PolicyArg::from_str(name, true).map_err(|_| CompareError::UnknownPolicy {
+            name: name.into(),
+            known: known.clone(),
         })?;
         if out.contains(&p) {
-            return Err(Error::Usage(format!(
-                "--policies names '{}' twice: list each policy once and use --repeat for more runs",
-                policy_name(p)
-            )));
+            return Err(CompareError::DuplicatePolicy(policy_name(p)).into());
         }
         out.push(p);
     }
@@ -198,7 +267,7 @@ impl RunRecord {
             repeat,
             ok: false,
             exit_code: err.exit_code(),
-            error: Some(err.to_string()),
+            error: Some(err.describe()),
             report: None,
         }
     }
@@ -657,7 +726,7 @@ pub fn plot_window_s(sample_ms: u64, duration_s: f64) -> f64 {
 
 /// `throughput.svg`: ops/s per window over time, one line per
 /// policy (its first run that produced a report).
-pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, String> {
+pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, plot::PlotError> {
     let window_s = plot_window_s(res.setup.sample_ms, res.setup.duration_s);
     // Samples come a little late or early; accept windows 10% short.
     let min_window_s = window_s * 0.9;
@@ -699,7 +768,7 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, Strin
 
 /// `migrations.svg`: medians of promotions, demotions, shadow demotions
 /// and TPM aborts per policy.
-pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, String> {
+pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, plot::PlotError> {
     let nan = f64::NAN;
     let groups: Vec<BarGroup> = res
         .summary
@@ -728,21 +797,24 @@ pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, Strin
 /// Writes results.json, results.csv, throughput.svg and migrations.svg into `dir`.
 pub fn write_outputs(dir: &Path, res: &CompareResults) -> Result<()> {
     let write = |name: &str, body: &str| {
-        let p = dir.join(name);
-        std::fs::write(&p, body).map_err(|e| {
-            Error::host(
-                &format!("writing {} (check --out and free space)", p.display()),
-                e,
-            )
-        })
+        let path = dir.join(name);
+        std::fs::write(&path, body).map_err(|source| CompareError::Write { path, source })
     };
-    let json =
-        serde_json::to_string_pretty(res).map_err(|e| Error::host("encoding results.json", e))?;
+    let json = serde_json::to_string_pretty(res).map_err(|source| OutputError::Encode {
+        what: "results.json",
+        source,
+    })?;
     write("results.json", &json)?;
     write("results.csv", &to_csv(&res.runs))?;
-    let svg = throughput_svg(res).map_err(|e| Error::host("throughput.svg", e))?;
+    let svg = throughput_svg(res).map_err(|source| CompareError::Plot {
+        file: "throughput.svg",
+        source,
+    })?;
     write("throughput.svg", &svg)?;
-    let svg = migrations_svg(res).map_err(|e| Error::host("migrations.svg", e))?;
+    let svg = migrations_svg(res).map_err(|source| CompareError::Plot {
+        file: "migrations.svg",
+        source,
+    })?;
     write("migrations.svg", &svg)?;
     Ok(())
 }
@@ -772,21 +844,14 @@ fn emulated_tiers(configs: &[(PolicyArg, VmConfig)], runs: &[RunRecord]) -> bool
 /// Runs `tiervm compare`; returns the process exit code.
 pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     if args.repeat == 0 {
-        return Err(Error::Usage(
-            "--repeat 0: give at least 1 run per policy".into(),
-        ));
+        return Err(CompareError::NoRepeat.into());
     }
     let policies = parse_policies(&args.policies)?;
     if policies.is_empty() {
-        return Err(Error::Usage(
-            "no policies to compare: name them with --policies, e.g. --policies static,chaos"
-                .into(),
-        ));
+        return Err(CompareError::NoPolicies.into());
     }
     if args.has_chaos_flags() && !policies.contains(&PolicyArg::Chaos) {
-        return Err(Error::Usage(
-            "--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to the chaos policy: add chaos to --policies or drop them".into(),
-        ));
+        return Err(CompareError::ChaosFlagsWithoutChaos.into());
     }
     // Validate every policy's VM before the first (possibly long) run.
     let configs: Vec<(PolicyArg, VmConfig)> = policies
@@ -795,7 +860,11 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             VmConfig::from_request(&args.request(p))
                 .map(|c| (p, c))
                 .map_err(|e| match e {
-                    Error::Usage(m) => Error::Usage(format!("policy {}: {m}", policy_name(p))),
+                    Error::Config(_) | Error::TieringConfig(_) => CompareError::Policy {
+                        policy: policy_name(p),
+                        source: Box::new(e),
+                    }
+                    .into(),
                     other => other,
                 })
         })
@@ -806,14 +875,9 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         notes.iter().for_each(|n| eprintln!("tiervm compare: {n}"));
     }
     if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Error::host(
-                &format!(
-                    "creating --out {} (pick a writable directory)",
-                    dir.display()
-                ),
-                e,
-            )
+        std::fs::create_dir_all(dir).map_err(|source| CompareError::CreateOut {
+            dir: dir.clone(),
+            source,
         })?;
     }
     let names: Vec<String> = policies.iter().map(|p| policy_name(*p)).collect();
@@ -902,8 +966,10 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             }
         }
         CompareFormat::Json => {
-            let s = serde_json::to_string(&results)
-                .map_err(|e| Error::host("encoding the results", e))?;
+            let s = serde_json::to_string(&results).map_err(|source| OutputError::Encode {
+                what: "the results",
+                source,
+            })?;
             println!("{s}");
         }
     }
@@ -975,6 +1041,10 @@ mod tests {
             tiering: None,
             tracking_ab: None,
         }
+    }
+
+    fn host_error() -> Error {
+        crate::vstate::vcpu::VcpuError::Run(crate::vstate::vcpu::VcpuRunError::Panicked).into()
     }
 
     fn ok(policy: &str, repeat: u32, r: RunReport) -> RunRecord {
@@ -1099,7 +1169,7 @@ mod tests {
             ok("static", 1, report(2_000_000.0, 0, None)),
             ok("static", 2, report(4_000_000.0, 0, None)),
             ok("chaos", 1, report(1_500_000.0, 12_345, Some(1500.0))),
-            RunRecord::failed("chaos", 2, &Error::Host("KVM_RUN failed".into())),
+            RunRecord::failed("chaos", 2, &host_error()),
         ];
         let rows = summarize(&["static".into(), "chaos".into()], &runs, &[true, true]);
         let a = table_cells(&rows[0]);
@@ -1156,11 +1226,10 @@ mod tests {
         assert!(h.contains("fast 64M + slow 128M"), "{h}");
         assert!(!h.contains("Failed runs"));
         res.setup.emulated_tiers = false;
-        res.runs
-            .push(RunRecord::failed("static", 2, &Error::Host("boom".into())));
+        res.runs.push(RunRecord::failed("static", 2, &host_error()));
         let h = format_human(&res);
         assert!(!h.contains("EMULATED"), "{h}");
-        assert!(h.contains("static repeat 2: boom"), "{h}");
+        assert!(h.contains("static repeat 2: vCPU thread panicked"), "{h}");
     }
 
     #[test]
@@ -1171,7 +1240,15 @@ mod tests {
         assert_eq!(csv_field("two\nlines"), "\"two\nlines\"");
         let runs = vec![
             ok("static", 1, report(10.0, 0, Some(5.0))),
-            RunRecord::failed("tpp", 1, &Error::Host("x, \"y\"".into())),
+            RunRecord::failed(
+                "tpp",
+                1,
+                &CompareError::Write {
+                    path: "x, \"y\"".into(),
+                    source: std::io::Error::other("disk full"),
+                }
+                .into(),
+            ),
         ];
         let csv = to_csv(&runs);
         let lines: Vec<&str> = csv.lines().collect();
@@ -1179,7 +1256,9 @@ mod tests {
         assert_eq!(lines[0].split(',').count(), CSV_HEADER.len());
         assert_eq!(lines[1].split(',').count(), CSV_HEADER.len());
         assert!(lines[1].starts_with("static,1,true,0,,duration,1,10,10,5,0,0,0,3,"));
-        assert!(lines[2].starts_with("tpp,1,false,1,\"x, \"\"y\"\"\",,"));
+        assert!(lines[2].starts_with(
+            "tpp,1,false,1,\"writing x, \"\"y\"\" (check --out and free space): disk full\",,"
+        ));
     }
 
     #[test]

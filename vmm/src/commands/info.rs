@@ -41,10 +41,10 @@ pub struct InfoArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum InfoError {
     /// Writing to stdout failed.
-    #[error("cannot write the report to stdout: {0}")]
+    #[error("cannot write the report to stdout")]
     Stdout(#[from] io::Error),
     /// Serializing the JSON report failed.
-    #[error("cannot serialize the report as JSON: {0}")]
+    #[error("cannot serialize the report as JSON")]
     Json(#[from] serde_json::Error),
 }
 

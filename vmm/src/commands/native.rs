@@ -14,7 +14,34 @@ use tiervm_guest::workloads::{self, Env};
 
 use crate::commands::run::ReportFormat;
 use crate::config::{check_args, parse_kv, to_entries};
-use crate::error::{Error, Result};
+use crate::error::{OutputError, Result};
+
+/// `tiervm native` cannot run what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum NativeError {
+    /// Not a built-in workload.
+    #[error("tiervm native runs built-in workloads only; '{image}' is not one of {}", crate::image::builtin_names().join(", "))]
+    NotBuiltin {
+        /// The image given.
+        image: String,
+    },
+    /// `--threads 0`.
+    #[error("--threads 0: use --threads 1 or more")]
+    NoThreads,
+    /// The data set does not fit the address space.
+    #[error("data set too large for this host")]
+    TooLarge,
+    /// The data set's mapping has no host address.
+    #[error("native memory address")]
+    HostAddress(#[source] vm_memory::GuestMemoryError),
+}
+
+impl NativeError {
+    /// Whether the user's input is at fault (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, Self::HostAddress(_))
+    }
+}
 use crate::report::group;
 use crate::status::{ops_per_sec, TimelinePoint};
 use crate::units::parse_duration;
@@ -125,15 +152,11 @@ impl Env for HostEnv<'_> {
 
 /// Runs the workload natively; returns the process exit code.
 pub fn run(args: &NativeArgs) -> Result<i32> {
-    let spec = workloads::image_spec(&args.image).ok_or_else(|| {
-        Error::Usage(format!(
-            "tiervm native runs built-in workloads only; '{}' is not one of {}",
-            args.image,
-            crate::image::builtin_names().join(", ")
-        ))
+    let spec = workloads::image_spec(&args.image).ok_or_else(|| NativeError::NotBuiltin {
+        image: args.image.clone(),
     })?;
     if args.threads == 0 {
-        return Err(Error::Usage("--threads 0: use --threads 1 or more".into()));
+        return Err(NativeError::NoThreads.into());
     }
     let kv = parse_kv(&args.args)?;
     check_args(spec.name, spec, &kv)?;
@@ -144,9 +167,8 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     let ram = create_ram(bytes, true)?;
     let host = ram
         .get_host_address(GuestAddress(0))
-        .map_err(|e| Error::host("native memory address", e))?;
-    let words = usize::try_from(bytes / 8)
-        .map_err(|_| Error::Usage("data set too large for this host".into()))?;
+        .map_err(NativeError::HostAddress)?;
+    let words = usize::try_from(bytes / 8).map_err(|_| NativeError::TooLarge)?;
     // SAFETY: `ram` maps `bytes` bytes of zeroed, page-aligned anonymous
     // memory that lives until the end of this function (after every worker
     // thread joined); AtomicU64 has no invalid bit patterns and is only
@@ -211,7 +233,10 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     match args.report {
         ReportFormat::Json => println!(
             "{}",
-            serde_json::to_string(&report).map_err(|e| Error::host("encoding the report", e))?
+            serde_json::to_string(&report).map_err(|source| OutputError::Encode {
+                what: "the report",
+                source,
+            })?
         ),
         ReportFormat::Human => println!(
             "tiervm native: {} on {} host thread(s): {} ops, {} ops/s, exit code {}",

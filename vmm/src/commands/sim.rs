@@ -147,27 +147,52 @@ pub struct GuestWorkloadArgs {
 /// Errors of `tiervm sim`.
 #[derive(Debug, thiserror::Error)]
 pub enum SimCmdError {
-    /// No or unknown scenario.
-    #[error("{0}")]
-    Usage(String),
+    /// No scenario named.
+    #[error("name a scenario (tiervm sim SCENARIO)\n{}", list())]
+    NoScenario,
+    /// No such scenario.
+    #[error("unknown scenario `{name}`; valid: {} (see tiervm sim --list)", sim::builtin_names().join(", "))]
+    UnknownScenario {
+        /// The name given.
+        name: String,
+    },
+    /// A per-tier list of the wrong length.
+    #[error("--{flag} needs {tiers} comma-separated values (one per tier), got {got}")]
+    TierListLength {
+        /// The flag.
+        flag: &'static str,
+        /// Tiers in the scenario.
+        tiers: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// `--kv-workload` is not a YCSB mix.
+    #[error("--kv-workload must be a, b, c or f, got `{0}`")]
+    KvWorkload(String),
+    /// `--graph` is not a generator.
+    #[error("--graph must be uniform or rmat, got `{0}`")]
+    Graph(String),
+    /// A policy name does not parse.
+    #[error(transparent)]
+    Policy(#[from] tiering::policy::Error),
     /// The simulator refused the scenario or a policy.
     #[error(transparent)]
     Sim(#[from] sim::SimError),
     /// JSON encoding failed.
-    #[error("cannot encode the report as JSON: {0}")]
+    #[error("cannot encode the report as JSON")]
     Json(#[from] serde_json::Error),
 }
 
-fn set_list(dst: &mut [f64], src: &[f64], what: &str) -> Result<(), SimCmdError> {
+fn set_list(dst: &mut [f64], src: &[f64], flag: &'static str) -> Result<(), SimCmdError> {
     if src.is_empty() {
         return Ok(());
     }
     if src.len() != dst.len() {
-        return Err(SimCmdError::Usage(format!(
-            "--{what} needs {} comma-separated values (one per tier), got {}",
-            dst.len(),
-            src.len()
-        )));
+        return Err(SimCmdError::TierListLength {
+            flag,
+            tiers: dst.len(),
+            got: src.len(),
+        });
     }
     dst.copy_from_slice(src);
     Ok(())
@@ -268,9 +293,7 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
                 *theta = v;
             }
             if let Some(w) = &a.guest.kv_workload {
-                *mix = YcsbMix::parse(w).ok_or_else(|| {
-                    SimCmdError::Usage(format!("--kv-workload must be a, b, c or f, got `{w}`"))
-                })?;
+                *mix = YcsbMix::parse(w).ok_or_else(|| SimCmdError::KvWorkload(w.clone()))?;
                 let letter = w.trim().to_ascii_lowercase();
                 if scn.name.starts_with("kv-ycsb-") {
                     scn.name = format!("kv-ycsb-{letter}");
@@ -293,9 +316,7 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
                 *degree = v;
             }
             if let Some(g) = &a.guest.graph {
-                *graph = PrGraph::parse(g).ok_or_else(|| {
-                    SimCmdError::Usage(format!("--graph must be uniform or rmat, got `{g}`"))
-                })?;
+                *graph = PrGraph::parse(g).ok_or_else(|| SimCmdError::Graph(g.clone()))?;
             }
         }
     }
@@ -396,17 +417,10 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
         return Ok(0);
     }
     let Some(name) = args.scenario.as_deref() else {
-        return Err(SimCmdError::Usage(format!(
-            "name a scenario (tiervm sim SCENARIO)\n{}",
-            list()
-        )));
+        return Err(SimCmdError::NoScenario);
     };
-    let mut scn = sim::builtin(name).ok_or_else(|| {
-        SimCmdError::Usage(format!(
-            "unknown scenario `{name}`; valid: {} (see tiervm sim --list)",
-            sim::builtin_names().join(", ")
-        ))
-    })?;
+    let mut scn =
+        sim::builtin(name).ok_or_else(|| SimCmdError::UnknownScenario { name: name.into() })?;
     apply_overrides(&mut scn, args)?;
     let policies: Vec<String> = if args.policies.is_empty() {
         NAMES.iter().map(|s| s.to_string()).collect()
@@ -418,8 +432,7 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             .collect()
     };
     for p in &policies {
-        tiering::policy::by_name(p, &tiering::policy::PolicyConfig::new(1, vec![1]))
-            .map_err(|e| SimCmdError::Usage(e.to_string()))?;
+        tiering::policy::by_name(p, &tiering::policy::PolicyConfig::new(1, vec![1]))?;
     }
     let jobs = args.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()

@@ -14,11 +14,72 @@ use tiering::mem::{
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kvm_dirty_log::{enable_manual_dirty_log_protect, KvmDirtyLog};
 use crate::tiering_config::TieringConfig;
 use crate::vstate::vm::RAM_SLOT;
-use tiering::engine::{Engine, EngineReport};
+use tiering::engine::{Engine, EngineError, EngineReport};
+
+/// Tiered guest RAM, or one of the threads that manage it, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TieredRamError {
+    /// Allocating and placing the tier pools failed.
+    #[error("setting up tiered guest RAM")]
+    Setup(#[source] tiering::mem::MemError),
+    /// vm-memory refused the backing's mapping.
+    #[error("wrapping tiered guest RAM")]
+    WrapRegion(#[source] vm_memory::mmap::MmapRegionError),
+    /// The mapping does not fit at guest-physical 0.
+    #[error("tiered guest RAM region overflows the address space")]
+    RegionOverflow,
+    /// vm-memory refused the region list.
+    #[error("tiered guest RAM")]
+    Regions(#[source] vm_memory::GuestRegionCollectionError),
+    /// KVM's manual-protect dirty log could not be enabled.
+    #[error("enabling KVM dirty logging")]
+    DirtyLog(#[source] std::io::Error),
+    /// The userfaultfd handler could not start.
+    #[error("starting the userfaultfd handler")]
+    StartFaultHandler(#[source] std::io::Error),
+    /// The migrator could not start.
+    #[error("starting the migrator")]
+    StartMigrator(#[source] std::io::Error),
+    /// The chaos driver could not start.
+    #[error("starting the chaos driver")]
+    StartChaos(#[source] std::io::Error),
+    /// The policy engine could not start.
+    #[error("starting the tiering engine")]
+    StartEngine(#[source] EngineError),
+    /// The hint-fault sampler could not start.
+    #[error("starting the hint-fault sampler")]
+    StartSampler(#[source] std::io::Error),
+    /// The policy engine did not stop cleanly.
+    #[error("stopping the tiering engine")]
+    StopEngine(#[source] EngineError),
+    /// The hint-fault sampler did not stop cleanly.
+    #[error("stopping the hint-fault sampler")]
+    StopSampler(#[source] std::io::Error),
+    /// Parked pages could not be mapped back.
+    #[error("unparking sampled pages")]
+    Unpark(#[source] std::io::Error),
+    /// The chaos driver did not stop cleanly.
+    #[error("stopping the chaos driver")]
+    StopChaos(#[source] std::io::Error),
+    /// The userfaultfd handler did not stop cleanly.
+    #[error("stopping the userfaultfd handler")]
+    StopFaultHandler(#[source] std::io::Error),
+    /// The backing's bookkeeping disagrees with itself after the run.
+    #[error("tiered memory inconsistent after the run: {0}")]
+    Inconsistent(String),
+}
+
+impl TieredRamError {
+    /// Whether the user's input is at fault (exit code 2): a policy the
+    /// engine cannot build.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::StartEngine(EngineError::Policy(_)))
+    }
+}
 
 /// What the report says about tiering.
 #[derive(Clone, Debug, Serialize)]
@@ -131,10 +192,7 @@ impl TieredRam {
     /// Allocates and places guest RAM per `cfg` and starts the fault handler
     /// (needed before anything touches guest memory: pages may be in flight).
     pub fn new(cfg: &TieringConfig, vcpus: u32) -> Result<Self> {
-        let mem = Arc::new(
-            TieredMemory::new(&cfg.mem)
-                .map_err(|e| Error::host("setting up tiered guest RAM", e))?,
-        );
+        let mem = Arc::new(TieredMemory::new(&cfg.mem).map_err(TieredRamError::Setup)?);
         // SAFETY: the range is TieredMemory's guest mapping, which stays mapped
         // for the life of `mem`; `TieredRam` keeps `mem` alive at least as
         // long as `guest` (fields drop in order and `guest` is never handed
@@ -148,14 +206,11 @@ impl TieredRam {
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             )
         }
-        .map_err(|e| Error::host("wrapping tiered guest RAM", e))?;
-        let region = GuestRegionMmap::new(region, GuestAddress(0)).ok_or_else(|| {
-            Error::Host("tiered guest RAM region overflows the address space".into())
-        })?;
-        let guest = GuestMemoryMmap::from_regions(vec![region])
-            .map_err(|e| Error::host("tiered guest RAM", e))?;
-        let faults = FaultHandler::spawn(mem.clone())
-            .map_err(|e| Error::host("starting the userfaultfd handler", e))?;
+        .map_err(TieredRamError::WrapRegion)?;
+        let region =
+            GuestRegionMmap::new(region, GuestAddress(0)).ok_or(TieredRamError::RegionOverflow)?;
+        let guest = GuestMemoryMmap::from_regions(vec![region]).map_err(TieredRamError::Regions)?;
+        let faults = FaultHandler::spawn(mem.clone()).map_err(TieredRamError::StartFaultHandler)?;
         Ok(Self {
             mem,
             guest,
@@ -194,8 +249,7 @@ impl TieredRam {
 
     /// Turns on manual-protect dirty logging; call before the memslot exists.
     pub fn prepare_vm(vm: &VmFd) -> Result<()> {
-        enable_manual_dirty_log_protect(vm)
-            .map_err(|e| Error::host("enabling KVM dirty logging", e))
+        Ok(enable_manual_dirty_log_protect(vm).map_err(TieredRamError::DirtyLog)?)
     }
 
     /// Starts the migrator (and chaos) once the VM's memslot exists.
@@ -203,17 +257,19 @@ impl TieredRam {
         let log = KvmDirtyLog::new(vm.as_raw_fd(), RAM_SLOT, self.mem.guest_pages());
         let migrator = Arc::new(
             Migrator::new(self.mem.clone(), Box::new(log), MigratorConfig::default())
-                .map_err(|e| Error::host("starting the migrator", e))?,
+                .map_err(TieredRamError::StartMigrator)?,
         );
         migrator.set_skip_dirty_check(self.cfg.skip_dirty_check);
         if let Some(chaos) = &self.cfg.chaos {
             self.chaos = Some(
                 ChaosDriver::spawn(migrator.clone(), chaos.clone())
-                    .map_err(|e| Error::host("starting the chaos driver", e))?,
+                    .map_err(TieredRamError::StartChaos)?,
             );
         }
         if let Some(e) = &self.cfg.engine {
-            self.engine = Some(Engine::spawn(migrator.clone(), e.clone()).map_err(Error::Usage)?);
+            self.engine = Some(
+                Engine::spawn(migrator.clone(), e.clone()).map_err(TieredRamError::StartEngine)?,
+            );
         }
         self.migrator = Some(migrator);
         if let Some(sc) = &self.cfg.sampler {
@@ -222,7 +278,7 @@ impl TieredRam {
             self.sampler = Some(
                 HintSampler::new(self.mem.clone(), sc)
                     .spawn()
-                    .map_err(|e| Error::host("starting the hint-fault sampler", e))?,
+                    .map_err(TieredRamError::StartSampler)?,
             );
         }
         Ok(())
@@ -250,24 +306,17 @@ impl TieredRam {
     /// Stops migration and sampling (the guest may still be running).
     pub fn stop_migration(&mut self) -> Result<Option<ChaosReport>> {
         if let Some(e) = self.engine.take() {
-            self.engine_report = Some(
-                e.stop()
-                    .map_err(|e| Error::host("stopping the tiering engine", e))?,
-            );
+            self.engine_report = Some(e.stop().map_err(TieredRamError::StopEngine)?);
         }
         if let Some(s) = self.sampler.take() {
-            let mut sampler = s
-                .stop()
-                .map_err(|e| Error::host("stopping the hint-fault sampler", e))?;
-            sampler
-                .unpark_all()
-                .map_err(|e| Error::host("unparking sampled pages", e))?;
+            let mut sampler = s.stop().map_err(TieredRamError::StopSampler)?;
+            sampler.unpark_all().map_err(TieredRamError::Unpark)?;
         }
         match self.chaos.take() {
             Some(c) => c
                 .stop()
                 .map(Some)
-                .map_err(|e| Error::host("stopping the chaos driver", e)),
+                .map_err(|e| TieredRamError::StopChaos(e).into()),
             None => Ok(None),
         }
     }
@@ -284,12 +333,11 @@ impl TieredRam {
             let _ = m.harvest();
         }
         if let Some(f) = self.faults.take() {
-            f.stop()
-                .map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
+            f.stop().map_err(TieredRamError::StopFaultHandler)?;
         }
         self.mem
             .check_consistency()
-            .map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
+            .map_err(TieredRamError::Inconsistent)?;
         let node_check = match self.mem.check_nodes() {
             Ok(()) => "ok".to_string(),
             Err(e) => e,

@@ -9,7 +9,60 @@ use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use tiervm_guest::abi::{BOOT_INFO_GPA, PORT_BOOTED, PORT_EXIT};
 
 use crate::devices::PortBus;
-use crate::error::{Error, Result};
+
+/// A vCPU that could not be set up, started or run.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    /// `KVM_CREATE_VCPU` failed.
+    #[error("KVM_CREATE_VCPU")]
+    Create(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_CPUID2` failed.
+    #[error("KVM_SET_CPUID2")]
+    SetCpuid(#[source] kvm_ioctls::Error),
+    /// `KVM_GET_SREGS` failed.
+    #[error("KVM_GET_SREGS")]
+    GetSregs(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_SREGS` failed.
+    #[error("KVM_SET_SREGS")]
+    SetSregs(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_FPU` failed.
+    #[error("KVM_SET_FPU")]
+    SetFpu(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_REGS` failed.
+    #[error("KVM_SET_REGS")]
+    SetRegs(#[source] kvm_ioctls::Error),
+    /// `KVM_GET_SUPPORTED_CPUID` failed.
+    #[error("KVM_GET_SUPPORTED_CPUID")]
+    SupportedCpuid(#[source] kvm_ioctls::Error),
+    /// The kick signal's handler could not be installed.
+    #[error("installing the vCPU kick signal handler")]
+    KickHandler(#[source] vmm_sys_util::errno::Error),
+    /// The vCPU thread could not be created.
+    #[error("spawning a vCPU thread")]
+    Spawn(#[source] std::io::Error),
+    /// The vCPU failed while running.
+    #[error(transparent)]
+    Run(#[from] VcpuRunError),
+}
+
+/// How a running vCPU failed on the host side.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VcpuRunError {
+    /// `KVM_RUN` returned an error that is not the guest's doing.
+    #[error("vCPU {id}: KVM_RUN failed")]
+    KvmRun {
+        /// The vCPU.
+        id: u32,
+        /// The ioctl's error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// The vCPU thread panicked.
+    #[error("vCPU thread panicked")]
+    Panicked,
+}
+
+type Result<T> = std::result::Result<T, VcpuError>;
 
 const CR0_PE: u64 = 1;
 const CR0_MP: u64 = 1 << 1;
@@ -39,16 +92,11 @@ pub fn create_vcpu(
     entry: u64,
     stack_top: u64,
 ) -> Result<VcpuFd> {
-    let vcpu = vm
-        .create_vcpu(u64::from(id))
-        .map_err(|e| Error::host("KVM_CREATE_VCPU", e))?;
+    let vcpu = vm.create_vcpu(u64::from(id)).map_err(VcpuError::Create)?;
     let _ = kvm;
-    vcpu.set_cpuid2(cpuid)
-        .map_err(|e| Error::host("KVM_SET_CPUID2", e))?;
+    vcpu.set_cpuid2(cpuid).map_err(VcpuError::SetCpuid)?;
 
-    let mut sregs = vcpu
-        .get_sregs()
-        .map_err(|e| Error::host("KVM_GET_SREGS", e))?;
+    let mut sregs = vcpu.get_sregs().map_err(VcpuError::GetSregs)?;
     let code = kvm_segment {
         base: 0,
         limit: 0xffff_ffff,
@@ -91,16 +139,14 @@ pub fn create_vcpu(
     sregs.cr3 = cr3;
     sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT;
     sregs.efer = EFER_LME | EFER_LMA;
-    vcpu.set_sregs(&sregs)
-        .map_err(|e| Error::host("KVM_SET_SREGS", e))?;
+    vcpu.set_sregs(&sregs).map_err(VcpuError::SetSregs)?;
 
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
         ..Default::default()
     };
-    vcpu.set_fpu(&fpu)
-        .map_err(|e| Error::host("KVM_SET_FPU", e))?;
+    vcpu.set_fpu(&fpu).map_err(VcpuError::SetFpu)?;
 
     let regs = kvm_regs {
         rip: entry,
@@ -110,15 +156,14 @@ pub fn create_vcpu(
         rflags: RFLAGS_RESERVED | RFLAGS_IOPL3,
         ..Default::default()
     };
-    vcpu.set_regs(&regs)
-        .map_err(|e| Error::host("KVM_SET_REGS", e))?;
+    vcpu.set_regs(&regs).map_err(VcpuError::SetRegs)?;
     Ok(vcpu)
 }
 
 /// The host's supported CPUID, passed through to the guest.
 pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId> {
     kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| Error::host("KVM_GET_SUPPORTED_CPUID", e))
+        .map_err(VcpuError::SupportedCpuid)
 }
 
 /// TSC frequency of a vCPU in kHz, or the host's measured one.
@@ -166,7 +211,7 @@ pub enum VcpuOutcome {
     /// The guest crashed; the message has the reason and registers.
     Crashed(String),
     /// KVM_RUN failed for a host reason.
-    HostError(String),
+    HostError(VcpuRunError),
 }
 
 /// What the run loop does after one exit.
@@ -174,7 +219,7 @@ enum Step {
     Continue,
     Exited(u32),
     Crash(String),
-    HostError(String),
+    HostError(kvm_ioctls::Error),
 }
 
 /// Runs `vcpu` until the guest exits, crashes, or the runner stops it.
@@ -189,8 +234,8 @@ pub fn run_vcpu(id: u32, mut vcpu: VcpuFd, shared: Arc<VcpuShared>) -> VcpuOutco
             Step::Continue => {}
             Step::Exited(code) => return VcpuOutcome::Exited(code),
             Step::Crash(reason) => return VcpuOutcome::Crashed(crash_report(id, &vcpu, &reason)),
-            Step::HostError(e) => {
-                return VcpuOutcome::HostError(format!("vCPU {id}: KVM_RUN failed: {e}"))
+            Step::HostError(source) => {
+                return VcpuOutcome::HostError(VcpuRunError::KvmRun { id, source })
             }
         }
     }
@@ -254,7 +299,7 @@ fn handle_exit(
         Err(e) if e.errno() == libc::EFAULT => Step::Crash(format!(
             "KVM_RUN failed with EFAULT ({e}): guest memory access failed"
         )),
-        Err(e) => Step::HostError(e.to_string()),
+        Err(e) => Step::HostError(e),
     }
 }
 
@@ -300,7 +345,7 @@ pub fn install_kick_handler() -> Result<()> {
     extern "C" fn noop(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
     match vmm_sys_util::signal::register_signal_handler(kick_signal(), noop) {
         Ok(()) => Ok(()),
-        Err(e) => Err(Error::host("installing the vCPU kick signal handler", e)),
+        Err(e) => Err(VcpuError::KickHandler(e)),
     }
 }
 
