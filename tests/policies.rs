@@ -36,7 +36,7 @@ fn policy_switch_mid_run_keeps_memcheck_clean() {
         .as_ref()
         .and_then(|t| t.engine.as_ref())
         .expect("engine report");
-    let names: Vec<&str> = engine.policies.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = engine.policies.iter().map(|(n, _)| n.name()).collect();
     assert_eq!(
         names,
         ["nomad", "mtm", "tpp", "memtis"],

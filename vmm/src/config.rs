@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tiering::policy::PolicyKind;
 use tiervm_guest::abi::{ArgEntry, GUEST_LARGE_PAGE, MAX_VCPUS};
 use tiervm_guest::args::{ArgError as ValueError, ArgKind, Args};
 use tiervm_guest::workloads;
@@ -284,19 +285,22 @@ impl VmConfig {
         ) else {
             return out;
         };
-        let interval = engine
-            .interval("mtm")
-            .unwrap_or(Duration::from_nanos(tiering::policy::mtm::INTERVAL_NS));
-        // MTM picks its samples a third of an interval in, then scans for a
-        // whole interval before its first migration.
-        let first_migration = interval.mul_f64(4.0 / 3.0);
-        if engine.runs("mtm") && d < first_migration {
-            out.push(format!(
-                "note: mtm's first migration comes {:.1} s into the run ({:.1} s profiling interval), after --duration {:.1}s ends; shorten the interval with --policy-interval mtm=2s",
-                first_migration.as_secs_f64(),
-                interval.as_secs_f64(),
-                d.as_secs_f64()
-            ));
+        let mut kinds: Vec<PolicyKind> = engine.policies().collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        for kind in kinds {
+            let interval = engine.interval(kind).or(kind.default_interval());
+            let Some(first_migration) = kind.first_migration_after(interval) else {
+                continue;
+            };
+            if d < first_migration {
+                out.push(format!(
+                    "note: {kind}'s first migration comes {:.1} s into the run ({:.1} s profiling interval), after --duration {:.1}s ends; shorten the interval with --policy-interval {kind}=2s",
+                    first_migration.as_secs_f64(),
+                    interval.unwrap_or_default().as_secs_f64(),
+                    d.as_secs_f64()
+                ));
+            }
         }
         out
     }

@@ -203,7 +203,8 @@ impl RunReport {
                 } else {
                     String::new()
                 };
-                let modeled = if e.latency_modeled && e.policies.iter().any(|(p, _)| p == "colloid")
+                let modeled = if e.latency_modeled
+                    && e.policies.iter().any(|(p, _)| p.reads_loaded_latency())
                 {
                     " (tier latency for colloid: modeled)"
                 } else {

@@ -9,6 +9,7 @@ use tiering::engine::{
 };
 
 use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, PAGE_SIZE};
+use tiering::policy::PolicyKind;
 
 use crate::units::format_size;
 
@@ -52,17 +53,32 @@ pub enum PolicyArg {
 }
 
 impl PolicyArg {
-    /// The placement policy's name in `tiering::policy`, for policies run by the engine.
-    pub fn engine_policy(self) -> Option<&'static str> {
+    /// The placement policy the engine runs for this choice (`none` and
+    /// `chaos` are not placement policies). The one place the CLI's policy
+    /// names map to the tiering crate's.
+    pub fn placement_policy(self) -> Option<PolicyKind> {
         Some(match self {
             Self::None | Self::Chaos => return None,
-            Self::Static => "static",
-            Self::Tpp => "tpp",
-            Self::Nomad => "nomad",
-            Self::Memtis => "memtis",
-            Self::Colloid => "colloid",
-            Self::Mtm => "mtm",
+            Self::Static => PolicyKind::Static,
+            Self::Tpp => PolicyKind::Tpp,
+            Self::Nomad => PolicyKind::Nomad,
+            Self::Memtis => PolicyKind::Memtis,
+            Self::Colloid => PolicyKind::Colloid,
+            Self::Mtm => PolicyKind::Mtm,
         })
+    }
+
+    /// The name `--policy` takes.
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_else(|| format!("{self:?}").to_lowercase())
+    }
+}
+
+impl std::fmt::Display for PolicyArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
     }
 }
 
@@ -221,7 +237,9 @@ pub struct TieringConfig {
 }
 
 /// The policies `--policy-schedule` and `--policy-interval` accept, for messages.
-const PLACEMENT_POLICIES: &str = "static, tpp, nomad, memtis, colloid, mtm";
+fn placement_policies() -> String {
+    PolicyKind::names(&PolicyKind::POLICIES)
+}
 
 /// A tiering setting that cannot be used; each message names the fix.
 #[derive(Debug, thiserror::Error)]
@@ -233,7 +251,7 @@ pub enum TieringConfigError {
     #[error("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node/--tracking or pick another policy")]
     UntieredWithTierFlags,
     /// Schedule or interval flags with `--policy none`.
-    #[error("--policy-schedule/--policy-interval need a placement policy: add --fast SIZE or --policy ({PLACEMENT_POLICIES})")]
+    #[error("--policy-schedule/--policy-interval need a placement policy: add --fast SIZE or --policy ({})", placement_policies())]
     UntieredWithSchedule,
     /// `--fast` above `--mem`.
     #[error("--fast {} exceeds --mem {}: lower --fast", format_size(*.fast), format_size(*.mem))]
@@ -291,10 +309,16 @@ pub enum TieringConfigError {
         rate: f64,
     },
     /// `--policy-schedule` with a policy the engine does not run (chaos).
-    #[error("--policy-schedule needs a placement policy ({PLACEMENT_POLICIES})")]
+    #[error(
+        "--policy-schedule needs a placement policy ({})",
+        placement_policies()
+    )]
     ScheduleWithoutPlacementPolicy,
     /// `--policy-interval` with a policy the engine does not run (chaos).
-    #[error("--policy-interval needs a placement policy ({PLACEMENT_POLICIES})")]
+    #[error(
+        "--policy-interval needs a placement policy ({})",
+        placement_policies()
+    )]
     IntervalWithoutPlacementPolicy,
     /// `--policy-schedule` does not parse.
     #[error("--policy-schedule")]
@@ -505,7 +529,7 @@ impl TieringRequest {
     /// The policy engine, for placement policies: the first policy (or the
     /// schedule's, when it starts at 0), the schedule and interval overrides.
     fn engine(&self, policy: PolicyArg) -> Checked<Option<EngineConfig>> {
-        let Some(first) = policy.engine_policy() else {
+        let Some(first) = policy.placement_policy() else {
             if self.policy_schedule.is_some() {
                 return Err(TieringConfigError::ScheduleWithoutPlacementPolicy);
             }
@@ -520,8 +544,8 @@ impl TieringRequest {
         };
         // A schedule starting at 0 names the first policy itself.
         let first = match schedule.first() {
-            Some(s) if s.at.is_zero() => s.policy.clone(),
-            _ => first.to_string(),
+            Some(s) if s.at.is_zero() => s.policy,
+            _ => first,
         };
         let intervals = match &self.policy_interval {
             Some(s) => parse_intervals(s).map_err(TieringConfigError::Interval)?,
@@ -660,10 +684,7 @@ mod tests {
         assert!(c.sampler.is_none(), "mtm needs no hint-fault windows");
         assert!(c.tracks_accesses(), "but it tracks accesses");
         let e = c.engine.unwrap();
-        assert_eq!(
-            e.intervals,
-            vec![("mtm".to_string(), Duration::from_secs(2))]
-        );
+        assert_eq!(e.intervals, vec![(PolicyKind::Mtm, Duration::from_secs(2))]);
         let nomad = v(|r| {
             r.fast = Some(256 << 20);
             r.policy = Some(PolicyArg::Nomad);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::policy;
+use crate::policy::PolicyKind;
 
 /// A scheduled policy switch: at `at` after the engine starts, switch to `policy`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,7 +12,7 @@ pub struct ScheduledSwitch {
     /// When.
     pub at: Duration,
     /// To which policy.
-    pub policy: String,
+    pub policy: PolicyKind,
 }
 
 /// A policy schedule that cannot be used.
@@ -33,7 +33,7 @@ pub enum ScheduleError {
         part: String,
     },
     /// The policy does not exist.
-    #[error("unknown policy '{name}' in the schedule; valid: {}", policy::NAMES.join(", "))]
+    #[error("unknown policy '{name}' in the schedule; valid: {}", PolicyKind::names(&PolicyKind::POLICIES))]
     UnknownPolicy {
         /// The name given.
         name: String,
@@ -56,7 +56,7 @@ pub enum IntervalError {
         part: String,
     },
     /// The policy has no interval.
-    #[error("'{name}' has no interval to set; policies with one: {}", POLICIES_WITH_INTERVAL.join(", "))]
+    #[error("'{name}' has no interval to set; policies with one: {}", PolicyKind::names(&policies_with_interval()))]
     NoInterval {
         /// The name given.
         name: String,
@@ -91,13 +91,9 @@ pub fn parse_schedule(s: &str) -> Result<Vec<ScheduledSwitch>, ScheduleError> {
             time: at.into(),
             part: part.into(),
         })?;
-        if !policy::NAMES.contains(&name) {
-            return Err(ScheduleError::UnknownPolicy { name: name.into() });
-        }
-        out.push(ScheduledSwitch {
-            at,
-            policy: name.to_string(),
-        });
+        let policy = scheduled_policy(name)
+            .ok_or_else(|| ScheduleError::UnknownPolicy { name: name.into() })?;
+        out.push(ScheduledSwitch { at, policy });
     }
     if out.is_empty() {
         return Err(ScheduleError::Empty);
@@ -108,21 +104,32 @@ pub fn parse_schedule(s: &str) -> Result<Vec<ScheduledSwitch>, ScheduleError> {
     Ok(out)
 }
 
+/// The policy a schedule or an interval override may name: one of the six
+/// policies (not a simulator variant), by its exact name.
+fn scheduled_policy(name: &str) -> Option<PolicyKind> {
+    PolicyKind::from_name(name).filter(|k| !k.is_variant())
+}
+
 /// Policies with an interval that `--policy-interval` can set: the
 /// migration interval of memtis and mtm, colloid's quantum.
-pub const POLICIES_WITH_INTERVAL: [&str; 3] = ["memtis", "mtm", "colloid"];
+pub fn policies_with_interval() -> Vec<PolicyKind> {
+    PolicyKind::POLICIES
+        .into_iter()
+        .filter(|k| k.interval_kind().is_some())
+        .collect()
+}
 
 /// Parses `mtm=2s,memtis=1s` (per-policy interval overrides).
-pub fn parse_intervals(s: &str) -> Result<Vec<(String, Duration)>, IntervalError> {
-    let mut out: Vec<(String, Duration)> = Vec::new();
+pub fn parse_intervals(s: &str) -> Result<Vec<(PolicyKind, Duration)>, IntervalError> {
+    let mut out: Vec<(PolicyKind, Duration)> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (name, d) = part
             .split_once('=')
             .ok_or_else(|| IntervalError::NotPolicyEqualsTime { part: part.into() })?;
-        if !POLICIES_WITH_INTERVAL.contains(&name) {
-            return Err(IntervalError::NoInterval { name: name.into() });
-        }
-        if out.iter().any(|(n, _)| n == name) {
+        let kind = scheduled_policy(name)
+            .filter(|k| k.interval_kind().is_some())
+            .ok_or_else(|| IntervalError::NoInterval { name: name.into() })?;
+        if out.iter().any(|(k, _)| *k == kind) {
             return Err(IntervalError::Twice { name: name.into() });
         }
         let d = parse_secs(d)
@@ -131,7 +138,7 @@ pub fn parse_intervals(s: &str) -> Result<Vec<(String, Duration)>, IntervalError
                 time: d.into(),
                 part: part.into(),
             })?;
-        out.push((name.to_string(), d));
+        out.push((kind, d));
     }
     if out.is_empty() {
         return Err(IntervalError::Empty);
@@ -165,7 +172,7 @@ mod tests {
             s[1],
             ScheduledSwitch {
                 at: Duration::from_secs(20),
-                policy: "tpp".into()
+                policy: PolicyKind::Tpp
             }
         );
         let err = |s: &str| parse_schedule(s).unwrap_err();
@@ -175,6 +182,10 @@ mod tests {
         ));
         assert!(err("nomad").to_string().contains("POLICY@TIME"));
         assert!(err("foo@1s").to_string().contains("unknown policy"));
+        assert!(matches!(
+            err("tpp-lru@1s"),
+            ScheduleError::UnknownPolicy { .. }
+        ));
         assert_eq!(err("tpp@2s,nomad@1s"), ScheduleError::Decreasing);
         assert!(err("tpp@xs").to_string().contains("not a time"));
     }
@@ -182,12 +193,16 @@ mod tests {
     #[test]
     fn intervals_parse_and_reject() {
         let v = parse_intervals("mtm=2s, memtis=500ms").unwrap();
-        assert_eq!(v[0], ("mtm".to_string(), Duration::from_secs(2)));
+        assert_eq!(v[0], (PolicyKind::Mtm, Duration::from_secs(2)));
         assert_eq!(v[1].1, Duration::from_millis(500));
         let err = |s: &str| parse_intervals(s).unwrap_err().to_string();
         assert!(err("mtm").contains("POLICY=TIME"));
         assert!(err("lru=1s").contains("no interval"));
-        assert!(err("tpp=1s").contains("memtis, mtm, colloid"));
+        assert!(err("tpp=1s").contains("memtis, colloid, mtm"));
+        assert!(
+            err("tpp-lru=1s").contains("no interval"),
+            "variants are sim-only"
+        );
         assert!(err("mtm=1s,mtm=2s").contains("twice"));
         assert!(err("mtm=0s").contains("at least 1ms"));
         assert_eq!(parse_intervals(""), Err(IntervalError::Empty));

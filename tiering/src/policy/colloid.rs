@@ -25,7 +25,7 @@ use std::collections::HashSet;
 
 use super::hotness::{ClockHand, SampleCounts};
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// Quantum: HeMem's 10 ms migration-thread period (Colloid §4.1).
 pub const QUANTUM_NS: u64 = 10_000_000;
@@ -213,11 +213,11 @@ impl Colloid {
 }
 
 impl Policy for Colloid {
-    fn name(&self) -> &'static str {
+    fn kind(&self) -> PolicyKind {
         if self.base_only {
-            "colloid-base"
+            PolicyKind::ColloidBase
         } else {
-            "colloid"
+            PolicyKind::Colloid
         }
     }
 
@@ -341,7 +341,7 @@ impl Policy for Colloid {
             .collect();
         hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         PolicyState {
-            from: "colloid".into(),
+            from: PolicyKind::Colloid,
             now_ns: 0,
             hot_pages,
         }

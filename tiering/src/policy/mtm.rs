@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// Accessed-bit scans per sampled page per interval (`num_scans`, §5.1).
 pub const NUM_SCANS: u32 = 3;
@@ -50,6 +50,13 @@ pub const ONE_SCAN_OVERHEAD_NS: f64 = 1_000.0;
 pub const TAU_MERGE_STEP: f64 = NUM_SCANS as f64 / 6.0;
 /// Free pages kept in each non-slowest tier (0.4%, as for the others).
 pub const FREE_RESERVE_FRACTION: f64 = 0.004;
+
+/// The earliest first migration for a profiling interval of `interval`:
+/// MTM picks its samples a third of an interval in, then scans for a whole
+/// interval before it migrates.
+pub fn first_migration_after(interval: std::time::Duration) -> std::time::Duration {
+    interval.mul_f64(4.0 / 3.0)
+}
 
 /// MTM's Eq. 1: samples per interval for an overhead budget.
 pub fn sample_budget(interval_ns: u64, overhead: f64, one_scan_ns: f64, num_scans: u32) -> f64 {
@@ -446,8 +453,8 @@ fn runs(pages: &[u64], view: &dyn MemoryView) -> Vec<Unit> {
 }
 
 impl Policy for Mtm {
-    fn name(&self) -> &'static str {
-        "mtm"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Mtm
     }
 
     fn trackers(&self) -> TrackerRequest {
@@ -487,7 +494,7 @@ impl Policy for Mtm {
         }
         hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         PolicyState {
-            from: "mtm".into(),
+            from: PolicyKind::Mtm,
             now_ns: 0,
             hot_pages,
         }

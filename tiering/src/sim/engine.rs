@@ -29,8 +29,8 @@ use super::workload::{
 };
 use super::SimError;
 use crate::policy::{
-    self, AccessSample, HintFault, Mechanism, MemoryView, Migration, Observations, Policy,
-    PolicyConfig, TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGE_BYTES,
+    AccessSample, HintFault, Mechanism, MemoryView, Migration, Observations, Policy, PolicyConfig,
+    PolicyKind, TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGE_BYTES,
 };
 
 /// Shortest simulation quantum: 1 ms of modeled time.
@@ -410,16 +410,16 @@ impl Sim {
     }
 }
 
-/// Runs `policy_name` on `scn` with first-touch placement.
-pub fn run(scn: &Scenario, policy_name: &str) -> Result<RunReport, SimError> {
-    run_with(scn, policy_name, Placement::FirstTouch)
+/// Runs `policy` on `scn` with first-touch placement.
+pub fn run(scn: &Scenario, policy: PolicyKind) -> Result<RunReport, SimError> {
+    run_with(scn, policy, Placement::FirstTouch)
 }
 
-/// Runs `policy_name` on `scn` with the given initial placement.
+/// Runs `policy` on `scn` with the given initial placement.
 #[allow(clippy::too_many_lines)]
 pub fn run_with(
     scn: &Scenario,
-    policy_name: &str,
+    policy_kind: PolicyKind,
     placement: Placement,
 ) -> Result<RunReport, SimError> {
     validate(scn)?;
@@ -558,7 +558,7 @@ pub fn run_with(
         interval_ns: None,
         accessed_test_cost_ns: None,
     };
-    let mut policy: Box<dyn Policy> = policy::by_name(policy_name, &config)?;
+    let mut policy: Box<dyn Policy> = policy_kind.build(&config)?;
     let trackers = policy.trackers();
     let hint_mask = trackers
         .hint_fault_tiers
@@ -660,7 +660,7 @@ pub fn run_with(
     let fault_slots = s * sim.costs.fault_ns * sim.mlp;
     let ipi_others = s * (sim.threads - 1.0).max(0.0) * sim.mlp * sim.costs.ipi_receive_ns;
     let sync_slots = s * sim.costs.stop_and_copy_ns() * sim.mlp;
-    let name = policy.name();
+    let name = policy.kind().name();
     let mut q_acc = vec![0u64; n];
     let mut q_lat = vec![0.0f64; n];
     let mut q_bytes = vec![0.0f64; n];

@@ -60,7 +60,7 @@ pub enum CompareError {
     #[error("policy {policy}")]
     Policy {
         /// The policy.
-        policy: String,
+        policy: PolicyArg,
         /// What is wrong with its VM.
         #[source]
         source: Box<Error>,
@@ -143,13 +143,6 @@ pub struct CompareArgs {
     pub vm: VmFlags,
 }
 
-/// The CLI name of a policy.
-pub fn policy_name(p: PolicyArg) -> String {
-    p.to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_else(|| format!("{p:?}").to_lowercase())
-}
-
 /// The default policy set: every `PolicyArg` but `none` and `chaos`.
 pub fn default_policies() -> Vec<PolicyArg> {
     PolicyArg::value_variants()
@@ -166,7 +159,7 @@ pub fn parse_policies(names: &[String]) -> Result<Vec<PolicyArg>> {
     }
     let known: Vec<String> = PolicyArg::value_variants()
         .iter()
-        .map(|p| policy_name(*p))
+        .map(|p| p.name())
         .collect();
     let mut out: Vec<PolicyArg> = Vec::new();
     for raw in names {
@@ -176,7 +169,7 @@ pub fn parse_policies(names: &[String]) -> Result<Vec<PolicyArg>> {
             known: known.clone(),
         })?;
         if out.contains(&p) {
-            return Err(CompareError::DuplicatePolicy(policy_name(p)).into());
+            return Err(CompareError::DuplicatePolicy(p.name()).into());
         }
         out.push(p);
     }
@@ -217,8 +210,8 @@ impl CompareArgs {
 /// One VM run of the comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunRecord {
-    /// Policy name.
-    pub policy: String,
+    /// The policy.
+    pub policy: PolicyArg,
     /// Repeat number, from 1.
     pub repeat: u32,
     /// The run finished and the guest exited 0.
@@ -233,7 +226,7 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// A finished run.
-    pub fn finished(policy: &str, repeat: u32, report: RunReport, console: &str) -> Self {
+    pub fn finished(policy: PolicyArg, repeat: u32, report: RunReport, console: &str) -> Self {
         let exit_code = exit_code_of(&report);
         let error = (exit_code != 0).then(|| {
             let mut e = match (&report.crash, report.exit_code) {
@@ -251,7 +244,7 @@ impl RunRecord {
             e
         });
         Self {
-            policy: policy.into(),
+            policy,
             repeat,
             ok: exit_code == 0,
             exit_code,
@@ -261,9 +254,9 @@ impl RunRecord {
     }
 
     /// A run the VMM could not finish.
-    pub fn failed(policy: &str, repeat: u32, err: &Error) -> Self {
+    pub fn failed(policy: PolicyArg, repeat: u32, err: &Error) -> Self {
         Self {
-            policy: policy.into(),
+            policy,
             repeat,
             ok: false,
             exit_code: err.exit_code(),
@@ -315,8 +308,8 @@ pub fn ratio(value: Option<f64>, baseline: Option<f64>) -> Option<f64> {
 /// One policy's line of the table (medians over its successful runs).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SummaryRow {
-    /// Policy name.
-    pub policy: String,
+    /// The policy.
+    pub policy: PolicyArg,
     /// Runs made.
     pub runs: usize,
     /// Runs that failed (not counted in the statistics).
@@ -351,13 +344,13 @@ pub struct SummaryRow {
 /// whether access tracking ran under `policies[i]` (else its overhead is
 /// left empty rather than shown as 0). A guest's `p99_ns` counts only from
 /// runs that completed operations.
-pub fn summarize(policies: &[String], runs: &[RunRecord], tracked: &[bool]) -> Vec<SummaryRow> {
+pub fn summarize(policies: &[PolicyArg], runs: &[RunRecord], tracked: &[bool]) -> Vec<SummaryRow> {
     let mut rows: Vec<SummaryRow> = policies
         .iter()
         .enumerate()
         .map(|(i, p)| {
             let tracking_on = tracked.get(i).copied().unwrap_or(false);
-            let mine: Vec<&RunRecord> = runs.iter().filter(|r| &r.policy == p).collect();
+            let mine: Vec<&RunRecord> = runs.iter().filter(|r| r.policy == *p).collect();
             let ok: Vec<&RunReport> = mine
                 .iter()
                 .filter(|r| r.ok)
@@ -372,7 +365,7 @@ pub fn summarize(policies: &[String], runs: &[RunRecord], tracked: &[bool]) -> V
             exit_codes.sort_unstable();
             exit_codes.dedup();
             SummaryRow {
-                policy: p.clone(),
+                policy: *p,
                 runs: mine.len(),
                 failed: mine.iter().filter(|r| !r.ok).count(),
                 ops_per_sec_median: median(&ops),
@@ -401,7 +394,7 @@ pub fn summarize(policies: &[String], runs: &[RunRecord], tracked: &[bool]) -> V
         .collect();
     let baseline = rows
         .iter()
-        .find(|r| r.policy == policy_name(PolicyArg::Static))
+        .find(|r| r.policy == PolicyArg::Static)
         .and_then(|r| r.ops_per_sec_median);
     for r in &mut rows {
         r.ratio_to_static = ratio(r.ops_per_sec_median, baseline);
@@ -446,7 +439,7 @@ pub struct CompareResults {
     /// The common settings.
     pub setup: Setup,
     /// Policies in run order.
-    pub policies: Vec<String>,
+    pub policies: Vec<PolicyArg>,
     /// One row per policy.
     pub summary: Vec<SummaryRow>,
     /// Every run, in the order they ran.
@@ -537,7 +530,7 @@ pub fn table_cells(r: &SummaryRow) -> Vec<String> {
         format!("{} FAILED ({}/{})", codes.join(","), r.failed, r.runs)
     };
     vec![
-        r.policy.clone(),
+        r.policy.name(),
         opt(r.ops_per_sec_median, si),
         min_max,
         opt(r.ratio_to_static, |v| format!("{v:.2}x")),
@@ -679,7 +672,7 @@ pub fn to_csv(runs: &[RunRecord]) -> String {
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
         let cells = [
-            run.policy.clone(),
+            run.policy.name(),
             run.repeat.to_string(),
             run.ok.to_string(),
             run.exit_code.to_string(),
@@ -737,10 +730,10 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, plot:
             let run = res
                 .runs
                 .iter()
-                .filter(|r| &r.policy == p)
+                .filter(|r| r.policy == *p)
                 .find_map(|r| r.report.as_ref().map(|rep| (r.repeat, rep)))?;
             let name = if run.0 == 1 {
-                p.clone()
+                p.name()
             } else {
                 format!("{p} (repeat {})", run.0)
             };
@@ -774,7 +767,7 @@ pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, plot:
         .summary
         .iter()
         .map(|r| BarGroup {
-            name: r.policy.clone(),
+            name: r.policy.name(),
             values: vec![
                 r.promotions.unwrap_or(nan),
                 r.demotions.unwrap_or(nan),
@@ -861,7 +854,7 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
                 .map(|c| (p, c))
                 .map_err(|e| match e {
                     Error::Config(_) | Error::TieringConfig(_) => CompareError::Policy {
-                        policy: policy_name(p),
+                        policy: p,
                         source: Box::new(e),
                     }
                     .into(),
@@ -880,7 +873,7 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             source,
         })?;
     }
-    let names: Vec<String> = policies.iter().map(|p| policy_name(*p)).collect();
+    let names: Vec<String> = policies.iter().map(|p| p.name()).collect();
     let total = configs.len() * args.repeat as usize;
     if !args.quiet {
         let each = if args.vm.duration.is_zero() {
@@ -897,15 +890,15 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     }
     let mut runs: Vec<RunRecord> = Vec::with_capacity(total);
     for rep in 1..=args.repeat {
-        for ((_, cfg), name) in configs.iter().zip(&names) {
+        for ((policy, cfg), name) in configs.iter().zip(&names) {
             let label = format!("{name} {rep}/{}", args.repeat);
             let mut progress = Progress::stderr(label.as_str(), cfg.duration, args.quiet);
             let sink = Sink::memory();
             let result = runner::run(cfg, started, Console::Memory(sink.clone()), &mut progress);
             progress.finish();
             let record = match result {
-                Ok(report) => RunRecord::finished(name, rep, report, &sink.contents()),
-                Err(e) => RunRecord::failed(name, rep, &e),
+                Ok(report) => RunRecord::finished(*policy, rep, report, &sink.contents()),
+                Err(e) => RunRecord::failed(*policy, rep, &e),
             };
             if !args.quiet {
                 match (&record.report, &record.error) {
@@ -944,8 +937,8 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     };
     let results = CompareResults {
         schema: "tiervm-compare/1",
-        summary: summarize(&names, &runs, &tracked),
-        policies: names,
+        summary: summarize(&policies, &runs, &tracked),
+        policies,
         setup,
         runs,
     };
@@ -1048,6 +1041,7 @@ mod tests {
     }
 
     fn ok(policy: &str, repeat: u32, r: RunReport) -> RunRecord {
+        let policy = PolicyArg::from_str(policy, false).expect("a policy name");
         RunRecord::finished(policy, repeat, r, "")
     }
 
@@ -1103,9 +1097,9 @@ mod tests {
             ok("static", 2, report(300.0, 0, Some(1100.0))),
             ok("tpp", 2, report(90.0, 30, None)),
             ok("static", 3, report(200.0, 0, Some(1000.0))),
-            RunRecord::finished("tpp", 3, bad, "[guest] mismatch at page 7\n"),
+            RunRecord::finished(PolicyArg::Tpp, 3, bad, "[guest] mismatch at page 7\n"),
         ];
-        let names = vec!["static".to_string(), "tpp".to_string()];
+        let names = vec![PolicyArg::Static, PolicyArg::Tpp];
         let rows = summarize(&names, &runs, &[true, true]);
         let s = &rows[0];
         assert_eq!((s.runs, s.failed), (3, 0));
@@ -1145,12 +1139,12 @@ mod tests {
     #[test]
     fn p99_of_a_run_without_operations_is_not_a_latency() {
         let runs = vec![
-            ok("kv", 1, report(0.0, 0, Some(0.0))),
-            ok("kv", 2, report(10.0, 0, Some(700.0))),
+            ok("mtm", 1, report(0.0, 0, Some(0.0))),
+            ok("mtm", 2, report(10.0, 0, Some(700.0))),
         ];
-        let rows = summarize(&["kv".to_string()], &runs, &[false]);
+        let rows = summarize(&[PolicyArg::Mtm], &runs, &[false]);
         assert_eq!(rows[0].p99_ns_median, Some(700.0));
-        let rows = summarize(&["kv".to_string()], &runs[..1], &[false]);
+        let rows = summarize(&[PolicyArg::Mtm], &runs[..1], &[false]);
         assert_eq!(rows[0].p99_ns_median, None);
         assert_eq!(table_cells(&rows[0])[4], "-");
     }
@@ -1158,7 +1152,7 @@ mod tests {
     #[test]
     fn no_ratio_without_static() {
         let runs = vec![ok("chaos", 1, report(5.0, 1, None))];
-        let rows = summarize(&["chaos".to_string()], &runs, &[false]);
+        let rows = summarize(&[PolicyArg::Chaos], &runs, &[false]);
         assert_eq!(rows[0].ratio_to_static, None);
         assert_eq!(table_cells(&rows[0])[3], "-");
     }
@@ -1169,9 +1163,9 @@ mod tests {
             ok("static", 1, report(2_000_000.0, 0, None)),
             ok("static", 2, report(4_000_000.0, 0, None)),
             ok("chaos", 1, report(1_500_000.0, 12_345, Some(1500.0))),
-            RunRecord::failed("chaos", 2, &host_error()),
+            RunRecord::failed(PolicyArg::Chaos, 2, &host_error()),
         ];
-        let rows = summarize(&["static".into(), "chaos".into()], &runs, &[true, true]);
+        let rows = summarize(&[PolicyArg::Static, PolicyArg::Chaos], &runs, &[true, true]);
         let a = table_cells(&rows[0]);
         assert_eq!(a[1], "3.00M");
         assert_eq!(a[2], "2.00M-4.00M");
@@ -1216,8 +1210,8 @@ mod tests {
                 repeat: 1,
                 emulated_tiers: true,
             },
-            policies: vec!["static".into()],
-            summary: summarize(&["static".into()], &runs, &[false]),
+            policies: vec![PolicyArg::Static],
+            summary: summarize(&[PolicyArg::Static], &runs, &[false]),
             runs,
         };
         let h = format_human(&res);
@@ -1226,7 +1220,8 @@ mod tests {
         assert!(h.contains("fast 64M + slow 128M"), "{h}");
         assert!(!h.contains("Failed runs"));
         res.setup.emulated_tiers = false;
-        res.runs.push(RunRecord::failed("static", 2, &host_error()));
+        res.runs
+            .push(RunRecord::failed(PolicyArg::Static, 2, &host_error()));
         let h = format_human(&res);
         assert!(!h.contains("EMULATED"), "{h}");
         assert!(h.contains("static repeat 2: vCPU thread panicked"), "{h}");
@@ -1241,7 +1236,7 @@ mod tests {
         let runs = vec![
             ok("static", 1, report(10.0, 0, Some(5.0))),
             RunRecord::failed(
-                "tpp",
+                PolicyArg::Tpp,
                 1,
                 &CompareError::Write {
                     path: "x, \"y\"".into(),

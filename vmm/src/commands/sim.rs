@@ -2,7 +2,7 @@
 //! simulator (`tiering::sim`). Every number it prints is MODELED.
 
 use clap::{Args, ValueEnum};
-use tiering::policy::NAMES;
+use tiering::policy::PolicyKind;
 use tiering::sim::{self, RunReport, Scenario};
 
 /// Output format.
@@ -383,8 +383,8 @@ fn list() -> String {
     }
     s.push_str(&format!(
         "policies: {} (variants: {})\n",
-        NAMES.join(", "),
-        tiering::policy::VARIANTS.join(", ")
+        PolicyKind::names(&PolicyKind::POLICIES),
+        PolicyKind::names(&PolicyKind::VARIANTS)
     ));
     s
 }
@@ -422,32 +422,29 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
     let mut scn =
         sim::builtin(name).ok_or_else(|| SimCmdError::UnknownScenario { name: name.into() })?;
     apply_overrides(&mut scn, args)?;
-    let policies: Vec<String> = if args.policies.is_empty() {
-        NAMES.iter().map(|s| s.to_string()).collect()
+    let policies: Vec<PolicyKind> = if args.policies.is_empty() {
+        PolicyKind::POLICIES.to_vec()
     } else {
         args.policies
             .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()?
     };
-    for p in &policies {
-        tiering::policy::by_name(p, &tiering::policy::PolicyConfig::new(1, vec![1]))?;
-    }
     let jobs = args.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let mut work: Vec<(String, Option<f64>)> = policies.iter().map(|p| (p.clone(), None)).collect();
+    let mut work: Vec<(PolicyKind, Option<f64>)> = policies.iter().map(|&p| (p, None)).collect();
     if args.sweep_static {
-        work.extend((0..=10).map(|i| ("static".to_string(), Some(f64::from(i) / 10.0))));
+        work.extend((0..=10).map(|i| (PolicyKind::Static, Some(f64::from(i) / 10.0))));
     }
     let wall = std::time::Instant::now();
     let results: Vec<Result<RunReport, sim::SimError>> =
         parallel(work.clone(), jobs, |(p, share)| match share {
-            None => sim::run(&scn, &p),
-            Some(s) => sim::run_with(&scn, &p, sim::Placement::HotShare(s)).map(|mut r| {
+            None => sim::run(&scn, p),
+            Some(s) => sim::run_with(&scn, p, sim::Placement::HotShare(s)).map(|mut r| {
                 r.policy = format!("split{:.0}", s * 100.0);
                 r
             }),
