@@ -93,7 +93,7 @@ impl ModeledLatency {
 pub enum EngineError {
     /// A policy could not be built.
     #[error(transparent)]
-    Policy(#[from] policy::Error),
+    Policy(#[from] policy::PolicyError),
     /// The engine thread could not be created.
     #[error("spawning the engine thread")]
     Spawn(#[source] io::Error),
@@ -543,7 +543,7 @@ impl Engine {
     pub fn trackers(
         cfg: &EngineConfig,
         pcfg: &PolicyConfig,
-    ) -> Result<TrackerRequest, policy::Error> {
+    ) -> Result<TrackerRequest, policy::PolicyError> {
         let mut req = cfg.policy.trackers(pcfg)?;
         for s in &cfg.schedule {
             let t = s.policy.trackers(pcfg)?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{colloid, memtis, mtm, nomad, static_placement, tpp};
-use super::{Error, Policy, PolicyConfig, TierId, TrackerRequest};
+use super::{Policy, PolicyConfig, PolicyError, TierId, TrackerRequest};
 
 /// A placement policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -104,12 +104,12 @@ impl PolicyKind {
     }
 
     /// Builds the policy for `config`.
-    pub fn build(self, config: &PolicyConfig) -> Result<Box<dyn Policy>, Error> {
+    pub fn build(self, config: &PolicyConfig) -> Result<Box<dyn Policy>, PolicyError> {
         if config.pages == 0 || config.tier_capacity_pages.is_empty() {
-            return Err(Error::NoPagesOrTiers);
+            return Err(PolicyError::NoPagesOrTiers);
         }
         if config.tier_capacity_pages.len() > usize::from(TierId::MAX) {
-            return Err(Error::TooManyTiers {
+            return Err(PolicyError::TooManyTiers {
                 tiers: config.tier_capacity_pages.len(),
             });
         }
@@ -130,7 +130,7 @@ impl PolicyKind {
     }
 
     /// The trackers the policy needs over memory shaped like `config`.
-    pub fn trackers(self, config: &PolicyConfig) -> Result<TrackerRequest, Error> {
+    pub fn trackers(self, config: &PolicyConfig) -> Result<TrackerRequest, PolicyError> {
         Ok(self.build(config)?.trackers())
     }
 
@@ -187,13 +187,13 @@ impl fmt::Display for PolicyKind {
 
 /// Parses a name, case-insensitively; `none` and `no-migration` mean `static`.
 impl FromStr for PolicyKind {
-    type Err = Error;
+    type Err = PolicyError;
 
-    fn from_str(s: &str) -> Result<Self, Error> {
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
         let name = s.trim().to_ascii_lowercase();
         match name.as_str() {
             "none" | "no-migration" => Ok(Self::Static),
-            n => Self::from_name(n).ok_or_else(|| Error::UnknownPolicy { name: s.into() }),
+            n => Self::from_name(n).ok_or_else(|| PolicyError::UnknownPolicy { name: s.into() }),
         }
     }
 }
@@ -208,7 +208,7 @@ impl<'de> Deserialize<'de> for PolicyKind {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let name = String::deserialize(d)?;
         Self::from_name(&name)
-            .ok_or_else(|| serde::de::Error::custom(Error::UnknownPolicy { name }))
+            .ok_or_else(|| serde::de::Error::custom(PolicyError::UnknownPolicy { name }))
     }
 }
 
@@ -235,7 +235,7 @@ mod tests {
         );
         assert!(matches!(
             "lru".parse::<PolicyKind>(),
-            Err(Error::UnknownPolicy { .. })
+            Err(PolicyError::UnknownPolicy { .. })
         ));
         assert_eq!(PolicyKind::from_name("Tpp"), None, "exact names only");
     }

@@ -32,7 +32,7 @@ pub use types::*;
 
 /// Errors from naming or building a policy.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Error {
+pub enum PolicyError {
     /// The name matches no policy.
     #[error("unknown policy `{name}`; valid policies: {} (variants: {})", PolicyKind::names(&PolicyKind::POLICIES), PolicyKind::names(&PolicyKind::VARIANTS))]
     UnknownPolicy {
@@ -91,7 +91,7 @@ pub fn switch_to(
     kind: PolicyKind,
     config: &PolicyConfig,
     state: &PolicyState,
-) -> Result<Box<dyn Policy>, Error> {
+) -> Result<Box<dyn Policy>, PolicyError> {
     let mut p = kind.build(config)?;
     p.import_state(state);
     Ok(p)
@@ -112,7 +112,7 @@ mod tests {
         }
         assert_eq!(
             PolicyKind::Tpp.build(&PolicyConfig::new(0, vec![1])).err(),
-            Some(Error::NoPagesOrTiers)
+            Some(PolicyError::NoPagesOrTiers)
         );
     }
 

@@ -8,26 +8,75 @@
 //! - [`scenario`]: built-in scenarios named after the seeds' experiments.
 //! - [`workload`]: access streams over the shared guest generators.
 //! - [`engine`]: the simulation loop ([`run`], [`run_with`]).
-//! - [`report`]: per-policy results, a comparison table, JSON.
+//! - [`report`]: per-policy results ([`SimReport`]), a comparison table, JSON.
 
 pub mod engine;
 pub mod model;
 pub mod report;
 pub mod scenario;
+pub mod setup;
 pub mod workload;
 
-pub use engine::{run, run_with, Placement};
-pub use report::RunReport;
+pub use engine::{run, run_with, InitialPlacement};
+pub use report::SimReport;
 pub use scenario::{builtin, builtin_names, builtins, Scenario};
 
 use crate::policy::PolicyKind;
+
+/// A scenario the simulator cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScenarioError {
+    /// No tiers, or more than 64.
+    #[error("need 1 to 64 tiers")]
+    TierCount,
+    /// Scale below 1.
+    #[error("scale must be >= 1 (real pages per modeled page)")]
+    Scale,
+    /// Duration out of range.
+    #[error("duration must be in (0, 1e6] seconds")]
+    Duration,
+    /// No threads or no memory-level parallelism.
+    #[error("threads and mlp must be positive")]
+    Parallelism,
+    /// Write ratio outside [0, 1].
+    #[error("write ratio must be in [0, 1]")]
+    WriteRatio,
+    /// A tier without capacity, latency or bandwidth.
+    #[error("every tier needs positive capacity, latency and bandwidth")]
+    TierModel,
+    /// Too few or too many modeled pages.
+    #[error("footprint / scale must be between 1 and 64M modeled pages (raise --scale)")]
+    Footprint,
+    /// The antagonist's tier or load is out of range.
+    #[error("antagonist tier must exist and its utilization be in [0, 1)")]
+    Antagonist,
+    /// A guest workload's stream could not be built.
+    #[error("kv/pagerank stream could not be built")]
+    GuestStream,
+    /// PageRank's trace of one iteration would be too long.
+    #[error("pagerank at 2^{scale} vertices x degree {degree} is {accesses} accesses per iteration (at most {}); raise --scale", workload::PAGERANK_MAX_TRACE)]
+    PagerankTooLarge {
+        /// log2 of the vertex count.
+        scale: u32,
+        /// Average degree.
+        degree: u64,
+        /// Accesses per iteration.
+        accesses: u64,
+    },
+    /// The graph generator produced an inconsistent CSR.
+    #[error("pagerank graph build failed (CSR edge count mismatch)")]
+    PagerankBuild,
+    /// The graph's data does not fit its layout.
+    #[error("pagerank data region too small for its layout")]
+    PagerankLayout,
+}
 
 /// Simulator errors.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// A scenario parameter is out of range.
-    #[error("invalid scenario: {0}")]
-    InvalidScenario(String),
+    #[error("invalid scenario")]
+    InvalidScenario(#[from] ScenarioError),
     /// The footprint exceeds the tiers.
     #[error("footprint {footprint_gib} GiB does not fit in the tiers ({tiers_gib} GiB); raise a tier capacity or shrink the workload")]
     DoesNotFit {
@@ -38,22 +87,22 @@ pub enum SimError {
     },
     /// Policy construction failed.
     #[error(transparent)]
-    Policy(#[from] crate::policy::Error),
+    Policy(#[from] crate::policy::PolicyError),
 }
 
 /// Runs each policy in `policies` on `scn` (first-touch placement).
-pub fn run_all(scn: &Scenario, policies: &[PolicyKind]) -> Result<Vec<RunReport>, SimError> {
+pub fn run_all(scn: &Scenario, policies: &[PolicyKind]) -> Result<Vec<SimReport>, SimError> {
     policies.iter().map(|&p| run(scn, p)).collect()
 }
 
 /// Colloid's best case: `static` with `share` of the hot set in tier 0,
 /// for each share in 0.0, 0.1, ..., 1.0 (GUPS scenarios). Returns
 /// `(share, report)` pairs.
-pub fn static_split_sweep(scn: &Scenario) -> Result<Vec<(f64, RunReport)>, SimError> {
+pub fn static_split_sweep(scn: &Scenario) -> Result<Vec<(f64, SimReport)>, SimError> {
     (0..=10)
         .map(|i| {
             let share = f64::from(i) / 10.0;
-            run_with(scn, PolicyKind::Static, Placement::HotShare(share)).map(|r| (share, r))
+            run_with(scn, PolicyKind::Static, InitialPlacement::HotShare(share)).map(|r| (share, r))
         })
         .collect()
 }
@@ -69,7 +118,7 @@ mod tests {
         s
     }
 
-    fn strip(mut r: RunReport) -> RunReport {
+    fn strip(mut r: SimReport) -> SimReport {
         r.wall_s = 0.0;
         r
     }
@@ -126,13 +175,13 @@ mod tests {
         // with no contention the all-hot-in-fast split beats the all-slow one.
         let s0 = quick("colloid-gups-0x");
         let s3 = quick("colloid-gups-3x");
-        let t0 = run_with(&s0, PolicyKind::Static, Placement::HotShare(1.0))
+        let t0 = run_with(&s0, PolicyKind::Static, InitialPlacement::HotShare(1.0))
             .unwrap()
             .throughput_maps;
-        let t3 = run_with(&s3, PolicyKind::Static, Placement::HotShare(1.0))
+        let t3 = run_with(&s3, PolicyKind::Static, InitialPlacement::HotShare(1.0))
             .unwrap()
             .throughput_maps;
-        let slow0 = run_with(&s0, PolicyKind::Static, Placement::HotShare(0.0))
+        let slow0 = run_with(&s0, PolicyKind::Static, InitialPlacement::HotShare(0.0))
             .unwrap()
             .throughput_maps;
         assert!(t3 < t0, "{t3} vs {t0}");
@@ -169,7 +218,7 @@ mod tests {
         }
         // kv starts demoted: static never reaches the fast tier, a
         // migrating policy does.
-        let end_share = |r: &RunReport| r.timeline.last().map_or(0.0, |p| p.fast_share);
+        let end_share = |r: &SimReport| r.timeline.last().map_or(0.0, |p| p.fast_share);
         let st = end_share(&run(&kv, PolicyKind::Static).unwrap());
         let tpp = end_share(&run(&kv, PolicyKind::Tpp).unwrap());
         assert!(st < 0.01, "static fast share {st}");
@@ -180,10 +229,10 @@ mod tests {
     fn invalid_scenarios_are_refused_with_a_reason() {
         let mut s = quick("nomad-small-ro");
         s.scale = 0.5;
-        assert!(run(&s, PolicyKind::Static)
-            .unwrap_err()
-            .to_string()
-            .contains("scale"));
+        assert!(matches!(
+            run(&s, PolicyKind::Static),
+            Err(SimError::InvalidScenario(ScenarioError::Scale))
+        ));
         let mut s = quick("nomad-small-ro");
         s.tiers[0].capacity_gib = 1.0;
         s.tiers[1].capacity_gib = 1.0;
@@ -195,7 +244,7 @@ mod tests {
         empty.tiers.truncate(0);
         assert!(matches!(
             run(&empty, PolicyKind::Static),
-            Err(SimError::InvalidScenario(_))
+            Err(SimError::InvalidScenario(ScenarioError::TierCount))
         ));
     }
 }

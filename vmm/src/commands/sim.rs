@@ -3,7 +3,7 @@
 
 use clap::{Args, ValueEnum};
 use tiering::policy::PolicyKind;
-use tiering::sim::{self, RunReport, Scenario};
+use tiering::sim::{self, Scenario, SimReport};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -174,7 +174,7 @@ pub enum SimCmdError {
     Graph(String),
     /// A policy name does not parse.
     #[error(transparent)]
-    Policy(#[from] tiering::policy::Error),
+    Policy(#[from] tiering::policy::PolicyError),
     /// The simulator refused the scenario or a policy.
     #[error(transparent)]
     Sim(#[from] sim::SimError),
@@ -441,10 +441,10 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
         work.extend((0..=10).map(|i| (PolicyKind::Static, Some(f64::from(i) / 10.0))));
     }
     let wall = std::time::Instant::now();
-    let results: Vec<Result<RunReport, sim::SimError>> =
+    let results: Vec<Result<SimReport, sim::SimError>> =
         parallel(work.clone(), jobs, |(p, share)| match share {
             None => sim::run(&scn, p),
-            Some(s) => sim::run_with(&scn, p, sim::Placement::HotShare(s)).map(|mut r| {
+            Some(s) => sim::run_with(&scn, p, sim::InitialPlacement::HotShare(s)).map(|mut r| {
                 r.policy = format!("split{:.0}", s * 100.0);
                 r
             }),
