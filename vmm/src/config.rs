@@ -86,12 +86,12 @@ pub enum ConfigError {
     },
     /// A workload argument is invalid.
     #[error(transparent)]
-    Arg(#[from] ArgError),
+    Arg(#[from] WorkloadArgError),
 }
 
 /// A workload argument (`--arg KEY=VALUE`) that cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum ArgError {
+pub enum WorkloadArgError {
     /// Not `key=value`.
     #[error("--arg '{arg}' is not key=value: write e.g. --arg wss=256M")]
     NotKeyValue {
@@ -220,11 +220,11 @@ impl Default for VmRequest {
 }
 
 /// Splits `key=value` flags.
-pub fn parse_kv(args: &[String]) -> std::result::Result<Vec<(String, String)>, ArgError> {
+pub fn parse_kv(args: &[String]) -> std::result::Result<Vec<(String, String)>, WorkloadArgError> {
     args.iter()
         .map(|a| match a.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-            _ => Err(ArgError::NotKeyValue { arg: a.clone() }),
+            _ => Err(WorkloadArgError::NotKeyValue { arg: a.clone() }),
         })
         .collect()
 }
@@ -234,10 +234,10 @@ pub fn check_args(
     image: &str,
     spec: &tiervm_guest::args::ImageSpec,
     args: &[(String, String)],
-) -> std::result::Result<(), ArgError> {
+) -> std::result::Result<(), WorkloadArgError> {
     for (k, v) in args {
         let Some(a) = spec.arg(k) else {
-            return Err(ArgError::UnknownKey {
+            return Err(WorkloadArgError::UnknownKey {
                 key: k.clone(),
                 image: image.to_string(),
                 valid: spec.args.iter().map(|a| a.key).collect(),
@@ -257,7 +257,7 @@ pub fn check_args(
                 ValueError::BadChoice => "not an allowed value",
                 _ => "malformed",
             };
-            return Err(ArgError::BadValue {
+            return Err(WorkloadArgError::BadValue {
                 key: k.clone(),
                 value: v.clone(),
                 image: image.to_string(),
@@ -426,17 +426,19 @@ fn tiering_for(req: &VmRequest, layout: &Layout) -> Result<Option<TieringConfig>
 }
 
 /// Converts `key=value` pairs to ABI entries.
-pub fn to_entries(args: &[(String, String)]) -> std::result::Result<Vec<ArgEntry>, ArgError> {
+pub fn to_entries(
+    args: &[(String, String)],
+) -> std::result::Result<Vec<ArgEntry>, WorkloadArgError> {
     if args.len() > tiervm_guest::abi::MAX_ARGS {
-        return Err(ArgError::TooMany { count: args.len() });
+        return Err(WorkloadArgError::TooMany { count: args.len() });
     }
     args.iter()
         .map(|(k, v)| {
             Ok(ArgEntry {
                 key: tiervm_guest::abi::to_fixed(k)
-                    .ok_or_else(|| ArgError::KeyTooLong { key: k.clone() })?,
+                    .ok_or_else(|| WorkloadArgError::KeyTooLong { key: k.clone() })?,
                 value: tiervm_guest::abi::to_fixed(v)
-                    .ok_or_else(|| ArgError::ValueTooLong { value: v.clone() })?,
+                    .ok_or_else(|| WorkloadArgError::ValueTooLong { value: v.clone() })?,
             })
         })
         .collect()

@@ -15,7 +15,7 @@ use crate::commands::compare::CompareError;
 use crate::commands::info::InfoError;
 use crate::commands::native::NativeError;
 use crate::commands::sim::SimCmdError;
-use crate::config::{ArgError, ConfigError};
+use crate::config::{ConfigError, WorkloadArgError};
 use crate::image::ImageError;
 use crate::tiering_config::TieringConfigError;
 use crate::vstate::memory::MemoryError;
@@ -85,8 +85,8 @@ pub enum OutputError {
     },
 }
 
-impl From<ArgError> for Error {
-    fn from(e: ArgError) -> Self {
+impl From<WorkloadArgError> for Error {
+    fn from(e: WorkloadArgError) -> Self {
         Self::Config(ConfigError::Arg(e))
     }
 }

@@ -39,10 +39,10 @@ use crate::policy::{
 
 /// How often the engine drains hint-fault samples.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
-/// Tier ids as policies see them.
-pub const FAST: TierId = 0;
-/// The slow tier's id.
-pub const SLOW: TierId = 1;
+/// The fast tier's id as policies see it.
+pub const FAST_TIER: TierId = 0;
+/// The slow tier's id as policies see it.
+pub const SLOW_TIER: TierId = 1;
 
 /// Modeled total memory request rate of a VM (64-byte requests per second,
 /// about 6.4 GB/s), split over the tiers by the measured access shares.
@@ -180,12 +180,12 @@ impl MemoryView for LiveView<'_> {
     }
     fn tier_of(&self, page: u64) -> TierId {
         match self.mem.tier_of(page as usize) {
-            Some(Tier::Fast) => FAST,
-            _ => SLOW,
+            Some(Tier::Fast) => FAST_TIER,
+            _ => SLOW_TIER,
         }
     }
     fn shadow_tier(&self, page: u64) -> Option<TierId> {
-        self.mem.has_shadow(page as usize).then_some(SLOW)
+        self.mem.has_shadow(page as usize).then_some(SLOW_TIER)
     }
     fn test_and_clear_accessed(&mut self, page: u64) -> bool {
         if let Some(p) = &mut self.probe {
@@ -281,7 +281,11 @@ impl EngineState {
     ) -> Option<Migration> {
         let mem = self.migrator.memory().clone();
         let tier = mem.tier_of(s.page as usize)?;
-        let tier_id = if tier == Tier::Fast { FAST } else { SLOW };
+        let tier_id = if tier == Tier::Fast {
+            FAST_TIER
+        } else {
+            SLOW_TIER
+        };
         for bits in [&mut self.touched, &mut self.probe_touched] {
             if let Some(w) = bits.get_mut((s.page / 64) as usize) {
                 *w |= 1 << (s.page % 64);
@@ -334,7 +338,7 @@ impl EngineState {
         match self.observe(s, now_ns, &tiers) {
             Some(m)
                 if m.urgency == Urgency::BeforeFaultingAccessResumes
-                    && m.to == FAST
+                    && m.to == FAST_TIER
                     && m.unit.pages == 1 =>
             {
                 self.report.migrations_requested += 1;
@@ -405,7 +409,7 @@ impl EngineState {
         self.execute(&d.migrations);
         self.arm_probes(&later);
         for &(tier, pages) in &d.reclaim_shadows {
-            if tier == SLOW {
+            if tier == SLOW_TIER {
                 let want = mem.free_pages(Tier::Slow) + pages as usize;
                 mem.reclaim_shadows(want);
             }
@@ -455,8 +459,8 @@ fn push_split(units: &mut Vec<mem::Unit>, first: usize, pages: usize) {
 fn batch_key(mem: &TieredMemory, m: &Migration) -> Option<(mem::Direction, mem::Mechanism)> {
     let from = mem.tier_of(m.unit.page as usize)?;
     let dir = match (from, m.to) {
-        (Tier::Slow, FAST) => mem::Direction::Promote,
-        (Tier::Fast, t) if t != FAST => mem::Direction::Demote,
+        (Tier::Slow, FAST_TIER) => mem::Direction::Promote,
+        (Tier::Fast, t) if t != FAST_TIER => mem::Direction::Demote,
         _ => return None,
     };
     let mech = match m.mechanism {

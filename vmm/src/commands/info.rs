@@ -444,7 +444,7 @@ pub enum AccessTracking {
 /// Which migration mechanism tiervm can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Migration {
+pub enum MigrationSupport {
     /// Copy while the guest runs, commit only if the page stayed clean
     /// (`UFFDIO_MOVE` + manual-protect dirty log).
     Transactional,
@@ -483,7 +483,7 @@ pub struct Verdict {
     /// `/dev/kvm` usable, API 12, and a VM with a vCPU could be created.
     pub run_vms: bool,
     /// Migration mechanism available.
-    pub migration: Migration,
+    pub migration: MigrationSupport,
     /// Access tracking mechanism available.
     pub access_tracking: AccessTracking,
     /// Real or emulated tiers.
@@ -504,9 +504,9 @@ impl Verdict {
             .as_ref()
             .is_some_and(|c| c.manual_dirty_log_protect.manual_protect_enable);
         let migration = match (run_vms && moves, manual_protect) {
-            (true, true) => Migration::Transactional,
-            (true, false) => Migration::StopAndCopy,
-            (false, _) => Migration::None,
+            (true, true) => MigrationSupport::Transactional,
+            (true, false) => MigrationSupport::StopAndCopy,
+            (false, _) => MigrationSupport::None,
         };
         // page_idle is detected but not used (no tracker for it is built:
         // the development host lacks it, so it could not be tested).
@@ -530,9 +530,9 @@ impl Verdict {
             "run VMs: {}; migration: {}; access tracking: {}; tiers: {}",
             yes_no(run_vms),
             match migration {
-                Migration::Transactional => "transactional",
-                Migration::StopAndCopy => "stop-and-copy only",
-                Migration::None => "none (needs UFFDIO_MOVE; no-migration baseline only)",
+                MigrationSupport::Transactional => "transactional",
+                MigrationSupport::StopAndCopy => "stop-and-copy only",
+                MigrationSupport::None => "none (needs UFFDIO_MOVE; no-migration baseline only)",
             },
             match access_tracking {
                 AccessTracking::HintFaults => "hint-fault sampling",
@@ -1042,7 +1042,7 @@ mod tests {
     fn verdict_follows_the_facts() {
         let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(true, &[(0, false)]));
         assert!(v.run_vms);
-        assert_eq!(v.migration, Migration::Transactional);
+        assert_eq!(v.migration, MigrationSupport::Transactional);
         assert_eq!(v.access_tracking, AccessTracking::HintFaults);
         assert_eq!(v.tiers, Tiers::Emulated { node: 0 });
 
@@ -1050,7 +1050,7 @@ mod tests {
             &kvm_facts(Access::Ok, 0),
             &host_facts(true, &[(0, false), (1, true)]),
         );
-        assert_eq!(v.migration, Migration::StopAndCopy);
+        assert_eq!(v.migration, MigrationSupport::StopAndCopy);
         assert_eq!(
             v.tiers,
             Tiers::Real {
@@ -1060,7 +1060,7 @@ mod tests {
         );
 
         let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(false, &[(0, false)]));
-        assert_eq!(v.migration, Migration::None);
+        assert_eq!(v.migration, MigrationSupport::None);
         assert_eq!(v.access_tracking, AccessTracking::None);
 
         let v = Verdict::from_facts(
@@ -1068,7 +1068,7 @@ mod tests {
             &host_facts(true, &[(0, false)]),
         );
         assert!(!v.run_vms);
-        assert_eq!(v.migration, Migration::None);
+        assert_eq!(v.migration, MigrationSupport::None);
         assert!(v.summary.starts_with("run VMs: no"), "{}", v.summary);
     }
 

@@ -7,7 +7,7 @@ use tiering::sim::{self, Scenario, SimReport};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum ReportFormat {
+pub enum SimFormat {
     /// A comparison table.
     #[default]
     Table,
@@ -27,8 +27,8 @@ pub struct SimArgs {
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
-    pub report: ReportFormat,
+    #[arg(long, value_enum, default_value_t = SimFormat::Table)]
+    pub report: SimFormat,
     /// Also print each run's throughput timeline and per-tier traffic.
     #[arg(long)]
     pub verbose: bool,
@@ -452,7 +452,7 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
     let wall_s = wall.elapsed().as_secs_f64();
     let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     match args.report {
-        ReportFormat::Json => {
+        SimFormat::Json => {
             let v = serde_json::json!({
                 "modeled": true,
                 "note": "all performance numbers come from the simulator's latency model",
@@ -462,7 +462,7 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             });
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
-        ReportFormat::Table => {
+        SimFormat::Table => {
             println!("{}", scn.about);
             print!("{}", sim::report::table(&reports));
             let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();

@@ -10,7 +10,7 @@ use vm_memory::{
     ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap,
 };
 
-use crate::config::{to_entries, ArgError};
+use crate::config::{to_entries, WorkloadArgError};
 
 /// Guest memory that cannot be set up or written.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,7 @@ pub enum MemoryError {
     StatusPage(#[source] GuestMemoryError),
     /// The workload arguments do not fit the boot info.
     #[error(transparent)]
-    Arg(#[from] ArgError),
+    Arg(#[from] WorkloadArgError),
 }
 
 impl MemoryError {
