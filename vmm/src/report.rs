@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::status::TimelinePoint;
 use crate::units::format_size;
-use crate::vstate::tiered::{MigrationCounters, TieringReport, TrackingCounters};
+use crate::vstate::tiered::{MigrationReport, TieringReport, TrackingReport};
 use tiering::mem::TierStats;
 
 /// Why the VM stopped.
@@ -69,10 +69,10 @@ pub struct RunReport {
     /// Per-tier page counts (tiered runs only).
     pub tiers: Option<Vec<TierStats>>,
     /// Migration counters (tiered runs only).
-    pub migration: Option<MigrationCounters>,
+    pub migration: Option<MigrationReport>,
     /// Access-tracking counters (tiered runs only).
-    pub tracking: Option<TrackingCounters>,
-    /// Everything the tiering layer reports (tiered runs only).
+    pub tracking: Option<TrackingReport>,
+    /// The tiering setup, its threads and its checks (tiered runs only).
     pub tiering: Option<TieringReport>,
     /// Tracking on/off throughput within this run (`--tracking-ab` only).
     pub tracking_ab: Option<crate::ab::TrackingAb>,
@@ -137,10 +137,10 @@ impl RunReport {
             );
         }
         if let Some(t) = &self.tiering {
-            let tiers: Vec<String> = t
-                .stats
+            let tiers: Vec<String> = self
                 .tiers
                 .iter()
+                .flatten()
                 .map(|x| {
                     format!(
                         "{} node{} {}/{} pages",
@@ -243,6 +243,44 @@ pub fn group(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::vstate::tiered::TieringReport;
+    use tiering::mem::MemStats;
+
+    /// Every mechanism counter is in exactly one report section, and the
+    /// `tiering` section repeats none of them.
+    #[test]
+    fn each_counter_is_reported_once() {
+        let t = TieringReport {
+            policy: "static".into(),
+            emulated: true,
+            setup_ms: 0.0,
+            stats: MemStats::default(),
+            chaos: None,
+            samples: 0,
+            engine: None,
+            node_check: "ok".into(),
+        };
+        let section = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+        let migration = section(serde_json::to_value(t.migration()).unwrap());
+        let tracking = section(serde_json::to_value(t.tracking(1, 1.0)).unwrap());
+        let tiering = section(serde_json::to_value(&t).unwrap());
+        let stats = section(serde_json::to_value(&t.stats).unwrap());
+        for key in stats.keys() {
+            // The per-tier list is the report's `tiers`; the sampler's
+            // last-period overhead is superseded by the whole run's.
+            if key == "tiers" || key == "tracking_overhead_pct" {
+                continue;
+            }
+            let places = [&migration, &tracking, &tiering]
+                .iter()
+                .filter(|s| s.contains_key(key))
+                .count();
+            assert_eq!(places, 1, "counter `{key}` is reported {places} times");
+        }
+        assert!(!tiering.contains_key("stats") && !tiering.contains_key("samples"));
+        assert!(tracking.contains_key("tracking_overhead_pct"));
+    }
+
     #[test]
     fn groups_digits() {
         assert_eq!(super::group(0), "0");

@@ -293,7 +293,7 @@ pub fn run(
         unhandled_io: shared.unhandled_io.load(Ordering::Relaxed),
         mmio_exits: shared.mmio_exits.load(Ordering::Relaxed),
         crash,
-        tiers: tiering.as_ref().map(|t| t.stats.tiers.clone()),
+        tiers: tiering.as_ref().map(TieringReport::tiers),
         migration: tiering.as_ref().map(TieringReport::migration),
         tracking: tiering
             .as_ref()

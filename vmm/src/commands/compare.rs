@@ -979,7 +979,7 @@ mod tests {
     use super::*;
     use crate::report::StopReason;
     use crate::status::TimelinePoint;
-    use crate::vstate::tiered::{MigrationCounters, TrackingCounters};
+    use crate::vstate::tiered::{MigrationReport, TrackingReport};
 
     fn report(ops_per_sec: f64, promotions: u64, p99: Option<f64>) -> RunReport {
         let mut guest_metrics = BTreeMap::new();
@@ -1013,23 +1013,20 @@ mod tests {
             mmio_exits: 0,
             crash: None,
             tiers: None,
-            migration: Some(MigrationCounters {
+            migration: Some(MigrationReport {
                 promotions,
                 demotions: promotions / 2,
                 tpm_commits: promotions,
                 tpm_aborts: 3,
-                tpm_retries: 0,
-                stop_copy: 0,
                 shadow_demotions: 1,
-                shadow_invalidations: 0,
-                shadow_reclaims: 0,
-                skipped_no_space: 0,
                 guest_stall_ms: 2.5,
+                ..MigrationReport::default()
             }),
-            tracking: Some(TrackingCounters {
+            tracking: Some(TrackingReport {
                 hint_faults: 10,
                 hint_stall_ms: 5.0,
                 tracking_overhead_pct: 0.25,
+                samples: 10,
             }),
             tiering: None,
             tracking_ab: None,

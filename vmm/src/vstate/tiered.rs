@@ -9,7 +9,7 @@ use kvm_ioctls::VmFd;
 use serde::Serialize;
 use tiering::mem::{
     ChaosDriver, ChaosReport, FaultHandler, HintSampler, MemStats, Migrator, MigratorConfig,
-    SamplerHandle, TieredMemory, PAGE_SIZE,
+    SamplerHandle, TierStats, TieredMemory, PAGE_SIZE,
 };
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
@@ -82,6 +82,13 @@ impl TieredRamError {
 }
 
 /// What the report says about tiering.
+///
+/// The run report has one section per thing reported: per-tier page
+/// counts (`tiers`), migration mechanism counters (`migration`), access
+/// tracking (`tracking`) and this one, the tiering setup and its threads.
+/// The first three are built from `stats` and `samples` ([`Self::tiers`],
+/// [`Self::migration`], [`Self::tracking`]), which are therefore left out
+/// of this section's JSON.
 #[derive(Clone, Debug, Serialize)]
 pub struct TieringReport {
     /// The policy that ran.
@@ -90,11 +97,13 @@ pub struct TieringReport {
     pub emulated: bool,
     /// Milliseconds the backing took to set up (allocation and placement).
     pub setup_ms: f64,
-    /// Mechanism counters and per-tier page counts.
+    /// Mechanism counters and per-tier page counts at the end of the run.
+    #[serde(skip)]
     pub stats: MemStats,
     /// The chaos driver's own account, when chaos ran.
     pub chaos: Option<ChaosReport>,
     /// Access samples (hint faults) recorded.
+    #[serde(skip)]
     pub samples: u64,
     /// What the policy engine did (placement policies only).
     pub engine: Option<EngineReport>,
@@ -104,9 +113,9 @@ pub struct TieringReport {
     pub node_check: String,
 }
 
-/// The report's `migration` object.
-#[derive(Clone, Debug, Serialize)]
-pub struct MigrationCounters {
+/// The report's `migration` object: every migration-mechanism counter.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MigrationReport {
     /// Pages moved slow -> fast.
     pub promotions: u64,
     /// Pages moved fast -> slow.
@@ -117,23 +126,42 @@ pub struct MigrationCounters {
     pub tpm_aborts: u64,
     /// Aborted transactions retried.
     pub tpm_retries: u64,
-    /// Units moved by stop-and-copy.
+    /// Aborted units dropped after the last retry.
+    pub tpm_gave_up: u64,
+    /// Pages moved by stop-and-copy.
     pub stop_copy: u64,
+    /// Pages moved with the kernel's `move_pages(2)`.
+    pub kernel_move_pages: u64,
     /// Demotions that remapped a shadow.
     pub shadow_demotions: u64,
+    /// Demotions of shadowed pages written meanwhile (copied into the shadow).
+    pub shadow_demotions_copied: u64,
     /// Shadows dropped because the page was written after promotion.
     pub shadow_invalidations: u64,
+    /// Shadows kept after a dirty bit because the page still equals its
+    /// shadow (dirty-on-read under shadow paging).
+    pub shadow_revalidations: u64,
     /// Shadows reclaimed under slow-tier pressure.
     pub shadow_reclaims: u64,
+    /// Shadows held at the end.
+    pub shadow_pages: u64,
     /// Migrations skipped because the destination tier was full.
     pub skipped_no_space: u64,
+    /// Pages skipped because another mover or the sampler owned them.
+    pub skipped_busy: u64,
+    /// Guest faults on pages in flight.
+    pub guest_stalls: u64,
     /// vCPU time blocked in migration userfaults, ms.
     pub guest_stall_ms: f64,
+    /// Dirty-log harvests (GET + CLEAR rounds).
+    pub harvests: u64,
+    /// Faults on addresses no mechanism explains (a bug indicator).
+    pub unexpected_faults: u64,
 }
 
 /// The report's `tracking` object.
-#[derive(Clone, Debug, Serialize)]
-pub struct TrackingCounters {
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TrackingReport {
     /// Hint faults taken (sampled guest accesses).
     pub hint_faults: u64,
     /// vCPU time blocked in hint faults, ms.
@@ -141,34 +169,51 @@ pub struct TrackingCounters {
     /// Share of vCPU time spent in hint faults over the whole run, percent
     /// (hint_stall_ms / (vCPUs x run time)).
     pub tracking_overhead_pct: f64,
+    /// Access samples the fault handler recorded.
+    pub samples: u64,
 }
 
 impl TieringReport {
+    /// The `tiers` list.
+    pub fn tiers(&self) -> Vec<TierStats> {
+        self.stats.tiers.clone()
+    }
+
     /// The `migration` object.
-    pub fn migration(&self) -> MigrationCounters {
+    pub fn migration(&self) -> MigrationReport {
         let s = &self.stats;
-        MigrationCounters {
+        MigrationReport {
             promotions: s.promotions,
             demotions: s.demotions,
             tpm_commits: s.tpm_commits,
             tpm_aborts: s.tpm_aborts,
             tpm_retries: s.tpm_retries,
+            tpm_gave_up: s.tpm_gave_up,
             stop_copy: s.stop_copy,
+            kernel_move_pages: s.kernel_move_pages,
             shadow_demotions: s.shadow_demotions,
+            shadow_demotions_copied: s.shadow_demotions_copied,
             shadow_invalidations: s.shadow_invalidations,
+            shadow_revalidations: s.shadow_revalidations,
             shadow_reclaims: s.shadow_reclaims,
+            shadow_pages: s.shadow_pages,
             skipped_no_space: s.skipped_no_space,
+            skipped_busy: s.skipped_busy,
+            guest_stalls: s.guest_stalls,
             guest_stall_ms: s.guest_stall_ms,
+            harvests: s.harvests,
+            unexpected_faults: s.unexpected_faults,
         }
     }
 
     /// The `tracking` object for a run of `vcpus` vCPUs lasting `run_s` seconds.
-    pub fn tracking(&self, vcpus: u32, run_s: f64) -> TrackingCounters {
+    pub fn tracking(&self, vcpus: u32, run_s: f64) -> TrackingReport {
         let vcpu_ms = f64::from(vcpus.max(1)) * run_s.max(1e-9) * 1e3;
-        TrackingCounters {
+        TrackingReport {
             hint_faults: self.stats.hint_faults,
             hint_stall_ms: self.stats.hint_stall_ms,
             tracking_overhead_pct: 100.0 * self.stats.hint_stall_ms / vcpu_ms,
+            samples: self.samples,
         }
     }
 }
