@@ -100,7 +100,8 @@ impl Error {
             Self::TieredRam(e) => e.is_usage(),
             Self::Compare(e) => return e.exit_code(),
             Self::Native(e) => e.is_usage(),
-            Self::Vm(_) | Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
+            Self::Vm(e) => e.is_usage(),
+            Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
         };
         if usage {
             EXIT_USAGE

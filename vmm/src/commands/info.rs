@@ -3,8 +3,9 @@
 //! Collects two groups of facts and prints them, each with the job it does
 //! in tiervm, followed by a verdict:
 //!
-//! - KVM (this module): `/dev/kvm`, API version, flavour (PVM, VMX, SVM),
-//!   dirty-log capabilities, vCPU and memslot limits, TSC frequency.
+//! - KVM (this module; capabilities from [`crate::vstate::kvm_caps`], which
+//!   VM creation checks too): `/dev/kvm`, API version, flavour (PVM, VMX,
+//!   SVM), dirty-log capabilities, vCPU and memslot limits, TSC frequency.
 //! - Host memory ([`tiering::host`]): NUMA nodes, userfaultfd features,
 //!   idle page tracking, THP, `vm.max_map_count`.
 //!
@@ -18,16 +19,13 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::raw::c_ulong;
 use std::path::Path;
 
-use kvm_bindings::{
-    KVM_CAP_DIRTY_LOG_RING, KVM_CAP_DIRTY_LOG_RING_ACQ_REL, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-    KVM_CAP_MEMORY_FAULT_INFO, KVM_CAP_READONLY_MEM, KVM_CAP_USER_MEMORY,
-};
 use kvm_ioctls::{Kvm, VmFd};
 use serde::Serialize;
 use tiering::host::{self, Access, HostFacts, IdlePageTracking};
+
+pub use crate::vstate::kvm_caps::{KvmCaps, ManualDirtyLogProtect};
 
 /// Arguments of `tiervm info`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -231,57 +229,6 @@ pub fn decide_flavour(e: &FlavourEvidence) -> KvmFlavour {
 // KVM capabilities
 // ---------------------------------------------------------------------------
 
-/// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`, decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ManualDirtyLogProtect {
-    /// Raw `KVM_CHECK_EXTENSION` answer (a bitmask; 0 = absent).
-    pub raw: i32,
-    /// Bit 0, `KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE`: `KVM_GET_DIRTY_LOG` no
-    /// longer clears, `KVM_CLEAR_DIRTY_LOG` re-protects chosen pages.
-    pub manual_protect_enable: bool,
-    /// Bit 1, `KVM_DIRTY_LOG_INITIALLY_SET`: the log starts all-dirty.
-    pub initially_set: bool,
-}
-
-impl ManualDirtyLogProtect {
-    /// Decodes the bitmask.
-    pub fn from_raw(raw: i32) -> ManualDirtyLogProtect {
-        let bits = raw.max(0);
-        ManualDirtyLogProtect {
-            raw,
-            manual_protect_enable: bits & 1 != 0,
-            initially_set: bits & 2 != 0,
-        }
-    }
-}
-
-/// Capabilities and limits of `/dev/kvm`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KvmCaps {
-    /// Where the capabilities were asked: `"vm"` (a throwaway VM; most
-    /// precise) or `"system"` (`/dev/kvm`, if VM creation failed).
-    pub asked_on: &'static str,
-    /// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`.
-    pub manual_dirty_log_protect: ManualDirtyLogProtect,
-    /// `KVM_CAP_DIRTY_LOG_RING`: maximum ring size in bytes (0 = absent).
-    pub dirty_log_ring_bytes: i32,
-    /// `KVM_CAP_DIRTY_LOG_RING_ACQ_REL`: maximum ring size in bytes (0 = absent).
-    pub dirty_log_ring_acq_rel_bytes: i32,
-    /// `KVM_CAP_MEMORY_FAULT_INFO`: failed guest memory accesses exit with
-    /// `KVM_EXIT_MEMORY_FAULT` and the faulting guest address.
-    pub memory_fault_info: bool,
-    /// `KVM_CAP_READONLY_MEM`: read-only memslots.
-    pub readonly_mem: bool,
-    /// `KVM_CAP_USER_MEMORY`: memslots backed by process memory.
-    pub user_memory: bool,
-    /// `KVM_CAP_MAX_VCPUS`.
-    pub max_vcpus: usize,
-    /// `KVM_CAP_NR_VCPUS` (recommended maximum).
-    pub recommended_vcpus: usize,
-    /// `KVM_CAP_NR_MEMSLOTS`.
-    pub max_memslots: usize,
-}
-
 /// Result of creating a throwaway VM and vCPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VmProbe {
@@ -330,28 +277,6 @@ fn dev_kvm_fix(access: &Access) -> Option<String> {
                 .into(),
         ),
         Access::Failed { .. } => Some("check dmesg for KVM errors".into()),
-    }
-}
-
-fn cap(raw: impl Fn(c_ulong) -> i32, cap: u32) -> i32 {
-    raw(c_ulong::from(cap))
-}
-
-fn caps_from(raw: impl Fn(c_ulong) -> i32, kvm: &Kvm, asked_on: &'static str) -> KvmCaps {
-    KvmCaps {
-        asked_on,
-        manual_dirty_log_protect: ManualDirtyLogProtect::from_raw(cap(
-            &raw,
-            KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-        )),
-        dirty_log_ring_bytes: cap(&raw, KVM_CAP_DIRTY_LOG_RING).max(0),
-        dirty_log_ring_acq_rel_bytes: cap(&raw, KVM_CAP_DIRTY_LOG_RING_ACQ_REL).max(0),
-        memory_fault_info: cap(&raw, KVM_CAP_MEMORY_FAULT_INFO) > 0,
-        readonly_mem: cap(&raw, KVM_CAP_READONLY_MEM) > 0,
-        user_memory: cap(&raw, KVM_CAP_USER_MEMORY) > 0,
-        max_vcpus: kvm.get_max_vcpus(),
-        recommended_vcpus: kvm.get_nr_vcpus(),
-        max_memslots: kvm.get_nr_memslots(),
     }
 }
 
@@ -413,8 +338,8 @@ pub fn probe_kvm() -> KvmFacts {
     };
     let (vm_probe, vm) = probe_vm(&kvm);
     let caps = match &vm {
-        Some(vm) => caps_from(|c| vm.check_extension_raw(c), &kvm, "vm"),
-        None => caps_from(|c| kvm.check_extension_raw(c), &kvm, "system"),
+        Some(vm) => KvmCaps::of_vm(&kvm, vm),
+        None => KvmCaps::of_system(&kvm),
     };
     KvmFacts {
         dev_kvm: Access::Ok,
@@ -956,18 +881,6 @@ mod tests {
             parse_cpu_flags("vmx flags\t: ept\nflags\t: vmx\n"),
             vec!["vmx"]
         );
-    }
-
-    #[test]
-    fn manual_protect_mask_decodes() {
-        let m = ManualDirtyLogProtect::from_raw(3);
-        assert!(m.manual_protect_enable && m.initially_set);
-        let m = ManualDirtyLogProtect::from_raw(1);
-        assert!(m.manual_protect_enable && !m.initially_set);
-        let m = ManualDirtyLogProtect::from_raw(0);
-        assert!(!m.manual_protect_enable && !m.initially_set);
-        let m = ManualDirtyLogProtect::from_raw(-22);
-        assert!(!m.manual_protect_enable && !m.initially_set);
     }
 
     fn host_facts(move_bit: bool, nodes: &[(u32, bool)]) -> HostFacts {

@@ -130,8 +130,7 @@ impl Env for HostEnv<'_> {
     }
     fn set_phase(&self, _: Phase) {}
     fn cycles(&self) -> u64 {
-        // SAFETY: rdtsc only reads the time-stamp counter.
-        unsafe { core::arch::x86_64::_rdtsc() }
+        crate::vstate::vcpu::read_tsc()
     }
     fn tsc_khz(&self) -> u64 {
         self.tsc_khz
@@ -178,7 +177,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     let counters: Vec<AtomicU64> = (0..args.threads).map(|_| AtomicU64::new(0)).collect();
     let barrier = Barrier::new(args.threads as usize);
     let exit_sum = AtomicU32::new(0);
-    let tsc_khz = measure_tsc_khz();
+    let tsc_khz = crate::vstate::vcpu::measure_host_tsc_khz();
     let timeline = Mutex::new(Vec::new());
     let metrics = Mutex::new(std::collections::BTreeMap::new());
     let start = Instant::now();
@@ -248,14 +247,4 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         ),
     }
     Ok(if report.exit_code == 0 { 0 } else { 1 })
-}
-
-fn measure_tsc_khz() -> u64 {
-    let t0 = Instant::now();
-    // SAFETY: rdtsc only reads the time-stamp counter.
-    let c0 = unsafe { core::arch::x86_64::_rdtsc() };
-    std::thread::sleep(Duration::from_millis(20));
-    // SAFETY: as above.
-    let c1 = unsafe { core::arch::x86_64::_rdtsc() };
-    (c1.wrapping_sub(c0) * 1000 / (t0.elapsed().as_micros().max(1) as u64)).max(1)
 }

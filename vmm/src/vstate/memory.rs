@@ -1,9 +1,11 @@
 //! Guest memory: the RAM mapping, the guest-physical layout of the guest ABI,
 //! the ring-3 page tables and the boot-info block.
 
+use std::mem::size_of;
+
 use tiervm_guest::abi::{
-    self, ArgEntry, BootInfo, StatusPage, BOOT_INFO_GPA, GUEST_LARGE_PAGE, MAX_ARGS,
-    PAGE_TABLES_GPA, STACK_SIZE, STATUS_GPA,
+    self, ArgEntry, BootInfo, Metric, StatusPage, VcpuStatus, BOOT_INFO_GPA, GUEST_LARGE_PAGE,
+    MAX_ARGS, PAGE_TABLES_GPA, STACK_SIZE, STATUS_GPA,
 };
 use vm_memory::mmap::FromRangesError;
 use vm_memory::{
@@ -60,10 +62,24 @@ pub const MIN_RAM: u64 = 16 << 20;
 #[derive(Clone, Copy)]
 pub struct Wire<T>(pub T);
 
-// SAFETY: BootInfo is repr(C), built only of integers and byte arrays with no
-// padding (checked by its layout assertions), so every byte pattern is valid.
+// The ABI structs have no padding: each is exactly the sum of its fields.
+const _: () = assert!(size_of::<ArgEntry>() == abi::ARG_KEY_LEN + abi::ARG_VALUE_LEN);
+const _: () = assert!(size_of::<BootInfo>() == 7 * 8 + 4 * 4 + MAX_ARGS * size_of::<ArgEntry>());
+const _: () = assert!(size_of::<VcpuStatus>() == 8 * 8);
+const _: () = assert!(size_of::<Metric>() == abi::METRIC_NAME_LEN + 8);
+const _: () = assert!(
+    size_of::<StatusPage>()
+        == 8 * 8
+            + abi::MAX_VCPUS * size_of::<VcpuStatus>()
+            + abi::MAX_METRICS * size_of::<Metric>()
+);
+
+// SAFETY: `Wire` is `repr(transparent)` over BootInfo, which is `repr(C)`,
+// holds no references, and is built only of integers and byte arrays (so
+// every byte pattern is a valid value) with no padding (asserted above).
 unsafe impl ByteValued for Wire<BootInfo> {}
-// SAFETY: as above for StatusPage (integers and byte arrays, no padding).
+// SAFETY: as above for StatusPage: `repr(C)` integers, byte arrays and
+// arrays of such structs (VcpuStatus, Metric), no padding (asserted above).
 unsafe impl ByteValued for Wire<StatusPage> {}
 
 /// Where everything lives in guest-physical memory for one VM.
@@ -125,8 +141,9 @@ pub fn create_ram(size: u64, huge_pages: bool) -> Result<GuestMemoryMmap> {
         let host = mem
             .get_host_address(GuestAddress(0))
             .map_err(MemoryError::HostAddress)?;
-        // SAFETY: madvise on the mapping vm-memory just created for exactly
-        // `len` bytes; MADV_HUGEPAGE only changes the kernel's backing choice.
+        // SAFETY: `host..host + len` is exactly the one mapping vm-memory
+        // created above and `mem` still owns; MADV_HUGEPAGE only changes how
+        // the kernel backs it (no content changes, nothing freed).
         let rc = unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
         if rc != 0 {
             tracing::debug!(

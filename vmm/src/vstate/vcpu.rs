@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, CpuId, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd};
 use tiervm_guest::abi::{BOOT_INFO_GPA, PORT_BOOTED, PORT_EXIT};
 
 use crate::devices::PortBus;
+use crate::vstate::vm::{Vcpu, Vm};
 
 /// A vCPU that could not be set up, started or run.
 #[derive(Debug, thiserror::Error)]
@@ -82,18 +83,17 @@ const USER_CS: u16 = 0x33;
 const USER_DS: u16 = 0x2b;
 const TSS_SEL: u16 = 0x40;
 
-/// Creates vCPU `id` and puts it at `entry` in 64-bit ring 3.
+/// Creates vCPU `id` of `vm` and puts it at `entry` in 64-bit ring 3.
 pub fn create_vcpu(
-    kvm: &Kvm,
-    vm: &VmFd,
+    vm: &Vm,
     id: u32,
     cpuid: &CpuId,
     cr3: u64,
     entry: u64,
     stack_top: u64,
-) -> Result<VcpuFd> {
-    let vcpu = vm.create_vcpu(u64::from(id)).map_err(VcpuError::Create)?;
-    let _ = kvm;
+) -> Result<Vcpu> {
+    let owned = vm.create_vcpu(id).map_err(VcpuError::Create)?;
+    let vcpu = owned.fd();
     vcpu.set_cpuid2(cpuid).map_err(VcpuError::SetCpuid)?;
 
     let mut sregs = vcpu.get_sregs().map_err(VcpuError::GetSregs)?;
@@ -157,7 +157,7 @@ pub fn create_vcpu(
         ..Default::default()
     };
     vcpu.set_regs(&regs).map_err(VcpuError::SetRegs)?;
-    Ok(vcpu)
+    Ok(owned)
 }
 
 /// The host's supported CPUID, passed through to the guest.
@@ -174,13 +174,19 @@ pub fn tsc_khz(vcpu: &VcpuFd) -> u64 {
     }
 }
 
-fn measure_host_tsc_khz() -> u64 {
+/// The host's time-stamp counter.
+pub fn read_tsc() -> u64 {
+    // SAFETY: `rdtsc` is part of the x86_64 baseline, so every CPU this
+    // binary runs on has it; it only reads the counter (no memory access).
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// The host's TSC frequency in kHz, measured over 20 ms.
+pub fn measure_host_tsc_khz() -> u64 {
     let t0 = Instant::now();
-    // SAFETY: rdtsc only reads the time-stamp counter.
-    let c0 = unsafe { core::arch::x86_64::_rdtsc() };
+    let c0 = read_tsc();
     std::thread::sleep(std::time::Duration::from_millis(20));
-    // SAFETY: as above.
-    let c1 = unsafe { core::arch::x86_64::_rdtsc() };
+    let c1 = read_tsc();
     let us = t0.elapsed().as_micros().max(1) as u64;
     (c1.wrapping_sub(c0) * 1000 / us).max(1)
 }
@@ -223,17 +229,19 @@ enum Step {
 }
 
 /// Runs `vcpu` until the guest exits, crashes, or the runner stops it.
-pub fn run_vcpu(id: u32, mut vcpu: VcpuFd, shared: Arc<VcpuShared>) -> VcpuOutcome {
+pub fn run_vcpu(id: u32, mut vcpu: Vcpu, shared: Arc<VcpuShared>) -> VcpuOutcome {
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return VcpuOutcome::Stopped;
         }
-        let step = handle_exit(vcpu.run(), &shared);
+        let step = handle_exit(vcpu.fd_mut().run(), &shared);
         shared.exits.fetch_add(1, Ordering::Relaxed);
         match step {
             Step::Continue => {}
             Step::Exited(code) => return VcpuOutcome::Exited(code),
-            Step::Crash(reason) => return VcpuOutcome::Crashed(crash_report(id, &vcpu, &reason)),
+            Step::Crash(reason) => {
+                return VcpuOutcome::Crashed(crash_report(id, vcpu.fd(), &reason))
+            }
             Step::HostError(source) => {
                 return VcpuOutcome::HostError(VcpuRunError::KvmRun { id, source })
             }
