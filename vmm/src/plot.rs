@@ -227,41 +227,14 @@ pub fn grouped_bars_svg(
             .map_err(PlotError)?;
         for (b, bar_name) in bar_names.iter().enumerate() {
             let c = color(b);
-            let rects: Vec<Rectangle<(f64, f64)>> = groups
-                .iter()
-                .enumerate()
-                .filter_map(|(g, group)| {
-                    let v = *group.values.get(b)?;
-                    let v = if v.is_finite() { v.max(0.0) } else { 0.0 };
-                    let x0 = g as f64 + 0.1 + b as f64 * slot;
-                    Some(Rectangle::new(
-                        [(x0, 0.0), (x0 + slot * 0.9, v)],
-                        c.filled(),
-                    ))
-                })
-                .collect();
             chart
-                .draw_series(rects)
+                .draw_series(bars_of(groups, b, slot, c))
                 .map_err(PlotError)?
                 .label(*bar_name)
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
-            let values: Vec<Text<'_, (f64, f64), String>> = groups
-                .iter()
-                .enumerate()
-                .filter_map(|(g, group)| {
-                    let v = *group.values.get(b)?;
-                    if !v.is_finite() {
-                        return None;
-                    }
-                    let x = g as f64 + 0.1 + (b as f64 + 0.45) * slot;
-                    let style = ("sans-serif", 11)
-                        .into_font()
-                        .color(&BLACK)
-                        .pos(Pos::new(HPos::Center, VPos::Bottom));
-                    Some(Text::new(si_int(v), (x, v.max(0.0)), style))
-                })
-                .collect();
-            chart.draw_series(values).map_err(PlotError)?;
+            chart
+                .draw_series(bar_labels_of(groups, b, slot))
+                .map_err(PlotError)?;
         }
         chart
             .configure_series_labels()
@@ -273,6 +246,48 @@ pub fn grouped_bars_svg(
         root.present().map_err(PlotError)?;
     }
     Ok(svg)
+}
+
+/// Bar `b` of every group: group `g` spans `[g, g + 1)`, its bars share
+/// the middle 80% in slots of `slot`.
+fn bars_of(groups: &[BarGroup], b: usize, slot: f64, c: RGBColor) -> Vec<Rectangle<(f64, f64)>> {
+    groups
+        .iter()
+        .enumerate()
+        .filter_map(|(g, group)| {
+            let v = *group.values.get(b)?;
+            let v = if v.is_finite() { v.max(0.0) } else { 0.0 };
+            let x0 = g as f64 + 0.1 + b as f64 * slot;
+            Some(Rectangle::new(
+                [(x0, 0.0), (x0 + slot * 0.9, v)],
+                c.filled(),
+            ))
+        })
+        .collect()
+}
+
+/// The value above bar `b` of every group (none for a missing value).
+fn bar_labels_of(
+    groups: &[BarGroup],
+    b: usize,
+    slot: f64,
+) -> Vec<Text<'static, (f64, f64), String>> {
+    groups
+        .iter()
+        .enumerate()
+        .filter_map(|(g, group)| {
+            let v = *group.values.get(b)?;
+            if !v.is_finite() {
+                return None;
+            }
+            let x = g as f64 + 0.1 + (b as f64 + 0.45) * slot;
+            let style = ("sans-serif", 11)
+                .into_font()
+                .color(&BLACK)
+                .pos(Pos::new(HPos::Center, VPos::Bottom));
+            Some(Text::new(si_int(v), (x, v.max(0.0)), style))
+        })
+        .collect()
 }
 
 /// A count for a bar label: whole numbers below 1000, SI prefixes above.

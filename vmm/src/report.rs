@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::status::TimelinePoint;
 use crate::units::format_size;
 use crate::vstate::tiered::{MigrationReport, TieringReport, TrackingReport};
+use tiering::engine::EngineReport;
 use tiering::mem::TierStats;
 
 /// Why the VM stopped.
@@ -79,9 +80,22 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// A readable multi-line summary.
+    /// A readable multi-line summary: the run, then (tiered runs) the
+    /// tiers, migration, tracking and engine lines, then a crash.
     pub fn human(&self) -> String {
         let mut s = String::new();
+        self.write_run(&mut s);
+        if let Some(t) = &self.tiering {
+            self.write_tiering(&mut s, t);
+        }
+        if let Some(c) = &self.crash {
+            let _ = writeln!(s, "  crash      {c}");
+        }
+        s
+    }
+
+    /// The image, the result, throughput, exits, metrics and console.
+    fn write_run(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "tiervm run: image {} on {} vCPU(s), {} RAM, seed {}",
@@ -136,96 +150,102 @@ impl RunReport {
                 self.console_dropped
             );
         }
-        if let Some(t) = &self.tiering {
-            let tiers: Vec<String> = self
-                .tiers
-                .iter()
-                .flatten()
-                .map(|x| {
-                    format!(
-                        "{} node{} {}/{} pages",
-                        x.name,
-                        x.node,
-                        group(x.pages),
-                        group(x.capacity_pages)
-                    )
-                })
-                .collect();
-            let emu = if t.emulated {
-                " (emulated: both tiers on one host node)"
-            } else {
-                ""
-            };
+    }
+
+    /// The tiers, migration, shadow, tracking and engine lines.
+    fn write_tiering(&self, s: &mut String, t: &TieringReport) {
+        let tiers: Vec<String> = self
+            .tiers
+            .iter()
+            .flatten()
+            .map(|x| {
+                format!(
+                    "{} node{} {}/{} pages",
+                    x.name,
+                    x.node,
+                    group(x.pages),
+                    group(x.capacity_pages)
+                )
+            })
+            .collect();
+        let emu = if t.emulated {
+            " (emulated: both tiers on one host node)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            "  tiers      policy {}: {}{emu}",
+            t.policy,
+            tiers.join(", ")
+        );
+        if let Some(m) = &self.migration {
+            write_migration(s, m);
+        }
+        if let Some(tr) = self.tracking.as_ref().filter(|tr| tr.hint_faults > 0) {
             let _ = writeln!(
                 s,
-                "  tiers      policy {}: {}{emu}",
-                t.policy,
-                tiers.join(", ")
+                "  tracking   hint faults {} ({:.1} ms, {:.2}% of vCPU time as the fault handler sees it)",
+                group(tr.hint_faults),
+                tr.hint_stall_ms,
+                tr.tracking_overhead_pct
             );
-            if let Some(m) = &self.migration {
-                let _ = writeln!(
-                    s,
-                    "  migration  promotions {} demotions {} tpm commits {} aborts {} retries {} stop-copy {}",
-                    group(m.promotions),
-                    group(m.demotions),
-                    group(m.tpm_commits),
-                    group(m.tpm_aborts),
-                    group(m.tpm_retries),
-                    group(m.stop_copy),
-                );
-                let _ = writeln!(
-                    s,
-                    "  shadows    demotions {} invalidations {} reclaims {}; skipped (no space) {}; guest stall {:.1} ms",
-                    group(m.shadow_demotions),
-                    group(m.shadow_invalidations),
-                    group(m.shadow_reclaims),
-                    group(m.skipped_no_space),
-                    m.guest_stall_ms
-                );
-            }
-            if let Some(tr) = self.tracking.as_ref().filter(|tr| tr.hint_faults > 0) {
-                let _ = writeln!(
-                    s,
-                    "  tracking   hint faults {} ({:.1} ms, {:.2}% of vCPU time as the fault handler sees it)",
-                    group(tr.hint_faults),
-                    tr.hint_stall_ms,
-                    tr.tracking_overhead_pct
-                );
-            }
-            if let Some(e) = &t.engine {
-                let policies: Vec<String> = e
-                    .policies
-                    .iter()
-                    .map(|(p, at)| format!("{p}@{at:.1}s"))
-                    .collect();
-                let probes = if e.probes_armed > 0 {
-                    format!("; accessed-bit probes armed {}", group(e.probes_armed))
-                } else {
-                    String::new()
-                };
-                let modeled = if e.latency_modeled
-                    && e.policies.iter().any(|(p, _)| p.reads_loaded_latency())
-                {
-                    " (tier latency for colloid: modeled)"
-                } else {
-                    ""
-                };
-                let _ = writeln!(
-                    s,
-                    "  engine     {}; ticks {}; migrations asked {} (fault path {}), pages moved {}{probes}{modeled}",
-                    policies.join(" -> "),
-                    group(e.ticks),
-                    group(e.migrations_requested),
-                    group(e.fault_path_migrations),
-                    group(e.pages_migrated)
-                );
-            }
         }
-        if let Some(c) = &self.crash {
-            let _ = writeln!(s, "  crash      {c}");
+        if let Some(e) = &t.engine {
+            write_engine(s, e);
         }
-        s
     }
+}
+
+/// The migration and shadow lines.
+fn write_migration(s: &mut String, m: &MigrationReport) {
+    let _ = writeln!(
+        s,
+        "  migration  promotions {} demotions {} tpm commits {} aborts {} retries {} stop-copy {}",
+        group(m.promotions),
+        group(m.demotions),
+        group(m.tpm_commits),
+        group(m.tpm_aborts),
+        group(m.tpm_retries),
+        group(m.stop_copy),
+    );
+    let _ = writeln!(
+        s,
+        "  shadows    demotions {} invalidations {} reclaims {}; skipped (no space) {}; guest stall {:.1} ms",
+        group(m.shadow_demotions),
+        group(m.shadow_invalidations),
+        group(m.shadow_reclaims),
+        group(m.skipped_no_space),
+        m.guest_stall_ms
+    );
+}
+
+/// The engine line: policies with their start times, ticks, migrations.
+fn write_engine(s: &mut String, e: &EngineReport) {
+    let policies: Vec<String> = e
+        .policies
+        .iter()
+        .map(|(p, at)| format!("{p}@{at:.1}s"))
+        .collect();
+    let probes = if e.probes_armed > 0 {
+        format!("; accessed-bit probes armed {}", group(e.probes_armed))
+    } else {
+        String::new()
+    };
+    let modeled = if e.latency_modeled && e.policies.iter().any(|(p, _)| p.reads_loaded_latency()) {
+        " (tier latency for colloid: modeled)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        s,
+        "  engine     {}; ticks {}; migrations asked {} (fault path {}), pages moved {}{probes}{modeled}",
+        policies.join(" -> "),
+        group(e.ticks),
+        group(e.migrations_requested),
+        group(e.fault_path_migrations),
+        group(e.pages_migrated)
+    );
 }
 
 /// `1234567` -> `1,234,567`.

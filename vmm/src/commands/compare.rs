@@ -834,8 +834,37 @@ fn emulated_tiers(configs: &[(PolicyArg, VmConfig)], runs: &[RunRecord]) -> bool
     tiering::host::numa_nodes().map_or(true, |n| n.len() <= 1)
 }
 
-/// Runs `tiervm compare`; returns the process exit code.
+/// Runs `tiervm compare`; returns the process exit code:
+/// 1. check the flags and validate every policy's VM before the first run;
+/// 2. run each policy's VM `--repeat` times, repeats interleaved;
+/// 3. summarize, write the files, print the table or the JSON.
 pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
+    let configs = validate(args)?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|source| CompareError::CreateOut {
+            dir: dir.clone(),
+            source,
+        })?;
+    }
+    let runs = run_all(args, &configs, started);
+    let results = results(args, &configs, runs);
+    // Print what was measured even when writing the files fails.
+    let written = args
+        .out
+        .as_deref()
+        .map(|dir| write_outputs(dir, &results))
+        .transpose();
+    print_results(args, &results, written.as_ref().is_ok_and(Option::is_some))?;
+    written?;
+    Ok(if results.runs.iter().all(|r| r.ok) {
+        0
+    } else {
+        1
+    })
+}
+
+/// Step 1: the policies, and each one's validated VM (notes printed).
+fn validate(args: &CompareArgs) -> Result<Vec<(PolicyArg, VmConfig)>> {
     if args.repeat == 0 {
         return Err(CompareError::NoRepeat.into());
     }
@@ -846,7 +875,6 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     if args.has_chaos_flags() && !policies.contains(&PolicyArg::Chaos) {
         return Err(CompareError::ChaosFlagsWithoutChaos.into());
     }
-    // Validate every policy's VM before the first (possibly long) run.
     let configs: Vec<(PolicyArg, VmConfig)> = policies
         .iter()
         .map(|&p| {
@@ -867,13 +895,16 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         notes.dedup();
         notes.iter().for_each(|n| eprintln!("tiervm compare: {n}"));
     }
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).map_err(|source| CompareError::CreateOut {
-            dir: dir.clone(),
-            source,
-        })?;
-    }
-    let names: Vec<String> = policies.iter().map(|p| p.name()).collect();
+    Ok(configs)
+}
+
+/// Step 2: every run, in run order (p1, p2, .., p1, p2, ..).
+fn run_all(
+    args: &CompareArgs,
+    configs: &[(PolicyArg, VmConfig)],
+    started: Instant,
+) -> Vec<RunRecord> {
+    let names: Vec<String> = configs.iter().map(|(p, _)| p.name()).collect();
     let total = configs.len() * args.repeat as usize;
     if !args.quiet {
         let each = if args.vm.duration.is_zero() {
@@ -890,30 +921,51 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     }
     let mut runs: Vec<RunRecord> = Vec::with_capacity(total);
     for rep in 1..=args.repeat {
-        for ((policy, cfg), name) in configs.iter().zip(&names) {
-            let label = format!("{name} {rep}/{}", args.repeat);
-            let mut progress = Progress::stderr(label.as_str(), cfg.duration, args.quiet);
-            let sink = Sink::memory();
-            let result = runner::run(cfg, started, Console::Memory(sink.clone()), &mut progress);
-            progress.finish();
-            let record = match result {
-                Ok(report) => RunRecord::finished(*policy, rep, report, &sink.contents()),
-                Err(e) => RunRecord::failed(*policy, rep, &e),
-            };
-            if !args.quiet {
-                match (&record.report, &record.error) {
-                    (Some(r), None) => eprintln!(
-                        "  {label}: {} ops/s, exit {}",
-                        si(r.ops_per_sec),
-                        record.exit_code
-                    ),
-                    (_, Some(e)) => eprintln!("  {label}: FAILED: {e}"),
-                    (None, None) => {}
-                }
-            }
-            runs.push(record);
+        for (policy, cfg) in configs {
+            runs.push(run_one(args, *policy, cfg, rep, started));
         }
     }
+    runs
+}
+
+/// One VM run of the comparison, with its line on stderr.
+fn run_one(
+    args: &CompareArgs,
+    policy: PolicyArg,
+    cfg: &VmConfig,
+    rep: u32,
+    started: Instant,
+) -> RunRecord {
+    let label = format!("{policy} {rep}/{}", args.repeat);
+    let mut progress = Progress::stderr(label.as_str(), cfg.duration, args.quiet);
+    let sink = Sink::memory();
+    let result = runner::run(cfg, started, Console::Memory(sink.clone()), &mut progress);
+    progress.finish();
+    let record = match result {
+        Ok(report) => RunRecord::finished(policy, rep, report, &sink.contents()),
+        Err(e) => RunRecord::failed(policy, rep, &e),
+    };
+    if !args.quiet {
+        match (&record.report, &record.error) {
+            (Some(r), None) => eprintln!(
+                "  {label}: {} ops/s, exit {}",
+                si(r.ops_per_sec),
+                record.exit_code
+            ),
+            (_, Some(e)) => eprintln!("  {label}: FAILED: {e}"),
+            (None, None) => {}
+        }
+    }
+    record
+}
+
+/// Step 3: what the runs had in common, the summary and the runs.
+fn results(
+    args: &CompareArgs,
+    configs: &[(PolicyArg, VmConfig)],
+    runs: Vec<RunRecord>,
+) -> CompareResults {
+    let policies: Vec<PolicyArg> = configs.iter().map(|(p, _)| *p).collect();
     let tracked: Vec<bool> = configs
         .iter()
         .map(|(_, c)| c.tiering.as_ref().is_some_and(|t| t.tracks_accesses()))
@@ -933,25 +985,23 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         fast_bytes: tiered.map(|t| t.mem.fast_capacity_pages as u64 * page),
         slow_bytes: tiered.and_then(|t| t.mem.slow_capacity_pages.map(|p| p as u64 * page)),
         repeat: args.repeat,
-        emulated_tiers: emulated_tiers(&configs, &runs),
+        emulated_tiers: emulated_tiers(configs, &runs),
     };
-    let results = CompareResults {
+    CompareResults {
         schema: "tiervm-compare/1",
         summary: summarize(&policies, &runs, &tracked),
         policies,
         setup,
         runs,
-    };
-    // Print what was measured even when writing the files fails.
-    let written = args
-        .out
-        .as_deref()
-        .map(|dir| write_outputs(dir, &results))
-        .transpose();
+    }
+}
+
+/// The table (and where the files went) or the JSON, on stdout.
+fn print_results(args: &CompareArgs, results: &CompareResults, wrote_files: bool) -> Result<()> {
     match args.report {
         CompareFormat::Human => {
-            print!("{}", format_human(&results));
-            if let (Some(dir), Ok(Some(()))) = (&args.out, &written) {
+            print!("{}", format_human(results));
+            if let (Some(dir), true) = (&args.out, wrote_files) {
                 println!(
                     "\nWrote results.json, results.csv, throughput.svg, migrations.svg to {}",
                     dir.display()
@@ -959,19 +1009,14 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             }
         }
         CompareFormat::Json => {
-            let s = serde_json::to_string(&results).map_err(|source| OutputError::Encode {
+            let s = serde_json::to_string(results).map_err(|source| OutputError::Encode {
                 what: "the results",
                 source,
             })?;
             println!("{s}");
         }
     }
-    written?;
-    Ok(if results.runs.iter().all(|r| r.ok) {
-        0
-    } else {
-        1
-    })
+    Ok(())
 }
 
 #[cfg(test)]

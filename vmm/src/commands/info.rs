@@ -566,7 +566,13 @@ fn render_kvm(l: &mut Lines, kvm: &KvmFacts) {
             _ => {}
         }
     }
-    let Some(c) = &kvm.caps else { return };
+    if let Some(c) = &kvm.caps {
+        render_kvm_caps(l, c);
+    }
+}
+
+/// The capabilities tiervm uses or reports.
+fn render_kvm_caps(l: &mut Lines, c: &KvmCaps) {
     let mp = c.manual_dirty_log_protect;
     l.fact(
         "dirty log manual protect",
@@ -633,6 +639,13 @@ fn render_kvm(l: &mut Lines, kvm: &KvmFacts) {
 
 fn render_host(l: &mut Lines, h: &HostFacts) {
     l.heading("Host memory");
+    render_memory(l, h);
+    render_userfaultfd(l, &h.userfaultfd);
+    render_tracking_and_knobs(l, h);
+}
+
+/// Kernel, page size, memory and NUMA nodes.
+fn render_memory(l: &mut Lines, h: &HostFacts) {
     if let Some(k) = &h.kernel_release {
         l.fact("kernel", k, "");
     }
@@ -692,7 +705,10 @@ fn render_host(l: &mut Lines, h: &HostFacts) {
             }
         }
     }
-    let u = &h.userfaultfd;
+}
+
+/// userfaultfd and the features tiervm's mechanisms need.
+fn render_userfaultfd(l: &mut Lines, u: &host::UserfaultfdFacts) {
     l.fact(
         "userfaultfd",
         format!(
@@ -754,10 +770,14 @@ fn render_host(l: &mut Lines, h: &HostFacts) {
             }
         }
     }
+}
+
+/// Access tracking and the kernel settings that bear on tiering.
+fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
     l.fact(
         "page_idle",
         h.idle_page_tracking.describe(),
-        match (&h.idle_page_tracking, u.has_move()) {
+        match (&h.idle_page_tracking, h.userfaultfd.has_move()) {
             (IdlePageTracking::Readable, true) => {
                 "present but not used: tiervm tracks accesses with hint faults (mtm's accessed bits come from hint-fault probes)"
             }

@@ -149,7 +149,9 @@ impl Env for HostEnv<'_> {
     }
 }
 
-/// Runs the workload natively; returns the process exit code.
+/// Runs the workload natively; returns the process exit code: checks the
+/// image and its arguments, maps the data set as a VM's RAM would be, runs
+/// the workload on host threads for `--duration`, and prints the report.
 pub fn run(args: &NativeArgs) -> Result<i32> {
     let spec = workloads::image_spec(&args.image).ok_or_else(|| NativeError::NotBuiltin {
         image: args.image.clone(),
@@ -169,16 +171,30 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         .map_err(NativeError::HostAddress)?;
     let words = usize::try_from(bytes / 8).map_err(|_| NativeError::TooLarge)?;
     // SAFETY: `ram` maps `bytes` bytes of zeroed, page-aligned anonymous
-    // memory that lives until the end of this function (after every worker
-    // thread joined); AtomicU64 has no invalid bit patterns and is only
-    // accessed atomically.
+    // memory that lives until the end of this function, after
+    // `run_workload` joined every worker thread; AtomicU64 has no invalid
+    // bit patterns and the memory is only accessed through this slice.
     let mem: &[AtomicU64] = unsafe { std::slice::from_raw_parts(host.cast::<AtomicU64>(), words) };
+    let report = run_workload(args, spec, &entries, mem);
+    print_report(args, &report)?;
+    Ok(if report.exit_code == 0 { 0 } else { 1 })
+}
+
+/// Runs `spec` on `args.threads` scoped host threads over `mem`, sampling
+/// their operation counts every `--sample-ms` until `--duration`, then
+/// asks them to stop and waits for them.
+fn run_workload(
+    args: &NativeArgs,
+    spec: &'static ImageSpec,
+    entries: &[ArgEntry],
+    mem: &[AtomicU64],
+) -> NativeReport {
     let stop = AtomicBool::new(false);
     let counters: Vec<AtomicU64> = (0..args.threads).map(|_| AtomicU64::new(0)).collect();
     let barrier = Barrier::new(args.threads as usize);
     let exit_sum = AtomicU32::new(0);
     let tsc_khz = crate::vstate::vcpu::measure_host_tsc_khz();
-    let timeline = Mutex::new(Vec::new());
+    let mut timeline = Vec::new();
     let metrics = Mutex::new(std::collections::BTreeMap::new());
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -187,7 +203,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
                 vcpu: i,
                 vcpus: args.threads,
                 seed: args.seed,
-                entries: &entries,
+                entries,
                 spec,
                 stop: &stop,
                 ops: &counters[i as usize],
@@ -206,20 +222,15 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         let sample = Duration::from_millis(args.sample_ms.max(1));
         while start.elapsed() < args.duration {
             std::thread::sleep(sample);
-            let ops = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-            timeline
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(TimelinePoint {
-                    t_s: start.elapsed().as_secs_f64(),
-                    ops,
-                });
+            timeline.push(TimelinePoint {
+                t_s: start.elapsed().as_secs_f64(),
+                ops: counters.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
+            });
         }
         stop.store(true, Ordering::Relaxed);
     });
-    let timeline = timeline.into_inner().unwrap_or_else(|p| p.into_inner());
     let ops = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-    let report = NativeReport {
+    NativeReport {
         image: spec.name.into(),
         threads: args.threads,
         duration_s: start.elapsed().as_secs_f64(),
@@ -228,11 +239,15 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         ops_per_sec: ops_per_sec(&timeline),
         timeline,
         guest_metrics: metrics.into_inner().unwrap_or_else(|p| p.into_inner()),
-    };
+    }
+}
+
+/// The report as JSON or one line, on stdout.
+fn print_report(args: &NativeArgs, report: &NativeReport) -> Result<()> {
     match args.report {
         ReportFormat::Json => println!(
             "{}",
-            serde_json::to_string(&report).map_err(|source| OutputError::Encode {
+            serde_json::to_string(report).map_err(|source| OutputError::Encode {
                 what: "the report",
                 source,
             })?
@@ -246,5 +261,5 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
             report.exit_code
         ),
     }
-    Ok(if report.exit_code == 0 { 0 } else { 1 })
+    Ok(())
 }

@@ -198,9 +198,33 @@ fn set_list(dst: &mut [f64], src: &[f64], flag: &'static str) -> Result<(), SimC
     Ok(())
 }
 
-/// Applies the command-line overrides to a scenario.
+/// Applies the command-line overrides to a scenario: the run's shape, the
+/// workload's parameters, the tiers, the rate limit and the mechanism costs.
 pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
-    use tiering::sim::workload::{PrGraph, WorkloadSpec as W, YcsbMix};
+    override_run(scn, a);
+    override_workload(scn, a)?;
+    relabel_guest_workload(scn, a);
+    override_tiers(scn, a)?;
+    if let Some(v) = a.rate_limit_mbps {
+        scn.promote_rate_limit_mbps = Some(v);
+    }
+    let c = &mut scn.costs;
+    for (dst, src) in [
+        (&mut c.fault_ns, a.fault_ns),
+        (&mut c.shootdown_ns, a.shootdown_ns),
+        (&mut c.ipi_receive_ns, a.ipi_ns),
+        (&mut c.migrate_setup_ns, a.migrate_setup_ns),
+        (&mut c.copy_gbps, a.copy_gbps),
+    ] {
+        if let Some(v) = src {
+            *dst = v;
+        }
+    }
+    Ok(())
+}
+
+/// Duration, seed, scale, write ratio, threads, MLP and the antagonist.
+fn override_run(scn: &mut Scenario, a: &SimArgs) {
     if let Some(v) = a.duration {
         scn.duration_s = v;
     }
@@ -231,51 +255,44 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
     } else if let (Some(t), Some(ant)) = (a.antagonist_tier, scn.antagonist.as_mut()) {
         ant.tier = t;
     }
+}
+
+fn set<T: Copy>(dst: &mut T, src: Option<T>) {
+    if let Some(v) = src {
+        *dst = v;
+    }
+}
+
+/// The parameters of the scenario's workload that the flags name.
+fn override_workload(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
+    use tiering::sim::workload::{PrGraph, WorkloadSpec as W, YcsbMix};
     match &mut scn.workload {
         W::Zipf {
             rss_gib,
             wss_gib,
             theta,
         } => {
-            if let Some(v) = a.rss_gib {
-                *rss_gib = v;
-            }
-            if let Some(v) = a.wss_gib {
-                *wss_gib = v;
-            }
-            if let Some(v) = a.theta {
-                *theta = v;
-            }
+            set(rss_gib, a.rss_gib);
+            set(wss_gib, a.wss_gib);
+            set(theta, a.theta);
         }
         W::Gups {
             size_gib,
             hot_gib,
             hot_prob,
         } => {
-            if let Some(v) = a.size_gib {
-                *size_gib = v;
-            }
-            if let Some(v) = a.hot_gib {
-                *hot_gib = v;
-            }
-            if let Some(v) = a.hot_prob {
-                *hot_prob = v;
-            }
+            set(size_gib, a.size_gib);
+            set(hot_gib, a.hot_gib);
+            set(hot_prob, a.hot_prob);
         }
         W::GaussianHot {
             size_gib,
             hot_fraction,
             hot_prob,
         } => {
-            if let Some(v) = a.size_gib {
-                *size_gib = v;
-            }
-            if let Some(v) = a.hot_fraction {
-                *hot_fraction = v;
-            }
-            if let Some(v) = a.hot_prob {
-                *hot_prob = v;
-            }
+            set(size_gib, a.size_gib);
+            set(hot_fraction, a.hot_fraction);
+            set(hot_prob, a.hot_prob);
         }
         W::Kv {
             records,
@@ -283,15 +300,9 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
             mix,
             theta,
         } => {
-            if let Some(v) = a.guest.records {
-                *records = v;
-            }
-            if let Some(v) = a.guest.value_size {
-                *value_size = v;
-            }
-            if let Some(v) = a.theta {
-                *theta = v;
-            }
+            set(records, a.guest.records);
+            set(value_size, a.guest.value_size);
+            set(theta, a.theta);
             if let Some(w) = &a.guest.kv_workload {
                 *mix = YcsbMix::parse(w).ok_or_else(|| SimCmdError::KvWorkload(w.clone()))?;
                 let letter = w.trim().to_ascii_lowercase();
@@ -309,17 +320,21 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
             degree,
             graph,
         } => {
-            if let Some(v) = a.guest.graph_scale {
-                *scale = v;
-            }
-            if let Some(v) = a.guest.degree {
-                *degree = v;
-            }
+            set(scale, a.guest.graph_scale);
+            set(degree, a.guest.degree);
             if let Some(g) = &a.guest.graph {
                 *graph = PrGraph::parse(g).ok_or_else(|| SimCmdError::Graph(g.clone()))?;
             }
         }
     }
+    Ok(())
+}
+
+/// A kv or pagerank workload changed by flags says so in its description
+/// (and pagerank keeps Nomad's fast:RSS ratio for the new graph; an
+/// explicit --tier-capacity-gib still wins).
+fn relabel_guest_workload(scn: &mut Scenario, a: &SimArgs) {
+    use tiering::sim::workload::WorkloadSpec as W;
     let g = &a.guest;
     let guest_overridden = g.records.is_some()
         || g.value_size.is_some()
@@ -327,21 +342,24 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
         || g.degree.is_some()
         || g.graph.is_some()
         || (a.theta.is_some() && matches!(scn.workload, W::Kv { .. }));
-    if guest_overridden {
-        if matches!(scn.workload, W::Pagerank { .. }) && scn.name.starts_with("pagerank-") {
-            // Keep Nomad's fast:RSS ratio for the new graph (an explicit
-            // --tier-capacity-gib below still wins).
-            if let Some(t) = scn.tiers.first_mut() {
-                t.capacity_gib = sim::scenario::pagerank_fast_tier_gib(&scn.workload);
-            }
-        }
-        scn.about = format!(
-            "{} [overridden: {:?}, fast tier {} GiB]",
-            scn.about,
-            scn.workload,
-            scn.tiers.first().map_or(0.0, |t| t.capacity_gib)
-        );
+    if !guest_overridden {
+        return;
     }
+    if matches!(scn.workload, W::Pagerank { .. }) && scn.name.starts_with("pagerank-") {
+        if let Some(t) = scn.tiers.first_mut() {
+            t.capacity_gib = sim::scenario::pagerank_fast_tier_gib(&scn.workload);
+        }
+    }
+    scn.about = format!(
+        "{} [overridden: {:?}, fast tier {} GiB]",
+        scn.about,
+        scn.workload,
+        scn.tiers.first().map_or(0.0, |t| t.capacity_gib)
+    );
+}
+
+/// Per-tier capacities, latencies and bandwidths, and every tier's `k`.
+fn override_tiers(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
     let n = scn.tiers.len();
     let mut caps: Vec<f64> = scn.tiers.iter().map(|t| t.capacity_gib).collect();
     let mut lats: Vec<f64> = scn.tiers.iter().map(|t| t.unloaded_ns).collect();
@@ -356,21 +374,6 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
         t.bandwidth_gbps = bws[i];
         if let Some(k) = a.queue_k {
             t.queue_k = k;
-        }
-    }
-    if let Some(v) = a.rate_limit_mbps {
-        scn.promote_rate_limit_mbps = Some(v);
-    }
-    let c = &mut scn.costs;
-    for (dst, src) in [
-        (&mut c.fault_ns, a.fault_ns),
-        (&mut c.shootdown_ns, a.shootdown_ns),
-        (&mut c.ipi_receive_ns, a.ipi_ns),
-        (&mut c.migrate_setup_ns, a.migrate_setup_ns),
-        (&mut c.copy_gbps, a.copy_gbps),
-    ] {
-        if let Some(v) = src {
-            *dst = v;
         }
     }
     Ok(())
@@ -462,34 +465,39 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             });
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
-        SimFormat::Table => {
-            println!("{}", scn.about);
-            print!("{}", sim::report::table(&reports));
-            let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
-            let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
-            println!(
-                "simulated {:.1}M accesses in {:.1} s wall ({} jobs); {:.1}M simulated accesses per core-second",
-                sim_acc as f64 / 1e6,
-                wall_s,
-                jobs,
-                sim_acc as f64 / cpu_s.max(1e-9) / 1e6
-            );
-            if args.verbose {
-                for r in &reports {
-                    print!("{}", sim::report::tier_table(r));
-                    println!("  t(s)  Macc/s  lat(ns)  fast%");
-                    for p in &r.timeline {
-                        println!(
-                            "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
-                            p.t_s,
-                            p.throughput_maps,
-                            p.avg_latency_ns,
-                            100.0 * p.fast_share
-                        );
-                    }
-                }
-            }
-        }
+        SimFormat::Table => print_tables(args, &scn, &reports, wall_s, jobs),
     }
     Ok(0)
+}
+
+/// The comparison table, the simulator's speed and, with `--verbose`,
+/// each run's per-tier traffic and timeline.
+fn print_tables(args: &SimArgs, scn: &Scenario, reports: &[SimReport], wall_s: f64, jobs: usize) {
+    println!("{}", scn.about);
+    print!("{}", sim::report::table(reports));
+    let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
+    let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
+    println!(
+        "simulated {:.1}M accesses in {:.1} s wall ({} jobs); {:.1}M simulated accesses per core-second",
+        sim_acc as f64 / 1e6,
+        wall_s,
+        jobs,
+        sim_acc as f64 / cpu_s.max(1e-9) / 1e6
+    );
+    if !args.verbose {
+        return;
+    }
+    for r in reports {
+        print!("{}", sim::report::tier_table(r));
+        println!("  t(s)  Macc/s  lat(ns)  fast%");
+        for p in &r.timeline {
+            println!(
+                "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
+                p.t_s,
+                p.throughput_maps,
+                p.avg_latency_ns,
+                100.0 * p.fast_share
+            );
+        }
+    }
 }
