@@ -20,25 +20,7 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
 
 /// Parses a duration like `5s`, `500ms`, `2m`, `1.5s` or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
-    let bad = || UnitError::Duration(s.into());
-    let t = s.trim();
-    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = t.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (t, 1.0)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    let secs = v * mult;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(secs))
+    tiering::engine::parse_duration(s).ok_or_else(|| UnitError::Duration(s.into()))
 }
 
 /// Formats a byte count with a binary suffix (`1G`, `512M`, `4.5K`).

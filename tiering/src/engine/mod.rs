@@ -28,8 +28,8 @@ use crate::mem::{self, Migrator, Tier, TieredMemory};
 pub mod schedule;
 
 pub use schedule::{
-    parse_intervals, parse_schedule, policies_with_interval, IntervalError, ScheduleError,
-    ScheduledSwitch,
+    parse_duration, parse_intervals, parse_schedule, policies_with_interval, IntervalError,
+    ScheduleError, ScheduledSwitch,
 };
 
 use crate::policy::{

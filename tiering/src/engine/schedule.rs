@@ -87,7 +87,7 @@ pub fn parse_schedule(s: &str) -> Result<Vec<ScheduledSwitch>, ScheduleError> {
         let (name, at) = part
             .split_once('@')
             .ok_or_else(|| ScheduleError::NotPolicyAtTime { part: part.into() })?;
-        let at = parse_secs(at).ok_or_else(|| ScheduleError::BadTime {
+        let at = parse_duration(at).ok_or_else(|| ScheduleError::BadTime {
             time: at.into(),
             part: part.into(),
         })?;
@@ -132,7 +132,7 @@ pub fn parse_intervals(s: &str) -> Result<Vec<(PolicyKind, Duration)>, IntervalE
         if out.iter().any(|(k, _)| *k == kind) {
             return Err(IntervalError::Twice { name: name.into() });
         }
-        let d = parse_secs(d)
+        let d = parse_duration(d)
             .filter(|d| *d >= Duration::from_millis(1))
             .ok_or_else(|| IntervalError::BadTime {
                 time: d.into(),
@@ -146,19 +146,25 @@ pub fn parse_intervals(s: &str) -> Result<Vec<(PolicyKind, Duration)>, IntervalE
     Ok(out)
 }
 
-fn parse_secs(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (n, mult) = if let Some(n) = s.strip_suffix("ms") {
+/// Parses a duration like `5s`, `500ms`, `2m`, `1h`, `1.5s` or a bare
+/// number of seconds, up to 1e9 s (the one duration parser of tiervm: the
+/// command line's flags use it too).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let t = s.trim();
+    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
         (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
+    } else if let Some(n) = t.strip_suffix('s') {
         (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
+    } else if let Some(n) = t.strip_suffix('m') {
         (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
     } else {
-        (s, 1.0)
+        (t, 1.0)
     };
-    let v: f64 = n.parse().ok()?;
-    (v.is_finite() && (0.0..1e9).contains(&v)).then(|| Duration::from_secs_f64(v * mult))
+    let v: f64 = num.trim().parse().ok()?;
+    let secs = v * mult;
+    (secs.is_finite() && (0.0..=1e9).contains(&secs)).then(|| Duration::from_secs_f64(secs))
 }
 
 #[cfg(test)]

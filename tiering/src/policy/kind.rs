@@ -60,17 +60,19 @@ impl PolicyKind {
     pub const VARIANTS: [Self; 3] = [Self::TppLru, Self::MemtisQuickcool, Self::ColloidBase];
 
     /// Every kind: the policies, then the variants.
-    pub const ALL: [Self; 9] = [
-        Self::Static,
-        Self::Tpp,
-        Self::Nomad,
-        Self::Memtis,
-        Self::Colloid,
-        Self::Mtm,
-        Self::TppLru,
-        Self::MemtisQuickcool,
-        Self::ColloidBase,
-    ];
+    pub const ALL: [Self; 9] = {
+        let mut all = [Self::Static; 9];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = if i < Self::POLICIES.len() {
+                Self::POLICIES[i]
+            } else {
+                Self::VARIANTS[i - Self::POLICIES.len()]
+            };
+            i += 1;
+        }
+        all
+    };
 
     /// The policy's name (what `--policy` and reports say).
     pub const fn name(self) -> &'static str {

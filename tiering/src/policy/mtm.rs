@@ -462,19 +462,25 @@ impl Mover {
         if self.budget.free(dst) < need {
             return;
         }
-        for run in runs(&to_move, view) {
+        self.move_runs(&to_move, dst, view);
+        self.promoted_pages += need;
+        self.moved_regions.insert(i);
+    }
+
+    /// Moves `pages` (sorted) to tier `to` in runs of consecutive pages,
+    /// taking their room there and freeing it where they were.
+    fn move_runs(&mut self, pages: &[u64], to: TierId, view: &dyn MemoryView) {
+        for run in runs(pages, view) {
             let src = view.tier_of(run.page);
-            self.budget.take(dst, u64::from(run.pages));
+            self.budget.take(to, u64::from(run.pages));
             self.budget.release(src, u64::from(run.pages));
             self.out.migrations.push(Migration {
                 unit: run,
-                to: dst,
+                to,
                 mechanism: Mechanism::StopAndCopy,
                 urgency: Urgency::Background,
             });
         }
-        self.promoted_pages += need;
-        self.moved_regions.insert(i);
     }
 
     /// Demotes the coldest regions in `dst` one step down (to the first
@@ -508,16 +514,7 @@ impl Mover {
             else {
                 continue;
             };
-            for run in runs(&pages_in, view) {
-                self.budget.take(down, u64::from(run.pages));
-                self.budget.release(dst, u64::from(run.pages));
-                self.out.migrations.push(Migration {
-                    unit: run,
-                    to: down,
-                    mechanism: Mechanism::StopAndCopy,
-                    urgency: Urgency::Background,
-                });
-            }
+            self.move_runs(&pages_in, down, view);
             self.demoted_pages += pages_in.len() as u64;
             self.moved_regions.insert(c);
         }
