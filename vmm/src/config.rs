@@ -58,8 +58,8 @@ pub enum ConfigError {
         /// Guest RAM asked for.
         mem: u64,
     },
-    /// `--mem` above the host's memory.
-    #[error("--mem {} exceeds this host's memory ({}): lower --mem", format_size(*.mem), format_size(*.host))]
+    /// Untiered `--mem` above the host's memory.
+    #[error("--mem {} exceeds this host's memory ({}): lower --mem, or run it tiered (--fast SIZE): tiered memory is committed only where the guest touches it", format_size(*.mem), format_size(*.host))]
     MemExceedsHost {
         /// Guest RAM asked for.
         mem: u64,
@@ -320,6 +320,7 @@ impl VmConfig {
         let layout = Layout::new(mem, elf.end, req.vcpus);
         check_image_fits(&image, &args, &layout, req.vcpus)?;
         let tiering = tiering_for(req, &layout)?;
+        check_untiered_fits_host(mem, tiering.as_ref())?;
         Ok(Self {
             tiering,
             image,
@@ -365,7 +366,7 @@ fn check_shape(req: &VmRequest) -> std::result::Result<(), ConfigError> {
     Ok(())
 }
 
-/// Guest RAM: within tiervm's bounds, 2 MiB aligned, and within the host's memory.
+/// Guest RAM: within tiervm's bounds and 2 MiB aligned.
 fn check_mem(mem: u64) -> std::result::Result<(), ConfigError> {
     if mem < MIN_RAM {
         return Err(ConfigError::MemBelowMinimum { mem });
@@ -376,8 +377,18 @@ fn check_mem(mem: u64) -> std::result::Result<(), ConfigError> {
     if !mem.is_multiple_of(GUEST_LARGE_PAGE) {
         return Err(ConfigError::MemNotAligned { mem });
     }
-    match host_memory_bytes() {
-        Some(host) if mem > host => Err(ConfigError::MemExceedsHost { mem, host }),
+    Ok(())
+}
+
+/// Untiered RAM has no commit guard: it must fit the host. Tiered RAM is
+/// committed lazily under a guard (see `tiering::mem`), so a guest larger
+/// than the host runs as long as it touches less.
+fn check_untiered_fits_host(
+    mem: u64,
+    tiering: Option<&TieringConfig>,
+) -> std::result::Result<(), ConfigError> {
+    match (tiering, host_memory_bytes()) {
+        (None, Some(host)) if mem > host => Err(ConfigError::MemExceedsHost { mem, host }),
         _ => Ok(()),
     }
 }

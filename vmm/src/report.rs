@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::status::TimelinePoint;
 use crate::units::format_size;
-use crate::vstate::tiered::{MigrationReport, TieringReport, TrackingReport};
+use crate::vstate::tiered::{BackingReport, MigrationReport, TieringReport, TrackingReport};
 use tiering::engine::EngineReport;
 use tiering::mem::TierStats;
 
@@ -69,6 +69,8 @@ pub struct RunReport {
     pub crash: Option<String>,
     /// Per-tier page counts (tiered runs only).
     pub tiers: Option<Vec<TierStats>>,
+    /// How the tiers' host memory was committed (tiered runs only).
+    pub backing: Option<BackingReport>,
     /// Migration counters (tiered runs only).
     pub migration: Option<MigrationReport>,
     /// Access-tracking counters (tiered runs only).
@@ -278,10 +280,13 @@ mod tests {
             chaos: None,
             samples: 0,
             engine: None,
+            consistency: "ok".into(),
+            fatal: None,
             node_check: "ok".into(),
         };
         let section = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
         let migration = section(serde_json::to_value(t.migration()).unwrap());
+        let backing = section(serde_json::to_value(t.backing()).unwrap());
         let tracking = section(serde_json::to_value(t.tracking(1, 1.0)).unwrap());
         let tiering = section(serde_json::to_value(&t).unwrap());
         let stats = section(serde_json::to_value(&t.stats).unwrap());
@@ -291,7 +296,7 @@ mod tests {
             if key == "tiers" || key == "tracking_overhead_pct" {
                 continue;
             }
-            let places = [&migration, &tracking, &tiering]
+            let places = [&migration, &backing, &tracking, &tiering]
                 .iter()
                 .filter(|s| s.contains_key(key))
                 .count();

@@ -418,6 +418,7 @@ fn finish(
         mmio_exits: shared.mmio_exits.load(Ordering::Relaxed),
         crash,
         tiers: tiering.as_ref().map(TieringReport::tiers),
+        backing: tiering.as_ref().map(TieringReport::backing),
         migration: tiering.as_ref().map(TieringReport::migration),
         tracking: tiering.as_ref().map(|t| t.tracking(cfg.vcpus, run_s)),
         tiering,

@@ -8,7 +8,7 @@ use tiering::engine::{
     parse_intervals, parse_schedule, EngineConfig, IntervalError, ModeledLatency, ScheduleError,
 };
 
-use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, PAGE_SIZE};
+use tiering::mem::{ChaosConfig, InitialPlacement, Mechanism, MemConfig, SamplerConfig, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
 use crate::units::format_size;
@@ -84,12 +84,12 @@ impl std::fmt::Display for PolicyArg {
 
 impl PlacementArg {
     /// The backing's placement (`Random` draws from `seed`).
-    pub fn to_placement(self, seed: u64) -> Placement {
+    pub fn to_placement(self, seed: u64) -> InitialPlacement {
         match self {
-            Self::FastFirst => Placement::FastFirst,
-            Self::SlowFirst => Placement::SlowFirst,
-            Self::Random => Placement::Random { seed },
-            Self::Interleave => Placement::Interleave,
+            Self::FastFirst => InitialPlacement::FastFirst,
+            Self::SlowFirst => InitialPlacement::SlowFirst,
+            Self::Random => InitialPlacement::Random { seed },
+            Self::Interleave => InitialPlacement::Interleave,
         }
     }
 }
@@ -108,7 +108,7 @@ impl MechanismArg {
     /// The mechanism it names.
     pub fn to_mechanism(self) -> Mechanism {
         match self {
-            Self::Tpm => Mechanism::Transactional,
+            Self::Tpm => Mechanism::TPM,
             Self::StopCopy => Mechanism::StopAndCopy,
         }
     }
@@ -282,6 +282,18 @@ pub enum TieringConfigError {
         slow: u64,
         /// Guest RAM bytes.
         mem: u64,
+    },
+    /// An explicitly sized tier larger than the NUMA node backing it.
+    #[error("{flag} {} exceeds NUMA node {node}'s memory ({}): lower {flag}", format_size(*.size), format_size(*.total))]
+    TierExceedsNode {
+        /// `--fast` or `--slow`.
+        flag: &'static str,
+        /// The size asked for.
+        size: u64,
+        /// The node.
+        node: u32,
+        /// The node's memory.
+        total: u64,
     },
     /// A tier node the host does not have.
     #[error("{flag} {node}: this host has NUMA nodes with memory {} (see tiervm info)", join(.nodes))]
@@ -471,10 +483,14 @@ impl TieringRequest {
             });
         }
         let (fast_node, slow_node) = self.tier_nodes(nodes)?;
-        let mut mem = MemConfig::new(mem_bytes as usize, (fast / page) as usize);
-        mem.fast_node = fast_node;
-        mem.slow_node = slow_node;
-        mem.slow_capacity_pages = Some((slow / page) as usize);
+        self.check_tiers_fit_nodes(fast, fast_node, slow_node)?;
+        let mut mem = MemConfig::two_tier(
+            mem_bytes as usize,
+            (fast / page) as usize,
+            (slow / page) as usize,
+            fast_node,
+            slow_node,
+        );
         mem.placement = self.placement.to_placement(seed);
         Ok(mem)
     }
@@ -502,6 +518,37 @@ impl TieringRequest {
             }
         }
         Ok((fast_node, slow_node))
+    }
+
+    /// Lazy commit: a tier's capacity is a limit, not an allocation. A tier
+    /// the user sized explicitly must fit the node that backs it (it could
+    /// never be honoured otherwise); the default slow tier is "whatever the
+    /// guest needs" and may overcommit the host, guarded at run time (a
+    /// touch the host cannot back stops the run cleanly).
+    fn check_tiers_fit_nodes(&self, fast: u64, fast_node: u32, slow_node: u32) -> Checked<()> {
+        let node_total = |n: u32| {
+            tiering::host::numa_nodes()
+                .ok()
+                .and_then(|v| v.into_iter().find(|x| x.id == n))
+                .map(|x| x.mem_total_bytes)
+        };
+        let explicit = [
+            ("--fast", Some(fast), fast_node),
+            ("--slow", self.slow, slow_node),
+        ];
+        for (flag, size, node) in explicit {
+            if let (Some(size), Some(total)) = (size, node_total(node)) {
+                if size > total {
+                    return Err(TieringConfigError::TierExceedsNode {
+                        flag,
+                        size,
+                        node,
+                        total,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The chaos driver's settings, for `--policy chaos`.
@@ -668,8 +715,8 @@ mod tests {
     fn fast_alone_enables_static_tiering_with_the_rest_slow() {
         let c = v(|r| r.fast = Some(256 << 20)).unwrap().unwrap();
         assert_eq!(c.policy, PolicyArg::Static);
-        assert_eq!(c.mem.fast_capacity_pages, 65536);
-        assert_eq!(c.mem.slow_capacity_pages, Some(262144));
+        assert_eq!(c.mem.tiers[0].capacity_pages, 65536);
+        assert_eq!(c.mem.tiers[1].capacity_pages, 262144);
     }
 
     #[test]

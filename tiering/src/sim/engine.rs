@@ -31,7 +31,7 @@ use crate::policy::{
     TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGE_BYTES,
 };
 
-pub use super::setup::{InitialPlacement, INITIAL_FREE_FRACTION};
+pub use super::setup::{SimPlacement, INITIAL_FREE_FRACTION};
 
 /// Shortest simulation quantum: 1 ms of modeled time.
 pub const MIN_QUANTUM_NS: u64 = 1_000_000;
@@ -311,7 +311,7 @@ struct Sim {
 
 /// Runs `policy` on `scn` with first-touch placement.
 pub fn run(scn: &Scenario, policy: PolicyKind) -> Result<SimReport, SimError> {
-    run_with(scn, policy, InitialPlacement::FirstTouch)
+    run_with(scn, policy, SimPlacement::FirstTouch)
 }
 
 /// Runs `policy` on `scn` with the given initial placement:
@@ -325,7 +325,7 @@ pub fn run(scn: &Scenario, policy: PolicyKind) -> Result<SimReport, SimError> {
 pub fn run_with(
     scn: &Scenario,
     policy: PolicyKind,
-    placement: InitialPlacement,
+    placement: SimPlacement,
 ) -> Result<SimReport, SimError> {
     setup::validate(scn)?;
     let started = Instant::now();

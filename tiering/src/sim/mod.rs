@@ -17,7 +17,7 @@ pub mod scenario;
 pub mod setup;
 pub mod workload;
 
-pub use engine::{run, run_with, InitialPlacement};
+pub use engine::{run, run_with, SimPlacement};
 pub use report::SimReport;
 pub use scenario::{builtin, builtin_names, builtins, Scenario};
 
@@ -102,7 +102,7 @@ pub fn static_split_sweep(scn: &Scenario) -> Result<Vec<(f64, SimReport)>, SimEr
     (0..=10)
         .map(|i| {
             let share = f64::from(i) / 10.0;
-            run_with(scn, PolicyKind::Static, InitialPlacement::HotShare(share)).map(|r| (share, r))
+            run_with(scn, PolicyKind::Static, SimPlacement::HotShare(share)).map(|r| (share, r))
         })
         .collect()
 }
@@ -175,13 +175,13 @@ mod tests {
         // with no contention the all-hot-in-fast split beats the all-slow one.
         let s0 = quick("colloid-gups-0x");
         let s3 = quick("colloid-gups-3x");
-        let t0 = run_with(&s0, PolicyKind::Static, InitialPlacement::HotShare(1.0))
+        let t0 = run_with(&s0, PolicyKind::Static, SimPlacement::HotShare(1.0))
             .unwrap()
             .throughput_maps;
-        let t3 = run_with(&s3, PolicyKind::Static, InitialPlacement::HotShare(1.0))
+        let t3 = run_with(&s3, PolicyKind::Static, SimPlacement::HotShare(1.0))
             .unwrap()
             .throughput_maps;
-        let slow0 = run_with(&s0, PolicyKind::Static, InitialPlacement::HotShare(0.0))
+        let slow0 = run_with(&s0, PolicyKind::Static, SimPlacement::HotShare(0.0))
             .unwrap()
             .throughput_maps;
         assert!(t3 < t0, "{t3} vs {t0}");

@@ -14,9 +14,10 @@ use crate::policy::{PolicyConfig, TierId, PAGE_BYTES};
 /// Fraction of each tier left free at start (as Linux keeps watermarks).
 pub const INITIAL_FREE_FRACTION: f64 = 0.004;
 
-/// Where pages start.
+/// Where the simulator's pages start (the live backing's initial
+/// placement is `mem::InitialPlacement`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum InitialPlacement {
+pub enum SimPlacement {
     /// Fill tiers fastest first in address order (first touch), or slowest
     /// first when the scenario starts with every page demoted.
     FirstTouch,
@@ -106,7 +107,7 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
 /// Builds the page space, the stream and the first placement of `scn`.
 pub(super) fn initial_state(
     scn: &Scenario,
-    placement: InitialPlacement,
+    placement: SimPlacement,
 ) -> Result<InitialState, SimError> {
     let scale = scn.workload.effective_scale(scn.scale);
     let gib_pages = |g: f64| gib_to_pages(g, scale);
@@ -224,16 +225,16 @@ fn synthetic_stream(scn: &Scenario, scale: f64, pages: u64) -> Result<Stream, Sc
 }
 
 /// The order in which pages take the free slots of the tiers: address
-/// order, or for [`InitialPlacement::HotShare`] on GUPS the chosen hot
+/// order, or for [`SimPlacement::HotShare`] on GUPS the chosen hot
 /// pages and cold filler for tier 0, then the remaining hot pages, then
 /// the remaining cold pages.
 fn placement_order(
-    placement: InitialPlacement,
+    placement: SimPlacement,
     stream: &Stream,
     pages: u64,
     fast_fill: u64,
 ) -> Vec<u64> {
-    let (InitialPlacement::HotShare(share), Stream::Gups(g)) = (placement, stream) else {
+    let (SimPlacement::HotShare(share), Stream::Gups(g)) = (placement, stream) else {
         return (0..pages).collect();
     };
     let hot: Vec<u64> = g.hot_pages().collect();

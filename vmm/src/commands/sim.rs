@@ -447,7 +447,7 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
     let results: Vec<Result<SimReport, sim::SimError>> =
         parallel(work.clone(), jobs, |(p, share)| match share {
             None => sim::run(&scn, p),
-            Some(s) => sim::run_with(&scn, p, sim::InitialPlacement::HotShare(s)).map(|mut r| {
+            Some(s) => sim::run_with(&scn, p, sim::SimPlacement::HotShare(s)).map(|mut r| {
                 r.policy = format!("split{:.0}", s * 100.0);
                 r
             }),

@@ -68,9 +68,6 @@ pub enum TieredRamError {
     /// The userfaultfd handler did not stop cleanly.
     #[error("stopping the userfaultfd handler")]
     StopFaultHandler(#[source] std::io::Error),
-    /// The backing's bookkeeping disagrees with itself after the run.
-    #[error("tiered memory inconsistent after the run: {0}")]
-    Inconsistent(String),
 }
 
 impl TieredRamError {
@@ -84,9 +81,10 @@ impl TieredRamError {
 /// What the report says about tiering.
 ///
 /// The run report has one section per thing reported: per-tier page
-/// counts (`tiers`), migration mechanism counters (`migration`), access
-/// tracking (`tracking`) and this one, the tiering setup and its threads.
-/// The first three are built from `stats` and `samples` ([`Self::tiers`],
+/// counts (`tiers`), how host memory was committed (`backing`), migration
+/// mechanism counters (`migration`), access tracking (`tracking`) and this
+/// one, the tiering setup and its threads. The first four are built from
+/// `stats` and `samples` ([`Self::tiers`], [`Self::backing`],
 /// [`Self::migration`], [`Self::tracking`]), which are therefore left out
 /// of this section's JSON.
 #[derive(Clone, Debug, Serialize)]
@@ -107,6 +105,12 @@ pub struct TieringReport {
     pub samples: u64,
     /// What the policy engine did (placement policies only).
     pub engine: Option<EngineReport>,
+    /// Bookkeeping check at the end of the run: "ok", or "inconsistent: "
+    /// and the first violation (the run then exits 1, after the report).
+    pub consistency: String,
+    /// The error that stopped the VM from the memory side (e.g. the host ran
+    /// out of memory for a lazy commit), if any.
+    pub fatal: Option<String>,
     /// `move_pages(2)` check at the end of the run: "ok" when every present
     /// guest page sits on its tier's host node (trivially true with emulated
     /// tiers), else the first mismatch.
@@ -157,6 +161,27 @@ pub struct MigrationReport {
     pub harvests: u64,
     /// Faults on addresses no mechanism explains (a bug indicator).
     pub unexpected_faults: u64,
+    /// Rollback steps that failed (the page stays where the kernel says it is).
+    pub rollback_errors: u64,
+}
+
+/// The report's `backing` object: how the tiers' host memory was committed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BackingReport {
+    /// Guest pages with host memory (touched at least once).
+    pub populated_pages: u64,
+    /// Guest pages committed on first touch (lazy commit).
+    pub committed_pages: u64,
+    /// First touches committed as a whole 2 MiB huge page.
+    pub huge_commits: u64,
+    /// Pages committed after the host ran short of memory, while the VM stopped.
+    pub emergency_commits: u64,
+    /// Pool slots the bookkeeping called holes that held a page (healed).
+    pub slot_heals: u64,
+    /// 2 MiB runs collapsed back into a huge page.
+    pub collapses: u64,
+    /// Capacity changes (resizes) applied.
+    pub resizes: u64,
 }
 
 /// The report's `tracking` object.
@@ -203,6 +228,21 @@ impl TieringReport {
             guest_stall_ms: s.guest_stall_ms,
             harvests: s.harvests,
             unexpected_faults: s.unexpected_faults,
+            rollback_errors: s.rollback_errors,
+        }
+    }
+
+    /// The `backing` object.
+    pub fn backing(&self) -> BackingReport {
+        let s = &self.stats;
+        BackingReport {
+            populated_pages: s.populated_pages,
+            committed_pages: s.committed_pages,
+            huge_commits: s.huge_commits,
+            emergency_commits: s.emergency_commits,
+            slot_heals: s.slot_heals,
+            collapses: s.collapses,
+            resizes: s.resizes,
         }
     }
 
@@ -338,7 +378,7 @@ impl TieredRam {
 
     /// Drains the access samples recorded since the last call (the policy
     /// engine will consume them; for now they are counted).
-    pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
+    pub fn drain_samples(&mut self) -> Vec<tiering::mem::HintFaultRecord> {
         if self.engine.is_some() {
             // The engine consumes them.
             return Vec::new();
@@ -380,14 +420,22 @@ impl TieredRam {
         if let Some(f) = self.faults.take() {
             f.stop().map_err(TieredRamError::StopFaultHandler)?;
         }
-        self.mem
-            .check_consistency()
-            .map_err(TieredRamError::Inconsistent)?;
-        let node_check = match self.mem.check_nodes() {
+        // An inconsistency is reported, not raised: the report (with the
+        // guest's own verdict) must never be lost.
+        let consistency = match self.mem.check_consistency() {
             Ok(()) => "ok".to_string(),
+            Err(e) => {
+                tracing::error!("tiered memory inconsistent after the run: {e}");
+                format!("inconsistent: {e}")
+            }
+        };
+        let node_check = match self.mem.check_nodes() {
+            Ok(_) => "ok".to_string(),
             Err(e) => e,
         };
         Ok(TieringReport {
+            consistency,
+            fatal: self.mem.fatal_error().map(str::to_string),
             node_check,
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             emulated: self.mem.emulated(),
