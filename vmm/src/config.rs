@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::image::{self, ElfInfo, Image};
 use crate::tiering_config::{TieringConfig, TieringRequest};
 use crate::units::format_size;
-use crate::vstate::memory::{Layout, MAX_RAM, MIN_RAM};
+use crate::vstate::memory::{GuestLayout, MAX_RAM, MIN_RAM};
 
 /// Default guest RAM.
 pub const DEFAULT_MEM: u64 = 1 << 30;
@@ -175,7 +175,7 @@ pub struct VmConfig {
     /// Guest console bytes forwarded before dropping.
     pub console_limit: u64,
     /// The guest-physical layout.
-    pub layout: Layout,
+    pub layout: GuestLayout,
     /// Tiered memory settings; `None` = untiered RAM.
     pub tiering: Option<TieringConfig>,
 }
@@ -317,7 +317,7 @@ impl VmConfig {
             check_args(&image.name, spec, &args)?;
         }
         let elf = image::validate_elf(&image.name, &image.bytes, mem)?;
-        let layout = Layout::new(mem, elf.end, req.vcpus);
+        let layout = GuestLayout::new(mem, elf.end, req.vcpus);
         check_image_fits(&image, &args, &layout, req.vcpus)?;
         let tiering = tiering_for(req, &layout)?;
         check_untiered_fits_host(mem, tiering.as_ref())?;
@@ -398,7 +398,7 @@ fn check_untiered_fits_host(
 fn check_image_fits(
     image: &Image,
     args: &[(String, String)],
-    layout: &Layout,
+    layout: &GuestLayout,
     vcpus: u32,
 ) -> std::result::Result<(), ConfigError> {
     let mem = layout.ram_size;
@@ -421,7 +421,7 @@ fn check_image_fits(
 
 /// The validated tiering settings (chaos limited to the heap when the
 /// test-only flag asks for it).
-fn tiering_for(req: &VmRequest, layout: &Layout) -> Result<Option<TieringConfig>> {
+fn tiering_for(req: &VmRequest, layout: &GuestLayout) -> Result<Option<TieringConfig>> {
     let nodes: Vec<u32> = tiering::host::numa_nodes()
         .map(|n| n.iter().map(|n| n.id).collect())
         .unwrap_or_default();

@@ -41,7 +41,7 @@ pub struct SampleCtx<'a> {
     /// Guest memory (the hook may read or write it, e.g. to inject faults).
     pub mem: &'a GuestMemoryMmap,
     /// The layout of the guest.
-    pub layout: &'a memory::Layout,
+    pub layout: &'a memory::GuestLayout,
     /// Seconds since the vCPUs started.
     pub t_s: f64,
     /// Total guest operations so far.

@@ -84,7 +84,7 @@ unsafe impl ByteValued for Wire<StatusPage> {}
 
 /// Where everything lives in guest-physical memory for one VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct GuestLayout {
     /// Guest RAM bytes.
     pub ram_size: u64,
     /// One past the image's last byte.
@@ -99,7 +99,7 @@ pub struct Layout {
     pub heap_end: u64,
 }
 
-impl Layout {
+impl GuestLayout {
     /// The layout for an image ending at `image_end` with `vcpus` vCPUs.
     pub fn new(ram_size: u64, image_end: u64, vcpus: u32) -> Self {
         let stacks_base = image_end.div_ceil(4096) * 4096;
@@ -197,7 +197,7 @@ pub fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<u64> {
 /// Writes the boot-info block and an initialised status page.
 pub fn write_boot_info(
     mem: &GuestMemoryMmap,
-    layout: &Layout,
+    layout: &GuestLayout,
     seed: u64,
     tsc_khz: u64,
     args: &[(String, String)],
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn layout_is_aligned_and_ordered() {
-        let l = Layout::new(1 << 30, 0x40c1e0, 4);
+        let l = GuestLayout::new(1 << 30, 0x40c1e0, 4);
         assert_eq!(l.stacks_base, 0x40d000);
         assert_eq!(l.heap_start % GUEST_LARGE_PAGE, 0);
         assert!(l.heap_start >= l.stacks_base + 4 * STACK_SIZE);
