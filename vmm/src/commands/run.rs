@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 
 use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
-use crate::error::{Error, Result};
+use crate::error::{OutputError, Result};
 use crate::progress::Progress;
 use crate::report::{RunReport, StopReason};
 use crate::runner::{self, Console};
@@ -199,8 +199,10 @@ pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
     match format {
         ReportFormat::Human => print!("{}", report.human()),
         ReportFormat::Json => {
-            let s =
-                serde_json::to_string(report).map_err(|e| Error::host("encoding the report", e))?;
+            let s = serde_json::to_string(report).map_err(|source| OutputError::Encode {
+                what: "the report",
+                source,
+            })?;
             println!("{s}");
         }
     }
