@@ -51,6 +51,10 @@ pub struct RunReport {
     pub ops_per_sec: f64,
     /// Throughput timeline, one point per sample.
     pub timeline: Vec<TimelinePoint>,
+    /// Tiered runs: every tier's capacity, use and kernel-measured host
+    /// memory, one point per sample (empty when untiered).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tier_timeline: Vec<crate::status::TierTimelinePoint>,
     /// KVM exits of all vCPUs.
     pub vm_exits: u64,
     /// Milliseconds from VMM start to the first guest instruction.
@@ -161,8 +165,11 @@ impl RunReport {
             .iter()
             .flatten()
             .map(|x| {
+                let resident = x
+                    .resident_bytes
+                    .map_or(String::new(), |b| format!(" ({} MiB resident)", b >> 20));
                 format!(
-                    "{} node{} {}/{} pages",
+                    "{} node{} {}/{} pages{resident}",
                     x.name,
                     x.node,
                     group(x.pages),
@@ -294,6 +301,7 @@ mod tests {
             setup_ms: 0.0,
             stats: MemStats::default(),
             chaos: None,
+            resize: None,
             samples: 0,
             engine: None,
             consistency: "ok".into(),

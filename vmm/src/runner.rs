@@ -252,6 +252,7 @@ impl VcpuThreads {
 /// What watching the run produced.
 struct Watched {
     timeline: Vec<TimelinePoint>,
+    tier_timeline: Vec<crate::status::TierTimelinePoint>,
     stop_requested_at: Option<Instant>,
     reason: Option<StopReason>,
     ab: Option<AbDriver>,
@@ -269,6 +270,7 @@ fn watch(
 ) -> Watched {
     let mut w = Watched {
         timeline: Vec::new(),
+        tier_timeline: Vec::new(),
         stop_requested_at: None,
         reason: None,
         ab: cfg
@@ -346,6 +348,10 @@ fn sample(cfg: &VmConfig, vm: &mut Vm, hooks: &mut dyn RunHooks, w: &mut Watched
         ops: snap.total_ops(),
     });
     if let Some(t) = vm.tiered_mut() {
+        w.tier_timeline.push(crate::status::TierTimelinePoint {
+            t_s,
+            tiers: t.tier_samples(),
+        });
         t.drain_samples();
         if let Some(on) =
             w.ab.as_mut()
@@ -406,6 +412,7 @@ fn finish(
         ops: snap.total_ops(),
         ops_per_sec: status::ops_per_sec(&w.timeline),
         timeline: w.timeline,
+        tier_timeline: w.tier_timeline,
         vm_exits: shared.exits.load(Ordering::Relaxed),
         boot_ms: shared
             .booted_at

@@ -8,7 +8,10 @@ use tiering::engine::{
     parse_intervals, parse_schedule, EngineConfig, IntervalError, ModeledLatency, ScheduleError,
 };
 
-use tiering::mem::{ChaosConfig, InitialPlacement, Mechanism, MemConfig, SamplerConfig, PAGE_SIZE};
+use tiering::mem::{
+    parse_capacity_schedule, ChaosConfig, InitialPlacement, Mechanism, MemConfig, ResizeConfig,
+    SamplerConfig, PAGE_SIZE,
+};
 use tiering::policy::PolicyKind;
 
 use crate::units::format_size;
@@ -179,6 +182,9 @@ pub struct TieringRequest {
     pub chaos_heap_only: bool,
     /// Measurement: switch hint-fault tracking on and off every this long.
     pub tracking_ab: Option<Duration>,
+    /// `--fast-schedule` (e.g. `256M@0s,32M@5s,256M@10s`): the fast tier's
+    /// capacity over time.
+    pub fast_schedule: Option<String>,
 }
 
 /// Access tracking.
@@ -216,6 +222,7 @@ impl Default for TieringRequest {
             policy_interval: None,
             chaos_heap_only: false,
             tracking_ab: None,
+            fast_schedule: None,
         }
     }
 }
@@ -237,6 +244,9 @@ pub struct TieringConfig {
     pub engine: Option<EngineConfig>,
     /// Switch tracking on and off every this long (A/B measurement).
     pub tracking_ab: Option<Duration>,
+    /// Capacity changes while the VM runs (`--fast-schedule`) and the
+    /// settings of the driver that converges them.
+    pub resize: ResizeConfig,
 }
 
 /// The policies `--policy-schedule` and `--policy-interval` accept, for messages.
@@ -247,6 +257,19 @@ fn placement_policies() -> String {
 /// A tiering setting that cannot be used; each message names the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum TieringConfigError {
+    /// A `--fast-schedule` that does not parse.
+    #[error("--fast-schedule: {0}")]
+    BadFastSchedule(String),
+    /// A `--fast-schedule` size the tiers could not honour.
+    #[error("--fast-schedule {} at {at:.1} s: {why}", format_size(*.size))]
+    FastScheduleDoesNotFit {
+        /// The scheduled size.
+        size: u64,
+        /// When, seconds.
+        at: f64,
+        /// Why (names the fix).
+        why: String,
+    },
     /// `--tracking damon` without a placement policy.
     #[error(
         "--tracking damon feeds a placement policy: add --policy static, memtis, mtm or colloid"
@@ -432,7 +455,9 @@ impl TieringRequest {
             engine = Some(damon_engine(engine, self.tracking_flags())?);
         }
         let tracking_ab = self.tracking_ab(sampler.is_some())?;
+        let resize = self.resize(&mem)?;
         Ok(Some(TieringConfig {
+            resize,
             mem,
             policy,
             chaos,
@@ -658,6 +683,46 @@ impl TieringRequest {
                 Ok(Some(c))
             }
         }
+    }
+
+    /// `--fast-schedule`: each size must keep the tiers able to hold the
+    /// guest and fit the fast tier's reservation (the whole guest).
+    fn resize(&self, mem: &MemConfig) -> Checked<ResizeConfig> {
+        let mut cfg = ResizeConfig::default();
+        let Some(s) = &self.fast_schedule else {
+            return Ok(cfg);
+        };
+        let steps = parse_capacity_schedule(s).map_err(TieringConfigError::BadFastSchedule)?;
+        let page = PAGE_SIZE as u64;
+        let guest = mem.guest_bytes / PAGE_SIZE;
+        let others: usize = mem.tiers.iter().skip(1).map(|t| t.capacity_pages).sum();
+        for st in &steps {
+            let size = st.pages as u64 * page;
+            let at = st.at.as_secs_f64();
+            if st.pages > mem.tiers[0].max_capacity_pages {
+                return Err(TieringConfigError::FastScheduleDoesNotFit {
+                    size,
+                    at,
+                    why: format!(
+                        "exceeds the fast tier's maximum ({}): lower it",
+                        format_size(mem.tiers[0].max_capacity_pages as u64 * page)
+                    ),
+                });
+            }
+            if st.pages.saturating_add(others) < guest {
+                return Err(TieringConfigError::FastScheduleDoesNotFit {
+                    size,
+                    at,
+                    why: format!(
+                        "with --slow {} the tiers could not hold --mem {}: raise it or --slow",
+                        format_size(others as u64 * page),
+                        format_size(guest as u64 * page)
+                    ),
+                });
+            }
+        }
+        cfg.schedules.push((0, steps));
+        Ok(cfg)
     }
 
     /// Whether any hint-fault window flag was given.

@@ -79,7 +79,10 @@ pub use migrate::{BatchOutcome, Migrator, MigratorConfig, MAX_UNIT_PAGES};
 pub use pool::Slot;
 pub use probe::{AccessProbes, MEASURED_HINT_FAULT_GUEST_NS};
 pub use residency::{Residency, TierResidency};
-pub use resize::ResizeReport;
+pub use resize::{
+    parse_capacity_schedule, CapacityStep, ResizeConfig, ResizeDriver, ResizeDriverReport,
+    ResizeHandle, ResizeReport,
+};
 pub use sampler::{HintSampler, SamplerConfig, SamplerHandle, SamplerTick};
 pub use stats::{MemStats, TierStats};
 

@@ -1042,6 +1042,7 @@ mod tests {
             stop_reason: StopReason::Duration,
             ops: ops_per_sec as u64,
             ops_per_sec,
+            tier_timeline: Vec::new(),
             timeline: vec![
                 TimelinePoint { t_s: 0.1, ops: 0 },
                 TimelinePoint {

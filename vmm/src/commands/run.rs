@@ -125,6 +125,10 @@ pub struct VmFlags {
     /// memtis and mtm, colloid's quantum (defaults: the papers' 0.5 s, 10 s, 10 ms).
     #[arg(long, value_name = "POLICY=TIME,...", help_heading = "Tiering")]
     pub policy_interval: Option<String>,
+    /// The fast tier's capacity over time, e.g. 256M@0s,32M@5s,256M@10s:
+    /// a shrink demotes the coldest pages and gives the memory back.
+    #[arg(long, value_name = "SIZE@TIME,...", help_heading = "Tiering")]
+    pub fast_schedule: Option<String>,
 }
 
 impl VmFlags {
@@ -146,6 +150,7 @@ impl VmFlags {
             scan_period: self.scan_period,
             tracking_budget_pct: self.tracking_budget,
             policy_interval: self.policy_interval.clone(),
+            fast_schedule: self.fast_schedule.clone(),
             ..TieringRequest::default()
         }
     }

@@ -9,8 +9,11 @@ use kvm_ioctls::VmFd;
 use serde::Serialize;
 use tiering::mem::{
     ChaosDriver, ChaosReport, FaultHandler, HintSampler, MemStats, Migrator, MigratorConfig,
-    SamplerHandle, TierStats, TieredMemory, PAGE_SIZE,
+    ResizeDriver, ResizeDriverReport, ResizeHandle, SamplerHandle, TierStats, TieredMemory,
+    PAGE_SIZE,
 };
+
+use crate::status::TierSample;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
@@ -23,6 +26,9 @@ use tiering::engine::{Engine, EngineError, EngineReport};
 /// Tiered guest RAM, or one of the threads that manage it, failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TieredRamError {
+    /// The resize driver thread could not start.
+    #[error("starting the resize driver")]
+    StartResize(#[source] std::io::Error),
     /// Allocating and placing the tier pools failed.
     #[error("setting up tiered guest RAM")]
     Setup(#[source] tiering::mem::MemError),
@@ -100,6 +106,9 @@ pub struct TieringReport {
     pub stats: MemStats,
     /// The chaos driver's own account, when chaos ran.
     pub chaos: Option<ChaosReport>,
+    /// Capacity changes while the VM ran (`--fast-schedule`, the service)
+    /// and what converging them did.
+    pub resize: Option<ResizeDriverReport>,
     /// Access samples (hint faults) recorded.
     #[serde(skip)]
     pub samples: u64,
@@ -284,6 +293,8 @@ pub struct TieredRam {
     vcpus: usize,
     engine: Option<Engine>,
     engine_report: Option<EngineReport>,
+    resize: Option<ResizeDriver>,
+    resize_report: Option<ResizeDriverReport>,
     cfg: TieringConfig,
 }
 
@@ -321,6 +332,8 @@ impl TieredRam {
             vcpus: vcpus as usize,
             engine: None,
             engine_report: None,
+            resize: None,
+            resize_report: None,
             cfg: cfg.clone(),
         })
     }
@@ -381,6 +394,10 @@ impl TieredRam {
                 Engine::spawn(migrator.clone(), e.clone()).map_err(TieredRamError::StartEngine)?,
             );
         }
+        self.resize = Some(
+            ResizeDriver::spawn(migrator.clone(), self.cfg.resize.clone())
+                .map_err(TieredRamError::StartResize)?,
+        );
         self.migrator = Some(migrator);
         if let Some(sc) = &self.cfg.sampler {
             let mut sc = sc.clone();
@@ -392,6 +409,29 @@ impl TieredRam {
             );
         }
         Ok(())
+    }
+
+    /// A handle to change a tier's capacity while the VM runs (the
+    /// host-side service's operation; `None` before [`Self::start`]).
+    pub fn resize_handle(&self) -> Option<ResizeHandle> {
+        self.resize.as_ref().map(|r| r.handle(self.mem.clone()))
+    }
+
+    /// Every tier's capacity, use and kernel-measured resident memory now.
+    pub fn tier_samples(&self) -> Vec<TierSample> {
+        let residency = self.mem.residency().ok();
+        let counts = self.mem.tier_counts();
+        self.mem
+            .tier_ids()
+            .map(|t| {
+                let i = usize::from(t);
+                TierSample {
+                    capacity_pages: self.mem.capacity(t) as u64,
+                    pages: counts[i].0 + counts[i].1,
+                    resident_bytes: residency.as_ref().map(|r| r.tiers[i].resident_bytes),
+                }
+            })
+            .collect()
     }
 
     /// Pauses or resumes hint-fault sampling (A/B measurements).
@@ -415,6 +455,9 @@ impl TieredRam {
 
     /// Stops migration and sampling (the guest may still be running).
     pub fn stop_migration(&mut self) -> Result<Option<ChaosReport>> {
+        if let Some(r) = self.resize.take() {
+            self.resize_report = Some(r.stop());
+        }
         if let Some(e) = self.engine.take() {
             self.engine_report = Some(e.stop().map_err(TieredRamError::StopEngine)?);
         }
@@ -460,12 +503,13 @@ impl TieredRam {
         };
         let node_pages = self.node_pages();
         Ok(TieringReport {
+            resize: self.resize_report.take(),
             consistency,
             fatal: self.mem.fatal_error().map(str::to_string),
             node_check,
             node_checked_pages,
             node_pages,
-            policy: format!("{:?}", self.cfg.policy).to_lowercase(),
+            policy: self.cfg.policy.name().to_string(),
             emulated: self.mem.emulated(),
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
             stats: self.mem.stats(),
