@@ -294,7 +294,15 @@ fn fast_schedule_errors_name_the_fix() {
         let out = common::tiervm()
             .arg("run")
             .args(&args)
-            .args(["--duration", "1s", "zipf", "--arg", "rss=16M", "--arg", "wss=16M"])
+            .args([
+                "--duration",
+                "1s",
+                "zipf",
+                "--arg",
+                "rss=16M",
+                "--arg",
+                "wss=16M",
+            ])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

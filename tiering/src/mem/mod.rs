@@ -68,7 +68,7 @@ pub use crate::sys::PAGE_SIZE;
 pub use crate::vocab::{Mechanism, TierId, Unit};
 pub use account::TierSpec;
 pub use backing::{
-    FatalHook, FaultPathHook, InitialPlacement, MemConfig, TieredMemory,
+    FatalHook, FaultPathHook, InitialPlacement, MemConfig, PlacementObserver, TieredMemory,
     DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
 };
 pub use chaos::{ChaosConfig, ChaosDriver, ChaosReport, MAX_UNITS_PER_BATCH};
