@@ -202,6 +202,13 @@ pub fn parse_mix(s: &str) -> Result<(u32, u32)> {
             "--chaos-mix 0:0 migrates nothing: give at least one non-zero weight".into(),
         ));
     }
+    // The chaos driver draws from p + d (a u32).
+    if p.checked_add(d).is_none() {
+        return Err(Error::Usage(format!(
+            "--chaos-mix '{s}': the weights must add up to at most {}: give a ratio like 3:1",
+            u32::MAX
+        )));
+    }
     Ok((p, d))
 }
 
@@ -276,7 +283,7 @@ impl TieringRequest {
                 format_size(slow)
             )));
         }
-        if fast + slow < mem_bytes {
+        if u128::from(fast) + u128::from(slow) < u128::from(mem_bytes) {
             return Err(Error::Usage(format!(
                 "--fast {} + --slow {} cannot hold --mem {}: raise --fast or --slow (or drop --slow: it then holds the whole guest)",
                 format_size(fast),

@@ -170,6 +170,7 @@ pub enum VcpuOutcome {
 }
 
 /// What the run loop does after one exit.
+#[derive(Debug, PartialEq, Eq)]
 enum Step {
     Continue,
     Exited(u32),
@@ -303,6 +304,10 @@ pub fn install_kick_handler() -> Result<()> {
         Err(e) => Err(Error::host("installing the vCPU kick signal handler", e)),
     }
 }
+
+#[cfg(test)]
+#[path = "vcpu_fuzz.rs"]
+mod fuzz;
 
 /// The signal that kicks a vCPU thread.
 pub fn kick_signal() -> libc::c_int {
