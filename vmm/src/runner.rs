@@ -74,6 +74,8 @@ pub fn run(
     console: Console,
     hooks: &mut dyn RunHooks,
 ) -> Result<RunReport> {
+    // Name every missing host permission before setting anything up.
+    crate::permissions::check_run(cfg.tiering.is_some())?;
     let mut tiered = cfg
         .tiering
         .as_ref()

@@ -12,9 +12,8 @@ pub const RAM_SLOT: u32 = 0;
 /// Opens `/dev/kvm` with a message that names the fix.
 pub fn open_kvm() -> Result<Kvm> {
     Kvm::new().map_err(|e| {
-        Error::Host(format!(
-            "cannot open /dev/kvm ({e}): load the kvm module and run as a user with read/write access to /dev/kvm \
-             (`tiervm info` shows what this host offers)"
+        Error::Host(crate::permissions::kvm_open_error(
+            &std::io::Error::from_raw_os_error(e.errno()),
         ))
     })
 }
