@@ -10,6 +10,7 @@
 //! - [`policy`]: placement policies as pure code (observations in, decisions out).
 //! - [`engine`]: the live per-VM loop that feeds observations to a policy and
 //!   executes its decisions with the mechanisms.
+//! - [`vocab`]: the shared vocabulary (tiers, units, mechanisms).
 //! - [`sim`]: a deterministic, trace-driven simulator that runs the same policies
 //!   against modeled tiers.
 
@@ -18,3 +19,5 @@ pub mod host;
 pub mod mem;
 pub mod policy;
 pub mod sim;
+pub mod sys;
+pub mod vocab;

@@ -167,6 +167,9 @@ mod tests {
             0x1000 + code.len() <= mem.guest_len(),
             "code fits in guest RAM"
         );
+        // Commit every page now (lazy commit would otherwise need a fault
+        // handler for this write, and the tests want every page placed).
+        mem.prefault(0, mem.guest_pages()).unwrap();
         // SAFETY: the destination lies inside guest RAM (asserted above), which
         // `mem` keeps mapped; `code` is a separate slice.
         unsafe {
@@ -255,12 +258,14 @@ mod tests {
         skip_dirty_check: bool,
         n: u32,
     ) -> Option<(u32, tiering::mem::MemStats)> {
-        use tiering::mem::{FaultHandler, Mechanism, Migrator, MigratorConfig, Placement, Unit};
+        use tiering::mem::{
+            FaultHandler, InitialPlacement, Mechanism, Migrator, MigratorConfig, Unit,
+        };
         let kvm = Kvm::new().ok()?;
         let vm = kvm.create_vm().unwrap();
         enable_manual_dirty_log_protect(&vm).unwrap();
         let mut cfg = MemConfig::new(64 * PAGE_SIZE, 32);
-        cfg.placement = Placement::SlowFirst;
+        cfg.placement = InitialPlacement::SlowFirst;
         let mem = Arc::new(TieredMemory::new(&cfg).ok()?);
         // mov ecx, n ; l: inc dword [0x5000] ; dec ecx ; jnz l ; hlt
         let mut code = vec![0x66u8, 0xb9];
@@ -289,10 +294,8 @@ mod tests {
             d2.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            m.promote(&[Unit::page(5)], Mechanism::Transactional)
-                .unwrap();
-            m.demote(&[Unit::page(5)], Mechanism::Transactional)
-                .unwrap();
+            m.promote(&[Unit::page(5)], Mechanism::TPM).unwrap();
+            m.demote(&[Unit::page(5)], Mechanism::TPM).unwrap();
             m.harvest().unwrap();
         }
         t.join().unwrap();

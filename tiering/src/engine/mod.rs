@@ -3,7 +3,7 @@
 //! [`crate::mem`]. The same policy code runs in the simulator ([`crate::sim`]).
 //!
 //! Data path: the hint-fault sampler parks windows of guest pages; the fault
-//! handler records each guest touch as an [`mem::AccessSample`]. Every
+//! handler records each guest touch as an [`mem::HintFaultRecord`]. Every
 //! [`POLL_INTERVAL`] the engine drains them: a touch on a page of a tier the
 //! policy protects becomes a [`HintFault`] for [`Policy::on_hint_fault`] (a
 //! returned migration runs at once), and every touch is also an
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::mem::{self, Migrator, Tier, TieredMemory};
+use crate::mem::{self, Migrator, TieredMemory};
 use crate::policy::{
     self, AccessSample, Decisions, HintFault, MemoryView, Migration, Policy, PolicyConfig,
     PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
@@ -205,13 +205,15 @@ impl MemoryView for LiveView<'_> {
         self.mem.guest_pages() as u64
     }
     fn tier_of(&self, page: u64) -> TierId {
-        match self.mem.tier_of(page as usize) {
-            Some(Tier::Fast) => FAST,
-            _ => SLOW,
-        }
+        // A never-touched page has no tier yet; policies see it where the
+        // first touch would most likely put it: the slowest tier (it is
+        // neither hot nor worth a fast-tier page).
+        self.mem
+            .tier_of(page as usize)
+            .unwrap_or((self.mem.tier_count() - 1) as TierId)
     }
     fn shadow_tier(&self, page: u64) -> Option<TierId> {
-        self.mem.has_shadow(page as usize).then_some(SLOW)
+        self.mem.shadow_tier(page as usize)
     }
     fn test_and_clear_accessed(&mut self, page: u64) -> bool {
         if let Some(p) = &mut self.probe {
@@ -235,7 +237,7 @@ struct EngineState {
     probe_touched: Vec<u64>,
     to_arm: Vec<usize>,
     samples: Vec<AccessSample>,
-    tier_hits: [u64; 2],
+    tier_hits: Vec<u64>,
     hint_tiers: Vec<TierId>,
     latency: Option<ModeledLatency>,
     report: EngineReport,
@@ -283,37 +285,49 @@ impl EngineState {
 
     fn tiers(&self, latencies: Option<[f64; 2]>) -> Vec<TierStatus> {
         let mem = self.migrator.memory();
-        let shadows = mem.shadow_pages() as u64;
-        [Tier::Fast, Tier::Slow]
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| TierStatus {
-                capacity_pages: mem.capacity(t) as u64,
-                free_pages: mem.free_pages(t) as u64,
-                shadow_pages: if t == Tier::Slow { shadows } else { 0 },
-                loaded_latency_ns: latencies.map(|l| l[i]),
-                request_rate: None,
+        let stats = mem.tier_counts();
+        mem.tier_ids()
+            .map(|t| {
+                let i = usize::from(t);
+                TierStatus {
+                    capacity_pages: mem.capacity(t) as u64,
+                    free_pages: mem.free_pages(t) as u64,
+                    shadow_pages: stats[i].1,
+                    // The latency model has a fast and a slow class: tier 0
+                    // is fast, every other tier slow.
+                    loaded_latency_ns: latencies.map(|l| l[i.min(1)]),
+                    request_rate: None,
+                }
             })
             .collect()
+    }
+
+    /// Hits of the fast tier and of all slower tiers together.
+    fn class_hits(&self) -> [u64; 2] {
+        [
+            self.tier_hits.first().copied().unwrap_or(0),
+            self.tier_hits.iter().skip(1).sum(),
+        ]
     }
 
     /// One hint-fault sample: accessed bit, per-tier hits, tick sample, and
     /// the policy's hint-fault decision.
     fn observe(
         &mut self,
-        s: &mem::AccessSample,
+        s: &mem::HintFaultRecord,
         now_ns: u64,
         tiers: &[TierStatus],
     ) -> Option<Migration> {
         let mem = self.migrator.memory().clone();
-        let tier = mem.tier_of(s.page as usize)?;
-        let tier_id = if tier == Tier::Fast { FAST } else { SLOW };
+        let tier_id = mem.tier_of(s.page as usize)?;
         for bits in [&mut self.touched, &mut self.probe_touched] {
             if let Some(w) = bits.get_mut((s.page / 64) as usize) {
                 *w |= 1 << (s.page % 64);
             }
         }
-        self.tier_hits[tier_id as usize] += 1;
+        if let Some(h) = self.tier_hits.get_mut(usize::from(tier_id)) {
+            *h += 1;
+        }
         self.samples.push(AccessSample {
             page: s.page,
             tier: tier_id,
@@ -339,7 +353,7 @@ impl EngineState {
     }
 
     /// Feeds drained samples; runs their migrations at once.
-    fn feed(&mut self, drained: Vec<mem::AccessSample>, now_ns: u64) {
+    fn feed(&mut self, drained: Vec<mem::HintFaultRecord>, now_ns: u64) {
         if drained.is_empty() {
             return;
         }
@@ -355,7 +369,7 @@ impl EngineState {
 
     /// A hint fault delivered through the fault-path hook: `true` asks the
     /// fault handler to promote the page before the access resumes.
-    fn fault_path(&mut self, s: &mem::AccessSample, now_ns: u64) -> bool {
+    fn fault_path(&mut self, s: &mem::HintFaultRecord, now_ns: u64) -> bool {
         let tiers = self.tiers(None);
         match self.observe(s, now_ns, &tiers) {
             Some(m)
@@ -376,10 +390,10 @@ impl EngineState {
     }
 
     fn tick(&mut self, now_ns: u64) {
-        let latencies = self.latency.map(|l| l.latencies(self.tier_hits));
+        let latencies = self.latency.map(|l| l.latencies(self.class_hits()));
         let mut tiers = self.tiers(latencies);
         if self.latency.is_some() {
-            let total = (self.tier_hits[0] + self.tier_hits[1]).max(1) as f64;
+            let total = self.tier_hits.iter().sum::<u64>().max(1) as f64;
             for (t, status) in tiers.iter_mut().enumerate() {
                 status.request_rate =
                     Some(MODELED_REQUESTS_PER_SEC * self.tier_hits[t] as f64 / total);
@@ -414,7 +428,7 @@ impl EngineState {
         };
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
-        self.tier_hits = [0; 2];
+        self.tier_hits.iter_mut().for_each(|h| *h = 0);
         // Arm the tested pages (none unless probing) at once, so touches
         // during the migrations count; pages about to migrate are armed
         // after (the migrator skips parked pages).
@@ -431,10 +445,8 @@ impl EngineState {
         self.execute(&d.migrations);
         self.arm_probes(&later);
         for &(tier, pages) in &d.reclaim_shadows {
-            if tier == SLOW {
-                let want = mem.free_pages(Tier::Slow) + pages as usize;
-                mem.reclaim_shadows(want);
-            }
+            let want = mem.free_pages(tier) + pages as usize;
+            mem.reclaim_shadows(tier, want);
         }
         let _ = self.migrator.run_due_retries();
     }
@@ -452,8 +464,8 @@ impl EngineState {
                 push_split(&mut units, u.page as usize, u.pages as usize);
                 i += 1;
             }
-            let Some((dir, mech)) = key else { continue };
-            match self.migrator.migrate(&units, dir, mech) {
+            let Some((to, mech)) = key else { continue };
+            match self.migrator.migrate(&units, to, mech) {
                 Ok(o) => self.report.pages_migrated += o.migrated as u64,
                 Err(e) => {
                     self.report.errors += 1;
@@ -471,28 +483,18 @@ fn push_split(units: &mut Vec<mem::Unit>, first: usize, pages: usize) {
     let (mut p, end) = (first, first.saturating_add(pages));
     while p < end {
         let next = ((p / mem::MAX_UNIT_PAGES + 1) * mem::MAX_UNIT_PAGES).min(end);
-        units.push(mem::Unit::run(p, next - p));
+        units.push(mem::Unit::run(p as u64, (next - p) as u32));
         p = next;
     }
 }
 
-/// Direction and mechanism of a migration; `None` if it is a no-op (the
-/// page is already on the destination tier or out of range).
-fn batch_key(mem: &TieredMemory, m: &Migration) -> Option<(mem::Direction, mem::Mechanism)> {
+/// Destination and mechanism of a migration; `None` if it is a no-op (the
+/// page is already on the destination tier, never touched, or out of range).
+/// Demotion remaps the shadow when there is one (the mechanism checks per
+/// page); without one it copies (stop-and-copy for `ShadowDemotion`).
+fn batch_key(mem: &TieredMemory, m: &Migration) -> Option<(TierId, mem::Mechanism)> {
     let from = mem.tier_of(m.unit.page as usize)?;
-    let dir = match (from, m.to) {
-        (Tier::Slow, FAST) => mem::Direction::Promote,
-        (Tier::Fast, t) if t != FAST => mem::Direction::Demote,
-        _ => return None,
-    };
-    let mech = match m.mechanism {
-        policy::Mechanism::Transactional { .. } => mem::Mechanism::Transactional,
-        policy::Mechanism::StopAndCopy => mem::Mechanism::StopAndCopy,
-        // Demotion remaps the shadow when there is one (the mechanism checks
-        // per page); without one it copies, stop-and-copy as the policy says.
-        policy::Mechanism::ShadowDemotion => mem::Mechanism::StopAndCopy,
-    };
-    Some((dir, mech))
+    (from != m.to && usize::from(m.to) < mem.tier_count()).then_some((m.to, m.mechanism))
 }
 
 /// `base` with `name`'s interval override applied.
@@ -620,10 +622,7 @@ impl Engine {
     pub fn policy_config(mem: &TieredMemory) -> PolicyConfig {
         let mut cfg = PolicyConfig::new(
             mem.guest_pages() as u64,
-            vec![
-                mem.capacity(Tier::Fast) as u64,
-                mem.capacity(Tier::Slow) as u64,
-            ],
+            mem.tier_ids().map(|t| mem.capacity(t) as u64).collect(),
         );
         // An accessed-bit test costs the guest one hint fault here.
         cfg.accessed_test_cost_ns = Some(mem::MEASURED_HINT_FAULT_GUEST_NS);
@@ -650,7 +649,7 @@ impl Engine {
             probe_touched: vec![0; words],
             to_arm: Vec::new(),
             samples: Vec::new(),
-            tier_hits: [0; 2],
+            tier_hits: vec![0; migrator.memory().tier_count()],
             hint_tiers: trackers.hint_fault_tiers.clone(),
             latency: cfg.modeled_latency,
             report: EngineReport {
@@ -667,7 +666,7 @@ impl Engine {
         let set_hook = move |policy: &str| {
             let st = hook_state.clone();
             mem.set_fault_path_hook(promotes_in_fault_path(policy).then(|| {
-                let hook: mem::FaultPathHook = Arc::new(move |sample: &mem::AccessSample| {
+                let hook: mem::FaultPathHook = Arc::new(move |sample: &mem::HintFaultRecord| {
                     let now_ns = start.elapsed().as_nanos() as u64;
                     lock(&st).fault_path(sample, now_ns)
                 });
@@ -817,7 +816,7 @@ mod tests {
         const PAGES: usize = 2048;
         const HOT: std::ops::Range<usize> = 1024..1536;
         let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 600);
-        mc.placement = mem::Placement::SlowFirst;
+        mc.placement = mem::InitialPlacement::SlowFirst;
         let m = match TieredMemory::new(&mc) {
             Ok(m) => Arc::new(m),
             Err(e) => {
@@ -856,7 +855,7 @@ mod tests {
         )
         .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while HOT.clone().any(|p| m.tier_of(p) != Some(Tier::Fast)) && Instant::now() < deadline {
+        while HOT.clone().any(|p| m.tier_of(p) != Some(0)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
         let report = engine.stop().unwrap();
@@ -864,9 +863,7 @@ mod tests {
         toucher.join().unwrap();
         faults.stop().unwrap();
         assert!(report.probes_armed > 0, "{report:?}");
-        let fast: Vec<usize> = (0..PAGES)
-            .filter(|&p| m.tier_of(p) == Some(Tier::Fast))
-            .collect();
+        let fast: Vec<usize> = (0..PAGES).filter(|&p| m.tier_of(p) == Some(0)).collect();
         assert_eq!(fast, HOT.collect::<Vec<_>>(), "{report:?}");
         m.check_consistency().unwrap();
     }
@@ -875,11 +872,11 @@ mod tests {
     fn long_runs_split_at_huge_page_boundaries() {
         let mut u = Vec::new();
         push_split(&mut u, 500, 1100);
-        let got: Vec<(usize, usize)> = u.iter().map(|x| (x.first_page, x.pages)).collect();
+        let got: Vec<(u64, u32)> = u.iter().map(|x| (x.page, x.pages)).collect();
         assert_eq!(got, vec![(500, 12), (512, 512), (1024, 512), (1536, 64)]);
         u.clear();
         push_split(&mut u, 7, 1);
-        assert_eq!((u[0].first_page, u[0].pages), (7, 1));
+        assert_eq!((u[0].page, u[0].pages), (7, 1));
     }
 
     #[test]

@@ -10,16 +10,22 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::migrate::{BatchOutcome, Mechanism, Migrator, Unit};
+use super::migrate::{BatchOutcome, Migrator};
+use crate::vocab::{Mechanism, TierId, Unit};
+
+/// Most units one batch issues (bounds a batch's work whatever the rate).
+pub const MAX_UNITS_PER_BATCH: usize = 1 << 14;
 
 /// Chaos settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChaosConfig {
     /// Units migrated per second.
     pub units_per_sec: f64,
-    /// Promotion weight of the promote:demote mix.
+    /// Promotion weight of the promote:demote mix (a promotion goes to the
+    /// fastest tier).
     pub promote_weight: u32,
-    /// Demotion weight of the promote:demote mix.
+    /// Demotion weight of the promote:demote mix (a demotion goes to a
+    /// random slower tier).
     pub demote_weight: u32,
     /// Mechanism for every migration.
     pub mechanism: Mechanism,
@@ -39,7 +45,7 @@ impl Default for ChaosConfig {
             units_per_sec: 1000.0,
             promote_weight: 1,
             demote_weight: 1,
-            mechanism: Mechanism::Transactional,
+            mechanism: Mechanism::TPM,
             unit_pages: 1,
             seed: 1,
             interval: Duration::from_millis(10),
@@ -96,8 +102,8 @@ impl ChaosDriver {
                 ),
             ));
         }
-        if cfg.promote_weight + cfg.demote_weight == 0
-            || cfg.units_per_sec.is_nan()
+        if u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight) == 0
+            || !cfg.units_per_sec.is_finite()
             || cfg.units_per_sec <= 0.0
         {
             return Err(io::Error::new(
@@ -152,33 +158,34 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
     let mut owed = 0.0f64;
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        owed += cfg.units_per_sec * cfg.interval.as_secs_f64();
+        // A rate beyond what one interval can issue is capped: the debt
+        // never grows past one batch, so any rate stops on time.
+        owed =
+            (owed + cfg.units_per_sec * cfg.interval.as_secs_f64()).min(MAX_UNITS_PER_BATCH as f64);
         let k = owed as usize;
         owed -= k as f64;
-        let (mut up, mut down) = (Vec::new(), Vec::new());
-        let total_w = (cfg.promote_weight + cfg.demote_weight) as u64;
+        let tiers = m.memory().tier_count().max(1);
+        let mut batches: Vec<Vec<Unit>> = vec![Vec::new(); tiers];
+        let total_w = u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight);
         for _ in 0..k {
             let u = Unit::run(
-                (base_slot + rng.next() as usize % slots) * cfg.unit_pages,
-                cfg.unit_pages,
+                ((base_slot + rng.next() as usize % slots) * cfg.unit_pages) as u64,
+                cfg.unit_pages as u32,
             );
-            if rng.next() % total_w < cfg.promote_weight as u64 {
-                up.push(u);
+            let to = if rng.next() % total_w < u64::from(cfg.promote_weight) || tiers == 1 {
+                0
             } else {
-                down.push(u);
-            }
+                1 + rng.next() as usize % (tiers - 1)
+            };
+            batches[to].push(u);
         }
         rep.units += k as u64;
-        for (units, promote) in [(&up, true), (&down, false)] {
+        for (to, units) in batches.iter().enumerate() {
             if units.is_empty() {
                 continue;
             }
             rep.batches += 1;
-            let r = if promote {
-                m.promote(units, cfg.mechanism)
-            } else {
-                m.demote(units, cfg.mechanism)
-            };
+            let r = m.migrate(units, to as TierId, cfg.mechanism);
             match r {
                 Ok(o) => rep.outcome.add(&o),
                 Err(e) => {

@@ -58,14 +58,19 @@ pub struct WriteGuard<'a> {
     count: usize,
 }
 
+fn zeroed<T: crate::sys::ZeroableAtomic + Default>(n: usize) -> Box<[T]> {
+    crate::sys::zeroed_atomics(n).unwrap_or_else(|_| (0..n).map(|_| T::default()).collect())
+}
+
 impl SoftDirtyLog {
-    /// A clean log of `pages` pages.
+    /// A clean log of `pages` pages. Its memory comes zeroed from the
+    /// allocator, so the parts no write touches cost nothing.
     pub fn new(pages: usize) -> Self {
         let words = pages.div_ceil(64);
         Self {
-            bits: (0..words).map(|_| AtomicU64::new(0)).collect(),
-            word_writers: (0..words).map(|_| AtomicU32::new(0)).collect(),
-            page_writers: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+            bits: zeroed(words),
+            word_writers: zeroed(words),
+            page_writers: zeroed(pages),
             pages,
         }
     }

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use super::backing::{lock, TieredMemory};
 use super::dirty::DirtyLog;
-use super::page_map::{Consumed, BUSY, PARKED, SHADOW};
+use super::page_map::{Consumed, BUSY, PARKED, SHADOW, SHADOW_BITS};
 
 /// Owns GET/CLEAR of a [`DirtyLog`] (and of the VMM-write log of the memory).
 pub struct DirtyHarvester {
@@ -108,6 +108,7 @@ impl DirtyHarvester {
             while w < mask.len() && mask[w] != 0 {
                 w += 1;
             }
+            mem.inject.io(crate::sys::FaultPoint::DirtyClear)?;
             self.log.clear(start * 64, &mask[start..w])?;
             mem.vmm_dirty_clear(start * 64, &mask[start..w])?;
         }
@@ -130,7 +131,10 @@ impl DirtyHarvester {
         }
         let first = page / 64 * 64;
         let mask = [1u64 << (page % 64)];
-        if self.log.clear(first, &mask).is_err() || mem.vmm_dirty_clear(first, &mask).is_err() {
+        if mem.inject.io(crate::sys::FaultPoint::DirtyClear).is_err()
+            || self.log.clear(first, &mask).is_err()
+            || mem.vmm_dirty_clear(first, &mask).is_err()
+        {
             return false;
         }
         let same = mem.page_matches_shadow(page);
@@ -144,6 +148,7 @@ impl DirtyHarvester {
 
     fn harvest_locked(&self, mem: &TieredMemory, scratch: &mut Scratch) -> io::Result<usize> {
         let Scratch { kvm, soft, rearm } = scratch;
+        mem.inject.io(crate::sys::FaultPoint::DirtyGet)?;
         self.log.get(kvm)?;
         mem.vmm_dirty_get(soft)?;
         let n = mem.guest_pages();
@@ -181,16 +186,12 @@ impl DirtyHarvester {
                     rearm[w] &= !(1 << i);
                     // First write after promotion: the shadow is stale.
                     if word & SHADOW != 0 {
-                        match mem.free_shadow_owned(page) {
-                            Ok(()) => {
-                                mem.release_page(page, 0, SHADOW);
-                                mem.counters
-                                    .shadow_invalidations
-                                    .fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                            Err(e) => tracing::error!("shadow invalidation of page {page}: {e}"),
-                        }
+                        mem.free_shadow_owned(page);
+                        mem.release_page(page, 0, SHADOW_BITS);
+                        mem.counters
+                            .shadow_invalidations
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
                     }
                     mem.release_page(page, 0, 0);
                 }

@@ -37,6 +37,12 @@ pub struct TieringReport {
     pub samples: u64,
     /// What the policy engine did (placement policies only).
     pub engine: Option<EngineReport>,
+    /// Bookkeeping check at the end of the run: "ok", or "inconsistent: "
+    /// and the first violation (the run then exits 1, after the report).
+    pub consistency: String,
+    /// The error that stopped the VM from the memory side (e.g. the host ran
+    /// out of memory for a lazy commit), if any.
+    pub fatal: Option<String>,
     /// `move_pages(2)` check at the end of the run: "ok" when every present
     /// guest page sits on its tier's host node (trivially true with emulated
     /// tiers), else the first mismatch.
@@ -237,7 +243,7 @@ impl TieredRam {
 
     /// Drains the access samples recorded since the last call (the policy
     /// engine will consume them; for now they are counted).
-    pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
+    pub fn drain_samples(&mut self) -> Vec<tiering::mem::HintFaultRecord> {
         if self.engine.is_some() {
             // The engine consumes them.
             return Vec::new();
@@ -287,14 +293,22 @@ impl TieredRam {
             f.stop()
                 .map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
         }
-        self.mem
-            .check_consistency()
-            .map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
-        let node_check = match self.mem.check_nodes() {
+        // An inconsistency is reported, not raised: the report (with the
+        // guest's own verdict) must never be lost.
+        let consistency = match self.mem.check_consistency() {
             Ok(()) => "ok".to_string(),
+            Err(e) => {
+                tracing::error!("tiered memory inconsistent after the run: {e}");
+                format!("inconsistent: {e}")
+            }
+        };
+        let node_check = match self.mem.check_nodes() {
+            Ok(_) => "ok".to_string(),
             Err(e) => e,
         };
         Ok(TieringReport {
+            consistency,
+            fatal: self.mem.fatal_error().map(str::to_string),
             node_check,
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             emulated: self.mem.emulated(),
