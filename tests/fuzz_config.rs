@@ -277,7 +277,11 @@ fn check_config(cfg: &VmConfig, argv: &[String]) {
         "{argv:?}"
     );
     if let Some(t) = &cfg.tiering {
-        let fast = t.mem.fast_capacity_pages as u128 * 4096;
+        let fast = t
+            .mem
+            .tiers
+            .first()
+            .map_or(0, |f| f.capacity_pages as u128 * 4096);
         assert!(
             fast <= u128::from(mem),
             "{argv:?}: fast tier {fast} > {mem}"
