@@ -306,14 +306,18 @@ proptest! {
         }
     }
 
-    /// `--chaos-mix P:D` round-trips; weights whose sum overflows are refused.
+    /// `--chaos-mix P:D` round-trips for ordinary weights; 0:0 and weights
+    /// whose sum overflows are refused (a tighter documented bound may refuse
+    /// more, never accept a different value).
     #[test]
     fn mixes_round_trip_or_error(p in prop_oneof![any::<u32>(), 0u32..10], d in prop_oneof![any::<u32>(), 0u32..10]) {
         let r = parse_mix(&format!("{p}:{d}"));
         if (p == 0 && d == 0) || p.checked_add(d).is_none() {
             prop_assert!(r.is_err(), "{p}:{d} accepted");
-        } else {
+        } else if p <= 1000 && d <= 1000 {
             prop_assert_eq!(r.ok(), Some((p, d)));
+        } else if let Ok(v) = r {
+            prop_assert_eq!(v, (p, d));
         }
     }
 
