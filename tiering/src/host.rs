@@ -744,6 +744,8 @@ pub struct HostFacts {
     pub userfaultfd: UserfaultfdFacts,
     /// Idle page tracking availability.
     pub idle_page_tracking: IdlePageTracking,
+    /// DAMON's sysfs interface (read only; `--tracking damon`).
+    pub damon: DamonFacts,
     /// One line per fact that could not be probed.
     pub problems: Vec<String>,
 }
@@ -778,8 +780,21 @@ pub fn probe() -> HostFacts {
         numa_balancing: read_u64(Path::new(NUMA_BALANCING)).ok(),
         userfaultfd: userfaultfd(),
         idle_page_tracking: idle_page_tracking(),
+        damon: DamonFacts {
+            sysfs: crate::tracking::damon::probe(Path::new(crate::tracking::damon::SYSFS_ROOT)),
+            opted_in: crate::tracking::damon::allowed_by_env(),
+        },
         problems,
     }
+}
+
+/// DAMON as `--tracking damon` would find it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DamonFacts {
+    /// The sysfs interface's state (`status`: absent, in_use, idle, unreadable).
+    pub sysfs: crate::tracking::damon::DamonStatus,
+    /// Whether `TIERVM_ALLOW_DAMON_WRITES=1` is set (the opt-in to write it).
+    pub opted_in: bool,
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! - [`mem`]: tiered backing memory, dirty harvesting, access tracking and the
 //!   migration mechanisms (transactional migration, stop-and-copy, shadows).
 //! - [`policy`]: placement policies as pure code (observations in, decisions out).
+//! - [`tracking`]: access trackers the kernel runs for us (DAMON).
 //! - [`engine`]: the live per-VM loop that feeds observations to a policy and
 //!   executes its decisions with the mechanisms.
 //! - [`vocab`]: the shared vocabulary (tiers, units, mechanisms).
@@ -20,4 +21,5 @@ pub mod mem;
 pub mod policy;
 pub mod sim;
 pub mod sys;
+pub mod tracking;
 pub mod vocab;

@@ -616,17 +616,46 @@ pub fn advise(addr: usize, len: usize, advice: Advice) -> io::Result<()> {
     Ok(())
 }
 
+const MLOCK_ONFAULT: libc::c_uint = 1;
+const MADV_DONTNEED_LOCKED: i32 = 24;
+
+/// Locks `[addr, addr+len)` on fault (`mlock2(MLOCK_ONFAULT)`): nothing is
+/// populated, pages are locked as they come. Locked ranges are exempt from
+/// reclaim (and the kernel's reclaim-time demotion) and from the remapping
+/// of zero-filled parts of a split huge page to the shared zero page.
+/// Needs `CAP_IPC_LOCK` or a large enough `RLIMIT_MEMLOCK`.
+pub fn lock_on_fault(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: mlock2 changes only the locking of our own mapping's range.
+    let r = unsafe { libc::syscall(libc::SYS_mlock2, addr, len, MLOCK_ONFAULT) };
+    if r < 0 {
+        return Err(last_err("mlock2(MLOCK_ONFAULT)"));
+    }
+    Ok(())
+}
+
 /// Frees the pages of `[addr, addr+len)` (`MADV_DONTNEED`): the range becomes
 /// a hole (a later touch sees zeros, or a userfault in a MISSING-registered
 /// range). Memory-safe (the mapping stays valid), but the content is gone:
 /// callers pass only ranges whose content nobody needs.
 pub fn discard(addr: usize, len: usize) -> io::Result<()> {
-    // SAFETY: MADV_DONTNEED on a range of our own private anonymous mapping drops its
-    // pages; the mapping stays valid, so no Rust reference is invalidated (nobody holds
-    // references into these areas; all access is through raw volatile copies).
-    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
-    if r < 0 {
-        return Err(last_err("madvise(MADV_DONTNEED)"));
+    // MADV_DONTNEED_LOCKED (Linux 5.18+) also works on locked ranges;
+    // older kernels refuse it (EINVAL) and get MADV_DONTNEED.
+    for advice in [MADV_DONTNEED_LOCKED, libc::MADV_DONTNEED] {
+        // SAFETY: MADV_DONTNEED(_LOCKED) on a range of our own private anonymous mapping
+        // drops its pages; the mapping stays valid, so no Rust reference is invalidated
+        // (nobody holds references into these areas; all access is through raw volatile
+        // copies).
+        let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) || advice == libc::MADV_DONTNEED {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("madvise(MADV_DONTNEED): {e}"),
+            ));
+        }
     }
     Ok(())
 }

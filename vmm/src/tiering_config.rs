@@ -140,6 +140,9 @@ pub enum TrackingArg {
     Off,
     /// Hint faults: unmap windows of pages and record the guest's touches.
     HintFaults,
+    /// DAMON: the kernel samples guest RAM's accessed bits (KVM's too);
+    /// needs TIERVM_ALLOW_DAMON_WRITES=1 and no other DAMON user.
+    Damon,
 }
 
 impl Default for TieringRequest {
@@ -406,6 +409,7 @@ impl TieringRequest {
                     schedule,
                     modeled_latency: Some(ModeledLatency::default()),
                     intervals,
+                    damon: None,
                 })
             }
         };
@@ -426,7 +430,12 @@ impl TieringRequest {
         } else {
             TrackingArg::Off
         };
+        let mut engine = engine;
         let sampler = match self.tracking.unwrap_or(default_tracking) {
+            TrackingArg::Damon => {
+                engine = Some(damon_engine(engine, tracking_flags)?);
+                None
+            }
             TrackingArg::Off if tracking_flags => {
                 return Err(Error::Usage(
                     "--scan-pages/--scan-period/--tracking-budget need --tracking hint-faults"
@@ -496,12 +505,44 @@ impl TieringConfig {
     /// policy that probes accessed bits (mtm).
     pub fn tracks_accesses(&self) -> bool {
         self.sampler.is_some()
+            || self.engine.as_ref().is_some_and(|e| e.damon.is_some())
             || self
                 .engine
                 .as_ref()
                 .and_then(schedule_trackers)
                 .is_some_and(|t| t.accessed_bits)
     }
+}
+
+/// The engine for `--tracking damon`: policies that read accessed bits or
+/// samples (static, memtis, mtm, colloid), never hint faults, and a host
+/// whose DAMON tiervm may use (checked now, read-only, so the run is
+/// refused before the VM starts).
+fn damon_engine(engine: Option<EngineConfig>, tracking_flags: bool) -> Result<EngineConfig> {
+    use tiering::tracking::damon;
+    let Some(mut e) = engine else {
+        return Err(Error::Usage(
+            "--tracking damon feeds a placement policy: add --policy static, memtis, mtm or colloid"
+                .into(),
+        ));
+    };
+    if tracking_flags {
+        return Err(Error::Usage(
+            "--scan-pages/--scan-period/--tracking-budget set hint-fault windows: drop them with --tracking damon".into(),
+        ));
+    }
+    if schedule_trackers(&e).is_some_and(|t| !t.hint_fault_tiers.is_empty()) {
+        return Err(Error::Usage(
+            "--tracking damon gives accessed bits and samples, not hint faults: tpp and nomad need --tracking hint-faults".into(),
+        ));
+    }
+    damon::check_can_start(
+        std::path::Path::new(damon::SYSFS_ROOT),
+        damon::allowed_by_env(),
+    )
+    .map_err(|e| Error::Usage(e.to_string()))?;
+    e.damon = Some(damon::DamonConfig::default());
+    Ok(e)
 }
 
 /// The trackers the policies of `engine`'s schedule ask for, together.

@@ -29,6 +29,7 @@ use crate::policy::{
     self, AccessSample, Decisions, HintFault, MemoryView, Migration, Policy, PolicyConfig,
     PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
 };
+use crate::tracking::damon::{self, DamonConfig, DamonReport, DamonTracker};
 
 /// How often the engine drains hint-fault samples.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
@@ -159,6 +160,8 @@ pub struct EngineReport {
     /// tested page is armed and hint-faults once on its next touch; a page
     /// re-armed at every scan counts each time).
     pub probes_armed: u64,
+    /// The DAMON tracker's account (`--tracking damon`).
+    pub damon: Option<DamonReport>,
 }
 
 /// How long a hint-fault touch counts as the page's accessed bit.
@@ -177,6 +180,10 @@ pub const ACCESSED_WINDOW: Duration = Duration::from_secs(1);
 /// MTM) get exact ones instead: every page they test is armed as an
 /// [`mem::AccessProbes`] probe, so a touch after the test is recorded, and
 /// the test reads and clears "touched since the last test".
+///
+/// With DAMON ([`EngineConfig::damon`]) every policy's tests read the bits
+/// DAMON found since the page's last test (region-granular; see
+/// [`crate::tracking::damon`]), and no page is armed.
 struct LiveView<'a> {
     mem: &'a TieredMemory,
     touched: &'a mut [u64],
@@ -236,6 +243,9 @@ struct EngineState {
     probes: Option<mem::AccessProbes>,
     probe_touched: Vec<u64>,
     to_arm: Vec<usize>,
+    /// Accessed bits and samples from DAMON instead of probes and hint
+    /// faults (`--tracking damon`).
+    damon: Option<DamonTracker>,
     samples: Vec<AccessSample>,
     tier_hits: Vec<u64>,
     hint_tiers: Vec<TierId>,
@@ -251,7 +261,8 @@ impl EngineState {
 
     /// Starts or stops the accessed-bit probes for the current policy.
     fn set_probing(&mut self) {
-        let wants = self.policy.trackers().accessed_bits;
+        // DAMON supplies the accessed bits: no probes.
+        let wants = self.policy.trackers().accessed_bits && self.damon.is_none();
         if wants && self.probes.is_none() {
             self.probe_touched.iter_mut().for_each(|w| *w = 0);
             self.probes = Some(mem::AccessProbes::new(self.migrator.memory().clone()));
@@ -408,6 +419,23 @@ impl EngineState {
             }
             self.feed(mem.drain_samples(), now_ns);
         }
+        if let Some(d) = &self.damon {
+            // DAMON's accessed bits since the last tick become the bits the
+            // policy tests; its samples join the tick's samples.
+            d.merge_accessed_into(&mut self.probe_touched);
+            for page in d.drain_sample_pages() {
+                if let Some(tier) = mem.tier_of(page as usize) {
+                    if let Some(h) = self.tier_hits.get_mut(usize::from(tier)) {
+                        *h += 1;
+                    }
+                    self.samples.push(AccessSample {
+                        page,
+                        tier,
+                        write: false,
+                    });
+                }
+            }
+        }
         let samples = std::mem::take(&mut self.samples);
         self.report.samples += samples.len() as u64;
         let obs = policy::Observations {
@@ -421,7 +449,7 @@ impl EngineState {
         let mut view = LiveView {
             mem: &mem,
             touched: &mut self.touched,
-            probe: self.probes.is_some().then_some(Probing {
+            probe: (self.probes.is_some() || self.damon.is_some()).then_some(Probing {
                 touched: &mut self.probe_touched,
                 to_arm: &mut self.to_arm,
             }),
@@ -577,6 +605,9 @@ pub struct EngineConfig {
     /// Per-policy interval overrides (`--policy-interval mtm=2s`): the
     /// policy's migration interval (memtis, mtm) or quantum (colloid).
     pub intervals: Vec<(String, Duration)>,
+    /// Track accesses with DAMON (`--tracking damon`): accessed bits and
+    /// samples come from the kernel instead of probes and hint faults.
+    pub damon: Option<DamonConfig>,
 }
 
 impl EngineConfig {
@@ -631,10 +662,35 @@ impl Engine {
 
     /// Starts the engine over `migrator`.
     pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, String> {
-        let pcfg = Self::policy_config(migrator.memory());
+        let mut pcfg = Self::policy_config(migrator.memory());
+        if cfg.damon.is_some() {
+            // With DAMON a test costs the guest no hint fault: policies
+            // budget with their own assumed cost (MTM: 1 us per scan).
+            pcfg.accessed_test_cost_ns = None;
+        }
         let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))
             .map_err(|e| e.to_string())?;
         let trackers = Self::trackers(&cfg, &pcfg).map_err(|e| e.to_string())?;
+        // Policies that read write counts keep the dirty log on; the others
+        // let it go off while nothing is migrating (huge-page mappings).
+        migrator.set_dirty_log_required(trackers.dirty_log);
+        let damon = match &cfg.damon {
+            Some(dc) => {
+                let mem = migrator.memory();
+                Some(
+                    DamonTracker::start(
+                        &dc.sysfs_root,
+                        !damon::is_machine_damon(&dc.sysfs_root) || damon::allowed_by_env(),
+                        dc,
+                        std::process::id(),
+                        mem.guest_ptr() as usize,
+                        mem.guest_pages(),
+                    )
+                    .map_err(|e| format!("--tracking damon: {e}"))?,
+                )
+            }
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let commands = Arc::new(Mutex::new(VecDeque::new()));
         let (s, c) = (stop.clone(), commands.clone());
@@ -648,6 +704,7 @@ impl Engine {
             probes: None,
             probe_touched: vec![0; words],
             to_arm: Vec::new(),
+            damon,
             samples: Vec::new(),
             tier_hits: vec![0; migrator.memory().tier_count()],
             hint_tiers: trackers.hint_fault_tiers.clone(),
@@ -739,6 +796,7 @@ impl Engine {
                 set_hook("");
                 let mut st = lock(&state);
                 st.stop_probing();
+                st.report.damon = st.damon.take().map(DamonTracker::stop);
                 st.report.clone()
             })
             .map_err(|e| format!("spawning the engine thread: {e}"))?;
@@ -851,6 +909,7 @@ mod tests {
                 schedule: Vec::new(),
                 modeled_latency: None,
                 intervals: vec![("mtm".into(), Duration::from_millis(300))],
+                damon: None,
             },
         )
         .unwrap();
@@ -865,6 +924,109 @@ mod tests {
         assert!(report.probes_armed > 0, "{report:?}");
         let fast: Vec<usize> = (0..PAGES).filter(|&p| m.tier_of(p) == Some(0)).collect();
         assert_eq!(fast, HOT.collect::<Vec<_>>(), "{report:?}");
+        m.check_consistency().unwrap();
+    }
+
+    /// MTM live on DAMON's accessed bits (a fake DAMON sysfs tree that
+    /// reports one region accessed, nothing touching the memory): that
+    /// region is promoted whole, nothing else moves, no probe is armed,
+    /// and the tracker removes its kdamond when the engine stops.
+    #[test]
+    fn mtm_on_damon_bits_promotes_the_region_damon_reports() {
+        use crate::tracking::damon::{fake::FakeSysfs, RawRegion};
+        const PAGES: usize = 2048;
+        const HOT: std::ops::Range<usize> = 1024..1536;
+        let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 600);
+        mc.placement = mem::InitialPlacement::SlowFirst;
+        let m = match TieredMemory::new(&mc) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                assert!(
+                    std::env::var("TIERVM_REQUIRE_KVM").as_deref() != Ok("1"),
+                    "tiered memory unavailable under TIERVM_REQUIRE_KVM=1: {e}"
+                );
+                eprintln!("SKIP: tiered memory unavailable here: {e}");
+                return;
+            }
+        };
+        let faults = mem::FaultHandler::spawn(m.clone()).unwrap();
+        let log = Box::new(mem::SoftDirtyLog::new(PAGES));
+        let migrator = Arc::new(Migrator::new(m.clone(), log, Default::default()).unwrap());
+        // Commit every page once (lazily backed memory has no page to move
+        // until it is touched); from then on nothing touches the memory.
+        for p in 0..PAGES {
+            // SAFETY: page p < PAGES lies in guest RAM, mapped and 8-byte
+            // aligned while `m` lives; the fault handler serves the first
+            // touch; nothing else accesses these words.
+            let w = unsafe {
+                &*((m.guest_ptr() as usize + p * mem::PAGE_SIZE)
+                    as *const std::sync::atomic::AtomicU64)
+            };
+            w.fetch_add(1, Ordering::Relaxed);
+        }
+        let fake = FakeSysfs::new("engine-mtm", 0);
+        let base = m.guest_ptr() as u64;
+        let page = mem::PAGE_SIZE as u64;
+        let at = |p: usize| base + p as u64 * page;
+        for (i, (a, b, n)) in [
+            (0, HOT.start, 0),
+            (HOT.start, HOT.end, 12),
+            (HOT.end, PAGES, 0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            fake.region(
+                i as u32,
+                RawRegion {
+                    start: at(a),
+                    end: at(b),
+                    nr_accesses: n,
+                    age: 1,
+                },
+            );
+        }
+        let engine = Engine::spawn(
+            migrator,
+            EngineConfig {
+                policy: "mtm".into(),
+                schedule: Vec::new(),
+                modeled_latency: None,
+                intervals: vec![("mtm".into(), Duration::from_millis(300))],
+                damon: Some(DamonConfig {
+                    sysfs_root: fake.root.clone(),
+                    sample_us: 1_000,
+                    aggr_us: 10_000,
+                    ..DamonConfig::default()
+                }),
+            },
+        )
+        .unwrap();
+        assert_eq!(fake.get("kdamonds/nr_kdamonds"), "1", "kdamond 0 created");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while HOT.clone().any(|p| m.tier_of(p) != Some(0)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let report = engine.stop().unwrap();
+        faults.stop().unwrap();
+        assert_eq!(report.probes_armed, 0, "no probes with DAMON");
+        let d = report.damon.as_ref().expect("damon report");
+        assert!(
+            d.snapshots > 0 && d.teardown == "ok",
+            "snapshots {}, teardown {}",
+            d.snapshots,
+            d.teardown
+        );
+        assert_eq!(fake.get("kdamonds/nr_kdamonds"), "0", "kdamond 0 removed");
+        let fast: Vec<usize> = (0..PAGES).filter(|&p| m.tier_of(p) == Some(0)).collect();
+        assert_eq!(
+            fast,
+            HOT.collect::<Vec<_>>(),
+            "ticks {}, migrations asked {}, DAMON snapshots {}",
+            report.ticks,
+            report.migrations_requested,
+            d.snapshots
+        );
         m.check_consistency().unwrap();
     }
 

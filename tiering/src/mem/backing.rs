@@ -281,6 +281,7 @@ pub struct TieredMemory {
     pub(crate) sweep: Vec<super::resize::SweepCursor>,
     pub(crate) scanner: sys::PageScanner,
     pub(crate) inject: Arc<sys::Injector>,
+    locked: bool,
     /// The reservation every area lives in. Declared last: it is unmapped
     /// only after everything above (which may hold addresses into it) is
     /// dropped, and nothing outside this struct may keep an address into it
@@ -326,6 +327,21 @@ impl TieredMemory {
             area_pages,
         };
         set_up_areas(&map, &layout, cfg)?;
+        // Locked on fault: see `sys::lock_on_fault`. Without CAP_IPC_LOCK or
+        // a large RLIMIT_MEMLOCK this fails, and tiervm runs unlocked (the
+        // run summary says so): a split huge page may then put the kernel's
+        // zero page in guest RAM, and a write to it gets a page from the
+        // kernel's choice of node.
+        let locked = match sys::lock_on_fault(map.addr(), map.len()) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "tiered memory is not locked ({e}); raise RLIMIT_MEMLOCK (e.g. systemd \
+                     LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK"
+                );
+                false
+            }
+        };
         let inject = Arc::new(sys::Injector::default());
         let uffd = Uffd::new(inject.clone())?;
         uffd.register(guest, area_pages * PAGE_SIZE, RegisterMode::Missing)?;
@@ -381,6 +397,7 @@ impl TieredMemory {
             sweep: cfg.tiers.iter().map(|_| Default::default()).collect(),
             scanner: sys::PageScanner::open()?,
             inject,
+            locked,
             map,
         })
     }
@@ -413,6 +430,12 @@ impl TieredMemory {
     /// Whether the tiers are emulated (sharing a node, or a one-node host).
     pub fn emulated(&self) -> bool {
         self.emulated
+    }
+
+    /// Whether the areas are locked on fault (exempt from reclaim and from
+    /// zero-page remapping of split huge pages).
+    pub fn locked(&self) -> bool {
+        self.locked
     }
 
     /// Whether the areas are backed with transparent huge pages.

@@ -22,6 +22,19 @@ pub trait DirtyLog: Send + Sync {
     fn get(&self, bitmap: &mut [u64]) -> io::Result<()>;
     /// Clears the bits set in `mask`, starting at `first_page` (a multiple of 64).
     fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()>;
+    /// Whether the log is on when created. A log that can be switched
+    /// ([`set_logging`](DirtyLog::set_logging)) starts off, and when switched
+    /// on reports every page dirty and write-protects none
+    /// (`KVM_DIRTY_LOG_INITIALLY_SET`) until cleared.
+    fn starts_on(&self) -> bool {
+        true
+    }
+    /// Switches logging on or off (KVM maps guest RAM with huge pages only
+    /// while its memslot is not logged). A log that cannot be switched
+    /// ignores this.
+    fn set_logging(&self, _on: bool) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: DirtyLog + ?Sized> DirtyLog for std::sync::Arc<T> {
@@ -33,6 +46,12 @@ impl<T: DirtyLog + ?Sized> DirtyLog for std::sync::Arc<T> {
     }
     fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()> {
         (**self).clear(first_page, mask)
+    }
+    fn starts_on(&self) -> bool {
+        (**self).starts_on()
+    }
+    fn set_logging(&self, on: bool) -> io::Result<()> {
+        (**self).set_logging(on)
     }
 }
 

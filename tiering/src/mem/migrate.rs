@@ -134,6 +134,15 @@ struct Txn {
     staging: Staging,
 }
 
+/// Ends a harvester transaction when dropped (on every return path).
+struct EndOnDrop<'a>(&'a DirtyHarvester);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
 /// How a page of a failed step ended up, from residency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Settled {
@@ -193,6 +202,17 @@ impl Migrator {
     /// policy tick). Returns the number of dirty pages seen.
     pub fn harvest(&self) -> io::Result<usize> {
         self.harvester.harvest(&self.mem)
+    }
+
+    /// Keeps the dirty log on (a policy reads write counts), or lets it go
+    /// off while nothing needs it (huge-page mappings in KVM).
+    pub fn set_dirty_log_required(&self, required: bool) {
+        self.harvester.set_required(required);
+    }
+
+    /// Whether the dirty log is on, and how many times it was switched.
+    pub fn dirty_log_state(&self) -> (bool, u64) {
+        (self.harvester.logging(), self.harvester.switches())
     }
 
     /// Promotes units to the fastest tier.
@@ -535,6 +555,9 @@ impl Migrator {
             return Ok(());
         }
         // 2. Arm: from now on a write to these pages shows up as DIRTY_SEEN.
+        //    (Logging stays on until the batch ends.)
+        self.harvester.begin();
+        let _end = EndOnDrop(&self.harvester);
         if !skip {
             if let Err(e) = self
                 .harvester
@@ -575,6 +598,7 @@ impl Migrator {
         }
         // 6. Commit: map the staging pages (this wakes waiting faults).
         self.commit(commits, to, keep_shadow, true, out, &mut first_err);
+        self.harvester.finish_deferred(mem);
         first_err.map_or(Ok(()), Err)
     }
 
@@ -949,30 +973,32 @@ impl Migrator {
             .flat_map(|r| r.pages().map(|p| (mem.guest_addr(p), mem.shadow_addr(p))))
             .collect();
         if let Err(e) = mem.move_pairs(&map) {
-            // Put the pages back from their parking slots where guest RAM
-            // still has a hole; a shadow that did move in holds the same
-            // content (copied above if written).
+            // Finish page by page: the shadow in (retried), or else the page
+            // back from its parking slot; either holds the page's content
+            // (a written page was copied into its shadow above).
             for r in runs {
                 for p in r.pages() {
                     let in_guest = sys::resident(mem.guest_addr(p), 1)
                         .map(|x| x[0])
                         .unwrap_or(false);
-                    if in_guest {
-                        // The shadow is the page now.
+                    let shadow_in = in_guest
+                        || mem
+                            .move_retrying(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE)
+                            .is_ok();
+                    if shadow_in {
                         mem.dispose(r.from, &[mem.park_addr(p)]);
                         mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
                         self.count_moved(r.from, to, 1);
                     } else if mem
-                        .uffd
-                        .move_range(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE, true)
+                        .move_retrying(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE)
                         .is_ok()
                     {
                         mem.release_page(p, 0, 0);
                     } else {
+                        // Kept owned: a touch waits while the VM stops.
                         mem.set_fatal(format!(
                             "guest page {p} could not be put back after a failed shadow demotion"
                         ));
-                        mem.release_page(p, 0, 0);
                     }
                 }
             }
@@ -1002,6 +1028,7 @@ impl Migrator {
         out.shadow_demoted += moved - copied;
         out.shadow_copied += copied;
         out.migrated += moved;
+        self.harvester.finish_deferred(mem);
         verdict.map(|_| ())
     }
 }

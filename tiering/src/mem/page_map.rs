@@ -212,6 +212,11 @@ impl PageMap {
         }
     }
 
+    /// Marks `page` as left unarmed without counting a write.
+    pub fn mark_unarmed_uncounted(&self, page: usize) {
+        self.words[page].fetch_or(UNARMED, Ordering::AcqRel);
+    }
+
     /// Notes that `page`'s dirty bit was re-armed.
     pub fn clear_unarmed(&self, page: usize) {
         self.words[page].fetch_and(!UNARMED, Ordering::AcqRel);

@@ -99,6 +99,9 @@ pub struct MemStats {
     pub collapses: u64,
     /// Capacity changes (resizes) applied.
     pub resizes: u64,
+    /// Times the dirty log was switched on or off (it is on only while
+    /// something is tracked: KVM maps an unlogged memslot with huge pages).
+    pub dirty_log_switches: u64,
     /// Per tier, fastest first.
     pub tiers: Vec<TierStats>,
 }
@@ -134,6 +137,7 @@ pub struct Counters {
     pub(crate) rollback_errors: AtomicU64,
     pub(crate) collapses: AtomicU64,
     pub(crate) resizes: AtomicU64,
+    pub(crate) dirty_log_switches: AtomicU64,
 }
 
 impl Counters {
@@ -172,6 +176,7 @@ impl Counters {
             rollback_errors: g(&self.rollback_errors),
             collapses: g(&self.collapses),
             resizes: g(&self.resizes),
+            dirty_log_switches: g(&self.dirty_log_switches),
             tiers: Vec::new(),
         }
     }

@@ -1154,3 +1154,33 @@ fn check_hot_and_cold(mem: &TieredMemory) {
         );
     }
 }
+
+/// Splitting a huge page (a 4 KiB migration out of a 2 MiB guest range)
+/// must not leave the kernel's shared zero page in guest RAM: Linux 6.12+
+/// maps zero-filled parts of a split huge page to it, and the guest's next
+/// write would then get a page from the kernel on whatever node it picks,
+/// not from the page's tier (seen on the two-node QEMU host). tiervm locks
+/// its areas on fault, which the kernel exempts.
+#[test]
+fn a_split_huge_page_leaves_no_zero_page_in_guest_ram() {
+    let mut cfg = MemConfig::new(1024 * PAGE_SIZE, 1024);
+    cfg.placement = InitialPlacement::SlowFirst;
+    let Some((mem, _log, m, _faults)) = setup_with(cfg) else {
+        return;
+    };
+    assert!(mem.stats().huge_commits >= 1, "the guest got huge pages");
+    // Write one page of the first huge page; the rest stays zero.
+    word(&mem, 7).store(1, Ordering::SeqCst);
+    let o = m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(o.migrated, 1);
+    let nodes = mem.query_guest_nodes().unwrap();
+    let zero: Vec<usize> = (0..512).filter(|&p| nodes[p] == -libc::EFAULT).collect();
+    assert!(
+        zero.is_empty() || !mem.locked(),
+        "{} guest pages map the shared zero page after a split (first {:?})",
+        zero.len(),
+        &zero[..zero.len().min(4)]
+    );
+    assert!(mem.locked(), "the areas are locked on fault (as root here)");
+    mem.check_consistency().unwrap();
+}
