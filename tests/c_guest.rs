@@ -62,11 +62,20 @@ fn kvm_or_skip(test: &str) -> bool {
     false
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
+/// A temporary directory removed when dropped, also when the test fails.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("tiervm-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create temp dir");
-    d
+    TempDir(d)
 }
 
 fn checked(what: &str, out: Output) -> Output {
@@ -306,9 +315,9 @@ fn c_header_matches_the_rust_abi() {
         prog += &format!("    printf(\"%s=%llu\\n\", \"{expr}\", (unsigned long long)({expr}));\n");
     }
     prog += "    return 0;\n}\n";
-    let src = dir.join("abi_check.c");
+    let src = dir.0.join("abi_check.c");
     std::fs::write(&src, prog).unwrap();
-    let exe = dir.join("abi_check");
+    let exe = dir.0.join("abi_check");
     checked(
         "compiling the header check",
         Command::new(&cc)
@@ -343,7 +352,6 @@ fn c_header_matches_the_rust_abi() {
         wrong.join("\n  ")
     );
     assert!(exps.len() > 60, "{} checks", exps.len());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---------------------------------------------------------------------------
@@ -456,7 +464,7 @@ fn c_guest_boots_and_reports() {
         return;
     };
     let dir = temp_dir("c-guest");
-    let elf = build_c_guest(&cc, &dir);
+    let elf = build_c_guest(&cc, &dir.0);
     if !kvm_or_skip(test) {
         return;
     }
@@ -544,5 +552,4 @@ fn c_guest_boots_and_reports() {
         "it ran until stopped: {r}"
     );
     assert!(r["ops"].as_u64() >= Some(64), "{r}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -66,12 +66,22 @@ fn kvm_or_skip(test: &str) -> bool {
     false
 }
 
-fn temp_dir(tag: &str, mode: u32) -> PathBuf {
+/// A temporary directory removed when dropped, also when the test fails
+/// (it may hold device-node copies).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(tag: &str, mode: u32) -> TempDir {
     let d = std::env::temp_dir().join(format!("tiervm-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create temp dir");
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).expect("chmod temp dir");
-    d
+    TempDir(d)
 }
 
 /// A copy of the tiervm binary that uid 65534 can execute (the build
@@ -156,7 +166,7 @@ fn without_access_the_error_names_the_missing_permission() {
         return;
     }
     let dir = temp_dir("nopriv", 0o755);
-    let exe = public_tiervm(&dir);
+    let exe = public_tiervm(&dir.0);
 
     // Untiered: only /dev/kvm is needed.
     let argv = as_nobody(&[]);
@@ -221,7 +231,6 @@ fn without_access_the_error_names_the_missing_permission() {
             "the error names userfaultfd and its fixes: {err}"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Makes `dst` a character device node with the numbers of `src`, owned by
@@ -283,22 +292,20 @@ fn a_user_in_the_device_group_runs_tiered_vms_without_root() {
     // nodes themselves, so uid 65534 reaches them only through /dev.
     let nodes = temp_dir("devnodes", 0o700);
     for (src, name) in [("/dev/kvm", "kvm"), ("/dev/userfaultfd", "userfaultfd")] {
-        if let Err(e) = group_copy_of_node(src, &nodes.join(name), DEVICE_GROUP) {
+        if let Err(e) = group_copy_of_node(src, &nodes.0.join(name), DEVICE_GROUP) {
             eprintln!("SKIPPED {test}: cannot make a device node copy here ({e})");
-            let _ = std::fs::remove_dir_all(&nodes);
             return;
         }
     }
     let bin = temp_dir("nopriv-bin", 0o755);
-    let exe = public_tiervm(&bin);
+    let exe = public_tiervm(&bin.0);
 
     // Negative control: the same uid without the group is refused, and the
     // error names the group that would let it in.
-    let out = run_in_namespace(&nodes, &exe, &[], SMALL_TIERED_RUN);
+    let out = run_in_namespace(&nodes.0, &exe, &[], SMALL_TIERED_RUN);
     let err = String::from_utf8_lossy(&out.stderr);
     if err.contains("mount") && !err.contains("tiervm") {
         eprintln!("SKIPPED {test}: cannot bind-mount in a private mount namespace here: {err}");
-        let _ = std::fs::remove_dir_all(&nodes);
         return;
     }
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -314,7 +321,7 @@ fn a_user_in_the_device_group_runs_tiered_vms_without_root() {
     );
 
     // With the group: a tiered memcheck runs to the end as uid 65534.
-    let out = run_in_namespace(&nodes, &exe, &[DEVICE_GROUP], SMALL_TIERED_RUN);
+    let out = run_in_namespace(&nodes.0, &exe, &[DEVICE_GROUP], SMALL_TIERED_RUN);
     let err = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -326,6 +333,4 @@ fn a_user_in_the_device_group_runs_tiered_vms_without_root() {
     assert_eq!(r["exit_code"], 0, "{r}");
     assert!(r["ops"].as_u64() > Some(0), "{r}");
     assert!(r["tiering"].is_object(), "it ran on tiered memory: {r}");
-    let _ = std::fs::remove_dir_all(&nodes);
-    let _ = std::fs::remove_dir_all(&bin);
 }
