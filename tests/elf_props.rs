@@ -18,8 +18,9 @@ fn check(bytes: &[u8], mem: &GuestMemoryMmap) -> Result<(), TestCaseError> {
             let _ = Elf::load(mem, None, &mut Cursor::new(bytes), None);
         }
         Err(e) => {
+            let e = vmm::error::Error::from(e);
             prop_assert_eq!(e.exit_code(), 2);
-            let msg = e.to_string();
+            let msg = e.describe();
             prop_assert!(msg.starts_with("image 'fuzz': "), "{}", msg);
             prop_assert!(!msg.contains('\n'));
         }

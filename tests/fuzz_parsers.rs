@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tiering::engine::{parse_intervals, parse_schedule};
-use tiering::policy::NAMES as POLICY_NAMES;
+use tiering::policy::PolicyKind;
 use tiervm_guest::abi::{from_fixed, ArgEntry, ARG_VALUE_LEN};
 use tiervm_guest::args::{self, ArgError, ArgKind, Args};
 use tiervm_guest::workloads::IMAGES;
@@ -67,6 +67,7 @@ fn check_size(s: &str) {
         Ok(v) => assert_eq!(guest, Ok(v), "VMM and guest parse {s:?} alike"),
         Err(msg) => {
             assert!(guest.is_err());
+            let msg = msg.to_string();
             assert!(msg.contains(s), "error {msg:?} names the input {s:?}");
         }
     }
@@ -75,7 +76,10 @@ fn check_size(s: &str) {
 fn check_duration(s: &str) {
     match parse_duration(s) {
         Ok(d) => assert!(d <= Duration::from_secs(1_000_000_000), "{s:?} -> {d:?}"),
-        Err(msg) => assert!(msg.contains(s), "error {msg:?} names the input {s:?}"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains(s), "error {msg:?} names the input {s:?}");
+        }
     }
 }
 
@@ -97,10 +101,10 @@ fn check_schedule(s: &str) {
             assert!(!sched.is_empty(), "{s:?}");
             assert!(sched.windows(2).all(|w| w[0].at <= w[1].at), "{s:?}");
             for sw in &sched {
-                assert!(POLICY_NAMES.contains(&sw.policy.as_str()), "{s:?}");
+                assert!(PolicyKind::POLICIES.contains(&sw.policy), "{s:?}");
             }
         }
-        Err(e) => assert!(!e.is_empty()),
+        Err(e) => assert!(!e.to_string().is_empty()),
     }
 }
 
@@ -116,7 +120,7 @@ fn check_intervals(s: &str) {
                 );
             }
         }
-        Err(e) => assert!(!e.is_empty()),
+        Err(e) => assert!(!e.to_string().is_empty()),
     }
 }
 
@@ -130,7 +134,7 @@ fn check_mix(s: &str) {
                 "{s:?} -> {p} + {d} overflows u32"
             );
         }
-        Err(e) => assert_eq!(e.exit_code(), 2, "{e}"),
+        Err(e) => assert_eq!(vmm::error::Error::from(e).exit_code(), 2),
     }
 }
 
@@ -284,24 +288,24 @@ proptest! {
 
     /// A non-decreasing schedule of known policies parses back to itself.
     #[test]
-    fn schedules_round_trip(steps in proptest::collection::vec((0..POLICY_NAMES.len(), 0u64..10_000_000), 1..8), unit_ms in any::<bool>()) {
+    fn schedules_round_trip(steps in proptest::collection::vec((0..PolicyKind::POLICIES.len(), 0u64..10_000_000), 1..8), unit_ms in any::<bool>()) {
         let mut steps = steps;
         steps.sort_by_key(|s| s.1);
         let text: Vec<String> = steps
             .iter()
-            .map(|&(p, ms)| if unit_ms { format!("{}@{ms}ms", POLICY_NAMES[p]) } else { format!(" {}@{}s ", POLICY_NAMES[p], ms / 1000) })
+            .map(|&(p, ms)| if unit_ms { format!("{}@{ms}ms", PolicyKind::POLICIES[p].name()) } else { format!(" {}@{}s ", PolicyKind::POLICIES[p].name(), ms / 1000) })
             .collect();
         let text = text.join(",");
-        let parsed = parse_schedule(&text).map_err(TestCaseError::fail)?;
+        let parsed = parse_schedule(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(parsed.len(), steps.len());
         for (sw, &(p, ms)) in parsed.iter().zip(&steps) {
-            prop_assert_eq!(sw.policy.as_str(), POLICY_NAMES[p]);
+            prop_assert_eq!(sw.policy, PolicyKind::POLICIES[p]);
             let want = if unit_ms { ms as f64 / 1e3 } else { (ms / 1000) as f64 };
             prop_assert!((sw.at.as_secs_f64() - want).abs() < 1e-6, "{} -> {:?}", text, sw.at);
         }
         // Reversed, a schedule with distinct times must be refused.
         if steps.first().map(|s| s.1 / 1000) != steps.last().map(|s| s.1 / 1000) {
-            let rev: Vec<String> = steps.iter().rev().map(|&(p, ms)| format!("{}@{}s", POLICY_NAMES[p], ms / 1000)).collect();
+            let rev: Vec<String> = steps.iter().rev().map(|&(p, ms)| format!("{}@{}s", PolicyKind::POLICIES[p].name(), ms / 1000)).collect();
             prop_assert!(parse_schedule(&rev.join(",")).is_err());
         }
     }

@@ -16,8 +16,6 @@ use std::path::Path;
 
 use tiering::host::{self, Access, UserfaultfdFacts, DEV_USERFAULTFD};
 
-use crate::error::{Error, Result};
-
 /// The KVM device node.
 pub const DEV_KVM: &str = "/dev/kvm";
 
@@ -183,33 +181,65 @@ pub fn userfaultfd_error(facts: &UserfaultfdFacts, dev: Option<&NodeAccess>) -> 
     ))
 }
 
+/// A host permission a run needs and this process lacks; the message names
+/// it and the fix.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MissingPermission {
+    /// `/dev/kvm` cannot be opened read-write.
+    #[error("{0}")]
+    Kvm(String),
+    /// No userfaultfd can be created (tiered runs).
+    #[error("{0}")]
+    Userfaultfd(String),
+}
+
+/// The host permissions a run lacks (at least one), each with its fix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermissionError {
+    /// What is missing, `/dev/kvm` first.
+    pub missing: Vec<MissingPermission>,
+}
+
+impl std::fmt::Display for PermissionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.missing.as_slice() {
+            [one] => write!(f, "{one}"),
+            all => {
+                write!(f, "this run lacks {} host permissions:", all.len())?;
+                for m in all {
+                    write!(f, "\n  - {m}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for PermissionError {}
+
 /// Checks that this process may do what a run needs: open `/dev/kvm`, and
 /// (`tiered`) create a userfaultfd. Every missing permission is named in one
 /// error, each with its fix.
-pub fn check_run(tiered: bool) -> Result<()> {
+pub fn check_run(tiered: bool) -> Result<(), PermissionError> {
     let mut missing = Vec::new();
     if let Err(e) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(DEV_KVM)
     {
-        missing.push(kvm_open_error(&e));
+        missing.push(MissingPermission::Kvm(kvm_open_error(&e)));
     }
     if tiered {
         let facts = host::userfaultfd();
         let dev = NodeAccess::of(DEV_USERFAULTFD);
         if let Some(e) = userfaultfd_error(&facts, dev.as_ref()) {
-            missing.push(e);
+            missing.push(MissingPermission::Userfaultfd(e));
         }
     }
-    match missing.len() {
-        0 => Ok(()),
-        1 => Err(Error::Host(missing.remove(0))),
-        _ => Err(Error::Host(format!(
-            "this run lacks {} host permissions:\n  - {}",
-            missing.len(),
-            missing.join("\n  - ")
-        ))),
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(PermissionError { missing })
     }
 }
 
@@ -295,6 +325,24 @@ mod tests {
         assert!(e.contains("/dev/userfaultfd does not exist"), "{e}");
         let e = userfaultfd_error(&facts(Access::Absent, Access::Absent), None).unwrap();
         assert!(e.contains("built without userfaultfd"), "{e}");
+    }
+
+    #[test]
+    fn one_or_all_missing_permissions_in_one_message() {
+        let one = PermissionError {
+            missing: vec![MissingPermission::Kvm("cannot open /dev/kvm: x".into())],
+        };
+        assert_eq!(one.to_string(), "cannot open /dev/kvm: x");
+        let two = PermissionError {
+            missing: vec![
+                MissingPermission::Kvm("a".into()),
+                MissingPermission::Userfaultfd("b".into()),
+            ],
+        };
+        assert_eq!(
+            two.to_string(),
+            "this run lacks 2 host permissions:\n  - a\n  - b"
+        );
     }
 
     #[test]
