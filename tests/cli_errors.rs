@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{kvm_available, tiervm};
+use common::{kvm_available, tv};
 use object::read::elf::{FileHeader, ProgramHeader};
 use object::{elf, Endianness};
 
@@ -46,16 +46,6 @@ fn with_entry_code(code: &[u8]) -> Vec<u8> {
     let (off, _) = layout(&b);
     b[off..off + code.len()].copy_from_slice(code);
     b
-}
-
-/// Runs tiervm and returns (exit code, stdout, stderr).
-fn tv(args: &[&str]) -> (i32, String, String) {
-    let out = tiervm().args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn usage_error(args: &[&str], expect: &str) {
@@ -198,4 +188,154 @@ fn hostile_status_page_and_console_flood_are_contained() {
     assert_eq!(v["ops"], u64::MAX, "ops saturate instead of overflowing");
     assert!(v["console_bytes"].as_u64().unwrap() <= 1 << 20);
     assert!(err.len() < (1 << 20) * 3, "console output capped");
+}
+
+/// Numeric flags are bounded: a value past the limit is a usage error naming
+/// the limit, never an abort (exit 134), a panic (101) or a hang.
+#[test]
+fn unbounded_numbers_are_usage_errors_naming_the_limit() {
+    usage_error(
+        &["run", "--sample-ms", "18446744073709551615"],
+        "--sample-ms 18446744073709551615 exceeds the 60000 ms maximum",
+    );
+    usage_error(
+        &[
+            "run",
+            "--policy",
+            "chaos",
+            "--chaos-rate",
+            "18446744073709551615",
+        ],
+        "units/s maximum",
+    );
+    usage_error(
+        &[
+            "run",
+            "--policy",
+            "chaos",
+            "--chaos-mix",
+            "4294967295:4294967295",
+        ],
+        "weights go up to 1000000",
+    );
+    usage_error(
+        &["compare", "zipf", "--repeat", "4000000000"],
+        "--repeat 4000000000 exceeds the 1000 maximum",
+    );
+    usage_error(
+        &["native", "--threads", "100000"],
+        "--threads 100000 exceeds the 64 maximum",
+    );
+    usage_error(
+        &["native", "--sample-ms", "99999999"],
+        "exceeds the 60000 ms maximum",
+    );
+    usage_error(
+        &[
+            "run",
+            "--mem",
+            "64M",
+            "--arg",
+            "rss=8M",
+            "--arg",
+            "wss=4M",
+            "--scan-pages",
+            "99999999999",
+            "--policy",
+            "nomad",
+        ],
+        "--scan-pages 99999999999 exceeds the guest's 16384 pages",
+    );
+    // --fast + --slow near u64::MAX: overflowed (debug panic, exit 101).
+    usage_error(
+        &[
+            "run",
+            "--mem",
+            "64M",
+            "--fast",
+            "32M",
+            "--slow",
+            "18446744073709547520",
+            "--arg",
+            "rss=8M",
+            "--arg",
+            "wss=4M",
+        ],
+        "exceed this host's memory",
+    );
+}
+
+/// `--duration` ends the run whatever the sampling period: a 1 s run with a
+/// one-minute sampling period ended after 60 s before the deadline was
+/// checked between samples.
+#[test]
+fn duration_does_not_wait_for_a_sample_tick() {
+    if !kvm_available("duration_does_not_wait_for_a_sample_tick") {
+        return;
+    }
+    let (code, out, err) = tv(&[
+        "run",
+        "--mem",
+        "64M",
+        "--duration",
+        "1s",
+        "--sample-ms",
+        "60000",
+        "--arg",
+        "rss=8M",
+        "--arg",
+        "wss=4M",
+        "--report",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stop_reason"], "duration");
+    let secs = v["duration_s"].as_f64().unwrap();
+    assert!(
+        secs < 30.0,
+        "a 1 s run took {secs} s (the sample period is 60 s)"
+    );
+}
+
+/// The highest chaos rate still stops with the run: the driver migrates in
+/// batches of at most 16384 pages and checks for the stop between them
+/// (before, one interval's batch at this rate was 100,000 2 MiB units).
+#[test]
+fn the_highest_chaos_rate_stops_with_the_run() {
+    if !common::tiered_kvm_available() {
+        return;
+    }
+    let (code, out, err) = tv(&[
+        "run",
+        "memcheck",
+        "--mem",
+        "256M",
+        "--fast",
+        "96M",
+        "--policy",
+        "chaos",
+        "--chaos-rate",
+        "10000000",
+        "--chaos-unit",
+        "2m",
+        "--duration",
+        "1s",
+        "--arg",
+        "region=64M",
+        "--report",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["guest_metrics"]["mismatched_pages"], 0.0);
+    let chaos = &v["tiering"]["chaos"];
+    assert!(chaos["units"].as_u64().unwrap() > 0, "{chaos}");
+    // How long the driver ran past the end of the run: one batch at most
+    // (well under a second here); 10 s means the stop waited for the rate.
+    let late_ms = chaos["elapsed_ms"].as_f64().unwrap() - v["duration_s"].as_f64().unwrap() * 1e3;
+    assert!(
+        late_ms < 10_000.0,
+        "chaos stopped {late_ms} ms after the run: {chaos}"
+    );
 }

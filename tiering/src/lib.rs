@@ -5,6 +5,7 @@
 //! implements.
 //!
 //! - [`host`]: what the host offers (NUMA nodes, THP, userfaultfd, idle page tracking).
+//! - [`host_support`]: for tests: skip (or, in strict mode, fail) without a host feature; watchdogs.
 //! - [`mem`]: tiered backing memory, dirty harvesting, access tracking and the
 //!   migration mechanisms (transactional migration, stop-and-copy, shadows).
 //! - [`policy`]: placement policies as pure code (observations in, decisions out).
@@ -15,6 +16,7 @@
 
 pub mod engine;
 pub mod host;
+pub mod host_support;
 pub mod mem;
 pub mod policy;
 pub mod sim;

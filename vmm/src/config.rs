@@ -19,6 +19,8 @@ pub const DEFAULT_MEM: u64 = 1 << 30;
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
 /// Default status sampling period.
 pub const DEFAULT_SAMPLE_MS: u64 = 100;
+/// Longest status sampling period (`--sample-ms`): one timeline point a minute.
+pub const MAX_SAMPLE_MS: u64 = 60_000;
 /// Default time the guest gets to report after a stop request.
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 /// Default cap on guest console bytes forwarded.
@@ -140,6 +142,21 @@ pub fn check_args(
     Ok(())
 }
 
+/// Checks a `--sample-ms` value: 1 ms to [`MAX_SAMPLE_MS`].
+pub fn check_sample_ms(ms: u64) -> Result<()> {
+    if ms == 0 {
+        return Err(Error::Usage(
+            "--sample-ms 0: the sampling period must be at least 1 ms".into(),
+        ));
+    }
+    if ms > MAX_SAMPLE_MS {
+        return Err(Error::Usage(format!(
+            "--sample-ms {ms} exceeds the {MAX_SAMPLE_MS} ms maximum: give a period of at most a minute, e.g. --sample-ms 1000"
+        )));
+    }
+    Ok(())
+}
+
 /// MemTotal of this host in bytes, if /proc/meminfo says.
 pub fn host_memory_bytes() -> Option<u64> {
     tiering::host::host_memory_bytes().ok()
@@ -186,11 +203,7 @@ impl VmConfig {
                 req.vcpus
             )));
         }
-        if req.sample_ms == 0 {
-            return Err(Error::Usage(
-                "--sample-ms 0: the sampling period must be at least 1 ms".into(),
-            ));
-        }
+        check_sample_ms(req.sample_ms)?;
         let mem = req.mem_bytes;
         if mem < MIN_RAM {
             return Err(Error::Usage(format!(

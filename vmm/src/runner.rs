@@ -33,6 +33,9 @@ use tiervm_guest::abi::{STATUS_GPA, STATUS_STOP_OFFSET};
 const SECONDARY_GRACE: Duration = Duration::from_secs(1);
 /// How long the runner waits for kicked vCPU threads before giving up on them.
 const KICK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest sleep of the runner between its checks of the run's deadlines
+/// (--duration, --stop-grace) and of vCPU exits, independent of --sample-ms.
+const POLL: Duration = Duration::from_millis(5);
 
 /// What a run hook may look at and touch while the VM runs.
 pub struct SampleCtx<'a> {
@@ -151,12 +154,12 @@ pub fn run(
         .and_then(|t| t.tracking_ab)
         .map(|p| AbDriver::new(p.as_secs_f64()));
     loop {
+        // Wait for the next sample, but never longer than POLL: the stop
+        // checks below (duration, grace, exits) run every POLL whatever
+        // --sample-ms is.
         let now = Instant::now();
-        if next > now {
-            std::thread::sleep((next - now).min(Duration::from_millis(5)));
-            if Instant::now() < next && !any_finished(&threads, &outcomes) {
-                continue;
-            }
+        if next > now && !any_finished(&threads, &outcomes) {
+            std::thread::sleep((next - now).min(POLL));
         }
         let now = Instant::now();
         if now >= next {

@@ -13,6 +13,12 @@ use crate::units::format_size;
 
 /// Hint-fault budget of placement policies (MTM's overhead target, §3.2).
 pub const POLICY_TRACKING_BUDGET_PCT: f64 = 5.0;
+/// Highest `--chaos-rate` in units per second: 40x what the mechanisms reach
+/// here (about 250k pages/s, docs/results.md); higher rates only mean
+/// "as fast as possible", which this already is.
+pub const MAX_CHAOS_RATE: f64 = 10_000_000.0;
+/// Largest weight of `--chaos-mix` (a ratio needs no more).
+pub const MAX_CHAOS_WEIGHT: u32 = 1_000_000;
 
 /// Initial placement of guest pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -197,6 +203,11 @@ pub fn parse_mix(s: &str) -> Result<(u32, u32)> {
     let (p, d) = s.split_once(':').ok_or_else(bad)?;
     let p: u32 = p.trim().parse().map_err(|_| bad())?;
     let d: u32 = d.trim().parse().map_err(|_| bad())?;
+    if p > MAX_CHAOS_WEIGHT || d > MAX_CHAOS_WEIGHT {
+        return Err(Error::Usage(format!(
+            "--chaos-mix '{s}': weights go up to {MAX_CHAOS_WEIGHT}; give the ratio in small numbers, e.g. 3:1"
+        )));
+    }
     if p == 0 && d == 0 {
         return Err(Error::Usage(
             "--chaos-mix 0:0 migrates nothing: give at least one non-zero weight".into(),
@@ -276,13 +287,23 @@ impl TieringRequest {
                 format_size(slow)
             )));
         }
-        if fast + slow < mem_bytes {
+        if fast.saturating_add(slow) < mem_bytes {
             return Err(Error::Usage(format!(
                 "--fast {} + --slow {} cannot hold --mem {}: raise --fast or --slow (or drop --slow: it then holds the whole guest)",
                 format_size(fast),
                 format_size(slow),
                 format_size(mem_bytes)
             )));
+        }
+        if let Ok(host) = tiering::host::host_memory_bytes() {
+            if fast.saturating_add(slow) > host {
+                return Err(Error::Usage(format!(
+                    "--fast {} + --slow {} exceed this host's memory ({}): both tier pools are allocated when the VM starts; lower --slow (default: as much as --mem)",
+                    format_size(fast),
+                    format_size(slow),
+                    format_size(host)
+                )));
+            }
         }
         let fast_node = self
             .fast_node
@@ -320,6 +341,11 @@ impl TieringRequest {
             if !rate.is_finite() || rate <= 0.0 {
                 return Err(Error::Usage(format!(
                     "--chaos-rate {rate}: give a positive number of units per second"
+                )));
+            }
+            if rate > MAX_CHAOS_RATE {
+                return Err(Error::Usage(format!(
+                    "--chaos-rate {rate} exceeds the {MAX_CHAOS_RATE} units/s maximum (the mechanisms reach about 250k pages/s): lower --chaos-rate"
                 )));
             }
             Some(ChaosConfig {
@@ -410,6 +436,12 @@ impl TieringRequest {
                         return Err(Error::Usage(
                             "--scan-pages 0: give at least 1 page per scan window".into(),
                         ));
+                    }
+                    let guest_pages = mem_bytes / page;
+                    if n as u64 > guest_pages {
+                        return Err(Error::Usage(format!(
+                            "--scan-pages {n} exceeds the guest's {guest_pages} pages: give at most {guest_pages}"
+                        )));
                     }
                     c.scan_pages = n;
                     c.max_scan_pages = c.max_scan_pages.max(n);

@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use super::migrate::{BatchOutcome, Mechanism, Migrator, Unit};
 
+/// Most pages one chaos batch migrates: bounds how long a stop waits.
+const MAX_BATCH_PAGES: usize = 16384;
+/// Most units one interval asks for (a rate beyond is "as fast as possible").
+const MAX_UNITS_PER_INTERVAL: usize = 1 << 20;
+
 /// Chaos settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChaosConfig {
@@ -96,7 +101,7 @@ impl ChaosDriver {
                 ),
             ));
         }
-        if cfg.promote_weight + cfg.demote_weight == 0
+        if u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight) == 0
             || cfg.units_per_sec.is_nan()
             || cfg.units_per_sec <= 0.0
         {
@@ -153,10 +158,10 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         owed += cfg.units_per_sec * cfg.interval.as_secs_f64();
-        let k = owed as usize;
-        owed -= k as f64;
+        let k = (owed as usize).min(MAX_UNITS_PER_INTERVAL);
+        owed = (owed - k as f64).min(1.0);
         let (mut up, mut down) = (Vec::new(), Vec::new());
-        let total_w = (cfg.promote_weight + cfg.demote_weight) as u64;
+        let total_w = u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight);
         for _ in 0..k {
             let u = Unit::run(
                 (base_slot + rng.next() as usize % slots) * cfg.unit_pages,
@@ -169,9 +174,13 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
             }
         }
         rep.units += k as u64;
-        for (units, promote) in [(&up, true), (&down, false)] {
-            if units.is_empty() {
-                continue;
+        // Batches of at most MAX_BATCH_PAGES, so a stop waits for one such
+        // batch at most, whatever the rate.
+        let chunk = (MAX_BATCH_PAGES / cfg.unit_pages).max(1);
+        let batches = up.chunks(chunk).map(|c| (c, true));
+        for (units, promote) in batches.chain(down.chunks(chunk).map(|c| (c, false))) {
+            if stop.load(Ordering::Relaxed) {
+                break;
             }
             rep.batches += 1;
             let r = if promote {

@@ -30,6 +30,9 @@ use crate::units::format_size;
 /// a torture test, not a placement policy.
 const NOT_DEFAULT: [PolicyArg; 2] = [PolicyArg::None, PolicyArg::Chaos];
 
+/// Most runs per policy (`--repeat`).
+pub const MAX_REPEAT: u32 = 1000;
+
 /// Guest console lines kept in a failed run's error message.
 const CONSOLE_TAIL_LINES: usize = 3;
 
@@ -775,6 +778,12 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         return Err(Error::Usage(
             "--repeat 0: give at least 1 run per policy".into(),
         ));
+    }
+    if args.repeat > MAX_REPEAT {
+        return Err(Error::Usage(format!(
+            "--repeat {} exceeds the {MAX_REPEAT} maximum: give at most {MAX_REPEAT} runs per policy",
+            args.repeat
+        )));
     }
     let policies = parse_policies(&args.policies)?;
     if policies.is_empty() {

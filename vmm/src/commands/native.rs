@@ -13,13 +13,13 @@ use tiervm_guest::args::{Args as GuestArgs, ImageSpec};
 use tiervm_guest::workloads::{self, Env};
 
 use crate::commands::run::ReportFormat;
-use crate::config::{check_args, parse_kv, to_entries};
+use crate::config::{check_args, check_sample_ms, parse_kv, to_entries};
 use crate::error::{Error, Result};
 use crate::report::group;
 use crate::status::{ops_per_sec, TimelinePoint};
 use crate::units::parse_duration;
 use crate::vstate::memory::create_ram;
-use tiervm_guest::abi::GUEST_LARGE_PAGE;
+use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 /// Flags of `tiervm native`.
@@ -135,6 +135,13 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     if args.threads == 0 {
         return Err(Error::Usage("--threads 0: use --threads 1 or more".into()));
     }
+    if args.threads as usize > MAX_VCPUS {
+        return Err(Error::Usage(format!(
+            "--threads {} exceeds the {MAX_VCPUS} maximum (the most vCPUs a VM run has): give at most {MAX_VCPUS}",
+            args.threads
+        )));
+    }
+    check_sample_ms(args.sample_ms)?;
     let kv = parse_kv(&args.args)?;
     check_args(spec.name, spec, &kv)?;
     let entries = to_entries(&kv)?;
@@ -182,9 +189,10 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
                 });
             });
         }
-        let sample = Duration::from_millis(args.sample_ms.max(1));
+        let sample = Duration::from_millis(args.sample_ms);
         while start.elapsed() < args.duration {
-            std::thread::sleep(sample);
+            // The deadline does not wait for a sample tick.
+            std::thread::sleep(sample.min(args.duration.saturating_sub(start.elapsed())));
             let ops = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
             timeline
                 .lock()
