@@ -339,3 +339,85 @@ fn the_highest_chaos_rate_stops_with_the_run() {
         "chaos stopped {late_ms} ms after the run: {chaos}"
     );
 }
+
+/// Runs tiervm with `args` and stdout either closed before it writes
+/// (`closed`, like `| head -0`) or on /dev/full; returns (exit code, stderr).
+fn with_bad_stdout(args: &[&str], closed: bool) -> (i32, String) {
+    use std::io::Read as _;
+    use std::process::Stdio;
+    let stdout = if closed {
+        Stdio::piped()
+    } else {
+        Stdio::from(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+    };
+    let mut child = common::tiervm()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before tiervm writes anything.
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let deadline = std::time::Instant::now() + common::PROCESS_LIMIT;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return (s.code().unwrap_or(-1), err);
+        }
+        assert!(std::time::Instant::now() < deadline, "{args:?} hung");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A closed stdout ends quietly with the command's own exit code; a full
+/// disk is one error line and exit 1. Both used to panic (exit 101).
+#[test]
+fn closed_or_full_stdout_never_panics() {
+    for args in [&["images"][..], &["sim", "--list"], &["info"]] {
+        let (code, err) = with_bad_stdout(args, true);
+        assert_eq!(code, 0, "{args:?} on a closed pipe: {err}");
+        assert!(err.is_empty(), "{args:?} on a closed pipe: {err}");
+        let (code, err) = with_bad_stdout(args, false);
+        assert_eq!(code, 1, "{args:?} on /dev/full: {err}");
+        assert!(
+            err.contains("No space left on device") && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    if !kvm_available("closed_or_full_stdout_never_panics") {
+        return;
+    }
+    let run = [
+        "run",
+        "--mem",
+        "64M",
+        "--duration",
+        "300ms",
+        "--arg",
+        "rss=8M",
+        "--arg",
+        "wss=4M",
+    ];
+    let (code, err) = with_bad_stdout(&run, true);
+    assert_eq!(code, 0, "exit as the run would: {err}");
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    let (code, err) = with_bad_stdout(&run, false);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("writing the output to stdout failed: No space left on device"),
+        "{err}"
+    );
+}

@@ -900,23 +900,28 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         .as_deref()
         .map(|dir| write_outputs(dir, &results))
         .transpose();
-    match args.report {
+    let text = match args.report {
         CompareFormat::Human => {
-            print!("{}", format_human(&results));
+            let mut t = format_human(&results);
             if let (Some(dir), Ok(Some(()))) = (&args.out, &written) {
-                println!(
+                let _ = writeln!(
+                    t,
                     "\nWrote results.json, results.csv, throughput.svg, migrations.svg to {}",
                     dir.display()
                 );
             }
+            t
         }
         CompareFormat::Json => {
-            let s = serde_json::to_string(&results)
+            let mut s = serde_json::to_string(&results)
                 .map_err(|e| Error::host("encoding the results", e))?;
-            println!("{s}");
+            s.push('\n');
+            s
         }
-    }
+    };
+    let printed = crate::output::stdout(&text);
     written?;
+    printed?;
     Ok(if results.runs.iter().all(|r| r.ok) {
         0
     } else {

@@ -17,7 +17,7 @@
 //! field names documented below.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::raw::c_ulong;
 use std::path::Path;
 
@@ -40,9 +40,9 @@ pub struct InfoArgs {
 /// Why `tiervm info` could not print its report (probing itself never fails).
 #[derive(Debug, thiserror::Error)]
 pub enum InfoError {
-    /// Writing to stdout failed.
-    #[error("cannot write the report to stdout: {0}")]
-    Stdout(#[from] io::Error),
+    /// Writing to stdout failed (a closed pipe is not a failure).
+    #[error("{0}")]
+    Stdout(String),
     /// Serializing the JSON report failed.
     #[error("cannot serialize the report as JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -51,14 +51,15 @@ pub enum InfoError {
 /// Runs `tiervm info`: probes the host and prints the report to stdout.
 pub fn run(args: &InfoArgs) -> Result<(), InfoError> {
     let report = collect();
-    let mut out = io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+    let text = if args.json {
+        let mut s = serde_json::to_string_pretty(&report)?;
+        s.push('\n');
+        s
     } else {
-        out.write_all(render_human(&report).as_bytes())?;
-    }
-    Ok(())
+        render_human(&report)
+    };
+    // A closed pipe ends quietly; other write errors are reported.
+    crate::output::stdout(&text).map_err(|e| InfoError::Stdout(e.to_string()))
 }
 
 /// Everything `tiervm info` reports (the `--json` object).

@@ -216,20 +216,21 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         timeline,
         guest_metrics: metrics.into_inner().unwrap_or_else(|p| p.into_inner()),
     };
-    match args.report {
-        ReportFormat::Json => println!(
-            "{}",
+    let text = match args.report {
+        ReportFormat::Json => format!(
+            "{}\n",
             serde_json::to_string(&report).map_err(|e| Error::host("encoding the report", e))?
         ),
-        ReportFormat::Human => println!(
-            "tiervm native: {} on {} host thread(s): {} ops, {} ops/s, exit code {}",
+        ReportFormat::Human => format!(
+            "tiervm native: {} on {} host thread(s): {} ops, {} ops/s, exit code {}\n",
             report.image,
             report.threads,
             group(report.ops),
             group(report.ops_per_sec as u64),
             report.exit_code
         ),
-    }
+    };
+    crate::output::stdout(&text)?;
     Ok(if report.exit_code == 0 { 0 } else { 1 })
 }
 

@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 
 use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use crate::error::{Error, Result};
+use crate::output;
 use crate::progress::Progress;
 use crate::report::{RunReport, StopReason};
 use crate::runner::{self, Console};
@@ -182,29 +183,32 @@ impl RunArgs {
 pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     let cfg = VmConfig::from_request(&args.request())?;
     if !args.quiet {
-        cfg.notes().iter().for_each(|n| eprintln!("tiervm: {n}"));
+        cfg.notes()
+            .iter()
+            .for_each(|n| output::stderr_line(&format!("tiervm: {n}")));
     }
     let mut progress = Progress::stderr("run", cfg.duration, args.quiet);
     let report = runner::run(&cfg, started, Console::Stderr, &mut progress)?;
     progress.finish();
     print_report(&report, args.report)?;
     if let Some(crash) = &report.crash {
-        eprintln!("tiervm: guest crashed: {crash}");
+        output::stderr_line(&format!("tiervm: guest crashed: {crash}"));
     }
     Ok(exit_code_of(&report))
 }
 
 /// Prints a report in the chosen format.
 pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
-    match format {
-        ReportFormat::Human => print!("{}", report.human()),
+    let text = match format {
+        ReportFormat::Human => report.human(),
         ReportFormat::Json => {
-            let s =
+            let mut s =
                 serde_json::to_string(report).map_err(|e| Error::host("encoding the report", e))?;
-            println!("{s}");
+            s.push('\n');
+            s
         }
-    }
-    Ok(())
+    };
+    output::stdout(&text)
 }
 
 /// The process exit code for a finished run: 3 after a crash, 0 when the

@@ -2,6 +2,7 @@
 //! simulator (`tiering::sim`). Every number it prints is MODELED.
 
 use clap::{Args, ValueEnum};
+use std::fmt::Write as _;
 use tiering::policy::NAMES;
 use tiering::sim::{self, RunReport, Scenario};
 
@@ -156,6 +157,9 @@ pub enum SimCmdError {
     /// JSON encoding failed.
     #[error("cannot encode the report as JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// Writing the output failed (not a closed pipe: that ends quietly).
+    #[error("{0}")]
+    Output(String),
 }
 
 fn set_list(dst: &mut [f64], src: &[f64], what: &str) -> Result<(), SimCmdError> {
@@ -389,11 +393,14 @@ fn parallel<T: Send, R: Send>(items: Vec<T>, jobs: usize, f: impl Fn(T) -> R + S
     slots.into_iter().flatten().collect()
 }
 
+fn print(text: &str) -> Result<(), SimCmdError> {
+    crate::output::stdout(text).map_err(|e| SimCmdError::Output(e.to_string()))
+}
+
 /// Runs `tiervm sim`. Returns the process exit code.
 pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
     if args.list {
-        print!("{}", list());
-        return Ok(0);
+        return print(&list()).map(|()| 0);
     }
     let Some(name) = args.scenario.as_deref() else {
         return Err(SimCmdError::Usage(format!(
@@ -441,6 +448,7 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
         });
     let wall_s = wall.elapsed().as_secs_f64();
     let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut out = String::new();
     match args.report {
         ReportFormat::Json => {
             let v = serde_json::json!({
@@ -450,14 +458,15 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
                 "reports": reports,
                 "wall_s": wall_s,
             });
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v)?);
         }
         ReportFormat::Table => {
-            println!("{}", scn.about);
-            print!("{}", sim::report::table(&reports));
+            let _ = writeln!(out, "{}", scn.about);
+            out.push_str(&sim::report::table(&reports));
             let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
             let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
-            println!(
+            let _ = writeln!(
+                out,
                 "simulated {:.1}M accesses in {:.1} s wall ({} jobs); {:.1}M simulated accesses per core-second",
                 sim_acc as f64 / 1e6,
                 wall_s,
@@ -466,10 +475,11 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             );
             if args.verbose {
                 for r in &reports {
-                    print!("{}", sim::report::tier_table(r));
-                    println!("  t(s)  Macc/s  lat(ns)  fast%");
+                    out.push_str(&sim::report::tier_table(r));
+                    out.push_str("  t(s)  Macc/s  lat(ns)  fast%\n");
                     for p in &r.timeline {
-                        println!(
+                        let _ = writeln!(
+                            out,
                             "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
                             p.t_s,
                             p.throughput_maps,
@@ -481,5 +491,6 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             }
         }
     }
+    print(&out)?;
     Ok(0)
 }
