@@ -100,12 +100,64 @@ impl Image {
 pub struct Segment {
     /// Guest-physical load address.
     pub addr: u64,
+    /// Offset of its bytes in the file.
+    pub offset: u64,
     /// Bytes in the file.
     pub file_size: u64,
     /// Bytes in memory (>= file_size; the rest is zero).
     pub mem_size: u64,
     /// Executable.
     pub exec: bool,
+}
+
+/// Walks a `PT_NOTE` segment the way the loader does (it looks for a Xen
+/// PVH entry note: 12-byte headers, name and descriptor 4-byte aligned, read
+/// from the file), so that the loader never refuses an image accepted here.
+fn check_notes(bytes: &[u8], offset: u64, size: u64) -> std::result::Result<(), String> {
+    const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
+    let corrupt =
+        |what: &str| format!("note segment at file offset {offset:#x} {what}: the file is corrupt");
+    let mut read = 0u64;
+    while read < size {
+        let at = offset
+            .checked_add(read)
+            .and_then(|a| usize::try_from(a).ok())
+            .ok_or_else(|| corrupt("lies past the end of the file"))?;
+        let header = bytes
+            .get(at..)
+            .and_then(|b| b.get(..12))
+            .ok_or_else(|| corrupt("has a note header past the end of the file"))?;
+        let word =
+            |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (namesz, descsz, kind) = (word(0), word(4), word(8));
+        if kind == XEN_ELFNOTE_PHYS32_ENTRY && namesz == 4 {
+            return Err(
+                "has a Xen PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): tiervm starts images at e_entry in ring 3; drop the note"
+                    .into(),
+            );
+        }
+        let name = u64::from(namesz).next_multiple_of(4);
+        let desc = u64::from(descsz).next_multiple_of(4);
+        if name > u64::from(u32::MAX) || desc > u64::from(u32::MAX) {
+            return Err(corrupt("has a note size that overflows"));
+        }
+        read += 12 + name + desc;
+    }
+    Ok(())
+}
+
+impl ElfInfo {
+    /// One past the highest byte of a segment with file content: what the
+    /// loader reports as the end of what it loaded (it writes only file
+    /// bytes; the rest of a segment is guest RAM's zeros).
+    pub fn loaded_end(&self) -> u64 {
+        self.segments
+            .iter()
+            .filter(|s| s.file_size > 0)
+            .map(|s| s.addr + s.mem_size)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// What validation learned about an image.
@@ -137,6 +189,27 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
     let endian = header
         .endian()
         .map_err(|e| fail(format!("unsupported ELF byte order ({e})")))?;
+    // The loader (linux-loader) reads the header itself; refuse every header
+    // it would read differently, so that what is validated here is what is
+    // loaded (tests/elf_props.rs checks this on random and mutated files).
+    if endian != Endianness::Little {
+        return Err(fail(
+            "is big-endian: x86_64 images are little-endian; rebuild it for x86_64".into(),
+        ));
+    }
+    if header.e_phnum(endian) == elf::PN_XNUM {
+        return Err(fail(format!(
+            "uses an extended program-header count (e_phnum = {:#x}, PN_XNUM, the real count in section 0): \
+             tiervm's loader reads e_phnum as the count; link it with fewer than 65535 program headers",
+            elf::PN_XNUM
+        )));
+    }
+    let phoff = header.e_phoff(endian);
+    if phoff != 0 && phoff < std::mem::size_of::<elf::FileHeader64<Endianness>>() as u64 {
+        return Err(fail(format!(
+            "program headers at offset {phoff} overlap the ELF header: the file is corrupt"
+        )));
+    }
     if header.e_machine(endian) != elf::EM_X86_64 {
         return Err(fail(format!(
             "built for machine {} not x86_64 (62): rebuild it for x86_64",
@@ -166,6 +239,10 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
                 ));
             }
             elf::PT_LOAD => {}
+            elf::PT_NOTE => {
+                check_notes(bytes, ph.p_offset(endian), ph.p_filesz(endian)).map_err(fail)?;
+                continue;
+            }
             _ => continue,
         }
         let addr = ph.p_paddr(endian);
@@ -210,6 +287,7 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
         }
         segments.push(Segment {
             addr,
+            offset,
             file_size,
             mem_size,
             exec: ph.p_flags(endian) & elf::PF_X != 0,
@@ -234,6 +312,14 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
         .map(|s| s.addr + s.mem_size)
         .max()
         .unwrap_or(IMAGE_BASE_GPA);
+    if header.e_phentsize(endian) as usize
+        != std::mem::size_of::<elf::ProgramHeader64<Endianness>>()
+    {
+        return Err(fail(format!(
+            "program header size {} is not 56: the file is corrupt",
+            header.e_phentsize(endian)
+        )));
+    }
     Ok(ElfInfo {
         entry,
         segments,
