@@ -119,3 +119,30 @@ pub fn output_within(cmd: &mut std::process::Command, limit: Duration) -> (i32, 
 pub fn tv(args: &[&str]) -> (i32, String, String) {
     output_within(tiervm().args(args), PROCESS_LIMIT)
 }
+
+/// Writes a copy of the zipf image whose entry code is `code` to a
+/// temporary file named `name`; returns its path.
+pub fn image_with_entry_code(name: &str, code: &[u8]) -> std::path::PathBuf {
+    use object::read::elf::{FileHeader as _, ProgramHeader as _};
+    let mut b = vmm::image::builtin_bytes("zipf").unwrap().to_vec();
+    let h = object::elf::FileHeader64::<object::Endianness>::parse(&b[..]).unwrap();
+    let e = h.endian().unwrap();
+    let entry = h.e_entry(e);
+    let off = h
+        .program_headers(e, &b[..])
+        .unwrap()
+        .iter()
+        .find(|ph| {
+            ph.p_type(e) == object::elf::PT_LOAD
+                && entry >= ph.p_vaddr(e)
+                && entry < ph.p_vaddr(e) + ph.p_filesz(e)
+        })
+        .map(|ph| (ph.p_offset(e) + entry - ph.p_vaddr(e)) as usize)
+        .unwrap();
+    b[off..off + code.len()].copy_from_slice(code);
+    let dir = std::env::temp_dir().join(format!("tiervm-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, b).unwrap();
+    p
+}

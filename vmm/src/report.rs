@@ -23,6 +23,9 @@ pub enum StopReason {
     Forced,
     /// A vCPU crashed.
     Crashed,
+    /// SIGINT or SIGTERM asked the run to stop and the guest exited after
+    /// the stop request (as at the end of `--duration`).
+    Signal,
 }
 
 /// One run of one VM.
@@ -76,6 +79,8 @@ pub struct RunReport {
     pub tiering: Option<TieringReport>,
     /// Tracking on/off throughput within this run (`--tracking-ab` only).
     pub tracking_ab: Option<crate::ab::TrackingAb>,
+    /// The stop signal received during the run (`SIGINT`, `SIGTERM`), if any.
+    pub signal: Option<String>,
 }
 
 impl RunReport {
@@ -99,6 +104,7 @@ impl RunReport {
             StopReason::Duration => "stopped at --duration",
             StopReason::Forced => "FORCED: the guest ignored the stop request",
             StopReason::Crashed => "CRASHED",
+            StopReason::Signal => "stopped by a signal",
         };
         let code = self.exit_code.map_or("none".to_string(), |c| c.to_string());
         let _ = writeln!(
@@ -106,6 +112,12 @@ impl RunReport {
             "  result     exit code {code} ({how}) after {:.2} s",
             self.duration_s
         );
+        if let Some(sig) = &self.signal {
+            let _ = writeln!(
+                s,
+                "  signal     {sig}: the guest was asked to stop; a second signal ends tiervm at once"
+            );
+        }
         if let Some(b) = self.boot_ms {
             let _ = writeln!(s, "  boot       {b:.1} ms to the first guest instruction");
         }
@@ -297,6 +309,7 @@ mod tests {
             tracking: None,
             tiering: None,
             tracking_ab: None,
+            signal: None,
         }
     }
 

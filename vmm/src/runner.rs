@@ -88,8 +88,17 @@ pub fn run(
         Some(t) => t.guest().clone(),
         None => memory::create_ram(cfg.mem_bytes, true)?,
     };
-    Elf::load(&mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None)
+    let loaded = Elf::load(&mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None)
         .map_err(|e| Error::Image(format!("image '{}': loading failed: {e}", cfg.image.name)))?;
+    // The validator decided what to load; the loader must have agreed.
+    if loaded.kernel_end != cfg.elf.loaded_end() {
+        return Err(Error::Image(format!(
+            "image '{}': the loader ended at {:#x} where validation expected {:#x}: the ELF file is ambiguous; relink it",
+            cfg.image.name,
+            loaded.kernel_end,
+            cfg.elf.loaded_end()
+        )));
+    }
     let cr3 = memory::write_page_tables(&mem, cfg.mem_bytes)?;
 
     let kvm = vm::open_kvm()?;
@@ -207,9 +216,14 @@ pub fn run(
         }
         match stop_requested_at {
             None => {
-                if cfg
-                    .duration
-                    .is_some_and(|d| now.duration_since(run_start) >= d)
+                let signal = crate::signals::received();
+                if signal.is_some() {
+                    reason = Some(StopReason::Signal);
+                }
+                if signal.is_some()
+                    || cfg
+                        .duration
+                        .is_some_and(|d| now.duration_since(run_start) >= d)
                 {
                     if let Some(t) = &tiered {
                         t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
@@ -261,6 +275,7 @@ pub fn run(
         Some(vcpu::VcpuOutcome::Exited(c)) => Some(c),
         _ => None,
     };
+    // A forced stop or a crash says more than the signal that asked for it.
     let reason = reason.unwrap_or(if stop_requested_at.is_some() {
         StopReason::Duration
     } else {
@@ -298,6 +313,7 @@ pub fn run(
             .map(|t| t.tracking(cfg.vcpus, end.duration_since(run_start).as_secs_f64())),
         tiering,
         tracking_ab: ab.map(|a| a.result()),
+        signal: crate::signals::received().map(crate::signals::name),
     })
 }
 

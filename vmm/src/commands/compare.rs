@@ -385,6 +385,9 @@ pub struct CompareResults {
     pub summary: Vec<SummaryRow>,
     /// Every run, in the order they ran.
     pub runs: Vec<RunRecord>,
+    /// The signal (`SIGINT`, `SIGTERM`) that stopped the comparison early:
+    /// the run it arrived in ended as at `--duration`, no later run started.
+    pub interrupted_by: Option<String>,
 }
 
 /// Renders an aligned text table: first column left-aligned, the rest right-aligned.
@@ -533,6 +536,13 @@ pub fn format_human(res: &CompareResults) -> String {
         let _ = writeln!(
             out,
             "  Tier latency is EMULATED: this host has one NUMA node, so both tiers are the same DRAM and placement does not change access latency here; differences come from mechanism costs."
+        );
+    }
+    if let Some(sig) = &res.interrupted_by {
+        let _ = writeln!(
+            out,
+            "  INTERRUPTED by {sig}: {} run(s) made; the last one was stopped early",
+            res.runs.len()
         );
     }
     out.push('\n');
@@ -840,9 +850,13 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             args.repeat
         );
     }
+    crate::signals::install()?;
     let mut runs: Vec<RunRecord> = Vec::with_capacity(total);
-    for rep in 1..=args.repeat {
+    'runs: for rep in 1..=args.repeat {
         for ((_, cfg), name) in configs.iter().zip(&names) {
+            if crate::signals::received().is_some() {
+                break 'runs;
+            }
             let label = format!("{name} {rep}/{}", args.repeat);
             let mut progress = Progress::stderr(label.as_str(), cfg.duration, args.quiet);
             let sink = Sink::memory();
@@ -887,7 +901,16 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         repeat: args.repeat,
         emulated_tiers: emulated_tiers(&configs, &runs),
     };
+    let interrupted_by = crate::signals::received();
+    if let (Some(sig), false) = (interrupted_by, args.quiet) {
+        crate::output::stderr_line(&format!(
+            "tiervm compare: {} after {} of {total} runs: keeping what was measured",
+            crate::signals::name(sig),
+            runs.len()
+        ));
+    }
     let results = CompareResults {
+        interrupted_by: interrupted_by.map(crate::signals::name),
         schema: "tiervm-compare/1",
         summary: summarize(&names, &runs, &tracked),
         policies: names,
@@ -922,6 +945,9 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
     let printed = crate::output::stdout(&text);
     written?;
     printed?;
+    if let Some(sig) = interrupted_by {
+        return Ok(crate::signals::exit_code(sig));
+    }
     Ok(if results.runs.iter().all(|r| r.ok) {
         0
     } else {
@@ -988,6 +1014,7 @@ mod tests {
             }),
             tiering: None,
             tracking_ab: None,
+            signal: None,
         }
     }
 
@@ -1161,6 +1188,7 @@ mod tests {
                 emulated_tiers: true,
             },
             policies: vec!["static".into()],
+            interrupted_by: None,
             summary: summarize(&["static".into()], &runs, &[false]),
             runs,
         };

@@ -144,6 +144,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     check_sample_ms(args.sample_ms)?;
     let kv = parse_kv(&args.args)?;
     check_args(spec.name, spec, &kv)?;
+    crate::signals::install()?;
     let entries = to_entries(&kv)?;
     let need = workloads::heap_need(spec.name, &GuestArgs::new(&entries, Some(spec))).unwrap_or(0);
     // The same backing as a VM's RAM: anonymous, private, transparent huge pages.
@@ -190,9 +191,15 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
             });
         }
         let sample = Duration::from_millis(args.sample_ms);
-        while start.elapsed() < args.duration {
-            // The deadline does not wait for a sample tick.
-            std::thread::sleep(sample.min(args.duration.saturating_sub(start.elapsed())));
+        let mut next = start + sample;
+        // The deadline and signals are checked every 5 ms, not per sample.
+        while start.elapsed() < args.duration && crate::signals::received().is_none() {
+            let now = Instant::now();
+            if now < next {
+                std::thread::sleep((next - now).min(Duration::from_millis(5)));
+                continue;
+            }
+            next = now + sample;
             let ops = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
             timeline
                 .lock()
@@ -231,6 +238,9 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         ),
     };
     crate::output::stdout(&text)?;
+    if let Some(sig) = crate::signals::received() {
+        return Ok(crate::signals::exit_code(sig));
+    }
     Ok(if report.exit_code == 0 { 0 } else { 1 })
 }
 

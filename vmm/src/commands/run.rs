@@ -182,6 +182,7 @@ impl RunArgs {
 /// Runs `tiervm run`; returns the process exit code.
 pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     let cfg = VmConfig::from_request(&args.request())?;
+    crate::signals::install()?;
     if !args.quiet {
         cfg.notes()
             .iter()
@@ -194,7 +195,10 @@ pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     if let Some(crash) = &report.crash {
         output::stderr_line(&format!("tiervm: guest crashed: {crash}"));
     }
-    Ok(exit_code_of(&report))
+    Ok(match crate::signals::received() {
+        Some(sig) => crate::signals::exit_code(sig),
+        None => exit_code_of(&report),
+    })
 }
 
 /// Prints a report in the chosen format.
