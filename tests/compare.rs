@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{kvm_available, tv};
+use common::tv;
 use object::read::elf::FileHeader;
 use object::{elf, Endianness};
 use serde_json::Value;
@@ -87,7 +87,7 @@ fn check_svg(path: &Path, must_contain: &[&str]) {
 
 #[test]
 fn two_policies_two_repeats_write_rows_and_valid_files() {
-    if !kvm_available("two_policies_two_repeats_write_rows_and_valid_files") {
+    if !common::tiered_kvm_available() {
         return;
     }
     let dir = tmp_dir("ok");
@@ -222,7 +222,7 @@ fn with_entry_code(code: &[u8]) -> Vec<u8> {
 
 #[test]
 fn failing_runs_are_reported_in_their_rows_and_the_rest_still_runs() {
-    if !kvm_available("failing_runs_are_reported_in_their_rows_and_the_rest_still_runs") {
+    if !common::tiered_kvm_available() {
         return;
     }
     let dir = tmp_dir("fail");

@@ -146,3 +146,39 @@ pub fn image_with_entry_code(name: &str, code: &[u8]) -> std::path::PathBuf {
     std::fs::write(&p, b).unwrap();
     p
 }
+
+/// A hook that stops the run once `done` holds for the tiered memory's
+/// counters: tests wait for events, not for a fixed time (the run's
+/// `--duration` and the watchdog bound the wait).
+pub struct UntilEvents<F: FnMut(&tiering::mem::MemStats) -> bool> {
+    mem: Option<std::sync::Arc<tiering::mem::TieredMemory>>,
+    done: F,
+    /// Whether `done` held when the run stopped.
+    pub reached: bool,
+}
+
+impl<F: FnMut(&tiering::mem::MemStats) -> bool> UntilEvents<F> {
+    /// Stops the run when `done(stats)` is true.
+    pub fn new(done: F) -> Self {
+        Self {
+            mem: None,
+            done,
+            reached: false,
+        }
+    }
+}
+
+impl<F: FnMut(&tiering::mem::MemStats) -> bool> RunHooks for UntilEvents<F> {
+    fn on_start(&mut self, tiered: Option<&std::sync::Arc<tiering::mem::TieredMemory>>) {
+        self.mem = tiered.cloned();
+    }
+
+    fn wants_stop(&mut self) -> bool {
+        if !self.reached {
+            if let Some(m) = &self.mem {
+                self.reached = (self.done)(&m.stats());
+            }
+        }
+        self.reached
+    }
+}

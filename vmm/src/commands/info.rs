@@ -1131,8 +1131,11 @@ mod tests {
         eprintln!("{text}");
         eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
         if !r.kvm.dev_kvm.is_ok() {
-            eprintln!("skip KVM assertions: /dev/kvm {}", r.kvm.dev_kvm.describe());
             assert!(r.kvm.fix.is_some());
+            tiering::host_support::skip_or_fail(&format!(
+                "KVM assertions: /dev/kvm {}",
+                r.kvm.dev_kvm.describe()
+            ));
             return;
         }
         assert_eq!(r.kvm.api_version, Some(KVM_API_VERSION));
