@@ -11,6 +11,8 @@
 //! - [`policy`]: placement policies as pure code (observations in, decisions out).
 //! - [`engine`]: the live per-VM loop that feeds observations to a policy and
 //!   executes its decisions with the mechanisms.
+//! - [`threads`]: the threads tiering runs and the hook each calls first (seccomp).
+//! - [`test_point`]: where tests act deterministically inside a mechanism.
 //! - [`sim`]: a deterministic, trace-driven simulator that runs the same policies
 //!   against modeled tiers.
 
@@ -20,3 +22,5 @@ pub mod host_support;
 pub mod mem;
 pub mod policy;
 pub mod sim;
+pub mod test_point;
+pub mod threads;

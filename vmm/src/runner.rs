@@ -56,6 +56,13 @@ pub trait RunHooks {
 
     /// Called after every status sample.
     fn on_sample(&mut self, _ctx: &SampleCtx<'_>) {}
+
+    /// Whether the run should stop now (checked every few ms): the
+    /// guest is asked to stop as at the end of `--duration`. Lets a test
+    /// run until the events it waits for happened instead of for a fixed time.
+    fn wants_stop(&mut self) -> bool {
+        false
+    }
 }
 
 /// Hooks that do nothing.
@@ -221,6 +228,7 @@ pub fn run(
                     reason = Some(StopReason::Signal);
                 }
                 if signal.is_some()
+                    || hooks.wants_stop()
                     || cfg
                         .duration
                         .is_some_and(|d| now.duration_since(run_start) >= d)

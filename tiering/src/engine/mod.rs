@@ -678,6 +678,7 @@ impl Engine {
         let join = std::thread::Builder::new()
             .name("tiering-engine".into())
             .spawn(move || {
+                crate::threads::started(crate::threads::ThreadRole::Engine);
                 {
                     let mut st = lock(&state);
                     let name = st.policy.name().to_string();
@@ -818,13 +819,11 @@ mod tests {
         const HOT: std::ops::Range<usize> = 1024..1536;
         let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 600);
         mc.placement = mem::Placement::SlowFirst;
-        let m = match TieredMemory::new(&mc) {
-            Ok(m) => Arc::new(m),
-            Err(e) => {
-                eprintln!("SKIP: tiered memory unavailable here: {e}");
-                return;
-            }
-        };
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let _bound = crate::host_support::watchdog(std::time::Duration::from_secs(120));
+        let m = Arc::new(TieredMemory::new(&mc).expect("tiered memory"));
         let faults = mem::FaultHandler::spawn(m.clone()).unwrap();
         let log = Box::new(mem::SoftDirtyLog::new(PAGES));
         let migrator = Arc::new(Migrator::new(m.clone(), log, Default::default()).unwrap());

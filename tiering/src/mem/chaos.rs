@@ -142,6 +142,7 @@ impl Drop for ChaosDriver {
 }
 
 fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
+    crate::threads::started(crate::threads::ThreadRole::Chaos);
     let start = Instant::now();
     let mut rep = ChaosReport::default();
     let mut rng = Rng(cfg.seed | 1);

@@ -524,6 +524,7 @@ impl Migrator {
                 };
             }
         }
+        crate::test_point::reached(crate::test_point::TestPoint::TpmCopied);
         // 3. Unmap: move the old pages out of guest RAM (zero copy). Guest
         //    accesses now fault and wait.
         let mut live = Vec::with_capacity(txns.len());
