@@ -53,6 +53,13 @@ pub struct VmConfig {
     pub layout: Layout,
     /// Tiered memory settings; `None` = untiered RAM.
     pub tiering: Option<TieringConfig>,
+    /// The VM's threads install seccomp filters (docs/security.md).
+    pub seccomp: bool,
+    /// The calling (main) thread installs one too, once the VM's threads
+    /// exist (`tiervm run`: it runs one VM, then prints and exits).
+    pub seccomp_main: bool,
+    /// TEST ONLY: vCPU threads make a forbidden system call.
+    pub test_forbidden_syscall: bool,
 }
 
 /// Unvalidated inputs (what the CLI parsed).
@@ -76,6 +83,8 @@ pub struct VmRequest {
     pub stop_grace: Duration,
     /// Tiering flags.
     pub tiering: TieringRequest,
+    /// Per-thread seccomp filters (`--no-seccomp` turns them off).
+    pub seccomp: bool,
 }
 
 impl Default for VmRequest {
@@ -90,6 +99,7 @@ impl Default for VmRequest {
             seed: 1,
             stop_grace: DEFAULT_STOP_GRACE,
             tiering: TieringRequest::default(),
+            seccomp: true,
         }
     }
 }
@@ -287,6 +297,9 @@ impl VmConfig {
             stop_grace: req.stop_grace,
             console_limit: DEFAULT_CONSOLE_LIMIT,
             layout,
+            seccomp: req.seccomp,
+            seccomp_main: false,
+            test_forbidden_syscall: false,
         })
     }
 

@@ -17,6 +17,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod runner;
+pub mod seccomp;
 pub mod signals;
 pub mod status;
 pub mod tiering_config;

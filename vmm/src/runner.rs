@@ -84,6 +84,8 @@ pub fn run(
     console: Console,
     hooks: &mut dyn RunHooks,
 ) -> Result<RunReport> {
+    // Threads started from here on install their seccomp filters.
+    crate::seccomp::set_enabled(cfg.seccomp)?;
     let mut tiered = cfg
         .tiering
         .as_ref()
@@ -141,10 +143,11 @@ pub fn run(
         Console::Stderr => Sink::Stderr,
         Console::Memory(s) => s,
     };
-    let shared = Arc::new(vcpu::VcpuShared::new(PortBus::new(ConsoleWriter::new(
-        sink,
-        cfg.console_limit,
-    ))));
+    let mut shared =
+        vcpu::VcpuShared::new(PortBus::new(ConsoleWriter::new(sink, cfg.console_limit)));
+    shared.seccomp = cfg.seccomp;
+    shared.test_forbidden_syscall = cfg.test_forbidden_syscall;
+    let shared = Arc::new(shared);
 
     hooks.on_start(_backing.as_ref());
     let run_start = Instant::now();
@@ -158,6 +161,11 @@ pub fn run(
         threads.push(Some(h));
     }
 
+    // Every thread of this VM exists now: the calling thread's own filter
+    // (tiervm run only; it would outlive the run otherwise).
+    if cfg.seccomp && cfg.seccomp_main {
+        crate::seccomp::install(tiering::threads::ThreadRole::Main)?;
+    }
     let mut outcomes: Vec<Option<vcpu::VcpuOutcome>> = vec![None; threads.len()];
     let mut timeline = Vec::new();
     let mut stop_requested_at: Option<Instant> = None;
@@ -269,6 +277,9 @@ pub fn run(
         Some(t) => Some(t.finish(None)?),
         None => None,
     };
+    if let Some(e) = crate::seccomp::take_hook_error() {
+        return Err(Error::Host(e));
+    }
     let crash = outcomes.iter().find_map(|o| match o {
         Some(vcpu::VcpuOutcome::Crashed(c)) => Some(c.clone()),
         _ => None,

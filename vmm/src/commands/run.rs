@@ -53,6 +53,10 @@ pub struct RunArgs {
     /// TEST ONLY: chaos migrates only the workload's heap.
     #[arg(long, hide = true)]
     pub test_chaos_heap_only: bool,
+    /// TEST ONLY: each vCPU thread makes a forbidden system call once its
+    /// seccomp filter is installed (proves the filter stops the run).
+    #[arg(long, hide = true)]
+    pub test_forbidden_syscall: bool,
     /// TEST ONLY: commit transactional migrations without the dirty check
     /// (loses writes; exists to prove the integrity test can fail).
     #[arg(long, hide = true)]
@@ -122,6 +126,9 @@ pub struct VmFlags {
     /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
     #[arg(long, help_heading = "Tiering")]
     pub tracking_budget: Option<f64>,
+    /// No seccomp filters (debugging only: every thread may make any system call).
+    #[arg(long)]
+    pub no_seccomp: bool,
     /// Per-policy interval, e.g. mtm=2s,memtis=1s: the migration interval of
     /// memtis and mtm, colloid's quantum (defaults: the papers' 0.5 s, 10 s, 10 ms).
     #[arg(long, value_name = "POLICY=TIME,...", help_heading = "Tiering")]
@@ -163,6 +170,7 @@ impl VmFlags {
             seed: self.seed,
             stop_grace: self.stop_grace,
             tiering,
+            seccomp: !self.no_seccomp,
         }
     }
 }
@@ -181,7 +189,9 @@ impl RunArgs {
 
 /// Runs `tiervm run`; returns the process exit code.
 pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
-    let cfg = VmConfig::from_request(&args.request())?;
+    let mut cfg = VmConfig::from_request(&args.request())?;
+    cfg.seccomp_main = cfg.seccomp;
+    cfg.test_forbidden_syscall = args.test_forbidden_syscall;
     crate::signals::install()?;
     if !args.quiet {
         cfg.notes()
