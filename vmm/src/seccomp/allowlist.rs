@@ -95,12 +95,10 @@ const EVERY_THREAD: &[Syscall] = &[
     sys(libc::SYS_munmap, "munmap"),
     sys(libc::SYS_madvise, "madvise"),
     sys(libc::SYS_clock_nanosleep, "clock_nanosleep"),
-    sys(libc::SYS_nanosleep, "nanosleep"),
     sys(libc::SYS_clock_gettime, "clock_gettime"),
     sys(libc::SYS_sched_yield, "sched_yield"),
     sys(libc::SYS_getrandom, "getrandom"),
     sys(libc::SYS_write, "write"),
-    sys(libc::SYS_writev, "writev"),
     sys(libc::SYS_rt_sigprocmask, "rt_sigprocmask"),
     sys(libc::SYS_rt_sigreturn, "rt_sigreturn"),
     sys(libc::SYS_sigaltstack, "sigaltstack"),
@@ -175,7 +173,6 @@ const FAULT_HANDLER: &[Syscall] = &[
     ioctls(UFFD_IOCTLS),
     sys(libc::SYS_read, "read"),
     sys(libc::SYS_poll, "poll"),
-    sys(libc::SYS_ppoll, "ppoll"),
 ];
 
 const MIGRATOR: &[Syscall] = &[ioctls(MIGRATOR_IOCTLS)];
@@ -186,10 +183,6 @@ const MAIN: &[Syscall] = &[
     ioctls(MIGRATOR_IOCTLS),
     sys(libc::SYS_close, "close"),
     sys(libc::SYS_fcntl, "fcntl"),
-    sys(libc::SYS_read, "read"),
-    sys(libc::SYS_fstat, "fstat"),
-    sys(libc::SYS_statx, "statx"),
-    sys(libc::SYS_lseek, "lseek"),
 ];
 
 /// The groups of calls `role` may make (no allocation: the SIGSYS
