@@ -421,3 +421,51 @@ fn closed_or_full_stdout_never_panics() {
         "{err}"
     );
 }
+
+/// `--tracking damon` on a host where it must not write DAMON's
+/// machine-wide sysfs state (no opt-in here, whatever the host's DAMON
+/// state): refused with exit 2 before a VM starts, and DAMON's state is
+/// what it was. Policies that need hint faults are refused too.
+#[test]
+fn tracking_damon_is_refused_without_opt_in() {
+    use tiering::tracking::damon::{probe, ALLOW_ENV, SYSFS_ROOT};
+    let root = std::path::Path::new(SYSFS_ROOT);
+    let before = probe(root);
+    let out = common::tiervm()
+        .env_remove(ALLOW_ENV)
+        .args([
+            "run",
+            "--fast",
+            "256M",
+            "--policy",
+            "mtm",
+            "--tracking",
+            "damon",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("DAMON"), "{err}");
+    assert!(
+        err.contains(ALLOW_ENV) || err.contains("in use") || err.contains("absent"),
+        "the message names why: {err}"
+    );
+    assert_eq!(probe(root), before, "DAMON's state unchanged");
+    usage_error(
+        &[
+            "run",
+            "--fast",
+            "256M",
+            "--policy",
+            "nomad",
+            "--tracking",
+            "damon",
+        ],
+        "tpp and nomad need --tracking hint-faults",
+    );
+    usage_error(
+        &["run", "--policy", "chaos", "--tracking", "damon"],
+        "--tracking damon feeds a placement policy",
+    );
+}

@@ -11,6 +11,7 @@ use vmm::report::RunReport;
 use vmm::tiering_config::{MechanismArg, PolicyArg, UnitArg};
 
 const MEM: u64 = 256 << 20;
+const REGION: u64 = 64 << 20;
 
 fn chaos(
     secs: u64,
@@ -39,11 +40,12 @@ fn chaos(
 fn check_accounting(r: &RunReport) {
     let tiers = r.tiers.as_ref().expect("tiers reported");
     assert_eq!(tiers.len(), 2);
+    // Lazy commit: only what the guest touched is on a tier (memcheck's
+    // 64 MiB region at least, never more than the guest).
     let guest_pages: u64 = tiers.iter().map(|t| t.guest_pages).sum();
-    assert_eq!(
-        guest_pages,
-        MEM / 4096,
-        "every guest page on exactly one tier"
+    assert!(
+        (REGION / 4096..=MEM / 4096).contains(&guest_pages),
+        "every touched guest page on exactly one tier: {guest_pages}"
     );
     for t in tiers {
         assert!(t.pages <= t.capacity_pages, "{t:?}");

@@ -12,16 +12,17 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tiering::mem::{
-    Mechanism, MemConfig, Migrator, MigratorConfig, Placement, SoftDirtyLog, TieredMemory, Unit,
-    PAGE_SIZE,
+    InitialPlacement, Mechanism, MemConfig, Migrator, MigratorConfig, SoftDirtyLog, TieredMemory,
+    Unit, PAGE_SIZE,
 };
 
 const PAGES: usize = 16384; // 64 MiB guest
 
 fn setup() -> Option<(Arc<TieredMemory>, Migrator)> {
     let mut cfg = MemConfig::new(PAGES * PAGE_SIZE, PAGES);
-    cfg.placement = Placement::SlowFirst;
-    cfg.slow_capacity_pages = Some(2 * PAGES);
+    cfg.placement = InitialPlacement::SlowFirst;
+    cfg.tiers[1].capacity_pages = 2 * PAGES;
+    cfg.tiers[1].max_capacity_pages = 2 * PAGES;
     let mem = match TieredMemory::new(&cfg) {
         Ok(m) => Arc::new(m),
         Err(e) => {
@@ -29,6 +30,8 @@ fn setup() -> Option<(Arc<TieredMemory>, Migrator)> {
             return None;
         }
     };
+    // Every page committed (on the slow tier) before anything is timed.
+    mem.prefault(0, PAGES).ok()?;
     let log = Box::new(SoftDirtyLog::new(PAGES));
     let m = Migrator::new(mem.clone(), log, MigratorConfig::default()).ok()?;
     Some((mem, m))
@@ -37,14 +40,16 @@ fn setup() -> Option<(Arc<TieredMemory>, Migrator)> {
 /// `batch` scattered single pages (every third page), shifted per round.
 fn scattered(batch: usize, round: u64) -> Vec<Unit> {
     let base = (round as usize * 7919) % (PAGES - 3 * batch);
-    (0..batch).map(|i| Unit::page(base + 3 * i)).collect()
+    (0..batch)
+        .map(|i| Unit::page((base + 3 * i) as u64))
+        .collect()
 }
 
 /// `runs` aligned 2 MiB runs, shifted per round.
 fn runs(count: usize, round: u64) -> Vec<Unit> {
     let slots = PAGES / 512;
     (0..count)
-        .map(|i| Unit::run(((round as usize + i * 3) % slots) * 512, 512))
+        .map(|i| Unit::run((((round as usize + i * 3) % slots) * 512) as u64, 512))
         .collect()
 }
 
@@ -79,7 +84,7 @@ fn promote_benches(c: &mut Criterion) {
         ("2m", 1, true),
     ];
     for (mech_name, mech) in [
-        ("tpm", Mechanism::Transactional),
+        ("tpm", Mechanism::TPM),
         ("stop_copy", Mechanism::StopAndCopy),
     ] {
         for &(unit, batch, is_run) in &cases {
@@ -141,10 +146,10 @@ fn demote_benches(c: &mut Criterion) {
                 measure(
                     iters,
                     |r| {
-                        m.promote(&units(r), Mechanism::Transactional).unwrap();
+                        m.promote(&units(r), Mechanism::TPM).unwrap();
                     },
                     |r| {
-                        let o = m.demote(&units(r), Mechanism::Transactional).unwrap();
+                        let o = m.demote(&units(r), Mechanism::TPM).unwrap();
                         assert_eq!(o.shadow_demoted, pages, "{o:?}");
                     },
                     |_| {},
@@ -160,7 +165,7 @@ fn demote_benches(c: &mut Criterion) {
                         m.promote(&units(r), Mechanism::StopAndCopy).unwrap();
                     },
                     |r| {
-                        let o = m.demote(&units(r), Mechanism::Transactional).unwrap();
+                        let o = m.demote(&units(r), Mechanism::TPM).unwrap();
                         assert_eq!(o.committed, units(r).len(), "{o:?}");
                     },
                     |_| {},
@@ -176,10 +181,11 @@ fn setup_bench(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(3));
-    // 256 MiB guest with 64 MiB fast: 256 MiB guest pages + 64 MiB free slow pool.
+    // 256 MiB guest with 64 MiB fast: reserving and registering only (lazy
+    // commit: nothing is populated at creation).
     for (name, placement) in [
-        ("fast_first", Placement::FastFirst),
-        ("random", Placement::Random { seed: 1 }),
+        ("fast_first", InitialPlacement::FastFirst),
+        ("random", InitialPlacement::Random { seed: 1 }),
     ] {
         g.throughput(Throughput::Bytes(256 << 20));
         g.bench_function(BenchmarkId::new("256MiB", name), |b| {

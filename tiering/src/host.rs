@@ -32,7 +32,7 @@ pub const MAX_MAP_COUNT: &str = "/proc/sys/vm/max_map_count";
 /// Idle page tracking bitmap (`CONFIG_IDLE_PAGE_TRACKING`).
 pub const PAGE_IDLE_BITMAP: &str = "/sys/kernel/mm/page_idle/bitmap";
 /// The userfaultfd device node (Linux 6.1+).
-pub const DEV_USERFAULTFD: &str = "/dev/userfaultfd";
+pub use crate::sys::DEV_USERFAULTFD;
 /// `vm.unprivileged_userfaultfd`: 0 means the syscall needs `CAP_SYS_PTRACE`.
 pub const UNPRIVILEGED_USERFAULTFD: &str = "/proc/sys/vm/unprivileged_userfaultfd";
 /// `kernel.numa_balancing`: the kernel's own NUMA/tier page migration.
@@ -146,6 +146,30 @@ pub fn parse_node_meminfo(text: &str) -> Result<NodeMeminfo, ParseError> {
 /// Parses `MemTotal` from `/proc/meminfo`, in bytes.
 pub fn parse_meminfo_total(text: &str) -> Result<u64, ParseError> {
     meminfo_field_bytes(text, "MemTotal")
+}
+
+/// Parses `MemAvailable` from `/proc/meminfo`, in bytes.
+pub fn parse_meminfo_available(text: &str) -> Result<u64, ParseError> {
+    meminfo_field_bytes(text, "MemAvailable")
+}
+
+/// Memory a new allocation on `node` can still get without reclaiming
+/// anonymous memory, in bytes: `MemAvailable` of the host when it has one
+/// NUMA node, else the node's `MemFree` plus its inactive file pages.
+pub fn available_bytes_on(node: u32) -> Result<u64, HostError> {
+    let node_file = Path::new(SYSFS_NODE_DIR)
+        .join(format!("node{node}"))
+        .join("meminfo");
+    let one_node = numa_nodes().map(|n| n.len() <= 1).unwrap_or(true);
+    if one_node || !node_file.exists() {
+        let path = Path::new(PROC_MEMINFO);
+        let text = read_text(path)?;
+        return parse_meminfo_available(&text).map_err(|e| e.at(path));
+    }
+    let text = read_text(&node_file)?;
+    let free = meminfo_field_bytes(&text, "MemFree").map_err(|e| e.at(&node_file))?;
+    let inactive_file = meminfo_field_bytes(&text, "Inactive(file)").unwrap_or(0);
+    Ok(free.saturating_add(inactive_file))
 }
 
 /// Parses a kernel cpulist (`0-3,8,10-11`; empty for a CPU-less node) into
@@ -386,7 +410,7 @@ pub fn host_memory_bytes() -> Result<u64, HostError> {
 
 /// The host page size in bytes.
 pub fn page_size_bytes() -> u64 {
-    sys::page_size()
+    crate::sys::page_size()
 }
 
 /// The active transparent huge page mode.
@@ -598,8 +622,8 @@ fn no_userfaultfd_reason(dev: &Access, syscall: &Access) -> String {
 /// Probes userfaultfd: tries `/dev/userfaultfd` and the syscall, and asks
 /// `UFFDIO_API` on the first fd obtained. All fds are closed on return.
 pub fn userfaultfd() -> UserfaultfdFacts {
-    let dev = sys::open_dev_userfaultfd();
-    let syscall = sys::userfaultfd_syscall();
+    let dev = crate::sys::userfaultfd_from_device();
+    let syscall = crate::sys::userfaultfd_syscall();
     let dev_userfaultfd = match &dev {
         Ok(_) => Access::Ok,
         Err(e) => Access::from_io_error(e),
@@ -618,7 +642,7 @@ pub fn userfaultfd() -> UserfaultfdFacts {
             None,
             Some(no_userfaultfd_reason(&dev_userfaultfd, &syscall_access)),
         ),
-        Some((via, fd)) => match sys::uffdio_api(&fd) {
+        Some((via, fd)) => match crate::sys::uffdio_api(&fd, 0) {
             Ok(raw) => (
                 Some(UffdApi {
                     via,
@@ -720,6 +744,8 @@ pub struct HostFacts {
     pub userfaultfd: UserfaultfdFacts,
     /// Idle page tracking availability.
     pub idle_page_tracking: IdlePageTracking,
+    /// DAMON's sysfs interface (read only; `--tracking damon`).
+    pub damon: DamonFacts,
     /// One line per fact that could not be probed.
     pub problems: Vec<String>,
 }
@@ -754,129 +780,21 @@ pub fn probe() -> HostFacts {
         numa_balancing: read_u64(Path::new(NUMA_BALANCING)).ok(),
         userfaultfd: userfaultfd(),
         idle_page_tracking: idle_page_tracking(),
+        damon: DamonFacts {
+            sysfs: crate::tracking::damon::probe(Path::new(crate::tracking::damon::SYSFS_ROOT)),
+            opted_in: crate::tracking::damon::allowed_by_env(),
+        },
         problems,
     }
 }
 
-// ---------------------------------------------------------------------------
-// Raw system calls (the only unsafe code of this module)
-// ---------------------------------------------------------------------------
-
-mod sys {
-    use std::fs::OpenOptions;
-    use std::io;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-    use super::DEV_USERFAULTFD;
-
-    /// `UFFD_API`: the only userfaultfd API version.
-    const UFFD_API: u64 = 0xAA;
-    /// ioctl type letter of userfaultfd.
-    const UFFDIO: u64 = 0xAA;
-
-    const IOC_NONE: u64 = 0;
-    const IOC_WRITE: u64 = 1;
-    const IOC_READ: u64 = 2;
-
-    /// `_IOC(dir, type, nr, size)` for x86_64/aarch64/riscv64 (generic layout).
-    const fn ioc(dir: u64, ty: u64, nr: u64, size: u64) -> u64 {
-        (dir << 30) | (size << 16) | (ty << 8) | nr
-    }
-
-    /// `struct uffdio_api` from `linux/userfaultfd.h`.
-    #[repr(C)]
-    #[derive(Default)]
-    struct UffdioApi {
-        api: u64,
-        features: u64,
-        ioctls: u64,
-    }
-
-    /// `USERFAULTFD_IOC_NEW = _IO(0xAA, 0x00)`, on `/dev/userfaultfd`.
-    const USERFAULTFD_IOC_NEW: u64 = ioc(IOC_NONE, UFFDIO, 0x00, 0);
-    /// `UFFDIO_API = _IOWR(0xAA, 0x3F, struct uffdio_api)`.
-    const UFFDIO_API: u64 = ioc(
-        IOC_READ | IOC_WRITE,
-        UFFDIO,
-        0x3F,
-        std::mem::size_of::<UffdioApi>() as u64,
-    );
-
-    /// Features and ioctls words from `UFFDIO_API`.
-    pub(super) struct UffdApiRaw {
-        pub features: u64,
-        pub ioctls: u64,
-    }
-
-    const UFFD_FLAGS: libc::c_int = libc::O_CLOEXEC | libc::O_NONBLOCK;
-
-    /// Opens `/dev/userfaultfd` and asks it for a new userfaultfd.
-    pub(super) fn open_dev_userfaultfd() -> io::Result<OwnedFd> {
-        // The device fd is closed when `dev` drops; the new uffd is independent.
-        let dev = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(DEV_USERFAULTFD)?;
-        // SAFETY: USERFAULTFD_IOC_NEW takes an int flags argument by value and
-        // touches no user memory; `dev` is a valid open fd for the call's duration.
-        let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, UFFD_FLAGS) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the ioctl returned a fresh fd that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-
-    /// `userfaultfd(O_CLOEXEC | O_NONBLOCK)` (not user-mode-only: KVM's
-    /// accesses to guest memory fault in kernel mode).
-    pub(super) fn userfaultfd_syscall() -> io::Result<OwnedFd> {
-        // SAFETY: the userfaultfd syscall takes one int flags argument and
-        // touches no user memory.
-        let ret = unsafe { libc::syscall(libc::SYS_userfaultfd, UFFD_FLAGS) };
-        if ret < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = libc::c_int::try_from(ret)
-            .map_err(|_| io::Error::other(format!("userfaultfd returned fd {ret}")))?;
-        // SAFETY: the syscall returned a fresh fd that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-
-    /// `UFFDIO_API` with no features requested: the kernel answers with every
-    /// feature it supports. (Can be done once per fd.)
-    pub(super) fn uffdio_api(fd: &OwnedFd) -> io::Result<UffdApiRaw> {
-        let mut api = UffdioApi {
-            api: UFFD_API,
-            ..Default::default()
-        };
-        // SAFETY: `api` is a properly sized, initialized `struct uffdio_api`
-        // that lives across the call; the kernel reads and writes only it.
-        let ret = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) };
-        if ret < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(UffdApiRaw {
-            features: api.features,
-            ioctls: api.ioctls,
-        })
-    }
-
-    /// `sysconf(_SC_PAGESIZE)`, 4096 if sysconf fails.
-    pub(super) fn page_size() -> u64 {
-        // SAFETY: sysconf reads a constant and has no memory-safety preconditions.
-        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn ioctl_numbers_match_the_kernel_header() {
-            // Values computed by the C macros on x86_64.
-            assert_eq!(super::UFFDIO_API, 0xC018_AA3F);
-            assert_eq!(super::USERFAULTFD_IOC_NEW, 0xAA00);
-        }
-    }
+/// DAMON as `--tracking damon` would find it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DamonFacts {
+    /// The sysfs interface's state (`status`: absent, in_use, idle, unreadable).
+    pub sysfs: crate::tracking::damon::DamonStatus,
+    /// Whether `TIERVM_ALLOW_DAMON_WRITES=1` is set (the opt-in to write it).
+    pub opted_in: bool,
 }
 
 #[cfg(test)]

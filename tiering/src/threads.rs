@@ -22,17 +22,24 @@ pub enum ThreadRole {
     Sampler,
     /// The chaos driver: migrations and harvests (`tiervm-chaos`).
     Chaos,
+    /// The policy engine when DAMON tracks accesses: it also starts and
+    /// tears down DAMON through sysfs (`--tracking damon`).
+    EngineDamon,
+    /// The DAMON reader: reads DAMON's sysfs results (`damon-reader`).
+    DamonReader,
 }
 
 impl ThreadRole {
     /// Every role.
-    pub const ALL: [ThreadRole; 6] = [
+    pub const ALL: [ThreadRole; 8] = [
         ThreadRole::Main,
         ThreadRole::Vcpu,
         ThreadRole::FaultHandler,
         ThreadRole::Engine,
         ThreadRole::Sampler,
         ThreadRole::Chaos,
+        ThreadRole::EngineDamon,
+        ThreadRole::DamonReader,
     ];
 
     /// A short name (`vcpu`, `fault-handler`, ...).
@@ -44,6 +51,8 @@ impl ThreadRole {
             ThreadRole::Engine => "engine",
             ThreadRole::Sampler => "sampler",
             ThreadRole::Chaos => "chaos",
+            ThreadRole::EngineDamon => "engine (DAMON)",
+            ThreadRole::DamonReader => "damon-reader",
         }
     }
 }

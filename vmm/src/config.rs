@@ -236,15 +236,6 @@ impl VmConfig {
                 format_size(mem.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE)
             )));
         }
-        if let Some(host) = host_memory_bytes() {
-            if mem > host {
-                return Err(Error::Usage(format!(
-                    "--mem {} exceeds this host's memory ({}): lower --mem",
-                    format_size(mem),
-                    format_size(host)
-                )));
-            }
-        }
         let image = Image::resolve(&req.image)?;
         let args = parse_kv(&req.args)?;
         if let Some(spec) = image.spec {
@@ -277,6 +268,19 @@ impl VmConfig {
             .map(|n| n.iter().map(|n| n.id).collect())
             .unwrap_or_default();
         let mut tiering = req.tiering.validate(mem, req.seed, &nodes)?;
+        // Untiered RAM has no commit guard: it must fit the host. Tiered RAM
+        // is committed lazily under a guard (see tiering::mem::commit), so a
+        // guest larger than the host runs as long as it touches less.
+        if let (None, Some(host)) = (&tiering, host_memory_bytes()) {
+            if mem > host {
+                return Err(Error::Usage(format!(
+                    "--mem {} exceeds this host's memory ({}): lower --mem, or run it tiered \
+                     (--fast SIZE): tiered memory is committed only where the guest touches it",
+                    format_size(mem),
+                    format_size(host)
+                )));
+            }
+        }
         if req.tiering.chaos_heap_only {
             if let Some(chaos) = tiering.as_mut().and_then(|t| t.chaos.as_mut()) {
                 let page = tiering::mem::PAGE_SIZE as u64;

@@ -10,20 +10,26 @@
 //! 3. hand `Box::new(KvmDirtyLog::new(vm_fd.as_raw_fd(), slot, pages))` to
 //!    `tiering::mem::Migrator::new`.
 //!
-//! `KVM_DIRTY_LOG_INITIALLY_SET` is deliberately NOT used: with it the first
-//! GET reports every page dirty (the harvester would count a write on every
-//! page) and pages stay unprotected until cleared. Without it KVM
-//! write-protects the whole slot once when the slot is created, and the
-//! bitmap starts clean, which is what the harvester's "a set bit is a real
-//! write" rule needs. The cost is one write-protect fault per page on the
-//! guest's first write to it.
+//! Two ways to use it:
+//! - [`KvmDirtyLog::new`]: the memslot is logged from its creation, without
+//!   `KVM_DIRTY_LOG_INITIALLY_SET` (KVM write-protects the whole slot once
+//!   and the bitmap starts clean: one write-protect fault per page on the
+//!   guest's first write). Unit tests use this.
+//! - [`KvmDirtyLog::switchable`] (tiered VMs): the memslot starts unlogged,
+//!   so KVM maps guest RAM with huge pages, and the harvester switches
+//!   logging on only while something is tracked. With
+//!   `KVM_DIRTY_LOG_INITIALLY_SET` ([`enable_manual_dirty_log_protect_initially_set`])
+//!   switching on costs no write-protection: every page reads dirty once
+//!   (the harvester consumes that without counting writes) and only the
+//!   pages it clears are protected.
 
 use std::io;
 use std::os::fd::RawFd;
 
 use kvm_bindings::{
-    kvm_clear_dirty_log, kvm_dirty_log, kvm_enable_cap, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-    KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE,
+    kvm_clear_dirty_log, kvm_dirty_log, kvm_enable_cap, kvm_userspace_memory_region,
+    KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2, KVM_DIRTY_LOG_INITIALLY_SET,
+    KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE, KVM_MEM_LOG_DIRTY_PAGES,
 };
 use kvm_ioctls::VmFd;
 use tiering::mem::DirtyLog;
@@ -32,6 +38,12 @@ use vmm_sys_util::{ioctl_iow_nr, ioctl_iowr_nr};
 const KVMIO: u32 = 0xAE;
 ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
 ioctl_iowr_nr!(KVM_CLEAR_DIRTY_LOG, KVMIO, 0xc0, kvm_clear_dirty_log);
+ioctl_iow_nr!(
+    KVM_SET_USER_MEMORY_REGION,
+    KVMIO,
+    0x46,
+    kvm_userspace_memory_region
+);
 
 /// Enables `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` (manual protect, without
 /// `INITIALLY_SET`). Call before creating the logged memslot.
@@ -53,19 +65,67 @@ pub fn enable_manual_dirty_log_protect(vm: &VmFd) -> io::Result<()> {
         .map_err(|e| io::Error::other(format!("KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2): {e}")))
 }
 
+/// Enables `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` with
+/// `KVM_DIRTY_LOG_INITIALLY_SET`: switching logging on for a memslot
+/// write-protects nothing and reports every page dirty once.
+pub fn enable_manual_dirty_log_protect_initially_set(vm: &VmFd) -> io::Result<()> {
+    let want = KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE | KVM_DIRTY_LOG_INITIALLY_SET;
+    let supported = vm.check_extension_raw(KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 as u64);
+    if supported & want as i32 != want as i32 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 with INITIALLY_SET is not supported by this \
+                 kernel (it reports {supported:#x}; needs Linux 5.8+): transactional migration \
+                 needs it"
+            ),
+        ));
+    }
+    let cap = kvm_enable_cap {
+        cap: KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
+        args: [u64::from(want), 0, 0, 0],
+        ..Default::default()
+    };
+    vm.enable_cap(&cap).map_err(|e| {
+        io::Error::other(format!(
+            "KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2 | INITIALLY_SET): {e}"
+        ))
+    })
+}
+
 /// The dirty log of one KVM memslot.
 #[derive(Debug)]
 pub struct KvmDirtyLog {
     vm_fd: RawFd,
     slot: u32,
     pages: usize,
+    /// The memslot as registered, when logging can be switched.
+    region: Option<kvm_userspace_memory_region>,
 }
 
 impl KvmDirtyLog {
     /// A dirty log of `pages` 4 KiB pages of memslot `slot` of the VM whose fd
-    /// is `vm_fd`. The VM fd must outlive this value.
+    /// is `vm_fd`, created with `KVM_MEM_LOG_DIRTY_PAGES`. The VM fd must
+    /// outlive this value.
     pub fn new(vm_fd: RawFd, slot: u32, pages: usize) -> Self {
-        Self { vm_fd, slot, pages }
+        Self {
+            vm_fd,
+            slot,
+            pages,
+            region: None,
+        }
+    }
+
+    /// A dirty log whose logging the harvester switches on and off by
+    /// re-registering `region` (the memslot exactly as it was created,
+    /// without `KVM_MEM_LOG_DIRTY_PAGES`) with only its flags changed.
+    pub fn switchable(vm_fd: RawFd, region: kvm_userspace_memory_region) -> Self {
+        Self {
+            vm_fd,
+            slot: region.slot,
+            pages: (region.memory_size / tiering::mem::PAGE_SIZE as u64) as usize,
+            region: Some(region),
+        }
     }
 }
 
@@ -134,6 +194,34 @@ impl DirtyLog for KvmDirtyLog {
         }
         Ok(())
     }
+
+    fn starts_on(&self) -> bool {
+        self.region.is_none()
+    }
+
+    fn set_logging(&self, on: bool) -> io::Result<()> {
+        let Some(mut region) = self.region else {
+            return Ok(());
+        };
+        region.flags = if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
+        // SAFETY: `region` is the memslot exactly as it was registered (same slot, guest
+        // address, size and host mapping, which the tiered memory keeps mapped for the
+        // VM's life); only its flags change, which KVM_SET_USER_MEMORY_REGION allows on a
+        // live slot. The kernel only reads `region`.
+        let r = unsafe { libc::ioctl(self.vm_fd, KVM_SET_USER_MEMORY_REGION() as _, &region) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "switching dirty logging {} on memslot {}: {e}",
+                    if on { "on" } else { "off" },
+                    self.slot
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +256,9 @@ mod tests {
             0x1000 + code.len() <= mem.guest_len(),
             "code fits in guest RAM"
         );
+        // Commit every page now (lazy commit would otherwise need a fault
+        // handler for this write, and the tests want every page placed).
+        mem.prefault(0, mem.guest_pages()).unwrap();
         // SAFETY: the destination lies inside guest RAM (asserted above), which
         // `mem` keeps mapped; `code` is a separate slice.
         unsafe {
@@ -262,13 +353,12 @@ mod tests {
 
     impl SteppedGuest {
         fn new(skip_dirty_check: bool) -> Self {
-            use tiering::mem::{FaultHandler, Migrator, MigratorConfig, Placement};
+            use tiering::mem::{FaultHandler, InitialPlacement, Migrator, MigratorConfig};
             let kvm = Kvm::new().expect("KVM");
             let vm = kvm.create_vm().unwrap();
             enable_manual_dirty_log_protect(&vm).unwrap();
-            let mut cfg = MemConfig::new(64 * PAGE_SIZE, 32);
-            cfg.placement = Placement::SlowFirst;
-            cfg.slow_capacity_pages = Some(64 + 16);
+            let mut cfg = MemConfig::two_tier(64 * PAGE_SIZE, 32, 64 + 16, 0, 0);
+            cfg.placement = InitialPlacement::SlowFirst;
             let mem = Arc::new(TieredMemory::new(&cfg).expect("tiered memory"));
             // l: inc dword [0x5000] ; out 0x10, al ; jmp l
             let code = [0x66u8, 0xff, 0x06, 0x00, 0x50, 0xe6, 0x10, 0xeb, 0xf7];
@@ -371,7 +461,7 @@ mod tests {
         let g = SteppedGuest::new(skip_dirty_check);
         for _ in 0..ROUNDS {
             g.write_now();
-            g.migrate(true, Mechanism::Transactional, true);
+            g.migrate(true, Mechanism::TPM, true);
             g.write_now();
             g.migrate(false, Mechanism::StopAndCopy, false);
             g.migrator.harvest().unwrap();
@@ -426,7 +516,7 @@ mod tests {
         let g = SteppedGuest::new(false);
         g.write_now();
         // Clean shadow: promote, no write, demote by remapping the shadow.
-        g.migrate(true, Mechanism::Transactional, false);
+        g.migrate(true, Mechanism::TPM, false);
         g.migrator.harvest().unwrap();
         let before = g.mem.stats();
         assert_eq!(before.promotions, 1, "{before:?}");
@@ -434,7 +524,7 @@ mod tests {
             before.shadow_pages > 0 || before.tiers[1].shadow_pages > 0,
             "{before:?}"
         );
-        g.migrate(false, Mechanism::Transactional, false);
+        g.migrate(false, Mechanism::TPM, false);
         let clean = g.mem.stats();
         assert_eq!(
             clean.shadow_demotions, 1,
@@ -442,7 +532,7 @@ mod tests {
         );
         assert_eq!(g.counter(), 1);
         // Stale shadow: promote, the guest writes, the harvest sees it.
-        g.migrate(true, Mechanism::Transactional, false);
+        g.migrate(true, Mechanism::TPM, false);
         g.write_now();
         g.migrator.harvest().unwrap();
         let dirty = g.mem.stats();
@@ -451,7 +541,7 @@ mod tests {
             clean.shadow_invalidations + 1,
             "{dirty:?}"
         );
-        g.migrate(false, Mechanism::Transactional, false);
+        g.migrate(false, Mechanism::TPM, false);
         assert_eq!(
             g.counter(),
             2,

@@ -317,12 +317,14 @@ mod tests {
     #[test]
     fn tiered_probe_counts_pages_per_tier() {
         let mut cfg = tiering::mem::MemConfig::new(64 * tiering::mem::PAGE_SIZE, 16);
-        cfg.placement = tiering::mem::Placement::FastFirst;
+        cfg.placement = tiering::mem::InitialPlacement::FastFirst;
         if !tiering::host_support::require(&[tiering::host_support::HostFeature::UserfaultfdMove]) {
             return;
         }
         let mem = Arc::new(TieredMemory::new(&cfg).expect("tiered memory"));
-        let probe = tiered_probe(mem);
+        let probe = tiered_probe(mem.clone());
+        assert_eq!(probe(), (0, [0, 0]), "nothing touched, nothing placed");
+        mem.prefault(0, 64).unwrap();
         assert_eq!(probe(), (0, [16, 48]));
     }
 

@@ -233,6 +233,22 @@ impl RunReport {
                     group(e.fault_path_migrations),
                     group(e.pages_migrated)
                 );
+                if let Some(d) = &e.damon {
+                    let cpu = d
+                        .cpu_pct
+                        .map_or("n/a".to_string(), |p| format!("{p:.2}% of one CPU"));
+                    let _ = writeln!(
+                        s,
+                        "  damon      {} snapshots ({} us sampling, {} us aggregation), {:.0} regions and {:.0} accessed pages on average; cost {cpu} (kdamond + reader, real), no guest faults; errors {}; teardown {}",
+                        group(d.snapshots),
+                        d.sample_us,
+                        d.aggr_us,
+                        d.regions_mean,
+                        d.accessed_pages_mean,
+                        group(d.errors),
+                        d.teardown
+                    );
+                }
             }
         }
         if let Some(c) = &self.crash {

@@ -115,7 +115,9 @@ pub fn run(
     if tiered.is_some() {
         TieredRam::prepare_vm(&vm_fd)?;
     }
-    vm::register_ram(&vm_fd, &mem, tiered.is_some())?;
+    // Tiered RAM starts unlogged too: its harvester switches logging on
+    // only while something is tracked (see kvm_dirty_log).
+    vm::register_ram(&vm_fd, &mem, false)?;
     let cpuid = vcpu::supported_cpuid(&kvm)?;
     let mut vcpus = Vec::with_capacity(cfg.vcpus as usize);
     for id in 0..cfg.vcpus {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tiering::engine::{parse_intervals, parse_schedule, EngineConfig, ModeledLatency};
 
-use tiering::mem::{ChaosConfig, Mechanism, MemConfig, Placement, SamplerConfig, PAGE_SIZE};
+use tiering::mem::{ChaosConfig, InitialPlacement, Mechanism, MemConfig, SamplerConfig, PAGE_SIZE};
 
 use crate::error::{Error, Result};
 use crate::units::format_size;
@@ -146,6 +146,9 @@ pub enum TrackingArg {
     Off,
     /// Hint faults: unmap windows of pages and record the guest's touches.
     HintFaults,
+    /// DAMON: the kernel samples guest RAM's accessed bits (KVM's too);
+    /// needs TIERVM_ALLOW_DAMON_WRITES=1 and no other DAMON user.
+    Damon,
 }
 
 impl Default for TieringRequest {
@@ -324,15 +327,44 @@ impl TieringRequest {
                 )));
             }
         }
-        let mut mem = MemConfig::new(mem_bytes as usize, (fast / page) as usize);
-        mem.fast_node = fast_node;
-        mem.slow_node = slow_node;
-        mem.slow_capacity_pages = Some((slow / page) as usize);
+        // Lazy commit: a tier's capacity is a limit, not an allocation. A
+        // tier the user sized explicitly must fit the node that backs it
+        // (it could never be honoured otherwise); the default slow tier is
+        // "whatever the guest needs" and may overcommit the host, guarded at
+        // run time (a touch the host cannot back stops the run cleanly).
+        let node_total = |n: u32| {
+            tiering::host::numa_nodes()
+                .ok()
+                .and_then(|v| v.into_iter().find(|x| x.id == n))
+                .map(|x| x.mem_total_bytes)
+        };
+        let explicit = [
+            ("--fast", Some(fast), fast_node),
+            ("--slow", self.slow, slow_node),
+        ];
+        for (flag, size, node) in explicit {
+            if let (Some(size), Some(total)) = (size, node_total(node)) {
+                if size > total {
+                    return Err(Error::Usage(format!(
+                        "{flag} {} exceeds NUMA node {node}'s memory ({}): lower {flag}",
+                        format_size(size),
+                        format_size(total)
+                    )));
+                }
+            }
+        }
+        let mut mem = MemConfig::two_tier(
+            mem_bytes as usize,
+            (fast / page) as usize,
+            (slow / page) as usize,
+            fast_node,
+            slow_node,
+        );
         mem.placement = match self.placement {
-            PlacementArg::FastFirst => Placement::FastFirst,
-            PlacementArg::SlowFirst => Placement::SlowFirst,
-            PlacementArg::Random => Placement::Random { seed },
-            PlacementArg::Interleave => Placement::Interleave,
+            PlacementArg::FastFirst => InitialPlacement::FastFirst,
+            PlacementArg::SlowFirst => InitialPlacement::SlowFirst,
+            PlacementArg::Random => InitialPlacement::Random { seed },
+            PlacementArg::Interleave => InitialPlacement::Interleave,
         };
         let chaos = if policy == PolicyArg::Chaos {
             let (promote_weight, demote_weight) =
@@ -353,7 +385,7 @@ impl TieringRequest {
                 promote_weight,
                 demote_weight,
                 mechanism: match self.mechanism.unwrap_or(MechanismArg::Tpm) {
-                    MechanismArg::Tpm => Mechanism::Transactional,
+                    MechanismArg::Tpm => Mechanism::TPM,
                     MechanismArg::StopCopy => Mechanism::StopAndCopy,
                 },
                 unit_pages: match self.chaos_unit.unwrap_or(UnitArg::Page4k) {
@@ -396,6 +428,7 @@ impl TieringRequest {
                     schedule,
                     modeled_latency: Some(ModeledLatency::default()),
                     intervals,
+                    damon: None,
                 })
             }
         };
@@ -416,7 +449,12 @@ impl TieringRequest {
         } else {
             TrackingArg::Off
         };
+        let mut engine = engine;
         let sampler = match self.tracking.unwrap_or(default_tracking) {
+            TrackingArg::Damon => {
+                engine = Some(damon_engine(engine, tracking_flags)?);
+                None
+            }
             TrackingArg::Off if tracking_flags => {
                 return Err(Error::Usage(
                     "--scan-pages/--scan-period/--tracking-budget need --tracking hint-faults"
@@ -492,12 +530,44 @@ impl TieringConfig {
     /// policy that probes accessed bits (mtm).
     pub fn tracks_accesses(&self) -> bool {
         self.sampler.is_some()
+            || self.engine.as_ref().is_some_and(|e| e.damon.is_some())
             || self
                 .engine
                 .as_ref()
                 .and_then(schedule_trackers)
                 .is_some_and(|t| t.accessed_bits)
     }
+}
+
+/// The engine for `--tracking damon`: policies that read accessed bits or
+/// samples (static, memtis, mtm, colloid), never hint faults, and a host
+/// whose DAMON tiervm may use (checked now, read-only, so the run is
+/// refused before the VM starts).
+fn damon_engine(engine: Option<EngineConfig>, tracking_flags: bool) -> Result<EngineConfig> {
+    use tiering::tracking::damon;
+    let Some(mut e) = engine else {
+        return Err(Error::Usage(
+            "--tracking damon feeds a placement policy: add --policy static, memtis, mtm or colloid"
+                .into(),
+        ));
+    };
+    if tracking_flags {
+        return Err(Error::Usage(
+            "--scan-pages/--scan-period/--tracking-budget set hint-fault windows: drop them with --tracking damon".into(),
+        ));
+    }
+    if schedule_trackers(&e).is_some_and(|t| !t.hint_fault_tiers.is_empty()) {
+        return Err(Error::Usage(
+            "--tracking damon gives accessed bits and samples, not hint faults: tpp and nomad need --tracking hint-faults".into(),
+        ));
+    }
+    damon::check_can_start(
+        std::path::Path::new(damon::SYSFS_ROOT),
+        damon::allowed_by_env(),
+    )
+    .map_err(|e| Error::Usage(e.to_string()))?;
+    e.damon = Some(damon::DamonConfig::default());
+    Ok(e)
 }
 
 /// The trackers the policies of `engine`'s schedule ask for, together.
@@ -526,8 +596,8 @@ mod tests {
     fn fast_alone_enables_static_tiering_with_the_rest_slow() {
         let c = v(|r| r.fast = Some(256 << 20)).unwrap().unwrap();
         assert_eq!(c.policy, PolicyArg::Static);
-        assert_eq!(c.mem.fast_capacity_pages, 65536);
-        assert_eq!(c.mem.slow_capacity_pages, Some(262144));
+        assert_eq!(c.mem.tiers[0].capacity_pages, 65536);
+        assert_eq!(c.mem.tiers[1].capacity_pages, 262144);
     }
 
     #[test]

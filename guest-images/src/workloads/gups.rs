@@ -1,7 +1,17 @@
 //! `gups`: Colloid's GUPS (§5.1). Each operation reads and updates one object
 //! of `object` bytes, from a random hot set of `hot_size` bytes with
 //! probability `hot_prob`, else from the whole buffer of `size` bytes. The
-//! hot set is a seeded random subset of pages.
+//! hot set is a seeded random subset of pages, or (`hot_layout=block`) one
+//! contiguous run of pages at the start of the buffer. With `hot_move_s`,
+//! the hot set moves once, that many seconds into the run, by half the
+//! buffer (to the pages half a permutation further on, or to the block that
+//! starts half the buffer further on): a disjoint set when
+//! `2 * hot_size <= size`, and for the block layout one that is not
+//! adjacent either unless `2 * hot_size == size`. Access trackers are tested against this
+//! known move; worker 0 publishes where the set was and went
+//! (`hot_first_page`, `hot_next_page`: guest-physical page numbers of the
+//! block in a VM, whose RAM is identity-mapped) and when it moved
+//! (`hot_moved_s`, seconds after the run phase started; -1 = not reached).
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -42,6 +52,19 @@ pub static SPEC: ImageSpec = ImageSpec {
             kind: ArgKind::Float { min: 0.0, max: 1.0 },
             default: "0.9",
             help: "probability an operation targets the hot set",
+        },
+        ArgSpec {
+            key: "hot_layout",
+            kind: ArgKind::Choice(&["random", "block"]),
+            default: "random",
+            help:
+                "hot set: a random subset of pages, or one contiguous block at the buffer's start",
+        },
+        ArgSpec {
+            key: "hot_move_s",
+            kind: ArgKind::Float { min: 0.0, max: 1e6 },
+            default: "0",
+            help: "seconds into the run at which the hot set moves by half the buffer (0 = never)",
         },
         ArgSpec {
             key: "object",
@@ -97,6 +120,10 @@ pub struct GupsPattern {
     hot_prob: f64,
     object: u64,
     perm: AffinePermutation,
+    /// The hot set is the contiguous run `hot_base..hot_base + hot_pages`.
+    block: bool,
+    /// First index of the hot set (into the permutation, or the block's page).
+    hot_base: u64,
 }
 
 impl GupsPattern {
@@ -109,6 +136,35 @@ impl GupsPattern {
             hot_prob: p.hot_prob,
             object: p.object,
             perm: AffinePermutation::new(pages, seed ^ 0x6775_7073),
+            block: false,
+            hot_base: 0,
+        }
+    }
+
+    /// The same pattern with the hot set as one contiguous block of pages
+    /// (at the buffer's start until [`move_hot_set`](Self::move_hot_set)).
+    pub fn with_block_layout(mut self) -> Self {
+        self.block = true;
+        self
+    }
+
+    /// Moves the hot set by half the buffer (disjoint from the current set
+    /// when `2 * hot_pages <= pages`; it wraps at the buffer's end).
+    pub fn move_hot_set(&mut self) {
+        self.hot_base = (self.hot_base + self.pages / 2) % self.pages.max(1);
+    }
+
+    /// First page of the hot block (with the block layout).
+    pub fn hot_block_start(&self) -> u64 {
+        self.hot_base
+    }
+
+    fn hot_index(&self, i: u64) -> u64 {
+        let j = (self.hot_base + i) % self.pages.max(1);
+        if self.block {
+            j
+        } else {
+            self.perm.apply(j)
         }
     }
 
@@ -116,7 +172,7 @@ impl GupsPattern {
     /// not possible with the permutation; this inverts by search, for tests
     /// and models only).
     pub fn hot_page(&self, i: u64) -> u64 {
-        self.perm.apply(i % self.hot_pages.max(1))
+        self.hot_index(i % self.hot_pages.max(1))
     }
 
     /// Number of hot pages.
@@ -128,7 +184,7 @@ impl GupsPattern {
     #[inline]
     pub fn next_access(&self, rng: &mut Rng) -> Access {
         let page = if rng.chance(self.hot_prob) {
-            self.perm.apply(rng.below(self.hot_pages))
+            self.hot_index(rng.below(self.hot_pages))
         } else {
             rng.below(self.pages)
         };
@@ -146,14 +202,30 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let words = data_words(mem, params.size);
     env.set_phase(Phase::Init);
     touch_partition(env, words);
-    let pattern = GupsPattern::new(&params, env.seed());
+    let mut pattern = GupsPattern::new(&params, env.seed());
+    if env.args().str("hot_layout", "random") == "block" {
+        pattern = pattern.with_block_layout();
+    }
+    let first_block = pattern.hot_block_start();
     let mut rng = Rng::for_stream(env.seed(), u64::from(env.vcpu()));
     let limit = env.args().u64("ops", 0);
     let object_words = (params.object / 8) as usize;
+    // The move's time in cycles after the run starts (0 = never).
+    let move_s = env.args().f64("hot_move_s", 0.0);
+    let move_cycles = (move_s * env.tsc_khz() as f64 * 1e3) as u64;
+    let mut moved_s = -1.0;
     env.barrier();
     env.set_phase(Phase::Run);
+    let start = env.cycles();
     let mut ops = 0u64;
     loop {
+        if move_cycles > 0 && moved_s < 0.0 {
+            let now = env.cycles().wrapping_sub(start);
+            if now >= move_cycles {
+                pattern.move_hot_set();
+                moved_s = now as f64 / (env.tsc_khz().max(1) as f64 * 1e3);
+            }
+        }
         for _ in 0..PUBLISH_EVERY {
             let a = pattern.next_access(&mut rng);
             let w = (a.addr / 8) as usize;
@@ -168,6 +240,19 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         if env.stop_requested() || (limit != 0 && ops >= limit) {
             break;
         }
+    }
+    if env.vcpu() == 0 && (move_cycles > 0 || pattern.block) {
+        // Page numbers of the buffer (guest-physical in a VM: RAM is
+        // identity-mapped), so a host-side tracker can be checked.
+        let base_page = words.as_ptr() as u64 / PAGE_SIZE;
+        let mut next = pattern.clone();
+        if moved_s < 0.0 {
+            next.move_hot_set();
+        }
+        env.metric("hot_pages", params.hot_size as f64 / PAGE_SIZE as f64);
+        env.metric("hot_first_page", (base_page + first_block) as f64);
+        env.metric("hot_next_page", (base_page + next.hot_block_start()) as f64);
+        env.metric("hot_moved_s", moved_s);
     }
     env.set_phase(Phase::Done);
     0
@@ -201,5 +286,39 @@ mod tests {
         let expected = 0.9 + 0.1 * 0.25;
         let got = f64::from(in_hot) / f64::from(n);
         assert!((got - expected).abs() < 0.01, "{got} vs {expected}");
+    }
+
+    /// The block layout's hot set is one run of pages, and a move takes
+    /// every hot access to the run half the buffer further on.
+    #[test]
+    fn block_hot_set_moves_to_the_next_block() {
+        let p = GupsParams {
+            size: 64 << 20,
+            hot_size: 4 << 20,
+            hot_prob: 1.0,
+            object: 64,
+        };
+        let mut pat = GupsPattern::new(&p, 3).with_block_layout();
+        let hot = pat.hot_pages();
+        let mut rng = Rng::new(1);
+        for _ in 0..10_000 {
+            let page = pat.next_access(&mut rng).addr / PAGE_SIZE;
+            assert!(page < hot, "page {page} outside the first block");
+        }
+        pat.move_hot_set();
+        let half = (64 << 20) / PAGE_SIZE / 2;
+        assert_eq!(pat.hot_block_start(), half);
+        for _ in 0..10_000 {
+            let page = pat.next_access(&mut rng).addr / PAGE_SIZE;
+            assert!(
+                (half..half + hot).contains(&page),
+                "page {page} outside the moved block"
+            );
+        }
+        // The random layout moves to a disjoint subset too.
+        let mut r = GupsPattern::new(&p, 3);
+        let before: std::collections::HashSet<u64> = (0..hot).map(|i| r.hot_page(i)).collect();
+        r.move_hot_set();
+        assert!((0..hot).all(|i| !before.contains(&r.hot_page(i))));
     }
 }

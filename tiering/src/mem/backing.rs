@@ -1,49 +1,67 @@
 //! [`TieredMemory`]: guest RAM as one private anonymous mapping whose every
-//! 4 KiB page lives on one tier, plus per-tier free-page pools, a shadow area
-//! and a parking area, all registered with one userfaultfd.
+//! 4 KiB page lives on one tier once the guest touched it, plus one pool area
+//! per tier, a shadow area and a parking area, all in one 2 MiB aligned
+//! reservation. Nothing is committed at creation (lazy commit, see
+//! [`super::commit`]); the areas are backed with transparent huge pages.
+//!
+//! ```text
+//!  guest RAM | pool tier 0 | pool tier 1 | ... | shadow area | parking area
+//!  MISSING   | WP, node 0  | WP, node 1  |     | MISSING     | MISSING
+//! ```
+//!
+//! Guest RAM, the shadow area and the parking area are registered with the
+//! userfaultfd in MISSING mode: a guest touch of a page that is not there
+//! (never touched, in flight, parked) reaches the fault handler. The pools
+//! are registered in write-protect mode only, so that a write into a pool
+//! hole allocates a fresh page on the tier's node (the pool's `mbind`) and a
+//! pool slot can still be a `UFFDIO_MOVE` destination.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{unbounded, Receiver, Sender};
+use serde::{Deserialize, Serialize};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::account::{apply_word_change, tier_ids, TierAccount, TierSpec};
+use super::commit::HostGuard;
 use super::dirty::SoftDirtyLog;
-use super::page_map::{self, PageMap, BUSY, PARKED, PROBE, SHADOW, SLOW};
-use super::pool::{Pool, SlotKind};
+use super::page_map::{self, PageMap, BUSY, PARKED, SHADOW};
+use super::pool::{Holds, Pool, Slot, CHUNK_SLOTS};
 use super::stats::{Counters, MemStats, TierStats};
-use super::sys::{self, EventFd, Mapping, Uffd, PAGE_SIZE};
-use super::{AccessSample, MemError, Tier};
+use super::{HintFaultRecord, MemError};
+use crate::sys::{self, Advice, Mapping, MoveError, RegisterMode, Uffd, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::vocab::{TierId, MAX_TIERS};
 
-/// How guest pages are spread over the tiers at creation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Placement {
-    /// Fill the fast tier first, the rest goes slow (Linux's default).
+/// Where a guest page goes when the guest first touches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InitialPlacement {
+    /// Fastest tier with room first (Linux's default).
     FastFirst,
-    /// Fill the slow tier first, the rest goes fast.
+    /// Slowest tier with room first.
     SlowFirst,
-    /// Each page picks a tier with equal odds (deterministic for a seed) while
-    /// both have room.
+    /// Each placement unit picks a tier at random (deterministic for a seed).
     Random {
-        /// Seed of the placement's random generator.
+        /// Seed of the choice.
         seed: u64,
     },
-    /// Alternate fast, slow, fast, ... while both have room.
+    /// Round-robin over the tiers by placement unit.
     Interleave,
 }
 
-impl std::str::FromStr for Placement {
+impl std::str::FromStr for InitialPlacement {
     type Err = String;
     /// Parses `fast-first`, `slow-first`, `interleave` or `random:SEED`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "fast-first" => Ok(Placement::FastFirst),
-            "slow-first" => Ok(Placement::SlowFirst),
-            "interleave" => Ok(Placement::Interleave),
-            "random" => Ok(Placement::Random { seed: 0 }),
+            "fast-first" => Ok(InitialPlacement::FastFirst),
+            "slow-first" => Ok(InitialPlacement::SlowFirst),
+            "interleave" => Ok(InitialPlacement::Interleave),
+            "random" => Ok(InitialPlacement::Random { seed: 0 }),
             _ => match s.strip_prefix("random:").map(str::parse::<u64>) {
-                Some(Ok(seed)) => Ok(Placement::Random { seed }),
+                Some(Ok(seed)) => Ok(InitialPlacement::Random { seed }),
                 _ => Err(format!(
                     "unknown placement '{s}': use fast-first, slow-first, interleave or random:SEED"
                 )),
@@ -53,69 +71,122 @@ impl std::str::FromStr for Placement {
 }
 
 /// Configuration of a [`TieredMemory`].
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemConfig {
-    /// Guest RAM size in bytes (multiple of 4 KiB).
+    /// Guest RAM size in bytes (a positive multiple of 4 KiB).
     pub guest_bytes: usize,
-    /// Host NUMA node of the fast tier.
-    pub fast_node: u32,
-    /// Host NUMA node of the slow tier.
-    pub slow_node: u32,
-    /// Fast tier capacity in 4 KiB pages (guest pages + free pool).
-    pub fast_capacity_pages: usize,
-    /// Slow tier capacity in pages (guest pages + shadows + free pool);
-    /// `None`: as many as the guest has pages (the whole guest fits there).
-    pub slow_capacity_pages: Option<usize>,
-    /// Initial placement.
-    pub placement: Placement,
-    /// Reclaim shadows (oldest first) when the slow tier's free pages fall
-    /// below this; `None`: 1/64 of the slow capacity (at least 16).
+    /// The tiers, fastest first (1..=8).
+    pub tiers: Vec<TierSpec>,
+    /// Where first-touched pages go.
+    pub placement: InitialPlacement,
+    /// Back the areas with transparent huge pages and commit first touches
+    /// 2 MiB at a time (where a whole 2 MiB range is untouched).
+    pub huge_pages: bool,
+    /// Reclaim shadows (oldest first) when a tier's free pages fall below
+    /// this; `None`: 1/64 of the tier's capacity (at least 16).
     pub shadow_low_watermark_pages: Option<usize>,
+    /// Free pages each pool keeps resident for reuse as staging pages; the
+    /// rest goes back to the kernel.
+    pub pool_cache_pages: usize,
+    /// Host memory that must stay free: a commit that would leave less on
+    /// its node stops the VM with an out-of-memory error instead.
+    pub host_reserve_bytes: u64,
 }
+
+/// Default host memory kept free by lazy commits (64 MiB).
+pub const DEFAULT_HOST_RESERVE_BYTES: u64 = 64 << 20;
+/// Default resident free pages per pool (8 MiB).
+pub const DEFAULT_POOL_CACHE_PAGES: usize = 2048;
 
 impl MemConfig {
-    /// A config with slow capacity = guest size and fast-first placement.
+    /// Two tiers on node 0: `fast_capacity_pages` fast, and a slow tier that
+    /// holds the whole guest; fast-first placement, huge pages on.
     pub fn new(guest_bytes: usize, fast_capacity_pages: usize) -> Self {
+        let pages = guest_bytes / PAGE_SIZE;
+        Self::two_tier(guest_bytes, fast_capacity_pages, pages, 0, 0)
+    }
+
+    /// Two tiers: `fast` pages on `fast_node`, `slow` pages on `slow_node`.
+    pub fn two_tier(
+        guest_bytes: usize,
+        fast: usize,
+        slow: usize,
+        fast_node: u32,
+        slow_node: u32,
+    ) -> Self {
+        let pages = guest_bytes / PAGE_SIZE;
         Self {
             guest_bytes,
-            fast_node: 0,
-            slow_node: 0,
-            fast_capacity_pages,
-            slow_capacity_pages: None,
-            placement: Placement::FastFirst,
+            tiers: vec![
+                TierSpec {
+                    name: "fast".into(),
+                    node: fast_node,
+                    capacity_pages: fast,
+                    max_capacity_pages: fast.max(pages),
+                },
+                TierSpec {
+                    name: "slow".into(),
+                    node: slow_node,
+                    capacity_pages: slow,
+                    max_capacity_pages: slow.max(pages),
+                },
+            ],
+            placement: InitialPlacement::FastFirst,
+            huge_pages: true,
             shadow_low_watermark_pages: None,
+            pool_cache_pages: DEFAULT_POOL_CACHE_PAGES,
+            host_reserve_bytes: DEFAULT_HOST_RESERVE_BYTES,
         }
     }
-}
 
-/// Guest RAM on tiered host memory. Shared (`Arc`) by the mover, the fault
-/// handler, the sampler and the VMM.
-#[derive(Debug)]
-pub struct TieredMemory {
-    map: Mapping,
-    guest_pages: usize,
-    pool_base: [usize; 2],
-    shadow_base: usize,
-    park_base: usize,
-    pub(crate) pages: PageMap,
-    pools: [Mutex<Pool>; 2],
-    pub(crate) uffd: Uffd,
-    nodes: [u32; 2],
-    capacities: [usize; 2],
-    emulated: bool,
-    shadow_low_watermark: usize,
-    shadow_fifo: Mutex<VecDeque<(u32, u16)>>,
-    shadow_gen: AtomicU32,
-    pub(crate) counters: Counters,
-    pub(crate) vmm_dirty: SoftDirtyLog,
-    release_tx: Sender<(u32, Instant)>,
-    pub(crate) release_rx: Receiver<(u32, Instant)>,
-    pub(crate) release_event: EventFd,
-    pub(crate) samples: Mutex<Vec<AccessSample>>,
-    pub(crate) park_epoch: Mutex<Instant>,
-    overhead_pct_bits: AtomicU64,
-    setup_time: Duration,
-    fault_path_hook: HookSlot,
+    /// Checks the configuration; the error names the fix.
+    pub fn validate(&self) -> Result<(), MemError> {
+        let cfg = |s: String| Err(MemError::Config(s));
+        if self.guest_bytes == 0 || !self.guest_bytes.is_multiple_of(PAGE_SIZE) {
+            return cfg(format!(
+                "guest size {} is not a positive multiple of 4 KiB",
+                self.guest_bytes
+            ));
+        }
+        let n = self.guest_bytes / PAGE_SIZE;
+        if n > u32::MAX as usize {
+            return cfg("guest RAM above 16 TiB is not supported".into());
+        }
+        if self.tiers.is_empty() || self.tiers.len() > MAX_TIERS {
+            return cfg(format!(
+                "{} tiers: tiervm supports 1 to {MAX_TIERS}",
+                self.tiers.len()
+            ));
+        }
+        let mut total: usize = 0;
+        for t in &self.tiers {
+            if t.max_capacity_pages < t.capacity_pages {
+                return cfg(format!(
+                    "tier {}: maximum capacity {} pages is below its capacity {} pages",
+                    t.name, t.max_capacity_pages, t.capacity_pages
+                ));
+            }
+            if t.max_capacity_pages > (u32::MAX as usize) {
+                return cfg(format!("tier {}: capacity above 16 TiB", t.name));
+            }
+            if t.node as usize >= sys::MAX_NODES {
+                return cfg(format!(
+                    "tier {}: NUMA node {} is out of range (below {})",
+                    t.name,
+                    t.node,
+                    sys::MAX_NODES
+                ));
+            }
+            total = total.saturating_add(t.capacity_pages);
+        }
+        if total < n {
+            return cfg(format!(
+                "tier capacities ({total} pages together) are smaller than the guest ({n} pages); \
+                 raise a tier's capacity (e.g. the slow tier's)"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Who parks a page for hint faults: each maps back only its own pages.
@@ -127,271 +198,213 @@ pub(crate) enum Parker {
     Probe,
 }
 
-/// Holder of the fault-path hook (a closure has no `Debug`).
-#[derive(Default)]
-struct HookSlot(std::sync::RwLock<Option<FaultPathHook>>);
+/// Asked by the fault handler when the guest touches a parked page that is
+/// not on the fastest tier: `true` = promote it now, before the faulting
+/// access resumes (TPP's promotion in the NUMA-hint-fault path). When a hook
+/// is installed, hint faults are delivered through it instead of
+/// [`TieredMemory::drain_samples`].
+pub type FaultPathHook = Arc<dyn Fn(&HintFaultRecord) -> bool + Send + Sync>;
 
-impl std::fmt::Debug for HookSlot {
+/// Called once when the memory cannot go on (the host ran out of memory for
+/// a commit): the VMM stops the VM. Carries the message.
+pub type FatalHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Holder of a hook (a closure has no `Debug`).
+struct HookSlot<T>(RwLock<Option<T>>);
+
+impl<T> Default for HookSlot<T> {
+    fn default() -> Self {
+        Self(RwLock::new(None))
+    }
+}
+
+impl<T: Clone> HookSlot<T> {
+    fn set(&self, v: Option<T>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = v;
+    }
+    fn get(&self) -> Option<T> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl<T> std::fmt::Debug for HookSlot<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("HookSlot")
     }
 }
 
-/// Asked by the fault handler when the guest touches a parked slow page:
-/// `true` = promote it now, before the faulting access resumes (TPP's
-/// promotion in the NUMA-hint-fault path). The sample passed in is the hint
-/// fault; when a hook is installed, hint faults are delivered through it
-/// instead of [`TieredMemory::drain_samples`].
-pub type FaultPathHook = std::sync::Arc<dyn Fn(&AccessSample) -> bool + Send + Sync>;
-
-struct SplitMix(u64);
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+/// Addresses of the areas.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    pub(crate) guest: usize,
+    pub(crate) pools: Vec<usize>,
+    pub(crate) pool_slots: Vec<usize>,
+    pub(crate) shadow: usize,
+    pub(crate) park: usize,
+    pub(crate) area_pages: usize,
 }
 
-fn initial_tiers(n: usize, fast_cap: usize, slow_cap: usize, placement: Placement) -> Vec<Tier> {
-    let mut left = [fast_cap, slow_cap];
-    let mut rng = SplitMix(match placement {
-        Placement::Random { seed } => seed,
-        _ => 0,
-    });
-    (0..n)
-        .map(|i| {
-            let want = match placement {
-                Placement::FastFirst => Tier::Fast,
-                Placement::SlowFirst => Tier::Slow,
-                Placement::Interleave => {
-                    if i % 2 == 0 {
-                        Tier::Fast
-                    } else {
-                        Tier::Slow
-                    }
-                }
-                Placement::Random { .. } => {
-                    if rng.next() & 1 == 0 {
-                        Tier::Fast
-                    } else {
-                        Tier::Slow
-                    }
-                }
-            };
-            let t = if left[want.index()] > 0 {
-                want
-            } else {
-                want.other()
-            };
-            left[t.index()] -= 1;
-            t
-        })
-        .collect()
+fn round_chunk(pages: usize) -> usize {
+    pages.div_ceil(CHUNK_SLOTS) * CHUNK_SLOTS
 }
 
-/// A chunk of population work.
-#[derive(Clone, Copy)]
-enum PopulateJob {
-    /// Guest pages `[first, end)`, each from its tier's node (thread mempolicy).
-    Guest { first: usize, end: usize },
-    /// A pool range (its VMA is already bound to the node).
-    Pool { addr: usize, len: usize },
-}
-
-const POPULATE_CHUNK_PAGES: usize = 4096;
-
-/// Faults in guest pages `[first, end)`, each on its tier's node, switching the
-/// calling thread's memory policy only when the node changes.
-fn populate_guest(
-    base: usize,
-    tiers: &[Tier],
-    nodes: [u32; 2],
-    first: usize,
-    end: usize,
-    cur_node: &mut Option<u32>,
-) -> std::io::Result<()> {
-    let mut i = first;
-    while i < end {
-        let t = tiers[i];
-        let start = i;
-        while i < end && tiers[i] == t {
-            i += 1;
-        }
-        let node = nodes[t.index()];
-        if *cur_node != Some(node) {
-            sys::set_thread_mempolicy(Some(node))?;
-            *cur_node = Some(node);
-        }
-        let len = i - start;
-        if len >= 8 {
-            sys::populate_write(base + start * PAGE_SIZE, len * PAGE_SIZE)?;
-        } else {
-            for p in start..i {
-                // SAFETY: the page lies inside guest RAM, which only the populate threads
-                // touch during setup; writing a zero to a fresh anonymous page faults it in.
-                unsafe { ((base + p * PAGE_SIZE) as *mut u8).write_volatile(0) };
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Runs the population jobs on all available cores.
-fn populate_parallel(
-    base: usize,
-    tiers: &[Tier],
-    nodes: [u32; 2],
-    jobs: &[PopulateJob],
-) -> Result<(), MemError> {
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 8)
-        .min(jobs.len().max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|s| -> Result<(), MemError> {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| -> std::io::Result<()> {
-                    let mut cur_node = None;
-                    let res = (|| loop {
-                        let j = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(job) = jobs.get(j) else {
-                            return Ok(());
-                        };
-                        match *job {
-                            PopulateJob::Guest { first, end } => {
-                                populate_guest(base, tiers, nodes, first, end, &mut cur_node)?
-                            }
-                            PopulateJob::Pool { addr, len } => sys::populate_write(addr, len)?,
-                        }
-                    })();
-                    if cur_node.is_some() {
-                        sys::set_thread_mempolicy(None)?;
-                    }
-                    res
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join()
-                .map_err(|_| MemError::Config("populate thread panicked".into()))??;
-        }
-        Ok(())
-    })
+/// Guest RAM on tiered host memory. Shared (`Arc`) by the movers, the fault
+/// handler, the sampler and the VMM.
+#[derive(Debug)]
+pub struct TieredMemory {
+    pub(crate) guest_pages: usize,
+    pub(crate) layout: Layout,
+    pub(crate) pages: PageMap,
+    pub(crate) tiers: Vec<TierAccount>,
+    pools: Vec<Mutex<Pool>>,
+    pub(crate) uffd: Uffd,
+    pub(crate) huge_pages: bool,
+    pub(crate) placement: InitialPlacement,
+    emulated: bool,
+    shadow_low_watermark: Vec<usize>,
+    pub(crate) pool_cache_pages: usize,
+    shadow_fifo: Mutex<VecDeque<(u32, u32)>>,
+    shadow_gen: AtomicU32,
+    pub(crate) counters: Counters,
+    pub(crate) vmm_dirty: SoftDirtyLog,
+    release_tx: Sender<(u32, Instant)>,
+    pub(crate) release_rx: Receiver<(u32, Instant)>,
+    pub(crate) release_event: EventFd,
+    pub(crate) samples: Mutex<Vec<HintFaultRecord>>,
+    pub(crate) park_epoch: Mutex<Instant>,
+    overhead_pct_bits: AtomicU64,
+    setup_time: Duration,
+    fault_path_hook: HookSlot<FaultPathHook>,
+    fatal_hook: HookSlot<FatalHook>,
+    fatal: OnceLock<String>,
+    pub(crate) host_guard: HostGuard,
+    pub(crate) sweep: Vec<super::resize::SweepCursor>,
+    pub(crate) scanner: sys::PageScanner,
+    pub(crate) inject: Arc<sys::Injector>,
+    locked: bool,
+    /// The reservation every area lives in. Declared last: it is unmapped
+    /// only after everything above (which may hold addresses into it) is
+    /// dropped, and nothing outside this struct may keep an address into it
+    /// beyond the struct's lifetime (the VMM keeps the `Arc` alive as long
+    /// as KVM maps guest RAM).
+    map: Mapping,
 }
 
 impl TieredMemory {
-    /// Creates and pre-populates tiered guest RAM. Every guest page and every
-    /// free pool page is faulted in on its tier's node before the userfaultfd
-    /// is registered, so neither the guest nor the VMM ever faults on a
-    /// never-touched page.
+    /// Reserves the areas and sets them up. Commits nothing: host memory is
+    /// taken when the guest (or the VMM) first touches a page, or when a
+    /// migration needs a staging page.
     pub fn new(cfg: &MemConfig) -> Result<Self, MemError> {
         let t0 = Instant::now();
-        if cfg.guest_bytes == 0 || !cfg.guest_bytes.is_multiple_of(PAGE_SIZE) {
-            return Err(MemError::Config(format!(
-                "guest size {} is not a positive multiple of 4 KiB",
-                cfg.guest_bytes
-            )));
-        }
+        cfg.validate()?;
         let n = cfg.guest_bytes / PAGE_SIZE;
-        if n > u32::MAX as usize {
-            return Err(MemError::Config(
-                "guest RAM above 16 TiB is not supported".into(),
-            ));
+        let area_pages = round_chunk(n);
+        // Each pool: a huge half and a small half (see `pool`), each with a
+        // slot for every page the tier can take plus its cache.
+        let pool_halves: Vec<usize> = cfg
+            .tiers
+            .iter()
+            .map(|t| round_chunk(t.max_capacity_pages.min(n) + cfg.pool_cache_pages) + CHUNK_SLOTS)
+            .collect();
+        let pool_slots: Vec<usize> = pool_halves.iter().map(|h| 2 * h).collect();
+        let total_pages = 3 * area_pages + pool_slots.iter().sum::<usize>();
+        let map = Mapping::reserve(total_pages * PAGE_SIZE)?;
+        let guest = map.addr();
+        let mut at = guest + area_pages * PAGE_SIZE;
+        let mut pools = Vec::new();
+        for &s in &pool_slots {
+            pools.push(at);
+            at += s * PAGE_SIZE;
         }
-        let fast_cap = cfg.fast_capacity_pages;
-        let slow_cap = cfg.slow_capacity_pages.unwrap_or(n);
-        if fast_cap + slow_cap < n {
-            return Err(MemError::Config(format!(
-                "tier capacities ({fast_cap} fast + {slow_cap} slow pages) are smaller than the \
-                 guest ({n} pages); raise the fast or slow capacity"
-            )));
-        }
-        let tiers = initial_tiers(n, fast_cap, slow_cap, cfg.placement);
-        let mut used = [0usize; 2];
-        for t in &tiers {
-            used[t.index()] += 1;
-        }
-        let caps = [fast_cap, slow_cap];
-        let total = (n + fast_cap + slow_cap + 2 * n) * PAGE_SIZE;
-        let map = Mapping::anonymous(total)?;
-        let guest_base = map.addr();
-        let pool_base = [
-            guest_base + n * PAGE_SIZE,
-            guest_base + (n + fast_cap) * PAGE_SIZE,
-        ];
-        let shadow_base = pool_base[1] + slow_cap * PAGE_SIZE;
-        let park_base = shadow_base + n * PAGE_SIZE;
-        let nodes = [cfg.fast_node, cfg.slow_node];
-        let mut jobs = Vec::new();
-        for t in [Tier::Fast, Tier::Slow] {
-            let i = t.index();
-            if caps[i] > 0 {
-                sys::mbind(pool_base[i], caps[i] * PAGE_SIZE, nodes[i])?;
-                let free = caps[i] - used[i];
-                for c in (0..free).step_by(POPULATE_CHUNK_PAGES) {
-                    let len = POPULATE_CHUNK_PAGES.min(free - c);
-                    jobs.push(PopulateJob::Pool {
-                        addr: pool_base[i] + c * PAGE_SIZE,
-                        len: len * PAGE_SIZE,
-                    });
-                }
+        let shadow = at;
+        let park = shadow + area_pages * PAGE_SIZE;
+        let layout = Layout {
+            guest,
+            pools,
+            pool_slots: pool_slots.clone(),
+            shadow,
+            park,
+            area_pages,
+        };
+        set_up_areas(&map, &layout, cfg)?;
+        // Locked on fault: see `sys::lock_on_fault`. Without CAP_IPC_LOCK or
+        // a large RLIMIT_MEMLOCK this fails, and tiervm runs unlocked (the
+        // run summary says so): a split huge page may then put the kernel's
+        // zero page in guest RAM, and a write to it gets a page from the
+        // kernel's choice of node.
+        let locked = match sys::lock_on_fault(map.addr(), map.len()) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "tiered memory is not locked ({e}); raise RLIMIT_MEMLOCK (e.g. systemd \
+                     LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK"
+                );
+                false
             }
+        };
+        let inject = Arc::new(sys::Injector::default());
+        let uffd = Uffd::new(inject.clone())?;
+        uffd.register(guest, area_pages * PAGE_SIZE, RegisterMode::Missing)?;
+        for (t, &p) in layout.pools.iter().enumerate() {
+            uffd.register(p, pool_slots[t] * PAGE_SIZE, RegisterMode::WriteProtect)?;
         }
-        // Guest RAM keeps a single VMA whatever the placement: each page is
-        // faulted in under a thread memory policy for its tier's node.
-        for c in (0..n).step_by(POPULATE_CHUNK_PAGES) {
-            jobs.push(PopulateJob::Guest {
-                first: c,
-                end: (c + POPULATE_CHUNK_PAGES).min(n),
-            });
-        }
-        populate_parallel(guest_base, &tiers, nodes, &jobs)?;
-        let uffd = Uffd::new()?;
-        uffd.register_missing(map.addr(), map.len())?;
+        uffd.register(shadow, 2 * area_pages * PAGE_SIZE, RegisterMode::Missing)?;
         let (release_tx, release_rx) = unbounded();
         let low = cfg
-            .shadow_low_watermark_pages
-            .unwrap_or_else(|| (slow_cap / 64).max(16));
-        let host_nodes = sys::host_memory_nodes();
+            .tiers
+            .iter()
+            .map(|t| {
+                cfg.shadow_low_watermark_pages
+                    .unwrap_or_else(|| (t.capacity_pages / 64).max(16))
+            })
+            .collect();
+        let nodes: Vec<u32> = cfg.tiers.iter().map(|t| t.node).collect();
+        let distinct = nodes
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let host_nodes = crate::host::numa_nodes().map(|v| v.len()).unwrap_or(1);
         Ok(Self {
-            pools: [
-                Mutex::new(Pool::new(fast_cap, fast_cap - used[0])),
-                Mutex::new(Pool::new(slow_cap, slow_cap - used[1])),
-            ],
-            pages: PageMap::new(&tiers),
-            map,
+            pools: pool_halves
+                .iter()
+                .map(|&h| Mutex::new(Pool::new(h)))
+                .collect(),
+            pages: PageMap::new(n)?,
+            tiers: cfg.tiers.iter().cloned().map(TierAccount::new).collect(),
             guest_pages: n,
-            pool_base,
-            shadow_base,
-            park_base,
+            layout,
             uffd,
-            nodes,
-            capacities: caps,
-            emulated: cfg.fast_node == cfg.slow_node || host_nodes < 2,
+            huge_pages: cfg.huge_pages,
+            placement: cfg.placement,
+            emulated: distinct < cfg.tiers.len() || host_nodes < 2,
             shadow_low_watermark: low,
+            pool_cache_pages: cfg.pool_cache_pages,
             shadow_fifo: Mutex::new(VecDeque::new()),
             shadow_gen: AtomicU32::new(0),
             counters: Counters::default(),
             vmm_dirty: SoftDirtyLog::new(n),
             release_tx,
             release_rx,
-            release_event: EventFd::new()?,
+            release_event: EventFd::new(EFD_NONBLOCK)?,
             samples: Mutex::new(Vec::new()),
             park_epoch: Mutex::new(Instant::now()),
             overhead_pct_bits: AtomicU64::new(0),
             setup_time: t0.elapsed(),
             fault_path_hook: HookSlot::default(),
+            fatal_hook: HookSlot::default(),
+            fatal: OnceLock::new(),
+            host_guard: HostGuard::new(&nodes, cfg.host_reserve_bytes),
+            sweep: cfg.tiers.iter().map(|_| Default::default()).collect(),
+            scanner: sys::PageScanner::open()?,
+            inject,
+            locked,
+            map,
         })
     }
 
     /// Host address of guest RAM (for `MmapRegion::build_raw` and the KVM memslot).
     pub fn guest_ptr(&self) -> *mut u8 {
-        self.map.addr() as *mut u8
+        self.layout.guest as *mut u8
     }
 
     /// Guest RAM length in bytes.
@@ -404,55 +417,97 @@ impl TieredMemory {
         self.guest_pages
     }
 
-    /// How long creation (mapping, binding, populating, registering) took.
+    /// Number of tiers.
+    pub fn tier_count(&self) -> usize {
+        self.tiers.len()
+    }
+
+    /// How long creation (reserving, binding, registering) took.
     pub fn setup_time(&self) -> Duration {
         self.setup_time
     }
 
-    /// Whether the tiers are emulated (same node, or a one-node host).
+    /// Whether the tiers are emulated (sharing a node, or a one-node host).
     pub fn emulated(&self) -> bool {
         self.emulated
     }
 
+    /// Whether the areas are locked on fault (exempt from reclaim and from
+    /// zero-page remapping of split huge pages).
+    pub fn locked(&self) -> bool {
+        self.locked
+    }
+
+    /// Whether the areas are backed with transparent huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    /// A tier's configuration (name, node, capacity at start, maximum).
+    pub fn tier_spec(&self, tier: TierId) -> Option<&TierSpec> {
+        self.tiers.get(usize::from(tier)).map(|t| &t.spec)
+    }
+
     /// Host NUMA node of a tier.
-    pub fn node(&self, tier: Tier) -> u32 {
-        self.nodes[tier.index()]
+    pub fn node(&self, tier: TierId) -> u32 {
+        self.tiers.get(usize::from(tier)).map_or(0, |t| t.spec.node)
     }
 
-    /// Capacity of a tier in pages.
-    pub fn capacity(&self, tier: Tier) -> usize {
-        self.capacities[tier.index()]
+    /// Current capacity of a tier in pages.
+    pub fn capacity(&self, tier: TierId) -> usize {
+        self.tiers
+            .get(usize::from(tier))
+            .map_or(0, |t| t.capacity() as usize)
     }
 
-    /// Current tier of a guest page (None if out of range).
-    pub fn tier_of(&self, page: usize) -> Option<Tier> {
-        (page < self.guest_pages).then(|| page_map::tier_of(self.pages.load(page)))
+    /// Pages a tier can still take (capacity minus guest pages, shadows and
+    /// reservations).
+    pub fn free_pages(&self, tier: TierId) -> usize {
+        self.tiers
+            .get(usize::from(tier))
+            .map_or(0, |t| t.free() as usize)
     }
 
-    /// Whether a guest page currently has a slow shadow.
+    /// Current tier of a guest page (`None`: out of range or never touched).
+    pub fn tier_of(&self, page: usize) -> Option<TierId> {
+        (page < self.guest_pages)
+            .then(|| page_map::tier_of(self.pages.load(page)))
+            .flatten()
+    }
+
+    /// Whether a guest page currently has a shadow.
     pub fn has_shadow(&self, page: usize) -> bool {
         page < self.guest_pages && self.pages.load(page) & SHADOW != 0
     }
 
-    /// Guest pages per tier, counted from the page map: `[fast, slow]`.
-    pub fn guest_pages_per_tier(&self) -> [usize; 2] {
-        let mut c = [0usize; 2];
-        for p in 0..self.guest_pages {
-            c[page_map::tier_of(self.pages.load(p)).index()] += 1;
-        }
-        c
+    /// Tier of a guest page's shadow, if it has one.
+    pub fn shadow_tier(&self, page: usize) -> Option<TierId> {
+        (page < self.guest_pages)
+            .then(|| page_map::shadow_tier_of(self.pages.load(page)))
+            .flatten()
     }
 
-    /// Number of shadows, from the page map.
+    /// Guest pages per tier (from the live counts), fastest first.
+    pub fn guest_pages_per_tier(&self) -> Vec<usize> {
+        self.tiers.iter().map(|t| t.guest() as usize).collect()
+    }
+
+    /// (guest pages, shadows) per tier, fastest first.
+    pub fn tier_counts(&self) -> Vec<(u64, u64)> {
+        self.tiers
+            .iter()
+            .map(|t| (t.guest(), t.shadows()))
+            .collect()
+    }
+
+    /// Guest pages that have host memory (touched at least once).
+    pub fn populated_pages(&self) -> usize {
+        self.tiers.iter().map(|t| t.guest() as usize).sum()
+    }
+
+    /// Number of shadows (all tiers).
     pub fn shadow_pages(&self) -> usize {
-        (0..self.guest_pages)
-            .filter(|&p| self.pages.load(p) & SHADOW != 0)
-            .count()
-    }
-
-    /// Free pages in a tier's pool.
-    pub fn free_pages(&self, tier: Tier) -> usize {
-        self.pool(tier).free_pages()
+        self.tiers.iter().map(|t| t.shadows() as usize).sum()
     }
 
     /// Takes and resets the write counts the dirty harvester accumulated
@@ -465,47 +520,68 @@ impl TieredMemory {
 
     /// Queries the host NUMA node of every guest page (`move_pages` with
     /// `nodes = NULL`). Entries are node ids or negative errno values
-    /// (`-ENOENT` for a page that is in flight or parked).
+    /// (`-ENOENT` for a page that is not present: never touched, in flight,
+    /// parked).
     pub fn query_guest_nodes(&self) -> std::io::Result<Vec<i32>> {
-        let addrs: Vec<usize> = (0..self.guest_pages).map(|p| self.guest_addr(p)).collect();
-        sys::query_nodes(&addrs)
+        let mut out = Vec::with_capacity(self.guest_pages);
+        self.for_each_guest_node(|_, n| out.push(n))?;
+        Ok(out)
     }
 
-    /// Guest pages per tier counted from the host's view (`move_pages` query):
-    /// `[pages on the fast node, pages on the slow node]`, with pages that are
-    /// not present (in flight, parked) left out. On a host where the tiers are
-    /// distinct nodes this matches [`guest_pages_per_tier`](Self::guest_pages_per_tier);
-    /// with emulated tiers (one node) every page reports the same node.
-    pub fn guest_pages_per_node(&self) -> std::io::Result<[usize; 2]> {
-        let nodes = self.query_guest_nodes()?;
-        let mut c = [0usize; 2];
-        for n in nodes {
-            if n == self.nodes[0] as i32 {
-                c[0] += 1;
-            } else if n == self.nodes[1] as i32 {
-                c[1] += 1;
+    /// Calls `f(page, node or -errno)` for every guest page, querying the
+    /// kernel 64 Ki pages at a time (bounded memory for any guest size).
+    fn for_each_guest_node(&self, mut f: impl FnMut(usize, i32)) -> std::io::Result<()> {
+        const BATCH: usize = 1 << 16;
+        let mut first = 0;
+        while first < self.guest_pages {
+            let end = (first + BATCH).min(self.guest_pages);
+            let addrs: Vec<usize> = (first..end).map(|p| self.guest_addr(p)).collect();
+            for (i, n) in sys::query_nodes(&addrs)?.into_iter().enumerate() {
+                f(first + i, n);
             }
+            first = end;
         }
-        Ok(c)
+        Ok(())
     }
 
     /// Checks that every present guest page sits on its tier's node
-    /// (`move_pages` query). Meaningful only when the tiers are distinct nodes;
-    /// with emulated tiers it checks that every page is on the shared node.
-    pub fn check_nodes(&self) -> Result<(), String> {
-        let nodes = self.query_guest_nodes().map_err(|e| e.to_string())?;
-        for (p, n) in nodes.into_iter().enumerate() {
-            if n < 0 {
-                continue;
-            }
-            let want = self.nodes[page_map::tier_of(self.pages.load(p)).index()] as i32;
-            if n != want {
-                return Err(format!(
-                    "page {p} is on node {n} but its tier's node is {want}"
-                ));
+    /// (`move_pages` query). Meaningful only when the tiers are distinct
+    /// nodes; with emulated tiers it checks that every page is on the node.
+    /// Returns the number of pages checked, or the first mismatch.
+    pub fn check_nodes(&self) -> Result<usize, String> {
+        // Only present pages can be on a node: query the present ranges.
+        let mut present = Vec::new();
+        let g = self.layout.guest;
+        self.scanner
+            .scan(g, g + self.guest_len(), |s, e, _| present.push((s, e)))
+            .map_err(|e| e.to_string())?;
+        let mut checked = 0;
+        for (s, e) in present {
+            let pages: Vec<usize> = ((s - g) / PAGE_SIZE..(e - g) / PAGE_SIZE).collect();
+            for batch in pages.chunks(1 << 16) {
+                let addrs: Vec<usize> = batch.iter().map(|&p| self.guest_addr(p)).collect();
+                let nodes = sys::query_nodes(&addrs).map_err(|e| e.to_string())?;
+                for (&p, n) in batch.iter().zip(nodes) {
+                    if n < 0 {
+                        continue; // the shared zero page, or gone meanwhile
+                    }
+                    let Some(t) = page_map::tier_of(self.pages.load(p)) else {
+                        return Err(format!(
+                            "page {p} is present on node {n} but was never committed"
+                        ));
+                    };
+                    let want = self.node(t) as i32;
+                    if n != want {
+                        return Err(format!(
+                            "page {p} is on node {n} but its tier {} is on node {want}",
+                            self.tiers[usize::from(t)].spec.name
+                        ));
+                    }
+                    checked += 1;
+                }
             }
         }
-        Ok(())
+        Ok(checked)
     }
 
     /// Software dirty log for writes the VMM itself makes to guest RAM (device
@@ -515,31 +591,35 @@ impl TieredMemory {
         &self.vmm_dirty
     }
 
-    /// Drains the access samples recorded by the fault handler for parked pages.
-    pub fn drain_samples(&self) -> Vec<AccessSample> {
+    /// Drains the hint faults recorded by the fault handler for parked pages.
+    pub fn drain_samples(&self) -> Vec<HintFaultRecord> {
         std::mem::take(&mut *lock(&self.samples))
     }
 
-    /// Statistics snapshot.
+    /// Statistics snapshot, with each tier's resident memory measured from
+    /// the kernel (see [`Self::residency`]).
     pub fn stats(&self) -> MemStats {
-        let per_tier = self.guest_pages_per_tier();
-        let shadows = self.shadow_pages();
+        let residency = self.residency().ok();
         let mut s = self.counters.snapshot();
         s.tracking_overhead_pct = f64::from_bits(self.overhead_pct_bits.load(Ordering::Relaxed));
-        s.shadow_pages = shadows as u64;
-        s.tiers = [Tier::Fast, Tier::Slow]
-            .into_iter()
-            .map(|t| {
-                let i = t.index();
-                let sh = if t == Tier::Slow { shadows } else { 0 };
+        s.shadow_pages = self.shadow_pages() as u64;
+        s.populated_pages = self.populated_pages() as u64;
+        s.tiers = self
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let r = residency.as_ref().map(|r| r.tiers[i]);
                 TierStats {
-                    name: t.name().to_string(),
-                    node: self.nodes[i],
-                    capacity_pages: self.capacities[i] as u64,
-                    pages: (per_tier[i] + sh) as u64,
-                    guest_pages: per_tier[i] as u64,
-                    shadow_pages: sh as u64,
-                    free_pages: self.free_pages(t) as u64,
+                    name: t.spec.name.clone(),
+                    node: t.spec.node,
+                    capacity_pages: t.capacity(),
+                    pages: t.guest() + t.shadows(),
+                    guest_pages: t.guest(),
+                    shadow_pages: t.shadows(),
+                    free_pages: t.free(),
+                    resident_bytes: r.map(|r| r.resident_bytes),
+                    huge_bytes: r.map(|r| r.huge_bytes),
                     emulated: self.emulated,
                 }
             })
@@ -563,96 +643,131 @@ impl TieredMemory {
     }
 
     /// Checks, while no mover runs, that every page is accounted for exactly
-    /// once: per tier, guest pages + shadows + free pool pages = capacity, and
-    /// the residency of every slot of every area matches the page map and the
-    /// pools (no page lost, none duplicated). Returns the first violation.
+    /// once: the live per-tier counts equal a recount of the page map, no
+    /// capacity is reserved, every populated guest page is present in guest
+    /// RAM, every shadow is present in its shadow slot and nothing else is,
+    /// and nothing is parked. Returns the first violation.
     pub fn check_consistency(&self) -> Result<(), String> {
-        let per_tier = self.guest_pages_per_tier();
-        let shadows = self.shadow_pages();
-        for t in [Tier::Fast, Tier::Slow] {
-            let i = t.index();
-            let pool = self.pool(t);
-            let reserved = pool.capacity() - pool.free_pages() - pool.holes();
-            if reserved != 0 {
-                return Err(format!("{} pool has {reserved} reserved slots", t.name()));
+        let n = self.tier_count();
+        let mut guest = vec![0u64; n];
+        let mut shadows = vec![0u64; n];
+        let present = |base: usize| -> Result<Vec<u64>, String> {
+            let mut bits = vec![0u64; self.guest_pages.div_ceil(64)];
+            self.scanner
+                .scan(base, base + self.guest_len(), |s, e, _| {
+                    for p in (s - base) / PAGE_SIZE..(e - base) / PAGE_SIZE {
+                        bits[p / 64] |= 1 << (p % 64);
+                    }
+                })
+                .map_err(|e| e.to_string())?;
+            Ok(bits)
+        };
+        let bit = |v: &[u64], p: usize| v[p / 64] >> (p % 64) & 1 != 0;
+        let (guest_bits, shadow_bits, park_bits) = (
+            present(self.layout.guest)?,
+            present(self.layout.shadow)?,
+            present(self.layout.park)?,
+        );
+        let guest_res = |p: usize| bit(&guest_bits, p);
+        let shadow_res = |p: usize| bit(&shadow_bits, p);
+        let park_res = |p: usize| bit(&park_bits, p);
+        for p in 0..self.guest_pages {
+            let w = self.pages.load(p);
+            if w & (BUSY | PARKED) != 0 {
+                return Err(format!("page {p} is still busy or parked (word {w:#x})"));
             }
-            let sh = if t == Tier::Slow { shadows } else { 0 };
-            if per_tier[i] + sh + pool.free_pages() != self.capacities[i] {
-                return Err(format!(
-                    "{}: guest {} + shadows {} + free {} != capacity {}",
-                    t.name(),
-                    per_tier[i],
-                    sh,
-                    pool.free_pages(),
-                    self.capacities[i]
-                ));
-            }
-            let res =
-                sys::resident(self.pool_base[i], pool.capacity()).map_err(|e| e.to_string())?;
-            for (s, r) in res.iter().enumerate() {
-                if *r != pool.is_free(s) {
-                    return Err(format!(
-                        "{} pool slot {s}: resident={r} free={}",
-                        t.name(),
-                        !r
-                    ));
+            match page_map::tier_of(w) {
+                Some(t) => {
+                    if usize::from(t) >= n {
+                        return Err(format!("page {p} is on tier {t} of {n}"));
+                    }
+                    guest[usize::from(t)] += 1;
+                    if !guest_res(p) {
+                        return Err(format!(
+                            "page {p} is populated but not present in guest RAM"
+                        ));
+                    }
                 }
+                None if guest_res(p) => {
+                    return Err(format!(
+                        "page {p} is present in guest RAM but never committed"
+                    ))
+                }
+                None => {}
+            }
+            match page_map::shadow_tier_of(w) {
+                Some(t) => {
+                    if usize::from(t) >= n {
+                        return Err(format!("page {p} has a shadow on tier {t} of {n}"));
+                    }
+                    shadows[usize::from(t)] += 1;
+                    if !shadow_res(p) {
+                        return Err(format!("page {p} has a shadow that is not present"));
+                    }
+                }
+                None if shadow_res(p) => {
+                    return Err(format!(
+                        "shadow slot of page {p} holds a page but no shadow"
+                    ))
+                }
+                None => {}
+            }
+            if park_res(p) {
+                return Err(format!("parking slot of page {p} holds a page"));
             }
         }
-        let n = self.guest_pages;
-        let g = sys::resident(self.guest_addr(0), n).map_err(|e| e.to_string())?;
-        let sh = sys::resident(self.shadow_base, n).map_err(|e| e.to_string())?;
-        let pk = sys::resident(self.park_base, n).map_err(|e| e.to_string())?;
-        for p in 0..n {
-            let w = self.pages.load(p);
-            if w & BUSY != 0 {
-                return Err(format!("page {p} still busy"));
+        for (i, t) in self.tiers.iter().enumerate() {
+            let name = &t.spec.name;
+            if t.reserved() != 0 {
+                return Err(format!("{name}: {} pages still reserved", t.reserved()));
             }
-            let parked = w & PARKED != 0;
-            if w & PROBE != 0 && !parked {
-                return Err(format!("page {p}: probe bit without parked bit"));
-            }
-            if g[p] == parked || pk[p] != parked {
+            if t.guest() != guest[i] || t.shadows() != shadows[i] {
                 return Err(format!(
-                    "page {p}: in guest RAM={} in parking={} but parked={parked}",
-                    g[p], pk[p]
+                    "{name}: counts say guest {} + shadows {} but the page map has guest {} + \
+                     shadows {}",
+                    t.guest(),
+                    t.shadows(),
+                    guest[i],
+                    shadows[i]
                 ));
             }
-            if sh[p] != (w & SHADOW != 0) {
+            // (Guest pages + shadows may exceed the capacity: a shrink
+            // lowers the capacity first and converges after.)
+            let pool = self.pool(i as TierId);
+            if pool.unreserved_slots() != pool.slots() {
                 return Err(format!(
-                    "page {p}: shadow slot resident={} but shadow bit={}",
-                    sh[p], !sh[p]
+                    "{name} pool: {} of {} slots still reserved",
+                    pool.slots() - pool.unreserved_slots(),
+                    pool.slots()
                 ));
-            }
-            if w & SHADOW != 0 && w & SLOW != 0 {
-                return Err(format!("page {p}: a slow page with a shadow"));
             }
         }
         Ok(())
     }
 
-    // ---- internal helpers for the mechanisms ----
-
     pub(crate) fn guest_addr(&self, page: usize) -> usize {
-        self.map.addr() + page * PAGE_SIZE
-    }
-    pub(crate) fn pool_addr(&self, tier: Tier, slot: u32) -> usize {
-        self.pool_base[tier.index()] + slot as usize * PAGE_SIZE
+        self.layout.guest + page * PAGE_SIZE
     }
     pub(crate) fn shadow_addr(&self, page: usize) -> usize {
-        self.shadow_base + page * PAGE_SIZE
+        self.layout.shadow + page * PAGE_SIZE
     }
     pub(crate) fn park_addr(&self, page: usize) -> usize {
-        self.park_base + page * PAGE_SIZE
+        self.layout.park + page * PAGE_SIZE
     }
-    pub(crate) fn shadow_low_watermark(&self) -> usize {
+    pub(crate) fn slot_addr(&self, tier: TierId, slot: Slot) -> usize {
+        self.layout.pools[usize::from(tier)] + slot.offset()
+    }
+    pub(crate) fn shadow_low_watermark(&self, tier: TierId) -> usize {
         self.shadow_low_watermark
+            .get(usize::from(tier))
+            .copied()
+            .unwrap_or(16)
     }
 
     /// Page index of a guest RAM address.
     pub(crate) fn guest_page_of(&self, addr: u64) -> Option<usize> {
         let a = addr as usize;
-        let base = self.map.addr();
+        let base = self.layout.guest;
         (a >= base && a < base + self.guest_len()).then(|| (a - base) / PAGE_SIZE)
     }
 
@@ -662,28 +777,24 @@ impl TieredMemory {
         a >= self.map.addr() && a < self.map.addr() + self.map.len()
     }
 
-    pub(crate) fn pool(&self, tier: Tier) -> MutexGuard<'_, Pool> {
-        lock(&self.pools[tier.index()])
+    pub(crate) fn pool(&self, tier: TierId) -> MutexGuard<'_, Pool> {
+        lock(&self.pools[usize::from(tier)])
     }
 
-    pub(crate) fn reserve(&self, tier: Tier, n: usize, kind: SlotKind) -> Option<Vec<u32>> {
-        self.pool(tier).reserve(n, kind)
-    }
-
-    pub(crate) fn unreserve(&self, tier: Tier, slots: &[u32], kind: SlotKind) {
-        self.pool(tier).release(slots, kind)
-    }
-
-    /// Moves pages given as (dst, src) address pairs, coalescing runs where
-    /// both sides are contiguous into one range move each.
-    pub(crate) fn move_pairs(&self, pairs: &[(usize, usize)]) -> std::io::Result<()> {
+    /// Moves pages given as (dst, src) address pairs: sorted by destination
+    /// and coalesced where both sides are contiguous, so contiguous pages of
+    /// a batch move with one range move (one MMU-notifier invalidation per
+    /// range instead of per page). Stops at the first failure.
+    pub(crate) fn move_pairs(&self, pairs: &[(usize, usize)]) -> Result<(), MoveError> {
+        let mut sorted: Vec<(usize, usize)> = pairs.to_vec();
+        sorted.sort_unstable();
         let mut i = 0;
-        while i < pairs.len() {
-            let (d0, s0) = pairs[i];
+        while i < sorted.len() {
+            let (d0, s0) = sorted[i];
             let mut j = i + 1;
-            while j < pairs.len()
-                && pairs[j].0 == d0 + (j - i) * PAGE_SIZE
-                && pairs[j].1 == s0 + (j - i) * PAGE_SIZE
+            while j < sorted.len()
+                && sorted[j].0 == d0 + (j - i) * PAGE_SIZE
+                && sorted[j].1 == s0 + (j - i) * PAGE_SIZE
             {
                 j += 1;
             }
@@ -693,301 +804,216 @@ impl TieredMemory {
         Ok(())
     }
 
-    /// Whether guest page `page` (mapped, possibly being written) currently
-    /// holds the same bytes as its shadow. The caller owns the page.
+    /// A rollback move: like `uffd.move_range`, but a failure that may be
+    /// transient is retried a few times (a rollback that gives up leaves a
+    /// page out of guest RAM). `EEXIST` and `ENOENT` are final.
+    pub(crate) fn move_retrying(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+    ) -> Result<(), MoveError> {
+        let mut last = None;
+        for attempt in 0..ROLLBACK_ATTEMPTS {
+            match self.uffd.move_range(dst, src, len, true) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.dst_not_a_hole() || e.src_missing() => return Err(e),
+                Err(e) if e.moved > 0 => {
+                    // Part moved: finish the rest.
+                    return self.move_retrying(dst + e.moved, src + e.moved, len - e.moved);
+                }
+                Err(e) => {
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_micros(50 << attempt.min(6)));
+                }
+            }
+        }
+        Err(last.unwrap_or(MoveError {
+            dst,
+            src,
+            len,
+            moved: 0,
+            errno: libc::EIO,
+        }))
+    }
+
+    /// A populated, owned page whose guest RAM slot is a hole (a failure
+    /// path left it out): puts back the copy it finds (parking slot, then
+    /// shadow slot) and releases the page; with no copy anywhere, stops the
+    /// VM and keeps the page owned (a touch waits while the VM stops).
+    pub(crate) fn recover_hole(&self, page: usize) {
+        self.counters
+            .unexpected_faults
+            .fetch_add(1, Ordering::Relaxed);
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        for (src, clear) in [
+            (self.park_addr(page), page_map::PARKED | page_map::PROBE),
+            (self.shadow_addr(page), page_map::SHADOW_BITS),
+        ] {
+            if present(src)
+                && self
+                    .move_retrying(self.guest_addr(page), src, PAGE_SIZE)
+                    .is_ok()
+            {
+                tracing::warn!("guest page {page} was out of guest RAM; its copy was put back");
+                self.release_page(page, 0, clear);
+                return;
+            }
+        }
+        self.set_fatal(format!(
+            "guest page {page} is missing from guest RAM and no copy of it was found; the VM is \
+             stopped to avoid running on lost data"
+        ));
+    }
+
+    /// Whether guest page `page` (mapped, possibly being written) holds the
+    /// same bytes as its shadow. The caller owns the page.
     pub(crate) fn page_matches_shadow(&self, page: usize) -> bool {
-        let g = self.guest_addr(page) as *const u64;
-        let s = self.shadow_addr(page) as *const u64;
-        (0..PAGE_SIZE / 8).all(|i| {
-            // SAFETY: both are page-aligned, present pages of our mapping (the
-            // guest page is owned by the caller and mapped; the shadow slot of an
-            // owned page with SHADOW holds its shadow); volatile reads because
-            // vCPUs may write the guest page concurrently.
-            unsafe { g.add(i).read_volatile() == s.add(i).read_volatile() }
-        })
+        // SAFETY: both are page-aligned, present pages of our mapping: the guest page is
+        // owned by the caller and mapped, and the shadow slot of an owned page with SHADOW
+        // holds its shadow; volatile reads because vCPUs may write the guest page.
+        unsafe {
+            sys::equal_volatile(
+                self.guest_addr(page) as *const u8,
+                self.shadow_addr(page) as *const u8,
+                PAGE_SIZE,
+            )
+        }
+    }
+
+    /// Failure injection into this memory's system calls (tests: see
+    /// [`sys::Injector`]; nothing fires unless plans are set).
+    pub fn injector(&self) -> &sys::Injector {
+        &self.inject
     }
 
     /// Installs (or removes) the fault-path hook.
     pub fn set_fault_path_hook(&self, hook: Option<FaultPathHook>) {
-        *self
-            .fault_path_hook
-            .0
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = hook;
+        self.fault_path_hook.set(hook);
     }
 
     pub(crate) fn fault_path_hook(&self) -> Option<FaultPathHook> {
-        self.fault_path_hook
-            .0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.fault_path_hook.get()
     }
 
-    /// Promotes an owned, parked slow page exclusively (stop-and-copy) while
-    /// the faulting vCPU waits: copies the parked page into a free fast pool
-    /// page, maps that at the guest address (which wakes the vCPU) and returns
-    /// the old slow page to its pool. No dirty check is needed: the page was
-    /// unmapped for the whole copy. Returns `Ok(false)` (nothing changed)
-    /// when the fast tier has no free page. The caller releases the page
-    /// with `PARKED | SLOW` cleared on `Ok(true)`.
-    pub(crate) fn promote_parked_owned(&self, page: usize) -> std::io::Result<bool> {
-        let Some(fast) = self.reserve(Tier::Fast, 1, SlotKind::Free) else {
-            self.counters
-                .skipped_no_space
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(false);
-        };
-        let Some(hole) = self.reserve(Tier::Slow, 1, SlotKind::Hole) else {
-            self.unreserve(Tier::Fast, &fast, SlotKind::Free);
-            return Err(std::io::Error::other(
-                "no slow pool hole for a promoted page (accounting bug)",
-            ));
-        };
-        let staging = self.pool_addr(Tier::Fast, fast[0]);
-        // SAFETY: both are page-aligned pages of our mapping: the parked page
-        // is present in the parking area (we own it) and the staging page is a
-        // reserved free fast pool page; they do not overlap.
-        unsafe { sys::copy_page(staging as *mut u8, self.park_addr(page) as *const u8) };
-        if let Err(e) = self
-            .uffd
-            .move_range(self.guest_addr(page), staging, PAGE_SIZE, true)
-        {
-            self.unreserve(Tier::Fast, &fast, SlotKind::Free);
-            self.unreserve(Tier::Slow, &hole, SlotKind::Hole);
-            return Err(e);
+    /// Installs the hook called (once) when the memory cannot go on.
+    pub fn set_fatal_hook(&self, hook: Option<FatalHook>) {
+        self.fatal_hook.set(hook);
+        if let (Some(msg), Some(h)) = (self.fatal.get(), self.fatal_hook.get()) {
+            h(msg);
         }
-        self.unreserve(Tier::Fast, &fast, SlotKind::Hole);
-        match self.uffd.move_range(
-            self.pool_addr(Tier::Slow, hole[0]),
-            self.park_addr(page),
-            PAGE_SIZE,
-            true,
-        ) {
-            Ok(()) => self.unreserve(Tier::Slow, &hole, SlotKind::Free),
-            Err(e) => {
-                self.unreserve(Tier::Slow, &hole, SlotKind::Hole);
-                return Err(e);
-            }
-        }
-        self.counters.promotions.fetch_add(1, Ordering::Relaxed);
-        self.counters.stop_copy.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
     }
 
-    /// Parks `pages` for hint faults (zero-copy moves to the parking area;
-    /// runs of consecutive pages move with one range move) on behalf of
-    /// `parker`. Busy pages are skipped. A page already parked is skipped,
-    /// except that a probe takes over a sampler window page (its touch will
-    /// be recorded all the same; the probe now maps it back) and counts it
-    /// as parked. Returns the pages parked. On a failed move every page of
-    /// the call is put back and owned bits are released, so nothing is lost.
-    pub(crate) fn park_pages(
-        &self,
-        pages: &[usize],
-        parker: Parker,
-    ) -> std::io::Result<Vec<usize>> {
-        let probe = parker == Parker::Probe;
-        let tag = if probe { PARKED | PROBE } else { PARKED };
-        let mut taken_over = Vec::new();
-        let mut owned = Vec::new();
-        for &p in pages.iter().filter(|&&p| p < self.guest_pages) {
-            let Some(w) = self.pages.try_acquire(p, probe) else {
-                continue;
-            };
-            if w & PARKED == 0 {
-                owned.push(p);
-            } else if w & PROBE == 0 {
-                self.release_page(p, PROBE, 0);
-                taken_over.push(p);
-            } else {
-                self.release_page(p, 0, 0);
-            }
-        }
-        let pairs: Vec<_> = owned
-            .iter()
-            .map(|&p| (self.park_addr(p), self.guest_addr(p)))
-            .collect();
-        if let Err(e) = self.move_pairs(&pairs) {
-            // Put back whatever moved. A page that never moved fails with
-            // ENOENT and stays mapped; one that moved but cannot move back
-            // stays parked, and the fault handler maps it back on its touch.
-            for &p in &owned {
-                match self
-                    .uffd
-                    .move_range(self.guest_addr(p), self.park_addr(p), PAGE_SIZE, true)
-                {
-                    Err(b) if b.raw_os_error() != Some(libc::ENOENT) => {
-                        self.release_page(p, tag, 0)
-                    }
-                    _ => self.release_page(p, 0, 0),
-                }
-            }
-            return Err(e);
-        }
-        for &p in &owned {
-            self.release_page(p, tag, 0);
-        }
-        owned.extend(taken_over);
-        Ok(owned)
+    /// The error that stopped this memory, if any (e.g. the host ran out of
+    /// memory for a commit).
+    pub fn fatal_error(&self) -> Option<&str> {
+        self.fatal.get().map(String::as_str)
     }
 
-    /// Maps back those of `pages` that are still parked by `parker` (the
-    /// guest never touched them). Pages owned by someone else right now (the
-    /// fault handler unparking them, a harvest, a shadow reclaim) are
-    /// skipped and pushed to `busy`, for the caller to retry. Returns how
-    /// many were unparked.
-    pub(crate) fn unpark_pages(
-        &self,
-        pages: &[usize],
-        parker: Parker,
-        busy: &mut Vec<usize>,
-    ) -> std::io::Result<usize> {
-        let mut n = 0;
-        let mut first_err = None;
-        for &page in pages.iter().filter(|&&p| p < self.guest_pages) {
-            let Some(w) = self.pages.try_acquire(page, true) else {
-                busy.push(page);
-                continue;
-            };
-            if w & PARKED == 0 || (w & PROBE != 0) != (parker == Parker::Probe) {
-                // Touched and mapped back already, or parked by the other side.
-                self.release_page(page, 0, 0);
-                continue;
-            }
-            match self
-                .uffd
-                .move_range(self.guest_addr(page), self.park_addr(page), PAGE_SIZE, true)
-            {
-                Ok(()) => {
-                    self.release_page(page, 0, PARKED | PROBE);
-                    n += 1;
-                }
-                Err(e) => {
-                    self.release_page(page, 0, 0);
-                    first_err.get_or_insert(e);
-                }
+    /// Records a fatal error (the first one wins) and tells the VMM.
+    pub(crate) fn set_fatal(&self, msg: String) {
+        if self.fatal.set(msg).is_ok() {
+            if let (Some(m), Some(h)) = (self.fatal.get(), self.fatal_hook.get()) {
+                tracing::error!("{m}");
+                h(m);
             }
         }
-        first_err.map_or(Ok(n), Err)
     }
 
-    /// [`Self::unpark_pages`], retrying pages that were busy for up to
-    /// about 100 ms (owners hold a page for microseconds). A page still busy
-    /// after that stays parked, and the fault handler maps it back on its
-    /// next touch.
-    pub(crate) fn unpark_pages_settled(
-        &self,
-        pages: &[usize],
-        parker: Parker,
-    ) -> std::io::Result<usize> {
-        let mut busy = Vec::new();
-        let mut n = self.unpark_pages(pages, parker, &mut busy)?;
-        for _ in 0..100 {
-            if busy.is_empty() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-            let retry = std::mem::take(&mut busy);
-            n += self.unpark_pages(&retry, parker, &mut busy)?;
+    /// Releases an owned page, applying `set`/`clear` to its word; keeps the
+    /// tiers' counts in step and tells the fault handler if it waits on it.
+    pub(crate) fn release_page(&self, page: usize, set: u64, clear: u64) {
+        let (old, new) = self.pages.release(page, set, clear);
+        if (old ^ new) & (page_map::PLACEMENT_BITS | page_map::SHADOW_BITS) != 0 {
+            apply_word_change(&self.tiers, old, new);
         }
-        Ok(n)
-    }
-
-    /// Releases an owned page; tells the fault handler if it waits on it.
-    pub(crate) fn release_page(&self, page: usize, set: u32, clear: u32) {
-        if self.pages.release(page, set, clear) {
+        if old & page_map::WAITER != 0 {
             let _ = self.release_tx.send((page as u32, Instant::now()));
-            self.release_event.signal();
+            let _ = self.release_event.write(1);
         }
     }
 
-    /// Records a new shadow for an owned page (called at commit).
+    /// Records a new shadow for an owned page (called before releasing it
+    /// with `shadow_on(tier)`).
     pub(crate) fn note_new_shadow(&self, page: usize) {
-        let g = self.shadow_gen.fetch_add(1, Ordering::Relaxed) as u16;
+        let g = self.shadow_gen.fetch_add(1, Ordering::Relaxed);
         self.pages.set_generation(page, g);
         lock(&self.shadow_fifo).push_back((page as u32, g));
     }
 
-    /// Frees the shadow of an owned page (moves it to a slow pool hole).
-    /// The caller clears `SHADOW` when it releases the page.
-    pub(crate) fn free_shadow_owned(&self, page: usize) -> std::io::Result<()> {
-        let Some(hole) = self.reserve(Tier::Slow, 1, SlotKind::Hole) else {
-            return Err(std::io::Error::other(
-                "no slow pool hole for a shadow (accounting bug)",
-            ));
-        };
-        let r = self.uffd.move_range(
-            self.pool_addr(Tier::Slow, hole[0]),
-            self.shadow_addr(page),
-            PAGE_SIZE,
-            true,
-        );
-        match r {
-            Ok(()) => {
-                self.unreserve(Tier::Slow, &hole, SlotKind::Free);
-                Ok(())
-            }
-            Err(e) => {
-                self.unreserve(Tier::Slow, &hole, SlotKind::Hole);
-                Err(e)
-            }
-        }
+    pub(crate) fn pop_shadow_fifo(&self) -> (Option<(u32, u32)>, usize) {
+        let mut q = lock(&self.shadow_fifo);
+        (q.pop_front(), q.len())
     }
 
-    /// Reclaims shadows, oldest first, until the slow pool has at least
-    /// `want_free` free pages or no shadow is left. Returns the number reclaimed.
-    pub fn reclaim_shadows(&self, want_free: usize) -> usize {
-        let mut reclaimed = 0;
-        // Shadows of pages owned by a mover (possibly the caller itself) are
-        // skipped; stop after one full pass without progress.
-        let mut busy_in_a_row = 0usize;
-        while self.free_pages(Tier::Slow) < want_free {
-            let (entry, queued) = {
-                let mut q = lock(&self.shadow_fifo);
-                (q.pop_front(), q.len())
-            };
-            let Some((page, generation)) = entry else {
-                break;
-            };
-            let page = page as usize;
-            let w = self.pages.load(page);
-            if w & SHADOW == 0 || page_map::generation_of(w) != generation {
-                continue; // stale entry: the shadow was freed or replaced
-            }
-            if self.pages.try_acquire(page, true).is_none() {
-                lock(&self.shadow_fifo).push_back((page as u32, generation));
-                busy_in_a_row += 1;
-                if busy_in_a_row > queued {
-                    break;
-                }
-                continue;
-            }
-            busy_in_a_row = 0;
-            let w = self.pages.load(page);
-            if w & SHADOW != 0 && page_map::generation_of(w) == generation {
-                match self.free_shadow_owned(page) {
-                    Ok(()) => {
-                        self.release_page(page, 0, SHADOW);
-                        self.counters
-                            .shadow_reclaims
-                            .fetch_add(1, Ordering::Relaxed);
-                        reclaimed += 1;
-                        continue;
-                    }
-                    Err(e) => tracing::error!("shadow reclaim of page {page}: {e}"),
-                }
-            }
-            self.release_page(page, 0, 0);
-        }
-        reclaimed
+    pub(crate) fn push_shadow_fifo(&self, entry: (u32, u32)) {
+        lock(&self.shadow_fifo).push_back(entry);
+    }
+
+    /// Tier ids, fastest first.
+    pub fn tier_ids(&self) -> impl Iterator<Item = TierId> {
+        tier_ids(self.tier_count())
     }
 }
+
+/// Binds, advises and prepares each area (nothing is committed).
+fn set_up_areas(map: &Mapping, l: &Layout, cfg: &MemConfig) -> Result<(), MemError> {
+    let thp = if cfg.huge_pages {
+        Advice::HugePage
+    } else {
+        Advice::NoHugePage
+    };
+    sys::advise(map.addr(), map.len(), thp)?;
+    // The small half of each pool never gets huge pages (see `pool`).
+    for (t, &p) in l.pools.iter().enumerate() {
+        let half = l.pool_slots[t] / 2 * PAGE_SIZE;
+        sys::advise(p + half, half, Advice::NoHugePage)?;
+    }
+    let nodes: Vec<u32> = {
+        let mut v: Vec<u32> = cfg.tiers.iter().map(|t| t.node).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    // An explicit policy on every area keeps NUMA balancing's scanner away
+    // (it only scans ranges with the default policy), so the kernel does not
+    // unmap guest pages for hint faults or migrate them behind our back.
+    sys::mbind(l.guest, l.area_pages * PAGE_SIZE, &nodes)?;
+    sys::mbind(l.shadow, 2 * l.area_pages * PAGE_SIZE, &nodes)?;
+    for (t, spec) in cfg.tiers.iter().enumerate() {
+        sys::mbind(l.pools[t], l.pool_slots[t] * PAGE_SIZE, &[spec.node])?;
+    }
+    debug_assert!(l.guest.is_multiple_of(HUGE_PAGE_SIZE));
+    Ok(())
+}
+
+/// Attempts of a rollback move before it gives up.
+const ROLLBACK_ATTEMPTS: u32 = 8;
 
 /// Locks a mutex, ignoring poisoning (state stays consistent: every critical
 /// section is a few non-panicking updates).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a pool slot reservation for `pages` guest pages gave: one whole
+/// chunk (a 2 MiB run moves as a huge page) or separate page slots.
+#[derive(Debug, Clone)]
+pub(crate) enum Staging {
+    /// A whole huge chunk (its first slot) and what it held.
+    Chunk(Slot, Holds),
+    /// Page slots, each with what it held.
+    Pages(Vec<(Slot, Holds)>),
+}
+
+impl Staging {
+    /// Address of the `i`-th page.
+    pub(crate) fn addr(&self, mem: &TieredMemory, tier: TierId, i: usize) -> usize {
+        match self {
+            Staging::Chunk(first, _) => mem.slot_addr(tier, *first) + i * PAGE_SIZE,
+            Staging::Pages(v) => mem.slot_addr(tier, v[i].0),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -996,32 +1022,26 @@ mod tests {
 
     #[test]
     fn placement_parses() {
-        assert_eq!("random:9".parse(), Ok(Placement::Random { seed: 9 }));
-        assert_eq!("fast-first".parse(), Ok(Placement::FastFirst));
-        assert!("random:x".parse::<Placement>().is_err());
+        assert_eq!("random:9".parse(), Ok(InitialPlacement::Random { seed: 9 }));
+        assert_eq!("fast-first".parse(), Ok(InitialPlacement::FastFirst));
+        assert!("random:x".parse::<InitialPlacement>().is_err());
     }
 
     #[test]
-    fn placements_respect_capacities_exactly() {
-        for p in [
-            Placement::FastFirst,
-            Placement::SlowFirst,
-            Placement::Interleave,
-            Placement::Random { seed: 7 },
-        ] {
-            let t = initial_tiers(1000, 300, 800, p);
-            let fast = t.iter().filter(|t| **t == Tier::Fast).count();
-            assert!(fast <= 300 && 1000 - fast <= 800, "{p:?}: {fast}");
-            match p {
-                Placement::FastFirst => assert_eq!(fast, 300),
-                Placement::SlowFirst => assert_eq!(fast, 200),
-                Placement::Interleave => assert_eq!(fast, 300),
-                Placement::Random { .. } => assert!(fast > 250, "{fast}"),
-            }
-        }
-        assert_eq!(
-            initial_tiers(100, 50, 50, Placement::Random { seed: 1 }),
-            initial_tiers(100, 50, 50, Placement::Random { seed: 1 })
-        );
+    fn configs_that_cannot_hold_the_guest_are_refused() {
+        let mut c = MemConfig::new(64 * PAGE_SIZE, 16);
+        c.tiers[1].capacity_pages = 10;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("smaller than the guest"), "{e}");
+        let mut c = MemConfig::new(64 * PAGE_SIZE, 16);
+        c.tiers.clear();
+        assert!(c.validate().is_err());
+        let mut c = MemConfig::new(64 * PAGE_SIZE, 16);
+        c.tiers[0].max_capacity_pages = 1;
+        assert!(c.validate().is_err());
+        let mut c = MemConfig::new(64 * PAGE_SIZE, 16);
+        c.tiers[0].node = 99;
+        assert!(c.validate().is_err());
+        assert!(MemConfig::new(3, 1).validate().is_err());
     }
 }

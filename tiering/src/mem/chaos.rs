@@ -10,21 +10,24 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::migrate::{BatchOutcome, Mechanism, Migrator, Unit};
+use super::migrate::{BatchOutcome, Migrator};
+use crate::vocab::{Mechanism, TierId, Unit};
 
-/// Most pages one chaos batch migrates: bounds how long a stop waits.
+/// Most units one batch issues (bounds a batch's work whatever the rate).
+pub const MAX_UNITS_PER_BATCH: usize = 1 << 14;
+/// Most pages one migrate call of the driver moves (bounds how long a stop waits).
 const MAX_BATCH_PAGES: usize = 16384;
-/// Most units one interval asks for (a rate beyond is "as fast as possible").
-const MAX_UNITS_PER_INTERVAL: usize = 1 << 20;
 
 /// Chaos settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChaosConfig {
     /// Units migrated per second.
     pub units_per_sec: f64,
-    /// Promotion weight of the promote:demote mix.
+    /// Promotion weight of the promote:demote mix (a promotion goes to the
+    /// fastest tier).
     pub promote_weight: u32,
-    /// Demotion weight of the promote:demote mix.
+    /// Demotion weight of the promote:demote mix (a demotion goes to a
+    /// random slower tier).
     pub demote_weight: u32,
     /// Mechanism for every migration.
     pub mechanism: Mechanism,
@@ -44,7 +47,7 @@ impl Default for ChaosConfig {
             units_per_sec: 1000.0,
             promote_weight: 1,
             demote_weight: 1,
-            mechanism: Mechanism::Transactional,
+            mechanism: Mechanism::TPM,
             unit_pages: 1,
             seed: 1,
             interval: Duration::from_millis(10),
@@ -102,7 +105,7 @@ impl ChaosDriver {
             ));
         }
         if u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight) == 0
-            || cfg.units_per_sec.is_nan()
+            || !cfg.units_per_sec.is_finite()
             || cfg.units_per_sec <= 0.0
         {
             return Err(io::Error::new(
@@ -158,37 +161,41 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
     let mut owed = 0.0f64;
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        owed += cfg.units_per_sec * cfg.interval.as_secs_f64();
-        let k = (owed as usize).min(MAX_UNITS_PER_INTERVAL);
-        owed = (owed - k as f64).min(1.0);
-        let (mut up, mut down) = (Vec::new(), Vec::new());
+        // A rate beyond what one interval can issue is capped: the debt
+        // never grows past one batch, so any rate stops on time.
+        owed =
+            (owed + cfg.units_per_sec * cfg.interval.as_secs_f64()).min(MAX_UNITS_PER_BATCH as f64);
+        let k = owed as usize;
+        owed -= k as f64;
+        let tiers = m.memory().tier_count().max(1);
+        let mut batches: Vec<Vec<Unit>> = vec![Vec::new(); tiers];
         let total_w = u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight);
         for _ in 0..k {
             let u = Unit::run(
-                (base_slot + rng.next() as usize % slots) * cfg.unit_pages,
-                cfg.unit_pages,
+                ((base_slot + rng.next() as usize % slots) * cfg.unit_pages) as u64,
+                cfg.unit_pages as u32,
             );
-            if rng.next() % total_w < cfg.promote_weight as u64 {
-                up.push(u);
+            let to = if rng.next() % total_w < u64::from(cfg.promote_weight) || tiers == 1 {
+                0
             } else {
-                down.push(u);
-            }
+                1 + rng.next() as usize % (tiers - 1)
+            };
+            batches[to].push(u);
         }
         rep.units += k as u64;
-        // Batches of at most MAX_BATCH_PAGES, so a stop waits for one such
-        // batch at most, whatever the rate.
+        // At most MAX_BATCH_PAGES per call, and a stop is honoured between
+        // calls: a stop waits for one such batch whatever the unit size.
         let chunk = (MAX_BATCH_PAGES / cfg.unit_pages).max(1);
-        let batches = up.chunks(chunk).map(|c| (c, true));
-        for (units, promote) in batches.chain(down.chunks(chunk).map(|c| (c, false))) {
+        let calls = batches
+            .iter()
+            .enumerate()
+            .flat_map(|(to, units)| units.chunks(chunk).map(move |c| (to, c)));
+        for (to, units) in calls {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
             rep.batches += 1;
-            let r = if promote {
-                m.promote(units, cfg.mechanism)
-            } else {
-                m.demote(units, cfg.mechanism)
-            };
+            let r = m.migrate(units, to as TierId, cfg.mechanism);
             match r {
                 Ok(o) => rep.outcome.add(&o),
                 Err(e) => {

@@ -22,6 +22,19 @@ pub trait DirtyLog: Send + Sync {
     fn get(&self, bitmap: &mut [u64]) -> io::Result<()>;
     /// Clears the bits set in `mask`, starting at `first_page` (a multiple of 64).
     fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()>;
+    /// Whether the log is on when created. A log that can be switched
+    /// ([`set_logging`](DirtyLog::set_logging)) starts off, and when switched
+    /// on reports every page dirty and write-protects none
+    /// (`KVM_DIRTY_LOG_INITIALLY_SET`) until cleared.
+    fn starts_on(&self) -> bool {
+        true
+    }
+    /// Switches logging on or off (KVM maps guest RAM with huge pages only
+    /// while its memslot is not logged). A log that cannot be switched
+    /// ignores this.
+    fn set_logging(&self, _on: bool) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: DirtyLog + ?Sized> DirtyLog for std::sync::Arc<T> {
@@ -33,6 +46,12 @@ impl<T: DirtyLog + ?Sized> DirtyLog for std::sync::Arc<T> {
     }
     fn clear(&self, first_page: usize, mask: &[u64]) -> io::Result<()> {
         (**self).clear(first_page, mask)
+    }
+    fn starts_on(&self) -> bool {
+        (**self).starts_on()
+    }
+    fn set_logging(&self, on: bool) -> io::Result<()> {
+        (**self).set_logging(on)
     }
 }
 
@@ -58,14 +77,19 @@ pub struct WriteGuard<'a> {
     count: usize,
 }
 
+fn zeroed<T: crate::sys::ZeroableAtomic + Default>(n: usize) -> Box<[T]> {
+    crate::sys::zeroed_atomics(n).unwrap_or_else(|_| (0..n).map(|_| T::default()).collect())
+}
+
 impl SoftDirtyLog {
-    /// A clean log of `pages` pages.
+    /// A clean log of `pages` pages. Its memory comes zeroed from the
+    /// allocator, so the parts no write touches cost nothing.
     pub fn new(pages: usize) -> Self {
         let words = pages.div_ceil(64);
         Self {
-            bits: (0..words).map(|_| AtomicU64::new(0)).collect(),
-            word_writers: (0..words).map(|_| AtomicU32::new(0)).collect(),
-            page_writers: (0..pages).map(|_| AtomicU8::new(0)).collect(),
+            bits: zeroed(words),
+            word_writers: zeroed(words),
+            page_writers: zeroed(pages),
             pages,
         }
     }

@@ -5,22 +5,26 @@
 //!   the hole wakes the waiter. The handler flags the page `WAITER` and learns
 //!   the fill time from the release, to measure the stall. If the fill happened
 //!   before the event was read, it just issues a (harmless) `UFFDIO_WAKE`.
-//! - A parked page (hint-fault sampling): the handler records an
-//!   [`AccessSample`] and moves the page back, which wakes the waiter.
+//! - A parked page (hint-fault sampling): the handler records a
+//!   [`HintFaultRecord`] and moves the page back, which wakes the waiter.
+//! - A never-touched page: the handler commits it (lazy commit, see
+//!   [`super::commit`]); the move that fills it wakes the waiter.
 //! - Anything else (addresses outside guest RAM, pages that should be present):
 //!   counted as unexpected and woken, never a panic.
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::backing::{lock, TieredMemory};
-use super::page_map::{BUSY, PARKED, PROBE, SLOW};
-use super::sys::{FaultEvent, PAGE_SIZE};
-use super::AccessSample;
+use super::commit::CommitOutcome;
+use super::page_map::{BUSY, PARKED, POPULATED, PROBE};
+use super::HintFaultRecord;
+use crate::sys::{FaultEvent, PAGE_SIZE};
 
 /// A running fault handler thread; stops on [`stop`](FaultHandler::stop) or drop.
 #[derive(Debug)]
@@ -80,8 +84,8 @@ fn run(mem: &TieredMemory, stop: &AtomicBool) -> io::Result<()> {
     let mut pending: HashMap<usize, Pending> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         let timeout = if pending.is_empty() { 50 } else { 1 };
-        let (_, _) = mem.uffd.poll2(mem.release_event.raw_fd(), timeout)?;
-        mem.release_event.drain();
+        let (_, _) = mem.uffd.poll2(mem.release_event.as_raw_fd(), timeout)?;
+        let _ = mem.release_event.read();
         events.clear();
         mem.uffd.read_events(&mut events)?;
         for ev in &events {
@@ -137,7 +141,8 @@ fn handle_event(mem: &TieredMemory, ev: &FaultEvent, pending: &mut HashMap<usize
 }
 
 /// Resolves a fault on `page` if possible. Returns false when the page is
-/// still owned by a mover (the fault stays pending, `WAITER` set).
+/// still owned by a mover (the fault stays pending, `WAITER` set) or could
+/// not be committed yet (no tier has room right now; retried).
 fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>) -> bool {
     loop {
         let w = mem.pages.wait_if_busy(page);
@@ -152,59 +157,32 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
                 mem.release_page(page, 0, 0);
                 continue;
             }
-            // Record the sample before the move wakes the toucher, so that a
-            // drain right after the touch sees it.
-            let since_park = lock(&mem.park_epoch).elapsed();
-            let sample = AccessSample {
-                page: page as u64,
-                ns_since_park: since_park.as_nanos() as u64,
-                thread_id: p.thread_id,
-                write: p.write,
-            };
-            mem.counters.hint_faults.fetch_add(1, Ordering::Relaxed);
-            match mem.fault_path_hook() {
-                Some(hook) => {
-                    // The policy decides now; a promotion happens before the
-                    // faulting access resumes, and its whole duration is a
-                    // migration stall of the guest.
-                    let slow = mem.pages.load(page) & SLOW != 0;
-                    if hook(&sample) && slow {
-                        match mem.promote_parked_owned(page) {
-                            Ok(true) => {
-                                mem.release_page(page, 0, PARKED | PROBE | SLOW);
-                                let stall = p.arrival.elapsed().as_nanos() as u64;
-                                mem.counters.guest_stalls.fetch_add(1, Ordering::Relaxed);
-                                mem.counters
-                                    .guest_stall_ns
-                                    .fetch_add(stall, Ordering::Relaxed);
-                                return true;
-                            }
-                            Ok(false) => {}
-                            Err(e) => tracing::error!("fault-path promotion of page {page}: {e}"),
-                        }
-                    }
-                }
-                None => lock(&mem.samples).push(sample),
-            }
-            if let Err(e) =
-                mem.uffd
-                    .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, true)
-            {
-                tracing::error!("unparking page {page}: {e}");
-                mem.release_page(page, 0, 0);
-                return true;
-            }
-            mem.release_page(page, 0, PARKED | PROBE);
-            let stall = p.arrival.elapsed().as_nanos() as u64;
-            // A hint fault is tracking cost, not a migration stall: it is
-            // counted apart (tracking overhead), so `guest_stall_ms` measures
-            // what the mechanisms cost the guest.
-            mem.counters
-                .hint_stall_ns
-                .fetch_add(stall, Ordering::Relaxed);
+            hint_fault(mem, page, p);
             return true;
         }
-        // Present (filled before or while we looked): wake is harmless.
+        if w & POPULATED == 0 {
+            match mem.commit_first_touch(page) {
+                CommitOutcome::Present => {
+                    // The move that filled the page woke the waiter already.
+                    return true;
+                }
+                CommitOutcome::Busy => continue,
+                CommitOutcome::NoRoom => return false,
+            }
+        }
+        // Present (filled before or while we looked): wake is harmless. But
+        // if the bookkeeping says present and guest RAM has a hole, waking
+        // would make the guest fault again forever: recover the page.
+        if !crate::sys::resident(mem.guest_addr(page), 1)
+            .map(|r| r[0])
+            .unwrap_or(true)
+            && mem.pages.load(page) & (BUSY | PARKED) == 0
+        {
+            if mem.pages.try_acquire(page, false).is_some() {
+                mem.recover_hole(page);
+            }
+            continue;
+        }
         let _ = mem.uffd.wake(mem.guest_addr(page), PAGE_SIZE);
         let end = filled.unwrap_or_else(Instant::now);
         let stall = end.saturating_duration_since(p.arrival).as_nanos() as u64;
@@ -214,6 +192,60 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
             .fetch_add(stall, Ordering::Relaxed);
         return true;
     }
+}
+
+/// A touch of a parked page the handler owns now: record it (or let the
+/// fault-path policy promote the page) and map the page back.
+fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
+    // Record the sample before the move wakes the toucher, so that a drain
+    // right after the touch sees it.
+    let since_park = lock(&mem.park_epoch).elapsed();
+    let sample = HintFaultRecord {
+        page: page as u64,
+        ns_since_park: since_park.as_nanos() as u64,
+        thread_id: p.thread_id,
+        write: p.write,
+    };
+    mem.counters.hint_faults.fetch_add(1, Ordering::Relaxed);
+    match mem.fault_path_hook() {
+        Some(hook) => {
+            // The policy decides now; a promotion happens before the faulting
+            // access resumes, and its whole duration is a migration stall.
+            if hook(&sample) {
+                match mem.promote_parked_owned(page) {
+                    Ok(true) => {
+                        let stall = p.arrival.elapsed().as_nanos() as u64;
+                        mem.counters.guest_stalls.fetch_add(1, Ordering::Relaxed);
+                        mem.counters
+                            .guest_stall_ns
+                            .fetch_add(stall, Ordering::Relaxed);
+                        return;
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::error!("fault-path promotion of page {page}: {e}"),
+                }
+            }
+        }
+        None => lock(&mem.samples).push(sample),
+    }
+    if let Err(e) = mem
+        .uffd
+        .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, true)
+    {
+        // The page stays parked (its content is safe in the parking slot);
+        // the next touch tries again.
+        tracing::error!("unparking page {page}: {e}");
+        mem.release_page(page, 0, 0);
+        return;
+    }
+    mem.release_page(page, 0, PARKED | PROBE);
+    let stall = p.arrival.elapsed().as_nanos() as u64;
+    // A hint fault is tracking cost, not a migration stall: it is counted
+    // apart (tracking overhead), so `guest_stall_ms` measures what the
+    // mechanisms cost the guest.
+    mem.counters
+        .hint_stall_ns
+        .fetch_add(stall, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -242,7 +274,8 @@ mod tests {
         }
         assert!(pending.is_empty());
         assert_eq!(mem.stats().unexpected_faults, 3);
-        // A fault on a present guest page (already filled) resolves at once.
+        // A fault on a never-touched page commits it (16 pages: no whole
+        // 2 MiB range, so one 4 KiB page on the fast tier).
         let ev = FaultEvent {
             address: mem.guest_ptr() as u64 + 3 * PAGE_SIZE as u64,
             thread_id: 1,
@@ -250,6 +283,15 @@ mod tests {
         };
         handle_event(&mem, &ev, &mut pending);
         assert!(pending.is_empty());
+        let st = mem.stats();
+        assert_eq!((st.committed_pages, st.populated_pages), (1, 1));
+        assert_eq!(mem.tier_of(3), Some(0));
+        assert_eq!(st.tiers[0].resident_bytes, Some(PAGE_SIZE as u64));
+        // A fault on a present page (filled before the event was read)
+        // resolves at once, counted as a stall.
+        handle_event(&mem, &ev, &mut pending);
+        assert!(pending.is_empty());
         assert_eq!(mem.stats().guest_stalls, 1);
+        mem.check_consistency().unwrap();
     }
 }

@@ -13,17 +13,25 @@
 //! re-arms the pages it takes in [`DirtyHarvester::arm`].
 
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::backing::{lock, TieredMemory};
 use super::dirty::DirtyLog;
-use super::page_map::{Consumed, BUSY, PARKED, SHADOW};
+use super::page_map::{Consumed, BUSY, PARKED, SHADOW, SHADOW_BITS};
+
+/// How long logging must be unneeded before a harvest switches it off.
+pub const LOGGING_IDLE_OFF: Duration = Duration::from_secs(1);
 
 /// Owns GET/CLEAR of a [`DirtyLog`] (and of the VMM-write log of the memory).
 pub struct DirtyHarvester {
     log: Box<dyn DirtyLog>,
     scratch: Mutex<Scratch>,
+    /// Transactions between `arm` and their commit or abort.
+    in_flight: AtomicUsize,
+    /// A policy wants write counts: keep logging on.
+    required: AtomicBool,
 }
 
 /// Bitmaps reused across harvests.
@@ -34,6 +42,18 @@ struct Scratch {
     soft: Vec<u64>,
     /// Bits to clear (re-arm) in the log.
     rearm: Vec<u64>,
+    /// Whether the log is on.
+    logging: bool,
+    /// The next harvest is the first since logging went on: every bit is
+    /// set by `INITIALLY_SET`, not by a write.
+    fresh: bool,
+    /// Since when logging has been unneeded.
+    idle_since: Option<Instant>,
+    /// Times logging was switched on and off.
+    switches: u64,
+    /// Shadowed pages whose dirty bit a deferring harvest consumed (owned,
+    /// waiting for revalidation or invalidation).
+    deferred: Vec<(usize, u64)>,
 }
 
 impl std::fmt::Debug for DirtyHarvester {
@@ -59,21 +79,149 @@ impl DirtyHarvester {
         }
         let words = mem.guest_pages().div_ceil(64);
         let log_words = log.pages().div_ceil(64);
+        let logging = log.starts_on();
         Ok(Self {
             log,
             scratch: Mutex::new(Scratch {
                 kvm: vec![0; log_words],
                 soft: vec![0; words],
                 rearm: vec![0; words],
+                logging,
+                fresh: false,
+                idle_since: None,
+                switches: 0,
+                deferred: Vec::new(),
             }),
+            in_flight: AtomicUsize::new(0),
+            required: AtomicBool::new(false),
         })
+    }
+
+    /// Keeps logging on (a policy reads write counts) or lets it go off
+    /// when nothing needs it.
+    pub fn set_required(&self, required: bool) {
+        self.required.store(required, Ordering::Release);
+    }
+
+    /// Whether the dirty log is on now.
+    pub fn logging(&self) -> bool {
+        lock(&self.scratch).logging
+    }
+
+    /// How many times logging was switched on or off.
+    pub fn switches(&self) -> u64 {
+        lock(&self.scratch).switches
+    }
+
+    /// A mover starts a transaction (logging must stay on until it ends).
+    pub(crate) fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A mover's transaction ended.
+    pub(crate) fn end(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn switch_on(&self, mem: &TieredMemory, g: &mut Scratch) -> io::Result<()> {
+        if !g.logging {
+            self.log.set_logging(true)?;
+            g.logging = true;
+            g.fresh = true;
+            g.switches += 1;
+            mem.counters
+                .dirty_log_switches
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        g.idle_since = None;
+        Ok(())
+    }
+
+    /// Switches logging off once it has been unneeded for a while.
+    fn maybe_switch_off(&self, mem: &TieredMemory, g: &mut Scratch) {
+        let needed = self.required.load(Ordering::Acquire)
+            || self.in_flight.load(Ordering::Acquire) > 0
+            || mem.shadow_pages() > 0;
+        if !g.logging || needed || self.log.starts_on() {
+            g.idle_since = None;
+            return;
+        }
+        let now = Instant::now();
+        match g.idle_since {
+            None => g.idle_since = Some(now),
+            Some(t) if now.duration_since(t) >= LOGGING_IDLE_OFF => {
+                match self.log.set_logging(false) {
+                    Ok(()) => {
+                        g.logging = false;
+                        g.switches += 1;
+                        mem.counters
+                            .dirty_log_switches
+                            .fetch_add(1, Ordering::Relaxed);
+                        g.idle_since = None;
+                    }
+                    Err(e) => tracing::warn!("switching the dirty log off: {e}"),
+                }
+            }
+            Some(_) => {}
+        }
     }
 
     /// One harvest: GET, consume every set bit, CLEAR exactly those bits.
     /// Returns the number of dirty pages consumed.
     pub fn harvest(&self, mem: &TieredMemory) -> io::Result<usize> {
         let mut g = lock(&self.scratch);
-        self.harvest_locked(mem, &mut g)
+        if self.required.load(Ordering::Acquire) {
+            self.switch_on(mem, &mut g)?;
+        }
+        let n = self.harvest_locked(mem, &mut g, false)?;
+        self.maybe_switch_off(mem, &mut g);
+        Ok(n)
+    }
+
+    /// A harvest for a mover whose pages are unmapped right now (the guest
+    /// waits for them): dirty bits of the mover's pages are consumed as
+    /// usual, but the slower work on other shadowed pages (comparing with
+    /// the shadow, invalidating it) is deferred to
+    /// [`finish_deferred`](Self::finish_deferred), so the guest's wait is
+    /// not spent on pages it does not wait for.
+    pub fn harvest_deferring(&self, mem: &TieredMemory) -> io::Result<usize> {
+        let mut g = lock(&self.scratch);
+        self.harvest_locked(mem, &mut g, true)
+    }
+
+    /// Revalidates or invalidates the shadows a deferring harvest set aside
+    /// (also done at the start of every harvest, so nothing stays owned).
+    pub fn finish_deferred(&self, mem: &TieredMemory) {
+        let mut g = lock(&self.scratch);
+        self.process_deferred(mem, &mut g);
+    }
+
+    fn process_deferred(&self, mem: &TieredMemory, g: &mut Scratch) {
+        for (page, word) in std::mem::take(&mut g.deferred) {
+            self.invalidate_or_keep(mem, page, word);
+        }
+    }
+
+    /// A shadowed page whose dirty bit was consumed (the caller owns it):
+    /// keep the shadow if the page still equals it (re-armed), else free
+    /// the shadow; releases the page.
+    fn invalidate_or_keep(&self, mem: &TieredMemory, page: usize, word: u64) {
+        if word & SHADOW != 0 && self.revalidate_shadow(mem, page) {
+            // Not really written (see revalidate_shadow): keep the shadow;
+            // the page is re-armed already.
+            mem.release_page(page, 0, 0);
+            return;
+        }
+        // First write after promotion: the shadow is stale.
+        if word & SHADOW != 0 {
+            mem.free_shadow_owned(page);
+            mem.release_page(page, 0, SHADOW_BITS);
+            mem.counters
+                .shadow_invalidations
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        mem.release_page(page, 0, 0);
     }
 
     /// Arms the given (owned) pages: harvests first so no unconsumed bit is
@@ -82,7 +230,8 @@ impl DirtyHarvester {
     /// the next harvest.
     pub fn arm(&self, mem: &TieredMemory, pages: impl Iterator<Item = usize>) -> io::Result<()> {
         let mut g = lock(&self.scratch);
-        self.harvest_locked(mem, &mut g)?;
+        self.switch_on(mem, &mut g)?;
+        self.harvest_locked(mem, &mut g, false)?;
         let Scratch { rearm, .. } = &mut *g;
         rearm.iter_mut().for_each(|w| *w = 0);
         for p in pages {
@@ -108,6 +257,7 @@ impl DirtyHarvester {
             while w < mask.len() && mask[w] != 0 {
                 w += 1;
             }
+            mem.inject.io(crate::sys::FaultPoint::DirtyClear)?;
             self.log.clear(start * 64, &mask[start..w])?;
             mem.vmm_dirty_clear(start * 64, &mask[start..w])?;
         }
@@ -130,7 +280,10 @@ impl DirtyHarvester {
         }
         let first = page / 64 * 64;
         let mask = [1u64 << (page % 64)];
-        if self.log.clear(first, &mask).is_err() || mem.vmm_dirty_clear(first, &mask).is_err() {
+        if mem.inject.io(crate::sys::FaultPoint::DirtyClear).is_err()
+            || self.log.clear(first, &mask).is_err()
+            || mem.vmm_dirty_clear(first, &mask).is_err()
+        {
             return false;
         }
         let same = mem.page_matches_shadow(page);
@@ -142,8 +295,29 @@ impl DirtyHarvester {
         same
     }
 
-    fn harvest_locked(&self, mem: &TieredMemory, scratch: &mut Scratch) -> io::Result<usize> {
-        let Scratch { kvm, soft, rearm } = scratch;
+    fn harvest_locked(
+        &self,
+        mem: &TieredMemory,
+        scratch: &mut Scratch,
+        defer: bool,
+    ) -> io::Result<usize> {
+        if !defer {
+            self.process_deferred(mem, scratch);
+        }
+        if !scratch.logging {
+            // Nothing is tracked while logging is off (no transaction, no
+            // shadow); the VMM-write log only matters for tracked pages.
+            return Ok(0);
+        }
+        let fresh = std::mem::take(&mut scratch.fresh);
+        let Scratch {
+            kvm,
+            soft,
+            rearm,
+            deferred,
+            ..
+        } = scratch;
+        mem.inject.io(crate::sys::FaultPoint::DirtyGet)?;
         self.log.get(kvm)?;
         mem.vmm_dirty_get(soft)?;
         let n = mem.guest_pages();
@@ -164,35 +338,35 @@ impl DirtyHarvester {
                 }
                 if mem.pages.load(page) & (BUSY | SHADOW) == 0 {
                     // Nobody tracks this page: count the write once and leave
-                    // its bit set so the guest keeps writing without faults.
-                    consumed += usize::from(mem.pages.mark_unarmed(page));
+                    // its bit set so the guest keeps writing without faults
+                    // (the first harvest after switching on counts nothing:
+                    // every bit was set by the switch).
+                    if fresh {
+                        mem.pages.mark_unarmed_uncounted(page);
+                    } else {
+                        consumed += usize::from(mem.pages.mark_unarmed(page));
+                    }
+                    continue;
+                }
+                let word = mem.pages.load(page);
+                if word & (BUSY | PARKED | SHADOW) == PARKED | SHADOW {
+                    // A parked shadowed page cannot be written while parked;
+                    // its bit predates the parking. Leave it set (unconsumed)
+                    // for the harvest after its touch maps it back: taking
+                    // the page now would make that touch wait for us.
                     continue;
                 }
                 consumed += 1;
                 rearm[w] |= 1 << i;
                 if let Consumed::OwnedForInvalidation(word) = mem.pages.consume_dirty(page) {
-                    if word & SHADOW != 0 && self.revalidate_shadow(mem, page) {
-                        // Not really written (see revalidate_shadow): keep the
-                        // shadow; the page is re-armed already.
-                        rearm[w] &= !(1 << i);
-                        mem.release_page(page, 0, 0);
-                        continue;
-                    }
+                    // Revalidation re-arms the page itself (see there);
+                    // invalidation leaves it unarmed (no shadow to protect).
                     rearm[w] &= !(1 << i);
-                    // First write after promotion: the shadow is stale.
-                    if word & SHADOW != 0 {
-                        match mem.free_shadow_owned(page) {
-                            Ok(()) => {
-                                mem.release_page(page, 0, SHADOW);
-                                mem.counters
-                                    .shadow_invalidations
-                                    .fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                            Err(e) => tracing::error!("shadow invalidation of page {page}: {e}"),
-                        }
+                    if defer {
+                        deferred.push((page, word));
+                    } else {
+                        self.invalidate_or_keep(mem, page, word);
                     }
-                    mem.release_page(page, 0, 0);
                 }
             }
         }

@@ -1,14 +1,25 @@
 //! [`Migrator`]: the migration mechanisms, usable by any policy.
 //!
-//! - Transactional migration (TPM), batched: arm the dirty log, copy while
-//!   the guest runs, unmap, one harvest, commit clean units / abort dirty ones
-//!   (aborted units go to a retry queue with exponential back-off). A
-//!   promotion keeps the old slow page as the shadow.
+//! - Transactional migration (TPM, Nomad §3.2), batched: reserve capacity
+//!   and staging on the destination tier, arm the dirty log, copy while the
+//!   guest runs, unmap (the old page moves to the page's shadow slot), one
+//!   harvest, then commit clean units (map the staging page) or abort dirty
+//!   ones (map the old page back; retried later with exponential back-off).
+//!   A promotion may keep the old page as the shadow (non-exclusive tiering).
 //! - Stop-and-copy (exclusive, like Linux/TPP): unmap, copy, map.
-//! - Kernel `move_pages(2)` (on a one-node host it moves nothing: the node
-//!   is already right; only the emulated tier bookkeeping changes).
-//! - Shadow demotion: unmap the fast page, map the shadow back if the page was
-//!   not written since promotion, else copy into the shadow first.
+//! - Kernel `move_pages(2)` (exclusive, in place; on a one-node host only
+//!   the tier bookkeeping changes).
+//! - Shadow demotion (Nomad §3.3): unmap the page, map its shadow back in
+//!   its place if the page was not written since its promotion, else copy
+//!   into the shadow first.
+//!
+//! Pages of one batch that are contiguous move with one range move (a
+//! 2 MiB aligned run of a huge page moves as one huge page). Every step that
+//! can fail leaves each page where the kernel says it is: the outcome of a
+//! failed move is settled page by page from residency ([`Migrator`]'s
+//! `settle`), so a failure never loses a page or corrupts the bookkeeping,
+//! and a page whose content cannot be found stops the VM with an error
+//! (never silently).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,85 +28,16 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::backing::{lock, TieredMemory};
+use super::backing::{lock, Staging, TieredMemory};
 use super::dirty::DirtyLog;
 use super::harvest::DirtyHarvester;
-use super::page_map::{self, DIRTY_SEEN, SHADOW, SLOW};
-use super::pool::SlotKind;
-use super::sys::{self, PAGE_SIZE};
-use super::Tier;
+use super::page_map::{self, on_tier, shadow_on, DIRTY_SEEN, PLACEMENT_BITS, SHADOW, SHADOW_BITS};
+use super::pool::{Holds, CHUNK_SLOTS};
+use crate::sys::{self, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::vocab::{Mechanism, TierId, Unit, PAGES_PER_2M};
 
 /// Largest unit: a 2 MiB run of 512 pages.
-pub const MAX_UNIT_PAGES: usize = 512;
-
-/// A migration unit: one 4 KiB page or a contiguous run of up to 512 pages
-/// moved with range moves and one dirty check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Unit {
-    /// First guest page (guest-physical address / 4096).
-    pub first_page: usize,
-    /// Number of pages (1..=512).
-    pub pages: usize,
-}
-
-impl Unit {
-    /// A single 4 KiB page.
-    pub fn page(page: usize) -> Self {
-        Self {
-            first_page: page,
-            pages: 1,
-        }
-    }
-    /// A run of `pages` pages from `first_page`.
-    pub fn run(first_page: usize, pages: usize) -> Self {
-        Self { first_page, pages }
-    }
-}
-
-/// Direction of a migration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Direction {
-    /// Slow to fast.
-    Promote,
-    /// Fast to slow.
-    Demote,
-}
-
-impl Direction {
-    fn tiers(self) -> (Tier, Tier) {
-        match self {
-            Direction::Promote => (Tier::Slow, Tier::Fast),
-            Direction::Demote => (Tier::Fast, Tier::Slow),
-        }
-    }
-}
-
-/// How pages are moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Mechanism {
-    /// Transactional migration (Nomad's TPM): copy while the guest runs,
-    /// commit only if not written meanwhile. Promotions keep a shadow.
-    Transactional,
-    /// Exclusive stop-and-copy: a guest touch waits for the whole unit's copy.
-    StopAndCopy,
-    /// The kernel's own `move_pages(2)` (exclusive; a no-op on a one-node host).
-    KernelMovePages,
-}
-
-impl std::str::FromStr for Mechanism {
-    type Err = String;
-    /// Parses `tpm`, `stop-copy` or `move-pages`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "tpm" | "transactional" => Ok(Mechanism::Transactional),
-            "stop-copy" | "stop-and-copy" => Ok(Mechanism::StopAndCopy),
-            "move-pages" => Ok(Mechanism::KernelMovePages),
-            _ => Err(format!(
-                "unknown mechanism '{s}': use tpm, stop-copy or move-pages"
-            )),
-        }
-    }
-}
+pub const MAX_UNIT_PAGES: usize = PAGES_PER_2M as usize;
 
 /// What one batch did. Page counts unless noted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,10 +56,12 @@ pub struct BatchOutcome {
     pub shadow_demoted: usize,
     /// Demoted by copying into their (stale) shadow.
     pub shadow_copied: usize,
-    /// Skipped: no free page on the destination tier.
+    /// Skipped: no room on the destination tier.
     pub skipped_no_space: usize,
     /// Skipped: owned by another mover or parked.
     pub skipped_busy: usize,
+    /// Skipped: never touched by the guest (nothing to move).
+    pub skipped_untouched: usize,
     /// Already on the destination tier.
     pub already_placed: usize,
 }
@@ -134,6 +78,7 @@ impl BatchOutcome {
         self.shadow_copied += o.shadow_copied;
         self.skipped_no_space += o.skipped_no_space;
         self.skipped_busy += o.skipped_busy;
+        self.skipped_untouched += o.skipped_untouched;
         self.already_placed += o.already_placed;
     }
 }
@@ -159,31 +104,52 @@ impl Default for MigratorConfig {
 #[derive(Debug, Clone)]
 struct Retry {
     unit: Unit,
-    dir: Direction,
+    to: TierId,
+    keep_shadow: bool,
     attempts: u32,
     due: Instant,
 }
 
-/// A run of owned pages on the same tier.
+/// A run of owned guest pages on one tier, moving together.
 #[derive(Debug, Clone, Copy)]
 struct Run {
     first: usize,
     len: usize,
+    from: TierId,
 }
 
 impl Run {
     fn pages(self) -> std::ops::Range<usize> {
         self.first..self.first + self.len
     }
+    /// A whole 2 MiB aligned run (can move as one huge page).
+    fn is_huge(self) -> bool {
+        self.len == CHUNK_SLOTS && self.first.is_multiple_of(CHUNK_SLOTS)
+    }
 }
 
-/// A prepared transaction.
+/// A run with its destination reservation and staging pages.
 struct Txn {
     run: Run,
-    staging: Vec<u32>,
-    /// Fast pool holes receiving the old pages (demotion); promotions park
-    /// the old page in the shadow slot instead.
-    old_slots: Option<Vec<u32>>,
+    staging: Staging,
+}
+
+/// Ends a harvester transaction when dropped (on every return path).
+struct EndOnDrop<'a>(&'a DirtyHarvester);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
+/// How a page of a failed step ended up, from residency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// The new copy is in guest RAM, the old one in the shadow slot.
+    Committed,
+    /// The old page is (back) in guest RAM.
+    Restored,
 }
 
 /// The migration mechanisms over one [`TieredMemory`]. Thread-safe: several
@@ -238,24 +204,32 @@ impl Migrator {
         self.harvester.harvest(&self.mem)
     }
 
-    /// Promotes units (slow to fast).
+    /// Keeps the dirty log on (a policy reads write counts), or lets it go
+    /// off while nothing needs it (huge-page mappings in KVM).
+    pub fn set_dirty_log_required(&self, required: bool) {
+        self.harvester.set_required(required);
+    }
+
+    /// Whether the dirty log is on, and how many times it was switched.
+    pub fn dirty_log_state(&self) -> (bool, u64) {
+        (self.harvester.logging(), self.harvester.switches())
+    }
+
+    /// Promotes units to the fastest tier.
     pub fn promote(&self, units: &[Unit], mech: Mechanism) -> io::Result<BatchOutcome> {
-        self.migrate(units, Direction::Promote, mech)
+        self.migrate(units, 0, mech)
     }
 
-    /// Demotes units (fast to slow); pages with a shadow use shadow demotion.
+    /// Demotes units to the slowest tier; pages with a shadow there use
+    /// shadow demotion.
     pub fn demote(&self, units: &[Unit], mech: Mechanism) -> io::Result<BatchOutcome> {
-        self.migrate(units, Direction::Demote, mech)
+        let slowest = (self.mem.tier_count() - 1) as TierId;
+        self.migrate(units, slowest, mech)
     }
 
-    /// Migrates units in one batch.
-    pub fn migrate(
-        &self,
-        units: &[Unit],
-        dir: Direction,
-        mech: Mechanism,
-    ) -> io::Result<BatchOutcome> {
-        self.migrate_attempt(units, dir, mech, 0)
+    /// Migrates units to tier `to` in one batch.
+    pub fn migrate(&self, units: &[Unit], to: TierId, mech: Mechanism) -> io::Result<BatchOutcome> {
+        self.migrate_attempt(units, to, mech, 0)
     }
 
     /// Number of aborted units waiting for a retry.
@@ -263,8 +237,7 @@ impl Migrator {
         lock(&self.retries).len()
     }
 
-    /// Retries the aborted units whose back-off has expired (as one batch per
-    /// direction).
+    /// Retries the aborted units whose back-off has expired.
     pub fn run_due_retries(&self) -> io::Result<BatchOutcome> {
         let now = Instant::now();
         let due: Vec<Retry> = {
@@ -274,24 +247,41 @@ impl Migrator {
             due
         };
         let mut out = BatchOutcome::default();
+        let mut first_err = None;
         for r in due {
             self.mem
                 .counters
                 .tpm_retries
                 .fetch_add(1, Ordering::Relaxed);
-            let o = self.migrate_attempt(&[r.unit], r.dir, Mechanism::Transactional, r.attempts)?;
-            out.add(&o);
+            let mech = Mechanism::Transactional {
+                keep_shadow: r.keep_shadow,
+            };
+            match self.migrate_attempt(&[r.unit], r.to, mech, r.attempts) {
+                Ok(o) => out.add(&o),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
         }
-        Ok(out)
+        first_err.map_or(Ok(out), Err)
     }
 
-    fn validate(&self, units: &[Unit]) -> io::Result<()> {
+    fn validate(&self, units: &[Unit], to: TierId) -> io::Result<()> {
+        if usize::from(to) >= self.mem.tier_count() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "migration to tier {to}: this memory has {} tiers",
+                    self.mem.tier_count()
+                ),
+            ));
+        }
         for u in units {
             if u.pages == 0
-                || u.pages > MAX_UNIT_PAGES
-                || u.first_page
-                    .checked_add(u.pages)
-                    .is_none_or(|e| e > self.mem.guest_pages())
+                || u.pages as usize > MAX_UNIT_PAGES
+                || u.page
+                    .checked_add(u64::from(u.pages))
+                    .is_none_or(|e| e > self.mem.guest_pages() as u64)
             {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -309,326 +299,436 @@ impl Migrator {
     fn migrate_attempt(
         &self,
         units: &[Unit],
-        dir: Direction,
+        to: TierId,
         mech: Mechanism,
         attempts: u32,
     ) -> io::Result<BatchOutcome> {
-        self.validate(units)?;
-        let mem = &*self.mem;
-        let (src, _) = dir.tiers();
+        self.validate(units, to)?;
         let mut out = BatchOutcome::default();
-        let mut copy_runs = Vec::new();
-        let mut shadow_runs = Vec::new();
-        for u in units {
-            let mut words = Vec::with_capacity(u.pages);
-            for p in u.first_page..u.first_page + u.pages {
-                match mem.pages.try_acquire(p, false) {
-                    Some(w) => words.push(w),
-                    None => break,
-                }
-            }
-            if words.len() < u.pages {
-                for p in u.first_page..u.first_page + words.len() {
-                    mem.release_page(p, 0, 0);
-                }
-                out.skipped_busy += u.pages;
-                mem.counters
-                    .skipped_busy
-                    .fetch_add(u.pages as u64, Ordering::Relaxed);
-                continue;
-            }
-            // Classify: 0 = already placed, 1 = copy, 2 = shadow demotion.
-            let class = |w: u32| {
-                if page_map::tier_of(w) != src {
-                    0
-                } else if dir == Direction::Demote && w & SHADOW != 0 {
-                    2
-                } else {
-                    1
-                }
-            };
-            let mut i = 0;
-            while i < u.pages {
-                let c = class(words[i]);
-                let start = i;
-                while i < u.pages && class(words[i]) == c {
-                    i += 1;
-                }
-                let run = Run {
-                    first: u.first_page + start,
-                    len: i - start,
-                };
-                match c {
-                    0 => {
-                        for p in run.pages() {
-                            mem.release_page(p, 0, 0);
-                        }
-                        out.already_placed += run.len;
-                    }
-                    1 => copy_runs.push(run),
-                    _ => shadow_runs.push(run),
-                }
-            }
-        }
+        let (copy_runs, shadow_runs) = self.acquire_and_classify(units, to, &mut out);
         let r1 = match mech {
-            Mechanism::Transactional => self.tpm(&copy_runs, dir, attempts, &mut out),
-            Mechanism::StopAndCopy => self.stop_and_copy(&copy_runs, dir, &mut out),
-            Mechanism::KernelMovePages => self.kernel_move_pages(&copy_runs, dir, &mut out),
+            Mechanism::Transactional { keep_shadow } => {
+                self.tpm(&copy_runs, to, keep_shadow, attempts, &mut out)
+            }
+            Mechanism::StopAndCopy | Mechanism::ShadowDemotion => {
+                self.stop_and_copy(&copy_runs, to, &mut out)
+            }
+            Mechanism::KernelMovePages => self.kernel_move_pages(&copy_runs, to, &mut out),
         };
-        let r2 = self.shadow_demote(&shadow_runs, &mut out);
-        let low = mem.shadow_low_watermark();
-        if mem.free_pages(Tier::Slow) < low {
-            mem.reclaim_shadows(2 * low);
+        let r2 = self.shadow_demote(&shadow_runs, to, &mut out);
+        for t in self.mem.tier_ids() {
+            let low = self.mem.shadow_low_watermark(t);
+            if self.mem.free_pages(t) < low {
+                self.mem.reclaim_shadows(t, 2 * low);
+            }
         }
         r1?;
         r2?;
         Ok(out)
     }
 
-    /// Reserves `len` free pages on `dst` (reclaiming shadows first for the
-    /// slow tier). None: no space (counted and the run's pages released).
-    fn reserve_destination(&self, dst: Tier, run: Run, out: &mut BatchOutcome) -> Option<Vec<u32>> {
-        let mem = &*self.mem;
-        if dst == Tier::Slow {
-            let want = run.len + mem.shadow_low_watermark();
-            if mem.free_pages(Tier::Slow) < want {
-                mem.reclaim_shadows(want);
-            }
-        }
-        let r = mem.reserve(dst, run.len, SlotKind::Free);
-        if r.is_none() {
-            for p in run.pages() {
-                mem.release_page(p, 0, 0);
-            }
-            out.skipped_no_space += run.len;
-            mem.counters
-                .skipped_no_space
-                .fetch_add(run.len as u64, Ordering::Relaxed);
-        }
-        r
-    }
-
-    /// Rollback for an owned `run` whose pages sit (or may sit) in the pool
-    /// slots `slots` of `tier`: moves each back into guest RAM (a page already
-    /// back makes its move fail harmlessly) and releases it.
-    fn put_back(&self, run: Run, tier: Tier, slots: &[u32]) {
-        let mem = &*self.mem;
-        for (i, p) in run.pages().enumerate() {
-            let _ = mem.uffd.move_range(
-                mem.guest_addr(p),
-                mem.pool_addr(tier, slots[i]),
-                PAGE_SIZE,
-                true,
-            );
-            mem.release_page(p, 0, 0);
-        }
-    }
-
-    /// Reserves, for an owned `run`, free destination pages in `dst` and
-    /// holes for the old pages in `src`. On failure every reservation and the
-    /// pages are released: `Ok(None)` = no room (counted as skipped), `Err` =
-    /// an accounting failure.
-    fn reserve_exchange(
+    /// Step 0: takes every page of each unit (a unit is skipped whole if
+    /// one of its pages is owned or parked), and sorts the pages into runs:
+    /// pages to copy (grouped by source tier) and pages whose shadow is on
+    /// the destination (shadow demotion). Pages already there, or never
+    /// touched, are released at once.
+    fn acquire_and_classify(
         &self,
-        src: Tier,
-        dst: Tier,
-        run: Run,
+        units: &[Unit],
+        to: TierId,
         out: &mut BatchOutcome,
-    ) -> io::Result<Option<(Vec<u32>, Vec<u32>)>> {
-        let Some(fresh) = self.reserve_destination(dst, run, out) else {
-            return Ok(None);
-        };
-        match self.reserve_holes(src, run.len) {
-            Ok(holes) => Ok(Some((fresh, holes))),
-            Err(e) => {
-                self.mem.unreserve(dst, &fresh, SlotKind::Free);
-                for p in run.pages() {
-                    self.mem.release_page(p, 0, 0);
+    ) -> (Vec<Run>, Vec<Run>) {
+        let mem = &*self.mem;
+        let mut copy_runs = Vec::new();
+        let mut shadow_runs = Vec::new();
+        for u in units {
+            let (first, len) = (u.page as usize, u.pages as usize);
+            let mut words = Vec::with_capacity(len);
+            for p in first..first + len {
+                match mem.pages.try_acquire(p, false) {
+                    Some(w) => words.push(w),
+                    None => break,
                 }
-                Err(e)
+            }
+            if words.len() < len {
+                for p in first..first + words.len() {
+                    mem.release_page(p, 0, 0);
+                }
+                out.skipped_busy += len;
+                mem.counters
+                    .skipped_busy
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                continue;
+            }
+            // Class: None = release now, Some((shadow?, from)).
+            let class = |w: u64| -> Option<(bool, TierId)> {
+                let from = page_map::tier_of(w)?;
+                if from == to {
+                    return None;
+                }
+                Some((page_map::shadow_tier_of(w) == Some(to), from))
+            };
+            let mut i = 0;
+            while i < len {
+                let c = class(words[i]);
+                let start = i;
+                while i < len && class(words[i]) == c {
+                    i += 1;
+                }
+                let run_pages = first + start..first + i;
+                match c {
+                    None => {
+                        for p in run_pages {
+                            if page_map::tier_of(mem.pages.load(p)).is_none() {
+                                out.skipped_untouched += 1;
+                            } else {
+                                out.already_placed += 1;
+                            }
+                            mem.release_page(p, 0, 0);
+                        }
+                    }
+                    Some((shadow, from)) => {
+                        let run = Run {
+                            first: first + start,
+                            len: i - start,
+                            from,
+                        };
+                        if shadow {
+                            shadow_runs.push(run);
+                        } else {
+                            copy_runs.push(run);
+                        }
+                    }
+                }
+            }
+        }
+        (copy_runs, shadow_runs)
+    }
+
+    /// Reserves capacity and staging on `to` for each run (reclaiming
+    /// shadows on `to` first when it is short). Runs without room are
+    /// released and counted as skipped.
+    fn prepare(&self, runs: &[Run], to: TierId, out: &mut BatchOutcome) -> Vec<Txn> {
+        let mem = &*self.mem;
+        let account = &mem.tiers[usize::from(to)];
+        let mut txns = Vec::with_capacity(runs.len());
+        for &run in runs {
+            let mut ok = account.try_reserve(run.len as u64);
+            if !ok {
+                mem.reclaim_shadows(to, run.len + mem.shadow_low_watermark(to));
+                ok = account.try_reserve(run.len as u64);
+            }
+            let staging = if ok {
+                let prefer = Holds::Cached;
+                let s = if run.is_huge() {
+                    mem.reserve_staging(to, CHUNK_SLOTS, prefer)
+                } else {
+                    mem.pool(to)
+                        .reserve_pages(run.len, prefer)
+                        .map(Staging::Pages)
+                };
+                if s.is_none() {
+                    account.unreserve(run.len as u64);
+                    tracing::error!(
+                        "tier {to} pool has no slot for {} pages (accounting bug)",
+                        run.len
+                    );
+                }
+                s
+            } else {
+                None
+            };
+            let Some(staging) = staging else {
+                for p in run.pages() {
+                    mem.release_page(p, 0, 0);
+                }
+                out.skipped_no_space += run.len;
+                mem.counters
+                    .skipped_no_space
+                    .fetch_add(run.len as u64, Ordering::Relaxed);
+                continue;
+            };
+            // A page with a shadow elsewhere gives it up: its shadow slot
+            // receives the old page during the move.
+            for p in run.pages() {
+                if mem.pages.load(p) & SHADOW != 0 {
+                    mem.free_shadow_owned(p);
+                }
+            }
+            txns.push(Txn { run, staging });
+        }
+        txns
+    }
+
+    /// Moves the old pages of `txns` out of guest RAM into their shadow
+    /// slots. Returns the transactions whose pages all moved; the others are
+    /// settled and finished as aborted (nothing changed for them).
+    fn unmap(
+        &self,
+        txns: Vec<Txn>,
+        to: TierId,
+        out: &mut BatchOutcome,
+        first_err: &mut Option<io::Error>,
+    ) -> Vec<Txn> {
+        let mem = &*self.mem;
+        let pairs: Vec<_> = txns
+            .iter()
+            .flat_map(|t| {
+                t.run
+                    .pages()
+                    .map(|p| (mem.shadow_addr(p), mem.guest_addr(p)))
+            })
+            .collect();
+        match self.move_healing(&pairs) {
+            Ok(()) => txns,
+            Err(e) => {
+                first_err.get_or_insert(e);
+                for t in &txns {
+                    self.settle_and_finish(t, to, false, false, out);
+                }
+                Vec::new()
             }
         }
     }
 
-    /// Reserves holes for old pages in `tier`'s pool; they always exist while
-    /// the accounting holds (the pool has a slot for every page of the tier).
-    fn reserve_holes(&self, tier: Tier, n: usize) -> io::Result<Vec<u32>> {
-        self.mem.reserve(tier, n, SlotKind::Hole).ok_or_else(|| {
-            io::Error::other(format!(
-                "{} pool has fewer than {n} empty slots: page accounting is broken",
-                tier.name()
-            ))
-        })
+    /// `move_pairs`, but a destination slot in the shadow or parking area
+    /// that holds a stray page (no page owns it: the page is ours and its
+    /// shadow was freed) is discarded and the move retried once.
+    fn move_healing(&self, pairs: &[(usize, usize)]) -> io::Result<()> {
+        match self.mem.move_pairs(pairs) {
+            Ok(()) => Ok(()),
+            Err(e) if e.dst_not_a_hole() => {
+                let mem = &*self.mem;
+                let mut healed = 0;
+                for &(dst, src) in pairs {
+                    let dst_full = sys::resident(dst, 1).map(|r| r[0]).unwrap_or(false);
+                    let src_full = sys::resident(src, 1).map(|r| r[0]).unwrap_or(false);
+                    if dst_full && src_full {
+                        let _ = sys::discard(dst, PAGE_SIZE);
+                        healed += 1;
+                    }
+                }
+                mem.counters.slot_heals.fetch_add(healed, Ordering::Relaxed);
+                tracing::warn!("{e}: {healed} stray slot pages discarded, retrying");
+                let rest: Vec<_> = pairs
+                    .iter()
+                    .copied()
+                    .filter(|&(_, src)| sys::resident(src, 1).map(|r| r[0]).unwrap_or(false))
+                    .collect();
+                mem.move_pairs(&rest).map_err(io::Error::from)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Copies the old pages (at `src_of(page)`) into the staging pages.
+    fn copy_into_staging(&self, t: &Txn, to: TierId, src_of: impl Fn(usize) -> usize) {
+        let mem = &*self.mem;
+        for (i, p) in t.run.pages().enumerate() {
+            // SAFETY: both addresses are page-aligned pages of our mapping: the source is
+            // present (we own the page, nobody else moves it) and the staging page is a
+            // reserved pool slot (a hole is allocated on the tier's node by the write).
+            unsafe {
+                sys::copy_volatile(
+                    t.staging.addr(mem, to, i) as *mut u8,
+                    src_of(p) as *const u8,
+                    PAGE_SIZE,
+                )
+            };
+        }
     }
 
     fn tpm(
         &self,
         runs: &[Run],
-        dir: Direction,
+        to: TierId,
+        keep_shadow: bool,
         attempts: u32,
         out: &mut BatchOutcome,
     ) -> io::Result<()> {
         let mem = &*self.mem;
-        let (_, dst) = dir.tiers();
         let skip = self.skip_dirty_check.load(Ordering::Relaxed);
         let mut first_err = None;
-        let mut txns = Vec::new();
-        for &run in runs {
-            let Some(staging) = self.reserve_destination(dst, run, out) else {
-                continue;
-            };
-            let old_slots = if dir == Direction::Demote {
-                match self.reserve_holes(Tier::Fast, run.len) {
-                    Ok(h) => Some(h),
-                    Err(e) => {
-                        mem.unreserve(dst, &staging, SlotKind::Free);
-                        for p in run.pages() {
-                            mem.release_page(p, 0, 0);
-                        }
-                        first_err.get_or_insert(e);
-                        continue;
-                    }
-                }
-            } else {
-                None
-            };
-            txns.push(Txn {
-                run,
-                staging,
-                old_slots,
-            });
-        }
+        // 1. Reserve capacity and staging pages on the destination.
+        let txns = self.prepare(runs, to, out);
         if txns.is_empty() {
-            return first_err.map_or(Ok(()), Err);
+            return Ok(());
         }
-        let old_addr = |t: &Txn, i: usize| match &t.old_slots {
-            Some(s) => mem.pool_addr(Tier::Fast, s[i]),
-            None => mem.shadow_addr(t.run.first + i),
-        };
-        // 1. Arm: from now on a write to these pages shows up as DIRTY_SEEN.
+        // 2. Arm: from now on a write to these pages shows up as DIRTY_SEEN.
+        //    (Logging stays on until the batch ends.)
+        self.harvester.begin();
+        let _end = EndOnDrop(&self.harvester);
         if !skip {
-            self.harvester
-                .arm(mem, txns.iter().flat_map(|t| t.run.pages()))?;
-        }
-        // 2. Copy while the guest keeps running.
-        for t in &txns {
-            for (i, p) in t.run.pages().enumerate() {
-                // SAFETY: both addresses are page-aligned pages of our mapping: the guest
-                // page is present (we own it, nobody else moves it) and the staging page is
-                // a reserved free pool page.
-                unsafe {
-                    sys::copy_page(
-                        mem.pool_addr(dst, t.staging[i]) as *mut u8,
-                        mem.guest_addr(p) as *const u8,
-                    )
-                };
-            }
-        }
-        crate::test_point::reached(crate::test_point::TestPoint::TpmCopied);
-        // 3. Unmap: move the old pages out of guest RAM (zero copy). Guest
-        //    accesses now fault and wait.
-        let mut live = Vec::with_capacity(txns.len());
-        for t in txns {
-            let pairs: Vec<_> = t
-                .run
-                .pages()
-                .enumerate()
-                .map(|(i, p)| (old_addr(&t, i), mem.guest_addr(p)))
-                .collect();
-            match mem.move_pairs(&pairs) {
-                Ok(()) => live.push(t),
-                Err(e) => {
-                    self.restore_guest(&t, &old_addr, dst);
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        // 4. One harvest decides every transaction of the batch.
-        if !skip {
-            if let Err(e) = self.harvester.harvest(mem) {
-                // Without a verdict, abort everything.
-                for t in &live {
-                    self.abort(t, &old_addr, dst, dir, attempts, out);
+            if let Err(e) = self
+                .harvester
+                .arm(mem, txns.iter().flat_map(|t| t.run.pages()))
+            {
+                // Nothing moved yet: give everything back.
+                for t in &txns {
+                    self.finish_aborted(t, to, out);
                 }
                 return Err(e);
             }
         }
-        for t in &live {
-            let dirty = !skip && t.run.pages().any(|p| mem.pages.load(p) & DIRTY_SEEN != 0);
-            if dirty {
-                self.abort(t, &old_addr, dst, dir, attempts, out);
-                continue;
-            }
-            // 5. Commit: map the staging pages (this wakes waiting faults).
-            let pairs: Vec<_> = t
-                .run
-                .pages()
-                .enumerate()
-                .map(|(i, p)| (mem.guest_addr(p), mem.pool_addr(dst, t.staging[i])))
-                .collect();
-            if let Err(e) = mem.move_pairs(&pairs) {
-                self.restore_guest(t, &old_addr, dst);
-                first_err.get_or_insert(e);
-                continue;
-            }
-            mem.unreserve(dst, &t.staging, SlotKind::Hole);
-            match dir {
-                Direction::Promote => {
-                    for p in t.run.pages() {
-                        mem.note_new_shadow(p);
-                        mem.release_page(p, SHADOW, SLOW);
-                    }
-                    mem.counters
-                        .promotions
-                        .fetch_add(t.run.len as u64, Ordering::Relaxed);
-                }
-                Direction::Demote => {
-                    if let Some(s) = &t.old_slots {
-                        mem.unreserve(Tier::Fast, s, SlotKind::Free);
-                    }
-                    for p in t.run.pages() {
-                        mem.release_page(p, SLOW, 0);
-                    }
-                    mem.counters
-                        .demotions
-                        .fetch_add(t.run.len as u64, Ordering::Relaxed);
-                }
-            }
-            mem.counters.tpm_commits.fetch_add(1, Ordering::Relaxed);
-            out.committed += 1;
-            out.migrated += t.run.len;
+        // 3. Copy while the guest keeps running.
+        for t in &txns {
+            self.copy_into_staging(t, to, |p| mem.guest_addr(p));
         }
+        crate::test_point::reached(crate::test_point::TestPoint::TpmCopied);
+        // 4. Unmap: move the old pages out of guest RAM (zero copy). Guest
+        //    accesses now fault and wait.
+        let live = self.unmap(txns, to, out, &mut first_err);
+        // 5. One harvest decides every transaction of the batch.
+        let verdict = if skip {
+            Ok(0)
+        } else {
+            self.harvester.harvest(mem)
+        };
+        let mut commits = Vec::new();
+        for t in live {
+            let dirty = verdict.is_err()
+                || (!skip && t.run.pages().any(|p| mem.pages.load(p) & DIRTY_SEEN != 0));
+            if dirty {
+                self.abort(&t, to, keep_shadow, attempts, out, &mut first_err);
+            } else {
+                commits.push(t);
+            }
+        }
+        if let Err(e) = verdict {
+            first_err.get_or_insert(e);
+        }
+        // 6. Commit: map the staging pages (this wakes waiting faults).
+        self.commit(commits, to, keep_shadow, true, out, &mut first_err);
+        self.harvester.finish_deferred(mem);
         first_err.map_or(Ok(()), Err)
     }
 
+    /// Maps each transaction's staging pages into guest RAM and finishes
+    /// it: the old page becomes the shadow (a promotion with `keep_shadow`)
+    /// or is disposed of.
+    fn commit(
+        &self,
+        txns: Vec<Txn>,
+        to: TierId,
+        keep_shadow: bool,
+        tpm: bool,
+        out: &mut BatchOutcome,
+        first_err: &mut Option<io::Error>,
+    ) {
+        let mem = &*self.mem;
+        let huge: Vec<bool> = txns.iter().map(|t| self.staging_is_huge(t, to)).collect();
+        let pairs: Vec<_> = txns
+            .iter()
+            .flat_map(|t| {
+                t.run
+                    .pages()
+                    .enumerate()
+                    .map(move |(i, p)| (mem.guest_addr(p), t.staging.addr(mem, to, i)))
+            })
+            .collect();
+        let moved_all = match mem.move_pairs(&pairs) {
+            Ok(()) => true,
+            Err(e) => {
+                first_err.get_or_insert(e.into());
+                false
+            }
+        };
+        for (t, huge) in txns.iter().zip(huge) {
+            if moved_all {
+                mem.release_staging(to, &t.staging, Holds::Hole, huge);
+                self.finish_committed(t.run, to, keep_shadow, tpm, out);
+            } else {
+                self.settle_and_finish(t, to, keep_shadow, tpm, out);
+            }
+        }
+    }
+
+    /// Whether a staging chunk holds one whole huge page (so the chunk
+    /// stays page-table free once it moved out).
+    fn staging_is_huge(&self, t: &Txn, to: TierId) -> bool {
+        let Staging::Chunk(slot, _) = t.staging else {
+            return false;
+        };
+        let a = self.mem.slot_addr(to, slot);
+        self.mem
+            .scanner
+            .scan(a, a + HUGE_PAGE_SIZE, |_, _, _| {})
+            .map(|p| p.huge == HUGE_PAGE_SIZE as u64)
+            .unwrap_or(false)
+    }
+
+    /// The new pages are in guest RAM and the old ones in the shadow slots:
+    /// keep the old ones as shadows (a promotion with `keep_shadow`) or
+    /// dispose of them, and release the pages on `to`.
+    fn finish_committed(
+        &self,
+        run: Run,
+        to: TierId,
+        keep_shadow: bool,
+        tpm: bool,
+        out: &mut BatchOutcome,
+    ) {
+        let mem = &*self.mem;
+        let keep = keep_shadow && to < run.from;
+        if keep {
+            for p in run.pages() {
+                mem.note_new_shadow(p);
+                mem.release_page(
+                    p,
+                    on_tier(to) | shadow_on(run.from),
+                    PLACEMENT_BITS | SHADOW_BITS,
+                );
+            }
+        } else {
+            if run.is_huge() {
+                mem.dispose_huge(run.from, mem.shadow_addr(run.first));
+            } else {
+                let old: Vec<usize> = run.pages().map(|p| mem.shadow_addr(p)).collect();
+                mem.dispose(run.from, &old);
+            }
+            for p in run.pages() {
+                mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
+            }
+        }
+        mem.tiers[usize::from(to)].unreserve(run.len as u64);
+        self.count_moved(run.from, to, run.len);
+        if tpm {
+            mem.counters.tpm_commits.fetch_add(1, Ordering::Relaxed);
+            out.committed += 1;
+        } else {
+            mem.counters
+                .stop_copy
+                .fetch_add(run.len as u64, Ordering::Relaxed);
+        }
+        out.migrated += run.len;
+    }
+
+    /// A dirty transaction: map the old pages back and queue a retry.
     fn abort(
         &self,
         t: &Txn,
-        old_addr: &dyn Fn(&Txn, usize) -> usize,
-        dst: Tier,
-        dir: Direction,
+        to: TierId,
+        keep_shadow: bool,
         attempts: u32,
         out: &mut BatchOutcome,
+        first_err: &mut Option<io::Error>,
     ) {
         let mem = &*self.mem;
         let pairs: Vec<_> = t
             .run
             .pages()
-            .enumerate()
-            .map(|(i, p)| (mem.guest_addr(p), old_addr(t, i)))
+            .map(|p| (mem.guest_addr(p), mem.shadow_addr(p)))
             .collect();
-        if let Err(e) = mem.move_pairs(&pairs) {
+        let moved = mem
+            .move_pairs(&pairs)
+            .or_else(|_| mem.move_retrying(pairs[0].0, pairs[0].1, t.run.len * PAGE_SIZE));
+        if let Err(e) = moved {
             tracing::error!("TPM abort of {:?}: {e}", t.run);
-            self.restore_guest(t, old_addr, dst);
+            first_err.get_or_insert(e.into());
+            self.settle_and_finish(t, to, keep_shadow, true, out);
             return;
         }
-        mem.unreserve(dst, &t.staging, SlotKind::Free);
-        if let Some(s) = &t.old_slots {
-            mem.unreserve(Tier::Fast, s, SlotKind::Hole);
-        }
-        for p in t.run.pages() {
-            mem.release_page(p, 0, 0);
-        }
+        self.finish_aborted(t, to, out);
         mem.counters.tpm_aborts.fetch_add(1, Ordering::Relaxed);
         out.aborted += 1;
         out.aborted_pages += t.run.len;
@@ -639,254 +739,210 @@ impl Migrator {
         }
         let delay = self.cfg.retry_base * 2u32.saturating_pow(attempts - 1);
         lock(&self.retries).push(Retry {
-            unit: Unit::run(t.run.first, t.run.len),
-            dir,
+            unit: Unit::run(t.run.first as u64, t.run.len as u32),
+            to,
+            keep_shadow,
             attempts,
             due: Instant::now() + delay,
         });
         out.retries_queued += 1;
     }
 
-    /// Error path: puts the old page back wherever guest RAM has a hole,
-    /// using residency to find where each page is, and releases everything.
-    fn restore_guest(&self, t: &Txn, old_addr: &dyn Fn(&Txn, usize) -> usize, dst: Tier) {
+    /// The old pages are in guest RAM: give the staging pages and the
+    /// reservation back and release the pages unchanged (a shadow freed in
+    /// `prepare` stays freed).
+    fn finish_aborted(&self, t: &Txn, to: TierId, _out: &mut BatchOutcome) {
         let mem = &*self.mem;
-        let guest = sys::resident(mem.guest_addr(t.run.first), t.run.len).unwrap_or_default();
-        let mut staging_used = Vec::new();
-        let mut staging_free = Vec::new();
-        let mut old_used = Vec::new();
-        let mut old_holes = Vec::new();
-        for (i, p) in t.run.pages().enumerate() {
-            let old = old_addr(t, i);
-            let staging = mem.pool_addr(dst, t.staging[i]);
-            let in_guest = guest.get(i).copied().unwrap_or(true);
-            let mut new_tier = false;
-            if !in_guest
-                && mem
-                    .uffd
-                    .move_range(mem.guest_addr(p), old, PAGE_SIZE, true)
-                    .is_err()
-            {
-                // Old page gone: the staging copy is the best content left.
-                if mem
-                    .uffd
-                    .move_range(mem.guest_addr(p), staging, PAGE_SIZE, true)
-                    .is_ok()
-                {
-                    new_tier = true;
-                } else {
-                    tracing::error!("page {p}: could not be restored into guest RAM");
-                }
-            }
-            if new_tier {
-                staging_used.push(t.staging[i]);
-            } else {
-                staging_free.push(t.staging[i]);
-            }
-            if let Some(s) = &t.old_slots {
-                if sys::resident(old, 1).map(|r| r[0]).unwrap_or(false) {
-                    old_used.push(s[i]);
-                } else {
-                    old_holes.push(s[i]);
-                }
-            }
-            let (set, clear) = match (new_tier, dst) {
-                (false, _) => (0, 0),
-                (true, Tier::Fast) => (0, SLOW),
-                (true, Tier::Slow) => (SLOW, 0),
-            };
-            mem.release_page(p, set, clear);
+        let huge = self.staging_is_huge(t, to);
+        mem.release_staging(to, &t.staging, Holds::Cached, huge);
+        for p in t.run.pages() {
+            mem.release_page(p, 0, SHADOW_BITS);
         }
-        mem.unreserve(dst, &staging_free, SlotKind::Free);
-        mem.unreserve(dst, &staging_used, SlotKind::Hole);
-        mem.unreserve(Tier::Fast, &old_used, SlotKind::Free);
-        mem.unreserve(Tier::Fast, &old_holes, SlotKind::Hole);
+        mem.tiers[usize::from(to)].unreserve(t.run.len as u64);
     }
 
-    fn stop_and_copy(
+    /// After a failed step: finds, page by page, where the old and the new
+    /// copy are, puts the best one into guest RAM, and finishes the
+    /// transaction accordingly. A page with neither copy left stops the VM.
+    fn settle_and_finish(
         &self,
-        runs: &[Run],
-        dir: Direction,
+        t: &Txn,
+        to: TierId,
+        keep_shadow: bool,
+        tpm: bool,
         out: &mut BatchOutcome,
-    ) -> io::Result<()> {
+    ) {
         let mem = &*self.mem;
-        let (src, dst) = dir.tiers();
-        let mut first_err = None;
-        for &run in runs {
-            let (staging, old) = match self.reserve_exchange(src, dst, run, out) {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                    continue;
+        mem.counters.rollback_errors.fetch_add(1, Ordering::Relaxed);
+        let mut committed = Vec::new();
+        let mut restored = Vec::new();
+        let mut stuck = 0;
+        for (i, p) in t.run.pages().enumerate() {
+            match self.settle(p, t.staging.addr(mem, to, i)) {
+                Some(Settled::Committed) => committed.push(p),
+                Some(Settled::Restored) => restored.push(p),
+                None => {
+                    // Its content is still in the shadow slot or the staging
+                    // page, but guest RAM has a hole: keep the page owned, so
+                    // a guest touch waits (and the stopping VM is kicked out
+                    // of the wait) instead of running on wrong data.
+                    mem.set_fatal(format!(
+                        "guest page {p}: neither its old nor its new copy could be put back into \
+                         guest RAM after a failed migration; the VM is stopped to avoid running on \
+                         lost data"
+                    ));
+                    stuck += 1;
                 }
-            };
-            let unmap: Vec<_> = run
-                .pages()
-                .enumerate()
-                .map(|(i, p)| (mem.pool_addr(src, old[i]), mem.guest_addr(p)))
-                .collect();
-            if let Err(e) = mem.move_pairs(&unmap) {
-                // Put back whatever moved.
-                self.put_back(run, src, &old);
-                mem.unreserve(dst, &staging, SlotKind::Free);
-                mem.unreserve(src, &old, SlotKind::Hole);
-                first_err.get_or_insert(e);
-                continue;
             }
-            for i in 0..run.len {
-                // SAFETY: the old page now sits in a reserved pool slot no one else uses and
-                // the staging page is a reserved free pool page; both are page-aligned.
-                unsafe {
-                    sys::copy_page(
-                        mem.pool_addr(dst, staging[i]) as *mut u8,
-                        mem.pool_addr(src, old[i]) as *const u8,
-                    )
-                };
-            }
-            let map: Vec<_> = run
-                .pages()
-                .enumerate()
-                .map(|(i, p)| (mem.guest_addr(p), mem.pool_addr(dst, staging[i])))
-                .collect();
-            if let Err(e) = mem.move_pairs(&map) {
-                self.put_back(run, src, &old);
-                mem.unreserve(dst, &staging, SlotKind::Free);
-                mem.unreserve(src, &old, SlotKind::Hole);
-                first_err.get_or_insert(e);
-                continue;
-            }
-            mem.unreserve(src, &old, SlotKind::Free);
-            mem.unreserve(dst, &staging, SlotKind::Hole);
-            let (set, clear) = if dst == Tier::Slow {
-                (SLOW, 0)
-            } else {
-                (0, SLOW)
-            };
-            for p in run.pages() {
-                mem.release_page(p, set, clear);
-            }
-            self.count_moved(dir, run.len);
-            mem.counters
-                .stop_copy
-                .fetch_add(run.len as u64, Ordering::Relaxed);
-            out.migrated += run.len;
         }
+        mem.release_staging_checked(to, &t.staging);
+        for &p in &restored {
+            mem.release_page(p, 0, SHADOW_BITS);
+        }
+        // Finish the committed pages one by one (they may not be
+        // contiguous); each gives back its page of the reservation.
+        for p in committed.iter().copied() {
+            let run = Run {
+                first: p,
+                len: 1,
+                from: t.run.from,
+            };
+            self.finish_committed(run, to, keep_shadow, tpm, out);
+        }
+        mem.tiers[usize::from(to)].unreserve((t.run.len - committed.len() - stuck) as u64);
+    }
+
+    /// Where is page `p` now? Old page in the shadow slot, new one at
+    /// `staging`. Puts a copy into guest RAM if guest RAM has none.
+    fn settle(&self, p: usize, staging: usize) -> Option<Settled> {
+        let mem = &*self.mem;
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        let (guest, old) = (present(mem.guest_addr(p)), present(mem.shadow_addr(p)));
+        match (guest, old) {
+            (true, true) => Some(Settled::Committed),
+            (true, false) => Some(Settled::Restored),
+            (false, true) => mem
+                .move_retrying(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE)
+                .ok()
+                .map(|()| Settled::Restored),
+            (false, false) => {
+                // The old page is gone: the staging copy is the best content.
+                tracing::error!("page {p}: old copy missing, mapping the staging copy");
+                (present(staging)
+                    && mem
+                        .move_retrying(mem.guest_addr(p), staging, PAGE_SIZE)
+                        .is_ok())
+                .then_some(Settled::Restored)
+            }
+        }
+    }
+
+    fn stop_and_copy(&self, runs: &[Run], to: TierId, out: &mut BatchOutcome) -> io::Result<()> {
+        let mem = &*self.mem;
+        let mut first_err = None;
+        let txns = self.prepare(runs, to, out);
+        if txns.is_empty() {
+            return Ok(());
+        }
+        // 1. Unmap: the guest faults and waits from here on.
+        let live = self.unmap(txns, to, out, &mut first_err);
+        // 2. Copy the old pages into the staging pages.
+        for t in &live {
+            self.copy_into_staging(t, to, |p| mem.shadow_addr(p));
+        }
+        // 3. Map the copies and dispose of the old pages.
+        self.commit(live, to, false, false, out, &mut first_err);
         first_err.map_or(Ok(()), Err)
     }
 
-    /// `move_pages(2)`: the kernel migrates the guest page in place (its own
-    /// exclusive unmap-copy-remap). To keep capacities exact, one free page of
-    /// the destination pool is given back to the kernel and one fresh page is
-    /// allocated into a hole of the source pool (the kernel freed the old one).
+    /// `move_pages(2)`: the kernel migrates each page in place (its own
+    /// exclusive unmap-copy-remap) to the destination's node; only pages the
+    /// kernel reports on that node change tier.
     fn kernel_move_pages(
         &self,
         runs: &[Run],
-        dir: Direction,
+        to: TierId,
         out: &mut BatchOutcome,
     ) -> io::Result<()> {
         let mem = &*self.mem;
-        let (src, dst) = dir.tiers();
-        let mut first_err = None;
+        let account = &mem.tiers[usize::from(to)];
         for &run in runs {
-            let (give_back, refill) = match self.reserve_exchange(src, dst, run, out) {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                    continue;
+            if !account.try_reserve(run.len as u64) {
+                for p in run.pages() {
+                    mem.release_page(p, 0, 0);
                 }
-            };
+                out.skipped_no_space += run.len;
+                continue;
+            }
             let addrs: Vec<usize> = run.pages().map(|p| mem.guest_addr(p)).collect();
-            let node = mem.node(dst) as i32;
-            let status = sys::move_pages_to(&addrs, node as u32).unwrap_or_else(|e| {
-                tracing::warn!("move_pages: {e}");
-                vec![-1; addrs.len()]
-            });
-            let (mut gb_used, mut gb_keep, mut rf_used, mut rf_keep) =
-                (vec![], vec![], vec![], vec![]);
-            let (set, clear) = if dst == Tier::Slow {
-                (SLOW, 0)
-            } else {
-                (0, SLOW)
-            };
+            let node = mem.node(to) as i32;
+            let status = mem
+                .inject
+                .io(sys::FaultPoint::MovePages)
+                .and_then(|()| sys::move_pages_to(&addrs, node as u32))
+                .unwrap_or_else(|e| {
+                    tracing::warn!("move_pages: {e}");
+                    vec![-1; addrs.len()]
+                });
             let mut moved = 0;
             for (i, p) in run.pages().enumerate() {
-                let ok = status[i] == node
-                    && sys::madvise(
-                        mem.pool_addr(dst, give_back[i]),
-                        PAGE_SIZE,
-                        libc::MADV_DONTNEED,
-                    )
-                    .is_ok()
-                    && mem
-                        .uffd
-                        .copy_zero_page(mem.pool_addr(src, refill[i]))
-                        .is_ok();
-                if ok {
-                    gb_used.push(give_back[i]);
-                    rf_used.push(refill[i]);
-                    mem.release_page(p, set, clear);
+                if status[i] == node {
+                    if mem.pages.load(p) & SHADOW != 0 {
+                        mem.free_shadow_owned(p);
+                    }
+                    mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
                     moved += 1;
                 } else {
-                    gb_keep.push(give_back[i]);
-                    rf_keep.push(refill[i]);
                     mem.release_page(p, 0, 0);
                 }
             }
-            mem.unreserve(dst, &gb_used, SlotKind::Hole);
-            mem.unreserve(dst, &gb_keep, SlotKind::Free);
-            mem.unreserve(src, &rf_used, SlotKind::Free);
-            mem.unreserve(src, &rf_keep, SlotKind::Hole);
-            self.count_moved(dir, moved);
+            account.unreserve(run.len as u64);
+            self.count_moved(run.from, to, moved);
             mem.counters
                 .kernel_move_pages
                 .fetch_add(moved as u64, Ordering::Relaxed);
             out.migrated += moved;
         }
-        first_err.map_or(Ok(()), Err)
+        Ok(())
     }
 
-    fn count_moved(&self, dir: Direction, n: usize) {
+    fn count_moved(&self, from: TierId, to: TierId, n: usize) {
         let c = &self.mem.counters;
-        match dir {
-            Direction::Promote => c.promotions.fetch_add(n as u64, Ordering::Relaxed),
-            Direction::Demote => c.demotions.fetch_add(n as u64, Ordering::Relaxed),
-        };
+        if to < from {
+            c.promotions.fetch_add(n as u64, Ordering::Relaxed);
+        } else {
+            c.demotions.fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
-    fn shadow_demote(&self, runs: &[Run], out: &mut BatchOutcome) -> io::Result<()> {
+    /// Shadow demotion of runs whose pages have their shadow on `to`.
+    fn shadow_demote(&self, runs: &[Run], to: TierId, out: &mut BatchOutcome) -> io::Result<()> {
         if runs.is_empty() {
             return Ok(());
         }
         let mem = &*self.mem;
         let skip = self.skip_dirty_check.load(Ordering::Relaxed);
-        // 1. Unmap every fast page into a fast pool hole.
-        let mut live: Vec<(Run, Vec<u32>)> = Vec::new();
-        let mut first_err = None;
-        for &run in runs {
-            let holes = match self.reserve_holes(Tier::Fast, run.len) {
-                Ok(h) => h,
-                Err(e) => {
-                    for p in run.pages() {
-                        mem.release_page(p, 0, 0);
-                    }
-                    first_err.get_or_insert(e);
-                    continue;
+        // 1. Unmap every page into its parking slot (empty: the page is owned,
+        //    not parked).
+        let pairs: Vec<_> = runs
+            .iter()
+            .flat_map(|r| r.pages().map(|p| (mem.park_addr(p), mem.guest_addr(p))))
+            .collect();
+        if let Err(e) = self.move_healing(&pairs) {
+            // Put back whatever moved; nothing else changed.
+            let back: Vec<_> = pairs.iter().map(|&(park, guest)| (guest, park)).collect();
+            mem.move_pairs_present(&back);
+            for r in runs {
+                for p in r.pages() {
+                    // A page that could not move back stays parked: the
+                    // fault handler maps it back on its next touch.
+                    let in_guest = sys::resident(mem.guest_addr(p), 1)
+                        .map(|x| x[0])
+                        .unwrap_or(true);
+                    mem.release_page(p, if in_guest { 0 } else { page_map::PARKED }, 0);
                 }
-            };
-            let pairs: Vec<_> = run
-                .pages()
-                .enumerate()
-                .map(|(i, p)| (mem.pool_addr(Tier::Fast, holes[i]), mem.guest_addr(p)))
-                .collect();
-            if let Err(e) = mem.move_pairs(&pairs) {
-                self.put_back(run, Tier::Fast, &holes);
-                mem.unreserve(Tier::Fast, &holes, SlotKind::Hole);
-                first_err.get_or_insert(e);
-                continue;
             }
-            live.push((run, holes));
+            return Err(e);
         }
         // 2. One harvest: was any page written since its promotion?
         let verdict = if skip {
@@ -894,51 +950,86 @@ impl Migrator {
         } else {
             self.harvester.harvest(mem)
         };
-        for (run, holes) in &live {
-            let mut copied = 0;
-            for (i, p) in run.pages().enumerate() {
-                let w = mem.pages.load(p);
-                let dirty = verdict.is_err() || (!skip && w & DIRTY_SEEN != 0);
+        let mut copied = 0;
+        for r in runs {
+            for p in r.pages() {
+                let dirty = verdict.is_err() || (!skip && mem.pages.load(p) & DIRTY_SEEN != 0);
                 if dirty {
-                    // SAFETY: the fast page sits in a reserved pool slot and the shadow in
-                    // this page's shadow slot; both are present, page-aligned, and owned by us.
+                    // SAFETY: the page sits in its parking slot and its shadow in its
+                    // shadow slot; both present, page-aligned, and owned by us.
                     unsafe {
-                        sys::copy_page(
+                        sys::copy_volatile(
                             mem.shadow_addr(p) as *mut u8,
-                            mem.pool_addr(Tier::Fast, holes[i]) as *const u8,
+                            mem.park_addr(p) as *const u8,
+                            PAGE_SIZE,
                         )
                     };
                     copied += 1;
                 }
             }
-            // 3. Map the shadows (a clean one is the page's content already).
-            let pairs: Vec<_> = run
-                .pages()
-                .map(|p| (mem.guest_addr(p), mem.shadow_addr(p)))
-                .collect();
-            if let Err(e) = mem.move_pairs(&pairs) {
-                self.put_back(*run, Tier::Fast, holes);
-                mem.unreserve(Tier::Fast, holes, SlotKind::Hole);
-                first_err.get_or_insert(e);
-                continue;
-            }
-            mem.unreserve(Tier::Fast, holes, SlotKind::Free);
-            for p in run.pages() {
-                mem.release_page(p, SLOW, SHADOW);
-            }
-            let c = &mem.counters;
-            c.demotions.fetch_add(run.len as u64, Ordering::Relaxed);
-            c.shadow_demotions
-                .fetch_add((run.len - copied) as u64, Ordering::Relaxed);
-            c.shadow_demotions_copied
-                .fetch_add(copied as u64, Ordering::Relaxed);
-            out.shadow_demoted += run.len - copied;
-            out.shadow_copied += copied;
-            out.migrated += run.len;
         }
-        if let Err(e) = verdict {
-            first_err.get_or_insert(e);
+        // 3. Map the shadows (a clean one is the page's content already).
+        let map: Vec<_> = runs
+            .iter()
+            .flat_map(|r| r.pages().map(|p| (mem.guest_addr(p), mem.shadow_addr(p))))
+            .collect();
+        if let Err(e) = mem.move_pairs(&map) {
+            // Finish page by page: the shadow in (retried), or else the page
+            // back from its parking slot; either holds the page's content
+            // (a written page was copied into its shadow above).
+            for r in runs {
+                for p in r.pages() {
+                    let in_guest = sys::resident(mem.guest_addr(p), 1)
+                        .map(|x| x[0])
+                        .unwrap_or(false);
+                    let shadow_in = in_guest
+                        || mem
+                            .move_retrying(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE)
+                            .is_ok();
+                    if shadow_in {
+                        mem.dispose(r.from, &[mem.park_addr(p)]);
+                        mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
+                        self.count_moved(r.from, to, 1);
+                    } else if mem
+                        .move_retrying(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE)
+                        .is_ok()
+                    {
+                        mem.release_page(p, 0, 0);
+                    } else {
+                        // Kept owned: a touch waits while the VM stops.
+                        mem.set_fatal(format!(
+                            "guest page {p} could not be put back after a failed shadow demotion"
+                        ));
+                    }
+                }
+            }
+            mem.counters.rollback_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(e.into());
         }
-        first_err.map_or(Ok(()), Err)
+        // 4. Dispose of the old pages and release the pages on `to`.
+        let mut moved = 0;
+        for r in runs {
+            if r.is_huge() {
+                mem.dispose_huge(r.from, mem.park_addr(r.first));
+            } else {
+                let old: Vec<usize> = r.pages().map(|p| mem.park_addr(p)).collect();
+                mem.dispose(r.from, &old);
+            }
+            for p in r.pages() {
+                mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
+            }
+            self.count_moved(r.from, to, r.len);
+            moved += r.len;
+        }
+        let c = &mem.counters;
+        c.shadow_demotions
+            .fetch_add((moved - copied) as u64, Ordering::Relaxed);
+        c.shadow_demotions_copied
+            .fetch_add(copied as u64, Ordering::Relaxed);
+        out.shadow_demoted += moved - copied;
+        out.shadow_copied += copied;
+        out.migrated += moved;
+        self.harvester.finish_deferred(mem);
+        verdict.map(|_| ())
     }
 }

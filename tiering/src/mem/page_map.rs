@@ -1,43 +1,93 @@
-//! The per-page map: one `AtomicU32` per guest page, the single source of
-//! truth for where each page lives and who may touch it.
+//! The per-page map: one `AtomicU64` per guest page, the single source of
+//! truth for where each guest page lives and who may touch it.
+//!
+//! An all-zero word is a guest page that was never touched: it has no host
+//! page and no tier (lazy commit). The map is allocated zeroed, so a 64 GiB
+//! guest's map costs nothing until pages are used.
 //!
 //! Layout of a word:
-//! - bit 0: tier (0 fast, 1 slow);
-//! - bit 1: `SHADOW`, a slow copy of this (fast) page sits in the shadow area;
-//! - bit 2: `BUSY`, a mover owns the page (it may be unmapped right now);
-//! - bit 3: `PARKED`, the sampler moved the page to the parking area;
-//! - bit 4: `DIRTY_SEEN`, the harvester consumed a dirty bit while `BUSY`;
-//! - bit 5: `WAITER`, the fault handler waits for the owner to release;
-//! - bit 6: `UNARMED`, the page's dirty bit is left set in the log on purpose
+//! - bits 0..3: tier of the guest page (valid with `POPULATED`);
+//! - bit 3: `POPULATED`, the guest page has a host page (on its tier);
+//! - bit 4: `SHADOW`, a copy of this page sits in its shadow slot;
+//! - bits 5..8: tier of that shadow (valid with `SHADOW`);
+//! - bit 8: `BUSY`, a mover owns the page (it may be unmapped right now);
+//! - bit 9: `PARKED`, the page sits in its parking slot (hint-fault sampling);
+//! - bit 10: `DIRTY_SEEN`, the harvester consumed a dirty bit while `BUSY`;
+//! - bit 11: `WAITER`, the fault handler waits for the owner to release;
+//! - bit 12: `UNARMED`, the page's dirty bit is left set in the log on purpose
 //!   (nobody tracks its writes, so it stays writable without faults);
-//! - bit 7: `PROBE`, a parked page is an accessed-bit probe, not a sampler
+//! - bit 13: `PROBE`, a parked page is an accessed-bit probe, not a sampler
 //!   window page (each side maps back only its own pages);
-//! - bits 8..16: saturating write count (dirty harvests that saw the page);
-//! - bits 16..32: shadow generation (orders shadows for oldest-first reclaim).
+//! - bits 16..24: saturating write count (dirty harvests that saw the page);
+//! - bits 32..64: shadow generation (orders shadows for oldest-first reclaim).
+//!
+//! Only an owner (`BUSY`) changes the tier, `POPULATED` and shadow fields, and
+//! it does so in [`PageMap::release`], which returns the old and new words so
+//! that the per-tier counts can follow every change in one place
+//! (`TieredMemory::release_page`).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Tier;
+use crate::vocab::TierId;
 
-/// Tier bit (set: slow).
-pub const SLOW: u32 = 1 << 0;
-/// The page has a slow shadow copy.
-pub const SHADOW: u32 = 1 << 1;
+const TIER_MASK: u64 = 0b111;
+/// The guest page has a host page (on the tier in bits 0..3).
+pub const POPULATED: u64 = 1 << 3;
+/// A copy of the page sits in its shadow slot.
+pub const SHADOW: u64 = 1 << 4;
+const SHADOW_TIER_SHIFT: u32 = 5;
+const SHADOW_TIER_MASK: u64 = 0b111 << SHADOW_TIER_SHIFT;
 /// A mover owns the page.
-pub const BUSY: u32 = 1 << 2;
+pub const BUSY: u64 = 1 << 8;
 /// The page sits in the parking area (hint-fault sampling).
-pub const PARKED: u32 = 1 << 3;
+pub const PARKED: u64 = 1 << 9;
 /// A dirty bit was consumed while the page was `BUSY`.
-pub const DIRTY_SEEN: u32 = 1 << 4;
+pub const DIRTY_SEEN: u64 = 1 << 10;
 /// The fault handler waits for the page's release.
-pub const WAITER: u32 = 1 << 5;
+pub const WAITER: u64 = 1 << 11;
 /// The page's dirty bit is deliberately left set (not re-armed).
-pub const UNARMED: u32 = 1 << 6;
+pub const UNARMED: u64 = 1 << 12;
 /// With `PARKED`: parked as an accessed-bit probe.
-pub const PROBE: u32 = 1 << 7;
-const WCOUNT_SHIFT: u32 = 8;
-const WCOUNT_MASK: u32 = 0xff << WCOUNT_SHIFT;
-const GEN_SHIFT: u32 = 16;
+pub const PROBE: u64 = 1 << 13;
+const WCOUNT_SHIFT: u32 = 16;
+const WCOUNT_MASK: u64 = 0xff << WCOUNT_SHIFT;
+const GEN_SHIFT: u32 = 32;
+
+/// Bits that place a guest page on `tier` (to `set` on release; `clear`
+/// [`PLACEMENT_BITS`] at the same time).
+pub fn on_tier(tier: TierId) -> u64 {
+    POPULATED | (u64::from(tier) & TIER_MASK)
+}
+
+/// Bits that give a page a shadow on `tier` (clear [`SHADOW_BITS`] with them).
+pub fn shadow_on(tier: TierId) -> u64 {
+    SHADOW | ((u64::from(tier) << SHADOW_TIER_SHIFT) & SHADOW_TIER_MASK)
+}
+
+/// The tier and `POPULATED` bits.
+pub const PLACEMENT_BITS: u64 = TIER_MASK | POPULATED;
+/// The shadow flag and shadow tier bits.
+pub const SHADOW_BITS: u64 = SHADOW | SHADOW_TIER_MASK;
+
+/// Tier of the guest page in a word (`None`: never touched).
+pub fn tier_of(word: u64) -> Option<TierId> {
+    (word & POPULATED != 0).then_some((word & TIER_MASK) as TierId)
+}
+
+/// Tier of the page's shadow (`None`: no shadow).
+pub fn shadow_tier_of(word: u64) -> Option<TierId> {
+    (word & SHADOW != 0).then_some(((word & SHADOW_TIER_MASK) >> SHADOW_TIER_SHIFT) as TierId)
+}
+
+/// Write count encoded in a state word.
+pub fn write_count_of(word: u64) -> u8 {
+    ((word & WCOUNT_MASK) >> WCOUNT_SHIFT) as u8
+}
+
+/// Shadow generation encoded in a state word.
+pub fn generation_of(word: u64) -> u32 {
+    (word >> GEN_SHIFT) as u32
+}
 
 /// What consuming a dirty bit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,54 +96,33 @@ pub enum Consumed {
     Noted,
     /// The page had a shadow and no owner: the caller now owns it and must
     /// invalidate the shadow and release it. Carries the new word.
-    OwnedForInvalidation(u32),
+    OwnedForInvalidation(u64),
 }
 
 /// Per-page state words.
 #[derive(Debug)]
 pub struct PageMap {
-    words: Box<[AtomicU32]>,
-}
-
-/// Tier encoded in a state word.
-pub fn tier_of(word: u32) -> Tier {
-    if word & SLOW != 0 {
-        Tier::Slow
-    } else {
-        Tier::Fast
-    }
-}
-
-/// Write count encoded in a state word.
-pub fn write_count_of(word: u32) -> u8 {
-    ((word & WCOUNT_MASK) >> WCOUNT_SHIFT) as u8
-}
-
-/// Shadow generation encoded in a state word.
-pub fn generation_of(word: u32) -> u16 {
-    (word >> GEN_SHIFT) as u16
+    words: Box<[AtomicU64]>,
 }
 
 impl PageMap {
-    /// A map with every page on the given tiers.
-    pub fn new(tiers: &[Tier]) -> Self {
-        Self {
-            words: tiers
-                .iter()
-                .map(|t| AtomicU32::new(if *t == Tier::Slow { SLOW } else { 0 }))
-                .collect(),
-        }
+    /// A map of `pages` never-touched pages. The memory comes zeroed from
+    /// the allocator (`calloc`), so untouched parts of the map cost nothing.
+    pub fn new(pages: usize) -> std::io::Result<Self> {
+        Ok(Self {
+            words: crate::sys::zeroed_atomics(pages)?,
+        })
     }
 
     /// Current word of `page`.
-    pub fn load(&self, page: usize) -> u32 {
+    pub fn load(&self, page: usize) -> u64 {
         self.words[page].load(Ordering::Acquire)
     }
 
     /// Tries to take ownership of `page`: succeeds if neither `BUSY` nor
     /// (unless `allow_parked`) `PARKED`. Clears `DIRTY_SEEN`. Returns the word
     /// before the change.
-    pub fn try_acquire(&self, page: usize, allow_parked: bool) -> Option<u32> {
+    pub fn try_acquire(&self, page: usize, allow_parked: bool) -> Option<u64> {
         let w = &self.words[page];
         let mut cur = w.load(Ordering::Acquire);
         loop {
@@ -108,28 +137,28 @@ impl PageMap {
         }
     }
 
-    /// Replaces the owner-controlled bits and releases `BUSY`. `set`/`clear`
-    /// are applied atomically with the release. Returns true if the fault
-    /// handler was waiting for this release.
-    pub fn release(&self, page: usize, set: u32, clear: u32) -> bool {
+    /// Applies `set`/`clear` and releases `BUSY`, atomically. Returns the
+    /// words before and after (`WAITER` in the old word: the fault handler
+    /// was waiting for this release).
+    pub fn release(&self, page: usize, set: u64, clear: u64) -> (u64, u64) {
         let w = &self.words[page];
         let mut cur = w.load(Ordering::Acquire);
         loop {
             debug_assert!(cur & BUSY != 0, "release of page {page} not owned");
-            let new = ((cur | set) & !clear) & !(BUSY | WAITER | DIRTY_SEEN);
+            let new = ((cur & !clear) | set) & !(BUSY | WAITER | DIRTY_SEEN);
             match w.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return cur & WAITER != 0,
+                Ok(_) => return (cur, new),
                 Err(c) => cur = c,
             }
         }
     }
 
     /// Sets the shadow generation of an owned page.
-    pub fn set_generation(&self, page: usize, generation: u16) {
+    pub fn set_generation(&self, page: usize, generation: u32) {
         let w = &self.words[page];
         let mut cur = w.load(Ordering::Acquire);
         loop {
-            let new = (cur & 0xffff) | ((generation as u32) << GEN_SHIFT);
+            let new = (cur & 0xffff_ffff) | (u64::from(generation) << GEN_SHIFT);
             match w.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return,
                 Err(c) => cur = c,
@@ -183,6 +212,11 @@ impl PageMap {
         }
     }
 
+    /// Marks `page` as left unarmed without counting a write.
+    pub fn mark_unarmed_uncounted(&self, page: usize) {
+        self.words[page].fetch_or(UNARMED, Ordering::AcqRel);
+    }
+
     /// Notes that `page`'s dirty bit was re-armed.
     pub fn clear_unarmed(&self, page: usize) {
         self.words[page].fetch_and(!UNARMED, Ordering::AcqRel);
@@ -195,7 +229,7 @@ impl PageMap {
 
     /// Sets `WAITER` if the page is `BUSY`. Returns the word seen (check its
     /// `BUSY` bit to know whether the flag was set).
-    pub fn wait_if_busy(&self, page: usize) -> u32 {
+    pub fn wait_if_busy(&self, page: usize) -> u64 {
         let w = &self.words[page];
         let mut cur = w.load(Ordering::Acquire);
         loop {
@@ -213,5 +247,52 @@ impl PageMap {
     pub fn take_write_count(&self, page: usize) -> u8 {
         let old = self.words[page].fetch_and(!WCOUNT_MASK, Ordering::AcqRel);
         write_count_of(old)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_page_is_untouched_and_placement_round_trips() {
+        let m = PageMap::new(4).unwrap();
+        assert_eq!(tier_of(m.load(0)), None);
+        assert_eq!(shadow_tier_of(m.load(0)), None);
+        m.try_acquire(0, false).unwrap();
+        let (old, new) = m.release(0, on_tier(5) | shadow_on(7), PLACEMENT_BITS | SHADOW_BITS);
+        assert_eq!(tier_of(old), None);
+        assert_eq!(tier_of(new), Some(5));
+        assert_eq!(shadow_tier_of(new), Some(7));
+        m.try_acquire(0, false).unwrap();
+        let (_, new) = m.release(0, on_tier(2), PLACEMENT_BITS | SHADOW_BITS);
+        assert_eq!((tier_of(new), shadow_tier_of(new)), (Some(2), None));
+    }
+
+    #[test]
+    fn ownership_excludes_and_release_reports_waiters() {
+        let m = PageMap::new(2).unwrap();
+        assert!(m.try_acquire(1, false).is_some());
+        assert!(m.try_acquire(1, true).is_none());
+        assert_ne!(m.wait_if_busy(1) & BUSY, 0);
+        let (old, new) = m.release(1, 0, 0);
+        assert_ne!(old & WAITER, 0);
+        assert_eq!(new & (BUSY | WAITER), 0);
+    }
+
+    #[test]
+    fn generation_and_write_count_do_not_touch_placement() {
+        let m = PageMap::new(1).unwrap();
+        m.try_acquire(0, false).unwrap();
+        m.release(0, on_tier(1) | shadow_on(3), 0);
+        m.set_generation(0, u32::MAX);
+        for _ in 0..300 {
+            m.mark_unarmed(0);
+            m.clear_unarmed(0);
+        }
+        let w = m.load(0);
+        assert_eq!(generation_of(w), u32::MAX);
+        assert_eq!(write_count_of(w), 255);
+        assert_eq!((tier_of(w), shadow_tier_of(w)), (Some(1), Some(3)));
     }
 }

@@ -7,20 +7,27 @@ use serde::{Deserialize, Serialize};
 /// Per-tier numbers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TierStats {
-    /// "fast" or "slow".
+    /// The tier's name ("fast", "slow", ...).
     pub name: String,
     /// Host NUMA node.
     pub node: u32,
-    /// Capacity in 4 KiB pages.
+    /// Capacity in 4 KiB pages (the target after a resize).
     pub capacity_pages: u64,
-    /// Pages in use on this tier (guest pages + shadows).
+    /// Pages in use on this tier (guest pages + shadows): the actual size,
+    /// which follows a resize's target as it converges.
     pub pages: u64,
     /// Guest pages on this tier.
     pub guest_pages: u64,
-    /// Shadow pages on this tier (slow tier only).
+    /// Shadow pages on this tier.
     pub shadow_pages: u64,
-    /// Free pool pages.
+    /// Pages the tier can still take (capacity - used).
     pub free_pages: u64,
+    /// Host memory committed for this tier, measured from the kernel
+    /// (page tables of the areas), not from the bookkeeping. `None` when
+    /// the measurement failed.
+    pub resident_bytes: Option<u64>,
+    /// Of `resident_bytes`, bytes mapped by 2 MiB huge pages.
+    pub huge_bytes: Option<u64>,
     /// True when both tiers share one host node (capacities still enforced).
     pub emulated: bool,
 }
@@ -75,7 +82,27 @@ pub struct MemStats {
     pub unexpected_faults: u64,
     /// Dirty-log harvests (GET + CLEAR rounds).
     pub harvests: u64,
-    /// Per tier.
+    /// Guest pages with host memory (touched at least once).
+    pub populated_pages: u64,
+    /// Guest pages committed on first touch (lazy commit).
+    pub committed_pages: u64,
+    /// First touches committed as a whole 2 MiB huge page.
+    pub huge_commits: u64,
+    /// Pages committed after the host ran short of memory, while the VM stopped.
+    pub emergency_commits: u64,
+    /// Pool slots the bookkeeping called holes that held a page (healed).
+    pub slot_heals: u64,
+    /// Rollback steps that failed (each one logged; the page stays where
+    /// the kernel says it is).
+    pub rollback_errors: u64,
+    /// 2 MiB runs collapsed back into a huge page.
+    pub collapses: u64,
+    /// Capacity changes (resizes) applied.
+    pub resizes: u64,
+    /// Times the dirty log was switched on or off (it is on only while
+    /// something is tracked: KVM maps an unlogged memslot with huge pages).
+    pub dirty_log_switches: u64,
+    /// Per tier, fastest first.
     pub tiers: Vec<TierStats>,
 }
 
@@ -103,6 +130,14 @@ pub struct Counters {
     pub(crate) shadow_revalidations: AtomicU64,
     pub(crate) unexpected_faults: AtomicU64,
     pub(crate) harvests: AtomicU64,
+    pub(crate) committed_pages: AtomicU64,
+    pub(crate) huge_commits: AtomicU64,
+    pub(crate) emergency_commits: AtomicU64,
+    pub(crate) slot_heals: AtomicU64,
+    pub(crate) rollback_errors: AtomicU64,
+    pub(crate) collapses: AtomicU64,
+    pub(crate) resizes: AtomicU64,
+    pub(crate) dirty_log_switches: AtomicU64,
 }
 
 impl Counters {
@@ -133,6 +168,15 @@ impl Counters {
             tracking_overhead_pct: 0.0,
             unexpected_faults: g(&self.unexpected_faults),
             harvests: g(&self.harvests),
+            populated_pages: 0,
+            committed_pages: g(&self.committed_pages),
+            huge_commits: g(&self.huge_commits),
+            emergency_commits: g(&self.emergency_commits),
+            slot_heals: g(&self.slot_heals),
+            rollback_errors: g(&self.rollback_errors),
+            collapses: g(&self.collapses),
+            resizes: g(&self.resizes),
+            dirty_log_switches: g(&self.dirty_log_switches),
             tiers: Vec::new(),
         }
     }

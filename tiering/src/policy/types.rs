@@ -6,48 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Index of a memory tier: 0 is the fastest (the *default* tier), higher is slower.
-pub type TierId = u8;
-
-/// Bytes in one page.
-pub const PAGE_BYTES: u64 = 4096;
-/// Pages in a 2 MiB run.
-pub const PAGES_PER_2M: u32 = 512;
-
-/// A run of guest pages: `pages` pages starting at page index `page`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Unit {
-    /// First page index.
-    pub page: u64,
-    /// Number of pages (>= 1).
-    pub pages: u32,
-}
-
-impl Unit {
-    /// A single 4 KiB page.
-    pub fn page(page: u64) -> Self {
-        Self { page, pages: 1 }
-    }
-}
-
-/// How a migration is carried out (the mechanisms live in `tiering::mem`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Mechanism {
-    /// Nomad's transactional migration: copy while mapped, commit only if
-    /// the page was not written during the copy, else abort and keep it.
-    /// `keep_shadow`: on commit, keep the source copy as a shadow.
-    Transactional {
-        /// Keep the source page as a shadow after commit (non-exclusive tiering).
-        keep_shadow: bool,
-    },
-    /// Unmap, copy, remap (Linux `migrate_pages`). Always succeeds if the
-    /// destination has room.
-    StopAndCopy,
-    /// Demote a page by remapping it to its shadow in the destination tier
-    /// (no copy). If the shadow was lost (page written), the mechanism falls
-    /// back to stop-and-copy.
-    ShadowDemotion,
-}
+pub use crate::vocab::{Mechanism, TierId, Unit, PAGES_PER_2M, PAGE_BYTES};
 
 /// When the migration must happen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

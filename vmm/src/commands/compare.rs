@@ -774,7 +774,7 @@ fn emulated_tiers(configs: &[(PolicyArg, VmConfig)], runs: &[RunRecord]) -> bool
     let from_config: Vec<bool> = configs
         .iter()
         .filter_map(|(_, c)| c.tiering.as_ref())
-        .map(|t| t.mem.fast_node == t.mem.slow_node)
+        .map(|t| t.mem.tiers.iter().all(|x| x.node == t.mem.tiers[0].node))
         .collect();
     if !from_config.is_empty() {
         return from_config.iter().any(|e| *e);
@@ -896,8 +896,8 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         seed: first.seed,
         sample_ms: args.vm.sample_ms,
         placement: args.vm.placement,
-        fast_bytes: tiered.map(|t| t.mem.fast_capacity_pages as u64 * page),
-        slow_bytes: tiered.and_then(|t| t.mem.slow_capacity_pages.map(|p| p as u64 * page)),
+        fast_bytes: tiered.map(|t| t.mem.tiers[0].capacity_pages as u64 * page),
+        slow_bytes: tiered.and_then(|t| t.mem.tiers.get(1).map(|x| x.capacity_pages as u64 * page)),
         repeat: args.repeat,
         emulated_tiers: emulated_tiers(&configs, &runs),
     };

@@ -845,6 +845,32 @@ fn render_host(l: &mut Lines, h: &HostFacts) {
             }
         },
     );
+    {
+        use tiering::tracking::damon::{DamonStatus, ALLOW_ENV};
+        let (what, why) = match (&h.damon.sysfs, h.damon.opted_in) {
+            (DamonStatus::Absent, _) => (
+                "absent".to_string(),
+                "--tracking damon unavailable: kernel built without CONFIG_DAMON_SYSFS".to_string(),
+            ),
+            (DamonStatus::InUse { kdamonds, running }, _) => (
+                format!("in use ({kdamonds} kdamond(s), {running} running)"),
+                "--tracking damon refused: DAMON's sysfs state is machine-wide and someone else's here; tiervm never writes it".to_string(),
+            ),
+            (DamonStatus::Idle, true) => (
+                format!("idle, {ALLOW_ENV}=1"),
+                "--tracking damon available: the kernel samples guest RAM's accessed bits (KVM's EPT/NPT bits too), no faults".to_string(),
+            ),
+            (DamonStatus::Idle, false) => (
+                "idle".to_string(),
+                format!("--tracking damon needs {ALLOW_ENV}=1: it writes DAMON's machine-wide sysfs state"),
+            ),
+            (DamonStatus::Unreadable { error }, _) => (
+                format!("unreadable ({error})"),
+                "--tracking damon unavailable".to_string(),
+            ),
+        };
+        l.fact("DAMON", what, why);
+    }
     if let Some(thp) = &h.thp {
         l.fact(
             "transparent huge pages",
@@ -1006,6 +1032,13 @@ mod tests {
                 api_error: None,
             },
             idle_page_tracking: IdlePageTracking::Absent,
+            damon: host::DamonFacts {
+                sysfs: tiering::tracking::damon::DamonStatus::InUse {
+                    kdamonds: 1,
+                    running: 1,
+                },
+                opted_in: false,
+            },
             problems: vec![],
         }
     }

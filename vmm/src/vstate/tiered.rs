@@ -15,7 +15,7 @@ use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use crate::error::{Error, Result};
-use crate::kvm_dirty_log::{enable_manual_dirty_log_protect, KvmDirtyLog};
+use crate::kvm_dirty_log::{enable_manual_dirty_log_protect_initially_set, KvmDirtyLog};
 use crate::tiering_config::TieringConfig;
 use crate::vstate::vm::RAM_SLOT;
 use tiering::engine::{Engine, EngineReport};
@@ -37,10 +37,26 @@ pub struct TieringReport {
     pub samples: u64,
     /// What the policy engine did (placement policies only).
     pub engine: Option<EngineReport>,
+    /// Bookkeeping check at the end of the run: "ok", or "inconsistent: "
+    /// and the first violation (the run then exits 1, after the report).
+    pub consistency: String,
+    /// The error that stopped the VM from the memory side (e.g. the host ran
+    /// out of memory for a lazy commit), if any.
+    pub fatal: Option<String>,
     /// `move_pages(2)` check at the end of the run: "ok" when every present
     /// guest page sits on its tier's host node (trivially true with emulated
     /// tiers), else the first mismatch.
     pub node_check: String,
+    /// Present guest pages `node_check` compared with their tier's node.
+    pub node_checked_pages: u64,
+    /// Present guest pages the kernel (`move_pages` query, right after
+    /// `node_check`) finds on each tier's node, in tier order (a node shared
+    /// by several tiers counts for the first); pages not present (never
+    /// touched, in flight, parked) are not counted. With real tiers and
+    /// `node_check` ok, their sum equals `node_checked_pages`, and a tier
+    /// with a non-zero count really has pages on its node. `None` if the
+    /// query failed.
+    pub node_pages: Option<Vec<u64>>,
 }
 
 /// The report's `migration` object.
@@ -192,15 +208,26 @@ impl TieredRam {
         }
     }
 
-    /// Turns on manual-protect dirty logging; call before the memslot exists.
+    /// Turns on manual-protect dirty logging (with INITIALLY_SET, so the
+    /// harvester can switch a memslot's logging on without write-protecting
+    /// it); call before the memslot exists. The memslot is registered
+    /// without logging: KVM maps guest RAM with huge pages until the first
+    /// migration switches logging on.
     pub fn prepare_vm(vm: &VmFd) -> Result<()> {
-        enable_manual_dirty_log_protect(vm)
+        enable_manual_dirty_log_protect_initially_set(vm)
             .map_err(|e| Error::host("enabling KVM dirty logging", e))
     }
 
     /// Starts the migrator (and chaos) once the VM's memslot exists.
     pub fn start(&mut self, vm: &VmFd) -> Result<()> {
-        let log = KvmDirtyLog::new(vm.as_raw_fd(), RAM_SLOT, self.mem.guest_pages());
+        let region = kvm_bindings::kvm_userspace_memory_region {
+            slot: RAM_SLOT,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: self.mem.guest_len() as u64,
+            userspace_addr: self.mem.guest_ptr() as u64,
+        };
+        let log = KvmDirtyLog::switchable(vm.as_raw_fd(), region);
         let migrator = Arc::new(
             Migrator::new(self.mem.clone(), Box::new(log), MigratorConfig::default())
                 .map_err(|e| Error::host("starting the migrator", e))?,
@@ -237,7 +264,7 @@ impl TieredRam {
 
     /// Drains the access samples recorded since the last call (the policy
     /// engine will consume them; for now they are counted).
-    pub fn drain_samples(&mut self) -> Vec<tiering::mem::AccessSample> {
+    pub fn drain_samples(&mut self) -> Vec<tiering::mem::HintFaultRecord> {
         if self.engine.is_some() {
             // The engine consumes them.
             return Vec::new();
@@ -287,15 +314,26 @@ impl TieredRam {
             f.stop()
                 .map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
         }
-        self.mem
-            .check_consistency()
-            .map_err(|e| Error::Host(format!("tiered memory inconsistent after the run: {e}")))?;
-        let node_check = match self.mem.check_nodes() {
+        // An inconsistency is reported, not raised: the report (with the
+        // guest's own verdict) must never be lost.
+        let consistency = match self.mem.check_consistency() {
             Ok(()) => "ok".to_string(),
-            Err(e) => e,
+            Err(e) => {
+                tracing::error!("tiered memory inconsistent after the run: {e}");
+                format!("inconsistent: {e}")
+            }
         };
+        let (node_check, node_checked_pages) = match self.mem.check_nodes() {
+            Ok(n) => ("ok".to_string(), n as u64),
+            Err(e) => (e, 0),
+        };
+        let node_pages = self.node_pages();
         Ok(TieringReport {
+            consistency,
+            fatal: self.mem.fatal_error().map(str::to_string),
             node_check,
+            node_checked_pages,
+            node_pages,
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             emulated: self.mem.emulated(),
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
@@ -304,6 +342,26 @@ impl TieredRam {
             samples: self.samples + self.engine_report.as_ref().map_or(0, |e| e.samples),
             engine: self.engine_report.take(),
         })
+    }
+}
+
+impl TieredRam {
+    /// Present guest pages per tier's node, from the kernel's view
+    /// ([`TieringReport::node_pages`]).
+    fn node_pages(&self) -> Option<Vec<u64>> {
+        let nodes = self.mem.query_guest_nodes().ok()?;
+        let tier_nodes: Vec<i32> = self
+            .mem
+            .tier_ids()
+            .map(|t| self.mem.node(t) as i32)
+            .collect();
+        let mut counts = vec![0u64; tier_nodes.len()];
+        for n in nodes.into_iter().filter(|&n| n >= 0) {
+            if let Some(i) = tier_nodes.iter().position(|&tn| tn == n) {
+                counts[i] += 1;
+            }
+        }
+        Some(counts)
     }
 }
 

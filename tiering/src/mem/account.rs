@@ -1,0 +1,202 @@
+//! Capacity accounting per tier: how many pages a VM may hold on a tier
+//! (its capacity, changeable while the VM runs) and how many it holds.
+//!
+//! A tier's *used* pages are its guest pages, its shadows, and the pages
+//! movers reserved for work in flight (staging of a migration into the tier,
+//! a first touch being committed). Every increase of guest pages or shadows
+//! is covered by a reservation made first, and the reservation is given back
+//! only after the page counts moved, so `used <= capacity` holds at every
+//! instant for growth (a transient double count is conservative). A shrink
+//! only lowers the capacity: `used` may then exceed it until the resize
+//! demotes pages ([`super::TieredMemory::resize`]).
+//!
+//! Guest-page and shadow counts change in exactly one place,
+//! `TieredMemory::release_page`, from the old and new page-map words.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::vocab::TierId;
+
+/// One tier of a VM: where it lives and what it may use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierSpec {
+    /// Name for reports (`fast`, `slow`, `cxl`, ...).
+    pub name: String,
+    /// Host NUMA node backing the tier.
+    pub node: u32,
+    /// Capacity in 4 KiB pages at start.
+    pub capacity_pages: usize,
+    /// Largest capacity a resize may set (the tier's address-space
+    /// reservation); at least `capacity_pages`.
+    pub max_capacity_pages: usize,
+}
+
+/// Live counters of one tier.
+#[derive(Debug)]
+pub(crate) struct TierAccount {
+    pub(crate) spec: TierSpec,
+    capacity: AtomicU64,
+    guest: AtomicU64,
+    shadows: AtomicU64,
+    reserved: AtomicU64,
+}
+
+impl TierAccount {
+    pub(crate) fn new(spec: TierSpec) -> Self {
+        Self {
+            capacity: AtomicU64::new(spec.capacity_pages as u64),
+            spec,
+            guest: AtomicU64::new(0),
+            shadows: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Acquire)
+    }
+    pub(crate) fn guest(&self) -> u64 {
+        self.guest.load(Ordering::Acquire)
+    }
+    pub(crate) fn shadows(&self) -> u64 {
+        self.shadows.load(Ordering::Acquire)
+    }
+    pub(crate) fn reserved(&self) -> u64 {
+        self.reserved.load(Ordering::Acquire)
+    }
+    /// Guest pages + shadows + reservations.
+    pub(crate) fn used(&self) -> u64 {
+        self.guest() + self.shadows() + self.reserved()
+    }
+    /// Pages that can still be reserved.
+    pub(crate) fn free(&self) -> u64 {
+        self.capacity().saturating_sub(self.used())
+    }
+    /// Pages above the capacity (after a shrink, before it converged).
+    pub(crate) fn excess(&self) -> u64 {
+        (self.guest() + self.shadows()).saturating_sub(self.capacity())
+    }
+
+    /// Reserves `n` pages if they fit under the capacity.
+    pub(crate) fn try_reserve(&self, n: u64) -> bool {
+        let mut cur = self.reserved.load(Ordering::Acquire);
+        loop {
+            let used = self.guest() + self.shadows() + cur;
+            if used.saturating_add(n) > self.capacity() {
+                return false;
+            }
+            match self.reserved.compare_exchange_weak(
+                cur,
+                cur + n,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Gives back `n` reserved pages.
+    pub(crate) fn unreserve(&self, n: u64) {
+        let prev = self.reserved.fetch_sub(n, Ordering::AcqRel);
+        debug_assert!(prev >= n, "unreserve of {n} with {prev} reserved");
+    }
+
+    /// Sets the capacity (bounded by the reservation made at creation).
+    pub(crate) fn set_capacity(&self, pages: u64) -> u64 {
+        let p = pages.min(self.spec.max_capacity_pages as u64);
+        self.capacity.store(p, Ordering::Release);
+        p
+    }
+
+    pub(crate) fn add_guest(&self, delta: i64) {
+        add(&self.guest, delta)
+    }
+    pub(crate) fn add_shadows(&self, delta: i64) {
+        add(&self.shadows, delta)
+    }
+}
+
+fn add(a: &AtomicU64, delta: i64) {
+    if delta >= 0 {
+        a.fetch_add(delta as u64, Ordering::AcqRel);
+    } else {
+        let prev = a.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel);
+        debug_assert!(prev >= delta.unsigned_abs(), "page count below zero");
+    }
+}
+
+/// Applies the change of one page's word to the tiers' counts.
+pub(crate) fn apply_word_change(tiers: &[TierAccount], old: u64, new: u64) {
+    use super::page_map::{shadow_tier_of, tier_of};
+    let (ot, nt) = (tier_of(old), tier_of(new));
+    if ot != nt {
+        if let Some(t) = nt.and_then(|t| tiers.get(usize::from(t))) {
+            t.add_guest(1);
+        }
+        if let Some(t) = ot.and_then(|t| tiers.get(usize::from(t))) {
+            t.add_guest(-1);
+        }
+    }
+    let (os, ns) = (shadow_tier_of(old), shadow_tier_of(new));
+    if os != ns {
+        if let Some(t) = ns.and_then(|t| tiers.get(usize::from(t))) {
+            t.add_shadows(1);
+        }
+        if let Some(t) = os.and_then(|t| tiers.get(usize::from(t))) {
+            t.add_shadows(-1);
+        }
+    }
+}
+
+/// Tier ids, fastest first.
+pub(crate) fn tier_ids(n: usize) -> impl Iterator<Item = TierId> {
+    (0..n).map(|t| t as TierId)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::page_map::{on_tier, shadow_on};
+
+    fn tier(cap: usize) -> TierAccount {
+        TierAccount::new(TierSpec {
+            name: "t".into(),
+            node: 0,
+            capacity_pages: cap,
+            max_capacity_pages: 2 * cap,
+        })
+    }
+
+    #[test]
+    fn reservations_stop_at_capacity_and_follow_resizes() {
+        let t = tier(10);
+        assert!(t.try_reserve(6));
+        assert!(!t.try_reserve(5));
+        assert!(t.try_reserve(4));
+        assert_eq!(t.free(), 0);
+        t.unreserve(10);
+        assert_eq!(t.set_capacity(1000), 20, "bounded by the reservation");
+        t.add_guest(15);
+        assert_eq!(t.set_capacity(5), 5);
+        assert_eq!(t.excess(), 10);
+        assert!(!t.try_reserve(1));
+    }
+
+    #[test]
+    fn word_changes_move_counts_between_tiers() {
+        let tiers = [tier(10), tier(10)];
+        apply_word_change(&tiers, 0, on_tier(1));
+        assert_eq!((tiers[0].guest(), tiers[1].guest()), (0, 1));
+        // Promotion keeping a shadow on tier 1.
+        apply_word_change(&tiers, on_tier(1), on_tier(0) | shadow_on(1));
+        assert_eq!((tiers[0].guest(), tiers[1].guest()), (1, 0));
+        assert_eq!((tiers[0].shadows(), tiers[1].shadows()), (0, 1));
+        // Shadow demotion.
+        apply_word_change(&tiers, on_tier(0) | shadow_on(1), on_tier(1));
+        assert_eq!((tiers[1].guest(), tiers[1].shadows()), (1, 0));
+    }
+}

@@ -1,0 +1,380 @@
+//! Lazy commit: host memory is taken when the guest (or the VMM) first
+//! touches a guest page, never before.
+//!
+//! Every guest page starts as a hole in guest RAM, which is registered with
+//! the userfaultfd in MISSING mode, so the first touch reaches the fault
+//! handler. The handler places the page by the VM's [`InitialPlacement`]
+//! on the first tier with room (capacity is accounted before anything is
+//! allocated), makes a fresh page in that tier's pool (a write into a pool
+//! hole allocates on the pool's `mbind` node) and moves it into guest RAM
+//! with `UFFDIO_MOVE`. Where the whole 2 MiB range around the page is
+//! untouched, the range is committed at once as one transparent huge page
+//! (populated in a huge pool chunk, moved as one PMD), so a tiered VM gets
+//! the TLB reach of THP-backed untiered memory.
+//!
+//! Before memory is taken from a node, [`HostGuard`] checks that the node
+//! keeps `host_reserve_bytes` free. If it would not, the VM is stopped with
+//! a clear out-of-memory error (the fatal hook), instead of the kernel's
+//! OOM killer ending the VMM or a SIGBUS ending the guest; the faults that
+//! arrive while the VM stops are still served (from the reserve) so that
+//! nothing hangs.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::backing::{lock, InitialPlacement, Staging, TieredMemory};
+use super::page_map::{self, on_tier, BUSY, PARKED, POPULATED};
+use super::pool::{Holds, CHUNK_SLOTS};
+use crate::sys::{self, Advice, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::vocab::TierId;
+
+/// Attempts of a failed commit (other than out of memory) before the VM stops.
+const COMMIT_RETRIES: usize = 4;
+
+/// How often the guard re-reads the node's free memory at most.
+const GUARD_RECHECK: Duration = Duration::from_millis(100);
+/// Bytes committed after which the guard re-reads at once.
+const GUARD_RECHECK_BYTES: u64 = 32 << 20;
+
+/// Keeps commits from exhausting a node (see the module docs).
+#[derive(Debug)]
+pub(crate) struct HostGuard {
+    reserve: u64,
+    state: Mutex<HashMap<u32, NodeView>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct NodeView {
+    read_at: Instant,
+    available: u64,
+    taken_since: u64,
+}
+
+impl HostGuard {
+    pub(crate) fn new(nodes: &[u32], reserve: u64) -> Self {
+        let _ = nodes;
+        Self {
+            reserve,
+            state: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// May `bytes` more be taken from `node`? Err carries the message.
+    pub(crate) fn admit(&self, node: u32, bytes: u64) -> Result<(), String> {
+        let mut st = lock(&self.state);
+        let now = Instant::now();
+        let stale = |v: &NodeView| {
+            now.duration_since(v.read_at) >= GUARD_RECHECK || v.taken_since >= GUARD_RECHECK_BYTES
+        };
+        let view = match st.get(&node) {
+            Some(v) if !stale(v) => *v,
+            _ => {
+                let available = crate::host::available_bytes_on(node).unwrap_or(u64::MAX);
+                let v = NodeView {
+                    read_at: now,
+                    available,
+                    taken_since: 0,
+                };
+                st.insert(node, v);
+                v
+            }
+        };
+        let left = view
+            .available
+            .saturating_sub(view.taken_since)
+            .saturating_sub(bytes);
+        if left < self.reserve {
+            return Err(format!(
+                "host out of memory on NUMA node {node}: committing {} KiB more would leave {} MiB \
+                 available, below the {} MiB reserve; the guest touched more memory than the host \
+                 can give (lower --mem or the tier capacities, free host memory, or lower \
+                 --host-reserve)",
+                bytes >> 10,
+                view.available.saturating_sub(view.taken_since) >> 20,
+                self.reserve >> 20
+            ));
+        }
+        if let Some(v) = st.get_mut(&node) {
+            v.taken_since += bytes;
+        }
+        Ok(())
+    }
+}
+
+/// What [`TieredMemory::commit_first_touch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitOutcome {
+    /// The page is present now (committed here or by someone else).
+    Present,
+    /// A mover owns the page (or one of its chunk): wait for its release.
+    Busy,
+    /// No tier has room right now (reservations in flight); try again.
+    NoRoom,
+}
+
+impl TieredMemory {
+    /// The tiers in the order the placement tries them for placement unit
+    /// `unit` (a 2 MiB chunk index, or a page index without huge pages).
+    pub(crate) fn placement_order(&self, unit: usize) -> Vec<TierId> {
+        let n = self.tier_count();
+        let first = match self.placement {
+            InitialPlacement::FastFirst => 0,
+            InitialPlacement::SlowFirst => n - 1,
+            InitialPlacement::Interleave => unit % n,
+            InitialPlacement::Random { seed } => {
+                (split_mix(seed ^ unit as u64) % n as u64) as usize
+            }
+        };
+        let mut order: Vec<TierId> = vec![first as TierId];
+        match self.placement {
+            InitialPlacement::SlowFirst => {
+                order.extend((0..n).rev().filter(|&t| t != first).map(|t| t as TierId))
+            }
+            _ => order.extend((0..n).filter(|&t| t != first).map(|t| t as TierId)),
+        }
+        order
+    }
+
+    /// Commits the never-touched guest page `page` (and, with huge pages,
+    /// its whole untouched 2 MiB range) on the first tier with room. Called
+    /// by the fault handler for a missing fault on a page that is not
+    /// `POPULATED`, and by [`Self::prefault`].
+    pub(crate) fn commit_first_touch(&self, page: usize) -> CommitOutcome {
+        let w = self.pages.load(page);
+        if w & POPULATED != 0 {
+            return CommitOutcome::Present;
+        }
+        if w & (BUSY | PARKED) != 0 {
+            return CommitOutcome::Busy;
+        }
+        let (first, count) = match self.acquire_untouched_chunk(page) {
+            Some(r) => r,
+            None => match self.pages.try_acquire(page, false) {
+                None => return CommitOutcome::Busy,
+                Some(w) if w & POPULATED != 0 => {
+                    self.release_page(page, 0, 0);
+                    return CommitOutcome::Present;
+                }
+                Some(_) => (page, 1),
+            },
+        };
+        let unit = if count == CHUNK_SLOTS {
+            first / CHUNK_SLOTS
+        } else {
+            first
+        };
+        let release_all = |mem: &Self| {
+            for p in first..first + count {
+                mem.release_page(p, 0, 0);
+            }
+        };
+        let Some(tier) = self.reserve_for_commit(unit, count) else {
+            release_all(self);
+            return CommitOutcome::NoRoom;
+        };
+        let node = self.node(tier);
+        if let Err(msg) = self.host_guard.admit(node, (count * PAGE_SIZE) as u64) {
+            // Stop the VM; keep serving this fault from the reserve so that
+            // the faulting thread (a vCPU, the VMM) is not left hanging.
+            self.set_fatal(msg);
+            self.counters
+                .emergency_commits
+                .fetch_add(count as u64, Ordering::Relaxed);
+        }
+        let mut filled = self.fill_from_pool(tier, first, count);
+        for _ in 0..COMMIT_RETRIES {
+            match &filled {
+                // Out of memory is final; anything else may be transient.
+                Err(e) if e.raw_os_error() != Some(libc::ENOMEM) => {
+                    std::thread::sleep(Duration::from_micros(100));
+                    filled = self.fill_from_pool(tier, first, count);
+                }
+                _ => break,
+            }
+        }
+        match filled {
+            Ok(()) => {
+                for p in first..first + count {
+                    self.release_page(p, on_tier(tier), page_map::PLACEMENT_BITS);
+                }
+                self.tiers[usize::from(tier)].unreserve(count as u64);
+                self.counters
+                    .committed_pages
+                    .fetch_add(count as u64, Ordering::Relaxed);
+                if count == CHUNK_SLOTS {
+                    self.counters.huge_commits.fetch_add(1, Ordering::Relaxed);
+                }
+                CommitOutcome::Present
+            }
+            Err(e) => {
+                self.tiers[usize::from(tier)].unreserve(count as u64);
+                release_all(self);
+                self.set_fatal(format!(
+                    "committing guest page {page} on tier {} (node {node}) failed: {e}",
+                    self.tiers[usize::from(tier)].spec.name
+                ));
+                // Release the faulting thread with the zero page: it reads
+                // zeros, and the VM is being stopped.
+                let _ = self.uffd.zero_page(self.guest_addr(page), PAGE_SIZE);
+                CommitOutcome::Present
+            }
+        }
+    }
+
+    /// Commits every guest page of `[first, first+pages)` that is still
+    /// untouched (loaders and tests; the guest never needs it).
+    pub fn prefault(&self, first: usize, pages: usize) -> std::io::Result<()> {
+        let end = first.saturating_add(pages).min(self.guest_pages);
+        let mut p = first;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while p < end {
+            match self.commit_first_touch(p) {
+                CommitOutcome::Present => p += 1,
+                CommitOutcome::Busy | CommitOutcome::NoRoom if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(100))
+                }
+                o => {
+                    return Err(std::io::Error::other(format!(
+                        "prefault of guest page {p}: {o:?} for 10 s"
+                    )))
+                }
+            }
+            if let Some(e) = self.fatal_error() {
+                return Err(std::io::Error::other(e.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// With huge pages, acquires the whole 2 MiB chunk of `page` if every
+    /// page of it is untouched and free. Returns (first page, 512).
+    fn acquire_untouched_chunk(&self, page: usize) -> Option<(usize, usize)> {
+        if !self.huge_pages {
+            return None;
+        }
+        let first = page / CHUNK_SLOTS * CHUNK_SLOTS;
+        if first + CHUNK_SLOTS > self.guest_pages {
+            return None;
+        }
+        let untouched = |w: u64| w & (POPULATED | BUSY | PARKED) == 0;
+        if !(first..first + CHUNK_SLOTS).all(|p| untouched(self.pages.load(p))) {
+            return None;
+        }
+        for p in first..first + CHUNK_SLOTS {
+            match self.pages.try_acquire(p, false) {
+                Some(w) if untouched(w) => {}
+                Some(_) => {
+                    for q in first..=p {
+                        self.release_page(q, 0, 0);
+                    }
+                    return None;
+                }
+                None => {
+                    for q in first..p {
+                        self.release_page(q, 0, 0);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some((first, CHUNK_SLOTS))
+    }
+
+    /// Reserves `count` pages on the first tier of the placement order with
+    /// room, reclaiming shadows once if none has.
+    fn reserve_for_commit(&self, unit: usize, count: usize) -> Option<TierId> {
+        let order = self.placement_order(unit);
+        for round in 0..2 {
+            for &t in &order {
+                if self.tiers[usize::from(t)].try_reserve(count as u64) {
+                    return Some(t);
+                }
+            }
+            if round == 0 {
+                for &t in &order {
+                    self.reclaim_shadows(t, count + self.shadow_low_watermark(t));
+                }
+            }
+        }
+        None
+    }
+
+    /// Makes `count` fresh zeroed pages on `tier` and moves them into guest
+    /// RAM at `first` (one huge page when `count` is a whole chunk and a
+    /// huge pool chunk is free).
+    fn fill_from_pool(&self, tier: TierId, first: usize, count: usize) -> std::io::Result<()> {
+        let staging = self
+            .reserve_staging(tier, count, Holds::Hole)
+            .ok_or_else(|| {
+                std::io::Error::other(format!("no pool slot left on tier {tier} (accounting bug)"))
+            })?;
+        let len = count * PAGE_SIZE;
+        let result = (|| -> std::io::Result<bool> {
+            match &staging {
+                Staging::Chunk(slot, holds) => {
+                    let a = self.slot_addr(tier, *slot);
+                    if *holds == Holds::Cached {
+                        // SAFETY: a reserved, resident huge chunk of our pool; nobody else
+                        // uses it while we hold the reservation.
+                        unsafe { sys::zero_volatile(a as *mut u8, HUGE_PAGE_SIZE) };
+                    } else {
+                        self.inject.io(sys::FaultPoint::Populate)?;
+                        sys::advise(a, HUGE_PAGE_SIZE, Advice::PopulateWrite)?;
+                    }
+                    let huge = self
+                        .scanner
+                        .scan(a, a + HUGE_PAGE_SIZE, |_, _, _| {})
+                        .map(|p| p.huge == HUGE_PAGE_SIZE as u64)
+                        .unwrap_or(false);
+                    self.uffd.move_range(self.guest_addr(first), a, len, true)?;
+                    Ok(huge)
+                }
+                Staging::Pages(slots) => {
+                    for (i, (slot, holds)) in slots.iter().enumerate() {
+                        let a = self.slot_addr(tier, *slot);
+                        if *holds == Holds::Cached {
+                            // SAFETY: a reserved, resident pool page nobody else uses.
+                            unsafe { sys::zero_volatile(a as *mut u8, PAGE_SIZE) };
+                        } else {
+                            self.inject.io(sys::FaultPoint::Populate)?;
+                            sys::advise(a, PAGE_SIZE, Advice::PopulateWrite)?;
+                        }
+                        let _ = i;
+                    }
+                    let pairs: Vec<_> = slots
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (s, _))| (self.guest_addr(first + i), self.slot_addr(tier, *s)))
+                        .collect();
+                    self.move_pairs(&pairs)?;
+                    Ok(false)
+                }
+            }
+        })();
+        match result {
+            Ok(huge) => {
+                self.release_staging(tier, &staging, Holds::Hole, huge);
+                Ok(())
+            }
+            Err(e) => {
+                // Nothing reached guest RAM if the move failed before it
+                // moved anything; what did move is put back into the pool.
+                let back: Vec<_> = (0..count)
+                    .map(|i| (staging.addr(self, tier, i), self.guest_addr(first + i)))
+                    .collect();
+                let _ = self.move_pairs_present(&back);
+                self.release_staging_checked(tier, &staging);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn split_mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

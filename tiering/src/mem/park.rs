@@ -1,0 +1,199 @@
+//! Parking: access sampling by unmapping pages. A parked page sits in its
+//! parking slot (zero-copy `UFFDIO_MOVE`); the guest's next touch raises a
+//! userfault, the fault handler records a hint fault and maps the page back.
+//! The hint-fault sampler and the accessed-bit probes both park pages; each
+//! maps back only its own ([`Parker`], the `PROBE` bit).
+//!
+//! Also here: the fault-path promotion of a parked page (TPP promotes in the
+//! NUMA hint fault, while the faulting access waits).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::backing::{Parker, TieredMemory};
+use super::page_map::{self, on_tier, PARKED, PLACEMENT_BITS, POPULATED, PROBE};
+use super::pool::Holds;
+use crate::sys::{self, PAGE_SIZE};
+
+impl TieredMemory {
+    /// Parks `pages` for hint faults on behalf of `parker` (runs of
+    /// consecutive pages move with one range move). Busy and never-touched
+    /// pages are skipped. A page already parked is skipped, except that a
+    /// probe takes over a sampler window page (its touch will be recorded all
+    /// the same; the probe now maps it back) and counts it as parked.
+    /// Returns the pages parked. On a failed move every page of the call is
+    /// put back where the kernel says it is, so nothing is lost.
+    pub(crate) fn park_pages(
+        &self,
+        pages: &[usize],
+        parker: Parker,
+    ) -> std::io::Result<Vec<usize>> {
+        let probe = parker == Parker::Probe;
+        let tag = if probe { PARKED | PROBE } else { PARKED };
+        let mut taken_over = Vec::new();
+        let mut owned = Vec::new();
+        for &p in pages.iter().filter(|&&p| p < self.guest_pages) {
+            let Some(w) = self.pages.try_acquire(p, probe) else {
+                continue;
+            };
+            if w & POPULATED == 0 {
+                self.release_page(p, 0, 0);
+            } else if w & PARKED == 0 {
+                owned.push(p);
+            } else if w & PROBE == 0 {
+                self.release_page(p, PROBE, 0);
+                taken_over.push(p);
+            } else {
+                self.release_page(p, 0, 0);
+            }
+        }
+        let pairs: Vec<_> = owned
+            .iter()
+            .map(|&p| (self.park_addr(p), self.guest_addr(p)))
+            .collect();
+        if let Err(e) = self.move_pairs(&pairs) {
+            // Pages that moved are put back; one that cannot move back
+            // stays parked, and the fault handler maps it back on its touch.
+            for &p in &owned {
+                let parked = sys::resident(self.park_addr(p), 1)
+                    .map(|r| r[0])
+                    .unwrap_or(false);
+                if parked
+                    && self
+                        .uffd
+                        .move_range(self.guest_addr(p), self.park_addr(p), PAGE_SIZE, true)
+                        .is_err()
+                {
+                    self.release_page(p, tag, 0);
+                } else {
+                    self.release_page(p, 0, 0);
+                }
+            }
+            return Err(e.into());
+        }
+        for &p in &owned {
+            self.release_page(p, tag, 0);
+        }
+        owned.extend(taken_over);
+        Ok(owned)
+    }
+
+    /// Maps back those of `pages` that are still parked by `parker` (the
+    /// guest never touched them). Pages owned by someone else right now (the
+    /// fault handler unparking them, a harvest, a shadow reclaim) are
+    /// skipped and pushed to `busy`, for the caller to retry. Returns how
+    /// many were unparked.
+    pub(crate) fn unpark_pages(
+        &self,
+        pages: &[usize],
+        parker: Parker,
+        busy: &mut Vec<usize>,
+    ) -> std::io::Result<usize> {
+        let mut n = 0;
+        let mut first_err = None;
+        for &page in pages.iter().filter(|&&p| p < self.guest_pages) {
+            let Some(w) = self.pages.try_acquire(page, true) else {
+                busy.push(page);
+                continue;
+            };
+            if w & PARKED == 0 || (w & PROBE != 0) != (parker == Parker::Probe) {
+                // Touched and mapped back already, or parked by the other side.
+                self.release_page(page, 0, 0);
+                continue;
+            }
+            match self
+                .uffd
+                .move_range(self.guest_addr(page), self.park_addr(page), PAGE_SIZE, true)
+            {
+                Ok(()) => {
+                    self.release_page(page, 0, PARKED | PROBE);
+                    n += 1;
+                }
+                Err(e) => {
+                    self.release_page(page, 0, 0);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(n), |e| Err(e.into()))
+    }
+
+    /// [`Self::unpark_pages`], retrying pages that were busy for up to
+    /// about 100 ms (owners hold a page for microseconds). A page still busy
+    /// after that stays parked, and the fault handler maps it back on its
+    /// next touch.
+    pub(crate) fn unpark_pages_settled(
+        &self,
+        pages: &[usize],
+        parker: Parker,
+    ) -> std::io::Result<usize> {
+        let mut busy = Vec::new();
+        let mut n = self.unpark_pages(pages, parker, &mut busy)?;
+        for _ in 0..100 {
+            if busy.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            let retry = std::mem::take(&mut busy);
+            n += self.unpark_pages(&retry, parker, &mut busy)?;
+        }
+        Ok(n)
+    }
+
+    /// Promotes an owned, parked page to the fastest tier (stop-and-copy)
+    /// while the faulting vCPU waits: copies the parked page into a staging
+    /// page of tier 0, maps that at the guest address (which wakes the
+    /// vCPU), disposes of the old page and releases the page unparked on
+    /// tier 0. Returns false (nothing changed, the page still owned and
+    /// parked) when tier 0 has no room or the page is on it already. No
+    /// dirty check is needed: the page was unmapped for the whole copy.
+    pub(crate) fn promote_parked_owned(&self, page: usize) -> std::io::Result<bool> {
+        let w = self.pages.load(page);
+        let Some(from) = page_map::tier_of(w) else {
+            return Ok(false);
+        };
+        let to = 0;
+        if from == to {
+            return Ok(false);
+        }
+        if !self.tiers[usize::from(to)].try_reserve(1) {
+            self.counters
+                .skipped_no_space
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
+        let Some(staging) = self.reserve_staging(to, 1, Holds::Cached) else {
+            self.tiers[usize::from(to)].unreserve(1);
+            return Err(std::io::Error::other(
+                "no pool slot for a promotion (accounting bug)",
+            ));
+        };
+        let dst = staging.addr(self, to, 0);
+        // SAFETY: both are page-aligned pages of our mapping: the parked page is present
+        // in its parking slot (we own it) and the staging page is a reserved pool slot
+        // (a hole is allocated by the write); they do not overlap.
+        unsafe { sys::copy_volatile(dst as *mut u8, self.park_addr(page) as *const u8, PAGE_SIZE) };
+        if let Err(e) = self
+            .uffd
+            .move_range(self.guest_addr(page), dst, PAGE_SIZE, true)
+        {
+            self.release_staging_checked(to, &staging);
+            self.tiers[usize::from(to)].unreserve(1);
+            return Err(e.into());
+        }
+        self.release_staging(to, &staging, Holds::Hole, false);
+        if w & page_map::SHADOW != 0 {
+            self.free_shadow_owned(page);
+        }
+        self.dispose(from, &[self.park_addr(page)]);
+        self.release_page(
+            page,
+            on_tier(to),
+            PLACEMENT_BITS | PARKED | PROBE | page_map::SHADOW_BITS,
+        );
+        self.tiers[usize::from(to)].unreserve(1);
+        self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+        self.counters.stop_copy.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}

@@ -1,0 +1,269 @@
+//! Live per-tier resize: a tier's capacity can grow and shrink while the VM
+//! runs (the host-side service divides a node among VMs this way).
+//!
+//! A grow just raises the capacity the policy may use. A shrink lowers the
+//! capacity at once (nothing new is placed above it) and then converges, in
+//! bounded steps ([`Migrator::shrink_step`]), the way Linux reclaim would
+//! but without losing data or running out of memory:
+//!
+//! 1. shadows on the tier are reclaimed (they are only copies);
+//! 2. pages of the tier whose shadow on a slower tier is still valid are
+//!    demoted by remapping the shadow (no copy);
+//! 3. the coldest pages, in the order the policy gives (or a sweep of the
+//!    tier when there is no policy), are demoted to the next slower tier
+//!    with room, whole 2 MiB runs where a run is all on the tier;
+//! 4. the freed host memory goes back to the kernel (the pool cache beyond
+//!    what the tier can still use is discarded).
+//!
+//! When no slower tier has room (after its shadows were reclaimed), the
+//! shrink stops where it is and says how far it got; nothing is lost.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::migrate::Migrator;
+use super::page_map::{self, BUSY, PARKED};
+use super::pool::CHUNK_SLOTS;
+use super::{MemError, TieredMemory};
+use crate::vocab::{Mechanism, TierId, Unit};
+
+/// Pages a shrink step looks at (bounds the cost of one step).
+const SCAN_WINDOW: usize = 1 << 16;
+
+/// Where a resize stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResizeReport {
+    /// The tier.
+    pub tier: TierId,
+    /// Target capacity, pages.
+    pub target_pages: u64,
+    /// Pages in use on the tier (guest pages + shadows) now.
+    pub used_pages: u64,
+    /// Shadows reclaimed by this step.
+    pub shadows_reclaimed: u64,
+    /// Pages demoted by remapping their shadow in this step.
+    pub shadow_demoted: u64,
+    /// Pages demoted by copying in this step.
+    pub demoted: u64,
+    /// Pages of pool cache given back to the kernel in this step.
+    pub returned_pages: u64,
+    /// The tier is at or below its target.
+    pub complete: bool,
+    /// Why the shrink cannot go on (slower tiers full), if so.
+    pub stuck: Option<String>,
+}
+
+/// Sweep cursor per tier (victim search when no policy gives an order).
+#[derive(Debug, Default)]
+pub(crate) struct SweepCursor(AtomicUsize);
+
+impl TieredMemory {
+    /// Sets the capacity of `tier` to `pages` (a grow takes effect at once;
+    /// a shrink converges with [`Migrator::shrink_step`]). Refused when the
+    /// tiers together could no longer hold the guest, or beyond the tier's
+    /// reservation.
+    pub fn resize(&self, tier: TierId, pages: usize) -> Result<u64, MemError> {
+        let Some(account) = self.tiers.get(usize::from(tier)) else {
+            return Err(MemError::Resize(format!(
+                "tier {tier} does not exist (this VM has {} tiers)",
+                self.tier_count()
+            )));
+        };
+        let max = account.spec.max_capacity_pages;
+        if pages > max {
+            return Err(MemError::Resize(format!(
+                "{} pages for tier {} exceed its maximum of {max} pages (set at creation)",
+                pages, account.spec.name
+            )));
+        }
+        let others: usize = self
+            .tiers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != usize::from(tier))
+            .map(|(_, t)| t.capacity() as usize)
+            .sum();
+        if others.saturating_add(pages) < self.guest_pages {
+            return Err(MemError::Resize(format!(
+                "tier {} at {pages} pages would leave the tiers {} pages together, fewer than the \
+                 guest's {} pages; grow another tier first",
+                account.spec.name,
+                others + pages,
+                self.guest_pages
+            )));
+        }
+        let applied = account.set_capacity(pages as u64);
+        self.counters.resizes.fetch_add(1, Ordering::Relaxed);
+        Ok(applied)
+    }
+
+    /// Pages of `tier` above its capacity (a shrink not converged yet).
+    pub fn excess_pages(&self, tier: TierId) -> usize {
+        self.tiers
+            .get(usize::from(tier))
+            .map_or(0, |t| t.excess() as usize)
+    }
+
+    /// Up to `want` demotion victims on `tier` from a sweep: whole 2 MiB
+    /// runs that are all on the tier first, then single pages; pages with a
+    /// shadow are left to the shadow step.
+    fn sweep_victims(&self, tier: TierId, want: usize) -> Vec<Unit> {
+        let n = self.guest_pages;
+        let cursor = &self.sweep[usize::from(tier)].0;
+        let start = cursor.load(Ordering::Relaxed) % n.max(1);
+        let mut out = Vec::new();
+        let mut got = 0;
+        let mut p = start / CHUNK_SLOTS * CHUNK_SLOTS;
+        let mut scanned = 0;
+        let on_tier = |w: u64| {
+            page_map::tier_of(w) == Some(tier) && w & (BUSY | PARKED | page_map::SHADOW) == 0
+        };
+        while got < want && scanned < SCAN_WINDOW.min(n) {
+            let end = (p + CHUNK_SLOTS).min(n);
+            if self.huge_pages
+                && end - p == CHUNK_SLOTS
+                && want - got >= CHUNK_SLOTS
+                && (p..end).all(|q| on_tier(self.pages.load(q)))
+            {
+                out.push(Unit::run(p as u64, CHUNK_SLOTS as u32));
+                got += CHUNK_SLOTS;
+            } else {
+                for q in p..end {
+                    if got >= want {
+                        break;
+                    }
+                    if on_tier(self.pages.load(q)) {
+                        out.push(Unit::page(q as u64));
+                        got += 1;
+                    }
+                }
+            }
+            scanned += end - p;
+            p = if end >= n { 0 } else { end };
+        }
+        cursor.store(p, Ordering::Relaxed);
+        out
+    }
+
+    /// Pages of `tier` whose shadow (on a slower tier) is valid, up to `want`.
+    fn shadowed_pages(&self, tier: TierId, want: usize) -> Vec<(TierId, Unit)> {
+        let mut out = Vec::new();
+        for p in 0..self.guest_pages {
+            if out.len() >= want {
+                break;
+            }
+            let w = self.pages.load(p);
+            if page_map::tier_of(w) == Some(tier) && w & (BUSY | PARKED) == 0 {
+                if let Some(s) = page_map::shadow_tier_of(w).filter(|&s| s > tier) {
+                    out.push((s, Unit::page(p as u64)));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Migrator {
+    /// One bounded step of a shrink of `tier` (see the module docs):
+    /// moves at most `budget_pages` pages. `order` is the policy's
+    /// demotion order (coldest first; pages not on the tier are skipped);
+    /// `None` sweeps the tier. Call it until the report says `complete` or
+    /// `stuck`.
+    pub fn shrink_step(
+        &self,
+        tier: TierId,
+        budget_pages: usize,
+        order: Option<&[Unit]>,
+    ) -> std::io::Result<ResizeReport> {
+        let mem = self.memory().clone();
+        let account = &mem.tiers[usize::from(tier)];
+        let mut rep = ResizeReport {
+            tier,
+            target_pages: account.capacity(),
+            ..ResizeReport::default()
+        };
+        let mut left = budget_pages.max(1);
+        // 1. Shadows on this tier are copies: drop them first.
+        if account.excess() > 0 && account.shadows() > 0 {
+            // Until one page is free again (the excess is gone) or no shadow is left.
+            rep.shadows_reclaimed = mem.reclaim_shadows(tier, 1) as u64;
+        }
+        // 2. Pages with a valid shadow below: remap, no copy.
+        if account.excess() > 0 {
+            let want = (account.excess() as usize).min(left);
+            let mut by_tier: std::collections::BTreeMap<TierId, Vec<Unit>> = Default::default();
+            for (s, u) in mem.shadowed_pages(tier, want) {
+                by_tier.entry(s).or_default().push(u);
+            }
+            for (s, units) in by_tier {
+                let o = self.migrate(&units, s, Mechanism::ShadowDemotion)?;
+                rep.shadow_demoted += o.shadow_demoted as u64 + o.shadow_copied as u64;
+                left = left.saturating_sub(o.migrated);
+            }
+        }
+        // 3. The coldest pages, to the next slower tier with room.
+        while account.excess() > 0 && left > 0 {
+            let want = (account.excess() as usize).min(left);
+            let victims: Vec<Unit> = match order {
+                Some(o) => o
+                    .iter()
+                    .copied()
+                    .filter(|u| mem.tier_of(u.page as usize) == Some(tier))
+                    .take(want)
+                    .collect(),
+                None => mem.sweep_victims(tier, want),
+            };
+            if victims.is_empty() {
+                break;
+            }
+            let need: usize = victims.iter().map(|u| u.pages as usize).sum();
+            let Some(dst) = self.slower_tier_with_room(tier, need.min(CHUNK_SLOTS)) else {
+                rep.stuck = Some(format!(
+                    "no slower tier has room for the {} pages above the target of tier {} (their \
+                     shadows were reclaimed); the shrink stops at {} pages",
+                    account.excess(),
+                    account.spec.name,
+                    account.guest() + account.shadows()
+                ));
+                break;
+            };
+            let o = self.migrate(
+                &victims,
+                dst,
+                Mechanism::Transactional { keep_shadow: false },
+            )?;
+            let moved = o.migrated;
+            rep.demoted += moved as u64;
+            left = left.saturating_sub(need);
+            if moved == 0 && o.aborted == 0 && order.is_some() {
+                break; // the policy's victims are gone; sweep next time
+            }
+        }
+        // 4. Give the freed memory back: keep only the cache the tier can use.
+        let keep = (account.free() as usize).min(mem.pool_cache_pages);
+        rep.returned_pages = mem.trim_tier_cache(tier, keep) as u64;
+        rep.used_pages = account.guest() + account.shadows();
+        rep.complete = account.excess() == 0;
+        Ok(rep)
+    }
+
+    /// The first tier slower than `tier` with `pages` free (reclaiming its
+    /// shadows when it is short).
+    fn slower_tier_with_room(&self, tier: TierId, pages: usize) -> Option<TierId> {
+        let mem = self.memory();
+        let slower = (usize::from(tier) + 1..mem.tier_count()).map(|t| t as TierId);
+        for t in slower.clone() {
+            if mem.free_pages(t) >= pages {
+                return Some(t);
+            }
+        }
+        for t in slower {
+            mem.reclaim_shadows(t, pages);
+            if mem.free_pages(t) >= pages {
+                return Some(t);
+            }
+        }
+        None
+    }
+}
