@@ -29,6 +29,9 @@ pub enum Args {
     Ioctl(&'static [Ioctl]),
     /// `mmap`/`mprotect`: never with `PROT_EXEC` (argument 2).
     NoExec,
+    /// `openat` for reading only: no write, create, truncate or append
+    /// flag (argument 2).
+    ReadOnly,
 }
 
 /// An allowed ioctl request.
@@ -67,6 +70,11 @@ pub const KVM_RUN: u64 = 0xae80;
 pub const KVM_GET_REGS: u64 = 0x8090_ae81;
 /// `KVM_GET_SREGS` (crash reports).
 pub const KVM_GET_SREGS: u64 = 0x8138_ae83;
+/// `KVM_SET_USER_MEMORY_REGION` (dirty logging switched on and off with
+/// the memslot's `KVM_MEM_LOG_DIRTY_PAGES` flag).
+pub const KVM_SET_USER_MEMORY_REGION: u64 = 0x4020_ae46;
+/// `PAGEMAP_SCAN` on `/proc/self/pagemap` (which pages are resident).
+pub const PAGEMAP_SCAN: u64 = 0xc060_6610;
 /// `KVM_GET_DIRTY_LOG`.
 pub const KVM_GET_DIRTY_LOG: u64 = 0x4010_ae42;
 /// `KVM_CLEAR_DIRTY_LOG`.
@@ -121,6 +129,7 @@ pub const REFUSED: &[Syscall] = &[sys(libc::SYS_openat, "openat"), sys(libc::SYS
 /// and the sampler issue, and what the memory layer's rewrite will
 /// (copy, zero page, write-protect, continue, (un)register).
 const UFFD_IOCTLS: &[Ioctl] = &[
+    io(PAGEMAP_SCAN, "PAGEMAP_SCAN"),
     io(0xc028_aa05, "UFFDIO_MOVE"),
     io(0x8010_aa02, "UFFDIO_WAKE"),
     io(0xc028_aa03, "UFFDIO_COPY"),
@@ -150,6 +159,8 @@ const VCPU_IOCTLS: &[Ioctl] = &[
 const MIGRATOR_IOCTLS: &[Ioctl] = &[
     io(KVM_GET_DIRTY_LOG, "KVM_GET_DIRTY_LOG"),
     io(KVM_CLEAR_DIRTY_LOG, "KVM_CLEAR_DIRTY_LOG"),
+    io(KVM_SET_USER_MEMORY_REGION, "KVM_SET_USER_MEMORY_REGION"),
+    io(PAGEMAP_SCAN, "PAGEMAP_SCAN"),
     io(0xc028_aa05, "UFFDIO_MOVE"),
     io(0x8010_aa02, "UFFDIO_WAKE"),
     io(0xc028_aa03, "UFFDIO_COPY"),
@@ -170,9 +181,25 @@ const VCPU: &[Syscall] = &[
 ];
 
 const FAULT_HANDLER: &[Syscall] = &[
-    ioctls(UFFD_IOCTLS),
+    // The fault path of tpp runs the migrator here (dirty log included).
+    ioctls(MIGRATOR_IOCTLS),
     sys(libc::SYS_read, "read"),
     sys(libc::SYS_poll, "poll"),
+];
+
+/// Reading host facts (read-only opens): lazy commits check the free memory
+/// of the page's node (`/sys/devices/system/node/*`, `/proc/meminfo`).
+const HOST_FACTS: &[Syscall] = &[
+    Syscall {
+        nr: libc::SYS_openat,
+        name: "openat",
+        args: Args::ReadOnly,
+    },
+    sys(libc::SYS_read, "read"),
+    sys(libc::SYS_close, "close"),
+    sys(libc::SYS_statx, "statx"),
+    sys(libc::SYS_newfstatat, "newfstatat"),
+    sys(libc::SYS_getdents64, "getdents64"),
 ];
 
 const MIGRATOR: &[Syscall] = &[ioctls(MIGRATOR_IOCTLS)];
@@ -198,7 +225,9 @@ const DAMON_SYSFS: &[Syscall] = &[
 
 /// Whether `role` may open files (then no call is refused with EACCES).
 pub fn opens_files(role: ThreadRole) -> bool {
-    matches!(role, ThreadRole::EngineDamon | ThreadRole::DamonReader)
+    groups(role)
+        .iter()
+        .any(|g| g.iter().any(|s| s.nr == libc::SYS_openat))
 }
 
 /// The groups of calls `role` may make (no allocation: the SIGSYS
@@ -206,10 +235,12 @@ pub fn opens_files(role: ThreadRole) -> bool {
 pub fn groups(role: ThreadRole) -> &'static [&'static [Syscall]] {
     match role {
         ThreadRole::Vcpu => &[EVERY_THREAD, VCPU],
-        ThreadRole::FaultHandler => &[EVERY_THREAD, FAULT_HANDLER, PLACEMENT],
-        ThreadRole::Engine | ThreadRole::Chaos => &[EVERY_THREAD, MIGRATOR, PLACEMENT],
-        ThreadRole::Sampler => &[EVERY_THREAD, SAMPLER, PLACEMENT],
-        ThreadRole::Main => &[EVERY_THREAD, MAIN, PLACEMENT],
+        // Every thread that may commit guest pages (faults, migrations,
+        // unparking) reads the node's free memory first.
+        ThreadRole::FaultHandler => &[EVERY_THREAD, FAULT_HANDLER, PLACEMENT, HOST_FACTS],
+        ThreadRole::Engine | ThreadRole::Chaos => &[EVERY_THREAD, MIGRATOR, PLACEMENT, HOST_FACTS],
+        ThreadRole::Sampler => &[EVERY_THREAD, SAMPLER, PLACEMENT, HOST_FACTS],
+        ThreadRole::Main => &[EVERY_THREAD, MAIN, PLACEMENT, HOST_FACTS],
         ThreadRole::EngineDamon => &[EVERY_THREAD, MIGRATOR, PLACEMENT, DAMON_SYSFS],
         ThreadRole::DamonReader => &[EVERY_THREAD, DAMON_SYSFS],
     }
