@@ -469,3 +469,66 @@ fn tracking_damon_is_refused_without_opt_in() {
         "--tracking damon feeds a placement policy",
     );
 }
+
+#[test]
+fn fast_schedule_errors_name_the_fix() {
+    for (args, want) in [
+        (
+            vec![
+                "--mem",
+                "256M",
+                "--fast",
+                "64M",
+                "--fast-schedule",
+                "64M@1s,32M@0s",
+            ],
+            "must not decrease",
+        ),
+        (
+            vec![
+                "--mem",
+                "256M",
+                "--fast",
+                "64M",
+                "--fast-schedule",
+                "lots@1s",
+            ],
+            "is not a size",
+        ),
+        (
+            vec![
+                "--mem",
+                "256M",
+                "--fast",
+                "64M",
+                "--slow",
+                "200M",
+                "--fast-schedule",
+                "64M@0s,16M@1s",
+            ],
+            "could not hold --mem",
+        ),
+        (
+            vec!["--mem", "256M", "--fast", "64M", "--fast-schedule", "1G@1s"],
+            "exceeds the fast tier's maximum",
+        ),
+    ] {
+        let out = common::tiervm()
+            .arg("run")
+            .args(&args)
+            .args([
+                "--duration",
+                "1s",
+                "zipf",
+                "--arg",
+                "rss=16M",
+                "--arg",
+                "wss=16M",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

@@ -34,7 +34,8 @@ fn check(bytes: &[u8]) -> Result<(), String> {
     let info = match validate_elf("fuzz", bytes, RAM) {
         Ok(info) => info,
         Err(e) => {
-            let msg = e.to_string();
+            let e = vmm::error::Error::from(e);
+            let msg = e.describe();
             if e.exit_code() != 2 || !msg.starts_with("image 'fuzz': ") || msg.contains('\n') {
                 return Err(format!("bad rejection (exit {}): {msg}", e.exit_code()));
             }

@@ -36,7 +36,7 @@ fn policy_switch_mid_run_keeps_memcheck_clean() {
         .as_ref()
         .and_then(|t| t.engine.as_ref())
         .expect("engine report");
-    let names: Vec<&str> = engine.policies.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = engine.policies.iter().map(|(n, _)| n.name()).collect();
     assert_eq!(
         names,
         ["nomad", "mtm", "tpp", "memtis"],
@@ -69,7 +69,8 @@ fn mtm_promotes_hot_regions_in_a_live_vm() {
     let t = rep.tiering.as_ref().expect("tiering report");
     let engine = t.engine.as_ref().expect("engine report");
     assert!(engine.probes_armed > 0, "{engine:?}");
-    assert!(t.stats.hint_faults > 0, "probes saw touches: {:?}", t.stats);
+    let tracking = rep.tracking.as_ref().expect("tracking report");
+    assert!(tracking.hint_faults > 0, "probes saw touches: {tracking:?}");
     let m = rep.migration.as_ref().unwrap();
     assert!(m.promotions > 0, "mtm promoted: {m:?} {engine:?}");
     let human = rep.human();

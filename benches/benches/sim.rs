@@ -5,16 +5,17 @@
 //! accesses per second. The performance goal is >= 10 M/s.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use tiering::policy::PolicyKind;
 use tiering::sim;
 
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("sim");
     group.sample_size(10);
     for (scenario, policy) in [
-        ("nomad-medium-ro", "static"),
-        ("nomad-medium-ro", "nomad"),
-        ("colloid-gups-1x", "colloid"),
-        ("mtm-4tier", "mtm"),
+        ("nomad-medium-ro", PolicyKind::Static),
+        ("nomad-medium-ro", PolicyKind::Nomad),
+        ("colloid-gups-1x", PolicyKind::Colloid),
+        ("mtm-4tier", PolicyKind::Mtm),
     ] {
         let mut scn = sim::builtin(scenario).expect("built-in scenario");
         scn.duration_s = if scenario == "mtm-4tier" { 400.0 } else { 20.0 };

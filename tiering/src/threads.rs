@@ -27,11 +27,14 @@ pub enum ThreadRole {
     EngineDamon,
     /// The DAMON reader: reads DAMON's sysfs results (`damon-reader`).
     DamonReader,
+    /// The tier resize and maintenance driver (`tiervm-resize`): shrink
+    /// steps (migrations), huge-page collapses.
+    Resize,
 }
 
 impl ThreadRole {
     /// Every role.
-    pub const ALL: [ThreadRole; 8] = [
+    pub const ALL: [ThreadRole; 9] = [
         ThreadRole::Main,
         ThreadRole::Vcpu,
         ThreadRole::FaultHandler,
@@ -40,6 +43,7 @@ impl ThreadRole {
         ThreadRole::Chaos,
         ThreadRole::EngineDamon,
         ThreadRole::DamonReader,
+        ThreadRole::Resize,
     ];
 
     /// A short name (`vcpu`, `fault-handler`, ...).
@@ -53,6 +57,7 @@ impl ThreadRole {
             ThreadRole::Chaos => "chaos",
             ThreadRole::EngineDamon => "engine (DAMON)",
             ThreadRole::DamonReader => "damon-reader",
+            ThreadRole::Resize => "resize",
         }
     }
 }

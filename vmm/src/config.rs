@@ -3,15 +3,16 @@
 
 use std::time::Duration;
 
+use tiering::policy::PolicyKind;
 use tiervm_guest::abi::{ArgEntry, GUEST_LARGE_PAGE, MAX_VCPUS};
-use tiervm_guest::args::{ArgError, ArgKind, Args};
+use tiervm_guest::args::{ArgError as ValueError, ArgKind, Args};
 use tiervm_guest::workloads;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::image::{self, ElfInfo, Image};
 use crate::tiering_config::{TieringConfig, TieringRequest};
 use crate::units::format_size;
-use crate::vstate::memory::{Layout, MAX_RAM, MIN_RAM};
+use crate::vstate::memory::{GuestLayout, MAX_RAM, MIN_RAM};
 
 /// Default guest RAM.
 pub const DEFAULT_MEM: u64 = 1 << 30;
@@ -25,6 +26,138 @@ pub const MAX_SAMPLE_MS: u64 = 60_000;
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 /// Default cap on guest console bytes forwarded.
 pub const DEFAULT_CONSOLE_LIMIT: u64 = 1 << 20;
+
+/// A VM setting that cannot be used; each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--vcpus 0`.
+    #[error("--vcpus 0: a VM needs at least one vCPU; use --vcpus 1 or more")]
+    NoVcpus,
+    /// More vCPUs than the guest ABI has room for.
+    #[error("--vcpus {vcpus} exceeds the {MAX_VCPUS} vCPUs tiervm supports")]
+    TooManyVcpus {
+        /// vCPUs asked for.
+        vcpus: u32,
+    },
+    /// `--sample-ms 0`.
+    #[error("--sample-ms 0: the sampling period must be at least 1 ms")]
+    NoSamplePeriod,
+    /// `--sample-ms` beyond [`MAX_SAMPLE_MS`].
+    #[error("--sample-ms {ms} exceeds the {MAX_SAMPLE_MS} ms maximum: give a period of at most a minute, e.g. --sample-ms 1000")]
+    SamplePeriodTooLong {
+        /// The period asked for.
+        ms: u64,
+    },
+    /// `--mem` below [`MIN_RAM`].
+    #[error("--mem {} is below the {} minimum", format_size(*.mem), format_size(MIN_RAM))]
+    MemBelowMinimum {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
+    /// `--mem` above [`MAX_RAM`].
+    #[error("--mem {} exceeds the {} maximum", format_size(*.mem), format_size(MAX_RAM))]
+    MemAboveMaximum {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
+    /// `--mem` not a multiple of the guest's 2 MiB pages.
+    #[error("--mem {} is not a multiple of 2M: use e.g. --mem {}", format_size(*.mem), format_size(.mem.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE))]
+    MemNotAligned {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
+    /// Untiered `--mem` above the host's memory.
+    #[error("--mem {} exceeds this host's memory ({}): lower --mem, or run it tiered (--fast SIZE): tiered memory is committed only where the guest touches it", format_size(*.mem), format_size(*.host))]
+    MemExceedsHost {
+        /// Guest RAM asked for.
+        mem: u64,
+        /// The host's MemTotal.
+        host: u64,
+    },
+    /// The image's data set with these arguments does not fit in `--mem`.
+    #[error("--mem {} is below what image {image} needs with these arguments ({}): raise --mem to at least {} or shrink the data set", format_size(*.mem), format_size(*.needed), format_size(*.needed))]
+    MemTooSmallForImage {
+        /// Guest RAM asked for.
+        mem: u64,
+        /// The built-in image.
+        image: &'static str,
+        /// RAM the image needs.
+        needed: u64,
+    },
+    /// An image given by path leaves no room for the vCPU stacks.
+    #[error("--mem {} leaves no room for {vcpus} vCPU stacks after the image: raise --mem", format_size(*.mem))]
+    NoRoomForStacks {
+        /// Guest RAM asked for.
+        mem: u64,
+        /// vCPUs asked for.
+        vcpus: u32,
+    },
+    /// A workload argument is invalid.
+    #[error(transparent)]
+    Arg(#[from] WorkloadArgError),
+}
+
+/// A workload argument (`--arg KEY=VALUE`) that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadArgError {
+    /// Not `key=value`.
+    #[error("--arg '{arg}' is not key=value: write e.g. --arg wss=256M")]
+    NotKeyValue {
+        /// The flag's value.
+        arg: String,
+    },
+    /// The image has no such argument.
+    #[error("unknown --arg key '{key}' for image {image}: valid keys are {}", .valid.join(", "))]
+    UnknownKey {
+        /// The key given.
+        key: String,
+        /// The image.
+        image: String,
+        /// The image's keys.
+        valid: Vec<&'static str>,
+    },
+    /// The value does not parse or is out of range.
+    #[error("--arg {key}={value} for image {image} is {why}: give {expected}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// The image.
+        image: String,
+        /// "out of range", "not an allowed value" or "malformed".
+        why: &'static str,
+        /// What the argument accepts.
+        expected: String,
+    },
+    /// The key does not fit the boot-info entry.
+    #[error(
+        "--arg key '{key}' is too long (max {} bytes) or contains NUL",
+        tiervm_guest::abi::ARG_KEY_LEN
+    )]
+    KeyTooLong {
+        /// The key.
+        key: String,
+    },
+    /// The value does not fit the boot-info entry.
+    #[error(
+        "--arg value '{value}' is too long (max {} bytes) or contains NUL",
+        tiervm_guest::abi::ARG_VALUE_LEN
+    )]
+    ValueTooLong {
+        /// The value.
+        value: String,
+    },
+    /// More arguments than the boot info holds.
+    #[error(
+        "{count} --arg flags given; at most {} are supported",
+        tiervm_guest::abi::MAX_ARGS
+    )]
+    TooMany {
+        /// Arguments given.
+        count: usize,
+    },
+}
 
 /// Everything needed to run one VM.
 #[derive(Clone, Debug)]
@@ -50,7 +183,7 @@ pub struct VmConfig {
     /// Guest console bytes forwarded before dropping.
     pub console_limit: u64,
     /// The guest-physical layout.
-    pub layout: Layout,
+    pub layout: GuestLayout,
     /// Tiered memory settings; `None` = untiered RAM.
     pub tiering: Option<TieringConfig>,
     /// The VM's threads install seccomp filters (docs/security.md).
@@ -105,13 +238,11 @@ impl Default for VmRequest {
 }
 
 /// Splits `key=value` flags.
-pub fn parse_kv(args: &[String]) -> Result<Vec<(String, String)>> {
+pub fn parse_kv(args: &[String]) -> std::result::Result<Vec<(String, String)>, WorkloadArgError> {
     args.iter()
         .map(|a| match a.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-            _ => Err(Error::Usage(format!(
-                "--arg '{a}' is not key=value: write e.g. --arg wss=256M"
-            ))),
+            _ => Err(WorkloadArgError::NotKeyValue { arg: a.clone() }),
         })
         .collect()
 }
@@ -121,14 +252,14 @@ pub fn check_args(
     image: &str,
     spec: &tiervm_guest::args::ImageSpec,
     args: &[(String, String)],
-) -> Result<()> {
+) -> std::result::Result<(), WorkloadArgError> {
     for (k, v) in args {
         let Some(a) = spec.arg(k) else {
-            let keys: Vec<_> = spec.args.iter().map(|a| a.key).collect();
-            return Err(Error::Usage(format!(
-                "unknown --arg key '{k}' for image {image}: valid keys are {}",
-                keys.join(", ")
-            )));
+            return Err(WorkloadArgError::UnknownKey {
+                key: k.clone(),
+                image: image.to_string(),
+                valid: spec.args.iter().map(|a| a.key).collect(),
+            });
         };
         if let Err(e) = a.kind.check(v) {
             let expected = match a.kind {
@@ -140,29 +271,29 @@ pub fn check_args(
                 ArgKind::Choice(words) => format!("one of {}", words.join(", ")),
             };
             let why = match e {
-                ArgError::OutOfRange => "out of range",
-                ArgError::BadChoice => "not an allowed value",
+                ValueError::OutOfRange => "out of range",
+                ValueError::BadChoice => "not an allowed value",
                 _ => "malformed",
             };
-            return Err(Error::Usage(format!(
-                "--arg {k}={v} for image {image} is {why}: give {expected}"
-            )));
+            return Err(WorkloadArgError::BadValue {
+                key: k.clone(),
+                value: v.clone(),
+                image: image.to_string(),
+                why,
+                expected,
+            });
         }
     }
     Ok(())
 }
 
 /// Checks a `--sample-ms` value: 1 ms to [`MAX_SAMPLE_MS`].
-pub fn check_sample_ms(ms: u64) -> Result<()> {
+pub fn check_sample_ms(ms: u64) -> std::result::Result<(), ConfigError> {
     if ms == 0 {
-        return Err(Error::Usage(
-            "--sample-ms 0: the sampling period must be at least 1 ms".into(),
-        ));
+        return Err(ConfigError::NoSamplePeriod);
     }
     if ms > MAX_SAMPLE_MS {
-        return Err(Error::Usage(format!(
-            "--sample-ms {ms} exceeds the {MAX_SAMPLE_MS} ms maximum: give a period of at most a minute, e.g. --sample-ms 1000"
-        )));
+        return Err(ConfigError::SamplePeriodTooLong { ms });
     }
     Ok(())
 }
@@ -183,111 +314,42 @@ impl VmConfig {
         ) else {
             return out;
         };
-        let interval = engine
-            .interval("mtm")
-            .unwrap_or(Duration::from_nanos(tiering::policy::mtm::INTERVAL_NS));
-        // MTM picks its samples a third of an interval in, then scans for a
-        // whole interval before its first migration.
-        let first_migration = interval.mul_f64(4.0 / 3.0);
-        if engine.runs("mtm") && d < first_migration {
-            out.push(format!(
-                "note: mtm's first migration comes {:.1} s into the run ({:.1} s profiling interval), after --duration {:.1}s ends; shorten the interval with --policy-interval mtm=2s",
-                first_migration.as_secs_f64(),
-                interval.as_secs_f64(),
-                d.as_secs_f64()
-            ));
+        let mut kinds: Vec<PolicyKind> = engine.policies().collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        for kind in kinds {
+            let interval = engine.interval(kind).or(kind.default_interval());
+            let Some(first_migration) = kind.first_migration_after(interval) else {
+                continue;
+            };
+            if d < first_migration {
+                out.push(format!(
+                    "note: {kind}'s first migration comes {:.1} s into the run ({:.1} s profiling interval), after --duration {:.1}s ends; shorten the interval with --policy-interval {kind}=2s",
+                    first_migration.as_secs_f64(),
+                    interval.unwrap_or_default().as_secs_f64(),
+                    d.as_secs_f64()
+                ));
+            }
         }
         out
     }
 
-    /// Validates a request.
+    /// Validates a request: the VM's shape, its RAM, the image and its
+    /// arguments, then the tiering settings.
     pub fn from_request(req: &VmRequest) -> Result<Self> {
-        if req.vcpus == 0 {
-            return Err(Error::Usage(
-                "--vcpus 0: a VM needs at least one vCPU; use --vcpus 1 or more".into(),
-            ));
-        }
-        if req.vcpus as usize > MAX_VCPUS {
-            return Err(Error::Usage(format!(
-                "--vcpus {} exceeds the {MAX_VCPUS} vCPUs tiervm supports",
-                req.vcpus
-            )));
-        }
-        check_sample_ms(req.sample_ms)?;
+        check_shape(req)?;
         let mem = req.mem_bytes;
-        if mem < MIN_RAM {
-            return Err(Error::Usage(format!(
-                "--mem {} is below the {} minimum",
-                format_size(mem),
-                format_size(MIN_RAM)
-            )));
-        }
-        if mem > MAX_RAM {
-            return Err(Error::Usage(format!(
-                "--mem {} exceeds the {} maximum",
-                format_size(mem),
-                format_size(MAX_RAM)
-            )));
-        }
-        if !mem.is_multiple_of(GUEST_LARGE_PAGE) {
-            return Err(Error::Usage(format!(
-                "--mem {} is not a multiple of 2M: use e.g. --mem {}",
-                format_size(mem),
-                format_size(mem.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE)
-            )));
-        }
+        check_mem(mem)?;
         let image = Image::resolve(&req.image)?;
         let args = parse_kv(&req.args)?;
         if let Some(spec) = image.spec {
             check_args(&image.name, spec, &args)?;
         }
         let elf = image::validate_elf(&image.name, &image.bytes, mem)?;
-        let layout = Layout::new(mem, elf.end, req.vcpus);
-        if let Some(spec) = image.spec {
-            let entries = to_entries(&args)?;
-            let need =
-                workloads::heap_need(spec.name, &Args::new(&entries, Some(spec))).unwrap_or(0);
-            let ram_needed = layout.ram_needed(need);
-            if ram_needed > mem {
-                return Err(Error::Usage(format!(
-                    "--mem {} is below what image {} needs with these arguments ({}): raise --mem to at least {} or shrink the data set",
-                    format_size(mem),
-                    spec.name,
-                    format_size(ram_needed),
-                    format_size(ram_needed)
-                )));
-            }
-        } else if layout.heap_start > mem {
-            return Err(Error::Usage(format!(
-                "--mem {} leaves no room for {} vCPU stacks after the image: raise --mem",
-                format_size(mem),
-                req.vcpus
-            )));
-        }
-        let nodes: Vec<u32> = tiering::host::numa_nodes()
-            .map(|n| n.iter().map(|n| n.id).collect())
-            .unwrap_or_default();
-        let mut tiering = req.tiering.validate(mem, req.seed, &nodes)?;
-        // Untiered RAM has no commit guard: it must fit the host. Tiered RAM
-        // is committed lazily under a guard (see tiering::mem::commit), so a
-        // guest larger than the host runs as long as it touches less.
-        if let (None, Some(host)) = (&tiering, host_memory_bytes()) {
-            if mem > host {
-                return Err(Error::Usage(format!(
-                    "--mem {} exceeds this host's memory ({}): lower --mem, or run it tiered \
-                     (--fast SIZE): tiered memory is committed only where the guest touches it",
-                    format_size(mem),
-                    format_size(host)
-                )));
-            }
-        }
-        if req.tiering.chaos_heap_only {
-            if let Some(chaos) = tiering.as_mut().and_then(|t| t.chaos.as_mut()) {
-                let page = tiering::mem::PAGE_SIZE as u64;
-                chaos.pages =
-                    Some((layout.heap_start / page) as usize..(layout.heap_end / page) as usize);
-            }
-        }
+        let layout = GuestLayout::new(mem, elf.end, req.vcpus);
+        check_image_fits(&image, &args, &layout, req.vcpus)?;
+        let tiering = tiering_for(req, &layout)?;
+        check_untiered_fits_host(mem, tiering.as_ref())?;
         Ok(Self {
             tiering,
             image,
@@ -322,23 +384,101 @@ impl VmConfig {
     }
 }
 
+/// vCPU count and sampling period.
+fn check_shape(req: &VmRequest) -> std::result::Result<(), ConfigError> {
+    if req.vcpus == 0 {
+        return Err(ConfigError::NoVcpus);
+    }
+    if req.vcpus as usize > MAX_VCPUS {
+        return Err(ConfigError::TooManyVcpus { vcpus: req.vcpus });
+    }
+    check_sample_ms(req.sample_ms)
+}
+
+/// Guest RAM: within tiervm's bounds and 2 MiB aligned.
+fn check_mem(mem: u64) -> std::result::Result<(), ConfigError> {
+    if mem < MIN_RAM {
+        return Err(ConfigError::MemBelowMinimum { mem });
+    }
+    if mem > MAX_RAM {
+        return Err(ConfigError::MemAboveMaximum { mem });
+    }
+    if !mem.is_multiple_of(GUEST_LARGE_PAGE) {
+        return Err(ConfigError::MemNotAligned { mem });
+    }
+    Ok(())
+}
+
+/// Untiered RAM has no commit guard: it must fit the host. Tiered RAM is
+/// committed lazily under a guard (see `tiering::mem`), so a guest larger
+/// than the host runs as long as it touches less.
+fn check_untiered_fits_host(
+    mem: u64,
+    tiering: Option<&TieringConfig>,
+) -> std::result::Result<(), ConfigError> {
+    match (tiering, host_memory_bytes()) {
+        (None, Some(host)) if mem > host => Err(ConfigError::MemExceedsHost { mem, host }),
+        _ => Ok(()),
+    }
+}
+
+/// The image, its stacks and (for built-in images) the data set its
+/// arguments ask for fit in guest RAM.
+fn check_image_fits(
+    image: &Image,
+    args: &[(String, String)],
+    layout: &GuestLayout,
+    vcpus: u32,
+) -> std::result::Result<(), ConfigError> {
+    let mem = layout.ram_size;
+    if let Some(spec) = image.spec {
+        let entries = to_entries(args)?;
+        let need = workloads::heap_need(spec.name, &Args::new(&entries, Some(spec))).unwrap_or(0);
+        let needed = layout.ram_needed(need);
+        if needed > mem {
+            return Err(ConfigError::MemTooSmallForImage {
+                mem,
+                image: spec.name,
+                needed,
+            });
+        }
+    } else if layout.heap_start > mem {
+        return Err(ConfigError::NoRoomForStacks { mem, vcpus });
+    }
+    Ok(())
+}
+
+/// The validated tiering settings (chaos limited to the heap when the
+/// test-only flag asks for it).
+fn tiering_for(req: &VmRequest, layout: &GuestLayout) -> Result<Option<TieringConfig>> {
+    let nodes: Vec<u32> = tiering::host::numa_nodes()
+        .map(|n| n.iter().map(|n| n.id).collect())
+        .unwrap_or_default();
+    let mut tiering = req.tiering.validate(layout.ram_size, req.seed, &nodes)?;
+    if req.tiering.chaos_heap_only {
+        if let Some(chaos) = tiering.as_mut().and_then(|t| t.chaos.as_mut()) {
+            let page = tiering::mem::PAGE_SIZE as u64;
+            chaos.pages =
+                Some((layout.heap_start / page) as usize..(layout.heap_end / page) as usize);
+        }
+    }
+    Ok(tiering)
+}
+
 /// Converts `key=value` pairs to ABI entries.
-pub fn to_entries(args: &[(String, String)]) -> Result<Vec<ArgEntry>> {
+pub fn to_entries(
+    args: &[(String, String)],
+) -> std::result::Result<Vec<ArgEntry>, WorkloadArgError> {
+    if args.len() > tiervm_guest::abi::MAX_ARGS {
+        return Err(WorkloadArgError::TooMany { count: args.len() });
+    }
     args.iter()
         .map(|(k, v)| {
             Ok(ArgEntry {
-                key: tiervm_guest::abi::to_fixed(k).ok_or_else(|| {
-                    Error::Usage(format!(
-                        "--arg key '{k}' is too long (max {} bytes)",
-                        tiervm_guest::abi::ARG_KEY_LEN
-                    ))
-                })?,
-                value: tiervm_guest::abi::to_fixed(v).ok_or_else(|| {
-                    Error::Usage(format!(
-                        "--arg value '{v}' is too long (max {} bytes)",
-                        tiervm_guest::abi::ARG_VALUE_LEN
-                    ))
-                })?,
+                key: tiervm_guest::abi::to_fixed(k)
+                    .ok_or_else(|| WorkloadArgError::KeyTooLong { key: k.clone() })?,
+                value: tiervm_guest::abi::to_fixed(v)
+                    .ok_or_else(|| WorkloadArgError::ValueTooLong { value: v.clone() })?,
             })
         })
         .collect()

@@ -10,10 +10,195 @@ use tiervm_guest::abi::IMAGE_BASE_GPA;
 use tiervm_guest::args::ImageSpec;
 use tiervm_guest::workloads;
 
-use crate::error::{Error, Result};
-
 /// Largest image file tiervm reads.
 pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
+
+/// A guest image that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// Neither a built-in name nor a file.
+    #[error("image '{name}' is neither a built-in image ({}) nor a readable file", builtin_names().join(", "))]
+    NotFound {
+        /// The name or path given.
+        name: String,
+        /// Why the file could not be found.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory or device.
+    #[error("image '{name}' is not a regular file: give the path of a static x86_64 ELF")]
+    NotAFile {
+        /// The path.
+        name: String,
+    },
+    /// Larger than [`MAX_IMAGE_BYTES`].
+    #[error("image '{name}' is {bytes} bytes, more than the {MAX_IMAGE_BYTES} byte limit: strip it or give a smaller image")]
+    TooLarge {
+        /// The path.
+        name: String,
+        /// Its size.
+        bytes: u64,
+    },
+    /// Reading the file failed.
+    #[error("cannot read image '{name}'")]
+    Read {
+        /// The path.
+        name: String,
+        /// The read error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not an ELF tiervm can load.
+    #[error("image '{name}'")]
+    Elf {
+        /// The name or path.
+        name: String,
+        /// What is wrong with it.
+        #[source]
+        problem: ElfError,
+    },
+    /// Copying the segments into guest RAM failed.
+    #[error("image '{name}': loading failed")]
+    Load {
+        /// The name or path.
+        name: String,
+        /// The loader's reason.
+        #[source]
+        source: linux_loader::loader::Error,
+    },
+    /// The loader did not load what the validator described (an ambiguous
+    /// file the validator should have refused).
+    #[error("image '{name}': the loader ended at {loader_end:#x} where validation expected {validated_end:#x}: the ELF file is ambiguous; relink it")]
+    LoaderDisagrees {
+        /// The image.
+        name: String,
+        /// Where linux-loader's last file-backed segment ended.
+        loader_end: u64,
+        /// Where the validated segments end.
+        validated_end: u64,
+    },
+}
+
+impl ImageError {
+    /// The fix, for errors whose cause comes from below.
+    pub fn fix(&self) -> Option<&'static str> {
+        match self {
+            Self::NotFound { .. } => {
+                Some("give a built-in name or the path of a static x86_64 ELF")
+            }
+            Self::Elf { problem, .. } => problem.fix(),
+            _ => None,
+        }
+    }
+}
+
+/// Why an ELF file cannot be a tiervm guest.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// No ELF magic.
+    #[error("not an ELF file (bad magic): give a static x86_64 ELF executable")]
+    NotElf,
+    /// The header does not parse.
+    #[error("not a valid 64-bit ELF")]
+    Invalid(#[source] object::read::Error),
+    /// Neither little nor big endian.
+    #[error("unsupported ELF byte order")]
+    ByteOrder(#[source] object::read::Error),
+    /// Another architecture.
+    #[error("built for machine {0} not x86_64 (62): rebuild it for x86_64")]
+    WrongMachine(u16),
+    /// PIE or shared object.
+    #[error("is position-independent or a shared object (ET_DYN): link it static and non-PIE (-static -no-pie)")]
+    PositionIndependent,
+    /// Relocatable or core file.
+    #[error("is not an executable (e_type {0}): give a linked executable")]
+    NotExecutable(u16),
+    /// Program headers out of the file.
+    #[error("has unreadable program headers")]
+    ProgramHeaders(#[source] object::read::Error),
+    /// Has an interpreter or a dynamic section.
+    #[error("is dynamically linked: link it statically (-static, no interpreter)")]
+    Dynamic,
+    /// `p_filesz > p_memsz`.
+    #[error("segment at {addr:#x} has file size {file_size} > memory size {mem_size}: corrupt")]
+    SegmentFileSize {
+        /// Load address.
+        addr: u64,
+        /// Bytes in the file.
+        file_size: u64,
+        /// Bytes in memory.
+        mem_size: u64,
+    },
+    /// The segment's bytes run past the end of the file.
+    #[error("segment at {0:#x} extends past the end of the file: the file is truncated")]
+    SegmentPastEof(u64),
+    /// Address plus size overflows.
+    #[error("segment at {0:#x} wraps around the address space")]
+    SegmentWraps(u64),
+    /// Below the image base, where tiervm's own pages are.
+    #[error("segment at {0:#x} lies below {IMAGE_BASE_GPA:#x}, where tiervm keeps boot info, status page and page tables: link the image at {IMAGE_BASE_GPA:#x} or higher")]
+    SegmentBelowBase(u64),
+    /// Beyond guest RAM.
+    #[error("segment {addr:#x}..{end:#x} lies outside guest RAM (0..{ram_size:#x}): raise --mem or link the image lower")]
+    SegmentOutsideRam {
+        /// Load address.
+        addr: u64,
+        /// One past its end.
+        end: u64,
+        /// Guest RAM bytes.
+        ram_size: u64,
+    },
+    /// Not identity-linked.
+    #[error("segment virtual address {vaddr:#x} differs from its physical address {addr:#x}: tiervm identity-maps RAM, link with equal virtual and physical addresses")]
+    VirtualNotPhysical {
+        /// `p_vaddr`.
+        vaddr: u64,
+        /// `p_paddr`.
+        addr: u64,
+    },
+    /// No `PT_LOAD`.
+    #[error("has no loadable segment: give a linked executable")]
+    NoLoadableSegment,
+    /// The entry point is not in executable code.
+    #[error("entry point {0:#x} is not inside an executable segment: the file is corrupt")]
+    EntryOutsideCode(u64),
+    /// Big-endian file (the loader reads little-endian only).
+    #[error("is big-endian: x86_64 images are little-endian; rebuild it for x86_64")]
+    BigEndian,
+    /// `e_phnum = PN_XNUM`: the loader would read 65535 program headers.
+    #[error("uses an extended program-header count (e_phnum = 0xffff, PN_XNUM, the real count in section 0): tiervm's loader reads e_phnum as the count; link it with fewer than 65535 program headers")]
+    ExtendedPhnum,
+    /// Program headers inside the ELF header.
+    #[error("program headers at offset {0} overlap the ELF header: the file is corrupt")]
+    PhdrsOverlapHeader(u64),
+    /// Program-header entries of another size.
+    #[error("program header size {0} is not 56: the file is corrupt")]
+    PhentSize(u16),
+    /// A note header lies past the end of the file.
+    #[error("note segment at file offset {0:#x} has a note header past the end of the file: the file is corrupt")]
+    NotePastEof(u64),
+    /// A note's size overflows (the loader refuses it).
+    #[error(
+        "note segment at file offset {0:#x} has a note size that overflows: the file is corrupt"
+    )]
+    NoteSizeOverflow(u64),
+    /// A Xen PVH entry note (the loader would parse it as a boot protocol).
+    #[error("has a Xen PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): tiervm starts images at e_entry in ring 3; drop the note")]
+    XenPvhNote,
+}
+
+impl ElfError {
+    /// The fix, for errors whose cause comes from below.
+    pub fn fix(&self) -> Option<&'static str> {
+        match self {
+            Self::Invalid(_) => {
+                Some("build it for x86_64-unknown-linux-gnu (or -none) as a static executable")
+            }
+            Self::ProgramHeaders(_) => Some("the file is truncated or corrupt"),
+            _ => None,
+        }
+    }
+}
 
 /// Embedded bytes aligned to 8: `object` parses ELF headers in place and
 /// rejects a misaligned buffer, and `include_bytes!` alone only guarantees 1.
@@ -56,7 +241,7 @@ pub struct Image {
 
 impl Image {
     /// Resolves `name_or_path`: a built-in image name, else a file path.
-    pub fn resolve(name_or_path: &str) -> Result<Self> {
+    pub fn resolve(name_or_path: &str) -> Result<Self, ImageError> {
         if let (Some(spec), Some(bytes)) = (
             workloads::image_spec(name_or_path),
             builtin_bytes(name_or_path),
@@ -68,25 +253,24 @@ impl Image {
             });
         }
         let path = Path::new(name_or_path);
-        let meta = std::fs::metadata(path).map_err(|e| {
-            Error::Image(format!(
-                "image '{name_or_path}' is neither a built-in image ({}) nor a readable file ({e}): \
-                 give a built-in name or the path of a static x86_64 ELF",
-                builtin_names().join(", ")
-            ))
+        let name = || name_or_path.to_string();
+        let meta = std::fs::metadata(path).map_err(|source| ImageError::NotFound {
+            name: name(),
+            source,
         })?;
         if !meta.is_file() {
-            return Err(Error::Image(format!("image '{name_or_path}' is not a regular file: give the path of a static x86_64 ELF")));
+            return Err(ImageError::NotAFile { name: name() });
         }
         if meta.len() > MAX_IMAGE_BYTES {
-            return Err(Error::Image(format!(
-                "image '{name_or_path}' is {} bytes, more than the {} byte limit: strip it or give a smaller image",
-                meta.len(),
-                MAX_IMAGE_BYTES
-            )));
+            return Err(ImageError::TooLarge {
+                name: name(),
+                bytes: meta.len(),
+            });
         }
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::Image(format!("cannot read image '{name_or_path}': {e}")))?;
+        let bytes = std::fs::read(path).map_err(|source| ImageError::Read {
+            name: name(),
+            source,
+        })?;
         Ok(Self {
             name: name_or_path.to_string(),
             spec: None,
@@ -113,33 +297,28 @@ pub struct Segment {
 /// Walks a `PT_NOTE` segment the way the loader does (it looks for a Xen
 /// PVH entry note: 12-byte headers, name and descriptor 4-byte aligned, read
 /// from the file), so that the loader never refuses an image accepted here.
-fn check_notes(bytes: &[u8], offset: u64, size: u64) -> std::result::Result<(), String> {
+fn check_notes(bytes: &[u8], offset: u64, size: u64) -> std::result::Result<(), ElfError> {
     const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
-    let corrupt =
-        |what: &str| format!("note segment at file offset {offset:#x} {what}: the file is corrupt");
     let mut read = 0u64;
     while read < size {
         let at = offset
             .checked_add(read)
             .and_then(|a| usize::try_from(a).ok())
-            .ok_or_else(|| corrupt("lies past the end of the file"))?;
+            .ok_or(ElfError::NotePastEof(offset))?;
         let header = bytes
             .get(at..)
             .and_then(|b| b.get(..12))
-            .ok_or_else(|| corrupt("has a note header past the end of the file"))?;
+            .ok_or(ElfError::NotePastEof(offset))?;
         let word =
             |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
         let (namesz, descsz, kind) = (word(0), word(4), word(8));
         if kind == XEN_ELFNOTE_PHYS32_ENTRY && namesz == 4 {
-            return Err(
-                "has a Xen PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): tiervm starts images at e_entry in ring 3; drop the note"
-                    .into(),
-            );
+            return Err(ElfError::XenPvhNote);
         }
         let name = u64::from(namesz).next_multiple_of(4);
         let desc = u64::from(descsz).next_multiple_of(4);
         if name > u64::from(u32::MAX) || desc > u64::from(u32::MAX) {
-            return Err(corrupt("has a note size that overflows"));
+            return Err(ElfError::NoteSizeOverflow(offset));
         }
         read += 12 + name + desc;
     }
@@ -173,70 +352,47 @@ pub struct ElfInfo {
 
 /// Checks that `bytes` is a static x86_64 executable whose segments fit in
 /// `IMAGE_BASE_GPA..ram_size`, and describes it. Every failure is an
-/// [`Error::Image`] naming the problem and the fix.
-pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> {
-    let fail = |what: String| Error::Image(format!("image '{name}': {what}"));
+/// [`ImageError::Elf`] naming the problem and the fix.
+pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo, ImageError> {
+    let fail = |problem: ElfError| ImageError::Elf {
+        name: name.to_string(),
+        problem,
+    };
     if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
-        return Err(fail(
-            "not an ELF file (bad magic): give a static x86_64 ELF executable".into(),
-        ));
+        return Err(fail(ElfError::NotElf));
     }
-    let header = elf::FileHeader64::<Endianness>::parse(bytes).map_err(|e| {
-        fail(format!(
-            "not a valid 64-bit ELF ({e}): build it for x86_64-unknown-linux-gnu (or -none) as a static executable"
-        ))
-    })?;
-    let endian = header
-        .endian()
-        .map_err(|e| fail(format!("unsupported ELF byte order ({e})")))?;
+    let header =
+        elf::FileHeader64::<Endianness>::parse(bytes).map_err(|e| fail(ElfError::Invalid(e)))?;
+    let endian = header.endian().map_err(|e| fail(ElfError::ByteOrder(e)))?;
     // The loader (linux-loader) reads the header itself; refuse every header
     // it would read differently, so that what is validated here is what is
     // loaded (tests/elf_props.rs checks this on random and mutated files).
     if endian != Endianness::Little {
-        return Err(fail(
-            "is big-endian: x86_64 images are little-endian; rebuild it for x86_64".into(),
-        ));
+        return Err(fail(ElfError::BigEndian));
     }
     if header.e_phnum(endian) == elf::PN_XNUM {
-        return Err(fail(format!(
-            "uses an extended program-header count (e_phnum = {:#x}, PN_XNUM, the real count in section 0): \
-             tiervm's loader reads e_phnum as the count; link it with fewer than 65535 program headers",
-            elf::PN_XNUM
-        )));
+        return Err(fail(ElfError::ExtendedPhnum));
     }
     let phoff = header.e_phoff(endian);
     if phoff != 0 && phoff < std::mem::size_of::<elf::FileHeader64<Endianness>>() as u64 {
-        return Err(fail(format!(
-            "program headers at offset {phoff} overlap the ELF header: the file is corrupt"
-        )));
+        return Err(fail(ElfError::PhdrsOverlapHeader(phoff)));
     }
     if header.e_machine(endian) != elf::EM_X86_64 {
-        return Err(fail(format!(
-            "built for machine {} not x86_64 (62): rebuild it for x86_64",
-            header.e_machine(endian)
-        )));
+        return Err(fail(ElfError::WrongMachine(header.e_machine(endian))));
     }
     match header.e_type(endian) {
         elf::ET_EXEC => {}
-        elf::ET_DYN => {
-            return Err(fail(
-                "is position-independent or a shared object (ET_DYN): link it static and non-PIE (-static -no-pie)".into(),
-            ))
-        }
-        t => return Err(fail(format!("is not an executable (e_type {t}): give a linked executable"))),
+        elf::ET_DYN => return Err(fail(ElfError::PositionIndependent)),
+        t => return Err(fail(ElfError::NotExecutable(t))),
     }
-    let phdrs = header.program_headers(endian, bytes).map_err(|e| {
-        fail(format!(
-            "has unreadable program headers ({e}): the file is truncated or corrupt"
-        ))
-    })?;
+    let phdrs = header
+        .program_headers(endian, bytes)
+        .map_err(|e| fail(ElfError::ProgramHeaders(e)))?;
     let mut segments = Vec::new();
     for ph in phdrs {
         match ph.p_type(endian) {
             elf::PT_INTERP | elf::PT_DYNAMIC => {
-                return Err(fail(
-                    "is dynamically linked: link it statically (-static, no interpreter)".into(),
-                ));
+                return Err(fail(ElfError::Dynamic));
             }
             elf::PT_LOAD => {}
             elf::PT_NOTE => {
@@ -250,40 +406,36 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
         let mem_size = ph.p_memsz(endian);
         let offset = ph.p_offset(endian);
         if file_size > mem_size {
-            return Err(fail(format!(
-                "segment at {addr:#x} has file size {file_size} > memory size {mem_size}: corrupt"
-            )));
+            return Err(fail(ElfError::SegmentFileSize {
+                addr,
+                file_size,
+                mem_size,
+            }));
         }
         if offset
             .checked_add(file_size)
             .is_none_or(|end| end > bytes.len() as u64)
         {
-            return Err(fail(format!(
-                "segment at {addr:#x} extends past the end of the file: the file is truncated"
-            )));
+            return Err(fail(ElfError::SegmentPastEof(addr)));
         }
-        let end = addr.checked_add(mem_size).ok_or_else(|| {
-            fail(format!(
-                "segment at {addr:#x} wraps around the address space"
-            ))
-        })?;
+        let end = addr
+            .checked_add(mem_size)
+            .ok_or_else(|| fail(ElfError::SegmentWraps(addr)))?;
         if addr < IMAGE_BASE_GPA {
-            return Err(fail(format!(
-                "segment at {addr:#x} lies below {IMAGE_BASE_GPA:#x}, where tiervm keeps boot info, status page and page tables: \
-                 link the image at {IMAGE_BASE_GPA:#x} or higher"
-            )));
+            return Err(fail(ElfError::SegmentBelowBase(addr)));
         }
         if end > ram_size {
-            return Err(fail(format!(
-                "segment {addr:#x}..{end:#x} lies outside guest RAM (0..{ram_size:#x}): raise --mem or link the image lower"
-            )));
+            return Err(fail(ElfError::SegmentOutsideRam {
+                addr,
+                end,
+                ram_size,
+            }));
         }
         if ph.p_vaddr(endian) != addr {
-            return Err(fail(format!(
-                "segment virtual address {:#x} differs from its physical address {addr:#x}: tiervm identity-maps RAM, \
-                 link with equal virtual and physical addresses",
-                ph.p_vaddr(endian)
-            )));
+            return Err(fail(ElfError::VirtualNotPhysical {
+                vaddr: ph.p_vaddr(endian),
+                addr,
+            }));
         }
         segments.push(Segment {
             addr,
@@ -294,18 +446,14 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
         });
     }
     if segments.is_empty() {
-        return Err(fail(
-            "has no loadable segment: give a linked executable".into(),
-        ));
+        return Err(fail(ElfError::NoLoadableSegment));
     }
     let entry = header.e_entry(endian);
     if !segments
         .iter()
         .any(|s| s.exec && entry >= s.addr && entry < s.addr + s.mem_size)
     {
-        return Err(fail(format!(
-            "entry point {entry:#x} is not inside an executable segment: the file is corrupt"
-        )));
+        return Err(fail(ElfError::EntryOutsideCode(entry)));
     }
     let end = segments
         .iter()
@@ -315,10 +463,7 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
     if header.e_phentsize(endian) as usize
         != std::mem::size_of::<elf::ProgramHeader64<Endianness>>()
     {
-        return Err(fail(format!(
-            "program header size {} is not 56: the file is corrupt",
-            header.e_phentsize(endian)
-        )));
+        return Err(fail(ElfError::PhentSize(header.e_phentsize(endian))));
     }
     Ok(ElfInfo {
         entry,
@@ -330,6 +475,10 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn describe(e: ImageError) -> String {
+        crate::error::Error::from(e).describe()
+    }
 
     #[test]
     fn builtins_validate() {
@@ -364,14 +513,12 @@ mod tests {
             ),
         ];
         for (bytes, expect) in cases {
-            let err = validate_elf("t", &bytes, 64 << 20).unwrap_err().to_string();
+            let err = describe(validate_elf("t", &bytes, 64 << 20).unwrap_err());
             assert!(err.contains(expect), "{err} should contain {expect}");
         }
-        let err = validate_elf("t", zipf, 0x400100).unwrap_err().to_string();
+        let err = describe(validate_elf("t", zipf, 0x400100).unwrap_err());
         assert!(err.contains("outside guest RAM"), "{err}");
-        let err = Image::resolve("/nonexistent/image")
-            .unwrap_err()
-            .to_string();
+        let err = describe(Image::resolve("/nonexistent/image").unwrap_err());
         assert!(err.contains("neither a built-in image"), "{err}");
     }
 
@@ -379,9 +526,7 @@ mod tests {
     fn rejects_dynamic_elf() {
         // /bin/true on this host is dynamically linked (or PIE): either way rejected.
         if let Ok(bytes) = std::fs::read("/bin/true") {
-            let err = validate_elf("true", &bytes, 1 << 30)
-                .unwrap_err()
-                .to_string();
+            let err = describe(validate_elf("true", &bytes, 1 << 30).unwrap_err());
             assert!(
                 err.contains("dynamically linked") || err.contains("position-independent"),
                 "{err}"

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use vmm::commands::{compare, info, native, run, sim};
-use vmm::error::Error;
 
 /// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
 #[derive(Parser, Debug)]
@@ -47,20 +46,15 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Run(a) => run::run(a, started),
         Command::Compare(a) => compare::run(a, started),
-        Command::Info(a) => info::run(a)
-            .map(|()| 0)
-            .map_err(|e| Error::Host(e.to_string())),
+        Command::Info(a) => info::run(a).map(|()| 0).map_err(Into::into),
         Command::Native(a) => native::run(a),
-        Command::Sim(a) => sim::run(a).map_err(|e| match e {
-            sim::SimCmdError::Output(m) => Error::Host(m),
-            e => Error::Usage(e.to_string()),
-        }),
+        Command::Sim(a) => sim::run(a),
         Command::Images => vmm::output::stdout(&images_text()).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            vmm::output::stderr_line(&format!("tiervm: error: {e}"));
+            vmm::output::stderr_line(&format!("tiervm: error: {}", e.describe()));
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
         }
     }

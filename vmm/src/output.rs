@@ -7,19 +7,21 @@
 
 use std::io::{ErrorKind, Write};
 
-use crate::error::{Error, Result};
+use crate::error::{OutputError, Result};
 
 /// Writes `text` to stdout and flushes it. A closed pipe (EPIPE) is not an
 /// error: whoever wanted the output stopped reading. Any other failure
-/// (ENOSPC, EIO, ...) is an [`Error::Host`] naming it.
+/// (ENOSPC, EIO, ...) is an [`OutputError::Write`].
 pub fn stdout(text: &str) -> Result<()> {
+    write_stdout(text).map_err(|e| OutputError::Write(e).into())
+}
+
+/// [`stdout`] with the I/O error itself.
+pub fn write_stdout(text: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(Error::Host(format!(
-            "writing the output to stdout failed: {e}; free space where stdout goes or redirect it elsewhere"
-        ))),
+        r => r,
     }
 }
 

@@ -79,9 +79,10 @@ fn y_top(max: f64) -> f64 {
     }
 }
 
-fn draw_err(e: impl std::fmt::Display) -> String {
-    format!("drawing the plot failed: {e}")
-}
+/// A plot could not be drawn.
+#[derive(Debug, thiserror::Error)]
+#[error("drawing the plot failed")]
+pub struct PlotError(#[source] DrawingAreaErrorKind<std::io::Error>);
 
 /// A line chart as an SVG document.
 pub fn line_chart_svg(
@@ -89,7 +90,7 @@ pub fn line_chart_svg(
     x_desc: &str,
     y_desc: &str,
     series: &[Series],
-) -> Result<String, String> {
+) -> Result<String, PlotError> {
     let finite = |v: f64| v.is_finite();
     let x_max = series
         .iter()
@@ -105,21 +106,21 @@ pub fn line_chart_svg(
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_err)?;
+        root.fill(&WHITE).map_err(PlotError)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 22))
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(80)
             .build_cartesian_2d(0.0..x_max, 0.0..y_top(y_max))
-            .map_err(draw_err)?;
+            .map_err(PlotError)?;
         chart
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc(y_desc)
             .y_label_formatter(&|v| si_int(*v))
             .draw()
-            .map_err(draw_err)?;
+            .map_err(PlotError)?;
         for (i, s) in series.iter().enumerate() {
             let c = color(i);
             let pts: Vec<(f64, f64)> = s
@@ -130,7 +131,7 @@ pub fn line_chart_svg(
                 .collect();
             chart
                 .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-                .map_err(draw_err)?
+                .map_err(PlotError)?
                 .label(s.name.as_str())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
@@ -142,8 +143,8 @@ pub fn line_chart_svg(
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
-            .map_err(draw_err)?;
-        root.present().map_err(draw_err)?;
+            .map_err(PlotError)?;
+        root.present().map_err(PlotError)?;
     }
     Ok(svg)
 }
@@ -182,7 +183,7 @@ pub fn grouped_bars_svg(
     y_desc: &str,
     bar_names: &[&str],
     groups: &[BarGroup],
-) -> Result<String, String> {
+) -> Result<String, PlotError> {
     let y_max = groups
         .iter()
         .flat_map(|g| g.values.iter().copied())
@@ -202,7 +203,7 @@ pub fn grouped_bars_svg(
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_err)?;
+        root.fill(&WHITE).map_err(PlotError)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 22))
             .margin(16)
@@ -214,7 +215,7 @@ pub fn grouped_bars_svg(
                 },
                 0.0..y_top(y_max),
             )
-            .map_err(draw_err)?;
+            .map_err(PlotError)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -223,44 +224,17 @@ pub fn grouped_bars_svg(
             .x_label_formatter(&label)
             .y_label_formatter(&|v| si_int(*v))
             .draw()
-            .map_err(draw_err)?;
+            .map_err(PlotError)?;
         for (b, bar_name) in bar_names.iter().enumerate() {
             let c = color(b);
-            let rects: Vec<Rectangle<(f64, f64)>> = groups
-                .iter()
-                .enumerate()
-                .filter_map(|(g, group)| {
-                    let v = *group.values.get(b)?;
-                    let v = if v.is_finite() { v.max(0.0) } else { 0.0 };
-                    let x0 = g as f64 + 0.1 + b as f64 * slot;
-                    Some(Rectangle::new(
-                        [(x0, 0.0), (x0 + slot * 0.9, v)],
-                        c.filled(),
-                    ))
-                })
-                .collect();
             chart
-                .draw_series(rects)
-                .map_err(draw_err)?
+                .draw_series(bars_of(groups, b, slot, c))
+                .map_err(PlotError)?
                 .label(*bar_name)
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
-            let values: Vec<Text<'_, (f64, f64), String>> = groups
-                .iter()
-                .enumerate()
-                .filter_map(|(g, group)| {
-                    let v = *group.values.get(b)?;
-                    if !v.is_finite() {
-                        return None;
-                    }
-                    let x = g as f64 + 0.1 + (b as f64 + 0.45) * slot;
-                    let style = ("sans-serif", 11)
-                        .into_font()
-                        .color(&BLACK)
-                        .pos(Pos::new(HPos::Center, VPos::Bottom));
-                    Some(Text::new(si_int(v), (x, v.max(0.0)), style))
-                })
-                .collect();
-            chart.draw_series(values).map_err(draw_err)?;
+            chart
+                .draw_series(bar_labels_of(groups, b, slot))
+                .map_err(PlotError)?;
         }
         chart
             .configure_series_labels()
@@ -268,10 +242,52 @@ pub fn grouped_bars_svg(
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
-            .map_err(draw_err)?;
-        root.present().map_err(draw_err)?;
+            .map_err(PlotError)?;
+        root.present().map_err(PlotError)?;
     }
     Ok(svg)
+}
+
+/// Bar `b` of every group: group `g` spans `[g, g + 1)`, its bars share
+/// the middle 80% in slots of `slot`.
+fn bars_of(groups: &[BarGroup], b: usize, slot: f64, c: RGBColor) -> Vec<Rectangle<(f64, f64)>> {
+    groups
+        .iter()
+        .enumerate()
+        .filter_map(|(g, group)| {
+            let v = *group.values.get(b)?;
+            let v = if v.is_finite() { v.max(0.0) } else { 0.0 };
+            let x0 = g as f64 + 0.1 + b as f64 * slot;
+            Some(Rectangle::new(
+                [(x0, 0.0), (x0 + slot * 0.9, v)],
+                c.filled(),
+            ))
+        })
+        .collect()
+}
+
+/// The value above bar `b` of every group (none for a missing value).
+fn bar_labels_of(
+    groups: &[BarGroup],
+    b: usize,
+    slot: f64,
+) -> Vec<Text<'static, (f64, f64), String>> {
+    groups
+        .iter()
+        .enumerate()
+        .filter_map(|(g, group)| {
+            let v = *group.values.get(b)?;
+            if !v.is_finite() {
+                return None;
+            }
+            let x = g as f64 + 0.1 + (b as f64 + 0.45) * slot;
+            let style = ("sans-serif", 11)
+                .into_font()
+                .color(&BLACK)
+                .pos(Pos::new(HPos::Center, VPos::Bottom));
+            Some(Text::new(si_int(v), (x, v.max(0.0)), style))
+        })
+        .collect()
 }
 
 /// A count for a bar label: whole numbers below 1000, SI prefixes above.

@@ -17,25 +17,39 @@ use crate::runner::{RunHooks, SampleCtx};
 
 /// Reads the tiering layer's live counters: total migrations so far
 /// (promotions + demotions) and pages resident per tier `[fast, slow]`.
-pub type TierProbe = Arc<dyn Fn() -> (u64, [u64; 2]) + Send + Sync>;
+pub type TierProbe = Arc<dyn Fn() -> (u64, Vec<TierLine>) + Send + Sync>;
+
+/// One tier on the progress line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierLine {
+    /// Tier name.
+    pub name: String,
+    /// Guest pages + shadows on it.
+    pub pages: u64,
+    /// Its capacity (target), pages.
+    pub capacity_pages: u64,
+    /// Host memory it holds, measured from the kernel.
+    pub resident_bytes: Option<u64>,
+}
 
 /// A probe on tiered memory: migrations = promotions + demotions so far,
-/// pages = guest pages on the fast and the slow tier. Each call scans the
-/// page map (about a millisecond per GiB); it is only called when the line
-/// is drawn.
+/// and every tier's use, capacity and kernel-measured resident memory (a
+/// page-table walk of the present parts of the areas); it is only called
+/// when the line is drawn.
 pub fn tiered_probe(mem: Arc<TieredMemory>) -> TierProbe {
     Arc::new(move || {
         let s = mem.stats();
-        let pages = |name: &str| {
-            s.tiers
-                .iter()
-                .find(|t| t.name == name)
-                .map_or(0, |t| t.guest_pages)
-        };
-        (
-            s.promotions.saturating_add(s.demotions),
-            [pages("fast"), pages("slow")],
-        )
+        let tiers = s
+            .tiers
+            .iter()
+            .map(|t| TierLine {
+                name: t.name.clone(),
+                pages: t.pages,
+                capacity_pages: t.capacity_pages,
+                resident_bytes: t.resident_bytes,
+            })
+            .collect();
+        (s.promotions.saturating_add(s.demotions), tiers)
     })
 }
 
@@ -54,7 +68,7 @@ pub struct ProgressLine {
     /// Migrations/s over the last sample interval (`None` without a probe or before the second sample).
     pub migrations_per_sec: Option<f64>,
     /// Pages per tier `[fast, slow]`, when a probe is given.
-    pub tier_pages: Option<[u64; 2]>,
+    pub tiers: Option<Vec<TierLine>>,
 }
 
 impl ProgressLine {
@@ -80,11 +94,15 @@ impl ProgressLine {
         if let Some(m) = self.migrations_per_sec {
             s.push_str(&format!("  {} migrations/s", si(m)));
         }
-        if let Some([fast, slow]) = self.tier_pages {
+        for t in self.tiers.iter().flatten() {
+            let resident = t
+                .resident_bytes
+                .map_or(String::new(), |b| format!(" {}B", si(b as f64)));
             s.push_str(&format!(
-                "  pages fast {} slow {}",
-                group(fast),
-                group(slow)
+                "  {} {}/{}p{resident}",
+                t.name,
+                group(t.pages),
+                group(t.capacity_pages)
             ));
         }
         s
@@ -169,7 +187,7 @@ impl Progress {
     /// the rates' reference point.
     pub fn update(&mut self, t_s: f64, ops: u64) -> ProgressLine {
         let probed = self.probe.as_ref().map(|p| p());
-        let migrations = probed.map(|(m, _)| m);
+        let migrations = probed.as_ref().map(|(m, _)| *m);
         let (ops_rate, mig_rate) = match self.last {
             Some((t0, ops0, mig0)) if t_s > t0 => {
                 let dt = t_s - t0;
@@ -188,7 +206,7 @@ impl Progress {
             duration_s: self.duration.map(|d| d.as_secs_f64()),
             ops_per_sec: ops_rate,
             migrations_per_sec: mig_rate,
-            tier_pages: probed.map(|(_, p)| p),
+            tiers: probed.map(|(_, p)| p),
         }
     }
 
@@ -258,7 +276,15 @@ mod tests {
     fn rates_come_from_the_last_interval() {
         let migs = Arc::new(AtomicU64::new(0));
         let m2 = migs.clone();
-        let probe: TierProbe = Arc::new(move || (m2.load(Ordering::Relaxed), [10, 20]));
+        let tier = |name: &str, pages, capacity_pages| TierLine {
+            name: name.into(),
+            pages,
+            capacity_pages,
+            resident_bytes: Some(pages * 4096),
+        };
+        let lines = vec![tier("fast", 10, 16), tier("slow", 20, 64)];
+        let l2 = lines.clone();
+        let probe: TierProbe = Arc::new(move || (m2.load(Ordering::Relaxed), l2.clone()));
         let mut p = Progress::new("tpp 1/2", Some(Duration::from_secs(3)), None).with_probe(probe);
         let first = p.update(0.5, 1000);
         assert_eq!(first.ops_per_sec, None);
@@ -267,10 +293,10 @@ mod tests {
         let second = p.update(1.0, 6000);
         assert_eq!(second.ops_per_sec, Some(10_000.0));
         assert_eq!(second.migrations_per_sec, Some(600.0));
-        assert_eq!(second.tier_pages, Some([10, 20]));
+        assert_eq!(second.tiers, Some(lines));
         assert_eq!(
             second.render("tpp 1/2"),
-            "[tpp 1/2] 1.0 s of 3.0 s (2.0 s left)  10.0k ops/s  600.0 migrations/s  pages fast 10 slow 20"
+            "[tpp 1/2] 1.0 s of 3.0 s (2.0 s left)  10.0k ops/s  600.0 migrations/s  fast 10/16p 41.0kB  slow 20/64p 81.9kB"
         );
     }
 
@@ -323,9 +349,24 @@ mod tests {
         }
         let mem = Arc::new(TieredMemory::new(&cfg).expect("tiered memory"));
         let probe = tiered_probe(mem.clone());
-        assert_eq!(probe(), (0, [0, 0]), "nothing touched, nothing placed");
+        let pages = |p: (u64, Vec<TierLine>)| p.1.iter().map(|t| t.pages).collect::<Vec<_>>();
+        assert_eq!(
+            pages(probe()),
+            vec![0, 0],
+            "nothing touched, nothing placed"
+        );
         mem.prefault(0, 64).unwrap();
-        assert_eq!(probe(), (0, [16, 48]));
+        let (migrations, tiers) = probe();
+        assert_eq!(migrations, 0);
+        assert_eq!(
+            tiers.iter().map(|t| t.pages).collect::<Vec<_>>(),
+            vec![16, 48]
+        );
+        assert_eq!(
+            tiers[0].resident_bytes,
+            Some(16 * 4096),
+            "measured from the kernel"
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use crate::status::TimelinePoint;
 use crate::units::format_size;
-use crate::vstate::tiered::{MigrationCounters, TieringReport, TrackingCounters};
+use crate::vstate::tiered::{BackingReport, MigrationReport, TieringReport, TrackingReport};
+use tiering::engine::EngineReport;
 use tiering::mem::TierStats;
 
 /// Why the VM stopped.
@@ -53,6 +54,10 @@ pub struct RunReport {
     pub ops_per_sec: f64,
     /// Throughput timeline, one point per sample.
     pub timeline: Vec<TimelinePoint>,
+    /// Tiered runs: every tier's capacity, use and kernel-measured host
+    /// memory, one point per sample (empty when untiered).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tier_timeline: Vec<crate::status::TierTimelinePoint>,
     /// KVM exits of all vCPUs.
     pub vm_exits: u64,
     /// Milliseconds from VMM start to the first guest instruction.
@@ -71,11 +76,13 @@ pub struct RunReport {
     pub crash: Option<String>,
     /// Per-tier page counts (tiered runs only).
     pub tiers: Option<Vec<TierStats>>,
+    /// How the tiers' host memory was committed (tiered runs only).
+    pub backing: Option<BackingReport>,
     /// Migration counters (tiered runs only).
-    pub migration: Option<MigrationCounters>,
+    pub migration: Option<MigrationReport>,
     /// Access-tracking counters (tiered runs only).
-    pub tracking: Option<TrackingCounters>,
-    /// Everything the tiering layer reports (tiered runs only).
+    pub tracking: Option<TrackingReport>,
+    /// The tiering setup, its threads and its checks (tiered runs only).
     pub tiering: Option<TieringReport>,
     /// Tracking on/off throughput within this run (`--tracking-ab` only).
     pub tracking_ab: Option<crate::ab::TrackingAb>,
@@ -84,9 +91,22 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// A readable multi-line summary.
+    /// A readable multi-line summary: the run, then (tiered runs) the
+    /// tiers, migration, tracking and engine lines, then a crash.
     pub fn human(&self) -> String {
         let mut s = String::new();
+        self.write_run(&mut s);
+        if let Some(t) = &self.tiering {
+            self.write_tiering(&mut s, t);
+        }
+        if let Some(c) = &self.crash {
+            let _ = writeln!(s, "  crash      {c}");
+        }
+        s
+    }
+
+    /// The image, the result, throughput, exits, metrics and console.
+    fn write_run(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "tiervm run: image {} on {} vCPU(s), {} RAM, seed {}",
@@ -151,110 +171,120 @@ impl RunReport {
                 self.console_dropped
             );
         }
-        if let Some(t) = &self.tiering {
-            let tiers: Vec<String> = t
-                .stats
-                .tiers
-                .iter()
-                .map(|x| {
-                    format!(
-                        "{} node{} {}/{} pages",
-                        x.name,
-                        x.node,
-                        group(x.pages),
-                        group(x.capacity_pages)
-                    )
-                })
-                .collect();
-            let emu = if t.emulated {
-                " (emulated: both tiers on one host node)"
-            } else {
-                ""
-            };
+    }
+
+    /// The tiers, migration, shadow, tracking and engine lines.
+    fn write_tiering(&self, s: &mut String, t: &TieringReport) {
+        let tiers: Vec<String> = self
+            .tiers
+            .iter()
+            .flatten()
+            .map(|x| {
+                let resident = x
+                    .resident_bytes
+                    .map_or(String::new(), |b| format!(" ({} MiB resident)", b >> 20));
+                format!(
+                    "{} node{} {}/{} pages{resident}",
+                    x.name,
+                    x.node,
+                    group(x.pages),
+                    group(x.capacity_pages)
+                )
+            })
+            .collect();
+        let emu = if t.emulated {
+            " (emulated: both tiers on one host node)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            "  tiers      policy {}: {}{emu}",
+            t.policy,
+            tiers.join(", ")
+        );
+        if let Some(m) = &self.migration {
+            write_migration(s, m);
+        }
+        if let Some(tr) = self.tracking.as_ref().filter(|tr| tr.hint_faults > 0) {
             let _ = writeln!(
                 s,
-                "  tiers      policy {}: {}{emu}",
-                t.policy,
-                tiers.join(", ")
+                "  tracking   hint faults {} ({:.1} ms, {:.2}% of vCPU time as the fault handler sees it)",
+                group(tr.hint_faults),
+                tr.hint_stall_ms,
+                tr.tracking_overhead_pct
             );
-            if let Some(m) = &self.migration {
-                let _ = writeln!(
-                    s,
-                    "  migration  promotions {} demotions {} tpm commits {} aborts {} retries {} stop-copy {}",
-                    group(m.promotions),
-                    group(m.demotions),
-                    group(m.tpm_commits),
-                    group(m.tpm_aborts),
-                    group(m.tpm_retries),
-                    group(m.stop_copy),
-                );
-                let _ = writeln!(
-                    s,
-                    "  shadows    demotions {} invalidations {} reclaims {}; skipped (no space) {}; guest stall {:.1} ms",
-                    group(m.shadow_demotions),
-                    group(m.shadow_invalidations),
-                    group(m.shadow_reclaims),
-                    group(m.skipped_no_space),
-                    m.guest_stall_ms
-                );
-            }
-            if let Some(tr) = self.tracking.as_ref().filter(|tr| tr.hint_faults > 0) {
-                let _ = writeln!(
-                    s,
-                    "  tracking   hint faults {} ({:.1} ms, {:.2}% of vCPU time as the fault handler sees it)",
-                    group(tr.hint_faults),
-                    tr.hint_stall_ms,
-                    tr.tracking_overhead_pct
-                );
-            }
-            if let Some(e) = &t.engine {
-                let policies: Vec<String> = e
-                    .policies
-                    .iter()
-                    .map(|(p, at)| format!("{p}@{at:.1}s"))
-                    .collect();
-                let probes = if e.probes_armed > 0 {
-                    format!("; accessed-bit probes armed {}", group(e.probes_armed))
-                } else {
-                    String::new()
-                };
-                let modeled = if e.latency_modeled && e.policies.iter().any(|(p, _)| p == "colloid")
-                {
-                    " (tier latency for colloid: modeled)"
-                } else {
-                    ""
-                };
-                let _ = writeln!(
-                    s,
-                    "  engine     {}; ticks {}; migrations asked {} (fault path {}), pages moved {}{probes}{modeled}",
-                    policies.join(" -> "),
-                    group(e.ticks),
-                    group(e.migrations_requested),
-                    group(e.fault_path_migrations),
-                    group(e.pages_migrated)
-                );
-                if let Some(d) = &e.damon {
-                    let cpu = d
-                        .cpu_pct
-                        .map_or("n/a".to_string(), |p| format!("{p:.2}% of one CPU"));
-                    let _ = writeln!(
-                        s,
-                        "  damon      {} snapshots ({} us sampling, {} us aggregation), {:.0} regions and {:.0} accessed pages on average; cost {cpu} (kdamond + reader, real), no guest faults; errors {}; teardown {}",
-                        group(d.snapshots),
-                        d.sample_us,
-                        d.aggr_us,
-                        d.regions_mean,
-                        d.accessed_pages_mean,
-                        group(d.errors),
-                        d.teardown
-                    );
-                }
-            }
         }
-        if let Some(c) = &self.crash {
-            let _ = writeln!(s, "  crash      {c}");
+        if let Some(e) = &t.engine {
+            write_engine(s, e);
         }
-        s
+    }
+}
+
+/// The migration and shadow lines.
+fn write_migration(s: &mut String, m: &MigrationReport) {
+    let _ = writeln!(
+        s,
+        "  migration  promotions {} demotions {} tpm commits {} aborts {} retries {} stop-copy {}",
+        group(m.promotions),
+        group(m.demotions),
+        group(m.tpm_commits),
+        group(m.tpm_aborts),
+        group(m.tpm_retries),
+        group(m.stop_copy),
+    );
+    let _ = writeln!(
+        s,
+        "  shadows    demotions {} invalidations {} reclaims {}; skipped (no space) {}; guest stall {:.1} ms",
+        group(m.shadow_demotions),
+        group(m.shadow_invalidations),
+        group(m.shadow_reclaims),
+        group(m.skipped_no_space),
+        m.guest_stall_ms
+    );
+}
+
+/// The engine line: policies with their start times, ticks, migrations.
+fn write_engine(s: &mut String, e: &EngineReport) {
+    let policies: Vec<String> = e
+        .policies
+        .iter()
+        .map(|(p, at)| format!("{p}@{at:.1}s"))
+        .collect();
+    let probes = if e.probes_armed > 0 {
+        format!("; accessed-bit probes armed {}", group(e.probes_armed))
+    } else {
+        String::new()
+    };
+    let modeled = if e.latency_modeled && e.policies.iter().any(|(p, _)| p.reads_loaded_latency()) {
+        " (tier latency for colloid: modeled)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        s,
+        "  engine     {}; ticks {}; migrations asked {} (fault path {}), pages moved {}{probes}{modeled}",
+        policies.join(" -> "),
+        group(e.ticks),
+        group(e.migrations_requested),
+        group(e.fault_path_migrations),
+        group(e.pages_migrated)
+    );
+    if let Some(d) = &e.damon {
+        let cpu = d
+            .cpu_pct
+            .map_or("n/a".to_string(), |p| format!("{p:.2}% of one CPU"));
+        let _ = writeln!(
+            s,
+            "  damon      {} snapshots ({} us sampling, {} us aggregation), {:.0} regions and {:.0} accessed pages on average; cost {cpu} (kdamond + reader, real), no guest faults; errors {}; teardown {}",
+            group(d.snapshots),
+            d.sample_us,
+            d.aggr_us,
+            d.regions_mean,
+            d.accessed_pages_mean,
+            group(d.errors),
+            d.teardown
+        );
     }
 }
 
@@ -326,6 +356,8 @@ mod tests {
             tiering: None,
             tracking_ab: None,
             signal: None,
+            backing: None,
+            tier_timeline: Vec::new(),
         }
     }
 
@@ -353,6 +385,50 @@ mod tests {
         let promise = "tiervm exits 1 when any page lost a write";
         assert!(include_str!("../../README.md").contains(promise));
         assert!(include_str!("../../docs/guest-abi.md").contains(promise));
+    }
+
+    use crate::vstate::tiered::TieringReport;
+    use tiering::mem::MemStats;
+
+    /// Every mechanism counter is in exactly one report section, and the
+    /// `tiering` section repeats none of them.
+    #[test]
+    fn each_counter_is_reported_once() {
+        let t = TieringReport {
+            policy: "static".into(),
+            emulated: true,
+            setup_ms: 0.0,
+            stats: MemStats::default(),
+            chaos: None,
+            resize: None,
+            samples: 0,
+            engine: None,
+            consistency: "ok".into(),
+            fatal: None,
+            node_check: "ok".into(),
+            node_checked_pages: 0,
+            node_pages: None,
+        };
+        let section = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+        let migration = section(serde_json::to_value(t.migration()).unwrap());
+        let backing = section(serde_json::to_value(t.backing()).unwrap());
+        let tracking = section(serde_json::to_value(t.tracking(1, 1.0)).unwrap());
+        let tiering = section(serde_json::to_value(&t).unwrap());
+        let stats = section(serde_json::to_value(&t.stats).unwrap());
+        for key in stats.keys() {
+            // The per-tier list is the report's `tiers`; the sampler's
+            // last-period overhead is superseded by the whole run's.
+            if key == "tiers" || key == "tracking_overhead_pct" {
+                continue;
+            }
+            let places = [&migration, &backing, &tracking, &tiering]
+                .iter()
+                .filter(|s| s.contains_key(key))
+                .count();
+            assert_eq!(places, 1, "counter `{key}` is reported {places} times");
+        }
+        assert!(!tiering.contains_key("stats") && !tiering.contains_key("samples"));
+        assert!(tracking.contains_key("tracking_overhead_pct"));
     }
 
     #[test]

@@ -22,10 +22,12 @@ use crate::ab::AbDriver;
 use crate::config::VmConfig;
 use crate::devices::serial::{ConsoleWriter, Sink};
 use crate::devices::PortBus;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::image::ImageError;
 use crate::report::{RunReport, StopReason};
 use crate::status::{self, TimelinePoint};
 use crate::vstate::tiered::{TieredRam, TieringReport};
+use crate::vstate::vm::{GuestRam, Vcpu, Vm};
 use crate::vstate::{memory, vcpu, vm};
 use tiervm_guest::abi::{STATUS_GPA, STATUS_STOP_OFFSET};
 
@@ -34,7 +36,7 @@ const SECONDARY_GRACE: Duration = Duration::from_secs(1);
 /// How long the runner waits for kicked vCPU threads before giving up on them.
 const KICK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest sleep of the runner between its checks of the run's deadlines
-/// (--duration, --stop-grace) and of vCPU exits, independent of --sample-ms.
+/// (--duration, --stop-grace), signals and vCPU exits, whatever --sample-ms is.
 const POLL: Duration = Duration::from_millis(5);
 
 /// What a run hook may look at and touch while the VM runs.
@@ -42,7 +44,7 @@ pub struct SampleCtx<'a> {
     /// Guest memory (the hook may read or write it, e.g. to inject faults).
     pub mem: &'a GuestMemoryMmap,
     /// The layout of the guest.
-    pub layout: &'a memory::Layout,
+    pub layout: &'a memory::GuestLayout,
     /// Seconds since the vCPUs started.
     pub t_s: f64,
     /// Total guest operations so far.
@@ -57,9 +59,9 @@ pub trait RunHooks {
     /// Called after every status sample.
     fn on_sample(&mut self, _ctx: &SampleCtx<'_>) {}
 
-    /// Whether the run should stop now (checked every few ms): the
-    /// guest is asked to stop as at the end of `--duration`. Lets a test
-    /// run until the events it waits for happened instead of for a fixed time.
+    /// Whether the run should stop now (checked every few ms): the guest is
+    /// asked to stop as at the end of `--duration`. Lets a test run until
+    /// the events it waits for happened instead of for a fixed time.
     fn wants_stop(&mut self) -> bool {
         false
     }
@@ -78,6 +80,15 @@ pub enum Console {
 }
 
 /// Runs the VM described by `cfg`. `started` is when the VMM started (for `boot_ms`).
+///
+/// 1. Build the VM: RAM, image, page tables, KVM VM and vCPUs, boot info,
+///    tiering threads ([`build_vm`]).
+/// 2. Start one thread per vCPU.
+/// 3. Watch the run: sample the status page, stop on a crash or when the
+///    guest is done, ask the guest to stop at `--duration`, force it after
+///    `--stop-grace` ([`watch`]).
+/// 4. Kick the vCPUs that still run out of `KVM_RUN` and end them.
+/// 5. Finish tiering and build the report ([`finish`]).
 pub fn run(
     cfg: &VmConfig,
     started: Instant,
@@ -86,61 +97,7 @@ pub fn run(
 ) -> Result<RunReport> {
     // Threads started from here on install their seccomp filters.
     crate::seccomp::set_enabled(cfg.seccomp)?;
-    let mut tiered = cfg
-        .tiering
-        .as_ref()
-        .map(|t| TieredRam::new(t, cfg.vcpus))
-        .transpose()?;
-    // Keeps the tiered backing mapped until everything below is gone.
-    let _backing = tiered.as_ref().map(|t| t.memory().clone());
-    let mem = match &tiered {
-        Some(t) => t.guest().clone(),
-        None => memory::create_ram(cfg.mem_bytes, true)?,
-    };
-    let loaded = Elf::load(&mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None)
-        .map_err(|e| Error::Image(format!("image '{}': loading failed: {e}", cfg.image.name)))?;
-    // The validator decided what to load; the loader must have agreed.
-    if loaded.kernel_end != cfg.elf.loaded_end() {
-        return Err(Error::Image(format!(
-            "image '{}': the loader ended at {:#x} where validation expected {:#x}: the ELF file is ambiguous; relink it",
-            cfg.image.name,
-            loaded.kernel_end,
-            cfg.elf.loaded_end()
-        )));
-    }
-    let cr3 = memory::write_page_tables(&mem, cfg.mem_bytes)?;
-
-    let kvm = vm::open_kvm()?;
-    let vm_fd = vm::create_vm(&kvm)?;
-    if tiered.is_some() {
-        TieredRam::prepare_vm(&vm_fd)?;
-    }
-    // Tiered RAM starts unlogged too: its harvester switches logging on
-    // only while something is tracked (see kvm_dirty_log).
-    vm::register_ram(&vm_fd, &mem, false)?;
-    let cpuid = vcpu::supported_cpuid(&kvm)?;
-    let mut vcpus = Vec::with_capacity(cfg.vcpus as usize);
-    for id in 0..cfg.vcpus {
-        vcpus.push(vcpu::create_vcpu(
-            &kvm,
-            &vm_fd,
-            id,
-            &cpuid,
-            cr3,
-            cfg.elf.entry,
-            cfg.layout.stack_top(id),
-        )?);
-    }
-    let tsc_khz = vcpu::tsc_khz(&vcpus[0]);
-    memory::write_boot_info(&mem, &cfg.layout, cfg.seed, tsc_khz, &cfg.args)?;
-    vcpu::install_kick_handler()?;
-    if let Some(t) = tiered.as_mut() {
-        // Everything the VMM wrote so far: boot info, status page, page
-        // tables, the image.
-        t.note_vmm_write(0, cfg.layout.stacks_base);
-        t.start(&vm_fd)?;
-    }
-
+    let (mut vm, vcpus) = build_vm(cfg)?;
     let sink = match console {
         Console::Stderr => Sink::Stderr,
         Console::Memory(s) => s,
@@ -150,41 +107,213 @@ pub fn run(
     shared.seccomp = cfg.seccomp;
     shared.test_forbidden_syscall = cfg.test_forbidden_syscall;
     let shared = Arc::new(shared);
-
-    hooks.on_start(_backing.as_ref());
+    hooks.on_start(vm.ram().backing());
     let run_start = Instant::now();
-    let mut threads: Vec<Option<JoinHandle<vcpu::VcpuOutcome>>> = Vec::new();
-    for (id, fd) in vcpus.into_iter().enumerate() {
-        let sh = shared.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("vcpu{id}"))
-            .spawn(move || vcpu::run_vcpu(id as u32, fd, sh))
-            .map_err(|e| Error::host("spawning a vCPU thread", e))?;
-        threads.push(Some(h));
-    }
-
+    let mut threads = VcpuThreads::spawn(vcpus, &shared)?;
     // Every thread of this VM exists now: the calling thread's own filter
     // (tiervm run only; it would outlive the run otherwise).
     if cfg.seccomp && cfg.seccomp_main {
         crate::seccomp::install(tiering::threads::ThreadRole::Main)?;
     }
-    let mut outcomes: Vec<Option<vcpu::VcpuOutcome>> = vec![None; threads.len()];
-    let mut timeline = Vec::new();
-    let mut stop_requested_at: Option<Instant> = None;
-    let mut vcpu0_exited_at: Option<Instant> = None;
-    let mut reason = None;
-    let mut next = run_start + cfg.sample;
-    let mut ab = cfg
+    let watched = watch(cfg, &mut vm, &mut threads, hooks, run_start);
+    threads.end(&shared);
+    finish(cfg, started, run_start, vm, &threads, &shared, watched)
+}
+
+/// Step 1: guest RAM (tiered or plain) with the image, page tables and
+/// boot info written, a VM over it with its vCPUs at the image's entry,
+/// and the tiering threads started.
+fn build_vm(cfg: &VmConfig) -> Result<(Vm, Vec<Vcpu>)> {
+    let tiered = cfg
         .tiering
         .as_ref()
-        .and_then(|t| t.tracking_ab)
-        .map(|p| AbDriver::new(p.as_secs_f64()));
+        .map(|t| TieredRam::new(t, cfg.vcpus))
+        .transpose()?;
+    let ram = Arc::new(match &tiered {
+        Some(t) => GuestRam::tiered(t),
+        None => GuestRam::anonymous(cfg.mem_bytes)?,
+    });
+    let mem = ram.memory();
+    let loaded = Elf::load(mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None).map_err(
+        |source| ImageError::Load {
+            name: cfg.image.name.clone(),
+            source,
+        },
+    )?;
+    // The validator decided what to load; the loader must have agreed.
+    if loaded.kernel_end != cfg.elf.loaded_end() {
+        return Err(ImageError::LoaderDisagrees {
+            name: cfg.image.name.clone(),
+            loader_end: loaded.kernel_end,
+            validated_end: cfg.elf.loaded_end(),
+        }
+        .into());
+    }
+    let cr3 = memory::write_page_tables(mem, cfg.mem_bytes)?;
+
+    let kvm = vm::open_kvm()?;
+    let mut vm = Vm::new(&kvm, ram.clone(), tiered, cfg.vcpus)?;
+    let cpuid = vcpu::supported_cpuid(&kvm)?;
+    let vcpus = (0..cfg.vcpus)
+        .map(|id| {
+            vcpu::create_vcpu(
+                &vm,
+                id,
+                &cpuid,
+                cr3,
+                cfg.elf.entry,
+                cfg.layout.stack_top(id),
+            )
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let tsc_khz = vcpu::tsc_khz(vcpus[0].fd());
+    memory::write_boot_info(mem, &cfg.layout, cfg.seed, tsc_khz, &cfg.args)?;
+    vcpu::install_kick_handler()?;
+    if let Some(t) = vm.tiered() {
+        // Everything the VMM wrote so far: boot info, status page, page
+        // tables, the image.
+        t.note_vmm_write(0, cfg.layout.stacks_base);
+    }
+    vm.start_tiering()?;
+    Ok((vm, vcpus))
+}
+
+/// The vCPU threads and how each ended.
+struct VcpuThreads {
+    running: Vec<Option<JoinHandle<vcpu::VcpuOutcome>>>,
+    outcomes: Vec<Option<vcpu::VcpuOutcome>>,
+}
+
+impl VcpuThreads {
+    /// Step 2: one thread per vCPU, in `KVM_RUN` until the guest exits.
+    fn spawn(vcpus: Vec<Vcpu>, shared: &Arc<vcpu::VcpuShared>) -> Result<Self> {
+        let mut running = Vec::with_capacity(vcpus.len());
+        for (id, fd) in vcpus.into_iter().enumerate() {
+            let sh = shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("vcpu{id}"))
+                .spawn(move || vcpu::run_vcpu(id as u32, fd, sh))
+                .map_err(vcpu::VcpuError::Spawn)?;
+            running.push(Some(h));
+        }
+        let outcomes = vec![None; running.len()];
+        Ok(Self { running, outcomes })
+    }
+
+    /// Whether a thread ended that has not been reaped yet.
+    fn any_finished(&self) -> bool {
+        self.running
+            .iter()
+            .zip(&self.outcomes)
+            .any(|(t, o)| o.is_none() && t.as_ref().is_some_and(JoinHandle::is_finished))
+    }
+
+    /// Collects the outcome of every thread that ended.
+    fn reap(&mut self) {
+        for (slot, out) in self.running.iter_mut().zip(self.outcomes.iter_mut()) {
+            if slot.as_ref().is_some_and(JoinHandle::is_finished) {
+                if let Some(h) = slot.take() {
+                    *out = Some(
+                        h.join()
+                            .unwrap_or(vcpu::VcpuOutcome::HostError(vcpu::VcpuRunError::Panicked)),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether a vCPU crashed or failed on the host side.
+    fn any_failed(&self) -> bool {
+        self.outcomes.iter().any(|o| {
+            matches!(
+                o,
+                Some(vcpu::VcpuOutcome::Crashed(_) | vcpu::VcpuOutcome::HostError(_))
+            )
+        })
+    }
+
+    /// Whether every vCPU ended.
+    fn all_ended(&self) -> bool {
+        self.outcomes.iter().all(Option::is_some)
+    }
+
+    /// vCPU 0's exit code, once it wrote one.
+    fn exit_code(&self) -> Option<u32> {
+        match self.outcomes[0] {
+            Some(vcpu::VcpuOutcome::Exited(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Step 4: makes every vCPU leave its loop, kicks those in `KVM_RUN`
+    /// with a signal, and waits for them up to [`KICK_TIMEOUT`].
+    fn end(&mut self, shared: &vcpu::VcpuShared) {
+        shared.stop.store(true, Ordering::Release);
+        let kick_deadline = Instant::now() + KICK_TIMEOUT;
+        while self.running.iter().any(Option::is_some) && Instant::now() < kick_deadline {
+            for h in self.running.iter().flatten() {
+                let _ = h.kill(vcpu::kick_signal());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            self.reap();
+        }
+    }
+
+    /// The first crash description.
+    fn crash(&self) -> Option<String> {
+        self.outcomes.iter().find_map(|o| match o {
+            Some(vcpu::VcpuOutcome::Crashed(c)) => Some(c.clone()),
+            _ => None,
+        })
+    }
+
+    /// The first host-side failure.
+    fn host_error(&self) -> Option<vcpu::VcpuRunError> {
+        self.outcomes.iter().find_map(|o| match o {
+            Some(vcpu::VcpuOutcome::HostError(e)) => Some(e.clone()),
+            _ => None,
+        })
+    }
+}
+
+/// What watching the run produced.
+struct Watched {
+    timeline: Vec<TimelinePoint>,
+    tier_timeline: Vec<crate::status::TierTimelinePoint>,
+    stop_requested_at: Option<Instant>,
+    reason: Option<StopReason>,
+    ab: Option<AbDriver>,
+}
+
+/// Step 3: until the VM is done, every `--sample-ms` read the status page
+/// (timeline, tiering samples, A/B switch, hooks), collect ended vCPU
+/// threads, and enforce `--duration` and `--stop-grace`.
+fn watch(
+    cfg: &VmConfig,
+    vm: &mut Vm,
+    threads: &mut VcpuThreads,
+    hooks: &mut dyn RunHooks,
+    run_start: Instant,
+) -> Watched {
+    let mut w = Watched {
+        timeline: Vec::new(),
+        tier_timeline: Vec::new(),
+        stop_requested_at: None,
+        reason: None,
+        ab: cfg
+            .tiering
+            .as_ref()
+            .and_then(|t| t.tracking_ab)
+            .map(|p| AbDriver::new(p.as_secs_f64())),
+    };
+    let mut vcpu0_exited_at: Option<Instant> = None;
+    let mut next = run_start + cfg.sample;
     loop {
         // Wait for the next sample, but never longer than POLL: the stop
-        // checks below (duration, grace, exits) run every POLL whatever
-        // --sample-ms is.
+        // checks below (duration, grace, signals, exits) run every POLL
+        // whatever --sample-ms is.
         let now = Instant::now();
-        if next > now && !any_finished(&threads, &outcomes) {
+        if next > now && !threads.any_finished() {
             std::thread::sleep((next - now).min(POLL));
         }
         let now = Instant::now();
@@ -193,49 +322,33 @@ pub fn run(
             if next < now {
                 next = now + cfg.sample;
             }
-            let snap = status::read(&mem, cfg.vcpus);
-            let t_s = now.duration_since(run_start).as_secs_f64();
-            timeline.push(TimelinePoint {
-                t_s,
-                ops: snap.total_ops(),
-            });
-            if let Some(t) = tiered.as_mut() {
-                t.drain_samples();
-                if let Some(on) = ab.as_mut().and_then(|a| a.on_sample(t_s, snap.total_ops())) {
-                    t.set_tracking_paused(!on);
-                }
-            }
-            hooks.on_sample(&SampleCtx {
-                mem: &mem,
-                layout: &cfg.layout,
-                t_s,
-                ops: snap.total_ops(),
-            });
+            sample(
+                cfg,
+                vm,
+                hooks,
+                &mut w,
+                now.duration_since(run_start).as_secs_f64(),
+            );
         }
-        reap(&mut threads, &mut outcomes);
-        if outcomes.iter().any(|o| {
-            matches!(
-                o,
-                Some(vcpu::VcpuOutcome::Crashed(_) | vcpu::VcpuOutcome::HostError(_))
-            )
-        }) {
-            reason = Some(StopReason::Crashed);
-            break;
+        threads.reap();
+        if threads.any_failed() {
+            w.reason = Some(StopReason::Crashed);
+            return w;
         }
-        if outcomes.iter().all(Option::is_some) {
-            break;
+        if threads.all_ended() {
+            return w;
         }
-        if matches!(outcomes[0], Some(vcpu::VcpuOutcome::Exited(_))) {
+        if threads.exit_code().is_some() {
             let at = *vcpu0_exited_at.get_or_insert(now);
             if now.duration_since(at) > SECONDARY_GRACE {
-                break;
+                return w;
             }
         }
-        match stop_requested_at {
+        match w.stop_requested_at {
             None => {
                 let signal = crate::signals::received();
                 if signal.is_some() {
-                    reason = Some(StopReason::Signal);
+                    w.reason = Some(StopReason::Signal);
                 }
                 if signal.is_some()
                     || hooks.wants_stop()
@@ -243,79 +356,100 @@ pub fn run(
                         .duration
                         .is_some_and(|d| now.duration_since(run_start) >= d)
                 {
-                    if let Some(t) = &tiered {
+                    if let Some(t) = vm.tiered() {
                         t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
                     }
-                    status::request_stop(&mem);
-                    stop_requested_at = Some(now);
+                    status::request_stop(vm.ram().memory());
+                    w.stop_requested_at = Some(now);
                 }
             }
             Some(at) => {
                 if now.duration_since(at) >= cfg.stop_grace {
-                    reason = Some(StopReason::Forced);
-                    break;
+                    w.reason = Some(StopReason::Forced);
+                    return w;
                 }
             }
         }
     }
+}
 
-    // End whatever still runs.
-    shared.stop.store(true, Ordering::Release);
-    let kick_deadline = Instant::now() + KICK_TIMEOUT;
-    while threads.iter().any(Option::is_some) && Instant::now() < kick_deadline {
-        for h in threads.iter().flatten() {
-            let _ = h.kill(vcpu::kick_signal());
+/// One status sample at `t_s` seconds into the run.
+fn sample(cfg: &VmConfig, vm: &mut Vm, hooks: &mut dyn RunHooks, w: &mut Watched, t_s: f64) {
+    let snap = status::read(vm.ram().memory(), cfg.vcpus);
+    w.timeline.push(TimelinePoint {
+        t_s,
+        ops: snap.total_ops(),
+    });
+    if let Some(t) = vm.tiered_mut() {
+        w.tier_timeline.push(crate::status::TierTimelinePoint {
+            t_s,
+            tiers: t.tier_samples(),
+        });
+        t.drain_samples();
+        if let Some(on) =
+            w.ab.as_mut()
+                .and_then(|a| a.on_sample(t_s, snap.total_ops()))
+        {
+            t.set_tracking_paused(!on);
         }
-        std::thread::sleep(Duration::from_millis(2));
-        reap(&mut threads, &mut outcomes);
     }
+    hooks.on_sample(&SampleCtx {
+        mem: vm.ram().memory(),
+        layout: &cfg.layout,
+        t_s,
+        ops: snap.total_ops(),
+    });
+}
+
+/// Step 5: the last status sample, tiering's report, and the run report.
+fn finish(
+    cfg: &VmConfig,
+    started: Instant,
+    run_start: Instant,
+    mut vm: Vm,
+    threads: &VcpuThreads,
+    shared: &vcpu::VcpuShared,
+    mut w: Watched,
+) -> Result<RunReport> {
     let end = Instant::now();
-    let snap = status::read(&mem, cfg.vcpus);
-    timeline.push(TimelinePoint {
+    let snap = status::read(vm.ram().memory(), cfg.vcpus);
+    w.timeline.push(TimelinePoint {
         t_s: end.duration_since(run_start).as_secs_f64(),
         ops: snap.total_ops(),
     });
-    let tiering = match tiered.take() {
+    let tiering = match vm.take_tiered() {
         Some(t) => Some(t.finish(None)?),
         None => None,
     };
     if let Some(e) = crate::seccomp::take_hook_error() {
-        return Err(Error::Host(e));
+        return Err(e.into());
     }
-    let crash = outcomes.iter().find_map(|o| match o {
-        Some(vcpu::VcpuOutcome::Crashed(c)) => Some(c.clone()),
-        _ => None,
-    });
-    if let Some(Some(vcpu::VcpuOutcome::HostError(e))) = outcomes
-        .iter()
-        .find(|o| matches!(o, Some(vcpu::VcpuOutcome::HostError(_))))
-    {
-        return Err(Error::Host(e.clone()));
+    let crash = threads.crash();
+    if let Some(e) = threads.host_error() {
+        return Err(vcpu::VcpuError::Run(e).into());
     }
-    let exit_code = match outcomes[0] {
-        Some(vcpu::VcpuOutcome::Exited(c)) => Some(c),
-        _ => None,
-    };
     // A forced stop or a crash says more than the signal that asked for it.
-    let reason = reason.unwrap_or(if stop_requested_at.is_some() {
+    let reason = w.reason.unwrap_or(if w.stop_requested_at.is_some() {
         StopReason::Duration
     } else {
         StopReason::GuestExited
     });
     let mut ports = shared.ports.lock().unwrap_or_else(|p| p.into_inner());
     ports.flush_console();
+    let run_s = end.duration_since(run_start).as_secs_f64();
     Ok(RunReport {
         image: cfg.image.name.clone(),
         args: cfg.effective_args(),
         seed: cfg.seed,
         vcpus: cfg.vcpus,
         mem_bytes: cfg.mem_bytes,
-        duration_s: end.duration_since(run_start).as_secs_f64(),
-        exit_code,
+        duration_s: run_s,
+        exit_code: threads.exit_code(),
         stop_reason: reason,
         ops: snap.total_ops(),
-        ops_per_sec: status::ops_per_sec(&timeline),
-        timeline,
+        ops_per_sec: status::ops_per_sec(&w.timeline),
+        timeline: w.timeline,
+        tier_timeline: w.tier_timeline,
         vm_exits: shared.exits.load(Ordering::Relaxed),
         boot_ms: shared
             .booted_at
@@ -327,38 +461,12 @@ pub fn run(
         unhandled_io: shared.unhandled_io.load(Ordering::Relaxed),
         mmio_exits: shared.mmio_exits.load(Ordering::Relaxed),
         crash,
-        tiers: tiering.as_ref().map(|t| t.stats.tiers.clone()),
+        tiers: tiering.as_ref().map(TieringReport::tiers),
+        backing: tiering.as_ref().map(TieringReport::backing),
         migration: tiering.as_ref().map(TieringReport::migration),
-        tracking: tiering
-            .as_ref()
-            .map(|t| t.tracking(cfg.vcpus, end.duration_since(run_start).as_secs_f64())),
+        tracking: tiering.as_ref().map(|t| t.tracking(cfg.vcpus, run_s)),
         tiering,
-        tracking_ab: ab.map(|a| a.result()),
+        tracking_ab: w.ab.map(|a| a.result()),
         signal: crate::signals::received().map(crate::signals::name),
     })
-}
-
-fn any_finished(
-    threads: &[Option<JoinHandle<vcpu::VcpuOutcome>>],
-    outcomes: &[Option<vcpu::VcpuOutcome>],
-) -> bool {
-    threads
-        .iter()
-        .zip(outcomes)
-        .any(|(t, o)| o.is_none() && t.as_ref().is_some_and(JoinHandle::is_finished))
-}
-
-fn reap(
-    threads: &mut [Option<JoinHandle<vcpu::VcpuOutcome>>],
-    outcomes: &mut [Option<vcpu::VcpuOutcome>],
-) {
-    for (slot, out) in threads.iter_mut().zip(outcomes.iter_mut()) {
-        if slot.as_ref().is_some_and(JoinHandle::is_finished) {
-            if let Some(h) = slot.take() {
-                *out = Some(h.join().unwrap_or_else(|_| {
-                    vcpu::VcpuOutcome::HostError("vCPU thread panicked".into())
-                }));
-            }
-        }
-    }
 }

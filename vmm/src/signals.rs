@@ -9,7 +9,12 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use crate::error::{Error, Result};
+/// The handlers could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("installing the SIGINT/SIGTERM handlers")]
+pub struct SignalError(#[source] std::io::Error);
+
+type Result<T> = std::result::Result<T, SignalError>;
 
 /// The first stop signal received (0 = none).
 static RECEIVED: AtomicUsize = AtomicUsize::new(0);
@@ -32,7 +37,7 @@ pub fn install() -> Result<()> {
                 .and_then(|_| signal_hook::flag::register_usize(sig, &RECEIVED, sig as usize))
                 .and_then(|_| signal_hook::flag::register(sig, &ARMED));
             if let Err(e) = r {
-                result = Err(Error::host("installing the SIGINT/SIGTERM handlers", e));
+                result = Err(SignalError(e));
                 return;
             }
         }

@@ -92,6 +92,28 @@ pub struct TimelinePoint {
     pub ops: u64,
 }
 
+/// Tiered runs: every tier at one sample (the report's `tier_timeline`,
+/// one entry per timeline sample).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TierTimelinePoint {
+    /// Seconds since the VM started running.
+    pub t_s: f64,
+    /// Per tier, fastest first.
+    pub tiers: Vec<TierSample>,
+}
+
+/// One tier at one timeline point.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct TierSample {
+    /// Capacity (the target after a resize), pages.
+    pub capacity_pages: u64,
+    /// Guest pages + shadows on the tier (the actual size), pages.
+    pub pages: u64,
+    /// Host memory of the tier, measured from the kernel; `None` if the
+    /// measurement failed.
+    pub resident_bytes: Option<u64>,
+}
+
 /// Operations per second over the samples taken while operations were
 /// counting: from the first sample with a non-zero count to the last one,
 /// so neither the set-up phase nor a partial first interval biases it.

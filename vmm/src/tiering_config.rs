@@ -4,11 +4,16 @@
 use clap::ValueEnum;
 use std::time::Duration;
 
-use tiering::engine::{parse_intervals, parse_schedule, EngineConfig, ModeledLatency};
+use tiering::engine::{
+    parse_intervals, parse_schedule, EngineConfig, IntervalError, ModeledLatency, ScheduleError,
+};
 
-use tiering::mem::{ChaosConfig, InitialPlacement, Mechanism, MemConfig, SamplerConfig, PAGE_SIZE};
+use tiering::mem::{
+    parse_capacity_schedule, ChaosConfig, InitialPlacement, Mechanism, MemConfig, ResizeConfig,
+    SamplerConfig, PAGE_SIZE,
+};
+use tiering::policy::PolicyKind;
 
-use crate::error::{Error, Result};
 use crate::units::format_size;
 
 /// Hint-fault budget of placement policies (MTM's overhead target, §3.2).
@@ -57,17 +62,44 @@ pub enum PolicyArg {
 }
 
 impl PolicyArg {
-    /// The placement policy's name in `tiering::policy`, for policies run by the engine.
-    pub fn engine_policy(self) -> Option<&'static str> {
+    /// The placement policy the engine runs for this choice (`none` and
+    /// `chaos` are not placement policies). The one place the CLI's policy
+    /// names map to the tiering crate's.
+    pub fn placement_policy(self) -> Option<PolicyKind> {
         Some(match self {
             Self::None | Self::Chaos => return None,
-            Self::Static => "static",
-            Self::Tpp => "tpp",
-            Self::Nomad => "nomad",
-            Self::Memtis => "memtis",
-            Self::Colloid => "colloid",
-            Self::Mtm => "mtm",
+            Self::Static => PolicyKind::Static,
+            Self::Tpp => PolicyKind::Tpp,
+            Self::Nomad => PolicyKind::Nomad,
+            Self::Memtis => PolicyKind::Memtis,
+            Self::Colloid => PolicyKind::Colloid,
+            Self::Mtm => PolicyKind::Mtm,
         })
+    }
+
+    /// The name `--policy` takes.
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_else(|| format!("{self:?}").to_lowercase())
+    }
+}
+
+impl std::fmt::Display for PolicyArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl PlacementArg {
+    /// The backing's placement (`Random` draws from `seed`).
+    pub fn to_placement(self, seed: u64) -> InitialPlacement {
+        match self {
+            Self::FastFirst => InitialPlacement::FastFirst,
+            Self::SlowFirst => InitialPlacement::SlowFirst,
+            Self::Random => InitialPlacement::Random { seed },
+            Self::Interleave => InitialPlacement::Interleave,
+        }
     }
 }
 
@@ -81,6 +113,16 @@ pub enum MechanismArg {
     StopCopy,
 }
 
+impl MechanismArg {
+    /// The mechanism it names.
+    pub fn to_mechanism(self) -> Mechanism {
+        match self {
+            Self::Tpm => Mechanism::TPM,
+            Self::StopCopy => Mechanism::StopAndCopy,
+        }
+    }
+}
+
 /// Migration unit for chaos.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 pub enum UnitArg {
@@ -92,6 +134,16 @@ pub enum UnitArg {
     #[value(name = "2m")]
     #[serde(rename = "2m")]
     Run2m,
+}
+
+impl UnitArg {
+    /// Pages per unit.
+    pub fn pages(self) -> usize {
+        match self {
+            Self::Page4k => 1,
+            Self::Run2m => 512,
+        }
+    }
 }
 
 /// Tiering flags as parsed (unvalidated).
@@ -136,6 +188,9 @@ pub struct TieringRequest {
     pub chaos_heap_only: bool,
     /// Measurement: switch hint-fault tracking on and off every this long.
     pub tracking_ab: Option<Duration>,
+    /// `--fast-schedule` (e.g. `256M@0s,32M@5s,256M@10s`): the fast tier's
+    /// capacity over time.
+    pub fast_schedule: Option<String>,
 }
 
 /// Access tracking.
@@ -173,6 +228,7 @@ impl Default for TieringRequest {
             policy_interval: None,
             chaos_heap_only: false,
             tracking_ab: None,
+            fast_schedule: None,
         }
     }
 }
@@ -194,27 +250,203 @@ pub struct TieringConfig {
     pub engine: Option<EngineConfig>,
     /// Switch tracking on and off every this long (A/B measurement).
     pub tracking_ab: Option<Duration>,
+    /// Capacity changes while the VM runs (`--fast-schedule`) and the
+    /// settings of the driver that converges them.
+    pub resize: ResizeConfig,
 }
 
+/// The policies `--policy-schedule` and `--policy-interval` accept, for messages.
+fn placement_policies() -> String {
+    PolicyKind::names(&PolicyKind::POLICIES)
+}
+
+/// A tiering setting that cannot be used; each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TieringConfigError {
+    /// A `--fast-schedule` that does not parse.
+    #[error("--fast-schedule: {0}")]
+    BadFastSchedule(String),
+    /// A `--fast-schedule` size the tiers could not honour.
+    #[error("--fast-schedule {} at {at:.1} s: {why}", format_size(*.size))]
+    FastScheduleDoesNotFit {
+        /// The scheduled size.
+        size: u64,
+        /// When, seconds.
+        at: f64,
+        /// Why (names the fix).
+        why: String,
+    },
+    /// `--tracking damon` without a placement policy.
+    #[error(
+        "--tracking damon feeds a placement policy: add --policy static, memtis, mtm or colloid"
+    )]
+    DamonWithoutPolicy,
+    /// `--tracking damon` with hint-fault window flags.
+    #[error("--scan-pages/--scan-period/--tracking-budget set hint-fault windows: drop them with --tracking damon")]
+    DamonWithWindowFlags,
+    /// `--tracking damon` with a policy that needs hint faults.
+    #[error("--tracking damon gives accessed bits and samples, not hint faults: tpp and nomad need --tracking hint-faults")]
+    DamonWithHintFaultPolicy,
+    /// DAMON cannot be used on this host.
+    #[error("--tracking damon")]
+    Damon(#[source] tiering::tracking::damon::DamonError),
+    /// Chaos flags without `--policy chaos`.
+    #[error("--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to --policy chaos: add --policy chaos or drop them")]
+    ChaosFlagsWithoutChaos,
+    /// Tier flags with `--policy none`.
+    #[error("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node/--tracking or pick another policy")]
+    UntieredWithTierFlags,
+    /// Schedule or interval flags with `--policy none`.
+    #[error("--policy-schedule/--policy-interval need a placement policy: add --fast SIZE or --policy ({})", placement_policies())]
+    UntieredWithSchedule,
+    /// `--fast` above `--mem`.
+    #[error("--fast {} exceeds --mem {}: lower --fast", format_size(*.fast), format_size(*.mem))]
+    FastExceedsMem {
+        /// Fast-tier bytes.
+        fast: u64,
+        /// Guest RAM bytes.
+        mem: u64,
+    },
+    /// `--fast` not page-aligned.
+    #[error("--fast {} is not a multiple of 4K", format_size(*.fast))]
+    FastNotPageMultiple {
+        /// Fast-tier bytes.
+        fast: u64,
+    },
+    /// `--slow` not page-aligned.
+    #[error("--slow {} is not a multiple of 4K", format_size(*.slow))]
+    SlowNotPageMultiple {
+        /// Slow-tier bytes.
+        slow: u64,
+    },
+    /// The tiers together are smaller than the guest.
+    #[error("--fast {} + --slow {} cannot hold --mem {}: raise --fast or --slow (or drop --slow: it then holds the whole guest)", format_size(*.fast), format_size(*.slow), format_size(*.mem))]
+    TiersCannotHoldMem {
+        /// Fast-tier bytes.
+        fast: u64,
+        /// Slow-tier bytes.
+        slow: u64,
+        /// Guest RAM bytes.
+        mem: u64,
+    },
+    /// An explicitly sized tier larger than the NUMA node backing it.
+    #[error("{flag} {} exceeds NUMA node {node}'s memory ({}): lower {flag}", format_size(*.size), format_size(*.total))]
+    TierExceedsNode {
+        /// `--fast` or `--slow`.
+        flag: &'static str,
+        /// The size asked for.
+        size: u64,
+        /// The node.
+        node: u32,
+        /// The node's memory.
+        total: u64,
+    },
+    /// A tier node the host does not have.
+    #[error("{flag} {node}: this host has NUMA nodes with memory {} (see tiervm info)", join(.nodes))]
+    NoSuchNode {
+        /// `--fast-node` or `--slow-node`.
+        flag: &'static str,
+        /// The node asked for.
+        node: u32,
+        /// The host's nodes with memory.
+        nodes: Vec<u32>,
+    },
+    /// `--chaos-mix` not `P:D`.
+    #[error("--chaos-mix '{mix}' is not P:D with whole numbers, e.g. 1:1 or 3:1")]
+    BadChaosMix {
+        /// The flag's value.
+        mix: String,
+    },
+    /// `--chaos-mix 0:0`.
+    #[error("--chaos-mix 0:0 migrates nothing: give at least one non-zero weight")]
+    EmptyChaosMix,
+    /// `--chaos-rate` not positive.
+    #[error("--chaos-rate {rate}: give a positive number of units per second")]
+    BadChaosRate {
+        /// The flag's value.
+        rate: f64,
+    },
+    /// `--chaos-rate` beyond [`MAX_CHAOS_RATE`].
+    #[error("--chaos-rate {rate} exceeds the {MAX_CHAOS_RATE} units/s maximum (the mechanisms reach about 250k pages/s): lower --chaos-rate")]
+    ChaosRateTooHigh {
+        /// The flag's value.
+        rate: f64,
+    },
+    /// A `--chaos-mix` weight beyond [`MAX_CHAOS_WEIGHT`].
+    #[error("--chaos-mix '{mix}': weights go up to {MAX_CHAOS_WEIGHT}; give the ratio in small numbers, e.g. 3:1")]
+    ChaosWeightTooLarge {
+        /// The flag's value.
+        mix: String,
+    },
+    /// `--scan-pages` beyond the guest's pages.
+    #[error(
+        "--scan-pages {n} exceeds the guest's {guest_pages} pages: give at most {guest_pages}"
+    )]
+    TooManyScanPages {
+        /// The flag's value.
+        n: usize,
+        /// Pages of guest RAM.
+        guest_pages: u64,
+    },
+    /// `--policy-schedule` with a policy the engine does not run (chaos).
+    #[error(
+        "--policy-schedule needs a placement policy ({})",
+        placement_policies()
+    )]
+    ScheduleWithoutPlacementPolicy,
+    /// `--policy-interval` with a policy the engine does not run (chaos).
+    #[error(
+        "--policy-interval needs a placement policy ({})",
+        placement_policies()
+    )]
+    IntervalWithoutPlacementPolicy,
+    /// `--policy-schedule` does not parse.
+    #[error("--policy-schedule")]
+    Schedule(#[source] ScheduleError),
+    /// `--policy-interval` does not parse.
+    #[error("--policy-interval")]
+    Interval(#[source] IntervalError),
+    /// Sampler flags with tracking off.
+    #[error("--scan-pages/--scan-period/--tracking-budget need --tracking hint-faults")]
+    TrackingFlagsWithoutTracking,
+    /// `--scan-pages 0`.
+    #[error("--scan-pages 0: give at least 1 page per scan window")]
+    NoScanPages,
+    /// `--scan-period` below 1 ms.
+    #[error("--scan-period must be at least 1ms")]
+    ScanPeriodTooShort,
+    /// `--tracking-budget` outside (0, 100].
+    #[error("--tracking-budget {budget}: give a share of vCPU time in percent, 0 < budget <= 100")]
+    BadTrackingBudget {
+        /// The flag's value.
+        budget: f64,
+    },
+    /// `--tracking-ab` without tracking.
+    #[error("--tracking-ab needs --tracking hint-faults (or a policy that tracks)")]
+    TrackingAbWithoutTracking,
+    /// `--tracking-ab` below 200 ms.
+    #[error("--tracking-ab must be at least 200ms")]
+    TrackingAbTooShort,
+}
+
+fn join(nodes: &[u32]) -> String {
+    let list: Vec<String> = nodes.iter().map(u32::to_string).collect();
+    list.join(", ")
+}
+
+type Checked<T> = std::result::Result<T, TieringConfigError>;
+
 /// Parses `P:D` with positive integer weights.
-pub fn parse_mix(s: &str) -> Result<(u32, u32)> {
-    let bad = || {
-        Error::Usage(format!(
-            "--chaos-mix '{s}' is not P:D with whole numbers, e.g. 1:1 or 3:1"
-        ))
-    };
+pub fn parse_mix(s: &str) -> Checked<(u32, u32)> {
+    let bad = || TieringConfigError::BadChaosMix { mix: s.into() };
     let (p, d) = s.split_once(':').ok_or_else(bad)?;
     let p: u32 = p.trim().parse().map_err(|_| bad())?;
     let d: u32 = d.trim().parse().map_err(|_| bad())?;
     if p > MAX_CHAOS_WEIGHT || d > MAX_CHAOS_WEIGHT {
-        return Err(Error::Usage(format!(
-            "--chaos-mix '{s}': weights go up to {MAX_CHAOS_WEIGHT}; give the ratio in small numbers, e.g. 3:1"
-        )));
+        return Err(TieringConfigError::ChaosWeightTooLarge { mix: s.into() });
     }
     if p == 0 && d == 0 {
-        return Err(Error::Usage(
-            "--chaos-mix 0:0 migrates nothing: give at least one non-zero weight".into(),
-        ));
+        return Err(TieringConfigError::EmptyChaosMix);
     }
     Ok((p, d))
 }
@@ -229,85 +461,123 @@ impl TieringRequest {
         }
     }
 
-    /// Validates against a guest of `mem_bytes`; `None` = untiered.
+    /// Validates against a guest of `mem_bytes`; `None` = untiered. The
+    /// steps: which policy, the flags it allows, the backing (tier sizes,
+    /// nodes, placement), chaos, the engine, the sampler, A/B tracking.
     pub fn validate(
         &self,
         mem_bytes: u64,
         seed: u64,
         nodes: &[u32],
-    ) -> Result<Option<TieringConfig>> {
-        let policy = self.policy.unwrap_or(if self.wants_tiering() {
+    ) -> Checked<Option<TieringConfig>> {
+        let policy = self.effective_policy();
+        if self.has_chaos_flags() && policy != PolicyArg::Chaos {
+            return Err(TieringConfigError::ChaosFlagsWithoutChaos);
+        }
+        if policy == PolicyArg::None {
+            self.check_untiered()?;
+            return Ok(None);
+        }
+        let mem = self.backing(mem_bytes, seed, nodes)?;
+        let guest_pages = mem_bytes / PAGE_SIZE as u64;
+        if let Some(n) = self.scan_pages.filter(|&n| n as u64 > guest_pages) {
+            return Err(TieringConfigError::TooManyScanPages { n, guest_pages });
+        }
+        let chaos = self.chaos(policy, seed)?;
+        let mut engine = self.engine(policy)?;
+        let sampler = self.sampler(engine.as_ref())?;
+        if self.tracking == Some(TrackingArg::Damon) {
+            engine = Some(damon_engine(engine, self.tracking_flags())?);
+        }
+        let tracking_ab = self.tracking_ab(sampler.is_some())?;
+        let resize = self.resize(&mem)?;
+        Ok(Some(TieringConfig {
+            resize,
+            mem,
+            policy,
+            chaos,
+            skip_dirty_check: self.skip_dirty_check,
+            tracking_ab,
+            sampler,
+            engine,
+        }))
+    }
+
+    /// `--policy`, or its default: static when a tier size is given, else none.
+    fn effective_policy(&self) -> PolicyArg {
+        self.policy.unwrap_or(if self.wants_tiering() {
             PolicyArg::Static
         } else {
             PolicyArg::None
-        });
-        let chaos_flags = self.chaos_rate.is_some()
+        })
+    }
+
+    fn has_chaos_flags(&self) -> bool {
+        self.chaos_rate.is_some()
             || self.chaos_mix.is_some()
             || self.mechanism.is_some()
-            || self.chaos_unit.is_some();
-        if chaos_flags && policy != PolicyArg::Chaos {
-            return Err(Error::Usage(
-                "--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to --policy chaos: add --policy chaos or drop them".into(),
-            ));
+            || self.chaos_unit.is_some()
+    }
+
+    /// `--policy none` takes no tiering flag.
+    fn check_untiered(&self) -> Checked<()> {
+        if self.fast.is_some()
+            || self.slow.is_some()
+            || self.fast_node.is_some()
+            || self.slow_node.is_some()
+            || self.tracking.is_some_and(|t| t != TrackingArg::Off)
+        {
+            return Err(TieringConfigError::UntieredWithTierFlags);
         }
-        if policy == PolicyArg::None {
-            if self.fast.is_some()
-                || self.slow.is_some()
-                || self.fast_node.is_some()
-                || self.slow_node.is_some()
-                || self.tracking.is_some_and(|t| t != TrackingArg::Off)
-            {
-                return Err(Error::Usage("--policy none runs untiered: drop --fast/--slow/--fast-node/--slow-node/--tracking or pick another policy".into()));
-            }
-            if self.policy_schedule.is_some() || self.policy_interval.is_some() {
-                return Err(Error::Usage(
-                    "--policy-schedule/--policy-interval need a placement policy: add --fast SIZE or --policy (static, tpp, nomad, memtis, colloid, mtm)".into(),
-                ));
-            }
-            return Ok(None);
+        if self.policy_schedule.is_some() || self.policy_interval.is_some() {
+            return Err(TieringConfigError::UntieredWithSchedule);
         }
+        Ok(())
+    }
+
+    /// Tier sizes (default: half the guest fast, the whole guest slow),
+    /// their host nodes and the initial placement.
+    fn backing(&self, mem_bytes: u64, seed: u64, nodes: &[u32]) -> Checked<MemConfig> {
         let page = PAGE_SIZE as u64;
         let fast = self.fast.unwrap_or(mem_bytes / 2 / page * page);
         if fast > mem_bytes {
-            return Err(Error::Usage(format!(
-                "--fast {} exceeds --mem {}: lower --fast",
-                format_size(fast),
-                format_size(mem_bytes)
-            )));
+            return Err(TieringConfigError::FastExceedsMem {
+                fast,
+                mem: mem_bytes,
+            });
         }
         if !fast.is_multiple_of(page) {
-            return Err(Error::Usage(format!(
-                "--fast {} is not a multiple of 4K",
-                format_size(fast)
-            )));
+            return Err(TieringConfigError::FastNotPageMultiple { fast });
         }
         // Default: the slow tier can hold the whole guest (a large expander),
         // which leaves room for demotions and shadows.
         let slow = self.slow.unwrap_or(mem_bytes);
         if !slow.is_multiple_of(page) {
-            return Err(Error::Usage(format!(
-                "--slow {} is not a multiple of 4K",
-                format_size(slow)
-            )));
+            return Err(TieringConfigError::SlowNotPageMultiple { slow });
         }
         if fast.saturating_add(slow) < mem_bytes {
-            return Err(Error::Usage(format!(
-                "--fast {} + --slow {} cannot hold --mem {}: raise --fast or --slow (or drop --slow: it then holds the whole guest)",
-                format_size(fast),
-                format_size(slow),
-                format_size(mem_bytes)
-            )));
+            return Err(TieringConfigError::TiersCannotHoldMem {
+                fast,
+                slow,
+                mem: mem_bytes,
+            });
         }
-        if let Ok(host) = tiering::host::host_memory_bytes() {
-            if fast.saturating_add(slow) > host {
-                return Err(Error::Usage(format!(
-                    "--fast {} + --slow {} exceed this host's memory ({}): both tier pools are allocated when the VM starts; lower --slow (default: as much as --mem)",
-                    format_size(fast),
-                    format_size(slow),
-                    format_size(host)
-                )));
-            }
-        }
+        let (fast_node, slow_node) = self.tier_nodes(nodes)?;
+        self.check_tiers_fit_nodes(fast, fast_node, slow_node)?;
+        let mut mem = MemConfig::two_tier(
+            mem_bytes as usize,
+            (fast / page) as usize,
+            (slow / page) as usize,
+            fast_node,
+            slow_node,
+        );
+        mem.placement = self.placement.to_placement(seed);
+        Ok(mem)
+    }
+
+    /// The fast tier's node (default: the first node with memory) and the
+    /// slow tier's (default: another node, else the same: emulated tiers).
+    fn tier_nodes(&self, nodes: &[u32]) -> Checked<(u32, u32)> {
         let fast_node = self
             .fast_node
             .unwrap_or_else(|| nodes.first().copied().unwrap_or(0));
@@ -318,20 +588,24 @@ impl TieringRequest {
                 .find(|&n| n != fast_node)
                 .unwrap_or(fast_node)
         });
-        for (flag, n) in [("--fast-node", fast_node), ("--slow-node", slow_node)] {
-            if !nodes.is_empty() && !nodes.contains(&n) {
-                let list: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
-                return Err(Error::Usage(format!(
-                    "{flag} {n}: this host has NUMA nodes with memory {} (see tiervm info)",
-                    list.join(", ")
-                )));
+        for (flag, node) in [("--fast-node", fast_node), ("--slow-node", slow_node)] {
+            if !nodes.is_empty() && !nodes.contains(&node) {
+                return Err(TieringConfigError::NoSuchNode {
+                    flag,
+                    node,
+                    nodes: nodes.to_vec(),
+                });
             }
         }
-        // Lazy commit: a tier's capacity is a limit, not an allocation. A
-        // tier the user sized explicitly must fit the node that backs it
-        // (it could never be honoured otherwise); the default slow tier is
-        // "whatever the guest needs" and may overcommit the host, guarded at
-        // run time (a touch the host cannot back stops the run cleanly).
+        Ok((fast_node, slow_node))
+    }
+
+    /// Lazy commit: a tier's capacity is a limit, not an allocation. A tier
+    /// the user sized explicitly must fit the node that backs it (it could
+    /// never be honoured otherwise); the default slow tier is "whatever the
+    /// guest needs" and may overcommit the host, guarded at run time (a
+    /// touch the host cannot back stops the run cleanly).
+    fn check_tiers_fit_nodes(&self, fast: u64, fast_node: u32, slow_node: u32) -> Checked<()> {
         let node_total = |n: u32| {
             tiering::host::numa_nodes()
                 .ok()
@@ -345,103 +619,83 @@ impl TieringRequest {
         for (flag, size, node) in explicit {
             if let (Some(size), Some(total)) = (size, node_total(node)) {
                 if size > total {
-                    return Err(Error::Usage(format!(
-                        "{flag} {} exceeds NUMA node {node}'s memory ({}): lower {flag}",
-                        format_size(size),
-                        format_size(total)
-                    )));
+                    return Err(TieringConfigError::TierExceedsNode {
+                        flag,
+                        size,
+                        node,
+                        total,
+                    });
                 }
             }
         }
-        let mut mem = MemConfig::two_tier(
-            mem_bytes as usize,
-            (fast / page) as usize,
-            (slow / page) as usize,
-            fast_node,
-            slow_node,
-        );
-        mem.placement = match self.placement {
-            PlacementArg::FastFirst => InitialPlacement::FastFirst,
-            PlacementArg::SlowFirst => InitialPlacement::SlowFirst,
-            PlacementArg::Random => InitialPlacement::Random { seed },
-            PlacementArg::Interleave => InitialPlacement::Interleave,
-        };
-        let chaos = if policy == PolicyArg::Chaos {
-            let (promote_weight, demote_weight) =
-                parse_mix(self.chaos_mix.as_deref().unwrap_or("1:1"))?;
-            let rate = self.chaos_rate.unwrap_or(1000.0);
-            if !rate.is_finite() || rate <= 0.0 {
-                return Err(Error::Usage(format!(
-                    "--chaos-rate {rate}: give a positive number of units per second"
-                )));
-            }
-            if rate > MAX_CHAOS_RATE {
-                return Err(Error::Usage(format!(
-                    "--chaos-rate {rate} exceeds the {MAX_CHAOS_RATE} units/s maximum (the mechanisms reach about 250k pages/s): lower --chaos-rate"
-                )));
-            }
-            Some(ChaosConfig {
-                units_per_sec: rate,
-                promote_weight,
-                demote_weight,
-                mechanism: match self.mechanism.unwrap_or(MechanismArg::Tpm) {
-                    MechanismArg::Tpm => Mechanism::TPM,
-                    MechanismArg::StopCopy => Mechanism::StopAndCopy,
-                },
-                unit_pages: match self.chaos_unit.unwrap_or(UnitArg::Page4k) {
-                    UnitArg::Page4k => 1,
-                    UnitArg::Run2m => 512,
-                },
-                seed,
-                ..ChaosConfig::default()
-            })
-        } else {
-            None
-        };
-        let tracking_flags = self.scan_pages.is_some()
-            || self.scan_period.is_some()
-            || self.tracking_budget_pct.is_some();
-        let engine = match (policy.engine_policy(), &self.policy_schedule) {
-            (None, Some(_)) => {
-                return Err(Error::Usage(
-                    "--policy-schedule needs a placement policy (static, tpp, nomad, memtis, colloid, mtm)".into(),
-                ))
-            }
-            (None, None) => None,
-            (Some(first), sched) => {
-                let schedule = match sched {
-                    Some(s) => parse_schedule(s).map_err(|e| Error::Usage(format!("--policy-schedule: {e}")))?,
-                    None => Vec::new(),
-                };
-                // A schedule starting at 0 names the first policy itself.
-                let first = match schedule.first() {
-                    Some(s) if s.at.is_zero() => s.policy.clone(),
-                    _ => first.to_string(),
-                };
-                let intervals = match &self.policy_interval {
-                    Some(s) => parse_intervals(s)
-                        .map_err(|e| Error::Usage(format!("--policy-interval: {e}")))?,
-                    None => Vec::new(),
-                };
-                Some(EngineConfig {
-                    policy: first,
-                    schedule,
-                    modeled_latency: Some(ModeledLatency::default()),
-                    intervals,
-                    damon: None,
-                })
-            }
-        };
-        if engine.is_none() && self.policy_interval.is_some() {
-            return Err(Error::Usage(
-                "--policy-interval needs a placement policy (static, tpp, nomad, memtis, colloid, mtm)".into(),
-            ));
+        Ok(())
+    }
+
+    /// The chaos driver's settings, for `--policy chaos`.
+    fn chaos(&self, policy: PolicyArg, seed: u64) -> Checked<Option<ChaosConfig>> {
+        if policy != PolicyArg::Chaos {
+            return Ok(None);
         }
-        // Policies that learn from access samples (all but static and mtm,
-        // which probes the accessed bits of its own sampled pages) get
-        // hint-fault windows unless --tracking says otherwise.
+        let (promote_weight, demote_weight) =
+            parse_mix(self.chaos_mix.as_deref().unwrap_or("1:1"))?;
+        let rate = self.chaos_rate.unwrap_or(1000.0);
+        if !rate.is_finite() || rate <= 0.0 {
+            return Err(TieringConfigError::BadChaosRate { rate });
+        }
+        if rate > MAX_CHAOS_RATE {
+            return Err(TieringConfigError::ChaosRateTooHigh { rate });
+        }
+        Ok(Some(ChaosConfig {
+            units_per_sec: rate,
+            promote_weight,
+            demote_weight,
+            mechanism: self.mechanism.unwrap_or(MechanismArg::Tpm).to_mechanism(),
+            unit_pages: self.chaos_unit.unwrap_or(UnitArg::Page4k).pages(),
+            seed,
+            ..ChaosConfig::default()
+        }))
+    }
+
+    /// The policy engine, for placement policies: the first policy (or the
+    /// schedule's, when it starts at 0), the schedule and interval overrides.
+    fn engine(&self, policy: PolicyArg) -> Checked<Option<EngineConfig>> {
+        let Some(first) = policy.placement_policy() else {
+            if self.policy_schedule.is_some() {
+                return Err(TieringConfigError::ScheduleWithoutPlacementPolicy);
+            }
+            if self.policy_interval.is_some() {
+                return Err(TieringConfigError::IntervalWithoutPlacementPolicy);
+            }
+            return Ok(None);
+        };
+        let schedule = match &self.policy_schedule {
+            Some(s) => parse_schedule(s).map_err(TieringConfigError::Schedule)?,
+            None => Vec::new(),
+        };
+        // A schedule starting at 0 names the first policy itself.
+        let first = match schedule.first() {
+            Some(s) if s.at.is_zero() => s.policy,
+            _ => first,
+        };
+        let intervals = match &self.policy_interval {
+            Some(s) => parse_intervals(s).map_err(TieringConfigError::Interval)?,
+            None => Vec::new(),
+        };
+        Ok(Some(EngineConfig {
+            policy: first,
+            schedule,
+            modeled_latency: Some(ModeledLatency::default()),
+            intervals,
+            damon: None,
+        }))
+    }
+
+    /// The hint-fault sampler. Policies that learn from access samples
+    /// (all but static and mtm, which probes the accessed bits of its own
+    /// sampled pages) get hint-fault windows unless --tracking says
+    /// otherwise, with MTM's 5% profiling budget.
+    fn sampler(&self, engine: Option<&EngineConfig>) -> Checked<Option<SamplerConfig>> {
         let wants_samples = engine
-            .as_ref()
             .and_then(schedule_trackers)
             .is_some_and(|t| !t.hint_fault_tiers.is_empty() || t.sample_period > 0);
         let default_tracking = if wants_samples {
@@ -449,79 +703,107 @@ impl TieringRequest {
         } else {
             TrackingArg::Off
         };
-        let mut engine = engine;
-        let sampler = match self.tracking.unwrap_or(default_tracking) {
-            TrackingArg::Damon => {
-                engine = Some(damon_engine(engine, tracking_flags)?);
-                None
-            }
+        let tracking_flags = self.tracking_flags();
+        match self.tracking.unwrap_or(default_tracking) {
+            // DAMON replaces the sampler (see `damon_engine`).
+            TrackingArg::Damon => Ok(None),
             TrackingArg::Off if tracking_flags => {
-                return Err(Error::Usage(
-                    "--scan-pages/--scan-period/--tracking-budget need --tracking hint-faults"
-                        .into(),
-                ))
+                Err(TieringConfigError::TrackingFlagsWithoutTracking)
             }
-            TrackingArg::Off => None,
+            TrackingArg::Off => Ok(None),
             TrackingArg::HintFaults => {
                 let mut c = SamplerConfig::default();
                 if wants_samples {
-                    // Placement policies get MTM's 5% profiling budget; an
-                    // idle engine (static) keeps the 2% default.
+                    // An idle engine (static) keeps the 2% default.
                     c.budget_pct = POLICY_TRACKING_BUDGET_PCT;
                 }
-                if let Some(n) = self.scan_pages {
-                    if n == 0 {
-                        return Err(Error::Usage(
-                            "--scan-pages 0: give at least 1 page per scan window".into(),
-                        ));
-                    }
-                    let guest_pages = mem_bytes / page;
-                    if n as u64 > guest_pages {
-                        return Err(Error::Usage(format!(
-                            "--scan-pages {n} exceeds the guest's {guest_pages} pages: give at most {guest_pages}"
-                        )));
-                    }
-                    c.scan_pages = n;
-                    c.max_scan_pages = c.max_scan_pages.max(n);
-                    c.min_scan_pages = c.min_scan_pages.min(n);
-                }
-                if let Some(p) = self.scan_period {
-                    if p < Duration::from_millis(1) {
-                        return Err(Error::Usage("--scan-period must be at least 1ms".into()));
-                    }
-                    c.period = p;
-                }
-                if let Some(b) = self.tracking_budget_pct {
-                    if !(b > 0.0 && b <= 100.0) {
-                        return Err(Error::Usage(format!(
-                            "--tracking-budget {b}: give a share of vCPU time in percent, 0 < budget <= 100"
-                        )));
-                    }
-                    c.budget_pct = b;
-                }
-                Some(c)
+                self.apply_sampler_flags(&mut c)?;
+                Ok(Some(c))
             }
+        }
+    }
+
+    /// `--fast-schedule`: each size must keep the tiers able to hold the
+    /// guest and fit the fast tier's reservation (the whole guest).
+    fn resize(&self, mem: &MemConfig) -> Checked<ResizeConfig> {
+        let mut cfg = ResizeConfig::default();
+        let Some(s) = &self.fast_schedule else {
+            return Ok(cfg);
         };
-        Ok(Some(TieringConfig {
-            mem,
-            policy,
-            chaos,
-            skip_dirty_check: self.skip_dirty_check,
-            tracking_ab: match (self.tracking_ab, &sampler) {
-                (Some(_), None) => {
-                    return Err(Error::Usage(
-                        "--tracking-ab needs --tracking hint-faults (or a policy that tracks)"
-                            .into(),
-                    ))
-                }
-                (Some(p), Some(_)) if p < Duration::from_millis(200) => {
-                    return Err(Error::Usage("--tracking-ab must be at least 200ms".into()))
-                }
-                (ab, _) => ab,
-            },
-            sampler,
-            engine,
-        }))
+        let steps = parse_capacity_schedule(s).map_err(TieringConfigError::BadFastSchedule)?;
+        let page = PAGE_SIZE as u64;
+        let guest = mem.guest_bytes / PAGE_SIZE;
+        let others: usize = mem.tiers.iter().skip(1).map(|t| t.capacity_pages).sum();
+        for st in &steps {
+            let size = st.pages as u64 * page;
+            let at = st.at.as_secs_f64();
+            if st.pages > mem.tiers[0].max_capacity_pages {
+                return Err(TieringConfigError::FastScheduleDoesNotFit {
+                    size,
+                    at,
+                    why: format!(
+                        "exceeds the fast tier's maximum ({}): lower it",
+                        format_size(mem.tiers[0].max_capacity_pages as u64 * page)
+                    ),
+                });
+            }
+            if st.pages.saturating_add(others) < guest {
+                return Err(TieringConfigError::FastScheduleDoesNotFit {
+                    size,
+                    at,
+                    why: format!(
+                        "with --slow {} the tiers could not hold --mem {}: raise it or --slow",
+                        format_size(others as u64 * page),
+                        format_size(guest as u64 * page)
+                    ),
+                });
+            }
+        }
+        cfg.schedules.push((0, steps));
+        Ok(cfg)
+    }
+
+    /// Whether any hint-fault window flag was given.
+    fn tracking_flags(&self) -> bool {
+        self.scan_pages.is_some()
+            || self.scan_period.is_some()
+            || self.tracking_budget_pct.is_some()
+    }
+
+    /// `--scan-pages`, `--scan-period` and `--tracking-budget`.
+    fn apply_sampler_flags(&self, c: &mut SamplerConfig) -> Checked<()> {
+        if let Some(n) = self.scan_pages {
+            if n == 0 {
+                return Err(TieringConfigError::NoScanPages);
+            }
+            c.scan_pages = n;
+            c.max_scan_pages = c.max_scan_pages.max(n);
+            c.min_scan_pages = c.min_scan_pages.min(n);
+        }
+        if let Some(p) = self.scan_period {
+            if p < Duration::from_millis(1) {
+                return Err(TieringConfigError::ScanPeriodTooShort);
+            }
+            c.period = p;
+        }
+        if let Some(b) = self.tracking_budget_pct {
+            if !(b > 0.0 && b <= 100.0) {
+                return Err(TieringConfigError::BadTrackingBudget { budget: b });
+            }
+            c.budget_pct = b;
+        }
+        Ok(())
+    }
+
+    /// `--tracking-ab`: needs a sampler to switch, and periods of at least 200 ms.
+    fn tracking_ab(&self, sampling: bool) -> Checked<Option<Duration>> {
+        match (self.tracking_ab, sampling) {
+            (Some(_), false) => Err(TieringConfigError::TrackingAbWithoutTracking),
+            (Some(p), true) if p < Duration::from_millis(200) => {
+                Err(TieringConfigError::TrackingAbTooShort)
+            }
+            (ab, _) => Ok(ab),
+        }
     }
 }
 
@@ -543,29 +825,22 @@ impl TieringConfig {
 /// samples (static, memtis, mtm, colloid), never hint faults, and a host
 /// whose DAMON tiervm may use (checked now, read-only, so the run is
 /// refused before the VM starts).
-fn damon_engine(engine: Option<EngineConfig>, tracking_flags: bool) -> Result<EngineConfig> {
+fn damon_engine(engine: Option<EngineConfig>, tracking_flags: bool) -> Checked<EngineConfig> {
     use tiering::tracking::damon;
     let Some(mut e) = engine else {
-        return Err(Error::Usage(
-            "--tracking damon feeds a placement policy: add --policy static, memtis, mtm or colloid"
-                .into(),
-        ));
+        return Err(TieringConfigError::DamonWithoutPolicy);
     };
     if tracking_flags {
-        return Err(Error::Usage(
-            "--scan-pages/--scan-period/--tracking-budget set hint-fault windows: drop them with --tracking damon".into(),
-        ));
+        return Err(TieringConfigError::DamonWithWindowFlags);
     }
     if schedule_trackers(&e).is_some_and(|t| !t.hint_fault_tiers.is_empty()) {
-        return Err(Error::Usage(
-            "--tracking damon gives accessed bits and samples, not hint faults: tpp and nomad need --tracking hint-faults".into(),
-        ));
+        return Err(TieringConfigError::DamonWithHintFaultPolicy);
     }
     damon::check_can_start(
         std::path::Path::new(damon::SYSFS_ROOT),
         damon::allowed_by_env(),
     )
-    .map_err(|e| Error::Usage(e.to_string()))?;
+    .map_err(TieringConfigError::Damon)?;
     e.damon = Some(damon::DamonConfig::default());
     Ok(e)
 }
@@ -581,7 +856,7 @@ fn schedule_trackers(engine: &EngineConfig) -> Option<tiering::policy::TrackerRe
 mod tests {
     use super::*;
 
-    fn v(f: impl FnOnce(&mut TieringRequest)) -> Result<Option<TieringConfig>> {
+    fn v(f: impl FnOnce(&mut TieringRequest)) -> Checked<Option<TieringConfig>> {
         let mut r = TieringRequest::default();
         f(&mut r);
         r.validate(1 << 30, 1, &[0])
@@ -612,10 +887,7 @@ mod tests {
         assert!(c.sampler.is_none(), "mtm needs no hint-fault windows");
         assert!(c.tracks_accesses(), "but it tracks accesses");
         let e = c.engine.unwrap();
-        assert_eq!(
-            e.intervals,
-            vec![("mtm".to_string(), Duration::from_secs(2))]
-        );
+        assert_eq!(e.intervals, vec![(PolicyKind::Mtm, Duration::from_secs(2))]);
         let nomad = v(|r| {
             r.fast = Some(256 << 20);
             r.policy = Some(PolicyArg::Nomad);
@@ -623,7 +895,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(nomad.sampler.is_some());
-        let e = |f: fn(&mut TieringRequest)| v(f).unwrap_err().to_string();
+        let e = |f: fn(&mut TieringRequest)| crate::error::chain(&v(f).unwrap_err());
         assert!(e(|r| {
             r.fast = Some(256 << 20);
             r.policy_interval = Some("mtm=fast".into());

@@ -2,33 +2,25 @@
 
 use std::time::Duration;
 
+/// A size or duration flag that does not parse (clap shows the message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    /// Not a byte size.
+    #[error("'{0}' is not a size: use e.g. 4096, 64K, 512M, 1G")]
+    Size(String),
+    /// Not a duration.
+    #[error("'{0}' is not a duration: use e.g. 500ms, 5s, 2m")]
+    Duration(String),
+}
+
 /// Parses a byte size like `1G`, `512M`, `4096` (binary suffixes).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    tiervm_guest::args::parse_size(s)
-        .map_err(|_| format!("'{s}' is not a size: use e.g. 4096, 64K, 512M, 1G"))
+pub fn parse_size(s: &str) -> Result<u64, UnitError> {
+    tiervm_guest::args::parse_size(s).map_err(|_| UnitError::Size(s.into()))
 }
 
 /// Parses a duration like `5s`, `500ms`, `2m`, `1.5s` or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("'{s}' is not a duration: use e.g. 500ms, 5s, 2m");
-    let t = s.trim();
-    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = t.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (t, 1.0)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    let secs = v * mult;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(secs))
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
+    tiering::engine::parse_duration(s).ok_or_else(|| UnitError::Duration(s.into()))
 }
 
 /// Formats a byte count with a binary suffix (`1G`, `512M`, `4.5K`).
@@ -72,6 +64,9 @@ mod tests {
         assert_eq!(format_size(1 << 30), "1G");
         assert_eq!(format_size(1536 << 20), "1.5G");
         assert_eq!(format_size(100), "100");
-        assert!(parse_size("1Q").unwrap_err().contains("not a size"));
+        assert!(parse_size("1Q")
+            .unwrap_err()
+            .to_string()
+            .contains("not a size"));
     }
 }

@@ -725,6 +725,10 @@ const S_MAX: usize = 24;
 
 /// Runs the workload on one worker; returns this worker's
 /// `misses + corrupt + stale + load failures` (0 = no data lost).
+///
+/// Kept whole (over 80 lines) on purpose: it is one worker's life, phases
+/// separated by team barriers every worker must reach in the same order
+/// (load, run, verify, report), and that order is the thing to read.
 pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let params = KvParams::from_args(&env.args());
     let layout = params.layout();

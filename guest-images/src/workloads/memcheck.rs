@@ -195,6 +195,10 @@ impl Checker<'_> {
 
 /// Runs memcheck on one worker; returns the number of this worker's pages
 /// that failed a verification.
+///
+/// Kept whole (over 80 lines) on purpose: it is one worker's life, phases
+/// separated by team barriers every worker must reach in the same order,
+/// and that order is the thing to read.
 pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let params = MemcheckParams::from_args(&env.args());
     let all = data_words(mem, params.bytes_needed());

@@ -25,18 +25,23 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::mem::{self, Migrator, TieredMemory};
+pub mod schedule;
+
+pub use schedule::{
+    parse_duration, parse_intervals, parse_schedule, policies_with_interval, IntervalError,
+    ScheduleError, ScheduledSwitch,
+};
+
 use crate::policy::{
     self, AccessSample, Decisions, HintFault, MemoryView, Migration, Policy, PolicyConfig,
-    PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
+    PolicyKind, PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
 };
 use crate::tracking::damon::{self, DamonConfig, DamonReport, DamonTracker};
 
 /// How often the engine drains hint-fault samples.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
-/// Tier ids as policies see them.
-pub const FAST: TierId = 0;
-/// The slow tier's id.
-pub const SLOW: TierId = 1;
+/// The fastest tier's id (the only one fault-path promotions go to).
+pub const FAST_TIER: TierId = 0;
 
 /// Modeled total memory request rate of a VM (64-byte requests per second,
 /// about 6.4 GB/s), split over the tiers by the measured access shares.
@@ -82,64 +87,34 @@ impl ModeledLatency {
     }
 }
 
-/// A scheduled policy switch: at `at` after the engine starts, switch to `policy`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScheduledSwitch {
-    /// When.
-    pub at: Duration,
-    /// To which policy.
-    pub policy: String,
-}
-
-/// Parses `nomad@0s,tpp@20s` (times like `500ms`, `20s`, `2m`).
-pub fn parse_schedule(s: &str) -> Result<Vec<ScheduledSwitch>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, at) = part
-            .split_once('@')
-            .ok_or_else(|| format!("'{part}' is not POLICY@TIME, e.g. nomad@0s,tpp@20s"))?;
-        let at = parse_secs(at)
-            .ok_or_else(|| format!("'{at}' in '{part}' is not a time like 500ms, 20s, 2m"))?;
-        if !policy::NAMES.contains(&name) {
-            return Err(format!(
-                "unknown policy '{name}' in the schedule; valid: {}",
-                policy::NAMES.join(", ")
-            ));
-        }
-        out.push(ScheduledSwitch {
-            at,
-            policy: name.to_string(),
-        });
-    }
-    if out.is_empty() {
-        return Err("empty --policy-schedule: give e.g. nomad@0s,tpp@20s".into());
-    }
-    if out.windows(2).any(|w| w[0].at > w[1].at) {
-        return Err("--policy-schedule times must not decrease".into());
-    }
-    Ok(out)
-}
-
-fn parse_secs(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (n, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = n.parse().ok()?;
-    (v.is_finite() && (0.0..1e9).contains(&v)).then(|| Duration::from_secs_f64(v * mult))
+/// Why an engine could not start, take a command or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A policy could not be built.
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    /// The engine thread could not be created.
+    #[error("spawning the engine thread")]
+    Spawn(#[source] io::Error),
+    /// The command queue's lock was poisoned by a panic.
+    #[error("engine command queue poisoned")]
+    QueuePoisoned,
+    /// [`Engine::stop`] ran twice.
+    #[error("engine already stopped")]
+    AlreadyStopped,
+    /// The engine thread panicked.
+    #[error("engine thread panicked")]
+    Panicked,
+    /// The DAMON tracker could not start (`--tracking damon`).
+    #[error("--tracking damon")]
+    Damon(#[from] crate::tracking::damon::DamonError),
 }
 
 /// What the engine did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct EngineReport {
     /// Policies in the order they ran, with their start times (s).
-    pub policies: Vec<(String, f64)>,
+    pub policies: Vec<(PolicyKind, f64)>,
     /// Hint faults delivered to policies.
     pub hint_faults: u64,
     /// Access samples delivered at ticks.
@@ -236,7 +211,7 @@ struct EngineState {
     policy: Box<dyn Policy>,
     cfg: PolicyConfig,
     /// Per-policy interval overrides.
-    intervals: Vec<(String, Duration)>,
+    intervals: Vec<(PolicyKind, Duration)>,
     migrator: Arc<Migrator>,
     touched: Vec<u64>,
     /// Armed accessed-bit probes, while the policy asks for accessed bits.
@@ -254,9 +229,9 @@ struct EngineState {
 }
 
 impl EngineState {
-    /// The policy configuration for `name` (its interval override applied).
-    fn config_for(&self, name: &str) -> PolicyConfig {
-        config_for(&self.cfg, &self.intervals, name)
+    /// The policy configuration for `kind` (its interval override applied).
+    fn config_for(&self, kind: PolicyKind) -> PolicyConfig {
+        config_for(&self.cfg, &self.intervals, kind)
     }
 
     /// Starts or stops the accessed-bit probes for the current policy.
@@ -385,7 +360,7 @@ impl EngineState {
         match self.observe(s, now_ns, &tiers) {
             Some(m)
                 if m.urgency == Urgency::BeforeFaultingAccessResumes
-                    && m.to == FAST
+                    && m.to == FAST_TIER
                     && m.unit.pages == 1 =>
             {
                 self.report.migrations_requested += 1;
@@ -525,65 +500,35 @@ fn batch_key(mem: &TieredMemory, m: &Migration) -> Option<(TierId, mem::Mechanis
     (from != m.to && usize::from(m.to) < mem.tier_count()).then_some((m.to, m.mechanism))
 }
 
-/// `base` with `name`'s interval override applied.
-fn config_for(base: &PolicyConfig, intervals: &[(String, Duration)], name: &str) -> PolicyConfig {
+/// `base` with `kind`'s interval override applied.
+fn config_for(
+    base: &PolicyConfig,
+    intervals: &[(PolicyKind, Duration)],
+    kind: PolicyKind,
+) -> PolicyConfig {
     let mut cfg = base.clone();
-    if let Some(d) = interval_override(intervals, name) {
+    if let Some(d) = interval_override(intervals, kind) {
         cfg.interval_ns = Some(d.as_nanos().min(u128::from(u64::MAX)) as u64);
     }
     cfg
 }
 
-fn interval_override(intervals: &[(String, Duration)], policy: &str) -> Option<Duration> {
-    intervals.iter().find(|(n, _)| n == policy).map(|(_, d)| *d)
-}
-
-/// Policies with an interval that `--policy-interval` can set: the
-/// migration interval of memtis and mtm, colloid's quantum.
-pub const POLICIES_WITH_INTERVAL: [&str; 3] = ["memtis", "mtm", "colloid"];
-
-/// Parses `mtm=2s,memtis=1s` (per-policy interval overrides).
-pub fn parse_intervals(s: &str) -> Result<Vec<(String, Duration)>, String> {
-    let mut out: Vec<(String, Duration)> = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, d) = part
-            .split_once('=')
-            .ok_or_else(|| format!("'{part}' is not POLICY=TIME, e.g. mtm=2s"))?;
-        if !POLICIES_WITH_INTERVAL.contains(&name) {
-            return Err(format!(
-                "'{name}' has no interval to set; policies with one: {}",
-                POLICIES_WITH_INTERVAL.join(", ")
-            ));
-        }
-        if out.iter().any(|(n, _)| n == name) {
-            return Err(format!("{name} is given twice: give each policy once"));
-        }
-        let d = parse_secs(d)
-            .filter(|d| *d >= Duration::from_millis(1))
-            .ok_or_else(|| {
-                format!("'{d}' in '{part}' is not a time of at least 1ms like 500ms, 2s")
-            })?;
-        out.push((name.to_string(), d));
-    }
-    if out.is_empty() {
-        return Err("empty list: give e.g. mtm=2s".into());
-    }
-    Ok(out)
-}
-
-/// Policies that promote in the fault path (their hint faults are decided
-/// by the fault handler, under the engine lock, before the access resumes).
-fn promotes_in_fault_path(policy: &str) -> bool {
-    policy == "tpp"
+fn interval_override(intervals: &[(PolicyKind, Duration)], kind: PolicyKind) -> Option<Duration> {
+    intervals.iter().find(|(k, _)| *k == kind).map(|(_, d)| *d)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The policy's tick period, at least 1 ms.
+fn tick_period(policy: &dyn Policy) -> Duration {
+    Duration::from_nanos(policy.tick_interval_ns().max(1_000_000))
+}
+
 /// A command to a running engine.
 enum Command {
-    Switch(String),
+    Switch(PolicyKind),
 }
 
 /// A running engine thread.
@@ -597,28 +542,33 @@ pub struct Engine {
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// The first policy.
-    pub policy: String,
+    pub policy: PolicyKind,
     /// Later switches.
     pub schedule: Vec<ScheduledSwitch>,
     /// Use the modeled latency for policies that read loaded latency.
     pub modeled_latency: Option<ModeledLatency>,
     /// Per-policy interval overrides (`--policy-interval mtm=2s`): the
     /// policy's migration interval (memtis, mtm) or quantum (colloid).
-    pub intervals: Vec<(String, Duration)>,
+    pub intervals: Vec<(PolicyKind, Duration)>,
     /// Track accesses with DAMON (`--tracking damon`): accessed bits and
     /// samples come from the kernel instead of probes and hint faults.
     pub damon: Option<DamonConfig>,
 }
 
 impl EngineConfig {
-    /// Whether `policy` runs at some point (first or scheduled).
-    pub fn runs(&self, policy: &str) -> bool {
-        self.policy == policy || self.schedule.iter().any(|s| s.policy == policy)
+    /// The policies that run, in order (the first, then the schedule's).
+    pub fn policies(&self) -> impl Iterator<Item = PolicyKind> + '_ {
+        std::iter::once(self.policy).chain(self.schedule.iter().map(|s| s.policy))
     }
 
-    /// `policy`'s interval override, if `--policy-interval` set one.
-    pub fn interval(&self, policy: &str) -> Option<Duration> {
-        interval_override(&self.intervals, policy)
+    /// Whether `kind` runs at some point (first or scheduled).
+    pub fn runs(&self, kind: PolicyKind) -> bool {
+        self.policies().any(|k| k == kind)
+    }
+
+    /// `kind`'s interval override, if `--policy-interval` set one.
+    pub fn interval(&self, kind: PolicyKind) -> Option<Duration> {
+        interval_override(&self.intervals, kind)
     }
 }
 
@@ -627,10 +577,10 @@ impl Engine {
     pub fn trackers(
         cfg: &EngineConfig,
         pcfg: &PolicyConfig,
-    ) -> Result<TrackerRequest, policy::Error> {
-        let mut req = policy::by_name(&cfg.policy, pcfg)?.trackers();
+    ) -> Result<TrackerRequest, policy::PolicyError> {
+        let mut req = cfg.policy.trackers(pcfg)?;
         for s in &cfg.schedule {
-            let t = policy::by_name(&s.policy, pcfg)?.trackers();
+            let t = s.policy.trackers(pcfg)?;
             for tier in t.hint_fault_tiers {
                 if !req.hint_fault_tiers.contains(&tier) {
                     req.hint_fault_tiers.push(tier);
@@ -660,40 +610,37 @@ impl Engine {
         cfg
     }
 
-    /// Starts the engine over `migrator`.
-    pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, String> {
+    /// Starts the engine over `migrator`: builds the first policy, installs
+    /// the fault-path hook if it decides in the fault path, and spawns the
+    /// engine thread ([`EngineThread::run`]).
+    pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, EngineError> {
         let mut pcfg = Self::policy_config(migrator.memory());
         if cfg.damon.is_some() {
             // With DAMON a test costs the guest no hint fault: policies
             // budget with their own assumed cost (MTM: 1 us per scan).
             pcfg.accessed_test_cost_ns = None;
         }
-        let first = policy::by_name(&cfg.policy, &config_for(&pcfg, &cfg.intervals, &cfg.policy))
-            .map_err(|e| e.to_string())?;
-        let trackers = Self::trackers(&cfg, &pcfg).map_err(|e| e.to_string())?;
+        let first = cfg
+            .policy
+            .build(&config_for(&pcfg, &cfg.intervals, cfg.policy))?;
+        let trackers = Self::trackers(&cfg, &pcfg)?;
         // Policies that read write counts keep the dirty log on; the others
         // let it go off while nothing is migrating (huge-page mappings).
         migrator.set_dirty_log_required(trackers.dirty_log);
         let damon = match &cfg.damon {
             Some(dc) => {
                 let mem = migrator.memory();
-                Some(
-                    DamonTracker::start(
-                        &dc.sysfs_root,
-                        !damon::is_machine_damon(&dc.sysfs_root) || damon::allowed_by_env(),
-                        dc,
-                        std::process::id(),
-                        mem.guest_ptr() as usize,
-                        mem.guest_pages(),
-                    )
-                    .map_err(|e| format!("--tracking damon: {e}"))?,
-                )
+                Some(DamonTracker::start(
+                    &dc.sysfs_root,
+                    !damon::is_machine_damon(&dc.sysfs_root) || damon::allowed_by_env(),
+                    dc,
+                    std::process::id(),
+                    mem.guest_ptr() as usize,
+                    mem.guest_pages(),
+                )?)
             }
             None => None,
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let commands = Arc::new(Mutex::new(VecDeque::new()));
-        let (s, c) = (stop.clone(), commands.clone());
         let words = migrator.memory().guest_pages().div_ceil(64);
         let state = Arc::new(Mutex::new(EngineState {
             policy: first,
@@ -715,97 +662,29 @@ impl Engine {
             },
         }));
         let start = Instant::now();
-        // The fault handler calls the policy itself (under the engine lock)
-        // for policies that promote in the fault path, so the faulting vCPU
-        // waits exactly for the decision and the copy, as in Linux.
-        let mem = migrator.memory().clone();
-        let hook_state = state.clone();
-        let set_hook = move |policy: &str| {
-            let st = hook_state.clone();
-            mem.set_fault_path_hook(promotes_in_fault_path(policy).then(|| {
-                let hook: mem::FaultPathHook = Arc::new(move |sample: &mem::HintFaultRecord| {
-                    let now_ns = start.elapsed().as_nanos() as u64;
-                    lock(&st).fault_path(sample, now_ns)
-                });
-                hook
-            }));
+        let hooks = FaultPathHooks {
+            mem: migrator.memory().clone(),
+            state: state.clone(),
+            start,
         };
-        set_hook(lock(&state).policy.name());
-        let role = if cfg.damon.is_some() {
-            crate::threads::ThreadRole::EngineDamon
-        } else {
-            crate::threads::ThreadRole::Engine
+        hooks.install_for(Some(cfg.policy));
+        let stop = Arc::new(AtomicBool::new(false));
+        let commands = Arc::new(Mutex::new(VecDeque::new()));
+        let thread = EngineThread {
+            state,
+            migrator,
+            hooks,
+            start,
+            stop: stop.clone(),
+            commands: commands.clone(),
+            schedule: cfg.schedule.into_iter().collect(),
+            next_tick: Duration::ZERO,
+            next_window: ACCESSED_WINDOW,
         };
         let join = std::thread::Builder::new()
             .name("tiering-engine".into())
-            .spawn(move || {
-                crate::threads::started(role);
-                {
-                    let mut st = lock(&state);
-                    let name = st.policy.name().to_string();
-                    st.report.policies.push((name, 0.0));
-                    st.set_probing();
-                }
-                let mut schedule: VecDeque<ScheduledSwitch> = cfg.schedule.into_iter().collect();
-                let mut next_tick =
-                    Duration::from_nanos(lock(&state).policy.tick_interval_ns().max(1_000_000));
-                let mut next_window = ACCESSED_WINDOW;
-                while !s.load(Ordering::Relaxed) {
-                    let now = start.elapsed();
-                    let mut switches: Vec<String> = c
-                        .lock()
-                        .map(|mut q| q.drain(..).map(|Command::Switch(n)| n).collect())
-                        .unwrap_or_default();
-                    while schedule.front().is_some_and(|x| x.at <= now) {
-                        if let Some(x) = schedule.pop_front() {
-                            switches.push(x.policy);
-                        }
-                    }
-                    for name in switches {
-                        let mut st = lock(&state);
-                        if name == st.policy.name() {
-                            continue;
-                        }
-                        let exported: PolicyState = st.policy.export_state();
-                        let pcfg = st.config_for(&name);
-                        match policy::switch_to(&name, &pcfg, &exported) {
-                            Ok(p) => {
-                                st.policy = p;
-                                st.set_probing();
-                                next_tick = now
-                                    + Duration::from_nanos(
-                                        st.policy.tick_interval_ns().max(1_000_000),
-                                    );
-                                st.report.policies.push((name.clone(), now.as_secs_f64()));
-                                drop(st);
-                                set_hook(&name);
-                            }
-                            Err(e) => tracing::warn!("policy switch to {name}: {e}"),
-                        }
-                    }
-                    let drained = migrator.memory().drain_samples();
-                    let mut st = lock(&state);
-                    st.feed(drained, now.as_nanos() as u64);
-                    if now >= next_window {
-                        st.touched.iter_mut().for_each(|w| *w = 0);
-                        next_window = now + ACCESSED_WINDOW;
-                    }
-                    if now >= next_tick {
-                        st.tick(now.as_nanos() as u64);
-                        let interval =
-                            Duration::from_nanos(st.policy.tick_interval_ns().max(1_000_000));
-                        next_tick = now + interval;
-                    }
-                    drop(st);
-                    std::thread::sleep(POLL_INTERVAL);
-                }
-                set_hook("");
-                let mut st = lock(&state);
-                st.stop_probing();
-                st.report.damon = st.damon.take().map(DamonTracker::stop);
-                st.report.clone()
-            })
-            .map_err(|e| format!("spawning the engine thread: {e}"))?;
+            .spawn(move || thread.run())
+            .map_err(EngineError::Spawn)?;
         Ok(Self {
             stop,
             commands,
@@ -813,29 +692,153 @@ impl Engine {
         })
     }
 
-    /// Asks the engine to switch to `policy` (state handed over).
-    pub fn switch(&self, policy: &str) -> Result<(), String> {
-        if !policy::NAMES.contains(&policy) {
-            return Err(format!(
-                "unknown policy '{policy}'; valid: {}",
-                policy::NAMES.join(", ")
-            ));
-        }
+    /// Asks the engine to switch to `kind` (state handed over).
+    pub fn switch(&self, kind: PolicyKind) -> Result<(), EngineError> {
         self.commands
             .lock()
-            .map_err(|_| "engine command queue poisoned".to_string())?
-            .push_back(Command::Switch(policy.to_string()));
+            .map_err(|_| EngineError::QueuePoisoned)?
+            .push_back(Command::Switch(kind));
         Ok(())
     }
 
     /// Stops the engine and returns its report.
-    pub fn stop(mut self) -> io::Result<EngineReport> {
+    pub fn stop(mut self) -> Result<EngineReport, EngineError> {
         self.stop.store(true, Ordering::Relaxed);
         self.join
             .take()
-            .ok_or_else(|| io::Error::other("engine already stopped"))?
+            .ok_or(EngineError::AlreadyStopped)?
             .join()
-            .map_err(|_| io::Error::other("engine thread panicked"))
+            .map_err(|_| EngineError::Panicked)
+    }
+}
+
+/// The fault handler's hook into the engine: for policies that promote in
+/// the fault path the handler calls the policy itself (under the engine
+/// lock), so the faulting vCPU waits exactly for the decision and the copy,
+/// as in Linux.
+struct FaultPathHooks {
+    mem: Arc<TieredMemory>,
+    state: Arc<Mutex<EngineState>>,
+    start: Instant,
+}
+
+impl FaultPathHooks {
+    /// Installs the hook if `kind` decides in the fault path, else removes it.
+    fn install_for(&self, kind: Option<PolicyKind>) {
+        let hook = kind.filter(|k| k.promotes_in_fault_path()).map(|_| {
+            let (state, start) = (self.state.clone(), self.start);
+            let hook: mem::FaultPathHook = Arc::new(move |sample: &mem::HintFaultRecord| {
+                let now_ns = start.elapsed().as_nanos() as u64;
+                lock(&state).fault_path(sample, now_ns)
+            });
+            hook
+        });
+        self.mem.set_fault_path_hook(hook);
+    }
+}
+
+/// The engine thread's state.
+struct EngineThread {
+    state: Arc<Mutex<EngineState>>,
+    migrator: Arc<Migrator>,
+    hooks: FaultPathHooks,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    commands: Arc<Mutex<VecDeque<Command>>>,
+    schedule: VecDeque<ScheduledSwitch>,
+    next_tick: Duration,
+    next_window: Duration,
+}
+
+impl EngineThread {
+    /// The engine loop. Every [`POLL_INTERVAL`] until stopped:
+    /// 1. switch policies as commanded or scheduled;
+    /// 2. feed the drained hint-fault samples to the policy;
+    /// 3. end the accessed-bit window when it is over;
+    /// 4. tick the policy when its interval is over.
+    ///
+    /// Then remove the fault-path hook, disarm the probes and report.
+    fn run(mut self) -> EngineReport {
+        let damon = lock(&self.state).damon.is_some();
+        crate::threads::started(if damon {
+            crate::threads::ThreadRole::EngineDamon
+        } else {
+            crate::threads::ThreadRole::Engine
+        });
+        self.begin();
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.start.elapsed();
+            for kind in self.due_switches(now) {
+                self.switch(kind, now);
+            }
+            self.poll(now);
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        self.hooks.install_for(None);
+        let mut st = lock(&self.state);
+        st.stop_probing();
+        st.report.damon = st.damon.take().map(DamonTracker::stop);
+        st.report.clone()
+    }
+
+    /// Records the first policy and starts its probes.
+    fn begin(&mut self) {
+        let mut st = lock(&self.state);
+        let kind = st.policy.kind();
+        st.report.policies.push((kind, 0.0));
+        st.set_probing();
+        self.next_tick = tick_period(st.policy.as_ref());
+    }
+
+    /// Switches commanded since the last poll, then those scheduled by now.
+    fn due_switches(&mut self, now: Duration) -> Vec<PolicyKind> {
+        let mut switches: Vec<PolicyKind> = self
+            .commands
+            .lock()
+            .map(|mut q| q.drain(..).map(|Command::Switch(k)| k).collect())
+            .unwrap_or_default();
+        while self.schedule.front().is_some_and(|x| x.at <= now) {
+            if let Some(x) = self.schedule.pop_front() {
+                switches.push(x.policy);
+            }
+        }
+        switches
+    }
+
+    /// Hands the policy's hotness over to a new `kind` and restarts the tick.
+    fn switch(&mut self, kind: PolicyKind, now: Duration) {
+        let mut st = lock(&self.state);
+        if kind == st.policy.kind() {
+            return;
+        }
+        let exported: PolicyState = st.policy.export_state();
+        let pcfg = st.config_for(kind);
+        match policy::switch_to(kind, &pcfg, &exported) {
+            Ok(p) => {
+                st.policy = p;
+                st.set_probing();
+                self.next_tick = now + tick_period(st.policy.as_ref());
+                st.report.policies.push((kind, now.as_secs_f64()));
+                drop(st);
+                self.hooks.install_for(Some(kind));
+            }
+            Err(e) => tracing::warn!("policy switch to {kind}: {e}"),
+        }
+    }
+
+    /// Steps 2 to 4 of [`EngineThread::run`].
+    fn poll(&mut self, now: Duration) {
+        let drained = self.migrator.memory().drain_samples();
+        let mut st = lock(&self.state);
+        st.feed(drained, now.as_nanos() as u64);
+        if now >= self.next_window {
+            st.touched.iter_mut().for_each(|w| *w = 0);
+            self.next_window = now + ACCESSED_WINDOW;
+        }
+        if now >= self.next_tick {
+            st.tick(now.as_nanos() as u64);
+            self.next_tick = now + tick_period(st.policy.as_ref());
+        }
     }
 }
 
@@ -851,26 +854,6 @@ impl Drop for Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn schedules_parse_and_reject() {
-        let s = parse_schedule("nomad@0s,tpp@20s").unwrap();
-        assert_eq!(
-            s[1],
-            ScheduledSwitch {
-                at: Duration::from_secs(20),
-                policy: "tpp".into()
-            }
-        );
-        assert!(parse_schedule("nomad").unwrap_err().contains("POLICY@TIME"));
-        assert!(parse_schedule("foo@1s")
-            .unwrap_err()
-            .contains("unknown policy"));
-        assert!(parse_schedule("tpp@2s,nomad@1s")
-            .unwrap_err()
-            .contains("must not decrease"));
-        assert!(parse_schedule("tpp@xs").unwrap_err().contains("not a time"));
-    }
 
     /// MTM live: with accessed bits from probes, the one region a thread
     /// keeps touching is promoted whole, and no untouched page moves.
@@ -909,10 +892,10 @@ mod tests {
         let engine = Engine::spawn(
             migrator,
             EngineConfig {
-                policy: "mtm".into(),
+                policy: PolicyKind::Mtm,
                 schedule: Vec::new(),
                 modeled_latency: None,
-                intervals: vec![("mtm".into(), Duration::from_millis(300))],
+                intervals: vec![(PolicyKind::Mtm, Duration::from_millis(300))],
                 damon: None,
             },
         )
@@ -987,10 +970,10 @@ mod tests {
         let engine = Engine::spawn(
             migrator,
             EngineConfig {
-                policy: "mtm".into(),
+                policy: PolicyKind::Mtm,
                 schedule: Vec::new(),
                 modeled_latency: None,
-                intervals: vec![("mtm".into(), Duration::from_millis(300))],
+                intervals: vec![(PolicyKind::Mtm, Duration::from_millis(300))],
                 damon: Some(DamonConfig {
                     sysfs_root: fake.root.clone(),
                     sample_us: 1_000,
@@ -1037,27 +1020,6 @@ mod tests {
         u.clear();
         push_split(&mut u, 7, 1);
         assert_eq!((u[0].page, u[0].pages), (7, 1));
-    }
-
-    #[test]
-    fn intervals_parse_and_reject() {
-        let v = parse_intervals("mtm=2s, memtis=500ms").unwrap();
-        assert_eq!(v[0], ("mtm".to_string(), Duration::from_secs(2)));
-        assert_eq!(v[1].1, Duration::from_millis(500));
-        assert!(parse_intervals("mtm").unwrap_err().contains("POLICY=TIME"));
-        assert!(parse_intervals("lru=1s")
-            .unwrap_err()
-            .contains("no interval"));
-        assert!(parse_intervals("tpp=1s")
-            .unwrap_err()
-            .contains("memtis, mtm, colloid"));
-        assert!(parse_intervals("mtm=1s,mtm=2s")
-            .unwrap_err()
-            .contains("twice"));
-        assert!(parse_intervals("mtm=0s")
-            .unwrap_err()
-            .contains("at least 1ms"));
-        assert!(parse_intervals("").unwrap_err().contains("empty"));
     }
 
     #[test]

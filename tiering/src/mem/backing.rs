@@ -205,6 +205,16 @@ pub(crate) enum Parker {
 /// [`TieredMemory::drain_samples`].
 pub type FaultPathHook = Arc<dyn Fn(&HintFaultRecord) -> bool + Send + Sync>;
 
+/// Told where guest pages are placed, for latency emulation: the VMM
+/// publishes a tier map to the guest. `placed(first, pages, tier)` is called
+/// before a placement change becomes visible to the guest (before the move
+/// that maps the new pages), and again at release if the outcome differs
+/// (a migration that aborted or failed); never while a page map lock is held.
+pub trait PlacementObserver: Send + Sync {
+    /// Guest pages `[first, first + pages)` are (about to be) on `tier`.
+    fn placed(&self, first: usize, pages: usize, tier: TierId);
+}
+
 /// Called once when the memory cannot go on (the host ran out of memory for
 /// a commit): the VMM stops the VM. Carries the message.
 pub type FatalHook = Arc<dyn Fn(&str) + Send + Sync>;
@@ -276,9 +286,11 @@ pub struct TieredMemory {
     setup_time: Duration,
     fault_path_hook: HookSlot<FaultPathHook>,
     fatal_hook: HookSlot<FatalHook>,
+    observer: HookSlot<Arc<dyn PlacementObserver>>,
     fatal: OnceLock<String>,
     pub(crate) host_guard: HostGuard,
     pub(crate) sweep: Vec<super::resize::SweepCursor>,
+    pub(crate) chunks: super::thp::ChunkStates,
     pub(crate) scanner: sys::PageScanner,
     pub(crate) inject: Arc<sys::Injector>,
     locked: bool,
@@ -392,9 +404,11 @@ impl TieredMemory {
             setup_time: t0.elapsed(),
             fault_path_hook: HookSlot::default(),
             fatal_hook: HookSlot::default(),
+            observer: HookSlot::default(),
             fatal: OnceLock::new(),
             host_guard: HostGuard::new(&nodes, cfg.host_reserve_bytes),
             sweep: cfg.tiers.iter().map(|_| Default::default()).collect(),
+            chunks: super::thp::ChunkStates::new(n)?,
             scanner: sys::PageScanner::open()?,
             inject,
             locked,
@@ -798,7 +812,10 @@ impl TieredMemory {
             {
                 j += 1;
             }
-            self.uffd.move_range(d0, s0, (j - i) * PAGE_SIZE, true)?;
+            let len = (j - i) * PAGE_SIZE;
+            self.uffd.move_range(d0, s0, len, true)?;
+            self.note_guest_move(d0, len);
+            self.note_guest_move(s0, len);
             i = j;
         }
         Ok(())
@@ -816,7 +833,11 @@ impl TieredMemory {
         let mut last = None;
         for attempt in 0..ROLLBACK_ATTEMPTS {
             match self.uffd.move_range(dst, src, len, true) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.note_guest_move(dst, len);
+                    self.note_guest_move(src, len);
+                    return Ok(());
+                }
                 Err(e) if e.dst_not_a_hole() || e.src_missing() => return Err(e),
                 Err(e) if e.moved > 0 => {
                     // Part moved: finish the rest.
@@ -896,6 +917,28 @@ impl TieredMemory {
         self.fault_path_hook.get()
     }
 
+    /// Installs (or removes) the placement observer (latency emulation's
+    /// tier map). Pages placed before it is installed are reported to it
+    /// at once.
+    pub fn set_placement_observer(&self, observer: Option<Arc<dyn PlacementObserver>>) {
+        self.observer.set(observer.clone());
+        if let Some(o) = observer {
+            for p in 0..self.guest_pages {
+                if let Some(t) = page_map::tier_of(self.pages.load(p)) {
+                    o.placed(p, 1, t);
+                }
+            }
+        }
+    }
+
+    /// Tells the placement observer, if any, that pages
+    /// `[first, first + pages)` are about to be mapped on `tier`.
+    pub(crate) fn publish_placement(&self, first: usize, pages: usize, tier: TierId) {
+        if let Some(o) = self.observer.get() {
+            o.placed(first, pages, tier);
+        }
+    }
+
     /// Installs the hook called (once) when the memory cannot go on.
     pub fn set_fatal_hook(&self, hook: Option<FatalHook>) {
         self.fatal_hook.set(hook);
@@ -926,6 +969,12 @@ impl TieredMemory {
         let (old, new) = self.pages.release(page, set, clear);
         if (old ^ new) & (page_map::PLACEMENT_BITS | page_map::SHADOW_BITS) != 0 {
             apply_word_change(&self.tiers, old, new);
+            // The safety net of `publish_placement`: the final word wins.
+            if let (Some(t), Some(o)) = (page_map::tier_of(new), self.observer.get()) {
+                if page_map::tier_of(old) != Some(t) {
+                    o.placed(page, 1, t);
+                }
+            }
         }
         if old & page_map::WAITER != 0 {
             let _ = self.release_tx.send((page as u32, Instant::now()));

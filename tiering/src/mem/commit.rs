@@ -328,7 +328,11 @@ impl TieredMemory {
                         .scan(a, a + HUGE_PAGE_SIZE, |_, _, _| {})
                         .map(|p| p.huge == HUGE_PAGE_SIZE as u64)
                         .unwrap_or(false);
+                    self.publish_placement(first, count, tier);
                     self.uffd.move_range(self.guest_addr(first), a, len, true)?;
+                    if huge {
+                        self.note_huge(first, count);
+                    }
                     Ok(huge)
                 }
                 Staging::Pages(slots) => {
@@ -348,6 +352,7 @@ impl TieredMemory {
                         .enumerate()
                         .map(|(i, (s, _))| (self.guest_addr(first + i), self.slot_addr(tier, *s)))
                         .collect();
+                    self.publish_placement(first, count, tier);
                     self.move_pairs(&pairs)?;
                     Ok(false)
                 }

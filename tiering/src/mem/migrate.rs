@@ -626,6 +626,9 @@ impl Migrator {
                     .map(move |(i, p)| (mem.guest_addr(p), t.staging.addr(mem, to, i)))
             })
             .collect();
+        for t in &txns {
+            mem.publish_placement(t.run.first, t.run.len, to);
+        }
         let moved_all = match mem.move_pairs(&pairs) {
             Ok(()) => true,
             Err(e) => {
@@ -797,6 +800,8 @@ impl Migrator {
         }
         mem.release_staging_checked(to, &t.staging);
         for &p in &restored {
+            // The map may already say `to` (published before the move).
+            mem.publish_placement(p, 1, t.run.from);
             mem.release_page(p, 0, SHADOW_BITS);
         }
         // Finish the committed pages one by one (they may not be
@@ -969,6 +974,9 @@ impl Migrator {
             }
         }
         // 3. Map the shadows (a clean one is the page's content already).
+        for r in runs {
+            mem.publish_placement(r.first, r.len, to);
+        }
         let map: Vec<_> = runs
             .iter()
             .flat_map(|r| r.pages().map(|p| (mem.guest_addr(p), mem.shadow_addr(p))))
@@ -994,6 +1002,7 @@ impl Migrator {
                         .move_retrying(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE)
                         .is_ok()
                     {
+                        mem.publish_placement(p, 1, r.from);
                         mem.release_page(p, 0, 0);
                     } else {
                         // Kept owned: a touch waits while the VM stops.

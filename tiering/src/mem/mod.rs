@@ -60,6 +60,7 @@ mod sampler;
 mod shadow;
 mod staging;
 mod stats;
+mod thp;
 
 #[cfg(test)]
 mod tests;
@@ -68,7 +69,7 @@ pub use crate::sys::PAGE_SIZE;
 pub use crate::vocab::{Mechanism, TierId, Unit};
 pub use account::TierSpec;
 pub use backing::{
-    FatalHook, FaultPathHook, InitialPlacement, MemConfig, TieredMemory,
+    FatalHook, FaultPathHook, InitialPlacement, MemConfig, PlacementObserver, TieredMemory,
     DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
 };
 pub use chaos::{ChaosConfig, ChaosDriver, ChaosReport, MAX_UNITS_PER_BATCH};
@@ -79,7 +80,10 @@ pub use migrate::{BatchOutcome, Migrator, MigratorConfig, MAX_UNIT_PAGES};
 pub use pool::Slot;
 pub use probe::{AccessProbes, MEASURED_HINT_FAULT_GUEST_NS};
 pub use residency::{Residency, TierResidency};
-pub use resize::ResizeReport;
+pub use resize::{
+    parse_capacity_schedule, CapacityStep, ResizeConfig, ResizeDriver, ResizeDriverReport,
+    ResizeHandle, ResizeReport,
+};
 pub use sampler::{HintSampler, SamplerConfig, SamplerHandle, SamplerTick};
 pub use stats::{MemStats, TierStats};
 

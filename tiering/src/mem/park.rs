@@ -173,12 +173,14 @@ impl TieredMemory {
         // in its parking slot (we own it) and the staging page is a reserved pool slot
         // (a hole is allocated by the write); they do not overlap.
         unsafe { sys::copy_volatile(dst as *mut u8, self.park_addr(page) as *const u8, PAGE_SIZE) };
+        self.publish_placement(page, 1, to);
         if let Err(e) = self
             .uffd
             .move_range(self.guest_addr(page), dst, PAGE_SIZE, true)
         {
             self.release_staging_checked(to, &staging);
             self.tiers[usize::from(to)].unreserve(1);
+            self.publish_placement(page, 1, from);
             return Err(e.into());
         }
         self.release_staging(to, &staging, Holds::Hole, false);

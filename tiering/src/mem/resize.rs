@@ -228,11 +228,18 @@ impl Migrator {
                 ));
                 break;
             };
-            let o = self.migrate(
+            // TPM first (the guest keeps running); units it had to abort
+            // (written during the copy) go by stop-and-copy, so a shrink
+            // converges even under a write-hot guest.
+            let mut o = self.migrate(
                 &victims,
                 dst,
                 Mechanism::Transactional { keep_shadow: false },
             )?;
+            if o.aborted > 0 {
+                let again = self.migrate(&victims, dst, Mechanism::StopAndCopy)?;
+                o.migrated += again.migrated;
+            }
             let moved = o.migrated;
             rep.demoted += moved as u64;
             left = left.saturating_sub(need);
@@ -266,4 +273,241 @@ impl Migrator {
         }
         None
     }
+}
+
+/// One step of a capacity schedule: at `at` into the run, set the tier's
+/// capacity to `pages`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacityStep {
+    /// When, from the driver's start.
+    pub at: std::time::Duration,
+    /// The capacity, pages.
+    pub pages: usize,
+}
+
+/// Settings of a [`ResizeDriver`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResizeConfig {
+    /// Capacity schedule per tier (`--fast-schedule` sets tier 0's).
+    pub schedules: Vec<(TierId, Vec<CapacityStep>)>,
+    /// Most pages one shrink step moves (bounds the migration bandwidth a
+    /// shrink takes from the guest: pages per `period`).
+    pub step_pages: usize,
+    /// Time between steps.
+    pub period: std::time::Duration,
+    /// Split 2 MiB ranges collapsed back into huge pages per 100 ms (each
+    /// copies 2 MiB while the range's pages are owned).
+    pub collapse_per_100ms: usize,
+}
+
+impl Default for ResizeConfig {
+    fn default() -> Self {
+        Self {
+            schedules: Vec::new(),
+            // 4096 pages per 10 ms: at most 1.6 GB/s of demotion.
+            step_pages: 4096,
+            period: std::time::Duration::from_millis(10),
+            collapse_per_100ms: 4,
+        }
+    }
+}
+
+/// Where a resize driver stands (for reports).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResizeDriverReport {
+    /// Capacity changes applied: (seconds since start, tier, pages).
+    pub applied: Vec<(f64, TierId, u64)>,
+    /// Capacity changes refused, with why.
+    pub refused: Vec<String>,
+    /// Shrink steps run.
+    pub steps: u64,
+    /// Pages demoted by shrinks (copies) and by remapping shadows.
+    pub demoted: u64,
+    /// Shadows reclaimed by shrinks.
+    pub shadows_reclaimed: u64,
+    /// Pool pages given back to the kernel by shrinks.
+    pub returned_pages: u64,
+    /// The last time a shrink could not go on, and why.
+    pub stuck: Option<String>,
+}
+
+/// A thread that applies capacity changes (a schedule, or
+/// [`ResizeHandle::set_capacity`] calls from the VMM or the service) and
+/// converges shrinks in bounded steps ([`Migrator::shrink_step`]).
+#[derive(Debug)]
+pub struct ResizeDriver {
+    shared: Arc<ResizeShared>,
+    join: Option<std::thread::JoinHandle<ResizeDriverReport>>,
+}
+
+#[derive(Debug)]
+struct ResizeShared {
+    stop: std::sync::atomic::AtomicBool,
+    requests: std::sync::Mutex<Vec<(TierId, usize)>>,
+    report: std::sync::Mutex<ResizeDriverReport>,
+}
+
+/// A cheap handle to ask a running [`ResizeDriver`] for a capacity change.
+#[derive(Debug, Clone)]
+pub struct ResizeHandle {
+    shared: Arc<ResizeShared>,
+    mem: Arc<TieredMemory>,
+}
+
+use std::sync::Arc;
+
+impl ResizeHandle {
+    /// Sets tier `tier`'s capacity to `pages` now (checked at once: the
+    /// error says why it is refused); the driver converges a shrink.
+    pub fn set_capacity(&self, tier: TierId, pages: usize) -> Result<u64, MemError> {
+        let applied = self.mem.resize(tier, pages)?;
+        super::backing::lock(&self.shared.requests).push((tier, pages));
+        Ok(applied)
+    }
+
+    /// The driver's account so far.
+    pub fn report(&self) -> ResizeDriverReport {
+        super::backing::lock(&self.shared.report).clone()
+    }
+}
+
+impl ResizeDriver {
+    /// Starts the driver over `migrator`.
+    pub fn spawn(migrator: Arc<Migrator>, cfg: ResizeConfig) -> std::io::Result<Self> {
+        let shared = Arc::new(ResizeShared {
+            stop: std::sync::atomic::AtomicBool::new(false),
+            requests: std::sync::Mutex::new(Vec::new()),
+            report: std::sync::Mutex::new(ResizeDriverReport::default()),
+        });
+        let s = shared.clone();
+        let join = std::thread::Builder::new()
+            .name("tiervm-resize".into())
+            .spawn(move || run_driver(&migrator, &cfg, &s))?;
+        Ok(Self {
+            shared,
+            join: Some(join),
+        })
+    }
+
+    /// A handle for capacity changes while the driver runs.
+    pub fn handle(&self, mem: Arc<TieredMemory>) -> ResizeHandle {
+        ResizeHandle {
+            shared: self.shared.clone(),
+            mem,
+        }
+    }
+
+    /// Stops the driver (bounded: at most one step) and returns its report.
+    pub fn stop(mut self) -> ResizeDriverReport {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> ResizeDriverReport {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        match self.join.take().map(|j| j.join()) {
+            Some(Ok(r)) => r,
+            _ => super::backing::lock(&self.shared.report).clone(),
+        }
+    }
+}
+
+impl Drop for ResizeDriver {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn run_driver(m: &Migrator, cfg: &ResizeConfig, shared: &ResizeShared) -> ResizeDriverReport {
+    crate::threads::started(crate::threads::ThreadRole::Resize);
+    use std::sync::atomic::Ordering as O;
+    let mem = m.memory().clone();
+    let start = std::time::Instant::now();
+    let mut pending: Vec<(TierId, std::collections::VecDeque<CapacityStep>)> = cfg
+        .schedules
+        .iter()
+        .map(|(t, s)| (*t, s.iter().copied().collect()))
+        .collect();
+    let mut next_collapse = std::time::Duration::ZERO;
+    while !shared.stop.load(O::Relaxed) {
+        let now = start.elapsed();
+        // 0. Put split huge pages back together where a range is whole
+        //    on one tier again.
+        if now >= next_collapse {
+            mem.collapse_split_ranges(cfg.collapse_per_100ms);
+            next_collapse = now + std::time::Duration::from_millis(100);
+        }
+        // 1. Scheduled capacity changes that are due.
+        for (tier, steps) in &mut pending {
+            while steps.front().is_some_and(|s| s.at <= now) {
+                let Some(s) = steps.pop_front() else { break };
+                let mut rep = super::backing::lock(&shared.report);
+                match mem.resize(*tier, s.pages) {
+                    Ok(p) => rep.applied.push((now.as_secs_f64(), *tier, p)),
+                    Err(e) => rep
+                        .refused
+                        .push(format!("at {:.1} s: {e}", now.as_secs_f64())),
+                }
+            }
+        }
+        // 2. Changes asked through handles (already applied: record them).
+        for (tier, pages) in std::mem::take(&mut *super::backing::lock(&shared.requests)) {
+            super::backing::lock(&shared.report).applied.push((
+                now.as_secs_f64(),
+                tier,
+                mem.capacity(tier) as u64,
+            ));
+            let _ = pages;
+        }
+        // 3. One bounded step of every shrink not converged yet.
+        for tier in mem.tier_ids() {
+            if mem.excess_pages(tier) == 0 {
+                continue;
+            }
+            match m.shrink_step(tier, cfg.step_pages, None) {
+                Ok(r) => {
+                    let mut rep = super::backing::lock(&shared.report);
+                    rep.steps += 1;
+                    rep.demoted += r.demoted + r.shadow_demoted;
+                    rep.shadows_reclaimed += r.shadows_reclaimed;
+                    rep.returned_pages += r.returned_pages;
+                    if r.stuck.is_some() {
+                        rep.stuck = r.stuck;
+                    }
+                }
+                Err(e) => tracing::warn!("shrink step of tier {tier}: {e}"),
+            }
+        }
+        std::thread::sleep(cfg.period);
+    }
+    super::backing::lock(&shared.report).clone()
+}
+
+/// Parses a capacity schedule `SIZE@TIME,...` (e.g. `256M@0s,32M@5s`)
+/// into steps of pages; times must not decrease.
+pub fn parse_capacity_schedule(s: &str) -> Result<Vec<CapacityStep>, String> {
+    let mut out: Vec<CapacityStep> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (size, at) = part
+            .split_once('@')
+            .ok_or_else(|| format!("'{part}' is not SIZE@TIME (e.g. 256M@0s)"))?;
+        let bytes = tiervm_guest::args::parse_size(size)
+            .map_err(|_| format!("'{size}' in '{part}' is not a size (e.g. 256M)"))?;
+        if !bytes.is_multiple_of(crate::sys::PAGE_SIZE as u64) {
+            return Err(format!("'{size}' in '{part}' is not a multiple of 4K"));
+        }
+        let at = crate::engine::parse_duration(at)
+            .ok_or_else(|| format!("'{at}' in '{part}' is not a time (e.g. 5s)"))?;
+        if out.last().is_some_and(|l| at < l.at) {
+            return Err(format!("times in '{s}' must not decrease"));
+        }
+        let pages = usize::try_from(bytes / crate::sys::PAGE_SIZE as u64)
+            .map_err(|_| format!("'{size}' is too large"))?;
+        out.push(CapacityStep { at, pages });
+    }
+    if out.is_empty() {
+        return Err("an empty capacity schedule: give e.g. 256M@0s,32M@5s".into());
+    }
+    Ok(out)
 }

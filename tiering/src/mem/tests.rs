@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::*;
+use crate::vocab::TierId;
 
 type Env = (
     Arc<TieredMemory>,
@@ -1183,4 +1184,87 @@ fn a_split_huge_page_leaves_no_zero_page_in_guest_ram() {
     );
     assert!(mem.locked(), "the areas are locked on fault (as root here)");
     mem.check_consistency().unwrap();
+}
+
+/// The placement observer (latency emulation's tier map) sees every
+/// placement: first touches, promotions, demotions, shadow demotions, and
+/// the map it builds equals the page map at the end.
+#[test]
+fn the_placement_observer_sees_every_placement() {
+    struct Map(Vec<std::sync::atomic::AtomicU8>);
+    impl PlacementObserver for Map {
+        fn placed(&self, first: usize, pages: usize, tier: TierId) {
+            for p in first..first + pages {
+                self.0[p].store(tier + 1, Ordering::SeqCst);
+            }
+        }
+    }
+    let mut cfg = MemConfig::new(2048 * PAGE_SIZE, 1024);
+    cfg.placement = InitialPlacement::Interleave;
+    cfg.tiers[1].capacity_pages = 2048 + 64;
+    cfg.tiers[1].max_capacity_pages = 2048 + 64;
+    let mem = Arc::new(TieredMemory::new(&cfg).unwrap());
+    let map = Arc::new(Map((0..2048)
+        .map(|_| std::sync::atomic::AtomicU8::new(0))
+        .collect()));
+    mem.set_placement_observer(Some(map.clone()));
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    mem.prefault(0, 2048).unwrap();
+    let log = Arc::new(SoftDirtyLog::new(2048));
+    let m = Arc::new(Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap());
+    let chaos = ChaosDriver::spawn(
+        m.clone(),
+        ChaosConfig {
+            units_per_sec: 5000.0,
+            ..ChaosConfig::default()
+        },
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let rep = chaos.stop().unwrap();
+    assert!(
+        rep.outcome.shadow_demoted > 0 && rep.outcome.committed > 0,
+        "{rep:?}"
+    );
+    faults.stop().unwrap();
+    for p in 0..2048 {
+        assert_eq!(
+            map.0[p].load(Ordering::SeqCst),
+            mem.tier_of(p).unwrap() + 1,
+            "page {p}"
+        );
+    }
+}
+
+/// A 4 KiB migration splits a guest huge page (counted); once the range is
+/// whole on one tier again, a collapse makes it one huge page again
+/// (measured from the kernel).
+#[test]
+fn a_split_range_collapses_back_when_whole_on_one_tier() {
+    let mut cfg = MemConfig::new(1024 * PAGE_SIZE, 1024);
+    cfg.placement = InitialPlacement::SlowFirst;
+    let Some((mem, _log, m, _faults)) = setup_with(cfg) else {
+        return;
+    };
+    fill(&mem);
+    let huge = |mem: &TieredMemory| {
+        let g = mem.guest_ptr() as usize;
+        mem.scanner
+            .scan(g, g + 2 * crate::sys::HUGE_PAGE_SIZE, |_, _, _| {})
+            .unwrap()
+            .huge
+    };
+    assert_eq!(huge(&mem), 4 << 20, "committed as huge pages");
+    m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(mem.stats().splits, 1);
+    assert_eq!(huge(&mem), 2 << 20, "the first range is split");
+    // Not whole on one tier: no collapse.
+    assert_eq!(mem.collapse_split_ranges(8), 0);
+    m.demote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(mem.collapse_split_ranges(8), 1);
+    assert_eq!(mem.stats().collapses, 1);
+    assert_eq!(huge(&mem), 4 << 20, "collapsed back");
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+    assert_eq!(mem.check_nodes().map(|n| n >= 1024), Ok(true));
 }

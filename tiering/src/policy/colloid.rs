@@ -25,7 +25,7 @@ use std::collections::HashSet;
 
 use super::hotness::{ClockHand, SampleCounts};
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// Quantum: HeMem's 10 ms migration-thread period (Colloid §4.1).
 pub const QUANTUM_NS: u64 = 10_000_000;
@@ -104,7 +104,128 @@ pub struct Colloid {
     limit_carry: f64,
 }
 
+/// The quantum's shift: move `dp` of the requests (at `total_rate`
+/// requests per second) from tier `src` to tier `dst`.
+struct Shift {
+    dp: f64,
+    total_rate: f64,
+    /// Towards the default tier.
+    promote: bool,
+    src: TierId,
+    dst: TierId,
+}
+
+/// The decisions of one quantum being built.
+struct Moves<'a> {
+    budget: &'a mut FreeBudget,
+    out: &'a mut Decisions,
+    chosen: &'a mut HashSet<u64>,
+}
+
 impl Colloid {
+    /// Step 2: the share of requests to move, and where, or `None` when
+    /// nothing should move (no requests, or the tiers are balanced).
+    fn shift(&mut self, tiers: &[TierStatus]) -> Option<Shift> {
+        let (d, a) = (tiers[0], tiers[1]);
+        let rates = (
+            d.request_rate.unwrap_or(0.0).max(0.0),
+            a.request_rate.unwrap_or(1.0).max(0.0),
+        );
+        let (l_d, l_a, r_d, r_a) = match (d.loaded_latency_ns, a.loaded_latency_ns) {
+            (Some(ld), Some(la)) if !self.base_only => (ld, la, rates.0, rates.1),
+            // Base system, or no latency source: pack the default tier.
+            _ => (0.0, 1.0, rates.0, rates.1),
+        };
+        let total = r_d + r_a;
+        if total <= 0.0 {
+            return None;
+        }
+        let p = r_d / total;
+        let dp = self.search.compute_shift(p, l_d, l_a);
+        self.last_dp = dp;
+        if dp <= 0.0 {
+            return None;
+        }
+        let promote = l_d < l_a;
+        let (src, dst) = if promote { (1, 0) } else { (0, 1) };
+        Some(Shift {
+            dp,
+            total_rate: total,
+            promote,
+            src,
+            dst,
+        })
+    }
+
+    /// Step 3: the dynamic limit in (scaled) pages; a fraction carries over
+    /// so a low request rate still moves pages now and then.
+    fn page_limit(&mut self, shift: &Shift) -> u64 {
+        let dyn_pages =
+            shift.dp * shift.total_rate * (self.quantum_ns as f64 / 1e9) * REQUEST_BYTES
+                / PAGE_BYTES as f64
+                / self.scale
+                + self.limit_carry;
+        let limit = (dyn_pages.floor() as u64).min(self.static_limit_pages);
+        self.limit_carry = if limit < self.static_limit_pages {
+            dyn_pages - dyn_pages.floor()
+        } else {
+            0.0
+        };
+        limit
+    }
+
+    /// Step 4: up to `limit` pages of the source tier, from the highest
+    /// frequency bin down, each only if its access probability fits in
+    /// what is left of the shift (promotions first make room in the
+    /// default tier by demoting a cold page, as HeMem does).
+    fn move_pages(
+        &mut self,
+        view: &mut dyn MemoryView,
+        shift: &Shift,
+        limit: u64,
+        moves: &mut Moves<'_>,
+    ) {
+        let total_count = self.counts.total().max(1) as f64;
+        let mut bins: Vec<Vec<u64>> = vec![Vec::new(); FIND_BINS];
+        for &pg in &self.tracked {
+            if view.tier_of(pg) == shift.src {
+                bins[Self::freq_bin(self.counts.count(pg))].push(pg);
+            }
+        }
+        let mut remaining = shift.dp;
+        let mut moved = 0u64;
+        'bins: for bin in bins.iter_mut().rev() {
+            bin.sort_unstable();
+            for &pg in bin.iter() {
+                if moved >= limit {
+                    break 'bins;
+                }
+                let prob = f64::from(self.counts.count(pg)) / total_count;
+                if prob > remaining {
+                    continue;
+                }
+                if shift.promote
+                    && moves.budget.free(0) <= self.reserve
+                    && self.cold_demotions(view, 1, moves.budget, moves.out, moves.chosen) == 0
+                {
+                    break 'bins;
+                }
+                if !moves.budget.take(shift.dst, 1) {
+                    break 'bins;
+                }
+                moves.budget.release(shift.src, 1);
+                remaining -= prob;
+                moved += 1;
+                moves.out.migrations.push(Migration {
+                    unit: Unit::page(pg),
+                    to: shift.dst,
+                    mechanism: Mechanism::StopAndCopy,
+                    urgency: Urgency::Background,
+                });
+            }
+        }
+    }
+
     /// Colloid for `config`.
     pub fn new(config: &PolicyConfig) -> Self {
         let fast = config.tier_capacity_pages.first().copied().unwrap_or(0);
@@ -213,11 +334,11 @@ impl Colloid {
 }
 
 impl Policy for Colloid {
-    fn name(&self) -> &'static str {
+    fn kind(&self) -> PolicyKind {
         if self.base_only {
-            "colloid-base"
+            PolicyKind::ColloidBase
         } else {
-            "colloid"
+            PolicyKind::Colloid
         }
     }
 
@@ -232,6 +353,10 @@ impl Policy for Colloid {
         self.quantum_ns
     }
 
+    /// Each quantum: 1. keep the default tier's free reserve; 2. compute
+    /// the shift of request share between the tiers; 3. turn it into a
+    /// page limit; 4. move the pages whose access probability fits the
+    /// shift, most frequently accessed first.
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         self.ingest(obs.samples);
         let mut out = Decisions::none();
@@ -245,86 +370,23 @@ impl Policy for Colloid {
             let want = self.reserve - budget.free(0);
             self.cold_demotions(view, want, &mut budget, &mut out, &mut chosen);
         }
-        let (d, a) = (obs.tiers[0], obs.tiers[1]);
-        let rates = (
-            d.request_rate.unwrap_or(0.0).max(0.0),
-            a.request_rate.unwrap_or(1.0).max(0.0),
-        );
-        let (l_d, l_a, r_d, r_a) = match (d.loaded_latency_ns, a.loaded_latency_ns) {
-            (Some(ld), Some(la)) if !self.base_only => (ld, la, rates.0, rates.1),
-            // Base system, or no latency source: pack the default tier.
-            _ => (0.0, 1.0, rates.0, rates.1),
+        let Some(shift) = self.shift(obs.tiers) else {
+            return out;
         };
-        let total = r_d + r_a;
-        if total <= 0.0 {
-            return out;
-        }
-        let p = r_d / total;
-        let dp = self.search.compute_shift(p, l_d, l_a);
-        self.last_dp = dp;
-        if dp <= 0.0 {
-            return out;
-        }
-        let promote = l_d < l_a;
-        let (src, dst): (TierId, TierId) = if promote { (1, 0) } else { (0, 1) };
-        let room = budget.free(dst) > if promote { self.reserve } else { 0 };
-        if !(room || promote && budget.free(1) > 0) {
+        let room = budget.free(shift.dst) > if shift.promote { self.reserve } else { 0 };
+        if !(room || shift.promote && budget.free(1) > 0) {
             return out; // nowhere to move pages to
         }
-        // The dynamic limit in (scaled) pages; a fraction carries over so a
-        // low request rate still moves pages now and then.
-        let dyn_pages = dp * total * (self.quantum_ns as f64 / 1e9) * REQUEST_BYTES
-            / PAGE_BYTES as f64
-            / self.scale
-            + self.limit_carry;
-        let limit = (dyn_pages.floor() as u64).min(self.static_limit_pages);
-        self.limit_carry = if limit < self.static_limit_pages {
-            dyn_pages - dyn_pages.floor()
-        } else {
-            0.0
-        };
+        let limit = self.page_limit(&shift);
         if limit == 0 {
             return out;
         }
-        let total_count = self.counts.total().max(1) as f64;
-        let mut bins: Vec<Vec<u64>> = vec![Vec::new(); FIND_BINS];
-        for &pg in &self.tracked {
-            if view.tier_of(pg) == src {
-                bins[Self::freq_bin(self.counts.count(pg))].push(pg);
-            }
-        }
-        let mut remaining = dp;
-        let mut moved = 0u64;
-        'bins: for bin in bins.iter_mut().rev() {
-            bin.sort_unstable();
-            for &pg in bin.iter() {
-                if moved >= limit {
-                    break 'bins;
-                }
-                let prob = f64::from(self.counts.count(pg)) / total_count;
-                if prob > remaining {
-                    continue;
-                }
-                if promote && budget.free(0) <= self.reserve {
-                    // HeMem makes room by demoting a cold page first.
-                    if self.cold_demotions(view, 1, &mut budget, &mut out, &mut chosen) == 0 {
-                        break 'bins;
-                    }
-                }
-                if !budget.take(dst, 1) {
-                    break 'bins;
-                }
-                budget.release(src, 1);
-                remaining -= prob;
-                moved += 1;
-                out.migrations.push(Migration {
-                    unit: Unit::page(pg),
-                    to: dst,
-                    mechanism: Mechanism::StopAndCopy,
-                    urgency: Urgency::Background,
-                });
-            }
-        }
+        let mut moves = Moves {
+            budget: &mut budget,
+            out: &mut out,
+            chosen: &mut chosen,
+        };
+        self.move_pages(view, &shift, limit, &mut moves);
         out
     }
 
@@ -341,7 +403,7 @@ impl Policy for Colloid {
             .collect();
         hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         PolicyState {
-            from: "colloid".into(),
+            from: PolicyKind::Colloid,
             now_ns: 0,
             hot_pages,
         }

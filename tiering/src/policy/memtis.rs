@@ -13,7 +13,7 @@
 
 use super::hotness::{bin_of, ClockHand, SampleCounts};
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// `htmm_sample_period` = 199 (memtis mempolicy.c defaults).
 pub const SAMPLE_PERIOD: u64 = 199;
@@ -100,11 +100,11 @@ impl Memtis {
 }
 
 impl Policy for Memtis {
-    fn name(&self) -> &'static str {
+    fn kind(&self) -> PolicyKind {
         if self.quick_cool {
-            "memtis-quickcool"
+            PolicyKind::MemtisQuickcool
         } else {
-            "memtis"
+            PolicyKind::Memtis
         }
     }
 
@@ -204,7 +204,7 @@ impl Policy for Memtis {
             .collect();
         hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         PolicyState {
-            from: "memtis".into(),
+            from: PolicyKind::Memtis,
             now_ns: 0,
             hot_pages,
         }

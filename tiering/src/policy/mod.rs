@@ -9,10 +9,12 @@
 //! Everything is deterministic: the same observations give the same decisions.
 //!
 //! Policies: [`static_placement`] (`static`), [`tpp`], [`nomad`], [`memtis`],
-//! [`colloid`], [`mtm`]. Constants and their sources: `docs/policies.md`.
+//! [`colloid`], [`mtm`], named by [`PolicyKind`]. Constants and their
+//! sources: `docs/policies.md`.
 
 pub mod colloid;
 pub mod hotness;
+pub mod kind;
 pub mod memtis;
 pub mod mtm;
 pub mod nomad;
@@ -25,32 +27,33 @@ mod proptests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+pub use kind::{IntervalKind, PolicyKind};
 pub use types::*;
 
-/// Errors from policy construction.
+/// Errors from naming or building a policy.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Error {
+pub enum PolicyError {
     /// The name matches no policy.
-    #[error("unknown policy `{name}`; valid policies: {} (variants: {})", NAMES.join(", "), VARIANTS.join(", "))]
+    #[error("unknown policy `{name}`; valid policies: {} (variants: {})", PolicyKind::names(&PolicyKind::POLICIES), PolicyKind::names(&PolicyKind::VARIANTS))]
     UnknownPolicy {
         /// The name given.
         name: String,
     },
-    /// The configuration cannot be used.
-    #[error("invalid policy configuration: {0}")]
-    InvalidConfig(String),
+    /// The memory to place is empty.
+    #[error("invalid policy configuration: need at least one page and one tier (set pages and tier_capacity_pages)")]
+    NoPagesOrTiers,
+    /// More tiers than a [`TierId`] can name.
+    #[error("invalid policy configuration: {tiers} tiers given, at most 255 are supported")]
+    TooManyTiers {
+        /// Tiers given.
+        tiers: usize,
+    },
 }
-
-/// Names accepted by [`by_name`], in the order tables list them.
-pub const NAMES: &[&str] = &["static", "tpp", "nomad", "memtis", "colloid", "mtm"];
-/// Variants also accepted by [`by_name`]: TPP with the active-LRU check the
-/// Nomad paper's TPP had, Memtis-QuickCool, and Colloid's base tracker alone.
-pub const VARIANTS: &[&str] = &["tpp-lru", "memtis-quickcool", "colloid-base"];
 
 /// A placement policy. See the module docs.
 pub trait Policy: Send {
-    /// The policy's name (one of [`NAMES`]).
-    fn name(&self) -> &'static str;
+    /// Which policy this is.
+    fn kind(&self) -> PolicyKind;
 
     /// The trackers this policy needs.
     fn trackers(&self) -> TrackerRequest;
@@ -83,46 +86,13 @@ pub trait Policy: Send {
     fn import_state(&mut self, state: &PolicyState);
 }
 
-/// Builds the policy called `name` (see [`NAMES`]).
-pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn Policy>, Error> {
-    if config.pages == 0 || config.tier_capacity_pages.is_empty() {
-        return Err(Error::InvalidConfig(
-            "need at least one page and one tier (set pages and tier_capacity_pages)".into(),
-        ));
-    }
-    if config.tier_capacity_pages.len() > usize::from(TierId::MAX) {
-        return Err(Error::InvalidConfig(
-            "at most 255 tiers are supported".into(),
-        ));
-    }
-    Ok(match name.trim().to_ascii_lowercase().as_str() {
-        "static" | "none" | "no-migration" => Box::new(static_placement::Static::new(config)),
-        "tpp" => Box::new(tpp::Tpp::new(config)),
-        "tpp-lru" => Box::new(tpp::Tpp::with_active_lru_check(config)),
-        "nomad" => Box::new(nomad::Nomad::new(config)),
-        "memtis" => Box::new(memtis::Memtis::new(config, memtis::COOLING_PERIOD_SAMPLES)),
-        "memtis-quickcool" => Box::new(memtis::Memtis::new(
-            config,
-            memtis::QUICK_COOL_PERIOD_SAMPLES,
-        )),
-        "colloid" => Box::new(colloid::Colloid::new(config)),
-        "colloid-base" => Box::new(colloid::Colloid::base(config)),
-        "mtm" => Box::new(mtm::Mtm::new(config)),
-        _ => {
-            return Err(Error::UnknownPolicy {
-                name: name.to_string(),
-            })
-        }
-    })
-}
-
-/// Builds `name` and seeds it with `state` exported from the policy in use.
+/// Builds `kind` and seeds it with `state` exported from the policy in use.
 pub fn switch_to(
-    name: &str,
+    kind: PolicyKind,
     config: &PolicyConfig,
     state: &PolicyState,
-) -> Result<Box<dyn Policy>, Error> {
-    let mut p = by_name(name, config)?;
+) -> Result<Box<dyn Policy>, PolicyError> {
+    let mut p = kind.build(config)?;
     p.import_state(state);
     Ok(p)
 }
@@ -132,17 +102,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn by_name_lists_valid_names_on_error() {
-        let cfg = PolicyConfig::new(16, vec![8, 16]);
-        let err = by_name("lru", &cfg).err().expect("unknown name must fail");
+    fn unknown_names_list_valid_names() {
+        let err = "lru"
+            .parse::<PolicyKind>()
+            .expect_err("unknown name must fail");
         let msg = err.to_string();
-        for n in NAMES {
-            assert!(msg.contains(n), "{msg}");
+        for k in PolicyKind::ALL {
+            assert!(msg.contains(k.name()), "{msg}");
         }
-        for n in NAMES {
-            assert_eq!(by_name(n, &cfg).map(|p| p.name()).ok(), Some(*n));
-        }
-        assert!(by_name("tpp", &PolicyConfig::new(0, vec![1])).is_err());
+        assert_eq!(
+            PolicyKind::Tpp.build(&PolicyConfig::new(0, vec![1])).err(),
+            Some(PolicyError::NoPagesOrTiers)
+        );
     }
 
     #[test]
@@ -153,7 +124,7 @@ mod tests {
         let caps = [20, 100];
         let st = v.status(&caps);
         // Memtis learns that slow page 70 is hot and 30 other slow pages are warm.
-        let mut memtis = by_name("memtis", &cfg).unwrap();
+        let mut memtis = PolicyKind::Memtis.build(&cfg).unwrap();
         let mut samples: Vec<AccessSample> = (0..6)
             .map(|_| AccessSample {
                 page: 70,
@@ -171,7 +142,7 @@ mod tests {
         assert_eq!(state.hot_pages.first().map(|h| h.0), Some(70));
         // Colloid built from that state promotes page 70 at its first quantum
         // (no samples of its own): the default tier is faster, so it packs it.
-        let mut colloid = switch_to("colloid", &cfg, &state).unwrap();
+        let mut colloid = switch_to(PolicyKind::Colloid, &cfg, &state).unwrap();
         let mut st2 = v.status(&caps);
         st2[0].loaded_latency_ns = Some(80.0);
         st2[1].loaded_latency_ns = Some(140.0);
@@ -183,7 +154,7 @@ mod tests {
             "{d:?}"
         );
         // A fresh Colloid knows nothing and moves nothing.
-        let mut fresh = by_name("colloid", &cfg).unwrap();
+        let mut fresh = PolicyKind::Colloid.build(&cfg).unwrap();
         assert!(fresh.tick(&obs(2, &st2, &[]), &mut v).migrations.is_empty());
     }
 }

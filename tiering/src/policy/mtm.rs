@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// Accessed-bit scans per sampled page per interval (`num_scans`, §5.1).
 pub const NUM_SCANS: u32 = 3;
@@ -50,6 +50,13 @@ pub const ONE_SCAN_OVERHEAD_NS: f64 = 1_000.0;
 pub const TAU_MERGE_STEP: f64 = NUM_SCANS as f64 / 6.0;
 /// Free pages kept in each non-slowest tier (0.4%, as for the others).
 pub const FREE_RESERVE_FRACTION: f64 = 0.004;
+
+/// The earliest first migration for a profiling interval of `interval`:
+/// MTM picks its samples a third of an interval in, then scans for a whole
+/// interval before it migrates.
+pub fn first_migration_after(interval: std::time::Duration) -> std::time::Duration {
+    interval.mul_f64(4.0 / 3.0)
+}
 
 /// MTM's Eq. 1: samples per interval for an overhead budget.
 pub fn sample_budget(interval_ns: u64, overhead: f64, one_scan_ns: f64, num_scans: u32) -> f64 {
@@ -210,9 +217,26 @@ impl Mtm {
         }
     }
 
-    /// End of interval: hotness, EMA, split, merge, sample redistribution.
-    /// Public for tests that drive the profiler by hand.
+    /// End of interval. Public for tests that drive the profiler by hand.
+    /// 1. Each region's hotness: the mean count of its samples, and its EMA.
+    /// 2. Split regions whose samples differ by more than `tau_s`.
+    /// 3. Merge chains of adjacent regions of similar hotness (`tau_m`).
+    /// 4. Give the samples merging freed to the regions of highest variance.
+    /// 5. Overhead control: more regions than samples raises `tau_m`.
     pub fn end_interval(&mut self) {
+        self.update_hotness();
+        let (split, splits) = self.split_regions();
+        let (merged, merges, freed) = self.merge_regions(split);
+        self.regions = merged;
+        self.give_freed_samples(freed);
+        self.adapt_thresholds();
+        self.last_splits = splits;
+        self.last_merges = merges;
+        self.interval += 1;
+    }
+
+    /// Step 1.
+    fn update_hotness(&mut self) {
         for r in &mut self.regions {
             r.hi_prev = r.hi;
             r.hi = if r.counts.is_empty() {
@@ -222,7 +246,10 @@ impl Mtm {
             };
             r.whi = EMA_ALPHA * r.hi + (1.0 - EMA_ALPHA) * r.whi;
         }
-        // Split.
+    }
+
+    /// Step 2: the regions after splitting, and how many split.
+    fn split_regions(&mut self) -> (Vec<Region>, u64) {
         let mut splits = 0;
         let mut out = Vec::with_capacity(self.regions.len());
         for r in self.regions.drain(..) {
@@ -232,27 +259,7 @@ impl Mtm {
             };
             let units = r.len / self.unit;
             if spread > self.tau_s && units >= 2 {
-                let left_len = (units / 2) * self.unit;
-                let (sl, sr) = (r.samples.div_ceil(2).max(1), (r.samples / 2).max(1));
-                let mut a = Region::new(r.start, left_len, sl);
-                let mut b = Region::new(r.start + left_len, r.len - left_len, sr);
-                for x in [&mut a, &mut b] {
-                    x.hi = r.hi;
-                    x.hi_prev = r.hi_prev;
-                    x.whi = r.whi;
-                }
-                // Each half keeps the counts of the samples that fall in it.
-                for (&p, &c) in r.sample_pages.iter().zip(&r.counts) {
-                    let x = if p < b.start { &mut a } else { &mut b };
-                    x.sample_pages.push(p);
-                    x.counts.push(c);
-                }
-                for x in [&mut a, &mut b] {
-                    if !x.counts.is_empty() {
-                        x.hi = x.counts.iter().map(|&c| f64::from(c)).sum::<f64>()
-                            / x.counts.len() as f64;
-                    }
-                }
+                let (a, b) = split_in_halves(r, (units / 2) * self.unit);
                 out.push(a);
                 out.push(b);
                 splits += 1;
@@ -260,11 +267,16 @@ impl Mtm {
                 out.push(r);
             }
         }
-        // Merge (chains of adjacent regions of similar hotness).
+        (out, splits)
+    }
+
+    /// Step 3: the regions after merging, how many merged, and the samples
+    /// the merges freed.
+    fn merge_regions(&self, regions: Vec<Region>) -> (Vec<Region>, u64, u32) {
         let mut merges = 0;
         let mut freed = 0u32;
-        let mut merged: Vec<Region> = Vec::with_capacity(out.len());
-        for r in out {
+        let mut merged: Vec<Region> = Vec::with_capacity(regions.len());
+        for r in regions {
             if let Some(last) = merged.last_mut() {
                 if (last.hi - r.hi).abs() < self.tau_m {
                     let total = last.len + r.len;
@@ -283,23 +295,32 @@ impl Mtm {
             }
             merged.push(r);
         }
-        // Freed samples to the top regions by hotness variance.
-        if freed > 0 && !merged.is_empty() {
-            let mut idx: Vec<usize> = (0..merged.len()).collect();
-            idx.sort_by(|&a, &b| {
-                merged[b]
-                    .variance()
-                    .total_cmp(&merged[a].variance())
-                    .then(a.cmp(&b))
-            });
-            let top = &idx[..TOP_VARIANCE_REGIONS.min(idx.len())];
-            for k in 0..freed as usize {
-                let r = &mut merged[top[k % top.len()]];
-                r.samples = (r.samples + 1).min(u32::try_from(r.len).unwrap_or(u32::MAX));
-            }
+        (merged, merges, freed)
+    }
+
+    /// Step 4: `freed` samples, one at a time, round-robin over the
+    /// [`TOP_VARIANCE_REGIONS`] regions of highest hotness variance.
+    fn give_freed_samples(&mut self, freed: u32) {
+        if freed == 0 || self.regions.is_empty() {
+            return;
         }
-        self.regions = merged;
-        // Overhead control: more regions than samples -> raise tau_m.
+        let regions = &mut self.regions;
+        let mut idx: Vec<usize> = (0..regions.len()).collect();
+        idx.sort_by(|&a, &b| {
+            regions[b]
+                .variance()
+                .total_cmp(&regions[a].variance())
+                .then(a.cmp(&b))
+        });
+        let top = &idx[..TOP_VARIANCE_REGIONS.min(idx.len())];
+        for k in 0..freed as usize {
+            let r = &mut regions[top[k % top.len()]];
+            r.samples = (r.samples + 1).min(u32::try_from(r.len).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// Step 5.
+    fn adapt_thresholds(&mut self) {
         if self.regions.len() as u64 > self.num_ps {
             self.tau_m += TAU_MERGE_STEP;
             self.tau_s = self.tau_s.max(self.tau_m + TAU_MERGE_STEP);
@@ -307,25 +328,49 @@ impl Mtm {
             self.tau_m = TAU_MERGE;
             self.tau_s = TAU_SPLIT;
         }
-        self.last_splits = splits;
-        self.last_merges = merges;
-        self.interval += 1;
     }
 
+    /// Migration at the end of an interval:
+    /// 1. rank the regions hottest first and give each a target tier by
+    ///    cumulative capacity (less a small free reserve);
+    /// 2. for each region above zero hotness, while the interval's budget
+    ///    lasts: make room in its target tier by demoting the coldest
+    ///    regions one step down, then move its pages up.
     fn migrate(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
-        let mut out = Decisions::none();
         let n = obs.tiers.len();
         if n < 2 {
-            return out;
+            return Decisions::none();
         }
-        let mut budget = FreeBudget::from_tiers(obs.tiers);
-        let budget_pages = self.budget.next_interval();
         let reserve: Vec<u64> = self
             .caps
             .iter()
             .map(|&c| ((c as f64 * FREE_RESERVE_FRACTION) as u64).max(1))
             .collect();
-        // Global ranking, hottest first; target tier by cumulative capacity.
+        let (order, target) = self.rank_and_target(n, &reserve);
+        let mut mover = Mover {
+            out: Decisions::none(),
+            budget: FreeBudget::from_tiers(obs.tiers),
+            budget_pages: self.budget.next_interval(),
+            reserve,
+            cold_order: order.iter().rev().copied().collect(),
+            cold_cursor: 0,
+            demoted_pages: 0,
+            promoted_pages: 0,
+            moved_regions: HashSet::new(),
+            tiers: n,
+        };
+        for &i in &order {
+            if mover.promoted_pages >= mover.budget_pages || self.regions[i].whi <= 0.0 {
+                break;
+            }
+            mover.promote(i, &self.regions, &target, view);
+        }
+        mover.out
+    }
+
+    /// Step 1 of [`Mtm::migrate`]: region indices hottest first, and each
+    /// region's target tier.
+    fn rank_and_target(&self, n: usize, reserve: &[u64]) -> (Vec<usize>, Vec<TierId>) {
         let mut order: Vec<usize> = (0..self.regions.len()).collect();
         order.sort_by(|&a, &b| {
             self.regions[b]
@@ -346,81 +391,133 @@ impl Mtm {
             target[i] = t as TierId;
             used += len;
         }
-        // Demotion cursor: coldest first.
-        let mut cold_order: Vec<usize> = order.clone();
-        cold_order.reverse();
-        let mut cold_cursor = 0usize;
-        let mut demoted_pages = 0u64;
-        let mut promoted_pages = 0u64;
-        let mut moved_regions: HashSet<usize> = HashSet::new();
-        for &i in &order {
-            if promoted_pages >= budget_pages || self.regions[i].whi <= 0.0 {
-                break;
-            }
-            let dst = target[i];
-            let (start, len) = (self.regions[i].start, self.regions[i].len);
-            let mut to_move: Vec<u64> = (start..start + len)
-                .filter(|&p| view.tier_of(p) > dst)
-                .collect();
-            if to_move.is_empty() {
-                continue;
-            }
-            // A region larger than what is left of the budget moves in part
-            // (the rest follows next interval).
-            to_move.truncate((budget_pages - promoted_pages) as usize);
-            let need = to_move.len() as u64;
-            // Make room: demote the coldest regions in `dst` one step down.
-            while budget.free(dst) < need + reserve[usize::from(dst)]
-                && demoted_pages < budget_pages
-            {
-                let Some(&c) = cold_order.get(cold_cursor) else {
-                    break;
-                };
-                cold_cursor += 1;
-                if target[c] <= dst || moved_regions.contains(&c) {
-                    continue;
-                }
-                let (cs, cl) = (self.regions[c].start, self.regions[c].len);
-                let mut pages_in: Vec<u64> =
-                    (cs..cs + cl).filter(|&p| view.tier_of(p) == dst).collect();
-                pages_in.truncate((budget_pages - demoted_pages) as usize);
-                let Some(down) = ((usize::from(dst) + 1)..n)
-                    .map(|d| d as TierId)
-                    .find(|&d| budget.free(d) >= pages_in.len() as u64)
-                else {
-                    continue;
-                };
-                for run in runs(&pages_in, view) {
-                    budget.take(down, u64::from(run.pages));
-                    budget.release(dst, u64::from(run.pages));
-                    out.migrations.push(Migration {
-                        unit: run,
-                        to: down,
-                        mechanism: Mechanism::StopAndCopy,
-                        urgency: Urgency::Background,
-                    });
-                }
-                demoted_pages += pages_in.len() as u64;
-                moved_regions.insert(c);
-            }
-            if budget.free(dst) < need {
-                continue;
-            }
-            for run in runs(&to_move, view) {
-                let src = view.tier_of(run.page);
-                budget.take(dst, u64::from(run.pages));
-                budget.release(src, u64::from(run.pages));
-                out.migrations.push(Migration {
-                    unit: run,
-                    to: dst,
-                    mechanism: Mechanism::StopAndCopy,
-                    urgency: Urgency::Background,
-                });
-            }
-            promoted_pages += need;
-            moved_regions.insert(i);
+        (order, target)
+    }
+}
+
+/// Splits `r` at `left_len` pages; each half keeps the counts of the
+/// samples that fall in it and half the samples (at least one).
+fn split_in_halves(r: Region, left_len: u64) -> (Region, Region) {
+    let (sl, sr) = (r.samples.div_ceil(2).max(1), (r.samples / 2).max(1));
+    let mut a = Region::new(r.start, left_len, sl);
+    let mut b = Region::new(r.start + left_len, r.len - left_len, sr);
+    for x in [&mut a, &mut b] {
+        x.hi = r.hi;
+        x.hi_prev = r.hi_prev;
+        x.whi = r.whi;
+    }
+    for (&p, &c) in r.sample_pages.iter().zip(&r.counts) {
+        let x = if p < b.start { &mut a } else { &mut b };
+        x.sample_pages.push(p);
+        x.counts.push(c);
+    }
+    for x in [&mut a, &mut b] {
+        if !x.counts.is_empty() {
+            x.hi = x.counts.iter().map(|&c| f64::from(c)).sum::<f64>() / x.counts.len() as f64;
         }
-        out
+    }
+    (a, b)
+}
+
+/// Step 2 of [`Mtm::migrate`]: the decisions of one interval and what is
+/// left of its budgets.
+struct Mover {
+    out: Decisions,
+    budget: FreeBudget,
+    /// Pages the interval may promote, and as many it may demote.
+    budget_pages: u64,
+    reserve: Vec<u64>,
+    /// Region indices coldest first, and the next one to demote.
+    cold_order: Vec<usize>,
+    cold_cursor: usize,
+    demoted_pages: u64,
+    promoted_pages: u64,
+    moved_regions: HashSet<usize>,
+    tiers: usize,
+}
+
+impl Mover {
+    /// Moves region `i`'s pages that sit below its target tier up (as many
+    /// as the budget has left), after making room there.
+    fn promote(
+        &mut self,
+        i: usize,
+        regions: &[Region],
+        target: &[TierId],
+        view: &mut dyn MemoryView,
+    ) {
+        let dst = target[i];
+        let (start, len) = (regions[i].start, regions[i].len);
+        let mut to_move: Vec<u64> = (start..start + len)
+            .filter(|&p| view.tier_of(p) > dst)
+            .collect();
+        if to_move.is_empty() {
+            return;
+        }
+        // A region larger than what is left of the budget moves in part
+        // (the rest follows next interval).
+        to_move.truncate((self.budget_pages - self.promoted_pages) as usize);
+        let need = to_move.len() as u64;
+        self.make_room(dst, need, regions, target, view);
+        if self.budget.free(dst) < need {
+            return;
+        }
+        self.move_runs(&to_move, dst, view);
+        self.promoted_pages += need;
+        self.moved_regions.insert(i);
+    }
+
+    /// Moves `pages` (sorted) to tier `to` in runs of consecutive pages,
+    /// taking their room there and freeing it where they were.
+    fn move_runs(&mut self, pages: &[u64], to: TierId, view: &dyn MemoryView) {
+        for run in runs(pages, view) {
+            let src = view.tier_of(run.page);
+            self.budget.take(to, u64::from(run.pages));
+            self.budget.release(src, u64::from(run.pages));
+            self.out.migrations.push(Migration {
+                unit: run,
+                to,
+                mechanism: Mechanism::StopAndCopy,
+                urgency: Urgency::Background,
+            });
+        }
+    }
+
+    /// Demotes the coldest regions in `dst` one step down (to the first
+    /// slower tier with room) until `dst` has `need` pages free plus its
+    /// reserve, or the demotion budget is spent.
+    fn make_room(
+        &mut self,
+        dst: TierId,
+        need: u64,
+        regions: &[Region],
+        target: &[TierId],
+        view: &mut dyn MemoryView,
+    ) {
+        while self.budget.free(dst) < need + self.reserve[usize::from(dst)]
+            && self.demoted_pages < self.budget_pages
+        {
+            let Some(&c) = self.cold_order.get(self.cold_cursor) else {
+                break;
+            };
+            self.cold_cursor += 1;
+            if target[c] <= dst || self.moved_regions.contains(&c) {
+                continue;
+            }
+            let (cs, cl) = (regions[c].start, regions[c].len);
+            let mut pages_in: Vec<u64> =
+                (cs..cs + cl).filter(|&p| view.tier_of(p) == dst).collect();
+            pages_in.truncate((self.budget_pages - self.demoted_pages) as usize);
+            let Some(down) = ((usize::from(dst) + 1)..self.tiers)
+                .map(|d| d as TierId)
+                .find(|&d| self.budget.free(d) >= pages_in.len() as u64)
+            else {
+                continue;
+            };
+            self.move_runs(&pages_in, down, view);
+            self.demoted_pages += pages_in.len() as u64;
+            self.moved_regions.insert(c);
+        }
     }
 }
 
@@ -446,8 +543,8 @@ fn runs(pages: &[u64], view: &dyn MemoryView) -> Vec<Unit> {
 }
 
 impl Policy for Mtm {
-    fn name(&self) -> &'static str {
-        "mtm"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Mtm
     }
 
     fn trackers(&self) -> TrackerRequest {
@@ -487,7 +584,7 @@ impl Policy for Mtm {
         }
         hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         PolicyState {
-            from: "mtm".into(),
+            from: PolicyKind::Mtm,
             now_ns: 0,
             hot_pages,
         }

@@ -22,7 +22,7 @@ use super::tpp::{
     Kswapd, LruFlags, PromotionGate, SCAN_PERIOD_MIN_NS, SCAN_SIZE_MB, TICK_INTERVAL_NS,
 };
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// PCQ look-back distance `PG_FAULT_LOOKBACK_DIST` (Nomad artifact).
 pub const PCQ_LOOKBACK: usize = 20;
@@ -100,8 +100,8 @@ impl Nomad {
 }
 
 impl Policy for Nomad {
-    fn name(&self) -> &'static str {
-        "nomad"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Nomad
     }
 
     fn trackers(&self) -> TrackerRequest {
@@ -202,7 +202,7 @@ impl Policy for Nomad {
             }
         }));
         PolicyState {
-            from: "nomad".into(),
+            from: PolicyKind::Nomad,
             now_ns: 0,
             hot_pages,
         }

@@ -110,10 +110,10 @@ proptest! {
             let used = placement.iter().filter(|&&x| usize::from(x) == t).count() as u64;
             *cap = (*cap).max(used);
         }
-        for name in NAMES.iter().chain(["tpp-lru", "colloid-base", "memtis-quickcool"].iter()) {
+        for kind in PolicyKind::ALL {
             let mut cfg = PolicyConfig::new(pages, caps.clone());
             cfg.scale = 64.0; // small regions for mtm, small budgets
-            let mut policy = by_name(name, &cfg).unwrap();
+            let mut policy = kind.build(&cfg).unwrap();
             let mut view = VecView { tier: placement.clone(), shadow: vec![false; pages as usize], accessed: vec![false; pages as usize] };
             // Shadows only for pages in tier 0 (promoted pages keep their slow copy in tier 1).
             for ((sh, &want), &t) in view.shadow.iter_mut().zip(&shadows).zip(&placement) {
@@ -129,7 +129,7 @@ proptest! {
                     Event::Fault { page, ttf_ms, write } => {
                         let fault = HintFault { page: *page, tier: view.tier_of(*page), time_to_fault_ns: ttf_ms * 1_000_000, write: *write, now_ns: now };
                         if let Some(m) = policy.on_hint_fault(&fault, &status, &mut view) {
-                            check_and_apply(&mut view, &mut free, &[m]).map_err(|e| TestCaseError::fail(format!("{name} fault: {e}")))?;
+                            check_and_apply(&mut view, &mut free, &[m]).map_err(|e| TestCaseError::fail(format!("{kind} fault: {e}")))?;
                         }
                     }
                     Event::Tick { samples, aborts, lat_d, lat_a, rate_d, rate_a } => {
@@ -144,7 +144,7 @@ proptest! {
                         for k in 0..4 {
                             let obs = Observations { now_ns: now + k, tiers: &status, samples: &samples, tpm_outcomes: &outcomes, dirty: &[] };
                             let d = policy.tick(&obs, &mut view);
-                            check_and_apply(&mut view, &mut free, &d.migrations).map_err(|e| TestCaseError::fail(format!("{name} tick: {e} in {:?} free {:?}", d.migrations.iter().map(|m| (m.unit.page, m.to)).collect::<Vec<_>>(), status.iter().map(|s| s.free_pages).collect::<Vec<_>>())))?;
+                            check_and_apply(&mut view, &mut free, &d.migrations).map_err(|e| TestCaseError::fail(format!("{kind} tick: {e} in {:?} free {:?}", d.migrations.iter().map(|m| (m.unit.page, m.to)).collect::<Vec<_>>(), status.iter().map(|s| s.free_pages).collect::<Vec<_>>())))?;
                             status = view.status(&caps);
                             status[0].loaded_latency_ns = Some(*lat_d);
                             status[1].loaded_latency_ns = Some(*lat_a);

@@ -2,7 +2,7 @@
 //! baseline of Nomad §4 and MTM's first-touch).
 
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// Tick interval (nothing happens at a tick; one second keeps engines idle).
 pub const TICK_INTERVAL_NS: u64 = 1_000_000_000;
@@ -19,8 +19,8 @@ impl Static {
 }
 
 impl Policy for Static {
-    fn name(&self) -> &'static str {
-        "static"
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Static
     }
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest::none()
@@ -33,7 +33,7 @@ impl Policy for Static {
     }
     fn export_state(&self) -> PolicyState {
         PolicyState {
-            from: "static".into(),
+            from: PolicyKind::Static,
             ..PolicyState::default()
         }
     }

@@ -20,7 +20,7 @@
 
 use super::hotness::ClockHand;
 use super::types::*;
-use super::Policy;
+use super::{Policy, PolicyKind};
 
 /// `sysctl_numa_balancing_hot_threshold` = 1000 ms (kernel/sched/fair.c, 6.3).
 pub const HOT_THRESHOLD_NS: u64 = 1_000_000_000;
@@ -328,11 +328,11 @@ impl Tpp {
 }
 
 impl Policy for Tpp {
-    fn name(&self) -> &'static str {
+    fn kind(&self) -> PolicyKind {
         if self.require_active {
-            "tpp-lru"
+            PolicyKind::TppLru
         } else {
-            "tpp"
+            PolicyKind::Tpp
         }
     }
 
@@ -412,7 +412,7 @@ impl Policy for Tpp {
             })
             .collect();
         PolicyState {
-            from: "tpp".into(),
+            from: self.kind(),
             now_ns: 0,
             hot_pages,
         }

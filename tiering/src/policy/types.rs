@@ -173,8 +173,8 @@ impl TrackerRequest {
 /// A policy-neutral hotness snapshot, for switching policies at run time.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PolicyState {
-    /// Name of the policy that exported the state.
-    pub from: String,
+    /// The policy that exported the state.
+    pub from: super::PolicyKind,
     /// Clock at export.
     pub now_ns: u64,
     /// Pages believed hot, with a heat in [0, 1] (1 = hottest), hottest first.

@@ -21,17 +21,17 @@ use std::time::Instant;
 use tiervm_guest::gen::Rng;
 
 use super::model::{CostModel, TierModel};
-use super::report::{Counters, RunReport, TierTraffic, TimelinePoint};
+use super::report::{EventCounts, SimReport, TierTraffic, TimelineBucket};
 use super::scenario::Scenario;
-use super::workload::{
-    AccessStream, GaussianHotStream, GupsStream, KvStream, PageAccess, PagerankStream,
-    WorkloadSpec, ZipfStream,
-};
+use super::setup::{self, InitialState, Stream};
+use super::workload::PageAccess;
 use super::SimError;
 use crate::policy::{
-    self, AccessSample, HintFault, Mechanism, MemoryView, Migration, Observations, Policy,
-    PolicyConfig, TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGE_BYTES,
+    AccessSample, HintFault, Mechanism, MemoryView, Migration, Observations, Policy, PolicyKind,
+    TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGE_BYTES,
 };
+
+pub use super::setup::{SimPlacement, INITIAL_FREE_FRACTION};
 
 /// Shortest simulation quantum: 1 ms of modeled time.
 pub const MIN_QUANTUM_NS: u64 = 1_000_000;
@@ -42,8 +42,6 @@ pub const MAX_QUANTUM_NS: u64 = 10_000_000;
 pub const ACCESSES_PER_QUANTUM: f64 = 512.0;
 /// Timeline buckets per run.
 pub const TIMELINE_POINTS: usize = 40;
-/// Fraction of each tier left free at start (as Linux keeps watermarks).
-pub const INITIAL_FREE_FRACTION: f64 = 0.004;
 /// On an allocation failure, shadows are freed up to this many times the
 /// request (Nomad §3.2).
 pub const SHADOW_RECLAIM_FACTOR: u64 = 10;
@@ -55,25 +53,15 @@ const IN_TPM: u8 = 8;
 const TPM_ABORT: u8 = 16;
 const NO_SHADOW: u8 = u8::MAX;
 
-/// Initial placement.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Placement {
-    /// Fill tiers fastest first in address order (first touch).
-    FirstTouch,
-    /// GUPS only: this share of the hot set in tier 0, the rest of tier 0
-    /// filled with cold pages (Colloid's best-case static split).
-    HotShare(f64),
-}
-
-/// The page map: the simulator's [`MemoryView`].
-struct PageMap {
+/// The state of every modeled page: the simulator's [`MemoryView`].
+struct ModeledPages {
     tier: Vec<TierId>,
     flags: Vec<u8>,
     shadow: Vec<TierId>,
     scan_time: Vec<u64>,
 }
 
-impl MemoryView for PageMap {
+impl MemoryView for ModeledPages {
     fn pages(&self) -> u64 {
         self.tier.len() as u64
     }
@@ -94,27 +82,6 @@ impl MemoryView for PageMap {
                 a
             }
             None => false,
-        }
-    }
-}
-
-enum Stream {
-    Zipf(ZipfStream),
-    Gups(GupsStream),
-    Gauss(GaussianHotStream),
-    Kv(Box<KvStream>),
-    Pagerank(PagerankStream),
-}
-
-impl Stream {
-    #[inline]
-    fn next(&mut self, rng: &mut Rng) -> PageAccess {
-        match self {
-            Self::Zipf(s) => s.next_access(rng),
-            Self::Gups(s) => s.next_access(rng),
-            Self::Gauss(s) => s.next_access(rng),
-            Self::Kv(s) => s.next_access(rng),
-            Self::Pagerank(s) => s.next_access(rng),
         }
     }
 }
@@ -142,6 +109,156 @@ struct Raw {
     rejected: u64,
 }
 
+/// What stalls cost the application, in request-slot nanoseconds.
+struct StallCosts {
+    /// A fault taken by the accessing thread.
+    fault: f64,
+    /// The IPIs a fault-path migration sends to the other threads.
+    ipi_others: f64,
+    /// A stop-and-copy migration in the fault path.
+    sync_migration: f64,
+}
+
+/// The clock of a quantum: when it starts and how fast its budget of
+/// request slots turns into time.
+struct QuantumClock {
+    start_ns: u64,
+    budget: f64,
+    slot_rate: f64,
+}
+
+impl QuantumClock {
+    /// Modeled time once `slots` of the budget are left.
+    fn now(&self, slots: f64) -> u64 {
+        self.start_ns + ((self.budget - slots) / self.slot_rate).max(0.0) as u64
+    }
+}
+
+/// Accesses served in one quantum, per tier.
+struct QuantumTally {
+    accesses: Vec<u64>,
+    latency: Vec<f64>,
+    /// Cache lines moved (a write moves two).
+    lines: Vec<f64>,
+}
+
+impl QuantumTally {
+    fn new(n: usize) -> Self {
+        Self {
+            accesses: vec![0; n],
+            latency: vec![0.0; n],
+            lines: vec![0.0; n],
+        }
+    }
+
+    fn clear(&mut self) {
+        self.accesses.iter_mut().for_each(|x| *x = 0);
+        self.latency.iter_mut().for_each(|x| *x = 0.0);
+        self.lines.iter_mut().for_each(|x| *x = 0.0);
+    }
+}
+
+/// The run's schedule of quanta, ticks and report phases.
+struct RunClock {
+    quantum_ns: u64,
+    quanta: u64,
+    tick_ns: u64,
+    next_tick: u64,
+    /// Quanta in the "in progress" and in the "stable" phase.
+    phase_quanta: u64,
+}
+
+impl RunClock {
+    /// A quantum of about [`ACCESSES_PER_QUANTUM`] simulated accesses at
+    /// unloaded speed, quanta to cover the duration, the policy's tick.
+    fn new(scn: &Scenario, sim: &Sim, tick_interval_ns: u64) -> Self {
+        let fastest = scn
+            .tiers
+            .iter()
+            .map(|t| t.unloaded_ns)
+            .fold(f64::INFINITY, f64::min)
+            .max(1.0);
+        let sim_rate = sim.threads * sim.mlp / fastest * 1e9 / sim.scale;
+        let quantum_ns = ((ACCESSES_PER_QUANTUM / sim_rate * 1e9 / MIN_QUANTUM_NS as f64).floor()
+            as u64
+            * MIN_QUANTUM_NS)
+            .clamp(MIN_QUANTUM_NS, MAX_QUANTUM_NS);
+        let quanta = ((scn.duration_s * 1e9) / quantum_ns as f64).ceil().max(1.0) as u64;
+        let tick_ns = tick_interval_ns.max(1);
+        let phase_quanta =
+            ((quanta as f64 * scn.phase_fraction.clamp(0.01, 0.5)).round() as u64).max(1);
+        Self {
+            quantum_ns,
+            quanta,
+            tick_ns,
+            next_tick: tick_ns,
+            phase_quanta,
+        }
+    }
+
+    /// Whether the policy ticks at `now`; if so, schedules the next tick.
+    fn tick_due(&mut self, now: u64) -> bool {
+        if now < self.next_tick {
+            return false;
+        }
+        self.next_tick += self.tick_ns * ((now - self.next_tick) / self.tick_ns + 1);
+        true
+    }
+}
+
+/// Throughput over the run: the timeline buckets and the two phases.
+struct Throughput {
+    per_bucket: u64,
+    bucket: (u64, f64, u64, u64),
+    timeline: Vec<TimelineBucket>,
+    first_phase_accesses: u64,
+    last_phase_accesses: u64,
+    accesses: u64,
+}
+
+impl Throughput {
+    fn new(clock: &RunClock) -> Self {
+        Self {
+            per_bucket: clock.quanta.div_ceil(TIMELINE_POINTS as u64).max(1),
+            bucket: (0, 0.0, 0, 0),
+            timeline: Vec::new(),
+            first_phase_accesses: 0,
+            last_phase_accesses: 0,
+            accesses: 0,
+        }
+    }
+
+    /// Adds quantum `q` (ending at `now`) and closes a bucket when it is full.
+    fn add_quantum(&mut self, q: u64, now: u64, tally: &QuantumTally, clock: &RunClock, s: f64) {
+        let tot_q: u64 = tally.accesses.iter().sum();
+        let (acc, lat, fast, quanta) = &mut self.bucket;
+        *acc += tot_q;
+        *lat += tally.latency.iter().sum::<f64>();
+        *fast += tally.accesses[0];
+        *quanta += 1;
+        if q < clock.phase_quanta {
+            self.first_phase_accesses += tot_q;
+        }
+        if q >= clock.quanta - clock.phase_quanta {
+            self.last_phase_accesses += tot_q;
+        }
+        if *quanta == self.per_bucket || q + 1 == clock.quanta {
+            let secs = *quanta as f64 * clock.quantum_ns as f64 / 1e9;
+            self.timeline.push(TimelineBucket {
+                t_s: now as f64 / 1e9,
+                throughput_maps: *acc as f64 * s / secs / 1e6,
+                avg_latency_ns: if *acc > 0 { *lat / *acc as f64 } else { 0.0 },
+                fast_share: if *acc > 0 {
+                    *fast as f64 / *acc as f64
+                } else {
+                    0.0
+                },
+            });
+            self.bucket = (0, 0.0, 0, 0);
+        }
+    }
+}
+
 struct Sim {
     scale: f64,
     threads: f64,
@@ -152,7 +269,7 @@ struct Sim {
     cap: Vec<u64>,
     used: Vec<u64>,
     shadows: Vec<u64>,
-    map: PageMap,
+    map: ModeledPages,
     shadow_fifo: VecDeque<u64>,
     stream: Stream,
     rng: Rng,
@@ -167,11 +284,14 @@ struct Sim {
     tpm: Vec<TpmInFlight>,
     tpm_end_ns: u64,
     lat: Vec<f64>,
+    /// `lat` times the scale: slot-ns one access to each tier spends.
+    lat_scaled: Vec<f64>,
     mix: Vec<f64>,
     mig_bytes_q: Vec<f64>,
     pending_stall_slots: f64,
     now: u64,
     raw: Raw,
+    policy_name: &'static str,
     // tick-window accounting for TierStatus
     win_acc: Vec<u64>,
     win_lat: Vec<f64>,
@@ -189,7 +309,156 @@ struct Sim {
     mig_u: Vec<f64>,
 }
 
+/// Runs `policy` on `scn` with first-touch placement.
+pub fn run(scn: &Scenario, policy: PolicyKind) -> Result<SimReport, SimError> {
+    run_with(scn, policy, SimPlacement::FirstTouch)
+}
+
+/// Runs `policy` on `scn` with the given initial placement:
+/// 1. check the scenario and lay out the modeled pages;
+/// 2. build the policy and the simulator with the trackers it asks for;
+/// 3. for every quantum: solve the tiers' latency, serve accesses until the
+///    quantum's request slots are spent (hint faults reach the policy as
+///    they happen), account the quantum, complete transactional migrations,
+///    scan for hint faults and, when its interval is over, tick the policy;
+/// 4. report.
+pub fn run_with(
+    scn: &Scenario,
+    policy: PolicyKind,
+    placement: SimPlacement,
+) -> Result<SimReport, SimError> {
+    setup::validate(scn)?;
+    let started = Instant::now();
+    let start = setup::initial_state(scn, placement)?;
+    let mut policy = policy.build(&setup::policy_config(scn, &start))?;
+    let mut sim = Sim::new(scn, start, policy.as_ref());
+    let mut clock = RunClock::new(scn, &sim, policy.tick_interval_ns());
+    sim.quantum_ns = clock.quantum_ns;
+    let costs = sim.stall_costs();
+    let slots_per_q = sim.threads * sim.mlp * clock.quantum_ns as f64;
+    let mut throughput = Throughput::new(&clock);
+    let mut tally = QuantumTally::new(sim.cap.len());
+    let mut carry = 0.0f64;
+    for q in 0..clock.quanta {
+        let q_start = q * clock.quantum_ns;
+        sim.begin_quantum(q_start);
+        let quantum = QuantumClock {
+            start_ns: q_start,
+            budget: slots_per_q + carry - sim.pending_stall_slots,
+            slot_rate: slots_per_q / clock.quantum_ns as f64,
+        };
+        sim.pending_stall_slots = 0.0;
+        tally.clear();
+        carry = sim.serve_accesses(
+            &quantum,
+            policy.as_mut(),
+            &costs,
+            &mut tally,
+            &mut throughput,
+        );
+        sim.now = q_start + clock.quantum_ns;
+        sim.account_quantum(&tally, scn.access_bytes);
+        throughput.add_quantum(q, sim.now, &tally, &clock, sim.scale);
+        sim.run_mechanisms();
+        if clock.tick_due(sim.now) {
+            sim.tick_policy(policy.as_mut());
+        }
+        sim.account_migration_traffic();
+    }
+    Ok(sim.report(scn, &clock, throughput, started))
+}
+
 impl Sim {
+    fn new(scn: &Scenario, start: InitialState, policy: &dyn Policy) -> Self {
+        let n = start.cap.len();
+        let pages = start.pages;
+        let trackers = policy.trackers();
+        let hint_mask = trackers
+            .hint_fault_tiers
+            .iter()
+            .filter(|&&t| usize::from(t) < n)
+            .fold(0u64, |m, &t| m | 1 << t);
+        let mut ant_u = vec![0.0; n];
+        if let Some(a) = &scn.antagonist {
+            if let Some(u) = ant_u.get_mut(usize::from(a.tier)) {
+                *u = a.utilization;
+            }
+        }
+        let mix: Vec<f64> = {
+            let tot = pages as f64;
+            start.used.iter().map(|&u| u as f64 / tot).collect()
+        };
+        Self {
+            scale: start.scale,
+            threads: f64::from(scn.threads),
+            mlp: scn.mlp,
+            costs: scn.costs.clone(),
+            bw: scn.tiers.iter().map(|t| t.bandwidth_gbps).collect(),
+            ant_u,
+            cap: start.cap,
+            used: start.used,
+            shadows: vec![0; n],
+            map: ModeledPages {
+                tier: start.tier,
+                flags: vec![0; pages as usize],
+                shadow: vec![NO_SHADOW; pages as usize],
+                scan_time: vec![0; pages as usize],
+            },
+            shadow_fifo: VecDeque::new(),
+            stream: start.stream,
+            rng: Rng::for_stream(scn.seed, 0),
+            sample_countdown: trackers.sample_period,
+            trackers,
+            hint_mask,
+            scan_cursor: 0,
+            scan_carry: 0.0,
+            samples: Vec::new(),
+            outcomes: Vec::new(),
+            dirty: Vec::new(),
+            tpm: Vec::new(),
+            tpm_end_ns: 0,
+            lat: scn.tiers.iter().map(|t| t.unloaded_ns).collect(),
+            lat_scaled: vec![0.0; n],
+            mix,
+            mig_bytes_q: vec![0.0; n],
+            pending_stall_slots: 0.0,
+            now: 0,
+            raw: Raw::default(),
+            policy_name: policy.kind().name(),
+            win_acc: vec![0; n],
+            win_lat: vec![0.0; n],
+            win_start: 0,
+            status: vec![
+                TierStatus {
+                    capacity_pages: 0,
+                    free_pages: 0,
+                    shadow_pages: 0,
+                    loaded_latency_ns: None,
+                    request_rate: None
+                };
+                n
+            ],
+            tot_acc: vec![0; n],
+            tot_lat: vec![0.0; n],
+            tot_bytes: vec![0.0; n],
+            tot_mig_bytes: vec![0.0; n],
+            tot_ant_bytes: vec![0.0; n],
+            access_bytes: scn.access_bytes * (1.0 + start.write_share),
+            tiers_model: scn.tiers.clone(),
+            quantum_ns: MIN_QUANTUM_NS,
+            mig_u: vec![0.0; n],
+        }
+    }
+
+    fn stall_costs(&self) -> StallCosts {
+        let s = self.scale;
+        StallCosts {
+            fault: s * self.costs.fault_ns * self.mlp,
+            ipi_others: s * (self.threads - 1.0).max(0.0) * self.mlp * self.costs.ipi_receive_ns,
+            sync_migration: s * self.costs.stop_and_copy_ns() * self.mlp,
+        }
+    }
+
     fn free(&self, t: usize) -> u64 {
         self.cap[t].saturating_sub(self.used[t] + self.shadows[t])
     }
@@ -238,13 +507,281 @@ impl Sim {
             }
         }
     }
+
+    /// Step 3 begins: the clock, the tiers' loaded latency for the quantum.
+    fn begin_quantum(&mut self, q_start: u64) {
+        self.now = q_start;
+        self.solve_latency();
+        self.mig_bytes_q.iter_mut().for_each(|b| *b = 0.0);
+        for (l, &lat) in self.lat_scaled.iter_mut().zip(&self.lat) {
+            *l = lat * self.scale;
+        }
+    }
+
+    /// Serves accesses until the quantum's request slots are spent; returns
+    /// the slots left over (negative: overdrawn), carried to the next quantum.
+    fn serve_accesses(
+        &mut self,
+        quantum: &QuantumClock,
+        policy: &mut dyn Policy,
+        costs: &StallCosts,
+        tally: &mut QuantumTally,
+        throughput: &mut Throughput,
+    ) -> f64 {
+        let mut slots = quantum.budget;
+        while slots > 0.0 {
+            let a = self.stream.next(&mut self.rng);
+            let (t, stall) = self.access(a, || quantum.now(slots), policy, costs);
+            let ti = usize::from(t);
+            tally.accesses[ti] += 1;
+            tally.latency[ti] += self.lat[ti];
+            tally.lines[ti] += if a.write { 2.0 } else { 1.0 };
+            slots -= self.lat_scaled[ti] + stall;
+            throughput.accesses += 1;
+        }
+        slots
+    }
+
+    /// One access: the faults it takes (a hint fault on a protected page, a
+    /// write to a shadowed master, a write during a transactional copy), its
+    /// dirty and accessed bits, and its sample. Returns the tier that served
+    /// it and the stall (slot-ns) it cost.
+    #[inline]
+    fn access(
+        &mut self,
+        a: PageAccess,
+        now: impl Fn() -> u64,
+        policy: &mut dyn Policy,
+        costs: &StallCosts,
+    ) -> (TierId, f64) {
+        let pi = a.page as usize;
+        let mut fl = self.map.flags[pi];
+        let mut t = self.map.tier[pi];
+        let mut stall = 0.0;
+        if fl & (PROTECTED | IN_TPM) != 0 || (a.write && self.map.shadow[pi] != NO_SHADOW) {
+            let now = now();
+            if fl & PROTECTED != 0 {
+                stall += self.hint_fault(a, t, now, policy, costs);
+                t = self.map.tier[pi];
+                fl = self.map.flags[pi];
+            }
+            if a.write && self.map.shadow[pi] != NO_SHADOW {
+                // Shadowed masters are read-only: a write faults and drops the shadow.
+                self.drop_shadow(pi);
+                self.raw.shadow_write_faults += 1;
+                stall += costs.fault;
+            }
+            if a.write && fl & IN_TPM != 0 && now < self.tpm_end_ns {
+                fl |= TPM_ABORT;
+            }
+        }
+        if a.write {
+            if fl & DIRTY == 0 && self.trackers.dirty_log {
+                self.dirty.push(a.page);
+            }
+            fl |= DIRTY;
+        }
+        self.map.flags[pi] = fl | ACCESSED;
+        if self.sample_countdown > 0 {
+            self.sample_countdown -= 1;
+            if self.sample_countdown == 0 {
+                self.sample_countdown = self.trackers.sample_period;
+                self.samples.push(AccessSample {
+                    page: a.page,
+                    tier: t,
+                    write: a.write,
+                });
+            }
+        }
+        (t, stall)
+    }
+
+    /// A hint fault on a protected page, in tier `t`: the policy decides at
+    /// once; a fault-path migration runs before the access resumes (as
+    /// stop-and-copy), any other is carried out in the background. Returns
+    /// the stall (slot-ns) of the faulting thread.
+    fn hint_fault(
+        &mut self,
+        a: PageAccess,
+        t: TierId,
+        now: u64,
+        policy: &mut dyn Policy,
+        costs: &StallCosts,
+    ) -> f64 {
+        let pi = a.page as usize;
+        self.map.flags[pi] &= !PROTECTED;
+        self.raw.hint_faults += 1;
+        let mut stall = costs.fault;
+        let fault = HintFault {
+            page: a.page,
+            tier: t,
+            time_to_fault_ns: now.saturating_sub(self.map.scan_time[pi]),
+            write: a.write,
+            now_ns: now,
+        };
+        self.now = now;
+        self.refresh_status();
+        if let Some(m) = policy.on_hint_fault(&fault, &self.status, &mut self.map) {
+            if m.urgency == Urgency::BeforeFaultingAccessResumes && m.unit.page == a.page {
+                let before = self.raw.promotions;
+                let stop = Migration {
+                    mechanism: Mechanism::StopAndCopy,
+                    ..m
+                };
+                self.apply(&stop);
+                if self.raw.promotions > before {
+                    self.raw.sync_promotions += 1;
+                }
+                stall += costs.sync_migration + costs.ipi_others;
+            } else {
+                self.pending_stall_slots += self.apply(&m);
+            }
+        }
+        stall
+    }
+
+    /// Adds the quantum's accesses to the tick window and the run totals,
+    /// and makes its access mix the next quantum's latency input.
+    fn account_quantum(&mut self, tally: &QuantumTally, line_bytes: f64) {
+        let tot_q: u64 = tally.accesses.iter().sum();
+        let q_s = self.quantum_ns as f64;
+        for t in 0..self.cap.len() {
+            self.win_acc[t] += tally.accesses[t];
+            self.win_lat[t] += tally.latency[t];
+            self.tot_acc[t] += tally.accesses[t];
+            self.tot_lat[t] += tally.latency[t];
+            self.tot_bytes[t] += tally.lines[t] * line_bytes * self.scale;
+            self.tot_ant_bytes[t] += self.ant_u[t] * self.bw[t] * 1e9 * q_s / 1e9;
+            if tot_q > 0 {
+                self.mix[t] = tally.accesses[t] as f64 / tot_q as f64;
+            }
+        }
+    }
+
+    /// Completes the transactional migrations whose copy is over and
+    /// protects the next pages for hint faults.
+    fn run_mechanisms(&mut self) {
+        if !self.tpm.is_empty() && self.now >= self.tpm_end_ns {
+            self.complete_tpm();
+        }
+        self.scan_hint();
+    }
+
+    /// Hands the tick's observations to the policy and carries out its
+    /// decisions: shadow reclaims, then migrations in order.
+    fn tick_policy(&mut self, policy: &mut dyn Policy) {
+        self.refresh_status();
+        let samples = std::mem::take(&mut self.samples);
+        let outcomes = std::mem::take(&mut self.outcomes);
+        let dirty = std::mem::take(&mut self.dirty);
+        for &p in &dirty {
+            self.map.flags[p as usize] &= !DIRTY;
+        }
+        let status = self.status.clone();
+        let obs = Observations {
+            now_ns: self.now,
+            tiers: &status,
+            samples: &samples,
+            tpm_outcomes: &outcomes,
+            dirty: &dirty,
+        };
+        let d = policy.tick(&obs, &mut self.map);
+        let n = self.cap.len();
+        for (t, k) in &d.reclaim_shadows {
+            if usize::from(*t) < n {
+                self.reclaim_shadows(*t, *k);
+            }
+        }
+        for m in &d.migrations {
+            self.pending_stall_slots += self.apply(m);
+        }
+        self.win_acc.iter_mut().for_each(|x| *x = 0);
+        self.win_lat.iter_mut().for_each(|x| *x = 0.0);
+        self.win_start = self.now;
+    }
+
+    /// Adds the quantum's migration copies to the run totals.
+    fn account_migration_traffic(&mut self) {
+        for t in 0..self.cap.len() {
+            self.tot_mig_bytes[t] += self.mig_bytes_q[t] * self.scale;
+        }
+    }
+
+    /// Step 4: the run's report, counts in real-equivalent units.
+    fn report(
+        &self,
+        scn: &Scenario,
+        clock: &RunClock,
+        throughput: Throughput,
+        started: Instant,
+    ) -> SimReport {
+        let s = self.scale;
+        let dur = clock.quanta as f64 * clock.quantum_ns as f64 / 1e9;
+        let phase_s = clock.phase_quanta as f64 * clock.quantum_ns as f64 / 1e9;
+        let total_acc: u64 = self.tot_acc.iter().sum();
+        let total_lat: f64 = self.tot_lat.iter().sum();
+        let c = |x: u64| x as f64 * s;
+        SimReport {
+            modeled: true,
+            scenario: scn.name.clone(),
+            policy: self.policy_name.to_string(),
+            duration_s: dur,
+            throughput_maps: total_acc as f64 * s / dur / 1e6,
+            in_progress_maps: throughput.first_phase_accesses as f64 * s / phase_s / 1e6,
+            stable_maps: throughput.last_phase_accesses as f64 * s / phase_s / 1e6,
+            avg_latency_ns: if total_acc > 0 {
+                total_lat / total_acc as f64
+            } else {
+                0.0
+            },
+            counters: self.event_counts(),
+            tiers: (0..self.cap.len())
+                .map(|t| TierTraffic {
+                    name: scn.tiers[t].name.clone(),
+                    accesses: c(self.tot_acc[t]),
+                    app_gb: self.tot_bytes[t] / 1e9,
+                    migration_gb: self.tot_mig_bytes[t] / 1e9,
+                    antagonist_gb: self.tot_ant_bytes[t] / 1e9,
+                    avg_loaded_latency_ns: if self.tot_acc[t] > 0 {
+                        self.tot_lat[t] / self.tot_acc[t] as f64
+                    } else {
+                        0.0
+                    },
+                    pages_at_end: self.used[t] as f64 * s,
+                })
+                .collect(),
+            timeline: throughput.timeline,
+            simulated_accesses: throughput.accesses,
+            wall_s: started.elapsed().as_secs_f64(),
+        }
+    }
+
+    fn event_counts(&self) -> EventCounts {
+        let r = &self.raw;
+        let c = |x: u64| x as f64 * self.scale;
+        EventCounts {
+            promotions: c(r.promotions),
+            demotions: c(r.demotions),
+            shadow_demotions: c(r.shadow_demotions),
+            shadow_misses: c(r.shadow_misses),
+            tpm_commits: c(r.tpm_commits),
+            tpm_aborts: c(r.tpm_aborts),
+            shadow_write_faults: c(r.shadow_write_faults),
+            shadows_reclaimed: c(r.shadows_reclaimed),
+            hint_faults: c(r.hint_faults),
+            sync_promotions: c(r.sync_promotions),
+            rejected: c(r.rejected),
+        }
+    }
 }
 
-// The tier models live beside the Sim (kept out of the hot struct fields above).
+// The mechanisms: migrations page by page, shadows, transactional commits,
+// the hint-fault scanner.
 impl Sim {
-    #[allow(clippy::too_many_lines)]
-    fn apply(&mut self, m: &Migration, policy_name: &str) -> f64 {
-        // Returns stall slot-ns charged to the application (IPIs).
+    /// Carries out one migration page by page; returns the stall (slot-ns)
+    /// charged to the application (IPIs).
+    fn apply(&mut self, m: &Migration) -> f64 {
+        let policy_name = self.policy_name;
         let mut stall_slots = 0.0;
         let n = self.cap.len();
         let to = m.to;
@@ -408,527 +945,4 @@ impl Sim {
             }
         }
     }
-}
-
-/// Runs `policy_name` on `scn` with first-touch placement.
-pub fn run(scn: &Scenario, policy_name: &str) -> Result<RunReport, SimError> {
-    run_with(scn, policy_name, Placement::FirstTouch)
-}
-
-/// Runs `policy_name` on `scn` with the given initial placement.
-#[allow(clippy::too_many_lines)]
-pub fn run_with(
-    scn: &Scenario,
-    policy_name: &str,
-    placement: Placement,
-) -> Result<RunReport, SimError> {
-    validate(scn)?;
-    let started = Instant::now();
-    let s = scn.workload.effective_scale(scn.scale);
-    let gib_pages = |g: f64| ((g * (1u64 << 30) as f64 / PAGE_BYTES as f64) / s).round() as u64;
-    // kv and pagerank run a scaled-down instance of the guest workload
-    // whose own layout defines the modeled page space.
-    let guest_stream = if let Some(p) = scn.workload.kv_params_at(s) {
-        Some(Stream::Kv(Box::new(KvStream::new(&p))))
-    } else if let Some(p) = scn.workload.pagerank_params_at(s) {
-        Some(Stream::Pagerank(
-            PagerankStream::new(&p, scn.seed).map_err(SimError::InvalidScenario)?,
-        ))
-    } else {
-        None
-    };
-    let pages = match &guest_stream {
-        Some(Stream::Kv(k)) => k.pages(),
-        Some(Stream::Pagerank(g)) => g.pages(),
-        _ => gib_pages(scn.workload.footprint_gib()).max(1),
-    };
-    // Writes add a write-back to the bandwidth model: the guest workloads'
-    // own write share, else the scenario's.
-    let write_share = match &guest_stream {
-        Some(Stream::Kv(k)) => k.write_fraction(4096),
-        Some(Stream::Pagerank(g)) => g.write_fraction(),
-        _ => scn.write_ratio.clamp(0.0, 1.0),
-    };
-    let cap: Vec<u64> = scn
-        .tiers
-        .iter()
-        .map(|t| gib_pages(t.capacity_gib))
-        .collect();
-    let n = cap.len();
-    let fill: Vec<u64> = cap
-        .iter()
-        .map(|&c| c - ((c as f64 * INITIAL_FREE_FRACTION).ceil() as u64).min(c))
-        .collect();
-    if fill.iter().sum::<u64>() < pages {
-        return Err(SimError::DoesNotFit {
-            footprint_gib: scn.workload.footprint_gib(),
-            tiers_gib: scn.tiers.iter().map(|t| t.capacity_gib).sum(),
-        });
-    }
-    let mut layout_rng = Rng::for_stream(scn.seed, 1);
-    let stream = match (guest_stream, &scn.workload) {
-        (Some(g), _) => g,
-        (None, WorkloadSpec::Kv { .. } | WorkloadSpec::Pagerank { .. }) => {
-            return Err(SimError::InvalidScenario(
-                "kv/pagerank stream could not be built".into(),
-            ))
-        }
-        (
-            None,
-            &WorkloadSpec::Zipf {
-                rss_gib,
-                wss_gib,
-                theta,
-            },
-        ) => {
-            let wss = gib_pages(wss_gib.min(rss_gib)).clamp(1, pages);
-            Stream::Zipf(ZipfStream::new(pages - wss, wss, theta, scn.write_ratio))
-        }
-        (
-            None,
-            &WorkloadSpec::Gups {
-                hot_gib, hot_prob, ..
-            },
-        ) => Stream::Gups(GupsStream::new(
-            pages,
-            gib_pages(hot_gib),
-            hot_prob,
-            scn.write_ratio,
-            layout_rng.next_u64(),
-        )),
-        (
-            None,
-            &WorkloadSpec::GaussianHot {
-                hot_fraction,
-                hot_prob,
-                ..
-            },
-        ) => Stream::Gauss(GaussianHotStream::new(
-            pages,
-            ((pages as f64 * hot_fraction) as u64).max(1),
-            hot_prob,
-            scn.write_ratio,
-        )),
-    };
-    // Initial placement.
-    let mut tier = vec![0 as TierId; pages as usize];
-    let mut used = vec![0u64; n];
-    let mut order: Vec<u64> = (0..pages).collect();
-    if let (Placement::HotShare(share), Stream::Gups(g)) = (placement, &stream) {
-        let hot: Vec<u64> = g.hot_pages().collect();
-        let k = ((hot.len() as f64 * share.clamp(0.0, 1.0)).round() as usize).min(fill[0] as usize);
-        let mut is_hot = vec![false; pages as usize];
-        for &h in &hot {
-            is_hot[h as usize] = true;
-        }
-        let chosen: Vec<u64> = hot[..k].to_vec();
-        let rest_hot = hot[k..].to_vec();
-        let cold: Vec<u64> = (0..pages).filter(|&p| !is_hot[p as usize]).collect();
-        // Tier 0: chosen hot + cold filler; then the remaining hot pages
-        // go first into the slower tiers, then the remaining cold pages.
-        let filler = (fill[0] as usize).saturating_sub(k).min(cold.len());
-        order = chosen;
-        order.extend_from_slice(&cold[..filler]);
-        order.extend(rest_hot);
-        order.extend_from_slice(&cold[filler..]);
-    }
-    {
-        // Fastest tier first, or slowest first when the scenario starts with
-        // every page demoted (Nomad's Redis cases 1 and 2).
-        let tier_order: Vec<usize> = if scn.start_in_slow_tier {
-            (0..n).rev().collect()
-        } else {
-            (0..n).collect()
-        };
-        let mut ti = 0usize;
-        for &p in &order {
-            while used[tier_order[ti]] >= fill[tier_order[ti]] {
-                ti += 1;
-            }
-            let t = tier_order[ti];
-            tier[p as usize] = t as TierId;
-            used[t] += 1;
-        }
-    }
-    let config = PolicyConfig {
-        pages,
-        tier_capacity_pages: cap.clone(),
-        scale: s,
-        promote_rate_limit_mbps: scn.promote_rate_limit_mbps,
-        interval_ns: None,
-        accessed_test_cost_ns: None,
-    };
-    let mut policy: Box<dyn Policy> = policy::by_name(policy_name, &config)?;
-    let trackers = policy.trackers();
-    let hint_mask = trackers
-        .hint_fault_tiers
-        .iter()
-        .filter(|&&t| usize::from(t) < n)
-        .fold(0u64, |m, &t| m | 1 << t);
-    let mut ant_u = vec![0.0; n];
-    if let Some(a) = &scn.antagonist {
-        if let Some(u) = ant_u.get_mut(usize::from(a.tier)) {
-            *u = a.utilization;
-        }
-    }
-    let mix: Vec<f64> = {
-        let tot = pages as f64;
-        used.iter().map(|&u| u as f64 / tot).collect()
-    };
-    let mut sim = Sim {
-        scale: s,
-        threads: f64::from(scn.threads),
-        mlp: scn.mlp,
-        costs: scn.costs.clone(),
-        bw: scn.tiers.iter().map(|t| t.bandwidth_gbps).collect(),
-        ant_u,
-        cap: cap.clone(),
-        used,
-        shadows: vec![0; n],
-        map: PageMap {
-            tier,
-            flags: vec![0; pages as usize],
-            shadow: vec![NO_SHADOW; pages as usize],
-            scan_time: vec![0; pages as usize],
-        },
-        shadow_fifo: VecDeque::new(),
-        stream,
-        rng: Rng::for_stream(scn.seed, 0),
-        trackers: trackers.clone(),
-        hint_mask,
-        scan_cursor: 0,
-        scan_carry: 0.0,
-        sample_countdown: trackers.sample_period,
-        samples: Vec::new(),
-        outcomes: Vec::new(),
-        dirty: Vec::new(),
-        tpm: Vec::new(),
-        tpm_end_ns: 0,
-        lat: scn.tiers.iter().map(|t| t.unloaded_ns).collect(),
-        mix,
-        mig_bytes_q: vec![0.0; n],
-        pending_stall_slots: 0.0,
-        now: 0,
-        raw: Raw::default(),
-        win_acc: vec![0; n],
-        win_lat: vec![0.0; n],
-        win_start: 0,
-        status: vec![
-            TierStatus {
-                capacity_pages: 0,
-                free_pages: 0,
-                shadow_pages: 0,
-                loaded_latency_ns: None,
-                request_rate: None
-            };
-            n
-        ],
-        tot_acc: vec![0; n],
-        tot_lat: vec![0.0; n],
-        tot_bytes: vec![0.0; n],
-        tot_mig_bytes: vec![0.0; n],
-        tot_ant_bytes: vec![0.0; n],
-        access_bytes: scn.access_bytes * (1.0 + write_share),
-        tiers_model: scn.tiers.clone(),
-        quantum_ns: MIN_QUANTUM_NS,
-        mig_u: vec![0.0; n],
-    };
-    // Quantum: about ACCESSES_PER_QUANTUM simulated accesses at unloaded speed.
-    let fastest = scn
-        .tiers
-        .iter()
-        .map(|t| t.unloaded_ns)
-        .fold(f64::INFINITY, f64::min)
-        .max(1.0);
-    let sim_rate = sim.threads * sim.mlp / fastest * 1e9 / s;
-    let quantum_ns = ((ACCESSES_PER_QUANTUM / sim_rate * 1e9 / MIN_QUANTUM_NS as f64).floor()
-        as u64
-        * MIN_QUANTUM_NS)
-        .clamp(MIN_QUANTUM_NS, MAX_QUANTUM_NS);
-    sim.quantum_ns = quantum_ns;
-    let quanta = ((scn.duration_s * 1e9) / quantum_ns as f64).ceil().max(1.0) as u64;
-    let tick_ns = policy.tick_interval_ns().max(1);
-    let mut next_tick = tick_ns;
-    let per_point = quanta.div_ceil(TIMELINE_POINTS as u64).max(1);
-    let mut timeline = Vec::new();
-    let (mut pt_acc, mut pt_lat, mut pt_fast, mut pt_q) = (0u64, 0.0f64, 0u64, 0u64);
-    let phase_q = ((quanta as f64 * scn.phase_fraction.clamp(0.01, 0.5)).round() as u64).max(1);
-    let (mut first_acc, mut last_acc) = (0u64, 0u64);
-    let mut sim_accesses = 0u64;
-    let slots_per_q = sim.threads * sim.mlp * quantum_ns as f64;
-    let mut carry = 0.0f64;
-    let fault_slots = s * sim.costs.fault_ns * sim.mlp;
-    let ipi_others = s * (sim.threads - 1.0).max(0.0) * sim.mlp * sim.costs.ipi_receive_ns;
-    let sync_slots = s * sim.costs.stop_and_copy_ns() * sim.mlp;
-    let name = policy.name();
-    let mut q_acc = vec![0u64; n];
-    let mut q_lat = vec![0.0f64; n];
-    let mut q_bytes = vec![0.0f64; n];
-    let mut lat_scaled = vec![0.0f64; n];
-    for q in 0..quanta {
-        let q_start = q * quantum_ns;
-        sim.now = q_start;
-        sim.solve_latency();
-        sim.mig_bytes_q.iter_mut().for_each(|b| *b = 0.0);
-        for (l, &lat) in lat_scaled.iter_mut().zip(&sim.lat) {
-            *l = lat * s;
-        }
-        let budget = slots_per_q + carry - sim.pending_stall_slots;
-        sim.pending_stall_slots = 0.0;
-        let mut slots = budget;
-        q_acc.iter_mut().for_each(|x| *x = 0);
-        q_lat.iter_mut().for_each(|x| *x = 0.0);
-        q_bytes.iter_mut().for_each(|x| *x = 0.0);
-        let slot_rate = slots_per_q / quantum_ns as f64; // slot-ns per ns
-        while slots > 0.0 {
-            let a = sim.stream.next(&mut sim.rng);
-            let pi = a.page as usize;
-            let mut fl = sim.map.flags[pi];
-            let mut t = sim.map.tier[pi];
-            let mut stall = 0.0;
-            if fl & (PROTECTED | IN_TPM) != 0 || (a.write && sim.map.shadow[pi] != NO_SHADOW) {
-                let now = q_start + ((budget - slots) / slot_rate).max(0.0) as u64;
-                if fl & PROTECTED != 0 {
-                    fl &= !PROTECTED;
-                    sim.map.flags[pi] = fl;
-                    sim.raw.hint_faults += 1;
-                    stall += fault_slots;
-                    let fault = HintFault {
-                        page: a.page,
-                        tier: t,
-                        time_to_fault_ns: now.saturating_sub(sim.map.scan_time[pi]),
-                        write: a.write,
-                        now_ns: now,
-                    };
-                    sim.now = now;
-                    sim.refresh_status();
-                    if let Some(m) = policy.on_hint_fault(&fault, &sim.status, &mut sim.map) {
-                        if m.urgency == Urgency::BeforeFaultingAccessResumes
-                            && m.unit.page == a.page
-                        {
-                            let before = sim.raw.promotions;
-                            let stop = Migration {
-                                mechanism: Mechanism::StopAndCopy,
-                                ..m
-                            };
-                            sim.apply(&stop, name);
-                            if sim.raw.promotions > before {
-                                sim.raw.sync_promotions += 1;
-                            }
-                            stall += sync_slots + ipi_others;
-                        } else {
-                            sim.pending_stall_slots += sim.apply(&m, name);
-                        }
-                        t = sim.map.tier[pi];
-                    }
-                    fl = sim.map.flags[pi];
-                }
-                if a.write && sim.map.shadow[pi] != NO_SHADOW {
-                    // Shadowed masters are read-only: a write faults and drops the shadow.
-                    sim.drop_shadow(pi);
-                    sim.raw.shadow_write_faults += 1;
-                    stall += fault_slots;
-                }
-                if a.write && fl & IN_TPM != 0 && now < sim.tpm_end_ns {
-                    fl |= TPM_ABORT;
-                }
-            }
-            if a.write {
-                if fl & DIRTY == 0 && sim.trackers.dirty_log {
-                    sim.dirty.push(a.page);
-                }
-                fl |= DIRTY;
-            }
-            sim.map.flags[pi] = fl | ACCESSED;
-            if sim.sample_countdown > 0 {
-                sim.sample_countdown -= 1;
-                if sim.sample_countdown == 0 {
-                    sim.sample_countdown = sim.trackers.sample_period;
-                    sim.samples.push(AccessSample {
-                        page: a.page,
-                        tier: t,
-                        write: a.write,
-                    });
-                }
-            }
-            let ti = usize::from(t);
-            q_acc[ti] += 1;
-            q_lat[ti] += sim.lat[ti];
-            q_bytes[ti] += if a.write { 2.0 } else { 1.0 };
-            slots -= lat_scaled[ti] + stall;
-            sim_accesses += 1;
-        }
-        carry = slots;
-        sim.now = q_start + quantum_ns;
-        // Bookkeeping.
-        let tot_q: u64 = q_acc.iter().sum();
-        for t in 0..n {
-            sim.win_acc[t] += q_acc[t];
-            sim.win_lat[t] += q_lat[t];
-            sim.tot_acc[t] += q_acc[t];
-            sim.tot_lat[t] += q_lat[t];
-            sim.tot_bytes[t] += q_bytes[t] * scn.access_bytes * s;
-            sim.tot_ant_bytes[t] += sim.ant_u[t] * sim.bw[t] * 1e9 * quantum_ns as f64 / 1e9;
-            if tot_q > 0 {
-                sim.mix[t] = q_acc[t] as f64 / tot_q as f64;
-            }
-        }
-        pt_acc += tot_q;
-        pt_lat += q_lat.iter().sum::<f64>();
-        pt_fast += q_acc[0];
-        pt_q += 1;
-        if q < phase_q {
-            first_acc += tot_q;
-        }
-        if q >= quanta - phase_q {
-            last_acc += tot_q;
-        }
-        if pt_q == per_point || q + 1 == quanta {
-            let secs = pt_q as f64 * quantum_ns as f64 / 1e9;
-            timeline.push(TimelinePoint {
-                t_s: sim.now as f64 / 1e9,
-                throughput_maps: pt_acc as f64 * s / secs / 1e6,
-                avg_latency_ns: if pt_acc > 0 {
-                    pt_lat / pt_acc as f64
-                } else {
-                    0.0
-                },
-                fast_share: if pt_acc > 0 {
-                    pt_fast as f64 / pt_acc as f64
-                } else {
-                    0.0
-                },
-            });
-            (pt_acc, pt_lat, pt_fast, pt_q) = (0, 0.0, 0, 0);
-        }
-        // Mechanisms and trackers.
-        if !sim.tpm.is_empty() && sim.now >= sim.tpm_end_ns {
-            sim.complete_tpm();
-        }
-        sim.scan_hint();
-        if sim.now >= next_tick {
-            next_tick += tick_ns * ((sim.now - next_tick) / tick_ns + 1);
-            sim.refresh_status();
-            let samples = std::mem::take(&mut sim.samples);
-            let outcomes = std::mem::take(&mut sim.outcomes);
-            let dirty = std::mem::take(&mut sim.dirty);
-            for &p in &dirty {
-                sim.map.flags[p as usize] &= !DIRTY;
-            }
-            let status = sim.status.clone();
-            let obs = Observations {
-                now_ns: sim.now,
-                tiers: &status,
-                samples: &samples,
-                tpm_outcomes: &outcomes,
-                dirty: &dirty,
-            };
-            let d = policy.tick(&obs, &mut sim.map);
-            for (t, k) in &d.reclaim_shadows {
-                if usize::from(*t) < n {
-                    sim.reclaim_shadows(*t, *k);
-                }
-            }
-            for m in &d.migrations {
-                sim.pending_stall_slots += sim.apply(m, name);
-            }
-            sim.win_acc.iter_mut().for_each(|x| *x = 0);
-            sim.win_lat.iter_mut().for_each(|x| *x = 0.0);
-            sim.win_start = sim.now;
-        }
-        for t in 0..n {
-            sim.tot_mig_bytes[t] += sim.mig_bytes_q[t] * s;
-        }
-    }
-    let dur = quanta as f64 * quantum_ns as f64 / 1e9;
-    let phase_s = phase_q as f64 * quantum_ns as f64 / 1e9;
-    let total_acc: u64 = sim.tot_acc.iter().sum();
-    let total_lat: f64 = sim.tot_lat.iter().sum();
-    let r = &sim.raw;
-    let c = |x: u64| x as f64 * s;
-    let counters = Counters {
-        promotions: c(r.promotions),
-        demotions: c(r.demotions),
-        shadow_demotions: c(r.shadow_demotions),
-        shadow_misses: c(r.shadow_misses),
-        tpm_commits: c(r.tpm_commits),
-        tpm_aborts: c(r.tpm_aborts),
-        shadow_write_faults: c(r.shadow_write_faults),
-        shadows_reclaimed: c(r.shadows_reclaimed),
-        hint_faults: c(r.hint_faults),
-        sync_promotions: c(r.sync_promotions),
-        rejected: c(r.rejected),
-    };
-    let tiers = (0..n)
-        .map(|t| TierTraffic {
-            name: scn.tiers[t].name.clone(),
-            accesses: c(sim.tot_acc[t]),
-            app_gb: sim.tot_bytes[t] / 1e9,
-            migration_gb: sim.tot_mig_bytes[t] / 1e9,
-            antagonist_gb: sim.tot_ant_bytes[t] / 1e9,
-            avg_loaded_latency_ns: if sim.tot_acc[t] > 0 {
-                sim.tot_lat[t] / sim.tot_acc[t] as f64
-            } else {
-                0.0
-            },
-            pages_at_end: sim.used[t] as f64 * s,
-        })
-        .collect();
-    Ok(RunReport {
-        modeled: true,
-        scenario: scn.name.clone(),
-        policy: name.to_string(),
-        duration_s: dur,
-        throughput_maps: total_acc as f64 * s / dur / 1e6,
-        in_progress_maps: first_acc as f64 * s / phase_s / 1e6,
-        stable_maps: last_acc as f64 * s / phase_s / 1e6,
-        avg_latency_ns: if total_acc > 0 {
-            total_lat / total_acc as f64
-        } else {
-            0.0
-        },
-        counters,
-        tiers,
-        timeline,
-        simulated_accesses: sim_accesses,
-        wall_s: started.elapsed().as_secs_f64(),
-    })
-}
-
-fn validate(scn: &Scenario) -> Result<(), SimError> {
-    let bad = |what: &str| Err(SimError::InvalidScenario(what.to_string()));
-    if scn.tiers.is_empty() || scn.tiers.len() > 64 {
-        return bad("need 1 to 64 tiers");
-    }
-    if !(scn.scale.is_finite() && scn.scale >= 1.0) {
-        return bad("scale must be >= 1 (real pages per modeled page)");
-    }
-    if !(scn.duration_s.is_finite() && scn.duration_s > 0.0 && scn.duration_s <= 1e6) {
-        return bad("duration must be in (0, 1e6] seconds");
-    }
-    if scn.threads == 0 || !(scn.mlp.is_finite() && scn.mlp > 0.0) {
-        return bad("threads and mlp must be positive");
-    }
-    if !(0.0..=1.0).contains(&scn.write_ratio) {
-        return bad("write ratio must be in [0, 1]");
-    }
-    for t in &scn.tiers {
-        if !(t.capacity_gib > 0.0
-            && t.unloaded_ns > 0.0
-            && t.bandwidth_gbps > 0.0
-            && t.queue_k >= 0.0)
-        {
-            return bad("every tier needs positive capacity, latency and bandwidth");
-        }
-    }
-    let pages = scn.workload.footprint_gib() * (1u64 << 30) as f64 / PAGE_BYTES as f64 / scn.scale;
-    if !(1.0..=64e6).contains(&pages) {
-        return bad("footprint / scale must be between 1 and 64M modeled pages (raise --scale)");
-    }
-    if let Some(a) = &scn.antagonist {
-        if usize::from(a.tier) >= scn.tiers.len() || !(0.0..1.0).contains(&a.utilization) {
-            return bad("antagonist tier must exist and its utilization be in [0, 1)");
-        }
-    }
-    Ok(())
 }

@@ -8,24 +8,75 @@
 //! - [`scenario`]: built-in scenarios named after the seeds' experiments.
 //! - [`workload`]: access streams over the shared guest generators.
 //! - [`engine`]: the simulation loop ([`run`], [`run_with`]).
-//! - [`report`]: per-policy results, a comparison table, JSON.
+//! - [`report`]: per-policy results ([`SimReport`]), a comparison table, JSON.
 
 pub mod engine;
 pub mod model;
 pub mod report;
 pub mod scenario;
+pub mod setup;
 pub mod workload;
 
-pub use engine::{run, run_with, Placement};
-pub use report::RunReport;
+pub use engine::{run, run_with, SimPlacement};
+pub use report::SimReport;
 pub use scenario::{builtin, builtin_names, builtins, Scenario};
+
+use crate::policy::PolicyKind;
+
+/// A scenario the simulator cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScenarioError {
+    /// No tiers, or more than 64.
+    #[error("need 1 to 64 tiers")]
+    TierCount,
+    /// Scale below 1.
+    #[error("scale must be >= 1 (real pages per modeled page)")]
+    Scale,
+    /// Duration out of range.
+    #[error("duration must be in (0, 1e6] seconds")]
+    Duration,
+    /// No threads or no memory-level parallelism.
+    #[error("threads and mlp must be positive")]
+    Parallelism,
+    /// Write ratio outside [0, 1].
+    #[error("write ratio must be in [0, 1]")]
+    WriteRatio,
+    /// A tier without capacity, latency or bandwidth.
+    #[error("every tier needs positive capacity, latency and bandwidth")]
+    TierModel,
+    /// Too few or too many modeled pages.
+    #[error("footprint / scale must be between 1 and 64M modeled pages (raise --scale)")]
+    Footprint,
+    /// The antagonist's tier or load is out of range.
+    #[error("antagonist tier must exist and its utilization be in [0, 1)")]
+    Antagonist,
+    /// A guest workload's stream could not be built.
+    #[error("kv/pagerank stream could not be built")]
+    GuestStream,
+    /// PageRank's trace of one iteration would be too long.
+    #[error("pagerank at 2^{scale} vertices x degree {degree} is {accesses} accesses per iteration (at most {}); raise --scale", workload::PAGERANK_MAX_TRACE)]
+    PagerankTooLarge {
+        /// log2 of the vertex count.
+        scale: u32,
+        /// Average degree.
+        degree: u64,
+        /// Accesses per iteration.
+        accesses: u64,
+    },
+    /// The graph generator produced an inconsistent CSR.
+    #[error("pagerank graph build failed (CSR edge count mismatch)")]
+    PagerankBuild,
+    /// The graph's data does not fit its layout.
+    #[error("pagerank data region too small for its layout")]
+    PagerankLayout,
+}
 
 /// Simulator errors.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// A scenario parameter is out of range.
-    #[error("invalid scenario: {0}")]
-    InvalidScenario(String),
+    #[error("invalid scenario")]
+    InvalidScenario(#[from] ScenarioError),
     /// The footprint exceeds the tiers.
     #[error("footprint {footprint_gib} GiB does not fit in the tiers ({tiers_gib} GiB); raise a tier capacity or shrink the workload")]
     DoesNotFit {
@@ -36,22 +87,22 @@ pub enum SimError {
     },
     /// Policy construction failed.
     #[error(transparent)]
-    Policy(#[from] crate::policy::Error),
+    Policy(#[from] crate::policy::PolicyError),
 }
 
 /// Runs each policy in `policies` on `scn` (first-touch placement).
-pub fn run_all(scn: &Scenario, policies: &[&str]) -> Result<Vec<RunReport>, SimError> {
-    policies.iter().map(|p| run(scn, p)).collect()
+pub fn run_all(scn: &Scenario, policies: &[PolicyKind]) -> Result<Vec<SimReport>, SimError> {
+    policies.iter().map(|&p| run(scn, p)).collect()
 }
 
 /// Colloid's best case: `static` with `share` of the hot set in tier 0,
 /// for each share in 0.0, 0.1, ..., 1.0 (GUPS scenarios). Returns
 /// `(share, report)` pairs.
-pub fn static_split_sweep(scn: &Scenario) -> Result<Vec<(f64, RunReport)>, SimError> {
+pub fn static_split_sweep(scn: &Scenario) -> Result<Vec<(f64, SimReport)>, SimError> {
     (0..=10)
         .map(|i| {
             let share = f64::from(i) / 10.0;
-            run_with(scn, "static", Placement::HotShare(share)).map(|r| (share, r))
+            run_with(scn, PolicyKind::Static, SimPlacement::HotShare(share)).map(|r| (share, r))
         })
         .collect()
 }
@@ -67,7 +118,7 @@ mod tests {
         s
     }
 
-    fn strip(mut r: RunReport) -> RunReport {
+    fn strip(mut r: SimReport) -> SimReport {
         r.wall_s = 0.0;
         r
     }
@@ -75,7 +126,7 @@ mod tests {
     #[test]
     fn same_seed_same_report_other_seed_differs() {
         let scn = quick("colloid-gups-1x");
-        for p in ["nomad", "colloid"] {
+        for p in [PolicyKind::Nomad, PolicyKind::Colloid] {
             let a = strip(run(&scn, p).unwrap());
             let b = strip(run(&scn, p).unwrap());
             assert_eq!(a, b, "{p} is not deterministic");
@@ -93,7 +144,7 @@ mod tests {
     fn engine_never_has_to_refuse_a_decision() {
         for name in ["nomad-medium-wo", "colloid-gups-3x"] {
             let scn = quick(name);
-            for p in crate::policy::NAMES {
+            for p in PolicyKind::POLICIES {
                 let r = run(&scn, p).unwrap();
                 assert_eq!(r.counters.rejected, 0.0, "{name}/{p}");
                 assert!(r.modeled);
@@ -105,13 +156,13 @@ mod tests {
     fn read_only_runs_never_abort_and_writes_drop_shadows() {
         let mut ro = quick("nomad-small-ro");
         ro.duration_s = 120.0;
-        let r = run(&ro, "nomad").unwrap();
+        let r = run(&ro, PolicyKind::Nomad).unwrap();
         assert!(r.counters.tpm_commits > 0.0);
         assert_eq!(r.counters.tpm_aborts, 0.0);
         assert_eq!(r.counters.shadow_write_faults, 0.0);
         let mut wo = ro.clone();
         wo.write_ratio = 1.0;
-        let w = run(&wo, "nomad").unwrap();
+        let w = run(&wo, PolicyKind::Nomad).unwrap();
         assert!(
             w.counters.shadow_write_faults > 0.0,
             "writes must fault on shadowed masters"
@@ -124,13 +175,13 @@ mod tests {
         // with no contention the all-hot-in-fast split beats the all-slow one.
         let s0 = quick("colloid-gups-0x");
         let s3 = quick("colloid-gups-3x");
-        let t0 = run_with(&s0, "static", Placement::HotShare(1.0))
+        let t0 = run_with(&s0, PolicyKind::Static, SimPlacement::HotShare(1.0))
             .unwrap()
             .throughput_maps;
-        let t3 = run_with(&s3, "static", Placement::HotShare(1.0))
+        let t3 = run_with(&s3, PolicyKind::Static, SimPlacement::HotShare(1.0))
             .unwrap()
             .throughput_maps;
-        let slow0 = run_with(&s0, "static", Placement::HotShare(0.0))
+        let slow0 = run_with(&s0, PolicyKind::Static, SimPlacement::HotShare(0.0))
             .unwrap()
             .throughput_maps;
         assert!(t3 < t0, "{t3} vs {t0}");
@@ -157,7 +208,7 @@ mod tests {
         pr.tiers[0].capacity_gib = 0.1;
         pr.duration_s = 5.0;
         pr.scale = 1024.0;
-        for p in crate::policy::NAMES {
+        for p in PolicyKind::POLICIES {
             let k = run(&kv, p).unwrap();
             assert!(k.simulated_accesses > 0, "kv/{p}");
             assert_eq!(k.counters.rejected, 0.0, "kv/{p}");
@@ -167,9 +218,9 @@ mod tests {
         }
         // kv starts demoted: static never reaches the fast tier, a
         // migrating policy does.
-        let end_share = |r: &RunReport| r.timeline.last().map_or(0.0, |p| p.fast_share);
-        let st = end_share(&run(&kv, "static").unwrap());
-        let tpp = end_share(&run(&kv, "tpp").unwrap());
+        let end_share = |r: &SimReport| r.timeline.last().map_or(0.0, |p| p.fast_share);
+        let st = end_share(&run(&kv, PolicyKind::Static).unwrap());
+        let tpp = end_share(&run(&kv, PolicyKind::Tpp).unwrap());
         assert!(st < 0.01, "static fast share {st}");
         assert!(tpp > st + 0.2, "tpp fast share {tpp}");
     }
@@ -178,17 +229,22 @@ mod tests {
     fn invalid_scenarios_are_refused_with_a_reason() {
         let mut s = quick("nomad-small-ro");
         s.scale = 0.5;
-        assert!(run(&s, "static").unwrap_err().to_string().contains("scale"));
+        assert!(matches!(
+            run(&s, PolicyKind::Static),
+            Err(SimError::InvalidScenario(ScenarioError::Scale))
+        ));
         let mut s = quick("nomad-small-ro");
         s.tiers[0].capacity_gib = 1.0;
         s.tiers[1].capacity_gib = 1.0;
         assert!(matches!(
-            run(&s, "static"),
+            run(&s, PolicyKind::Static),
             Err(SimError::DoesNotFit { .. })
         ));
+        let mut empty = quick("nomad-small-ro");
+        empty.tiers.truncate(0);
         assert!(matches!(
-            run(&quick("nomad-small-ro"), "lru"),
-            Err(SimError::Policy(_))
+            run(&empty, PolicyKind::Static),
+            Err(SimError::InvalidScenario(ScenarioError::TierCount))
         ));
     }
 }

@@ -2,9 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One point of the throughput / latency timeline.
+/// One bucket of the throughput / latency timeline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TimelinePoint {
+pub struct TimelineBucket {
     /// End of the bucket, modeled seconds.
     pub t_s: f64,
     /// Modeled application throughput, million accesses per second.
@@ -36,7 +36,7 @@ pub struct TierTraffic {
 
 /// Event counts, in real-equivalent units (modeled counts times the scale).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Counters {
+pub struct EventCounts {
     /// Pages moved to a faster tier (committed).
     pub promotions: f64,
     /// Pages moved to a slower tier (any mechanism).
@@ -64,7 +64,7 @@ pub struct Counters {
 /// The result of running one policy on one scenario. All performance
 /// numbers are **modeled**.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunReport {
+pub struct SimReport {
     /// Always true: these numbers come from a latency model.
     pub modeled: bool,
     /// Scenario name.
@@ -82,18 +82,18 @@ pub struct RunReport {
     /// Average loaded latency per access over the run, ns.
     pub avg_latency_ns: f64,
     /// Event counts.
-    pub counters: Counters,
+    pub counters: EventCounts,
     /// Per-tier traffic.
     pub tiers: Vec<TierTraffic>,
     /// Timeline.
-    pub timeline: Vec<TimelinePoint>,
+    pub timeline: Vec<TimelineBucket>,
     /// Simulated (scaled) accesses.
     pub simulated_accesses: u64,
     /// Wall-clock seconds the run took.
     pub wall_s: f64,
 }
 
-impl RunReport {
+impl SimReport {
     /// Simulated accesses per wall-clock second.
     pub fn sim_rate(&self) -> f64 {
         if self.wall_s > 0.0 {
@@ -118,7 +118,7 @@ fn si(x: f64) -> String {
 }
 
 /// A comparison table of several runs of one scenario.
-pub fn table(reports: &[RunReport]) -> String {
+pub fn table(reports: &[SimReport]) -> String {
     let mut s = String::new();
     if let Some(r) = reports.first() {
         s.push_str(&format!(
@@ -167,7 +167,7 @@ pub fn table(reports: &[RunReport]) -> String {
 }
 
 /// Per-tier traffic of one run as text.
-pub fn tier_table(r: &RunReport) -> String {
+pub fn tier_table(r: &SimReport) -> String {
     let mut s = format!("{} / {} per-tier traffic (modeled)\n", r.scenario, r.policy);
     s.push_str(&format!(
         "{:<12} {:>10} {:>9} {:>9} {:>9} {:>9}\n",

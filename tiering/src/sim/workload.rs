@@ -11,6 +11,8 @@ use tiervm_guest::workloads::pagerank::{build_single, GraphKind, PagerankParams,
 use tiervm_guest::workloads::zipf::{ZipfParams, ZipfPattern};
 use tiervm_guest::workloads::PAGE_SIZE;
 
+use super::ScenarioError;
+
 /// One access: a page (in the modeled, scaled page space) and whether it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageAccess {
@@ -547,22 +549,22 @@ pub struct PagerankStream {
 
 impl PagerankStream {
     /// Builds the graph of `p` for `seed` and records one iteration.
-    pub fn new(p: &PagerankParams, seed: u64) -> Result<Self, String> {
+    pub fn new(p: &PagerankParams, seed: u64) -> Result<Self, ScenarioError> {
         let layout = p.layout();
         let pages = layout.bytes.div_ceil(PAGE_SIZE).max(1);
         let per_iteration = 7 * layout.vertices + 2 * layout.edges;
         if per_iteration > PAGERANK_MAX_TRACE || pages >= 1 << 31 {
-            return Err(format!(
-                "pagerank at 2^{} vertices x degree {} is {per_iteration} accesses per iteration (at most {PAGERANK_MAX_TRACE}); raise --scale",
-                p.scale, p.degree
-            ));
+            return Err(ScenarioError::PagerankTooLarge {
+                scale: p.scale,
+                degree: p.degree,
+                accesses: per_iteration,
+            });
         }
         let data: Vec<AtomicU64> = (0..layout.bytes / 8).map(|_| AtomicU64::new(0)).collect();
         if !build_single(p, seed, &data) {
-            return Err("pagerank graph build failed (CSR edge count mismatch)".into());
+            return Err(ScenarioError::PagerankBuild);
         }
-        let pattern = PagerankPattern::new(p, &data)
-            .ok_or_else(|| "pagerank data region too small for its layout".to_string())?;
+        let pattern = PagerankPattern::new(p, &data).ok_or(ScenarioError::PagerankLayout)?;
         let mut trace = Vec::with_capacity(per_iteration as usize);
         trace.extend(pattern.map(|a| ((a.addr / PAGE_SIZE) << 1 | u64::from(a.write)) as u32));
         if trace.is_empty() {

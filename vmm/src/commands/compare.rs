@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::commands::run::{exit_code_of, VmFlags};
 use crate::config::{VmConfig, VmRequest};
 use crate::devices::serial::Sink;
-use crate::error::{Error, Result};
+use crate::error::{Error, OutputError, Result};
 use crate::plot::{self, BarGroup, Series};
 use crate::progress::{si, Progress};
 use crate::report::{group, RunReport};
@@ -35,6 +35,86 @@ pub const MAX_REPEAT: u32 = 1000;
 
 /// Guest console lines kept in a failed run's error message.
 const CONSOLE_TAIL_LINES: usize = 3;
+
+/// `tiervm compare` cannot run or write what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    /// `--repeat 0`.
+    #[error("--repeat 0: give at least 1 run per policy")]
+    NoRepeat,
+    /// `--repeat` beyond [`MAX_REPEAT`].
+    #[error("--repeat {repeat} exceeds the {MAX_REPEAT} maximum: give at most {MAX_REPEAT} runs per policy")]
+    TooManyRepeats {
+        /// Runs asked for.
+        repeat: u32,
+    },
+    /// `--policies` resolves to nothing.
+    #[error("no policies to compare: name them with --policies, e.g. --policies static,chaos")]
+    NoPolicies,
+    /// `--policies` names something unknown.
+    #[error("--policies: unknown policy '{name}': choose from {}", .known.join(", "))]
+    UnknownPolicy {
+        /// The name given.
+        name: String,
+        /// The valid names.
+        known: Vec<String>,
+    },
+    /// `--policies` names a policy twice.
+    #[error("--policies names '{0}' twice: list each policy once and use --repeat for more runs")]
+    DuplicatePolicy(String),
+    /// Chaos flags without the chaos policy.
+    #[error("--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to the chaos policy: add chaos to --policies or drop them")]
+    ChaosFlagsWithoutChaos,
+    /// One policy's VM settings are invalid.
+    #[error("policy {policy}")]
+    Policy {
+        /// The policy.
+        policy: PolicyArg,
+        /// What is wrong with its VM.
+        #[source]
+        source: Box<Error>,
+    },
+    /// `--out` cannot be created.
+    #[error("creating --out {} (pick a writable directory)", .dir.display())]
+    CreateOut {
+        /// The directory.
+        dir: PathBuf,
+        /// The reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An output file cannot be written.
+    #[error("writing {} (check --out and free space)", .path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A plot cannot be drawn.
+    #[error("{file}")]
+    Plot {
+        /// The SVG file.
+        file: &'static str,
+        /// The reason.
+        #[source]
+        source: plot::PlotError,
+    },
+}
+
+impl CompareError {
+    /// The process exit code: 2 for bad input, 1 for the host.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Policy { source, .. } => source.exit_code(),
+            Self::CreateOut { .. } | Self::Write { .. } | Self::Plot { .. } => {
+                crate::error::EXIT_HOST
+            }
+            _ => crate::error::EXIT_USAGE,
+        }
+    }
+}
 
 /// What `tiervm compare` prints on stdout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -72,13 +152,6 @@ pub struct CompareArgs {
     pub vm: VmFlags,
 }
 
-/// The CLI name of a policy.
-pub fn policy_name(p: PolicyArg) -> String {
-    p.to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_else(|| format!("{p:?}").to_lowercase())
-}
-
 /// The default policy set: every `PolicyArg` but `none` and `chaos`.
 pub fn default_policies() -> Vec<PolicyArg> {
     PolicyArg::value_variants()
@@ -95,22 +168,17 @@ pub fn parse_policies(names: &[String]) -> Result<Vec<PolicyArg>> {
     }
     let known: Vec<String> = PolicyArg::value_variants()
         .iter()
-        .map(|p| policy_name(*p))
+        .map(|p| p.name())
         .collect();
     let mut out: Vec<PolicyArg> = Vec::new();
     for raw in names {
         let name = raw.trim();
-        let p = PolicyArg::from_str(name, true).map_err(|_| {
-            Error::Usage(format!(
-                "--policies: unknown policy '{name}': choose from {}",
-                known.join(", ")
-            ))
+        let p = PolicyArg::from_str(name, true).map_err(|_| CompareError::UnknownPolicy {
+            name: name.into(),
+            known: known.clone(),
         })?;
         if out.contains(&p) {
-            return Err(Error::Usage(format!(
-                "--policies names '{}' twice: list each policy once and use --repeat for more runs",
-                policy_name(p)
-            )));
+            return Err(CompareError::DuplicatePolicy(p.name()).into());
         }
         out.push(p);
     }
@@ -151,8 +219,8 @@ impl CompareArgs {
 /// One VM run of the comparison.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunRecord {
-    /// Policy name.
-    pub policy: String,
+    /// The policy.
+    pub policy: PolicyArg,
     /// Repeat number, from 1.
     pub repeat: u32,
     /// The run finished and the guest exited 0.
@@ -167,7 +235,7 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// A finished run.
-    pub fn finished(policy: &str, repeat: u32, report: RunReport, console: &str) -> Self {
+    pub fn finished(policy: PolicyArg, repeat: u32, report: RunReport, console: &str) -> Self {
         let exit_code = exit_code_of(&report);
         let error = (exit_code != 0).then(|| {
             let mut e = match (&report.crash, report.exit_code) {
@@ -185,7 +253,7 @@ impl RunRecord {
             e
         });
         Self {
-            policy: policy.into(),
+            policy,
             repeat,
             ok: exit_code == 0,
             exit_code,
@@ -195,13 +263,13 @@ impl RunRecord {
     }
 
     /// A run the VMM could not finish.
-    pub fn failed(policy: &str, repeat: u32, err: &Error) -> Self {
+    pub fn failed(policy: PolicyArg, repeat: u32, err: &Error) -> Self {
         Self {
-            policy: policy.into(),
+            policy,
             repeat,
             ok: false,
             exit_code: err.exit_code(),
-            error: Some(err.to_string()),
+            error: Some(err.describe()),
             report: None,
         }
     }
@@ -249,8 +317,8 @@ pub fn ratio(value: Option<f64>, baseline: Option<f64>) -> Option<f64> {
 /// One policy's line of the table (medians over its successful runs).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SummaryRow {
-    /// Policy name.
-    pub policy: String,
+    /// The policy.
+    pub policy: PolicyArg,
     /// Runs made.
     pub runs: usize,
     /// Runs that failed (not counted in the statistics).
@@ -285,13 +353,13 @@ pub struct SummaryRow {
 /// whether access tracking ran under `policies[i]` (else its overhead is
 /// left empty rather than shown as 0). A guest's `p99_ns` counts only from
 /// runs that completed operations.
-pub fn summarize(policies: &[String], runs: &[RunRecord], tracked: &[bool]) -> Vec<SummaryRow> {
+pub fn summarize(policies: &[PolicyArg], runs: &[RunRecord], tracked: &[bool]) -> Vec<SummaryRow> {
     let mut rows: Vec<SummaryRow> = policies
         .iter()
         .enumerate()
         .map(|(i, p)| {
             let tracking_on = tracked.get(i).copied().unwrap_or(false);
-            let mine: Vec<&RunRecord> = runs.iter().filter(|r| &r.policy == p).collect();
+            let mine: Vec<&RunRecord> = runs.iter().filter(|r| r.policy == *p).collect();
             let ok: Vec<&RunReport> = mine
                 .iter()
                 .filter(|r| r.ok)
@@ -306,7 +374,7 @@ pub fn summarize(policies: &[String], runs: &[RunRecord], tracked: &[bool]) -> V
             exit_codes.sort_unstable();
             exit_codes.dedup();
             SummaryRow {
-                policy: p.clone(),
+                policy: *p,
                 runs: mine.len(),
                 failed: mine.iter().filter(|r| !r.ok).count(),
                 ops_per_sec_median: median(&ops),
@@ -335,7 +403,7 @@ pub fn summarize(policies: &[String], runs: &[RunRecord], tracked: &[bool]) -> V
         .collect();
     let baseline = rows
         .iter()
-        .find(|r| r.policy == policy_name(PolicyArg::Static))
+        .find(|r| r.policy == PolicyArg::Static)
         .and_then(|r| r.ops_per_sec_median);
     for r in &mut rows {
         r.ratio_to_static = ratio(r.ops_per_sec_median, baseline);
@@ -380,7 +448,7 @@ pub struct CompareResults {
     /// The common settings.
     pub setup: Setup,
     /// Policies in run order.
-    pub policies: Vec<String>,
+    pub policies: Vec<PolicyArg>,
     /// One row per policy.
     pub summary: Vec<SummaryRow>,
     /// Every run, in the order they ran.
@@ -474,7 +542,7 @@ pub fn table_cells(r: &SummaryRow) -> Vec<String> {
         format!("{} FAILED ({}/{})", codes.join(","), r.failed, r.runs)
     };
     vec![
-        r.policy.clone(),
+        r.policy.name(),
         opt(r.ops_per_sec_median, si),
         min_max,
         opt(r.ratio_to_static, |v| format!("{v:.2}x")),
@@ -623,7 +691,7 @@ pub fn to_csv(runs: &[RunRecord]) -> String {
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
         let cells = [
-            run.policy.clone(),
+            run.policy.name(),
             run.repeat.to_string(),
             run.ok.to_string(),
             run.exit_code.to_string(),
@@ -670,7 +738,7 @@ pub fn plot_window_s(sample_ms: u64, duration_s: f64) -> f64 {
 
 /// `throughput.svg`: ops/s per window over time, one line per
 /// policy (its first run that produced a report).
-pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, String> {
+pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, plot::PlotError> {
     let window_s = plot_window_s(res.setup.sample_ms, res.setup.duration_s);
     // Samples come a little late or early; accept windows 10% short.
     let min_window_s = window_s * 0.9;
@@ -681,10 +749,10 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, Strin
             let run = res
                 .runs
                 .iter()
-                .filter(|r| &r.policy == p)
+                .filter(|r| r.policy == *p)
                 .find_map(|r| r.report.as_ref().map(|rep| (r.repeat, rep)))?;
             let name = if run.0 == 1 {
-                p.clone()
+                p.name()
             } else {
                 format!("{p} (repeat {})", run.0)
             };
@@ -712,13 +780,13 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, Strin
 
 /// `migrations.svg`: medians of promotions, demotions, shadow demotions
 /// and TPM aborts per policy.
-pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, String> {
+pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, plot::PlotError> {
     let nan = f64::NAN;
     let groups: Vec<BarGroup> = res
         .summary
         .iter()
         .map(|r| BarGroup {
-            name: r.policy.clone(),
+            name: r.policy.name(),
             values: vec![
                 r.promotions.unwrap_or(nan),
                 r.demotions.unwrap_or(nan),
@@ -741,21 +809,24 @@ pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, Strin
 /// Writes results.json, results.csv, throughput.svg and migrations.svg into `dir`.
 pub fn write_outputs(dir: &Path, res: &CompareResults) -> Result<()> {
     let write = |name: &str, body: &str| {
-        let p = dir.join(name);
-        std::fs::write(&p, body).map_err(|e| {
-            Error::host(
-                &format!("writing {} (check --out and free space)", p.display()),
-                e,
-            )
-        })
+        let path = dir.join(name);
+        std::fs::write(&path, body).map_err(|source| CompareError::Write { path, source })
     };
-    let json =
-        serde_json::to_string_pretty(res).map_err(|e| Error::host("encoding results.json", e))?;
+    let json = serde_json::to_string_pretty(res).map_err(|source| OutputError::Encode {
+        what: "results.json",
+        source,
+    })?;
     write("results.json", &json)?;
     write("results.csv", &to_csv(&res.runs))?;
-    let svg = throughput_svg(res).map_err(|e| Error::host("throughput.svg", e))?;
+    let svg = throughput_svg(res).map_err(|source| CompareError::Plot {
+        file: "throughput.svg",
+        source,
+    })?;
     write("throughput.svg", &svg)?;
-    let svg = migrations_svg(res).map_err(|e| Error::host("migrations.svg", e))?;
+    let svg = migrations_svg(res).map_err(|source| CompareError::Plot {
+        file: "migrations.svg",
+        source,
+    })?;
     write("migrations.svg", &svg)?;
     Ok(())
 }
@@ -782,39 +853,76 @@ fn emulated_tiers(configs: &[(PolicyArg, VmConfig)], runs: &[RunRecord]) -> bool
     tiering::host::numa_nodes().map_or(true, |n| n.len() <= 1)
 }
 
-/// Runs `tiervm compare`; returns the process exit code.
+/// Runs `tiervm compare`; returns the process exit code:
+/// 1. check the flags and validate every policy's VM before the first run;
+/// 2. run each policy's VM `--repeat` times, repeats interleaved;
+/// 3. summarize, write the files, print the table or the JSON.
 pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
-    if args.repeat == 0 {
-        return Err(Error::Usage(
-            "--repeat 0: give at least 1 run per policy".into(),
+    let configs = validate(args)?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|source| CompareError::CreateOut {
+            dir: dir.clone(),
+            source,
+        })?;
+    }
+    crate::signals::install()?;
+    let runs = run_all(args, &configs, started);
+    let total = configs.len() * args.repeat as usize;
+    if let (Some(sig), false) = (crate::signals::received(), args.quiet) {
+        crate::output::stderr_line(&format!(
+            "tiervm compare: {} after {} of {total} runs: keeping what was measured",
+            crate::signals::name(sig),
+            runs.len()
         ));
     }
+    let results = results(args, &configs, runs);
+    // Print what was measured even when writing the files fails.
+    let written = args
+        .out
+        .as_deref()
+        .map(|dir| write_outputs(dir, &results))
+        .transpose();
+    print_results(args, &results, written.as_ref().is_ok_and(Option::is_some))?;
+    written?;
+    if let Some(sig) = crate::signals::received() {
+        return Ok(crate::signals::exit_code(sig));
+    }
+    Ok(if results.runs.iter().all(|r| r.ok) {
+        0
+    } else {
+        1
+    })
+}
+
+/// Step 1: the policies, and each one's validated VM (notes printed).
+fn validate(args: &CompareArgs) -> Result<Vec<(PolicyArg, VmConfig)>> {
+    if args.repeat == 0 {
+        return Err(CompareError::NoRepeat.into());
+    }
     if args.repeat > MAX_REPEAT {
-        return Err(Error::Usage(format!(
-            "--repeat {} exceeds the {MAX_REPEAT} maximum: give at most {MAX_REPEAT} runs per policy",
-            args.repeat
-        )));
+        return Err(CompareError::TooManyRepeats {
+            repeat: args.repeat,
+        }
+        .into());
     }
     let policies = parse_policies(&args.policies)?;
     if policies.is_empty() {
-        return Err(Error::Usage(
-            "no policies to compare: name them with --policies, e.g. --policies static,chaos"
-                .into(),
-        ));
+        return Err(CompareError::NoPolicies.into());
     }
     if args.has_chaos_flags() && !policies.contains(&PolicyArg::Chaos) {
-        return Err(Error::Usage(
-            "--chaos-rate/--chaos-mix/--mechanism/--chaos-unit only apply to the chaos policy: add chaos to --policies or drop them".into(),
-        ));
+        return Err(CompareError::ChaosFlagsWithoutChaos.into());
     }
-    // Validate every policy's VM before the first (possibly long) run.
     let configs: Vec<(PolicyArg, VmConfig)> = policies
         .iter()
         .map(|&p| {
             VmConfig::from_request(&args.request(p))
                 .map(|c| (p, c))
                 .map_err(|e| match e {
-                    Error::Usage(m) => Error::Usage(format!("policy {}: {m}", policy_name(p))),
+                    Error::Config(_) | Error::TieringConfig(_) => CompareError::Policy {
+                        policy: p,
+                        source: Box::new(e),
+                    }
+                    .into(),
                     other => other,
                 })
         })
@@ -824,18 +932,16 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         notes.dedup();
         notes.iter().for_each(|n| eprintln!("tiervm compare: {n}"));
     }
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Error::host(
-                &format!(
-                    "creating --out {} (pick a writable directory)",
-                    dir.display()
-                ),
-                e,
-            )
-        })?;
-    }
-    let names: Vec<String> = policies.iter().map(|p| policy_name(*p)).collect();
+    Ok(configs)
+}
+
+/// Step 2: every run, in run order (p1, p2, .., p1, p2, ..).
+fn run_all(
+    args: &CompareArgs,
+    configs: &[(PolicyArg, VmConfig)],
+    started: Instant,
+) -> Vec<RunRecord> {
+    let names: Vec<String> = configs.iter().map(|(p, _)| p.name()).collect();
     let total = configs.len() * args.repeat as usize;
     if !args.quiet {
         let each = if args.vm.duration.is_zero() {
@@ -850,36 +956,57 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             args.repeat
         );
     }
-    crate::signals::install()?;
     let mut runs: Vec<RunRecord> = Vec::with_capacity(total);
     'runs: for rep in 1..=args.repeat {
-        for ((_, cfg), name) in configs.iter().zip(&names) {
+        for (policy, cfg) in configs {
+            // A signal stops the comparison after the run it arrived in.
             if crate::signals::received().is_some() {
                 break 'runs;
             }
-            let label = format!("{name} {rep}/{}", args.repeat);
-            let mut progress = Progress::stderr(label.as_str(), cfg.duration, args.quiet);
-            let sink = Sink::memory();
-            let result = runner::run(cfg, started, Console::Memory(sink.clone()), &mut progress);
-            progress.finish();
-            let record = match result {
-                Ok(report) => RunRecord::finished(name, rep, report, &sink.contents()),
-                Err(e) => RunRecord::failed(name, rep, &e),
-            };
-            if !args.quiet {
-                match (&record.report, &record.error) {
-                    (Some(r), None) => eprintln!(
-                        "  {label}: {} ops/s, exit {}",
-                        si(r.ops_per_sec),
-                        record.exit_code
-                    ),
-                    (_, Some(e)) => eprintln!("  {label}: FAILED: {e}"),
-                    (None, None) => {}
-                }
-            }
-            runs.push(record);
+            runs.push(run_one(args, *policy, cfg, rep, started));
         }
     }
+    runs
+}
+
+/// One VM run of the comparison, with its line on stderr.
+fn run_one(
+    args: &CompareArgs,
+    policy: PolicyArg,
+    cfg: &VmConfig,
+    rep: u32,
+    started: Instant,
+) -> RunRecord {
+    let label = format!("{policy} {rep}/{}", args.repeat);
+    let mut progress = Progress::stderr(label.as_str(), cfg.duration, args.quiet);
+    let sink = Sink::memory();
+    let result = runner::run(cfg, started, Console::Memory(sink.clone()), &mut progress);
+    progress.finish();
+    let record = match result {
+        Ok(report) => RunRecord::finished(policy, rep, report, &sink.contents()),
+        Err(e) => RunRecord::failed(policy, rep, &e),
+    };
+    if !args.quiet {
+        match (&record.report, &record.error) {
+            (Some(r), None) => eprintln!(
+                "  {label}: {} ops/s, exit {}",
+                si(r.ops_per_sec),
+                record.exit_code
+            ),
+            (_, Some(e)) => eprintln!("  {label}: FAILED: {e}"),
+            (None, None) => {}
+        }
+    }
+    record
+}
+
+/// Step 3: what the runs had in common, the summary and the runs.
+fn results(
+    args: &CompareArgs,
+    configs: &[(PolicyArg, VmConfig)],
+    runs: Vec<RunRecord>,
+) -> CompareResults {
+    let policies: Vec<PolicyArg> = configs.iter().map(|(p, _)| *p).collect();
     let tracked: Vec<bool> = configs
         .iter()
         .map(|(_, c)| c.tiering.as_ref().is_some_and(|t| t.tracks_accesses()))
@@ -899,34 +1026,24 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         fast_bytes: tiered.map(|t| t.mem.tiers[0].capacity_pages as u64 * page),
         slow_bytes: tiered.and_then(|t| t.mem.tiers.get(1).map(|x| x.capacity_pages as u64 * page)),
         repeat: args.repeat,
-        emulated_tiers: emulated_tiers(&configs, &runs),
+        emulated_tiers: emulated_tiers(configs, &runs),
     };
-    let interrupted_by = crate::signals::received();
-    if let (Some(sig), false) = (interrupted_by, args.quiet) {
-        crate::output::stderr_line(&format!(
-            "tiervm compare: {} after {} of {total} runs: keeping what was measured",
-            crate::signals::name(sig),
-            runs.len()
-        ));
-    }
-    let results = CompareResults {
-        interrupted_by: interrupted_by.map(crate::signals::name),
+    CompareResults {
+        interrupted_by: crate::signals::received().map(crate::signals::name),
         schema: "tiervm-compare/1",
-        summary: summarize(&names, &runs, &tracked),
-        policies: names,
+        summary: summarize(&policies, &runs, &tracked),
+        policies,
         setup,
         runs,
-    };
-    // Print what was measured even when writing the files fails.
-    let written = args
-        .out
-        .as_deref()
-        .map(|dir| write_outputs(dir, &results))
-        .transpose();
+    }
+}
+
+/// The table (and where the files went) or the JSON, on stdout.
+fn print_results(args: &CompareArgs, results: &CompareResults, wrote_files: bool) -> Result<()> {
     let text = match args.report {
         CompareFormat::Human => {
-            let mut t = format_human(&results);
-            if let (Some(dir), Ok(Some(()))) = (&args.out, &written) {
+            let mut t = format_human(results);
+            if let (Some(dir), true) = (&args.out, wrote_files) {
                 let _ = writeln!(
                     t,
                     "\nWrote results.json, results.csv, throughput.svg, migrations.svg to {}",
@@ -936,23 +1053,15 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             t
         }
         CompareFormat::Json => {
-            let mut s = serde_json::to_string(&results)
-                .map_err(|e| Error::host("encoding the results", e))?;
+            let mut s = serde_json::to_string(results).map_err(|source| OutputError::Encode {
+                what: "the results",
+                source,
+            })?;
             s.push('\n');
             s
         }
     };
-    let printed = crate::output::stdout(&text);
-    written?;
-    printed?;
-    if let Some(sig) = interrupted_by {
-        return Ok(crate::signals::exit_code(sig));
-    }
-    Ok(if results.runs.iter().all(|r| r.ok) {
-        0
-    } else {
-        1
-    })
+    crate::output::stdout(&text)
 }
 
 #[cfg(test)]
@@ -960,7 +1069,7 @@ mod tests {
     use super::*;
     use crate::report::StopReason;
     use crate::status::TimelinePoint;
-    use crate::vstate::tiered::{MigrationCounters, TrackingCounters};
+    use crate::vstate::tiered::{MigrationReport, TrackingReport};
 
     fn report(ops_per_sec: f64, promotions: u64, p99: Option<f64>) -> RunReport {
         let mut guest_metrics = BTreeMap::new();
@@ -978,6 +1087,7 @@ mod tests {
             stop_reason: StopReason::Duration,
             ops: ops_per_sec as u64,
             ops_per_sec,
+            tier_timeline: Vec::new(),
             timeline: vec![
                 TimelinePoint { t_s: 0.1, ops: 0 },
                 TimelinePoint {
@@ -994,23 +1104,21 @@ mod tests {
             mmio_exits: 0,
             crash: None,
             tiers: None,
-            migration: Some(MigrationCounters {
+            backing: None,
+            migration: Some(MigrationReport {
                 promotions,
                 demotions: promotions / 2,
                 tpm_commits: promotions,
                 tpm_aborts: 3,
-                tpm_retries: 0,
-                stop_copy: 0,
                 shadow_demotions: 1,
-                shadow_invalidations: 0,
-                shadow_reclaims: 0,
-                skipped_no_space: 0,
                 guest_stall_ms: 2.5,
+                ..MigrationReport::default()
             }),
-            tracking: Some(TrackingCounters {
+            tracking: Some(TrackingReport {
                 hint_faults: 10,
                 hint_stall_ms: 5.0,
                 tracking_overhead_pct: 0.25,
+                samples: 10,
             }),
             tiering: None,
             tracking_ab: None,
@@ -1018,7 +1126,12 @@ mod tests {
         }
     }
 
+    fn host_error() -> Error {
+        crate::vstate::vcpu::VcpuError::Run(crate::vstate::vcpu::VcpuRunError::Panicked).into()
+    }
+
     fn ok(policy: &str, repeat: u32, r: RunReport) -> RunRecord {
+        let policy = PolicyArg::from_str(policy, false).expect("a policy name");
         RunRecord::finished(policy, repeat, r, "")
     }
 
@@ -1074,9 +1187,9 @@ mod tests {
             ok("static", 2, report(300.0, 0, Some(1100.0))),
             ok("tpp", 2, report(90.0, 30, None)),
             ok("static", 3, report(200.0, 0, Some(1000.0))),
-            RunRecord::finished("tpp", 3, bad, "[guest] mismatch at page 7\n"),
+            RunRecord::finished(PolicyArg::Tpp, 3, bad, "[guest] mismatch at page 7\n"),
         ];
-        let names = vec!["static".to_string(), "tpp".to_string()];
+        let names = vec![PolicyArg::Static, PolicyArg::Tpp];
         let rows = summarize(&names, &runs, &[true, true]);
         let s = &rows[0];
         assert_eq!((s.runs, s.failed), (3, 0));
@@ -1116,12 +1229,12 @@ mod tests {
     #[test]
     fn p99_of_a_run_without_operations_is_not_a_latency() {
         let runs = vec![
-            ok("kv", 1, report(0.0, 0, Some(0.0))),
-            ok("kv", 2, report(10.0, 0, Some(700.0))),
+            ok("mtm", 1, report(0.0, 0, Some(0.0))),
+            ok("mtm", 2, report(10.0, 0, Some(700.0))),
         ];
-        let rows = summarize(&["kv".to_string()], &runs, &[false]);
+        let rows = summarize(&[PolicyArg::Mtm], &runs, &[false]);
         assert_eq!(rows[0].p99_ns_median, Some(700.0));
-        let rows = summarize(&["kv".to_string()], &runs[..1], &[false]);
+        let rows = summarize(&[PolicyArg::Mtm], &runs[..1], &[false]);
         assert_eq!(rows[0].p99_ns_median, None);
         assert_eq!(table_cells(&rows[0])[4], "-");
     }
@@ -1129,7 +1242,7 @@ mod tests {
     #[test]
     fn no_ratio_without_static() {
         let runs = vec![ok("chaos", 1, report(5.0, 1, None))];
-        let rows = summarize(&["chaos".to_string()], &runs, &[false]);
+        let rows = summarize(&[PolicyArg::Chaos], &runs, &[false]);
         assert_eq!(rows[0].ratio_to_static, None);
         assert_eq!(table_cells(&rows[0])[3], "-");
     }
@@ -1140,9 +1253,9 @@ mod tests {
             ok("static", 1, report(2_000_000.0, 0, None)),
             ok("static", 2, report(4_000_000.0, 0, None)),
             ok("chaos", 1, report(1_500_000.0, 12_345, Some(1500.0))),
-            RunRecord::failed("chaos", 2, &Error::Host("KVM_RUN failed".into())),
+            RunRecord::failed(PolicyArg::Chaos, 2, &host_error()),
         ];
-        let rows = summarize(&["static".into(), "chaos".into()], &runs, &[true, true]);
+        let rows = summarize(&[PolicyArg::Static, PolicyArg::Chaos], &runs, &[true, true]);
         let a = table_cells(&rows[0]);
         assert_eq!(a[1], "3.00M");
         assert_eq!(a[2], "2.00M-4.00M");
@@ -1187,9 +1300,9 @@ mod tests {
                 repeat: 1,
                 emulated_tiers: true,
             },
-            policies: vec!["static".into()],
+            policies: vec![PolicyArg::Static],
             interrupted_by: None,
-            summary: summarize(&["static".into()], &runs, &[false]),
+            summary: summarize(&[PolicyArg::Static], &runs, &[false]),
             runs,
         };
         let h = format_human(&res);
@@ -1199,10 +1312,10 @@ mod tests {
         assert!(!h.contains("Failed runs"));
         res.setup.emulated_tiers = false;
         res.runs
-            .push(RunRecord::failed("static", 2, &Error::Host("boom".into())));
+            .push(RunRecord::failed(PolicyArg::Static, 2, &host_error()));
         let h = format_human(&res);
         assert!(!h.contains("EMULATED"), "{h}");
-        assert!(h.contains("static repeat 2: boom"), "{h}");
+        assert!(h.contains("static repeat 2: vCPU thread panicked"), "{h}");
     }
 
     #[test]
@@ -1213,7 +1326,15 @@ mod tests {
         assert_eq!(csv_field("two\nlines"), "\"two\nlines\"");
         let runs = vec![
             ok("static", 1, report(10.0, 0, Some(5.0))),
-            RunRecord::failed("tpp", 1, &Error::Host("x, \"y\"".into())),
+            RunRecord::failed(
+                PolicyArg::Tpp,
+                1,
+                &CompareError::Write {
+                    path: "x, \"y\"".into(),
+                    source: std::io::Error::other("disk full"),
+                }
+                .into(),
+            ),
         ];
         let csv = to_csv(&runs);
         let lines: Vec<&str> = csv.lines().collect();
@@ -1221,7 +1342,9 @@ mod tests {
         assert_eq!(lines[0].split(',').count(), CSV_HEADER.len());
         assert_eq!(lines[1].split(',').count(), CSV_HEADER.len());
         assert!(lines[1].starts_with("static,1,true,0,,duration,1,10,10,5,0,0,0,3,"));
-        assert!(lines[2].starts_with("tpp,1,false,1,\"x, \"\"y\"\"\",,"));
+        assert!(lines[2].starts_with(
+            "tpp,1,false,1,\"writing x, \"\"y\"\" (check --out and free space): disk full\",,"
+        ));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! Collects two groups of facts and prints them, each with the job it does
 //! in tiervm, followed by a verdict:
 //!
-//! - KVM (this module): `/dev/kvm`, API version, flavour (PVM, VMX, SVM),
-//!   dirty-log capabilities, vCPU and memslot limits, TSC frequency.
+//! - KVM (this module; capabilities from [`crate::vstate::kvm_caps`], which
+//!   VM creation checks too): `/dev/kvm`, API version, flavour (PVM, VMX,
+//!   SVM), dirty-log capabilities, vCPU and memslot limits, TSC frequency.
 //! - Host memory ([`tiering::host`]): NUMA nodes, userfaultfd features,
 //!   idle page tracking, THP, `vm.max_map_count`.
 //!
@@ -18,16 +19,13 @@
 
 use std::fs;
 use std::io;
-use std::os::raw::c_ulong;
 use std::path::Path;
 
-use kvm_bindings::{
-    KVM_CAP_DIRTY_LOG_RING, KVM_CAP_DIRTY_LOG_RING_ACQ_REL, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-    KVM_CAP_MEMORY_FAULT_INFO, KVM_CAP_READONLY_MEM, KVM_CAP_USER_MEMORY,
-};
 use kvm_ioctls::{Kvm, VmFd};
 use serde::Serialize;
 use tiering::host::{self, Access, HostFacts, IdlePageTracking};
+
+pub use crate::vstate::kvm_caps::{KvmCaps, ManualDirtyLogProtect};
 
 /// Arguments of `tiervm info`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -41,10 +39,10 @@ pub struct InfoArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum InfoError {
     /// Writing to stdout failed (a closed pipe is not a failure).
-    #[error("{0}")]
-    Stdout(String),
+    #[error("cannot write the report to stdout")]
+    Stdout(#[source] io::Error),
     /// Serializing the JSON report failed.
-    #[error("cannot serialize the report as JSON: {0}")]
+    #[error("cannot serialize the report as JSON")]
     Json(#[from] serde_json::Error),
 }
 
@@ -59,7 +57,7 @@ pub fn run(args: &InfoArgs) -> Result<(), InfoError> {
         render_human(&report)
     };
     // A closed pipe ends quietly; other write errors are reported.
-    crate::output::stdout(&text).map_err(|e| InfoError::Stdout(e.to_string()))
+    crate::output::write_stdout(&text).map_err(InfoError::Stdout)
 }
 
 /// Everything `tiervm info` reports (the `--json` object).
@@ -232,57 +230,6 @@ pub fn decide_flavour(e: &FlavourEvidence) -> KvmFlavour {
 // KVM capabilities
 // ---------------------------------------------------------------------------
 
-/// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`, decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ManualDirtyLogProtect {
-    /// Raw `KVM_CHECK_EXTENSION` answer (a bitmask; 0 = absent).
-    pub raw: i32,
-    /// Bit 0, `KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE`: `KVM_GET_DIRTY_LOG` no
-    /// longer clears, `KVM_CLEAR_DIRTY_LOG` re-protects chosen pages.
-    pub manual_protect_enable: bool,
-    /// Bit 1, `KVM_DIRTY_LOG_INITIALLY_SET`: the log starts all-dirty.
-    pub initially_set: bool,
-}
-
-impl ManualDirtyLogProtect {
-    /// Decodes the bitmask.
-    pub fn from_raw(raw: i32) -> ManualDirtyLogProtect {
-        let bits = raw.max(0);
-        ManualDirtyLogProtect {
-            raw,
-            manual_protect_enable: bits & 1 != 0,
-            initially_set: bits & 2 != 0,
-        }
-    }
-}
-
-/// Capabilities and limits of `/dev/kvm`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KvmCaps {
-    /// Where the capabilities were asked: `"vm"` (a throwaway VM; most
-    /// precise) or `"system"` (`/dev/kvm`, if VM creation failed).
-    pub asked_on: &'static str,
-    /// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`.
-    pub manual_dirty_log_protect: ManualDirtyLogProtect,
-    /// `KVM_CAP_DIRTY_LOG_RING`: maximum ring size in bytes (0 = absent).
-    pub dirty_log_ring_bytes: i32,
-    /// `KVM_CAP_DIRTY_LOG_RING_ACQ_REL`: maximum ring size in bytes (0 = absent).
-    pub dirty_log_ring_acq_rel_bytes: i32,
-    /// `KVM_CAP_MEMORY_FAULT_INFO`: failed guest memory accesses exit with
-    /// `KVM_EXIT_MEMORY_FAULT` and the faulting guest address.
-    pub memory_fault_info: bool,
-    /// `KVM_CAP_READONLY_MEM`: read-only memslots.
-    pub readonly_mem: bool,
-    /// `KVM_CAP_USER_MEMORY`: memslots backed by process memory.
-    pub user_memory: bool,
-    /// `KVM_CAP_MAX_VCPUS`.
-    pub max_vcpus: usize,
-    /// `KVM_CAP_NR_VCPUS` (recommended maximum).
-    pub recommended_vcpus: usize,
-    /// `KVM_CAP_NR_MEMSLOTS`.
-    pub max_memslots: usize,
-}
-
 /// Result of creating a throwaway VM and vCPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VmProbe {
@@ -331,28 +278,6 @@ fn dev_kvm_fix(access: &Access) -> Option<String> {
                 .into(),
         ),
         Access::Failed { .. } => Some("check dmesg for KVM errors".into()),
-    }
-}
-
-fn cap(raw: impl Fn(c_ulong) -> i32, cap: u32) -> i32 {
-    raw(c_ulong::from(cap))
-}
-
-fn caps_from(raw: impl Fn(c_ulong) -> i32, kvm: &Kvm, asked_on: &'static str) -> KvmCaps {
-    KvmCaps {
-        asked_on,
-        manual_dirty_log_protect: ManualDirtyLogProtect::from_raw(cap(
-            &raw,
-            KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-        )),
-        dirty_log_ring_bytes: cap(&raw, KVM_CAP_DIRTY_LOG_RING).max(0),
-        dirty_log_ring_acq_rel_bytes: cap(&raw, KVM_CAP_DIRTY_LOG_RING_ACQ_REL).max(0),
-        memory_fault_info: cap(&raw, KVM_CAP_MEMORY_FAULT_INFO) > 0,
-        readonly_mem: cap(&raw, KVM_CAP_READONLY_MEM) > 0,
-        user_memory: cap(&raw, KVM_CAP_USER_MEMORY) > 0,
-        max_vcpus: kvm.get_max_vcpus(),
-        recommended_vcpus: kvm.get_nr_vcpus(),
-        max_memslots: kvm.get_nr_memslots(),
     }
 }
 
@@ -414,8 +339,8 @@ pub fn probe_kvm() -> KvmFacts {
     };
     let (vm_probe, vm) = probe_vm(&kvm);
     let caps = match &vm {
-        Some(vm) => caps_from(|c| vm.check_extension_raw(c), &kvm, "vm"),
-        None => caps_from(|c| kvm.check_extension_raw(c), &kvm, "system"),
+        Some(vm) => KvmCaps::of_vm(&kvm, vm),
+        None => KvmCaps::of_system(&kvm),
     };
     KvmFacts {
         dev_kvm: Access::Ok,
@@ -445,7 +370,7 @@ pub enum AccessTracking {
 /// Which migration mechanism tiervm can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Migration {
+pub enum MigrationSupport {
     /// Copy while the guest runs, commit only if the page stayed clean
     /// (`UFFDIO_MOVE` + manual-protect dirty log).
     Transactional,
@@ -484,7 +409,7 @@ pub struct Verdict {
     /// `/dev/kvm` usable, API 12, and a VM with a vCPU could be created.
     pub run_vms: bool,
     /// Migration mechanism available.
-    pub migration: Migration,
+    pub migration: MigrationSupport,
     /// Access tracking mechanism available.
     pub access_tracking: AccessTracking,
     /// Real or emulated tiers.
@@ -505,9 +430,9 @@ impl Verdict {
             .as_ref()
             .is_some_and(|c| c.manual_dirty_log_protect.manual_protect_enable);
         let migration = match (run_vms && moves, manual_protect) {
-            (true, true) => Migration::Transactional,
-            (true, false) => Migration::StopAndCopy,
-            (false, _) => Migration::None,
+            (true, true) => MigrationSupport::Transactional,
+            (true, false) => MigrationSupport::StopAndCopy,
+            (false, _) => MigrationSupport::None,
         };
         // page_idle is detected but not used (no tracker for it is built:
         // the development host lacks it, so it could not be tested).
@@ -531,9 +456,9 @@ impl Verdict {
             "run VMs: {}; migration: {}; access tracking: {}; tiers: {}",
             yes_no(run_vms),
             match migration {
-                Migration::Transactional => "transactional",
-                Migration::StopAndCopy => "stop-and-copy only",
-                Migration::None => "none (needs UFFDIO_MOVE; no-migration baseline only)",
+                MigrationSupport::Transactional => "transactional",
+                MigrationSupport::StopAndCopy => "stop-and-copy only",
+                MigrationSupport::None => "none (needs UFFDIO_MOVE; no-migration baseline only)",
             },
             match access_tracking {
                 AccessTracking::HintFaults => "hint-fault sampling",
@@ -642,7 +567,13 @@ fn render_kvm(l: &mut Lines, kvm: &KvmFacts) {
             _ => {}
         }
     }
-    let Some(c) = &kvm.caps else { return };
+    if let Some(c) = &kvm.caps {
+        render_kvm_caps(l, c);
+    }
+}
+
+/// The capabilities tiervm uses or reports.
+fn render_kvm_caps(l: &mut Lines, c: &KvmCaps) {
     let mp = c.manual_dirty_log_protect;
     l.fact(
         "dirty log manual protect",
@@ -709,6 +640,13 @@ fn render_kvm(l: &mut Lines, kvm: &KvmFacts) {
 
 fn render_host(l: &mut Lines, h: &HostFacts) {
     l.heading("Host memory");
+    render_memory(l, h);
+    render_userfaultfd(l, &h.userfaultfd);
+    render_tracking_and_knobs(l, h);
+}
+
+/// Kernel, page size, memory and NUMA nodes.
+fn render_memory(l: &mut Lines, h: &HostFacts) {
     if let Some(k) = &h.kernel_release {
         l.fact("kernel", k, "");
     }
@@ -768,7 +706,10 @@ fn render_host(l: &mut Lines, h: &HostFacts) {
             }
         }
     }
-    let u = &h.userfaultfd;
+}
+
+/// userfaultfd and the features tiervm's mechanisms need.
+fn render_userfaultfd(l: &mut Lines, u: &host::UserfaultfdFacts) {
     l.fact(
         "userfaultfd",
         format!(
@@ -830,10 +771,14 @@ fn render_host(l: &mut Lines, h: &HostFacts) {
             }
         }
     }
+}
+
+/// Access tracking and the kernel settings that bear on tiering.
+fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
     l.fact(
         "page_idle",
         h.idle_page_tracking.describe(),
-        match (&h.idle_page_tracking, u.has_move()) {
+        match (&h.idle_page_tracking, h.userfaultfd.has_move()) {
             (IdlePageTracking::Readable, true) => {
                 "present but not used: tiervm tracks accesses with hint faults (mtm's accessed bits come from hint-fault probes)"
             }
@@ -985,18 +930,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn manual_protect_mask_decodes() {
-        let m = ManualDirtyLogProtect::from_raw(3);
-        assert!(m.manual_protect_enable && m.initially_set);
-        let m = ManualDirtyLogProtect::from_raw(1);
-        assert!(m.manual_protect_enable && !m.initially_set);
-        let m = ManualDirtyLogProtect::from_raw(0);
-        assert!(!m.manual_protect_enable && !m.initially_set);
-        let m = ManualDirtyLogProtect::from_raw(-22);
-        assert!(!m.manual_protect_enable && !m.initially_set);
-    }
-
     fn host_facts(move_bit: bool, nodes: &[(u32, bool)]) -> HostFacts {
         let numa: Vec<host::NumaNode> = nodes
             .iter()
@@ -1076,7 +1009,7 @@ mod tests {
     fn verdict_follows_the_facts() {
         let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(true, &[(0, false)]));
         assert!(v.run_vms);
-        assert_eq!(v.migration, Migration::Transactional);
+        assert_eq!(v.migration, MigrationSupport::Transactional);
         assert_eq!(v.access_tracking, AccessTracking::HintFaults);
         assert_eq!(v.tiers, Tiers::Emulated { node: 0 });
 
@@ -1084,7 +1017,7 @@ mod tests {
             &kvm_facts(Access::Ok, 0),
             &host_facts(true, &[(0, false), (1, true)]),
         );
-        assert_eq!(v.migration, Migration::StopAndCopy);
+        assert_eq!(v.migration, MigrationSupport::StopAndCopy);
         assert_eq!(
             v.tiers,
             Tiers::Real {
@@ -1094,7 +1027,7 @@ mod tests {
         );
 
         let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(false, &[(0, false)]));
-        assert_eq!(v.migration, Migration::None);
+        assert_eq!(v.migration, MigrationSupport::None);
         assert_eq!(v.access_tracking, AccessTracking::None);
 
         let v = Verdict::from_facts(
@@ -1102,7 +1035,7 @@ mod tests {
             &host_facts(true, &[(0, false)]),
         );
         assert!(!v.run_vms);
-        assert_eq!(v.migration, Migration::None);
+        assert_eq!(v.migration, MigrationSupport::None);
         assert!(v.summary.starts_with("run VMs: no"), "{}", v.summary);
     }
 

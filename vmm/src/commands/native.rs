@@ -13,8 +13,44 @@ use tiervm_guest::args::{Args as GuestArgs, ImageSpec};
 use tiervm_guest::workloads::{self, Env};
 
 use crate::commands::run::ReportFormat;
-use crate::config::{check_args, check_sample_ms, parse_kv, to_entries};
-use crate::error::{Error, Result};
+use crate::config::{check_args, parse_kv, to_entries};
+use crate::error::{OutputError, Result};
+
+/// `tiervm native` cannot run what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum NativeError {
+    /// Not a built-in workload.
+    #[error("tiervm native runs built-in workloads only; '{image}' is not one of {}", crate::image::builtin_names().join(", "))]
+    NotBuiltin {
+        /// The image given.
+        image: String,
+    },
+    /// `--threads 0`.
+    #[error("--threads 0: use --threads 1 or more")]
+    NoThreads,
+    /// More threads than a VM has vCPUs.
+    #[error("--threads {threads} exceeds the {MAX_VCPUS} maximum (the most vCPUs a VM run has): give at most {MAX_VCPUS}")]
+    TooManyThreads {
+        /// Threads asked for.
+        threads: u32,
+    },
+    /// `--sample-ms` out of range.
+    #[error(transparent)]
+    SamplePeriod(#[from] crate::config::ConfigError),
+    /// The data set does not fit the address space.
+    #[error("data set too large for this host")]
+    TooLarge,
+    /// The data set's mapping has no host address.
+    #[error("native memory address")]
+    HostAddress(#[source] vm_memory::GuestMemoryError),
+}
+
+impl NativeError {
+    /// Whether the user's input is at fault (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, Self::HostAddress(_))
+    }
+}
 use crate::report::group;
 use crate::status::{ops_per_sec, TimelinePoint};
 use crate::units::parse_duration;
@@ -103,8 +139,7 @@ impl Env for HostEnv<'_> {
     }
     fn set_phase(&self, _: Phase) {}
     fn cycles(&self) -> u64 {
-        // SAFETY: rdtsc only reads the time-stamp counter.
-        unsafe { core::arch::x86_64::_rdtsc() }
+        crate::vstate::vcpu::read_tsc()
     }
     fn tsc_khz(&self) -> u64 {
         self.tsc_khz
@@ -123,28 +158,26 @@ impl Env for HostEnv<'_> {
     }
 }
 
-/// Runs the workload natively; returns the process exit code.
+/// Runs the workload natively; returns the process exit code: checks the
+/// image and its arguments, maps the data set as a VM's RAM would be, runs
+/// the workload on host threads for `--duration`, and prints the report.
 pub fn run(args: &NativeArgs) -> Result<i32> {
-    let spec = workloads::image_spec(&args.image).ok_or_else(|| {
-        Error::Usage(format!(
-            "tiervm native runs built-in workloads only; '{}' is not one of {}",
-            args.image,
-            crate::image::builtin_names().join(", ")
-        ))
+    let spec = workloads::image_spec(&args.image).ok_or_else(|| NativeError::NotBuiltin {
+        image: args.image.clone(),
     })?;
     if args.threads == 0 {
-        return Err(Error::Usage("--threads 0: use --threads 1 or more".into()));
+        return Err(NativeError::NoThreads.into());
     }
     if args.threads as usize > MAX_VCPUS {
-        return Err(Error::Usage(format!(
-            "--threads {} exceeds the {MAX_VCPUS} maximum (the most vCPUs a VM run has): give at most {MAX_VCPUS}",
-            args.threads
-        )));
+        return Err(NativeError::TooManyThreads {
+            threads: args.threads,
+        }
+        .into());
     }
-    check_sample_ms(args.sample_ms)?;
+    crate::config::check_sample_ms(args.sample_ms).map_err(NativeError::SamplePeriod)?;
+    crate::signals::install()?;
     let kv = parse_kv(&args.args)?;
     check_args(spec.name, spec, &kv)?;
-    crate::signals::install()?;
     let entries = to_entries(&kv)?;
     let need = workloads::heap_need(spec.name, &GuestArgs::new(&entries, Some(spec))).unwrap_or(0);
     // The same backing as a VM's RAM: anonymous, private, transparent huge pages.
@@ -152,20 +185,36 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     let ram = create_ram(bytes, true)?;
     let host = ram
         .get_host_address(GuestAddress(0))
-        .map_err(|e| Error::host("native memory address", e))?;
-    let words = usize::try_from(bytes / 8)
-        .map_err(|_| Error::Usage("data set too large for this host".into()))?;
+        .map_err(NativeError::HostAddress)?;
+    let words = usize::try_from(bytes / 8).map_err(|_| NativeError::TooLarge)?;
     // SAFETY: `ram` maps `bytes` bytes of zeroed, page-aligned anonymous
-    // memory that lives until the end of this function (after every worker
-    // thread joined); AtomicU64 has no invalid bit patterns and is only
-    // accessed atomically.
+    // memory that lives until the end of this function, after
+    // `run_workload` joined every worker thread; AtomicU64 has no invalid
+    // bit patterns and the memory is only accessed through this slice.
     let mem: &[AtomicU64] = unsafe { std::slice::from_raw_parts(host.cast::<AtomicU64>(), words) };
+    let report = run_workload(args, spec, &entries, mem);
+    print_report(args, &report)?;
+    if let Some(sig) = crate::signals::received() {
+        return Ok(crate::signals::exit_code(sig));
+    }
+    Ok(if report.exit_code == 0 { 0 } else { 1 })
+}
+
+/// Runs `spec` on `args.threads` scoped host threads over `mem`, sampling
+/// their operation counts every `--sample-ms` until `--duration`, then
+/// asks them to stop and waits for them.
+fn run_workload(
+    args: &NativeArgs,
+    spec: &'static ImageSpec,
+    entries: &[ArgEntry],
+    mem: &[AtomicU64],
+) -> NativeReport {
     let stop = AtomicBool::new(false);
     let counters: Vec<AtomicU64> = (0..args.threads).map(|_| AtomicU64::new(0)).collect();
     let barrier = Barrier::new(args.threads as usize);
     let exit_sum = AtomicU32::new(0);
-    let tsc_khz = measure_tsc_khz();
-    let timeline = Mutex::new(Vec::new());
+    let tsc_khz = crate::vstate::vcpu::measure_host_tsc_khz();
+    let mut timeline = Vec::new();
     let metrics = Mutex::new(std::collections::BTreeMap::new());
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -174,7 +223,7 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
                 vcpu: i,
                 vcpus: args.threads,
                 seed: args.seed,
-                entries: &entries,
+                entries,
                 spec,
                 stop: &stop,
                 ops: &counters[i as usize],
@@ -200,20 +249,15 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
                 continue;
             }
             next = now + sample;
-            let ops = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-            timeline
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(TimelinePoint {
-                    t_s: start.elapsed().as_secs_f64(),
-                    ops,
-                });
+            timeline.push(TimelinePoint {
+                t_s: start.elapsed().as_secs_f64(),
+                ops: counters.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
+            });
         }
         stop.store(true, Ordering::Relaxed);
     });
-    let timeline = timeline.into_inner().unwrap_or_else(|p| p.into_inner());
     let ops = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-    let report = NativeReport {
+    NativeReport {
         image: spec.name.into(),
         threads: args.threads,
         duration_s: start.elapsed().as_secs_f64(),
@@ -222,11 +266,18 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         ops_per_sec: ops_per_sec(&timeline),
         timeline,
         guest_metrics: metrics.into_inner().unwrap_or_else(|p| p.into_inner()),
-    };
+    }
+}
+
+/// The report as JSON or one line, on stdout.
+fn print_report(args: &NativeArgs, report: &NativeReport) -> Result<()> {
     let text = match args.report {
         ReportFormat::Json => format!(
             "{}\n",
-            serde_json::to_string(&report).map_err(|e| Error::host("encoding the report", e))?
+            serde_json::to_string(report).map_err(|source| OutputError::Encode {
+                what: "the report",
+                source,
+            })?
         ),
         ReportFormat::Human => format!(
             "tiervm native: {} on {} host thread(s): {} ops, {} ops/s, exit code {}\n",
@@ -237,19 +288,5 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
             report.exit_code
         ),
     };
-    crate::output::stdout(&text)?;
-    if let Some(sig) = crate::signals::received() {
-        return Ok(crate::signals::exit_code(sig));
-    }
-    Ok(if report.exit_code == 0 { 0 } else { 1 })
-}
-
-fn measure_tsc_khz() -> u64 {
-    let t0 = Instant::now();
-    // SAFETY: rdtsc only reads the time-stamp counter.
-    let c0 = unsafe { core::arch::x86_64::_rdtsc() };
-    std::thread::sleep(Duration::from_millis(20));
-    // SAFETY: as above.
-    let c1 = unsafe { core::arch::x86_64::_rdtsc() };
-    (c1.wrapping_sub(c0) * 1000 / (t0.elapsed().as_micros().max(1) as u64)).max(1)
+    crate::output::stdout(&text)
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 
 use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
-use crate::error::{Error, Result};
+use crate::error::{OutputError, Result};
 use crate::output;
 use crate::progress::Progress;
 use crate::report::{RunReport, StopReason};
@@ -133,6 +133,10 @@ pub struct VmFlags {
     /// memtis and mtm, colloid's quantum (defaults: the papers' 0.5 s, 10 s, 10 ms).
     #[arg(long, value_name = "POLICY=TIME,...", help_heading = "Tiering")]
     pub policy_interval: Option<String>,
+    /// The fast tier's capacity over time, e.g. 256M@0s,32M@5s,256M@10s:
+    /// a shrink demotes the coldest pages and gives the memory back.
+    #[arg(long, value_name = "SIZE@TIME,...", help_heading = "Tiering")]
+    pub fast_schedule: Option<String>,
 }
 
 impl VmFlags {
@@ -154,6 +158,7 @@ impl VmFlags {
             scan_period: self.scan_period,
             tracking_budget_pct: self.tracking_budget,
             policy_interval: self.policy_interval.clone(),
+            fast_schedule: self.fast_schedule.clone(),
             ..TieringRequest::default()
         }
     }
@@ -216,8 +221,10 @@ pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
     let text = match format {
         ReportFormat::Human => report.human(),
         ReportFormat::Json => {
-            let mut s =
-                serde_json::to_string(report).map_err(|e| Error::host("encoding the report", e))?;
+            let mut s = serde_json::to_string(report).map_err(|source| OutputError::Encode {
+                what: "the report",
+                source,
+            })?;
             s.push('\n');
             s
         }

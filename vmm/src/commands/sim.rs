@@ -2,13 +2,12 @@
 //! simulator (`tiering::sim`). Every number it prints is MODELED.
 
 use clap::{Args, ValueEnum};
-use std::fmt::Write as _;
-use tiering::policy::NAMES;
-use tiering::sim::{self, RunReport, Scenario};
+use tiering::policy::PolicyKind;
+use tiering::sim::{self, Scenario, SimReport};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum ReportFormat {
+pub enum SimFormat {
     /// A comparison table.
     #[default]
     Table,
@@ -28,8 +27,8 @@ pub struct SimArgs {
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
-    pub report: ReportFormat,
+    #[arg(long, value_enum, default_value_t = SimFormat::Table)]
+    pub report: SimFormat,
     /// Also print each run's throughput timeline and per-tier traffic.
     #[arg(long)]
     pub verbose: bool,
@@ -148,38 +147,84 @@ pub struct GuestWorkloadArgs {
 /// Errors of `tiervm sim`.
 #[derive(Debug, thiserror::Error)]
 pub enum SimCmdError {
-    /// No or unknown scenario.
-    #[error("{0}")]
-    Usage(String),
+    /// No scenario named.
+    #[error("name a scenario (tiervm sim SCENARIO)\n{}", list())]
+    NoScenario,
+    /// No such scenario.
+    #[error("unknown scenario `{name}`; valid: {} (see tiervm sim --list)", sim::builtin_names().join(", "))]
+    UnknownScenario {
+        /// The name given.
+        name: String,
+    },
+    /// A per-tier list of the wrong length.
+    #[error("--{flag} needs {tiers} comma-separated values (one per tier), got {got}")]
+    TierListLength {
+        /// The flag.
+        flag: &'static str,
+        /// Tiers in the scenario.
+        tiers: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// `--kv-workload` is not a YCSB mix.
+    #[error("--kv-workload must be a, b, c or f, got `{0}`")]
+    KvWorkload(String),
+    /// `--graph` is not a generator.
+    #[error("--graph must be uniform or rmat, got `{0}`")]
+    Graph(String),
+    /// A policy name does not parse.
+    #[error(transparent)]
+    Policy(#[from] tiering::policy::PolicyError),
     /// The simulator refused the scenario or a policy.
     #[error(transparent)]
     Sim(#[from] sim::SimError),
     /// JSON encoding failed.
-    #[error("cannot encode the report as JSON: {0}")]
+    #[error("cannot encode the report as JSON")]
     Json(#[from] serde_json::Error),
-    /// Writing the output failed (not a closed pipe: that ends quietly).
-    #[error("{0}")]
-    Output(String),
 }
 
-fn set_list(dst: &mut [f64], src: &[f64], what: &str) -> Result<(), SimCmdError> {
+fn set_list(dst: &mut [f64], src: &[f64], flag: &'static str) -> Result<(), SimCmdError> {
     if src.is_empty() {
         return Ok(());
     }
     if src.len() != dst.len() {
-        return Err(SimCmdError::Usage(format!(
-            "--{what} needs {} comma-separated values (one per tier), got {}",
-            dst.len(),
-            src.len()
-        )));
+        return Err(SimCmdError::TierListLength {
+            flag,
+            tiers: dst.len(),
+            got: src.len(),
+        });
     }
     dst.copy_from_slice(src);
     Ok(())
 }
 
-/// Applies the command-line overrides to a scenario.
+/// Applies the command-line overrides to a scenario: the run's shape, the
+/// workload's parameters, the tiers, the rate limit and the mechanism costs.
 pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
-    use tiering::sim::workload::{PrGraph, WorkloadSpec as W, YcsbMix};
+    override_run(scn, a);
+    override_workload(scn, a)?;
+    relabel_guest_workload(scn, a);
+    override_tiers(scn, a)?;
+    if let Some(v) = a.rate_limit_mbps {
+        scn.promote_rate_limit_mbps = Some(v);
+    }
+    let c = &mut scn.costs;
+    for (dst, src) in [
+        (&mut c.fault_ns, a.fault_ns),
+        (&mut c.shootdown_ns, a.shootdown_ns),
+        (&mut c.ipi_receive_ns, a.ipi_ns),
+        (&mut c.migrate_setup_ns, a.migrate_setup_ns),
+        (&mut c.copy_gbps, a.copy_gbps),
+    ] {
+        if let Some(v) = src {
+            *dst = v;
+        }
+    }
+    Ok(())
+}
+
+/// Duration, seed, scale, write ratio, threads, MLP and the antagonist.
+fn override_run(scn: &mut Scenario, a: &SimArgs) {
     if let Some(v) = a.duration {
         scn.duration_s = v;
     }
@@ -210,51 +255,44 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
     } else if let (Some(t), Some(ant)) = (a.antagonist_tier, scn.antagonist.as_mut()) {
         ant.tier = t;
     }
+}
+
+fn set<T: Copy>(dst: &mut T, src: Option<T>) {
+    if let Some(v) = src {
+        *dst = v;
+    }
+}
+
+/// The parameters of the scenario's workload that the flags name.
+fn override_workload(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
+    use tiering::sim::workload::{PrGraph, WorkloadSpec as W, YcsbMix};
     match &mut scn.workload {
         W::Zipf {
             rss_gib,
             wss_gib,
             theta,
         } => {
-            if let Some(v) = a.rss_gib {
-                *rss_gib = v;
-            }
-            if let Some(v) = a.wss_gib {
-                *wss_gib = v;
-            }
-            if let Some(v) = a.theta {
-                *theta = v;
-            }
+            set(rss_gib, a.rss_gib);
+            set(wss_gib, a.wss_gib);
+            set(theta, a.theta);
         }
         W::Gups {
             size_gib,
             hot_gib,
             hot_prob,
         } => {
-            if let Some(v) = a.size_gib {
-                *size_gib = v;
-            }
-            if let Some(v) = a.hot_gib {
-                *hot_gib = v;
-            }
-            if let Some(v) = a.hot_prob {
-                *hot_prob = v;
-            }
+            set(size_gib, a.size_gib);
+            set(hot_gib, a.hot_gib);
+            set(hot_prob, a.hot_prob);
         }
         W::GaussianHot {
             size_gib,
             hot_fraction,
             hot_prob,
         } => {
-            if let Some(v) = a.size_gib {
-                *size_gib = v;
-            }
-            if let Some(v) = a.hot_fraction {
-                *hot_fraction = v;
-            }
-            if let Some(v) = a.hot_prob {
-                *hot_prob = v;
-            }
+            set(size_gib, a.size_gib);
+            set(hot_fraction, a.hot_fraction);
+            set(hot_prob, a.hot_prob);
         }
         W::Kv {
             records,
@@ -262,19 +300,11 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
             mix,
             theta,
         } => {
-            if let Some(v) = a.guest.records {
-                *records = v;
-            }
-            if let Some(v) = a.guest.value_size {
-                *value_size = v;
-            }
-            if let Some(v) = a.theta {
-                *theta = v;
-            }
+            set(records, a.guest.records);
+            set(value_size, a.guest.value_size);
+            set(theta, a.theta);
             if let Some(w) = &a.guest.kv_workload {
-                *mix = YcsbMix::parse(w).ok_or_else(|| {
-                    SimCmdError::Usage(format!("--kv-workload must be a, b, c or f, got `{w}`"))
-                })?;
+                *mix = YcsbMix::parse(w).ok_or_else(|| SimCmdError::KvWorkload(w.clone()))?;
                 let letter = w.trim().to_ascii_lowercase();
                 if scn.name.starts_with("kv-ycsb-") {
                     scn.name = format!("kv-ycsb-{letter}");
@@ -290,19 +320,21 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
             degree,
             graph,
         } => {
-            if let Some(v) = a.guest.graph_scale {
-                *scale = v;
-            }
-            if let Some(v) = a.guest.degree {
-                *degree = v;
-            }
+            set(scale, a.guest.graph_scale);
+            set(degree, a.guest.degree);
             if let Some(g) = &a.guest.graph {
-                *graph = PrGraph::parse(g).ok_or_else(|| {
-                    SimCmdError::Usage(format!("--graph must be uniform or rmat, got `{g}`"))
-                })?;
+                *graph = PrGraph::parse(g).ok_or_else(|| SimCmdError::Graph(g.clone()))?;
             }
         }
     }
+    Ok(())
+}
+
+/// A kv or pagerank workload changed by flags says so in its description
+/// (and pagerank keeps Nomad's fast:RSS ratio for the new graph; an
+/// explicit --tier-capacity-gib still wins).
+fn relabel_guest_workload(scn: &mut Scenario, a: &SimArgs) {
+    use tiering::sim::workload::WorkloadSpec as W;
     let g = &a.guest;
     let guest_overridden = g.records.is_some()
         || g.value_size.is_some()
@@ -310,21 +342,24 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
         || g.degree.is_some()
         || g.graph.is_some()
         || (a.theta.is_some() && matches!(scn.workload, W::Kv { .. }));
-    if guest_overridden {
-        if matches!(scn.workload, W::Pagerank { .. }) && scn.name.starts_with("pagerank-") {
-            // Keep Nomad's fast:RSS ratio for the new graph (an explicit
-            // --tier-capacity-gib below still wins).
-            if let Some(t) = scn.tiers.first_mut() {
-                t.capacity_gib = sim::scenario::pagerank_fast_tier_gib(&scn.workload);
-            }
-        }
-        scn.about = format!(
-            "{} [overridden: {:?}, fast tier {} GiB]",
-            scn.about,
-            scn.workload,
-            scn.tiers.first().map_or(0.0, |t| t.capacity_gib)
-        );
+    if !guest_overridden {
+        return;
     }
+    if matches!(scn.workload, W::Pagerank { .. }) && scn.name.starts_with("pagerank-") {
+        if let Some(t) = scn.tiers.first_mut() {
+            t.capacity_gib = sim::scenario::pagerank_fast_tier_gib(&scn.workload);
+        }
+    }
+    scn.about = format!(
+        "{} [overridden: {:?}, fast tier {} GiB]",
+        scn.about,
+        scn.workload,
+        scn.tiers.first().map_or(0.0, |t| t.capacity_gib)
+    );
+}
+
+/// Per-tier capacities, latencies and bandwidths, and every tier's `k`.
+fn override_tiers(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
     let n = scn.tiers.len();
     let mut caps: Vec<f64> = scn.tiers.iter().map(|t| t.capacity_gib).collect();
     let mut lats: Vec<f64> = scn.tiers.iter().map(|t| t.unloaded_ns).collect();
@@ -341,21 +376,6 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
             t.queue_k = k;
         }
     }
-    if let Some(v) = a.rate_limit_mbps {
-        scn.promote_rate_limit_mbps = Some(v);
-    }
-    let c = &mut scn.costs;
-    for (dst, src) in [
-        (&mut c.fault_ns, a.fault_ns),
-        (&mut c.shootdown_ns, a.shootdown_ns),
-        (&mut c.ipi_receive_ns, a.ipi_ns),
-        (&mut c.migrate_setup_ns, a.migrate_setup_ns),
-        (&mut c.copy_gbps, a.copy_gbps),
-    ] {
-        if let Some(v) = src {
-            *dst = v;
-        }
-    }
     Ok(())
 }
 
@@ -366,8 +386,8 @@ fn list() -> String {
     }
     s.push_str(&format!(
         "policies: {} (variants: {})\n",
-        NAMES.join(", "),
-        tiering::policy::VARIANTS.join(", ")
+        PolicyKind::names(&PolicyKind::POLICIES),
+        PolicyKind::names(&PolicyKind::VARIANTS)
     ));
     s
 }
@@ -393,64 +413,53 @@ fn parallel<T: Send, R: Send>(items: Vec<T>, jobs: usize, f: impl Fn(T) -> R + S
     slots.into_iter().flatten().collect()
 }
 
-fn print(text: &str) -> Result<(), SimCmdError> {
-    crate::output::stdout(text).map_err(|e| SimCmdError::Output(e.to_string()))
-}
-
 /// Runs `tiervm sim`. Returns the process exit code.
-pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
+pub fn run(args: &SimArgs) -> crate::error::Result<i32> {
     if args.list {
-        return print(&list()).map(|()| 0);
+        crate::output::stdout(&list())?;
+        return Ok(0);
     }
     let Some(name) = args.scenario.as_deref() else {
-        return Err(SimCmdError::Usage(format!(
-            "name a scenario (tiervm sim SCENARIO)\n{}",
-            list()
-        )));
+        return Err(SimCmdError::NoScenario.into());
     };
-    let mut scn = sim::builtin(name).ok_or_else(|| {
-        SimCmdError::Usage(format!(
-            "unknown scenario `{name}`; valid: {} (see tiervm sim --list)",
-            sim::builtin_names().join(", ")
-        ))
-    })?;
+    let mut scn =
+        sim::builtin(name).ok_or_else(|| SimCmdError::UnknownScenario { name: name.into() })?;
     apply_overrides(&mut scn, args)?;
-    let policies: Vec<String> = if args.policies.is_empty() {
-        NAMES.iter().map(|s| s.to_string()).collect()
+    let policies: Vec<PolicyKind> = if args.policies.is_empty() {
+        PolicyKind::POLICIES.to_vec()
     } else {
         args.policies
             .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()
+            .map_err(SimCmdError::from)?
     };
-    for p in &policies {
-        tiering::policy::by_name(p, &tiering::policy::PolicyConfig::new(1, vec![1]))
-            .map_err(|e| SimCmdError::Usage(e.to_string()))?;
-    }
     let jobs = args.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let mut work: Vec<(String, Option<f64>)> = policies.iter().map(|p| (p.clone(), None)).collect();
+    let mut work: Vec<(PolicyKind, Option<f64>)> = policies.iter().map(|&p| (p, None)).collect();
     if args.sweep_static {
-        work.extend((0..=10).map(|i| ("static".to_string(), Some(f64::from(i) / 10.0))));
+        work.extend((0..=10).map(|i| (PolicyKind::Static, Some(f64::from(i) / 10.0))));
     }
     let wall = std::time::Instant::now();
-    let results: Vec<Result<RunReport, sim::SimError>> =
+    let results: Vec<Result<SimReport, sim::SimError>> =
         parallel(work.clone(), jobs, |(p, share)| match share {
-            None => sim::run(&scn, &p),
-            Some(s) => sim::run_with(&scn, &p, sim::Placement::HotShare(s)).map(|mut r| {
+            None => sim::run(&scn, p),
+            Some(s) => sim::run_with(&scn, p, sim::SimPlacement::HotShare(s)).map(|mut r| {
                 r.policy = format!("split{:.0}", s * 100.0);
                 r
             }),
         });
     let wall_s = wall.elapsed().as_secs_f64();
-    let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let mut out = String::new();
+    let reports = results
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(SimCmdError::from)?;
     match args.report {
-        ReportFormat::Json => {
+        SimFormat::Json => {
             let v = serde_json::json!({
                 "modeled": true,
                 "note": "all performance numbers come from the simulator's latency model",
@@ -458,39 +467,54 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
                 "reports": reports,
                 "wall_s": wall_s,
             });
-            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v)?);
+            let mut s = serde_json::to_string_pretty(&v).map_err(SimCmdError::from)?;
+            s.push('\n');
+            crate::output::stdout(&s)?;
         }
-        ReportFormat::Table => {
-            let _ = writeln!(out, "{}", scn.about);
-            out.push_str(&sim::report::table(&reports));
-            let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
-            let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
+        SimFormat::Table => crate::output::stdout(&tables(args, &scn, &reports, wall_s, jobs))?,
+    }
+    Ok(0)
+}
+
+/// The comparison table, the simulator's speed and, with `--verbose`,
+/// each run's per-tier traffic and timeline.
+fn tables(
+    args: &SimArgs,
+    scn: &Scenario,
+    reports: &[SimReport],
+    wall_s: f64,
+    jobs: usize,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", scn.about);
+    out.push_str(&sim::report::table(reports));
+    let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
+    let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
+    let _ = writeln!(
+        out,
+        "simulated {:.1}M accesses in {:.1} s wall ({} jobs); {:.1}M simulated accesses per core-second",
+        sim_acc as f64 / 1e6,
+        wall_s,
+        jobs,
+        sim_acc as f64 / cpu_s.max(1e-9) / 1e6
+    );
+    if !args.verbose {
+        return out;
+    }
+    for r in reports {
+        out.push_str(&sim::report::tier_table(r));
+        out.push_str("  t(s)  Macc/s  lat(ns)  fast%\n");
+        for p in &r.timeline {
             let _ = writeln!(
                 out,
-                "simulated {:.1}M accesses in {:.1} s wall ({} jobs); {:.1}M simulated accesses per core-second",
-                sim_acc as f64 / 1e6,
-                wall_s,
-                jobs,
-                sim_acc as f64 / cpu_s.max(1e-9) / 1e6
+                "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
+                p.t_s,
+                p.throughput_maps,
+                p.avg_latency_ns,
+                100.0 * p.fast_share
             );
-            if args.verbose {
-                for r in &reports {
-                    out.push_str(&sim::report::tier_table(r));
-                    out.push_str("  t(s)  Macc/s  lat(ns)  fast%\n");
-                    for p in &r.timeline {
-                        let _ = writeln!(
-                            out,
-                            "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
-                            p.t_s,
-                            p.throughput_maps,
-                            p.avg_latency_ns,
-                            100.0 * p.fast_share
-                        );
-                    }
-                }
-            }
         }
     }
-    print(&out)?;
-    Ok(0)
+    out
 }

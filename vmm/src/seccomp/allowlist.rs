@@ -238,7 +238,9 @@ pub fn groups(role: ThreadRole) -> &'static [&'static [Syscall]] {
         // Every thread that may commit guest pages (faults, migrations,
         // unparking) reads the node's free memory first.
         ThreadRole::FaultHandler => &[EVERY_THREAD, FAULT_HANDLER, PLACEMENT, HOST_FACTS],
-        ThreadRole::Engine | ThreadRole::Chaos => &[EVERY_THREAD, MIGRATOR, PLACEMENT, HOST_FACTS],
+        ThreadRole::Engine | ThreadRole::Chaos | ThreadRole::Resize => {
+            &[EVERY_THREAD, MIGRATOR, PLACEMENT, HOST_FACTS]
+        }
         ThreadRole::Sampler => &[EVERY_THREAD, SAMPLER, PLACEMENT, HOST_FACTS],
         ThreadRole::Main => &[EVERY_THREAD, MAIN, PLACEMENT, HOST_FACTS],
         ThreadRole::EngineDamon => &[EVERY_THREAD, MIGRATOR, PLACEMENT, DAMON_SYSFS],

@@ -25,7 +25,33 @@ use seccompiler::{
 };
 use tiering::threads::ThreadRole;
 
-use crate::error::{Error, Result};
+/// Why seccomp could not confine a thread.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// A role's allowlist did not compile to BPF.
+    #[error("compiling the seccomp filters: {0}")]
+    Compile(String),
+    /// A filter was used before [`prepare`] compiled it.
+    #[error("seccomp filters used before seccomp::prepare")]
+    NotPrepared,
+    /// The kernel refused a thread's filter.
+    #[error("installing the {role} thread's seccomp filter")]
+    Install {
+        /// The thread's role.
+        role: &'static str,
+        /// The kernel's reason.
+        #[source]
+        source: seccompiler::Error,
+    },
+    /// A tiering thread could not install its filter (reported by the run).
+    #[error("{0}")]
+    Thread(String),
+    /// The SIGSYS handler could not be installed.
+    #[error("installing the SIGSYS handler")]
+    SigsysHandler(#[source] std::io::Error),
+}
+
+type Result<T> = std::result::Result<T, SeccompError>;
 use allowlist::{allowlist, Args};
 
 /// Exit code after a forbidden system call: 128 + SIGSYS, as if the signal
@@ -134,10 +160,10 @@ pub fn prepare() -> Result<()> {
             .collect()
     });
     if let Err(e) = filters {
-        return Err(Error::Host(format!("compiling the seccomp filters: {e}")));
+        return Err(SeccompError::Compile(e.clone()));
     }
     if let Err(e) = REFUSALS.get_or_init(compile_refusals) {
-        return Err(Error::Host(format!("compiling the seccomp filters: {e}")));
+        return Err(SeccompError::Compile(e.clone()));
     }
     install_sigsys_handler()
 }
@@ -158,34 +184,33 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::SeqCst)
 }
 
+/// A compiled filter, or why there is none.
+fn compiled<T>(f: Option<&std::result::Result<T, String>>) -> Result<&T> {
+    match f {
+        None => Err(SeccompError::NotPrepared),
+        Some(Err(e)) => Err(SeccompError::Compile(e.clone())),
+        Some(Ok(p)) => Ok(p),
+    }
+}
+
 /// Installs `role`'s filter on the calling thread.
 pub fn install(role: ThreadRole) -> Result<()> {
-    let filters = FILTERS
-        .get()
-        .ok_or_else(|| Error::Host("seccomp filters used before seccomp::prepare".into()))?
-        .as_ref()
-        .map_err(|e| Error::Host(format!("seccomp filters: {e}")))?;
-    let prog = filters
-        .get(&role)
-        .ok_or_else(|| Error::Host(format!("no seccomp filter for the {} thread", role.name())))?;
+    let filters = compiled(FILTERS.get())?;
+    let prog = filters.get(&role).ok_or(SeccompError::NotPrepared)?;
+    let refusals = compiled(REFUSALS.get())?;
     let idx = ThreadRole::ALL.iter().position(|r| *r == role).unwrap_or(0);
     ROLE.with(|r| r.set(idx as u8));
-    let refusals = REFUSALS
-        .get()
-        .ok_or_else(|| Error::Host("seccomp filters used before seccomp::prepare".into()))?
-        .as_ref()
-        .map_err(|e| Error::Host(format!("seccomp filters: {e}")))?;
     let refuse = if allowlist::opens_files(role) {
         Ok(())
     } else {
         seccompiler::apply_filter(refusals)
     };
-    refuse.and_then(|()| seccompiler::apply_filter(prog)).map_err(|e| {
-        Error::Host(format!(
-            "installing the {} thread's seccomp filter: {e} (run with --no-seccomp to go on without)",
-            role.name()
-        ))
-    })
+    refuse
+        .and_then(|()| seccompiler::apply_filter(prog))
+        .map_err(|source| SeccompError::Install {
+            role: role.name(),
+            source,
+        })
 }
 
 fn on_tiering_thread_start(role: ThreadRole) {
@@ -193,17 +218,22 @@ fn on_tiering_thread_start(role: ThreadRole) {
         return;
     }
     if let Err(e) = install(role) {
-        tracing::error!("{e}");
+        let line = crate::error::chain(&e);
+        tracing::error!("{line}");
         HOOK_ERROR
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert(e.to_string());
+            .get_or_insert(line);
     }
 }
 
 /// The first failure of a tiering thread to install its filter, if any.
-pub fn take_hook_error() -> Option<String> {
-    HOOK_ERROR.lock().unwrap_or_else(|p| p.into_inner()).take()
+pub fn take_hook_error() -> Option<SeccompError> {
+    HOOK_ERROR
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .map(SeccompError::Thread)
 }
 
 /// TEST ONLY: a system call no thread may make (the negative control).
@@ -341,10 +371,7 @@ fn install_sigsys_handler() -> Result<()> {
             sa.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
             if libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) != 0 {
-                result = Err(Error::host(
-                    "installing the SIGSYS handler",
-                    std::io::Error::last_os_error(),
-                ));
+                result = Err(SeccompError::SigsysHandler(std::io::Error::last_os_error()));
             }
         }
     });

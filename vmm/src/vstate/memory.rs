@@ -1,13 +1,56 @@
 //! Guest memory: the RAM mapping, the guest-physical layout of the guest ABI,
 //! the ring-3 page tables and the boot-info block.
 
-use tiervm_guest::abi::{
-    self, ArgEntry, BootInfo, StatusPage, BOOT_INFO_GPA, GUEST_LARGE_PAGE, MAX_ARGS,
-    PAGE_TABLES_GPA, STACK_SIZE, STATUS_GPA,
-};
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use std::mem::size_of;
 
-use crate::error::{Error, Result};
+use tiervm_guest::abi::{
+    self, ArgEntry, BootInfo, Metric, StatusPage, VcpuStatus, BOOT_INFO_GPA, GUEST_LARGE_PAGE,
+    MAX_ARGS, PAGE_TABLES_GPA, STACK_SIZE, STATUS_GPA,
+};
+use vm_memory::mmap::FromRangesError;
+use vm_memory::{
+    ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap,
+};
+
+use crate::config::{to_entries, WorkloadArgError};
+
+/// Guest memory that cannot be set up or written.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The size does not fit this host's address space.
+    #[error("--mem {0} does not fit this host")]
+    TooLarge(u64),
+    /// More RAM than one page-table tree maps.
+    #[error("--mem above {} GiB is not supported", MAX_RAM >> 30)]
+    AboveMaxRam,
+    /// `mmap` of guest RAM failed.
+    #[error("mapping guest RAM")]
+    Map(#[source] FromRangesError),
+    /// Guest RAM has no host address at guest-physical 0.
+    #[error("guest RAM address")]
+    HostAddress(#[source] GuestMemoryError),
+    /// Writing the page tables failed.
+    #[error("writing page tables")]
+    PageTables(#[source] GuestMemoryError),
+    /// Writing the boot info failed.
+    #[error("writing boot info")]
+    BootInfo(#[source] GuestMemoryError),
+    /// Writing the status page failed.
+    #[error("writing status page")]
+    StatusPage(#[source] GuestMemoryError),
+    /// The workload arguments do not fit the boot info.
+    #[error(transparent)]
+    Arg(#[from] WorkloadArgError),
+}
+
+impl MemoryError {
+    /// Whether the user's input is at fault (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::TooLarge(_) | Self::AboveMaxRam | Self::Arg(_))
+    }
+}
+
+type Result<T> = std::result::Result<T, MemoryError>;
 
 /// Most RAM one page-table tree (one PDPT) maps with 2 MiB pages: 512 GiB.
 pub const MAX_RAM: u64 = 512 << 30;
@@ -19,15 +62,29 @@ pub const MIN_RAM: u64 = 16 << 20;
 #[derive(Clone, Copy)]
 pub struct Wire<T>(pub T);
 
-// SAFETY: BootInfo is repr(C), built only of integers and byte arrays with no
-// padding (checked by its layout assertions), so every byte pattern is valid.
+// The ABI structs have no padding: each is exactly the sum of its fields.
+const _: () = assert!(size_of::<ArgEntry>() == abi::ARG_KEY_LEN + abi::ARG_VALUE_LEN);
+const _: () = assert!(size_of::<BootInfo>() == 7 * 8 + 4 * 4 + MAX_ARGS * size_of::<ArgEntry>());
+const _: () = assert!(size_of::<VcpuStatus>() == 8 * 8);
+const _: () = assert!(size_of::<Metric>() == abi::METRIC_NAME_LEN + 8);
+const _: () = assert!(
+    size_of::<StatusPage>()
+        == 8 * 8
+            + abi::MAX_VCPUS * size_of::<VcpuStatus>()
+            + abi::MAX_METRICS * size_of::<Metric>()
+);
+
+// SAFETY: `Wire` is `repr(transparent)` over BootInfo, which is `repr(C)`,
+// holds no references, and is built only of integers and byte arrays (so
+// every byte pattern is a valid value) with no padding (asserted above).
 unsafe impl ByteValued for Wire<BootInfo> {}
-// SAFETY: as above for StatusPage (integers and byte arrays, no padding).
+// SAFETY: as above for StatusPage: `repr(C)` integers, byte arrays and
+// arrays of such structs (VcpuStatus, Metric), no padding (asserted above).
 unsafe impl ByteValued for Wire<StatusPage> {}
 
 /// Where everything lives in guest-physical memory for one VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct GuestLayout {
     /// Guest RAM bytes.
     pub ram_size: u64,
     /// One past the image's last byte.
@@ -42,7 +99,7 @@ pub struct Layout {
     pub heap_end: u64,
 }
 
-impl Layout {
+impl GuestLayout {
     /// The layout for an image ending at `image_end` with `vcpus` vCPUs.
     pub fn new(ram_size: u64, image_end: u64, vcpus: u32) -> Self {
         let stacks_base = image_end.div_ceil(4096) * 4096;
@@ -78,16 +135,15 @@ impl Layout {
 /// `huge_pages` the host is asked to back it with transparent huge pages
 /// (`MADV_HUGEPAGE`), which the untiered VM uses; tiered RAM stays 4 KiB.
 pub fn create_ram(size: u64, huge_pages: bool) -> Result<GuestMemoryMmap> {
-    let len = usize::try_from(size)
-        .map_err(|_| Error::Usage(format!("--mem {size} does not fit this host")))?;
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)])
-        .map_err(|e| Error::host("mapping guest RAM", e))?;
+    let len = usize::try_from(size).map_err(|_| MemoryError::TooLarge(size))?;
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)]).map_err(MemoryError::Map)?;
     if huge_pages {
         let host = mem
             .get_host_address(GuestAddress(0))
-            .map_err(|e| Error::host("guest RAM address", e))?;
-        // SAFETY: madvise on the mapping vm-memory just created for exactly
-        // `len` bytes; MADV_HUGEPAGE only changes the kernel's backing choice.
+            .map_err(MemoryError::HostAddress)?;
+        // SAFETY: `host..host + len` is exactly the one mapping vm-memory
+        // created above and `mem` still owns; MADV_HUGEPAGE only changes how
+        // the kernel backs it (no content changes, nothing freed).
         let rc = unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
         if rc != 0 {
             tracing::debug!(
@@ -110,10 +166,7 @@ const PTE_TABLE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
 /// with user-accessible, writable 2 MiB pages. Returns the CR3 value.
 pub fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<u64> {
     if ram_size > MAX_RAM {
-        return Err(Error::Usage(format!(
-            "--mem above {} GiB is not supported",
-            MAX_RAM >> 30
-        )));
+        return Err(MemoryError::AboveMaxRam);
     }
     let pml4 = PAGE_TABLES_GPA;
     let pdpt = pml4 + 0x1000;
@@ -121,7 +174,7 @@ pub fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<u64> {
     let gib = ram_size.div_ceil(1 << 30);
     let w = |gpa: u64, val: u64| {
         mem.write_obj(val, GuestAddress(gpa))
-            .map_err(|e| Error::host("writing page tables", e))
+            .map_err(MemoryError::PageTables)
     };
     w(pml4, pdpt | PTE_TABLE)?;
     for g in 0..gib {
@@ -144,31 +197,14 @@ pub fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<u64> {
 /// Writes the boot-info block and an initialised status page.
 pub fn write_boot_info(
     mem: &GuestMemoryMmap,
-    layout: &Layout,
+    layout: &GuestLayout,
     seed: u64,
     tsc_khz: u64,
     args: &[(String, String)],
 ) -> Result<()> {
-    if args.len() > MAX_ARGS {
-        return Err(Error::Usage(format!(
-            "{} --arg flags given; at most {MAX_ARGS} are supported",
-            args.len()
-        )));
-    }
     let mut entries = [ArgEntry::EMPTY; MAX_ARGS];
-    for (slot, (k, v)) in entries.iter_mut().zip(args) {
-        slot.key = abi::to_fixed(k).ok_or_else(|| {
-            Error::Usage(format!(
-                "--arg key '{k}' is longer than {} bytes or contains NUL",
-                abi::ARG_KEY_LEN
-            ))
-        })?;
-        slot.value = abi::to_fixed(v).ok_or_else(|| {
-            Error::Usage(format!(
-                "--arg value '{v}' of '{k}' is longer than {} bytes or contains NUL",
-                abi::ARG_VALUE_LEN
-            ))
-        })?;
+    for (slot, entry) in entries.iter_mut().zip(to_entries(args)?) {
+        *slot = entry;
     }
     let info = BootInfo {
         magic: abi::BOOT_MAGIC,
@@ -185,9 +221,9 @@ pub fn write_boot_info(
         args: entries,
     };
     mem.write_obj(Wire(info), GuestAddress(BOOT_INFO_GPA))
-        .map_err(|e| Error::host("writing boot info", e))?;
+        .map_err(MemoryError::BootInfo)?;
     mem.write_obj(abi::STATUS_MAGIC, GuestAddress(STATUS_GPA))
-        .map_err(|e| Error::host("writing status page", e))
+        .map_err(MemoryError::StatusPage)
 }
 
 #[cfg(test)]
@@ -196,7 +232,7 @@ mod tests {
 
     #[test]
     fn layout_is_aligned_and_ordered() {
-        let l = Layout::new(1 << 30, 0x40c1e0, 4);
+        let l = GuestLayout::new(1 << 30, 0x40c1e0, 4);
         assert_eq!(l.stacks_base, 0x40d000);
         assert_eq!(l.heap_start % GUEST_LARGE_PAGE, 0);
         assert!(l.heap_start >= l.stacks_base + 4 * STACK_SIZE);

@@ -9,18 +9,90 @@ use kvm_ioctls::VmFd;
 use serde::Serialize;
 use tiering::mem::{
     ChaosDriver, ChaosReport, FaultHandler, HintSampler, MemStats, Migrator, MigratorConfig,
-    SamplerHandle, TieredMemory, PAGE_SIZE,
+    ResizeDriver, ResizeDriverReport, ResizeHandle, SamplerHandle, TierStats, TieredMemory,
+    PAGE_SIZE,
 };
+
+use crate::status::TierSample;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kvm_dirty_log::{enable_manual_dirty_log_protect_initially_set, KvmDirtyLog};
 use crate::tiering_config::TieringConfig;
 use crate::vstate::vm::RAM_SLOT;
-use tiering::engine::{Engine, EngineReport};
+use tiering::engine::{Engine, EngineError, EngineReport};
+
+/// Tiered guest RAM, or one of the threads that manage it, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TieredRamError {
+    /// The resize driver thread could not start.
+    #[error("starting the resize driver")]
+    StartResize(#[source] std::io::Error),
+    /// Allocating and placing the tier pools failed.
+    #[error("setting up tiered guest RAM")]
+    Setup(#[source] tiering::mem::MemError),
+    /// vm-memory refused the backing's mapping.
+    #[error("wrapping tiered guest RAM")]
+    WrapRegion(#[source] vm_memory::mmap::MmapRegionError),
+    /// The mapping does not fit at guest-physical 0.
+    #[error("tiered guest RAM region overflows the address space")]
+    RegionOverflow,
+    /// vm-memory refused the region list.
+    #[error("tiered guest RAM")]
+    Regions(#[source] vm_memory::GuestRegionCollectionError),
+    /// KVM's manual-protect dirty log could not be enabled.
+    #[error("enabling KVM dirty logging")]
+    DirtyLog(#[source] std::io::Error),
+    /// The userfaultfd handler could not start.
+    #[error("starting the userfaultfd handler")]
+    StartFaultHandler(#[source] std::io::Error),
+    /// The migrator could not start.
+    #[error("starting the migrator")]
+    StartMigrator(#[source] std::io::Error),
+    /// The chaos driver could not start.
+    #[error("starting the chaos driver")]
+    StartChaos(#[source] std::io::Error),
+    /// The policy engine could not start.
+    #[error("starting the tiering engine")]
+    StartEngine(#[source] EngineError),
+    /// The hint-fault sampler could not start.
+    #[error("starting the hint-fault sampler")]
+    StartSampler(#[source] std::io::Error),
+    /// The policy engine did not stop cleanly.
+    #[error("stopping the tiering engine")]
+    StopEngine(#[source] EngineError),
+    /// The hint-fault sampler did not stop cleanly.
+    #[error("stopping the hint-fault sampler")]
+    StopSampler(#[source] std::io::Error),
+    /// Parked pages could not be mapped back.
+    #[error("unparking sampled pages")]
+    Unpark(#[source] std::io::Error),
+    /// The chaos driver did not stop cleanly.
+    #[error("stopping the chaos driver")]
+    StopChaos(#[source] std::io::Error),
+    /// The userfaultfd handler did not stop cleanly.
+    #[error("stopping the userfaultfd handler")]
+    StopFaultHandler(#[source] std::io::Error),
+}
+
+impl TieredRamError {
+    /// Whether the user's input is at fault (exit code 2): a policy the
+    /// engine cannot build.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::StartEngine(EngineError::Policy(_)))
+    }
+}
 
 /// What the report says about tiering.
+///
+/// The run report has one section per thing reported: per-tier page
+/// counts (`tiers`), how host memory was committed (`backing`), migration
+/// mechanism counters (`migration`), access tracking (`tracking`) and this
+/// one, the tiering setup and its threads. The first four are built from
+/// `stats` and `samples` ([`Self::tiers`], [`Self::backing`],
+/// [`Self::migration`], [`Self::tracking`]), which are therefore left out
+/// of this section's JSON.
 #[derive(Clone, Debug, Serialize)]
 pub struct TieringReport {
     /// The policy that ran.
@@ -29,11 +101,16 @@ pub struct TieringReport {
     pub emulated: bool,
     /// Milliseconds the backing took to set up (allocation and placement).
     pub setup_ms: f64,
-    /// Mechanism counters and per-tier page counts.
+    /// Mechanism counters and per-tier page counts at the end of the run.
+    #[serde(skip)]
     pub stats: MemStats,
     /// The chaos driver's own account, when chaos ran.
     pub chaos: Option<ChaosReport>,
+    /// Capacity changes while the VM ran (`--fast-schedule`, the service)
+    /// and what converging them did.
+    pub resize: Option<ResizeDriverReport>,
     /// Access samples (hint faults) recorded.
+    #[serde(skip)]
     pub samples: u64,
     /// What the policy engine did (placement policies only).
     pub engine: Option<EngineReport>,
@@ -59,9 +136,9 @@ pub struct TieringReport {
     pub node_pages: Option<Vec<u64>>,
 }
 
-/// The report's `migration` object.
-#[derive(Clone, Debug, Serialize)]
-pub struct MigrationCounters {
+/// The report's `migration` object: every migration-mechanism counter.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MigrationReport {
     /// Pages moved slow -> fast.
     pub promotions: u64,
     /// Pages moved fast -> slow.
@@ -72,23 +149,68 @@ pub struct MigrationCounters {
     pub tpm_aborts: u64,
     /// Aborted transactions retried.
     pub tpm_retries: u64,
-    /// Units moved by stop-and-copy.
+    /// Aborted units dropped after the last retry.
+    pub tpm_gave_up: u64,
+    /// Pages moved by stop-and-copy.
     pub stop_copy: u64,
+    /// Pages moved with the kernel's `move_pages(2)`.
+    pub kernel_move_pages: u64,
     /// Demotions that remapped a shadow.
     pub shadow_demotions: u64,
+    /// Demotions of shadowed pages written meanwhile (copied into the shadow).
+    pub shadow_demotions_copied: u64,
     /// Shadows dropped because the page was written after promotion.
     pub shadow_invalidations: u64,
+    /// Shadows kept after a dirty bit because the page still equals its
+    /// shadow (dirty-on-read under shadow paging).
+    pub shadow_revalidations: u64,
     /// Shadows reclaimed under slow-tier pressure.
     pub shadow_reclaims: u64,
+    /// Shadows held at the end.
+    pub shadow_pages: u64,
     /// Migrations skipped because the destination tier was full.
     pub skipped_no_space: u64,
+    /// Pages skipped because another mover or the sampler owned them.
+    pub skipped_busy: u64,
+    /// Guest faults on pages in flight.
+    pub guest_stalls: u64,
     /// vCPU time blocked in migration userfaults, ms.
     pub guest_stall_ms: f64,
+    /// Dirty-log harvests (GET + CLEAR rounds).
+    pub harvests: u64,
+    /// Faults on addresses no mechanism explains (a bug indicator).
+    pub unexpected_faults: u64,
+    /// Rollback steps that failed (the page stays where the kernel says it is).
+    pub rollback_errors: u64,
+}
+
+/// The report's `backing` object: how the tiers' host memory was committed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BackingReport {
+    /// Guest pages with host memory (touched at least once).
+    pub populated_pages: u64,
+    /// Guest pages committed on first touch (lazy commit).
+    pub committed_pages: u64,
+    /// First touches committed as a whole 2 MiB huge page.
+    pub huge_commits: u64,
+    /// Pages committed after the host ran short of memory, while the VM stopped.
+    pub emergency_commits: u64,
+    /// Pool slots the bookkeeping called holes that held a page (healed).
+    pub slot_heals: u64,
+    /// 2 MiB runs collapsed back into a huge page.
+    pub collapses: u64,
+    /// Capacity changes (resizes) applied.
+    pub resizes: u64,
+    /// 2 MiB guest ranges broken into 4 KiB pages by page-sized moves.
+    pub splits: u64,
+    /// Times the dirty log was switched on or off (on only while something
+    /// is tracked: KVM maps an unlogged memslot with huge pages).
+    pub dirty_log_switches: u64,
 }
 
 /// The report's `tracking` object.
-#[derive(Clone, Debug, Serialize)]
-pub struct TrackingCounters {
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TrackingReport {
     /// Hint faults taken (sampled guest accesses).
     pub hint_faults: u64,
     /// vCPU time blocked in hint faults, ms.
@@ -96,34 +218,68 @@ pub struct TrackingCounters {
     /// Share of vCPU time spent in hint faults over the whole run, percent
     /// (hint_stall_ms / (vCPUs x run time)).
     pub tracking_overhead_pct: f64,
+    /// Access samples the fault handler recorded.
+    pub samples: u64,
 }
 
 impl TieringReport {
+    /// The `tiers` list.
+    pub fn tiers(&self) -> Vec<TierStats> {
+        self.stats.tiers.clone()
+    }
+
     /// The `migration` object.
-    pub fn migration(&self) -> MigrationCounters {
+    pub fn migration(&self) -> MigrationReport {
         let s = &self.stats;
-        MigrationCounters {
+        MigrationReport {
             promotions: s.promotions,
             demotions: s.demotions,
             tpm_commits: s.tpm_commits,
             tpm_aborts: s.tpm_aborts,
             tpm_retries: s.tpm_retries,
+            tpm_gave_up: s.tpm_gave_up,
             stop_copy: s.stop_copy,
+            kernel_move_pages: s.kernel_move_pages,
             shadow_demotions: s.shadow_demotions,
+            shadow_demotions_copied: s.shadow_demotions_copied,
             shadow_invalidations: s.shadow_invalidations,
+            shadow_revalidations: s.shadow_revalidations,
             shadow_reclaims: s.shadow_reclaims,
+            shadow_pages: s.shadow_pages,
             skipped_no_space: s.skipped_no_space,
+            skipped_busy: s.skipped_busy,
+            guest_stalls: s.guest_stalls,
             guest_stall_ms: s.guest_stall_ms,
+            harvests: s.harvests,
+            unexpected_faults: s.unexpected_faults,
+            rollback_errors: s.rollback_errors,
+        }
+    }
+
+    /// The `backing` object.
+    pub fn backing(&self) -> BackingReport {
+        let s = &self.stats;
+        BackingReport {
+            populated_pages: s.populated_pages,
+            committed_pages: s.committed_pages,
+            huge_commits: s.huge_commits,
+            emergency_commits: s.emergency_commits,
+            slot_heals: s.slot_heals,
+            collapses: s.collapses,
+            resizes: s.resizes,
+            splits: s.splits,
+            dirty_log_switches: s.dirty_log_switches,
         }
     }
 
     /// The `tracking` object for a run of `vcpus` vCPUs lasting `run_s` seconds.
-    pub fn tracking(&self, vcpus: u32, run_s: f64) -> TrackingCounters {
+    pub fn tracking(&self, vcpus: u32, run_s: f64) -> TrackingReport {
         let vcpu_ms = f64::from(vcpus.max(1)) * run_s.max(1e-9) * 1e3;
-        TrackingCounters {
+        TrackingReport {
             hint_faults: self.stats.hint_faults,
             hint_stall_ms: self.stats.hint_stall_ms,
             tracking_overhead_pct: 100.0 * self.stats.hint_stall_ms / vcpu_ms,
+            samples: self.samples,
         }
     }
 }
@@ -140,6 +296,8 @@ pub struct TieredRam {
     vcpus: usize,
     engine: Option<Engine>,
     engine_report: Option<EngineReport>,
+    resize: Option<ResizeDriver>,
+    resize_report: Option<ResizeDriverReport>,
     cfg: TieringConfig,
 }
 
@@ -147,10 +305,7 @@ impl TieredRam {
     /// Allocates and places guest RAM per `cfg` and starts the fault handler
     /// (needed before anything touches guest memory: pages may be in flight).
     pub fn new(cfg: &TieringConfig, vcpus: u32) -> Result<Self> {
-        let mem = Arc::new(
-            TieredMemory::new(&cfg.mem)
-                .map_err(|e| Error::host("setting up tiered guest RAM", e))?,
-        );
+        let mem = Arc::new(TieredMemory::new(&cfg.mem).map_err(TieredRamError::Setup)?);
         // SAFETY: the range is TieredMemory's guest mapping, which stays mapped
         // for the life of `mem`; `TieredRam` keeps `mem` alive at least as
         // long as `guest` (fields drop in order and `guest` is never handed
@@ -164,14 +319,11 @@ impl TieredRam {
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             )
         }
-        .map_err(|e| Error::host("wrapping tiered guest RAM", e))?;
-        let region = GuestRegionMmap::new(region, GuestAddress(0)).ok_or_else(|| {
-            Error::Host("tiered guest RAM region overflows the address space".into())
-        })?;
-        let guest = GuestMemoryMmap::from_regions(vec![region])
-            .map_err(|e| Error::host("tiered guest RAM", e))?;
-        let faults = FaultHandler::spawn(mem.clone())
-            .map_err(|e| Error::host("starting the userfaultfd handler", e))?;
+        .map_err(TieredRamError::WrapRegion)?;
+        let region =
+            GuestRegionMmap::new(region, GuestAddress(0)).ok_or(TieredRamError::RegionOverflow)?;
+        let guest = GuestMemoryMmap::from_regions(vec![region]).map_err(TieredRamError::Regions)?;
+        let faults = FaultHandler::spawn(mem.clone()).map_err(TieredRamError::StartFaultHandler)?;
         Ok(Self {
             mem,
             guest,
@@ -183,6 +335,8 @@ impl TieredRam {
             vcpus: vcpus as usize,
             engine: None,
             engine_report: None,
+            resize: None,
+            resize_report: None,
             cfg: cfg.clone(),
         })
     }
@@ -214,8 +368,7 @@ impl TieredRam {
     /// without logging: KVM maps guest RAM with huge pages until the first
     /// migration switches logging on.
     pub fn prepare_vm(vm: &VmFd) -> Result<()> {
-        enable_manual_dirty_log_protect_initially_set(vm)
-            .map_err(|e| Error::host("enabling KVM dirty logging", e))
+        Ok(enable_manual_dirty_log_protect_initially_set(vm).map_err(TieredRamError::DirtyLog)?)
     }
 
     /// Starts the migrator (and chaos) once the VM's memslot exists.
@@ -230,18 +383,24 @@ impl TieredRam {
         let log = KvmDirtyLog::switchable(vm.as_raw_fd(), region);
         let migrator = Arc::new(
             Migrator::new(self.mem.clone(), Box::new(log), MigratorConfig::default())
-                .map_err(|e| Error::host("starting the migrator", e))?,
+                .map_err(TieredRamError::StartMigrator)?,
         );
         migrator.set_skip_dirty_check(self.cfg.skip_dirty_check);
         if let Some(chaos) = &self.cfg.chaos {
             self.chaos = Some(
                 ChaosDriver::spawn(migrator.clone(), chaos.clone())
-                    .map_err(|e| Error::host("starting the chaos driver", e))?,
+                    .map_err(TieredRamError::StartChaos)?,
             );
         }
         if let Some(e) = &self.cfg.engine {
-            self.engine = Some(Engine::spawn(migrator.clone(), e.clone()).map_err(Error::Usage)?);
+            self.engine = Some(
+                Engine::spawn(migrator.clone(), e.clone()).map_err(TieredRamError::StartEngine)?,
+            );
         }
+        self.resize = Some(
+            ResizeDriver::spawn(migrator.clone(), self.cfg.resize.clone())
+                .map_err(TieredRamError::StartResize)?,
+        );
         self.migrator = Some(migrator);
         if let Some(sc) = &self.cfg.sampler {
             let mut sc = sc.clone();
@@ -249,10 +408,33 @@ impl TieredRam {
             self.sampler = Some(
                 HintSampler::new(self.mem.clone(), sc)
                     .spawn()
-                    .map_err(|e| Error::host("starting the hint-fault sampler", e))?,
+                    .map_err(TieredRamError::StartSampler)?,
             );
         }
         Ok(())
+    }
+
+    /// A handle to change a tier's capacity while the VM runs (the
+    /// host-side service's operation; `None` before [`Self::start`]).
+    pub fn resize_handle(&self) -> Option<ResizeHandle> {
+        self.resize.as_ref().map(|r| r.handle(self.mem.clone()))
+    }
+
+    /// Every tier's capacity, use and kernel-measured resident memory now.
+    pub fn tier_samples(&self) -> Vec<TierSample> {
+        let residency = self.mem.residency().ok();
+        let counts = self.mem.tier_counts();
+        self.mem
+            .tier_ids()
+            .map(|t| {
+                let i = usize::from(t);
+                TierSample {
+                    capacity_pages: self.mem.capacity(t) as u64,
+                    pages: counts[i].0 + counts[i].1,
+                    resident_bytes: residency.as_ref().map(|r| r.tiers[i].resident_bytes),
+                }
+            })
+            .collect()
     }
 
     /// Pauses or resumes hint-fault sampling (A/B measurements).
@@ -276,25 +458,21 @@ impl TieredRam {
 
     /// Stops migration and sampling (the guest may still be running).
     pub fn stop_migration(&mut self) -> Result<Option<ChaosReport>> {
+        if let Some(r) = self.resize.take() {
+            self.resize_report = Some(r.stop());
+        }
         if let Some(e) = self.engine.take() {
-            self.engine_report = Some(
-                e.stop()
-                    .map_err(|e| Error::host("stopping the tiering engine", e))?,
-            );
+            self.engine_report = Some(e.stop().map_err(TieredRamError::StopEngine)?);
         }
         if let Some(s) = self.sampler.take() {
-            let mut sampler = s
-                .stop()
-                .map_err(|e| Error::host("stopping the hint-fault sampler", e))?;
-            sampler
-                .unpark_all()
-                .map_err(|e| Error::host("unparking sampled pages", e))?;
+            let mut sampler = s.stop().map_err(TieredRamError::StopSampler)?;
+            sampler.unpark_all().map_err(TieredRamError::Unpark)?;
         }
         match self.chaos.take() {
             Some(c) => c
                 .stop()
                 .map(Some)
-                .map_err(|e| Error::host("stopping the chaos driver", e)),
+                .map_err(|e| TieredRamError::StopChaos(e).into()),
             None => Ok(None),
         }
     }
@@ -311,8 +489,7 @@ impl TieredRam {
             let _ = m.harvest();
         }
         if let Some(f) = self.faults.take() {
-            f.stop()
-                .map_err(|e| Error::host("stopping the userfaultfd handler", e))?;
+            f.stop().map_err(TieredRamError::StopFaultHandler)?;
         }
         // An inconsistency is reported, not raised: the report (with the
         // guest's own verdict) must never be lost.
@@ -329,12 +506,13 @@ impl TieredRam {
         };
         let node_pages = self.node_pages();
         Ok(TieringReport {
+            resize: self.resize_report.take(),
             consistency,
             fatal: self.mem.fatal_error().map(str::to_string),
             node_check,
             node_checked_pages,
             node_pages,
-            policy: format!("{:?}", self.cfg.policy).to_lowercase(),
+            policy: self.cfg.policy.name().to_string(),
             emulated: self.mem.emulated(),
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
             stats: self.mem.stats(),

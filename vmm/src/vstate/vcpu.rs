@@ -5,11 +5,73 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, CpuId, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd};
 use tiervm_guest::abi::{BOOT_INFO_GPA, PORT_BOOTED, PORT_EXIT};
 
 use crate::devices::PortBus;
-use crate::error::{Error, Result};
+use crate::vstate::vm::{Vcpu, Vm};
+
+/// A vCPU that could not be set up, started or run.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    /// `KVM_CREATE_VCPU` failed.
+    #[error("KVM_CREATE_VCPU")]
+    Create(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_CPUID2` failed.
+    #[error("KVM_SET_CPUID2")]
+    SetCpuid(#[source] kvm_ioctls::Error),
+    /// `KVM_GET_SREGS` failed.
+    #[error("KVM_GET_SREGS")]
+    GetSregs(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_SREGS` failed.
+    #[error("KVM_SET_SREGS")]
+    SetSregs(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_FPU` failed.
+    #[error("KVM_SET_FPU")]
+    SetFpu(#[source] kvm_ioctls::Error),
+    /// `KVM_SET_REGS` failed.
+    #[error("KVM_SET_REGS")]
+    SetRegs(#[source] kvm_ioctls::Error),
+    /// `KVM_GET_SUPPORTED_CPUID` failed.
+    #[error("KVM_GET_SUPPORTED_CPUID")]
+    SupportedCpuid(#[source] kvm_ioctls::Error),
+    /// The kick signal's handler could not be installed.
+    #[error("installing the vCPU kick signal handler")]
+    KickHandler(#[source] vmm_sys_util::errno::Error),
+    /// The vCPU thread could not be created.
+    #[error("spawning a vCPU thread")]
+    Spawn(#[source] std::io::Error),
+    /// The vCPU failed while running.
+    #[error(transparent)]
+    Run(#[from] VcpuRunError),
+}
+
+/// How a running vCPU failed on the host side.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VcpuRunError {
+    /// `KVM_RUN` returned an error that is not the guest's doing.
+    #[error("vCPU {id}: KVM_RUN failed")]
+    KvmRun {
+        /// The vCPU.
+        id: u32,
+        /// The ioctl's error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// The vCPU thread panicked.
+    #[error("vCPU thread panicked")]
+    Panicked,
+    /// The vCPU thread's seccomp filter could not be installed.
+    #[error("vCPU {id}: {reason}")]
+    Seccomp {
+        /// The vCPU.
+        id: u32,
+        /// The seccomp error, described.
+        reason: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, VcpuError>;
 
 const CR0_PE: u64 = 1;
 const CR0_MP: u64 = 1 << 1;
@@ -29,26 +91,20 @@ const USER_CS: u16 = 0x33;
 const USER_DS: u16 = 0x2b;
 const TSS_SEL: u16 = 0x40;
 
-/// Creates vCPU `id` and puts it at `entry` in 64-bit ring 3.
+/// Creates vCPU `id` of `vm` and puts it at `entry` in 64-bit ring 3.
 pub fn create_vcpu(
-    kvm: &Kvm,
-    vm: &VmFd,
+    vm: &Vm,
     id: u32,
     cpuid: &CpuId,
     cr3: u64,
     entry: u64,
     stack_top: u64,
-) -> Result<VcpuFd> {
-    let vcpu = vm
-        .create_vcpu(u64::from(id))
-        .map_err(|e| Error::host("KVM_CREATE_VCPU", e))?;
-    let _ = kvm;
-    vcpu.set_cpuid2(cpuid)
-        .map_err(|e| Error::host("KVM_SET_CPUID2", e))?;
+) -> Result<Vcpu> {
+    let owned = vm.create_vcpu(id).map_err(VcpuError::Create)?;
+    let vcpu = owned.fd();
+    vcpu.set_cpuid2(cpuid).map_err(VcpuError::SetCpuid)?;
 
-    let mut sregs = vcpu
-        .get_sregs()
-        .map_err(|e| Error::host("KVM_GET_SREGS", e))?;
+    let mut sregs = vcpu.get_sregs().map_err(VcpuError::GetSregs)?;
     let code = kvm_segment {
         base: 0,
         limit: 0xffff_ffff,
@@ -91,16 +147,14 @@ pub fn create_vcpu(
     sregs.cr3 = cr3;
     sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT;
     sregs.efer = EFER_LME | EFER_LMA;
-    vcpu.set_sregs(&sregs)
-        .map_err(|e| Error::host("KVM_SET_SREGS", e))?;
+    vcpu.set_sregs(&sregs).map_err(VcpuError::SetSregs)?;
 
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
         ..Default::default()
     };
-    vcpu.set_fpu(&fpu)
-        .map_err(|e| Error::host("KVM_SET_FPU", e))?;
+    vcpu.set_fpu(&fpu).map_err(VcpuError::SetFpu)?;
 
     let regs = kvm_regs {
         rip: entry,
@@ -110,15 +164,14 @@ pub fn create_vcpu(
         rflags: RFLAGS_RESERVED | RFLAGS_IOPL3,
         ..Default::default()
     };
-    vcpu.set_regs(&regs)
-        .map_err(|e| Error::host("KVM_SET_REGS", e))?;
-    Ok(vcpu)
+    vcpu.set_regs(&regs).map_err(VcpuError::SetRegs)?;
+    Ok(owned)
 }
 
 /// The host's supported CPUID, passed through to the guest.
 pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId> {
     kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| Error::host("KVM_GET_SUPPORTED_CPUID", e))
+        .map_err(VcpuError::SupportedCpuid)
 }
 
 /// TSC frequency of a vCPU in kHz, or the host's measured one.
@@ -129,13 +182,19 @@ pub fn tsc_khz(vcpu: &VcpuFd) -> u64 {
     }
 }
 
-fn measure_host_tsc_khz() -> u64 {
+/// The host's time-stamp counter.
+pub fn read_tsc() -> u64 {
+    // SAFETY: `rdtsc` is part of the x86_64 baseline, so every CPU this
+    // binary runs on has it; it only reads the counter (no memory access).
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// The host's TSC frequency in kHz, measured over 20 ms.
+pub fn measure_host_tsc_khz() -> u64 {
     let t0 = Instant::now();
-    // SAFETY: rdtsc only reads the time-stamp counter.
-    let c0 = unsafe { core::arch::x86_64::_rdtsc() };
+    let c0 = read_tsc();
     std::thread::sleep(std::time::Duration::from_millis(20));
-    // SAFETY: as above.
-    let c1 = unsafe { core::arch::x86_64::_rdtsc() };
+    let c1 = read_tsc();
     let us = t0.elapsed().as_micros().max(1) as u64;
     (c1.wrapping_sub(c0) * 1000 / us).max(1)
 }
@@ -171,7 +230,7 @@ pub enum VcpuOutcome {
     /// The guest crashed; the message has the reason and registers.
     Crashed(String),
     /// KVM_RUN failed for a host reason.
-    HostError(String),
+    HostError(VcpuRunError),
 }
 
 /// What the run loop does after one exit.
@@ -179,14 +238,17 @@ enum Step {
     Continue,
     Exited(u32),
     Crash(String),
-    HostError(String),
+    HostError(kvm_ioctls::Error),
 }
 
 /// Runs `vcpu` until the guest exits, crashes, or the runner stops it.
-pub fn run_vcpu(id: u32, mut vcpu: VcpuFd, shared: Arc<VcpuShared>) -> VcpuOutcome {
+pub fn run_vcpu(id: u32, mut vcpu: Vcpu, shared: Arc<VcpuShared>) -> VcpuOutcome {
     if shared.seccomp {
         if let Err(e) = crate::seccomp::install(tiering::threads::ThreadRole::Vcpu) {
-            return VcpuOutcome::HostError(format!("vCPU {id}: {e}"));
+            return VcpuOutcome::HostError(VcpuRunError::Seccomp {
+                id,
+                reason: crate::error::Error::from(e).describe(),
+            });
         }
     }
     if shared.test_forbidden_syscall {
@@ -196,14 +258,16 @@ pub fn run_vcpu(id: u32, mut vcpu: VcpuFd, shared: Arc<VcpuShared>) -> VcpuOutco
         if shared.stop.load(Ordering::Acquire) {
             return VcpuOutcome::Stopped;
         }
-        let step = handle_exit(vcpu.run(), &shared);
+        let step = handle_exit(vcpu.fd_mut().run(), &shared);
         shared.exits.fetch_add(1, Ordering::Relaxed);
         match step {
             Step::Continue => {}
             Step::Exited(code) => return VcpuOutcome::Exited(code),
-            Step::Crash(reason) => return VcpuOutcome::Crashed(crash_report(id, &vcpu, &reason)),
-            Step::HostError(e) => {
-                return VcpuOutcome::HostError(format!("vCPU {id}: KVM_RUN failed: {e}"))
+            Step::Crash(reason) => {
+                return VcpuOutcome::Crashed(crash_report(id, vcpu.fd(), &reason))
+            }
+            Step::HostError(source) => {
+                return VcpuOutcome::HostError(VcpuRunError::KvmRun { id, source })
             }
         }
     }
@@ -267,7 +331,7 @@ fn handle_exit(
         Err(e) if e.errno() == libc::EFAULT => Step::Crash(format!(
             "KVM_RUN failed with EFAULT ({e}): guest memory access failed"
         )),
-        Err(e) => Step::HostError(e.to_string()),
+        Err(e) => Step::HostError(e),
     }
 }
 
@@ -315,7 +379,7 @@ pub fn install_kick_handler() -> Result<()> {
     extern "C" fn noop(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
     match vmm_sys_util::signal::register_signal_handler(kick_signal(), noop) {
         Ok(()) => Ok(()),
-        Err(e) => Err(Error::host("installing the vCPU kick signal handler", e)),
+        Err(e) => Err(VcpuError::KickHandler(e)),
     }
 }
 

@@ -1,52 +1,228 @@
-//! The VM file descriptor and its memory slot.
+//! The VM: the KVM VM file descriptor, the guest RAM its memory slots map,
+//! and the tiered-memory threads that use its dirty log.
+//!
+//! KVM maps guest RAM by its host address for as long as the VM exists,
+//! and the VM exists while its fd or any of its vCPU fds is open. So the
+//! RAM is shared ([`Arc<GuestRam>`]) by the [`Vm`] and by every [`Vcpu`]
+//! created from it, and each of them drops its fd before its share of the
+//! RAM (field order): the mapping outlives every fd through which KVM can
+//! reach it, whatever order the runner ends in, even when a vCPU thread
+//! never returns. That is what makes registering the memory slots safe.
 
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
-use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use tiering::mem::TieredMemory;
+use vm_memory::{GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::error::Result;
+use crate::vstate::kvm_caps::{KvmCaps, MissingCap, Needs};
+use crate::vstate::memory::{self, MemoryError};
+use crate::vstate::tiered::TieredRam;
 
 /// Memory slot of guest RAM.
 pub const RAM_SLOT: u32 = 0;
 
-/// Opens `/dev/kvm` with a message that names the fix.
-pub fn open_kvm() -> Result<Kvm> {
-    Kvm::new().map_err(|e| {
-        Error::Host(format!(
-            "cannot open /dev/kvm ({e}): load the kvm module and run as a user with read/write access to /dev/kvm \
-             (`tiervm info` shows what this host offers)"
-        ))
-    })
+/// KVM or the VM could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// `/dev/kvm` could not be opened.
+    #[error("cannot open /dev/kvm")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    /// `KVM_CREATE_VM` failed.
+    #[error("KVM_CREATE_VM")]
+    CreateVm(#[source] kvm_ioctls::Error),
+    /// KVM lacks a capability the run needs.
+    #[error(transparent)]
+    MissingCapability(#[from] MissingCap),
+    /// A guest RAM region has no host address.
+    #[error("guest RAM host address")]
+    HostAddress(#[source] GuestMemoryError),
+    /// `KVM_SET_USER_MEMORY_REGION` failed.
+    #[error("KVM_SET_USER_MEMORY_REGION")]
+    SetMemoryRegion(#[source] kvm_ioctls::Error),
 }
 
-/// Creates an empty VM.
-pub fn create_vm(kvm: &Kvm) -> Result<VmFd> {
-    kvm.create_vm().map_err(|e| Error::host("KVM_CREATE_VM", e))
-}
-
-/// Registers guest RAM as slot [`RAM_SLOT`]; with `dirty_log` the slot logs
-/// guest writes.
-pub fn register_ram(vm: &VmFd, mem: &GuestMemoryMmap, dirty_log: bool) -> Result<()> {
-    for (i, region) in mem.iter().enumerate() {
-        let slot = RAM_SLOT + i as u32;
-        let host = mem
-            .get_host_address(region.start_addr())
-            .map_err(|e| Error::host("guest RAM host address", e))?;
-        let desc = kvm_userspace_memory_region {
-            slot,
-            flags: if dirty_log {
-                KVM_MEM_LOG_DIRTY_PAGES
-            } else {
-                0
-            },
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the region is a live mapping that the caller keeps alive for
-        // as long as the VM exists (the runner drops the VM before the memory).
-        unsafe { vm.set_user_memory_region(desc) }
-            .map_err(|e| Error::host("KVM_SET_USER_MEMORY_REGION", e))?;
+impl VmError {
+    /// The fix, for errors whose cause comes from below.
+    pub fn fix(&self) -> Option<&'static str> {
+        match self {
+            Self::OpenKvm(_) => Some(
+                "load the kvm module and run as a user with read/write access to /dev/kvm \
+                 (`tiervm info` shows what this host offers)",
+            ),
+            _ => None,
+        }
     }
-    Ok(())
+
+    /// Whether the user's input is at fault (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::MissingCapability(m) if m.is_usage())
+    }
+}
+
+/// Opens `/dev/kvm` with a message that names the fix.
+pub fn open_kvm() -> std::result::Result<Kvm, VmError> {
+    Kvm::new().map_err(VmError::OpenKvm)
+}
+
+/// Guest RAM: vm-memory's view of it, and for tiered RAM the backing that
+/// owns the mapping (vm-memory owns the mapping of plain RAM itself).
+pub struct GuestRam {
+    guest: GuestMemoryMmap,
+    /// Dropped after `guest` (field order), which only borrows its mapping.
+    backing: Option<Arc<TieredMemory>>,
+}
+
+impl GuestRam {
+    /// Anonymous, private RAM of `size` bytes (transparent huge pages).
+    pub fn anonymous(size: u64) -> std::result::Result<Self, MemoryError> {
+        Ok(Self {
+            guest: memory::create_ram(size, true)?,
+            backing: None,
+        })
+    }
+
+    /// The RAM of tiered memory.
+    pub fn tiered(ram: &TieredRam) -> Self {
+        Self {
+            guest: ram.guest().clone(),
+            backing: Some(ram.memory().clone()),
+        }
+    }
+
+    /// vm-memory's view, for loading the image and the boot data.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.guest
+    }
+
+    /// The tiered backing, for tiered RAM.
+    pub fn backing(&self) -> Option<&Arc<TieredMemory>> {
+        self.backing.as_ref()
+    }
+}
+
+/// A VM with its guest RAM registered. Fields drop in order: the tiering
+/// threads stop (the migrator harvests the dirty log through `fd`), then
+/// the VM fd closes, then this share of the RAM goes.
+pub struct Vm {
+    tiered: Option<TieredRam>,
+    fd: VmFd,
+    ram: Arc<GuestRam>,
+}
+
+impl Vm {
+    /// Creates a VM of `vcpus` vCPUs over `ram`: checks that KVM offers
+    /// what the run needs (manual-protect dirty logging for tiered RAM),
+    /// enables the dirty log for `tiered` and registers the memory slots.
+    pub fn new(
+        kvm: &Kvm,
+        ram: Arc<GuestRam>,
+        tiered: Option<TieredRam>,
+        vcpus: u32,
+    ) -> Result<Self> {
+        let fd = kvm.create_vm().map_err(VmError::CreateVm)?;
+        KvmCaps::of_vm(kvm, &fd)
+            .require(Needs {
+                vcpus,
+                manual_dirty_log: tiered.is_some(),
+            })
+            .map_err(VmError::from)?;
+        if tiered.is_some() {
+            TieredRam::prepare_vm(&fd)?;
+        }
+        let vm = Self { tiered, fd, ram };
+        vm.register_ram()?;
+        Ok(vm)
+    }
+
+    /// Registers each RAM region as a memory slot from [`RAM_SLOT`],
+    /// unlogged: KVM maps them with huge pages. Tiered RAM's harvester
+    /// switches logging on only while something is tracked (see
+    /// `kvm_dirty_log`).
+    fn register_ram(&self) -> std::result::Result<(), VmError> {
+        let mem = self.ram.memory();
+        for (i, region) in mem.iter().enumerate() {
+            let host = mem
+                .get_host_address(region.start_addr())
+                .map_err(VmError::HostAddress)?;
+            let desc = kvm_userspace_memory_region {
+                slot: RAM_SLOT + i as u32,
+                flags: 0,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: host as u64,
+            };
+            // SAFETY: `host..host + len` is the region's own mapping, as
+            // vm-memory reports it. It stays mapped while KVM can use it:
+            // `self.ram` shares ownership of it with every vCPU created from
+            // this VM, and both this VM and each vCPU close their fd before
+            // they drop their share (field order), so no fd through which
+            // KVM reaches the slot outlives the mapping.
+            unsafe { self.fd.set_user_memory_region(desc) }.map_err(VmError::SetMemoryRegion)?;
+        }
+        Ok(())
+    }
+
+    /// The VM file descriptor.
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
+    /// The guest RAM.
+    pub fn ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+
+    /// Tiered RAM and its threads, while they run.
+    pub fn tiered(&self) -> Option<&TieredRam> {
+        self.tiered.as_ref()
+    }
+
+    /// Tiered RAM and its threads, mutable.
+    pub fn tiered_mut(&mut self) -> Option<&mut TieredRam> {
+        self.tiered.as_mut()
+    }
+
+    /// Starts the tiering threads that need the VM (migrator with KVM's
+    /// dirty log, engine, sampler, chaos).
+    pub fn start_tiering(&mut self) -> Result<()> {
+        match &mut self.tiered {
+            Some(t) => t.start(&self.fd),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes tiered RAM out of the VM, to finish it once the vCPUs stopped.
+    pub fn take_tiered(&mut self) -> Option<TieredRam> {
+        self.tiered.take()
+    }
+
+    /// A vCPU file descriptor of this VM, holding a share of its RAM.
+    pub fn create_vcpu(&self, id: u32) -> std::result::Result<Vcpu, kvm_ioctls::Error> {
+        Ok(Vcpu {
+            fd: self.fd.create_vcpu(u64::from(id))?,
+            _ram: self.ram.clone(),
+        })
+    }
+}
+
+/// A vCPU. Its fd closes before its share of the guest RAM goes (field
+/// order), so a vCPU thread that outlives the runner keeps the RAM mapped.
+pub struct Vcpu {
+    fd: VcpuFd,
+    _ram: Arc<GuestRam>,
+}
+
+impl Vcpu {
+    /// The vCPU file descriptor.
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// The vCPU file descriptor, for `KVM_RUN`.
+    pub fn fd_mut(&mut self) -> &mut VcpuFd {
+        &mut self.fd
+    }
 }

@@ -1,0 +1,283 @@
+//! Before a simulation runs: the scenario is checked, the modeled page
+//! space and its access stream are built, and every page gets its first tier.
+
+use tiervm_guest::gen::Rng;
+
+use super::scenario::Scenario;
+use super::workload::{
+    AccessStream, GaussianHotStream, GupsStream, KvStream, PageAccess, PagerankStream,
+    WorkloadSpec, ZipfStream,
+};
+use super::{ScenarioError, SimError};
+use crate::policy::{PolicyConfig, TierId, PAGE_BYTES};
+
+/// Fraction of each tier left free at start (as Linux keeps watermarks).
+pub const INITIAL_FREE_FRACTION: f64 = 0.004;
+
+/// Where the simulator's pages start (the live backing's initial
+/// placement is `mem::InitialPlacement`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SimPlacement {
+    /// Fill tiers fastest first in address order (first touch), or slowest
+    /// first when the scenario starts with every page demoted.
+    FirstTouch,
+    /// GUPS only: this share of the hot set in tier 0, the rest of tier 0
+    /// filled with cold pages (Colloid's best-case static split).
+    HotShare(f64),
+}
+
+/// The access stream of a run.
+pub(super) enum Stream {
+    Zipf(ZipfStream),
+    Gups(GupsStream),
+    Gauss(GaussianHotStream),
+    Kv(Box<KvStream>),
+    Pagerank(PagerankStream),
+}
+
+impl Stream {
+    #[inline]
+    pub(super) fn next(&mut self, rng: &mut Rng) -> PageAccess {
+        match self {
+            Self::Zipf(s) => s.next_access(rng),
+            Self::Gups(s) => s.next_access(rng),
+            Self::Gauss(s) => s.next_access(rng),
+            Self::Kv(s) => s.next_access(rng),
+            Self::Pagerank(s) => s.next_access(rng),
+        }
+    }
+}
+
+/// The modeled memory when the run starts.
+pub(super) struct InitialState {
+    /// Real pages per modeled page.
+    pub scale: f64,
+    /// Modeled pages.
+    pub pages: u64,
+    /// Share of accesses that write (they add a write-back to the traffic).
+    pub write_share: f64,
+    /// Capacity of each tier, modeled pages.
+    pub cap: Vec<u64>,
+    /// Each page's tier.
+    pub tier: Vec<TierId>,
+    /// Pages per tier.
+    pub used: Vec<u64>,
+    /// The accesses.
+    pub stream: Stream,
+}
+
+/// Checks every scenario parameter the loop relies on.
+pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
+    if scn.tiers.is_empty() || scn.tiers.len() > 64 {
+        return Err(ScenarioError::TierCount);
+    }
+    if !(scn.scale.is_finite() && scn.scale >= 1.0) {
+        return Err(ScenarioError::Scale);
+    }
+    if !(scn.duration_s.is_finite() && scn.duration_s > 0.0 && scn.duration_s <= 1e6) {
+        return Err(ScenarioError::Duration);
+    }
+    if scn.threads == 0 || !(scn.mlp.is_finite() && scn.mlp > 0.0) {
+        return Err(ScenarioError::Parallelism);
+    }
+    if !(0.0..=1.0).contains(&scn.write_ratio) {
+        return Err(ScenarioError::WriteRatio);
+    }
+    for t in &scn.tiers {
+        if !(t.capacity_gib > 0.0
+            && t.unloaded_ns > 0.0
+            && t.bandwidth_gbps > 0.0
+            && t.queue_k >= 0.0)
+        {
+            return Err(ScenarioError::TierModel);
+        }
+    }
+    let pages = scn.workload.footprint_gib() * (1u64 << 30) as f64 / PAGE_BYTES as f64 / scn.scale;
+    if !(1.0..=64e6).contains(&pages) {
+        return Err(ScenarioError::Footprint);
+    }
+    if let Some(a) = &scn.antagonist {
+        if usize::from(a.tier) >= scn.tiers.len() || !(0.0..1.0).contains(&a.utilization) {
+            return Err(ScenarioError::Antagonist);
+        }
+    }
+    Ok(())
+}
+
+/// Builds the page space, the stream and the first placement of `scn`.
+pub(super) fn initial_state(
+    scn: &Scenario,
+    placement: SimPlacement,
+) -> Result<InitialState, SimError> {
+    let scale = scn.workload.effective_scale(scn.scale);
+    let gib_pages = |g: f64| gib_to_pages(g, scale);
+    // kv and pagerank run a scaled-down instance of the guest workload
+    // whose own layout defines the modeled page space.
+    let guest_stream = guest_stream(scn, scale)?;
+    let pages = match &guest_stream {
+        Some(Stream::Kv(k)) => k.pages(),
+        Some(Stream::Pagerank(g)) => g.pages(),
+        _ => gib_pages(scn.workload.footprint_gib()).max(1),
+    };
+    // Writes add a write-back to the bandwidth model: the guest workloads'
+    // own write share, else the scenario's.
+    let write_share = match &guest_stream {
+        Some(Stream::Kv(k)) => k.write_fraction(4096),
+        Some(Stream::Pagerank(g)) => g.write_fraction(),
+        _ => scn.write_ratio.clamp(0.0, 1.0),
+    };
+    let cap: Vec<u64> = scn
+        .tiers
+        .iter()
+        .map(|t| gib_pages(t.capacity_gib))
+        .collect();
+    let fill: Vec<u64> = cap
+        .iter()
+        .map(|&c| c - ((c as f64 * INITIAL_FREE_FRACTION).ceil() as u64).min(c))
+        .collect();
+    if fill.iter().sum::<u64>() < pages {
+        return Err(SimError::DoesNotFit {
+            footprint_gib: scn.workload.footprint_gib(),
+            tiers_gib: scn.tiers.iter().map(|t| t.capacity_gib).sum(),
+        });
+    }
+    let stream = match guest_stream {
+        Some(g) => g,
+        None => synthetic_stream(scn, scale, pages)?,
+    };
+    let order = placement_order(placement, &stream, pages, fill[0]);
+    let (tier, used) = fill_tiers(&order, &fill, pages, scn.start_in_slow_tier);
+    Ok(InitialState {
+        scale,
+        pages,
+        write_share,
+        cap,
+        tier,
+        used,
+        stream,
+    })
+}
+
+/// The policy configuration of a run.
+pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfig {
+    PolicyConfig {
+        pages: start.pages,
+        tier_capacity_pages: start.cap.clone(),
+        scale: start.scale,
+        promote_rate_limit_mbps: scn.promote_rate_limit_mbps,
+        interval_ns: None,
+        accessed_test_cost_ns: None,
+    }
+}
+
+/// Real GiB in modeled pages.
+fn gib_to_pages(gib: f64, scale: f64) -> u64 {
+    ((gib * (1u64 << 30) as f64 / PAGE_BYTES as f64) / scale).round() as u64
+}
+
+/// The kv or pagerank stream, for scenarios of a guest workload.
+fn guest_stream(scn: &Scenario, scale: f64) -> Result<Option<Stream>, ScenarioError> {
+    Ok(if let Some(p) = scn.workload.kv_params_at(scale) {
+        Some(Stream::Kv(Box::new(KvStream::new(&p))))
+    } else if let Some(p) = scn.workload.pagerank_params_at(scale) {
+        Some(Stream::Pagerank(PagerankStream::new(&p, scn.seed)?))
+    } else {
+        None
+    })
+}
+
+/// The zipf, GUPS or Gaussian stream over `pages` modeled pages.
+fn synthetic_stream(scn: &Scenario, scale: f64, pages: u64) -> Result<Stream, ScenarioError> {
+    let mut layout_rng = Rng::for_stream(scn.seed, 1);
+    let gib_pages = |g: f64| gib_to_pages(g, scale);
+    Ok(match scn.workload {
+        WorkloadSpec::Kv { .. } | WorkloadSpec::Pagerank { .. } => {
+            return Err(ScenarioError::GuestStream)
+        }
+        WorkloadSpec::Zipf {
+            rss_gib,
+            wss_gib,
+            theta,
+        } => {
+            let wss = gib_pages(wss_gib.min(rss_gib)).clamp(1, pages);
+            Stream::Zipf(ZipfStream::new(pages - wss, wss, theta, scn.write_ratio))
+        }
+        WorkloadSpec::Gups {
+            hot_gib, hot_prob, ..
+        } => Stream::Gups(GupsStream::new(
+            pages,
+            gib_pages(hot_gib),
+            hot_prob,
+            scn.write_ratio,
+            layout_rng.next_u64(),
+        )),
+        WorkloadSpec::GaussianHot {
+            hot_fraction,
+            hot_prob,
+            ..
+        } => Stream::Gauss(GaussianHotStream::new(
+            pages,
+            ((pages as f64 * hot_fraction) as u64).max(1),
+            hot_prob,
+            scn.write_ratio,
+        )),
+    })
+}
+
+/// The order in which pages take the free slots of the tiers: address
+/// order, or for [`SimPlacement::HotShare`] on GUPS the chosen hot
+/// pages and cold filler for tier 0, then the remaining hot pages, then
+/// the remaining cold pages.
+fn placement_order(
+    placement: SimPlacement,
+    stream: &Stream,
+    pages: u64,
+    fast_fill: u64,
+) -> Vec<u64> {
+    let (SimPlacement::HotShare(share), Stream::Gups(g)) = (placement, stream) else {
+        return (0..pages).collect();
+    };
+    let hot: Vec<u64> = g.hot_pages().collect();
+    let k = ((hot.len() as f64 * share.clamp(0.0, 1.0)).round() as usize).min(fast_fill as usize);
+    let mut is_hot = vec![false; pages as usize];
+    for &h in &hot {
+        is_hot[h as usize] = true;
+    }
+    let cold: Vec<u64> = (0..pages).filter(|&p| !is_hot[p as usize]).collect();
+    let filler = (fast_fill as usize).saturating_sub(k).min(cold.len());
+    let mut order = hot[..k].to_vec();
+    order.extend_from_slice(&cold[..filler]);
+    order.extend_from_slice(&hot[k..]);
+    order.extend_from_slice(&cold[filler..]);
+    order
+}
+
+/// Places pages in `order` into the tiers up to `fill` pages each:
+/// fastest tier first, or slowest first when the scenario starts with every
+/// page demoted (Nomad's Redis cases 1 and 2). Returns each page's tier and
+/// the pages per tier.
+fn fill_tiers(
+    order: &[u64],
+    fill: &[u64],
+    pages: u64,
+    slow_first: bool,
+) -> (Vec<TierId>, Vec<u64>) {
+    let n = fill.len();
+    let mut tier = vec![0 as TierId; pages as usize];
+    let mut used = vec![0u64; n];
+    let tier_order: Vec<usize> = if slow_first {
+        (0..n).rev().collect()
+    } else {
+        (0..n).collect()
+    };
+    let mut ti = 0usize;
+    for &p in order {
+        while used[tier_order[ti]] >= fill[tier_order[ti]] {
+            ti += 1;
+        }
+        let t = tier_order[ti];
+        tier[p as usize] = t as TierId;
+        used[t] += 1;
+    }
+    (tier, used)
+}
