@@ -261,7 +261,7 @@ fn unbounded_numbers_are_usage_errors_naming_the_limit() {
             "--arg",
             "wss=4M",
         ],
-        "exceed this host's memory",
+        "exceeds NUMA node 0's memory",
     );
 }
 

@@ -325,7 +325,7 @@ fn extended_program_header_count_is_rejected() {
             .join("../tests/corpus/elf/pn-xnum-hidden-segment.elf"),
     )
     .unwrap();
-    let err = validate_elf("x", &bytes, RAM).unwrap_err().to_string();
+    let err = vmm::error::Error::from(validate_elf("x", &bytes, RAM).unwrap_err()).describe();
     assert!(err.contains("PN_XNUM"), "{err}");
 }
 
