@@ -234,6 +234,7 @@ pub enum VcpuOutcome {
 }
 
 /// What the run loop does after one exit.
+#[derive(Debug, PartialEq, Eq)]
 enum Step {
     Continue,
     Exited(u32),
@@ -382,6 +383,10 @@ pub fn install_kick_handler() -> Result<()> {
         Err(e) => Err(VcpuError::KickHandler(e)),
     }
 }
+
+#[cfg(test)]
+#[path = "vcpu_fuzz.rs"]
+mod fuzz;
 
 /// The signal that kicks a vCPU thread.
 pub fn kick_signal() -> libc::c_int {
