@@ -35,6 +35,41 @@ pub const PAGE_IDLE_BITMAP: &str = "/sys/kernel/mm/page_idle/bitmap";
 pub use crate::sys::DEV_USERFAULTFD;
 /// `vm.unprivileged_userfaultfd`: 0 means the syscall needs `CAP_SYS_PTRACE`.
 pub const UNPRIVILEGED_USERFAULTFD: &str = "/proc/sys/vm/unprivileged_userfaultfd";
+/// Reclaim-time demotion to slower nodes (memory tiers).
+pub const DEMOTION_ENABLED: &str = "/sys/kernel/mm/numa/demotion_enabled";
+
+/// Whether reclaim-time demotion is on (`None`: the kernel has no such knob).
+pub fn demotion_enabled() -> Option<bool> {
+    std::fs::read_to_string(DEMOTION_ENABLED)
+        .ok()
+        .map(|s| matches!(s.trim(), "true" | "1" | "Y" | "y"))
+}
+
+/// What the kernel's own tiering would do to tiervm's memory, for a note at
+/// run start; `None` when none of it is on.
+pub fn kernel_tiering_note(numa_balancing: Option<u64>, demotion: Option<bool>) -> Option<String> {
+    let mut on = Vec::new();
+    match numa_balancing {
+        Some(0) | None => {}
+        Some(1) => on.push("NUMA balancing (kernel.numa_balancing=1)".to_string()),
+        Some(2) => {
+            on.push("NUMA balancing in memory-tiering mode (kernel.numa_balancing=2)".to_string())
+        }
+        Some(n) => on.push(format!("NUMA balancing (kernel.numa_balancing={n})")),
+    }
+    if demotion == Some(true) {
+        on.push("reclaim-time demotion (/sys/kernel/mm/numa/demotion_enabled)".into());
+    }
+    (!on.is_empty()).then(|| {
+        format!(
+            "note: {} is on: tiervm binds its memory with an explicit policy (the NUMA-balancing \
+             scanner skips such ranges, so it takes no hint faults on guest pages) and locks it on \
+             fault (reclaim neither swaps nor demotes it); the kernel tiers the rest of this host",
+            on.join(" and ")
+        )
+    })
+}
+
 /// `kernel.numa_balancing`: the kernel's own NUMA/tier page migration.
 pub const NUMA_BALANCING: &str = "/proc/sys/kernel/numa_balancing";
 /// Kernel release string.
@@ -740,6 +775,9 @@ pub struct HostFacts {
     /// `kernel.numa_balancing` (0 off; non-zero: the kernel migrates pages
     /// itself); `None` when the file is absent (kernel without NUMA balancing).
     pub numa_balancing: Option<u64>,
+    /// `/sys/kernel/mm/numa/demotion_enabled`: reclaim moves cold pages to
+    /// a slower node itself; `None` when the file is absent.
+    pub demotion_enabled: Option<bool>,
     /// userfaultfd availability and features.
     pub userfaultfd: UserfaultfdFacts,
     /// Idle page tracking availability.
@@ -778,6 +816,7 @@ pub fn probe() -> HostFacts {
         thp,
         max_map_count,
         numa_balancing: read_u64(Path::new(NUMA_BALANCING)).ok(),
+        demotion_enabled: demotion_enabled(),
         userfaultfd: userfaultfd(),
         idle_page_tracking: idle_page_tracking(),
         damon: DamonFacts {
@@ -1128,5 +1167,21 @@ mod tests {
             facts.userfaultfd.api.as_ref().map(|a| a.features.moves)
         );
         assert!(value["idle_page_tracking"]["status"].is_string());
+    }
+}
+
+#[cfg(test)]
+mod kernel_tiering_tests {
+    use super::kernel_tiering_note;
+
+    #[test]
+    fn the_note_names_what_is_on() {
+        assert_eq!(kernel_tiering_note(Some(0), Some(false)), None);
+        assert_eq!(kernel_tiering_note(None, None), None);
+        let n = kernel_tiering_note(Some(2), Some(true)).unwrap();
+        assert!(
+            n.contains("memory-tiering mode") && n.contains("demotion"),
+            "{n}"
+        );
     }
 }

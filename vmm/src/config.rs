@@ -308,6 +308,15 @@ impl VmConfig {
     /// probably wants (printed on stderr before the run).
     pub fn notes(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if self.tiering.is_some() {
+            let nb = std::fs::read_to_string(tiering::host::NUMA_BALANCING)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            out.extend(tiering::host::kernel_tiering_note(
+                nb,
+                tiering::host::demotion_enabled(),
+            ));
+        }
         let (Some(d), Some(engine)) = (
             self.duration,
             self.tiering.as_ref().and_then(|t| t.engine.as_ref()),

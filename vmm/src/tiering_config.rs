@@ -191,6 +191,9 @@ pub struct TieringRequest {
     /// `--fast-schedule` (e.g. `256M@0s,32M@5s,256M@10s`): the fast tier's
     /// capacity over time.
     pub fast_schedule: Option<String>,
+    /// `--tier NAME:node=N:size=SIZE`, repeated, fastest first (instead of
+    /// `--fast`/`--slow`/`--fast-node`/`--slow-node`).
+    pub tiers: Vec<String>,
 }
 
 /// Access tracking.
@@ -229,6 +232,7 @@ impl Default for TieringRequest {
             chaos_heap_only: false,
             tracking_ab: None,
             fast_schedule: None,
+            tiers: Vec::new(),
         }
     }
 }
@@ -263,6 +267,36 @@ fn placement_policies() -> String {
 /// A tiering setting that cannot be used; each message names the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum TieringConfigError {
+    /// `--tier` together with `--fast`/`--slow`/`--fast-node`/`--slow-node`.
+    #[error(
+        "--tier describes every tier: drop --fast/--slow/--fast-node/--slow-node, or drop --tier"
+    )]
+    TierFlagsMixed,
+    /// A `--tier` that does not parse.
+    #[error("--tier {spec}: {why}")]
+    BadTier {
+        /// What was given.
+        spec: String,
+        /// Why it is wrong (names the fix).
+        why: String,
+    },
+    /// More tiers than tiervm supports.
+    #[error(
+        "{n} --tier flags: tiervm supports at most {} tiers",
+        tiering::vocab::MAX_TIERS
+    )]
+    TooManyTiers {
+        /// How many were given.
+        n: usize,
+    },
+    /// `--tier` sizes that cannot hold the guest.
+    #[error("the --tier sizes ({}) cannot hold --mem {}: raise a tier's size (the slowest, usually)", format_size(*.total), format_size(*.mem))]
+    TierFlagsCannotHoldMem {
+        /// Their sum.
+        total: u64,
+        /// `--mem`.
+        mem: u64,
+    },
     /// A `--fast-schedule` that does not parse.
     #[error("--fast-schedule: {0}")]
     BadFastSchedule(String),
@@ -469,7 +503,7 @@ impl TieringRequest {
         match self.policy {
             Some(PolicyArg::None) => false,
             Some(_) => true,
-            None => self.fast.is_some() || self.slow.is_some(),
+            None => self.fast.is_some() || self.slow.is_some() || !self.tiers.is_empty(),
         }
     }
 
@@ -537,6 +571,8 @@ impl TieringRequest {
             || self.slow.is_some()
             || self.fast_node.is_some()
             || self.slow_node.is_some()
+            || !self.tiers.is_empty()
+            || self.fast_schedule.is_some()
             || self.tracking.is_some_and(|t| t != TrackingArg::Off)
         {
             return Err(TieringConfigError::UntieredWithTierFlags);
@@ -550,6 +586,9 @@ impl TieringRequest {
     /// Tier sizes (default: half the guest fast, the whole guest slow),
     /// their host nodes and the initial placement.
     fn backing(&self, mem_bytes: u64, seed: u64, nodes: &[u32]) -> Checked<MemConfig> {
+        if !self.tiers.is_empty() {
+            return self.backing_from_tier_flags(mem_bytes, seed, nodes);
+        }
         let page = PAGE_SIZE as u64;
         let fast = self.fast.unwrap_or(mem_bytes / 2 / page * page);
         if fast > mem_bytes {
@@ -584,6 +623,74 @@ impl TieringRequest {
             fast_node,
             slow_node,
         );
+        mem.placement = self.placement.to_placement(seed);
+        Ok(mem)
+    }
+
+    /// `--tier NAME:node=N:size=SIZE ...`: any number of tiers, fastest
+    /// first. Each must fit its node; together they must hold the guest.
+    fn backing_from_tier_flags(
+        &self,
+        mem_bytes: u64,
+        seed: u64,
+        nodes: &[u32],
+    ) -> Checked<MemConfig> {
+        if self.fast.is_some()
+            || self.slow.is_some()
+            || self.fast_node.is_some()
+            || self.slow_node.is_some()
+        {
+            return Err(TieringConfigError::TierFlagsMixed);
+        }
+        let page = PAGE_SIZE as u64;
+        let mut tiers = Vec::new();
+        let mut total: u128 = 0;
+        for spec in &self.tiers {
+            let t = parse_tier(spec).map_err(|why| TieringConfigError::BadTier {
+                spec: spec.clone(),
+                why,
+            })?;
+            if !nodes.is_empty() && !nodes.contains(&t.node) {
+                return Err(TieringConfigError::NoSuchNode {
+                    flag: "--tier",
+                    node: t.node,
+                    nodes: nodes.to_vec(),
+                });
+            }
+            if let Some(total) = tiering::host::numa_nodes()
+                .ok()
+                .and_then(|v| v.into_iter().find(|x| x.id == t.node))
+                .map(|x| x.mem_total_bytes)
+            {
+                if t.size > total {
+                    return Err(TieringConfigError::TierExceedsNode {
+                        flag: "--tier",
+                        size: t.size,
+                        node: t.node,
+                        total,
+                    });
+                }
+            }
+            total += u128::from(t.size);
+            let pages = (t.size / page) as usize;
+            tiers.push(tiering::mem::TierSpec {
+                name: t.name,
+                node: t.node,
+                capacity_pages: pages,
+                max_capacity_pages: pages.max((mem_bytes / page) as usize),
+            });
+        }
+        if tiers.len() > tiering::vocab::MAX_TIERS {
+            return Err(TieringConfigError::TooManyTiers { n: tiers.len() });
+        }
+        if total < u128::from(mem_bytes) {
+            return Err(TieringConfigError::TierFlagsCannotHoldMem {
+                total: total.min(u128::from(u64::MAX)) as u64,
+                mem: mem_bytes,
+            });
+        }
+        let mut mem = MemConfig::two_tier(mem_bytes as usize, 0, 0, 0, 0);
+        mem.tiers = tiers;
         mem.placement = self.placement.to_placement(seed);
         Ok(mem)
     }
@@ -856,6 +963,47 @@ fn damon_engine(engine: Option<EngineConfig>, tracking_flags: bool) -> Checked<E
     .map_err(TieringConfigError::Damon)?;
     e.damon = Some(damon::DamonConfig::default());
     Ok(e)
+}
+
+/// One parsed `--tier`.
+struct TierFlag {
+    name: String,
+    node: u32,
+    size: u64,
+}
+
+/// Parses `NAME:node=N:size=SIZE` (`node` defaults to 0).
+fn parse_tier(s: &str) -> Result<TierFlag, String> {
+    let mut parts = s.split(':');
+    let name = parts.next().unwrap_or_default().trim().to_string();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err("give NAME:node=N:size=SIZE with a name of letters, digits, - or _ (e.g. cxl:node=1:size=1G)".into());
+    }
+    let (mut node, mut size) = (0u32, None);
+    for kv in parts {
+        match kv.split_once('=') {
+            Some(("node", v)) => {
+                node = v
+                    .parse()
+                    .map_err(|_| format!("node '{v}' is not a node id (see tiervm info)"))?
+            }
+            Some(("size", v)) => {
+                let b = tiervm_guest::args::parse_size(v)
+                    .map_err(|_| format!("size '{v}' is not a size (e.g. 1G)"))?;
+                if b == 0 || !b.is_multiple_of(PAGE_SIZE as u64) {
+                    return Err(format!("size '{v}' must be a positive multiple of 4K"));
+                }
+                size = Some(b);
+            }
+            _ => return Err(format!("'{kv}' is not node=N or size=SIZE")),
+        }
+    }
+    let size = size.ok_or("missing size=SIZE (e.g. size=256M)")?;
+    Ok(TierFlag { name, node, size })
 }
 
 /// The trackers the policies of `engine`'s schedule ask for, together.

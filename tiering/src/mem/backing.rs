@@ -806,9 +806,15 @@ impl TieredMemory {
         while i < sorted.len() {
             let (d0, s0) = sorted[i];
             let mut j = i + 1;
+            // A run stops at 2 MiB boundaries: areas are split into VMAs at
+            // them (huge and split guest ranges differ in THP advice) and
+            // one UFFDIO_MOVE must stay within one VMA on each side.
+            let boundary = |a: usize| a.is_multiple_of(HUGE_PAGE_SIZE);
             while j < sorted.len()
                 && sorted[j].0 == d0 + (j - i) * PAGE_SIZE
                 && sorted[j].1 == s0 + (j - i) * PAGE_SIZE
+                && !boundary(sorted[j].0)
+                && !boundary(sorted[j].1)
             {
                 j += 1;
             }
@@ -1007,16 +1013,25 @@ impl TieredMemory {
 
 /// Binds, advises and prepares each area (nothing is committed).
 fn set_up_areas(map: &Mapping, l: &Layout, cfg: &MemConfig) -> Result<(), MemError> {
-    let thp = if cfg.huge_pages {
-        Advice::HugePage
-    } else {
-        Advice::NoHugePage
-    };
-    sys::advise(map.addr(), map.len(), thp)?;
-    // The small half of each pool never gets huge pages (see `pool`).
-    for (t, &p) in l.pools.iter().enumerate() {
-        let half = l.pool_slots[t] / 2 * PAGE_SIZE;
-        sys::advise(p + half, half, Advice::NoHugePage)?;
+    // Huge pages are made only in the pools' huge halves (a first touch or a
+    // staging chunk populated there, on the tier's node) and moved whole
+    // into guest RAM. Guest RAM stays THP-eligible where it is untouched or
+    // huge: a guest fault on an untouched range then leaves its page table
+    // empty for the huge page to move in (an ineligible range gets a PTE
+    // table at the fault, and a 2 MiB move into it splits the huge page).
+    // A 2 MiB guest range broken into pages becomes NOHUGEPAGE (`thp`), so
+    // khugepaged never collapses pages of different tiers into one huge page
+    // on one node; tiervm collapses a range itself when all of it is on one
+    // tier. Shadow and parking areas, and the pools' small halves, never
+    // get huge pages from the kernel.
+    let guest_len = l.area_pages * PAGE_SIZE;
+    sys::advise(map.addr(), map.len(), Advice::NoHugePage)?;
+    if cfg.huge_pages {
+        sys::advise(l.guest, guest_len, Advice::HugePage)?;
+        for (t, &p) in l.pools.iter().enumerate() {
+            let half = l.pool_slots[t] / 2 * PAGE_SIZE;
+            sys::advise(p, half, Advice::HugePage)?;
+        }
     }
     let nodes: Vec<u32> = {
         let mut v: Vec<u32> = cfg.tiers.iter().map(|t| t.node).collect();

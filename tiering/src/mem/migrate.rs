@@ -150,6 +150,8 @@ enum Settled {
     Committed,
     /// The old page is (back) in guest RAM.
     Restored,
+    /// Only the staging copy was left; it is in guest RAM now.
+    Staged,
 }
 
 /// The migration mechanisms over one [`TieredMemory`]. Thread-safe: several
@@ -779,11 +781,13 @@ impl Migrator {
         mem.counters.rollback_errors.fetch_add(1, Ordering::Relaxed);
         let mut committed = Vec::new();
         let mut restored = Vec::new();
+        let mut staged = Vec::new();
         let mut stuck = 0;
         for (i, p) in t.run.pages().enumerate() {
             match self.settle(p, t.staging.addr(mem, to, i)) {
                 Some(Settled::Committed) => committed.push(p),
                 Some(Settled::Restored) => restored.push(p),
+                Some(Settled::Staged) => staged.push(p),
                 None => {
                     // Its content is still in the shadow slot or the staging
                     // page, but guest RAM has a hole: keep the page owned, so
@@ -804,6 +808,12 @@ impl Migrator {
             mem.publish_placement(p, 1, t.run.from);
             mem.release_page(p, 0, SHADOW_BITS);
         }
+        // The staging copy was all that was left: the page is on `to` now
+        // (its reservation becomes the page; nothing to dispose of).
+        for &p in &staged {
+            mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
+            mem.tiers[usize::from(to)].unreserve(1);
+        }
         // Finish the committed pages one by one (they may not be
         // contiguous); each gives back its page of the reservation.
         for p in committed.iter().copied() {
@@ -814,7 +824,8 @@ impl Migrator {
             };
             self.finish_committed(run, to, keep_shadow, tpm, out);
         }
-        mem.tiers[usize::from(to)].unreserve((t.run.len - committed.len() - stuck) as u64);
+        mem.tiers[usize::from(to)]
+            .unreserve((t.run.len - committed.len() - staged.len() - stuck) as u64);
     }
 
     /// Where is page `p` now? Old page in the shadow slot, new one at
@@ -831,13 +842,14 @@ impl Migrator {
                 .ok()
                 .map(|()| Settled::Restored),
             (false, false) => {
-                // The old page is gone: the staging copy is the best content.
+                // The old page is gone: the staging copy is the best content
+                // (the page is then on the destination tier, no old copy).
                 tracing::error!("page {p}: old copy missing, mapping the staging copy");
                 (present(staging)
                     && mem
                         .move_retrying(mem.guest_addr(p), staging, PAGE_SIZE)
                         .is_ok())
-                .then_some(Settled::Restored)
+                .then_some(Settled::Staged)
             }
         }
     }

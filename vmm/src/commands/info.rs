@@ -826,11 +826,13 @@ fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
             "transparent huge pages",
             thp.as_str(),
             match thp {
-                host::ThpMode::Always => {
-                    "anonymous guest RAM may get 2 MiB pages: the backing must opt out \
-                     (MADV_NOHUGEPAGE) to move single 4 KiB pages"
+                host::ThpMode::Never => {
+                    "tiered and untiered guest RAM stay on 4 KiB pages (no huge-page TLB reach)"
                 }
-                _ => "guest RAM stays on 4 KiB pages unless the backing asks for huge pages",
+                _ => {
+                    "tiered guest RAM is committed 2 MiB at a time as huge pages (MADV_HUGEPAGE \
+                      pools); ranges split into pages are NOHUGEPAGE until tiervm collapses them"
+                }
             },
         );
     }
@@ -844,11 +846,28 @@ fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
     if let Some(nb) = h.numa_balancing {
         l.fact(
             "kernel.numa_balancing",
-            nb.to_string(),
+            match nb {
+                0 => "0 (off)".to_string(),
+                1 => "1 (NUMA balancing)".to_string(),
+                2 => "2 (memory tiering mode)".to_string(),
+                n => n.to_string(),
+            },
             if nb == 0 {
                 "off: the kernel will not migrate guest pages behind tiervm's back"
             } else {
-                "on: the kernel may also migrate guest pages; results may mix both"
+                "on: tiervm's memory has an explicit policy, which the scanner skips (no hint \
+                 faults, no migrations of guest pages); other processes are still balanced"
+            },
+        );
+    }
+    if let Some(d) = h.demotion_enabled {
+        l.fact(
+            "reclaim-time demotion",
+            if d { "on" } else { "off" },
+            if d {
+                "tiervm's memory is locked on fault: reclaim neither demotes nor swaps it"
+            } else {
+                "off: reclaim does not move pages between tiers"
             },
         );
     }
@@ -958,6 +977,7 @@ mod tests {
             thp: Some(host::ThpMode::Madvise),
             max_map_count: Some(65530),
             numa_balancing: Some(0),
+            demotion_enabled: Some(false),
             userfaultfd: host::UserfaultfdFacts {
                 dev_userfaultfd: Access::Ok,
                 syscall: Access::Ok,

@@ -137,6 +137,15 @@ pub struct VmFlags {
     /// a shrink demotes the coldest pages and gives the memory back.
     #[arg(long, value_name = "SIZE@TIME,...", help_heading = "Tiering")]
     pub fast_schedule: Option<String>,
+    /// A tier, fastest first; repeat for each (any number up to 8), e.g.
+    /// --tier fast:node=0:size=256M --tier cxl:node=1:size=1G. Replaces
+    /// --fast/--slow/--fast-node/--slow-node.
+    #[arg(
+        long = "tier",
+        value_name = "NAME:node=N:size=SIZE",
+        help_heading = "Tiering"
+    )]
+    pub tiers: Vec<String>,
 }
 
 impl VmFlags {
@@ -159,6 +168,7 @@ impl VmFlags {
             tracking_budget_pct: self.tracking_budget,
             policy_interval: self.policy_interval.clone(),
             fast_schedule: self.fast_schedule.clone(),
+            tiers: self.tiers.clone(),
             ..TieringRequest::default()
         }
     }
