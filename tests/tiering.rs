@@ -221,3 +221,64 @@ fn fast_tier_resize_under_chaos_loses_nothing_and_returns_memory() {
         }
     }
 }
+
+/// Injected system-call failures under chaos migration in a live VM (the
+/// test-only fault plans of `tiering::sys::Injector`): the VM carries on,
+/// memcheck loses nothing, the bookkeeping ends consistent, and the run ends
+/// on time (the whole run is bounded by the common watchdog of `run`).
+#[test]
+fn injected_failures_in_a_live_vm_lose_nothing() {
+    if !kvm_available("injected_failures_in_a_live_vm_lose_nothing") {
+        return;
+    }
+    for (plan, mech, unit) in [
+        (
+            "move:every=7:errno=EBUSY,dirty-get:every=9",
+            MechanismArg::Tpm,
+            UnitArg::Page4k,
+        ),
+        (
+            "move:every=5:errno=EAGAIN,discard:every=2",
+            MechanismArg::Tpm,
+            UnitArg::Run2m,
+        ),
+        (
+            "dirty-clear:every=40,populate:every=4",
+            MechanismArg::Tpm,
+            UnitArg::Page4k,
+        ),
+        (
+            "move:every=6:errno=EBUSY",
+            MechanismArg::StopCopy,
+            UnitArg::Page4k,
+        ),
+    ] {
+        let mut req = chaos(
+            3,
+            if unit == UnitArg::Run2m {
+                300.0
+            } else {
+                20_000.0
+            },
+            mech,
+            unit,
+            false,
+        );
+        req.tiering.test_fault_plans = Some(plan.into());
+        let (r, console) = run(&req);
+        let t = r.tiering.as_ref().unwrap();
+        assert_eq!(r.exit_code, Some(0), "{plan}: {console} {:?}", r.migration);
+        assert_eq!(
+            r.guest_metrics.get("mismatched_pages"),
+            Some(&0.0),
+            "{plan}"
+        );
+        assert_eq!(t.consistency, "ok", "{plan}");
+        assert_eq!(
+            t.fatal, None,
+            "{plan}: transient failures must not stop the VM"
+        );
+        let m = r.migration.as_ref().unwrap();
+        assert!(m.promotions + m.demotions > 0, "{plan}: chaos ran: {m:?}");
+    }
+}

@@ -473,9 +473,9 @@ if [ -w /proc/sys/kernel/numa_balancing ] && echo 2 >/proc/sys/kernel/numa_balan
   run_tiervm "$out" gups $TIERS --placement interleave --policy static --duration 8s --arg size=48M --arg hot_size=8M
   tiered_ptes=$(( $(numa_delta numa_pte_updates) - before ))
   before=$(numa_delta numa_pte_updates)
-  out2=/tmp/kt-untiered
-  run_tiervm "$out2" gups --mem $MEM --duration 8s --arg size=48M --arg hot_size=8M
+  run_tiervm /tmp/kt-untiered gups --mem $MEM --duration 8s --arg size=48M --arg hot_size=8M
   untiered_ptes=$(( $(numa_delta numa_pte_updates) - before ))
+  out=/tmp/kt-tiered # (run_tiervm sets $out)
   echo 0 >/proc/sys/kernel/numa_balancing
   problem=$(no_report "$out")
   [ -z "$problem" ] && problem=$(check_nodes "$out")

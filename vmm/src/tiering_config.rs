@@ -171,6 +171,11 @@ pub struct TieringRequest {
     pub chaos_unit: Option<UnitArg>,
     /// Test-only: commit migrations without the dirty check.
     pub skip_dirty_check: bool,
+    /// Test-only: failures to inject into the memory layer's system calls
+    /// (`tiering::sys::FaultPlan` specs, comma-separated). Set by tests in
+    /// process, or by `--test-fault-inject` in builds with the
+    /// `fault-injection` feature.
+    pub test_fault_plans: Option<String>,
     /// `--tracking`.
     pub tracking: Option<TrackingArg>,
     /// `--scan-pages`.
@@ -223,6 +228,7 @@ impl Default for TieringRequest {
             mechanism: None,
             chaos_unit: None,
             skip_dirty_check: false,
+            test_fault_plans: None,
             tracking: None,
             scan_pages: None,
             scan_period: None,
@@ -248,6 +254,8 @@ pub struct TieringConfig {
     pub chaos: Option<ChaosConfig>,
     /// Test-only switch.
     pub skip_dirty_check: bool,
+    /// Test-only: injected system-call failures.
+    pub fault_plans: Vec<tiering::sys::FaultPlan>,
     /// Hint-fault sampler settings when tracking is on.
     pub sampler: Option<SamplerConfig>,
     /// The policy engine, for the placement policies.
@@ -267,6 +275,9 @@ fn placement_policies() -> String {
 /// A tiering setting that cannot be used; each message names the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum TieringConfigError {
+    /// A test fault plan that does not parse.
+    #[error("--test-fault-inject: {0}")]
+    BadFaultPlan(String),
     /// `--tier` together with `--fast`/`--slow`/`--fast-node`/`--slow-node`.
     #[error(
         "--tier describes every tier: drop --fast/--slow/--fast-node/--slow-node, or drop --tier"
@@ -543,6 +554,14 @@ impl TieringRequest {
             policy,
             chaos,
             skip_dirty_check: self.skip_dirty_check,
+            fault_plans: match &self.test_fault_plans {
+                Some(s) => s
+                    .split(',')
+                    .map(tiering::sys::FaultPlan::parse)
+                    .collect::<Result<_, _>>()
+                    .map_err(TieringConfigError::BadFaultPlan)?,
+                None => Vec::new(),
+            },
             tracking_ab,
             sampler,
             engine,

@@ -827,6 +827,32 @@ impl TieredMemory {
         Ok(())
     }
 
+    /// [`Self::move_pairs`], and after a failure, the pairs that did not move
+    /// one by one with retries (`move_retrying`): a transient failure of one
+    /// range does not undo a whole batch. Returns the first failure that
+    /// retries could not overcome.
+    pub(crate) fn move_pairs_finishing(&self, pairs: &[(usize, usize)]) -> Result<(), MoveError> {
+        let Err(first) = self.move_pairs(pairs) else {
+            return Ok(());
+        };
+        self.counters
+            .rollback_errors
+            .fetch_add(1, Ordering::Relaxed);
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        let mut last = Ok(());
+        for &(dst, src) in pairs {
+            if present(src) && !present(dst) {
+                if let Err(e) = self.move_retrying(dst, src, PAGE_SIZE) {
+                    last = Err(e);
+                }
+            } else if present(src) && present(dst) {
+                // Neither moved nor free to move: the original failure.
+                last = Err(first);
+            }
+        }
+        last
+    }
+
     /// A rollback move: like `uffd.move_range`, but a failure that may be
     /// transient is retried a few times (a rollback that gives up leaves a
     /// page out of guest RAM). `EEXIST` and `ENOENT` are final.

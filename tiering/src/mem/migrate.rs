@@ -497,7 +497,7 @@ impl Migrator {
     /// that holds a stray page (no page owns it: the page is ours and its
     /// shadow was freed) is discarded and the move retried once.
     fn move_healing(&self, pairs: &[(usize, usize)]) -> io::Result<()> {
-        match self.mem.move_pairs(pairs) {
+        match self.mem.move_pairs_finishing(pairs) {
             Ok(()) => Ok(()),
             Err(e) if e.dst_not_a_hole() => {
                 let mem = &*self.mem;
@@ -517,7 +517,7 @@ impl Migrator {
                     .copied()
                     .filter(|&(_, src)| sys::resident(src, 1).map(|r| r[0]).unwrap_or(false))
                     .collect();
-                mem.move_pairs(&rest).map_err(io::Error::from)
+                mem.move_pairs_finishing(&rest).map_err(io::Error::from)
             }
             Err(e) => Err(e.into()),
         }
@@ -631,7 +631,7 @@ impl Migrator {
         for t in &txns {
             mem.publish_placement(t.run.first, t.run.len, to);
         }
-        let moved_all = match mem.move_pairs(&pairs) {
+        let moved_all = match mem.move_pairs_finishing(&pairs) {
             Ok(()) => true,
             Err(e) => {
                 first_err.get_or_insert(e.into());
@@ -993,7 +993,7 @@ impl Migrator {
             .iter()
             .flat_map(|r| r.pages().map(|p| (mem.guest_addr(p), mem.shadow_addr(p))))
             .collect();
-        if let Err(e) = mem.move_pairs(&map) {
+        if let Err(e) = mem.move_pairs_finishing(&map) {
             // Finish page by page: the shadow in (retried), or else the page
             // back from its parking slot; either holds the page's content
             // (a written page was copied into its shadow above).

@@ -61,6 +61,11 @@ pub struct RunArgs {
     /// (loses writes; exists to prove the integrity test can fail).
     #[arg(long, hide = true)]
     pub test_skip_dirty_check: bool,
+    /// TEST ONLY (cargo feature `fault-injection`): make system calls of the
+    /// memory layer fail, e.g. move:every=7:errno=EBUSY,dirty-get:every=5.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true, value_name = "PLAN,...")]
+    pub test_fault_inject: Option<String>,
 }
 
 /// VM flags shared by `tiervm run` and `tiervm compare` (same names, defaults and meaning).
@@ -198,6 +203,10 @@ impl RunArgs {
         tiering.skip_dirty_check = self.test_skip_dirty_check;
         tiering.chaos_heap_only = self.test_chaos_heap_only;
         tiering.tracking_ab = self.tracking_ab;
+        #[cfg(feature = "fault-injection")]
+        {
+            tiering.test_fault_plans = self.test_fault_inject.clone();
+        }
         self.vm.request(&self.image, tiering)
     }
 }

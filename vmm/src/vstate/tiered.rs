@@ -306,6 +306,7 @@ impl TieredRam {
     /// (needed before anything touches guest memory: pages may be in flight).
     pub fn new(cfg: &TieringConfig, vcpus: u32) -> Result<Self> {
         let mem = Arc::new(TieredMemory::new(&cfg.mem).map_err(TieredRamError::Setup)?);
+        mem.injector().set(&cfg.fault_plans);
         // SAFETY: the range is TieredMemory's guest mapping, which stays mapped
         // for the life of `mem`; `TieredRam` keeps `mem` alive at least as
         // long as `guest` (fields drop in order and `guest` is never handed
