@@ -228,7 +228,7 @@ fn fast_tier_resize_under_chaos_loses_nothing_and_returns_memory() {
 /// on time (the whole run is bounded by the common watchdog of `run`).
 #[test]
 fn injected_failures_in_a_live_vm_lose_nothing() {
-    if !kvm_available("injected_failures_in_a_live_vm_lose_nothing") {
+    if !tiered_kvm_available() {
         return;
     }
     for (plan, mech, unit) in [
