@@ -73,6 +73,12 @@ pub enum Error {
     /// A report could not be encoded or written.
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// A seccomp filter could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
+    /// The SIGINT/SIGTERM handlers could not be installed.
+    #[error(transparent)]
+    Signals(#[from] crate::signals::SignalError),
 }
 
 /// Writing a result (report, JSON, file) failed.
@@ -87,6 +93,9 @@ pub enum OutputError {
         #[source]
         source: serde_json::Error,
     },
+    /// Writing to stdout failed (a reader that went away is not a failure).
+    #[error("writing the output to stdout failed")]
+    Write(#[source] std::io::Error),
 }
 
 impl From<WorkloadArgError> for Error {
@@ -106,6 +115,7 @@ impl Error {
             Self::Native(e) => e.is_usage(),
             Self::Vm(e) => e.is_usage(),
             Self::Permission(_) | Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
+            Self::Seccomp(_) | Self::Signals(_) => false,
         };
         if usage {
             EXIT_USAGE
@@ -122,6 +132,10 @@ impl Error {
             Self::Image(e) => e.fix(),
             Self::Vm(e) => e.fix(),
             Self::Compare(CompareError::Policy { source, .. }) => source.fix(),
+            Self::Output(OutputError::Write(_)) => {
+                Some("free space where stdout goes or redirect it elsewhere")
+            }
+            Self::Seccomp(_) => Some("run with --no-seccomp to go on without (debugging only)"),
             _ => None,
         }
     }

@@ -18,6 +18,12 @@ use crate::units::format_size;
 
 /// Hint-fault budget of placement policies (MTM's overhead target, §3.2).
 pub const POLICY_TRACKING_BUDGET_PCT: f64 = 5.0;
+/// Highest `--chaos-rate` in units per second: 40x what the mechanisms reach
+/// here (about 250k pages/s, docs/results.md); higher rates only mean
+/// "as fast as possible", which this already is.
+pub const MAX_CHAOS_RATE: f64 = 10_000_000.0;
+/// Largest weight of `--chaos-mix` (a ratio needs no more).
+pub const MAX_CHAOS_WEIGHT: u32 = 1_000_000;
 
 /// Initial placement of guest pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -413,6 +419,28 @@ pub enum TieringConfigError {
         /// The flag's value.
         rate: f64,
     },
+    /// `--chaos-rate` beyond [`MAX_CHAOS_RATE`].
+    #[error("--chaos-rate {rate} exceeds the {MAX_CHAOS_RATE} units/s maximum (the mechanisms reach about 250k pages/s): lower --chaos-rate")]
+    ChaosRateTooHigh {
+        /// The flag's value.
+        rate: f64,
+    },
+    /// A `--chaos-mix` weight beyond [`MAX_CHAOS_WEIGHT`].
+    #[error("--chaos-mix '{mix}': weights go up to {MAX_CHAOS_WEIGHT}; give the ratio in small numbers, e.g. 3:1")]
+    ChaosWeightTooLarge {
+        /// The flag's value.
+        mix: String,
+    },
+    /// `--scan-pages` beyond the guest's pages.
+    #[error(
+        "--scan-pages {n} exceeds the guest's {guest_pages} pages: give at most {guest_pages}"
+    )]
+    TooManyScanPages {
+        /// The flag's value.
+        n: usize,
+        /// Pages of guest RAM.
+        guest_pages: u64,
+    },
     /// `--policy-schedule` with a policy the engine does not run (chaos).
     #[error(
         "--policy-schedule needs a placement policy ({})",
@@ -467,6 +495,9 @@ pub fn parse_mix(s: &str) -> Checked<(u32, u32)> {
     let (p, d) = s.split_once(':').ok_or_else(bad)?;
     let p: u32 = p.trim().parse().map_err(|_| bad())?;
     let d: u32 = d.trim().parse().map_err(|_| bad())?;
+    if p > MAX_CHAOS_WEIGHT || d > MAX_CHAOS_WEIGHT {
+        return Err(TieringConfigError::ChaosWeightTooLarge { mix: s.into() });
+    }
     if p == 0 && d == 0 {
         return Err(TieringConfigError::EmptyChaosMix);
     }
@@ -505,6 +536,10 @@ impl TieringRequest {
             return Ok(None);
         }
         let mem = self.backing(mem_bytes, seed, nodes)?;
+        let guest_pages = mem_bytes / PAGE_SIZE as u64;
+        if let Some(n) = self.scan_pages.filter(|&n| n as u64 > guest_pages) {
+            return Err(TieringConfigError::TooManyScanPages { n, guest_pages });
+        }
         let chaos = self.chaos(policy, seed)?;
         let mut engine = self.engine(policy)?;
         let sampler = self.sampler(engine.as_ref())?;
@@ -745,6 +780,9 @@ impl TieringRequest {
         let rate = self.chaos_rate.unwrap_or(1000.0);
         if !rate.is_finite() || rate <= 0.0 {
             return Err(TieringConfigError::BadChaosRate { rate });
+        }
+        if rate > MAX_CHAOS_RATE {
+            return Err(TieringConfigError::ChaosRateTooHigh { rate });
         }
         Ok(Some(ChaosConfig {
             units_per_sec: rate,

@@ -576,6 +576,7 @@ impl Migrator {
         for t in &txns {
             self.copy_into_staging(t, to, |p| mem.guest_addr(p));
         }
+        crate::test_point::reached(crate::test_point::TestPoint::TpmCopied);
         // 4. Unmap: move the old pages out of guest RAM (zero copy). Guest
         //    accesses now fault and wait.
         let live = self.unmap(txns, to, out, &mut first_err);

@@ -420,6 +420,7 @@ impl Drop for ResizeDriver {
 }
 
 fn run_driver(m: &Migrator, cfg: &ResizeConfig, shared: &ResizeShared) -> ResizeDriverReport {
+    crate::threads::started(crate::threads::ThreadRole::Resize);
     use std::sync::atomic::Ordering as O;
     let mem = m.memory().clone();
     let start = std::time::Instant::now();

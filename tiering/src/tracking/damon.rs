@@ -576,6 +576,7 @@ impl DamonTracker {
             std::thread::Builder::new()
                 .name("damon-reader".into())
                 .spawn(move || {
+                    crate::threads::started(crate::threads::ThreadRole::DamonReader);
                     reader_loop(&fs, &shared, &stop, guest, pace, started);
                     let _ = tx.send(task_cpu_secs(Path::new("/proc/thread-self/stat")));
                 })

@@ -18,7 +18,7 @@
 //! field names documented below.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 
 use kvm_ioctls::{Kvm, VmFd};
@@ -38,9 +38,9 @@ pub struct InfoArgs {
 /// Why `tiervm info` could not print its report (probing itself never fails).
 #[derive(Debug, thiserror::Error)]
 pub enum InfoError {
-    /// Writing to stdout failed.
+    /// Writing to stdout failed (a closed pipe is not a failure).
     #[error("cannot write the report to stdout")]
-    Stdout(#[from] io::Error),
+    Stdout(#[source] io::Error),
     /// Serializing the JSON report failed.
     #[error("cannot serialize the report as JSON")]
     Json(#[from] serde_json::Error),
@@ -49,14 +49,15 @@ pub enum InfoError {
 /// Runs `tiervm info`: probes the host and prints the report to stdout.
 pub fn run(args: &InfoArgs) -> Result<(), InfoError> {
     let report = collect();
-    let mut out = io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+    let text = if args.json {
+        let mut s = serde_json::to_string_pretty(&report)?;
+        s.push('\n');
+        s
     } else {
-        out.write_all(render_human(&report).as_bytes())?;
-    }
-    Ok(())
+        render_human(&report)
+    };
+    // A closed pipe ends quietly; other write errors are reported.
+    crate::output::write_stdout(&text).map_err(InfoError::Stdout)
 }
 
 /// Everything `tiervm info` reports (the `--json` object).
@@ -1121,8 +1122,11 @@ mod tests {
         eprintln!("{text}");
         eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
         if !r.kvm.dev_kvm.is_ok() {
-            eprintln!("skip KVM assertions: /dev/kvm {}", r.kvm.dev_kvm.describe());
             assert!(r.kvm.fix.is_some());
+            tiering::host_support::skip_or_fail(&format!(
+                "KVM assertions: /dev/kvm {}",
+                r.kvm.dev_kvm.describe()
+            ));
             return;
         }
         assert_eq!(r.kvm.api_version, Some(KVM_API_VERSION));
