@@ -28,7 +28,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::account::{apply_word_change, tier_ids, TierAccount, TierSpec};
 use super::commit::HostGuard;
 use super::dirty::SoftDirtyLog;
-use super::page_map::{self, PageMap, BUSY, PARKED, SHADOW};
+use super::page_map::{self, PageMap, SHADOW};
 use super::pool::{Holds, Pool, Slot, CHUNK_SLOTS};
 use super::stats::{Counters, MemStats, TierStats};
 use super::{HintFaultRecord, MemError};
@@ -51,10 +51,15 @@ pub enum InitialPlacement {
     Interleave,
 }
 
+/// A placement name tiervm does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement '{0}': use fast-first, slow-first, interleave or random:SEED")]
+pub struct UnknownPlacement(pub String);
+
 impl std::str::FromStr for InitialPlacement {
-    type Err = String;
+    type Err = UnknownPlacement;
     /// Parses `fast-first`, `slow-first`, `interleave` or `random:SEED`.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UnknownPlacement> {
         match s {
             "fast-first" => Ok(InitialPlacement::FastFirst),
             "slow-first" => Ok(InitialPlacement::SlowFirst),
@@ -62,9 +67,7 @@ impl std::str::FromStr for InitialPlacement {
             "random" => Ok(InitialPlacement::Random { seed: 0 }),
             _ => match s.strip_prefix("random:").map(str::parse::<u64>) {
                 Some(Ok(seed)) => Ok(InitialPlacement::Random { seed }),
-                _ => Err(format!(
-                    "unknown placement '{s}': use fast-first, slow-first, interleave or random:SEED"
-                )),
+                _ => Err(UnknownPlacement(s.to_string())),
             },
         }
     }
@@ -558,46 +561,6 @@ impl TieredMemory {
         Ok(())
     }
 
-    /// Checks that every present guest page sits on its tier's node
-    /// (`move_pages` query). Meaningful only when the tiers are distinct
-    /// nodes; with emulated tiers it checks that every page is on the node.
-    /// Returns the number of pages checked, or the first mismatch.
-    pub fn check_nodes(&self) -> Result<usize, String> {
-        // Only present pages can be on a node: query the present ranges.
-        let mut present = Vec::new();
-        let g = self.layout.guest;
-        self.scanner
-            .scan(g, g + self.guest_len(), |s, e, _| present.push((s, e)))
-            .map_err(|e| e.to_string())?;
-        let mut checked = 0;
-        for (s, e) in present {
-            let pages: Vec<usize> = ((s - g) / PAGE_SIZE..(e - g) / PAGE_SIZE).collect();
-            for batch in pages.chunks(1 << 16) {
-                let addrs: Vec<usize> = batch.iter().map(|&p| self.guest_addr(p)).collect();
-                let nodes = sys::query_nodes(&addrs).map_err(|e| e.to_string())?;
-                for (&p, n) in batch.iter().zip(nodes) {
-                    if n < 0 {
-                        continue; // the shared zero page, or gone meanwhile
-                    }
-                    let Some(t) = page_map::tier_of(self.pages.load(p)) else {
-                        return Err(format!(
-                            "page {p} is present on node {n} but was never committed"
-                        ));
-                    };
-                    let want = self.node(t) as i32;
-                    if n != want {
-                        return Err(format!(
-                            "page {p} is on node {n} but its tier {} is on node {want}",
-                            self.tiers[usize::from(t)].spec.name
-                        ));
-                    }
-                    checked += 1;
-                }
-            }
-        }
-        Ok(checked)
-    }
-
     /// Software dirty log for writes the VMM itself makes to guest RAM (device
     /// emulation, loaders). Use [`SoftDirtyLog::write_guard`] around each write;
     /// the harvester ORs this log into every harvest.
@@ -654,109 +617,6 @@ impl TieredMemory {
     pub(crate) fn set_overhead_pct(&self, pct: f64) {
         self.overhead_pct_bits
             .store(pct.to_bits(), Ordering::Relaxed);
-    }
-
-    /// Checks, while no mover runs, that every page is accounted for exactly
-    /// once: the live per-tier counts equal a recount of the page map, no
-    /// capacity is reserved, every populated guest page is present in guest
-    /// RAM, every shadow is present in its shadow slot and nothing else is,
-    /// and nothing is parked. Returns the first violation.
-    pub fn check_consistency(&self) -> Result<(), String> {
-        let n = self.tier_count();
-        let mut guest = vec![0u64; n];
-        let mut shadows = vec![0u64; n];
-        let present = |base: usize| -> Result<Vec<u64>, String> {
-            let mut bits = vec![0u64; self.guest_pages.div_ceil(64)];
-            self.scanner
-                .scan(base, base + self.guest_len(), |s, e, _| {
-                    for p in (s - base) / PAGE_SIZE..(e - base) / PAGE_SIZE {
-                        bits[p / 64] |= 1 << (p % 64);
-                    }
-                })
-                .map_err(|e| e.to_string())?;
-            Ok(bits)
-        };
-        let bit = |v: &[u64], p: usize| v[p / 64] >> (p % 64) & 1 != 0;
-        let (guest_bits, shadow_bits, park_bits) = (
-            present(self.layout.guest)?,
-            present(self.layout.shadow)?,
-            present(self.layout.park)?,
-        );
-        let guest_res = |p: usize| bit(&guest_bits, p);
-        let shadow_res = |p: usize| bit(&shadow_bits, p);
-        let park_res = |p: usize| bit(&park_bits, p);
-        for p in 0..self.guest_pages {
-            let w = self.pages.load(p);
-            if w & (BUSY | PARKED) != 0 {
-                return Err(format!("page {p} is still busy or parked (word {w:#x})"));
-            }
-            match page_map::tier_of(w) {
-                Some(t) => {
-                    if usize::from(t) >= n {
-                        return Err(format!("page {p} is on tier {t} of {n}"));
-                    }
-                    guest[usize::from(t)] += 1;
-                    if !guest_res(p) {
-                        return Err(format!(
-                            "page {p} is populated but not present in guest RAM"
-                        ));
-                    }
-                }
-                None if guest_res(p) => {
-                    return Err(format!(
-                        "page {p} is present in guest RAM but never committed"
-                    ))
-                }
-                None => {}
-            }
-            match page_map::shadow_tier_of(w) {
-                Some(t) => {
-                    if usize::from(t) >= n {
-                        return Err(format!("page {p} has a shadow on tier {t} of {n}"));
-                    }
-                    shadows[usize::from(t)] += 1;
-                    if !shadow_res(p) {
-                        return Err(format!("page {p} has a shadow that is not present"));
-                    }
-                }
-                None if shadow_res(p) => {
-                    return Err(format!(
-                        "shadow slot of page {p} holds a page but no shadow"
-                    ))
-                }
-                None => {}
-            }
-            if park_res(p) {
-                return Err(format!("parking slot of page {p} holds a page"));
-            }
-        }
-        for (i, t) in self.tiers.iter().enumerate() {
-            let name = &t.spec.name;
-            if t.reserved() != 0 {
-                return Err(format!("{name}: {} pages still reserved", t.reserved()));
-            }
-            if t.guest() != guest[i] || t.shadows() != shadows[i] {
-                return Err(format!(
-                    "{name}: counts say guest {} + shadows {} but the page map has guest {} + \
-                     shadows {}",
-                    t.guest(),
-                    t.shadows(),
-                    guest[i],
-                    shadows[i]
-                ));
-            }
-            // (Guest pages + shadows may exceed the capacity: a shrink
-            // lowers the capacity first and converges after.)
-            let pool = self.pool(i as TierId);
-            if pool.unreserved_slots() != pool.slots() {
-                return Err(format!(
-                    "{name} pool: {} of {} slots still reserved",
-                    pool.slots() - pool.unreserved_slots(),
-                    pool.slots()
-                ));
-            }
-        }
-        Ok(())
     }
 
     pub(crate) fn guest_addr(&self, page: usize) -> usize {

@@ -584,7 +584,9 @@ impl Migrator {
         let verdict = if skip {
             Ok(0)
         } else {
-            self.harvester.harvest(mem)
+            // The slow work on other shadowed pages waits until the guest
+            // has these pages back (see `harvest_deferring`).
+            self.harvester.harvest_deferring(mem)
         };
         let mut commits = Vec::new();
         for t in live {
@@ -965,7 +967,9 @@ impl Migrator {
         let verdict = if skip {
             Ok(0)
         } else {
-            self.harvester.harvest(mem)
+            // The slow work on other shadowed pages waits until the guest
+            // has these pages back (see `harvest_deferring`).
+            self.harvester.harvest_deferring(mem)
         };
         let mut copied = 0;
         for r in runs {

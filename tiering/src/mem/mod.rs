@@ -45,6 +45,7 @@
 mod account;
 mod backing;
 mod chaos;
+mod check;
 pub mod commit;
 mod dirty;
 mod fault;
@@ -70,9 +71,10 @@ pub use crate::vocab::{Mechanism, TierId, Unit};
 pub use account::TierSpec;
 pub use backing::{
     FatalHook, FaultPathHook, InitialPlacement, MemConfig, PlacementObserver, TieredMemory,
-    DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
+    UnknownPlacement, DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
 };
 pub use chaos::{ChaosConfig, ChaosDriver, ChaosReport, MAX_UNITS_PER_BATCH};
+pub use check::{ConsistencyError, NodeCheckError};
 pub use dirty::{DirtyLog, SoftDirtyLog, WriteGuard};
 pub use fault::FaultHandler;
 pub use harvest::DirtyHarvester;

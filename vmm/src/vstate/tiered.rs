@@ -503,7 +503,7 @@ impl TieredRam {
         };
         let (node_check, node_checked_pages) = match self.mem.check_nodes() {
             Ok(n) => ("ok".to_string(), n as u64),
-            Err(e) => (e, 0),
+            Err(e) => (e.to_string(), 0),
         };
         let node_pages = self.node_pages();
         Ok(TieringReport {
