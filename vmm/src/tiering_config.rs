@@ -276,20 +276,21 @@ fn placement_policies() -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum TieringConfigError {
     /// A test fault plan that does not parse.
-    #[error("--test-fault-inject: {0}")]
-    BadFaultPlan(String),
+    #[error("--test-fault-inject")]
+    BadFaultPlan(#[source] tiering::sys::FaultPlanError),
     /// `--tier` together with `--fast`/`--slow`/`--fast-node`/`--slow-node`.
     #[error(
         "--tier describes every tier: drop --fast/--slow/--fast-node/--slow-node, or drop --tier"
     )]
     TierFlagsMixed,
     /// A `--tier` that does not parse.
-    #[error("--tier {spec}: {why}")]
+    #[error("--tier {spec}")]
     BadTier {
         /// What was given.
         spec: String,
         /// Why it is wrong (names the fix).
-        why: String,
+        #[source]
+        why: TierFlagError,
     },
     /// More tiers than tiervm supports.
     #[error(
@@ -309,8 +310,8 @@ pub enum TieringConfigError {
         mem: u64,
     },
     /// A `--fast-schedule` that does not parse.
-    #[error("--fast-schedule: {0}")]
-    BadFastSchedule(String),
+    #[error("--fast-schedule")]
+    BadFastSchedule(#[source] tiering::mem::CapacityScheduleError),
     /// A `--fast-schedule` size the tiers could not honour.
     #[error("--fast-schedule {} at {at:.1} s: {why}", format_size(*.size))]
     FastScheduleDoesNotFit {
@@ -991,8 +992,33 @@ struct TierFlag {
     size: u64,
 }
 
+/// A `--tier` that does not parse; each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TierFlagError {
+    /// No name, or one with characters other than letters, digits, - and _.
+    #[error(
+        "give NAME:node=N:size=SIZE with a name of letters, digits, - or _ (e.g. cxl:node=1:size=1G)"
+    )]
+    BadName,
+    /// `node=` with something that is not a node id.
+    #[error("node '{0}' is not a node id (see tiervm info)")]
+    BadNode(String),
+    /// `size=` with something that is not a size.
+    #[error("size '{0}' is not a size (e.g. 1G)")]
+    BadSize(String),
+    /// A size of 0 or one that is not page-aligned.
+    #[error("size '{0}' must be a positive multiple of 4K")]
+    SizeNotPages(String),
+    /// A part other than node=N and size=SIZE.
+    #[error("'{0}' is not node=N or size=SIZE")]
+    UnknownPart(String),
+    /// No `size=`.
+    #[error("missing size=SIZE (e.g. size=256M)")]
+    MissingSize,
+}
+
 /// Parses `NAME:node=N:size=SIZE` (`node` defaults to 0).
-fn parse_tier(s: &str) -> Result<TierFlag, String> {
+fn parse_tier(s: &str) -> Result<TierFlag, TierFlagError> {
     let mut parts = s.split(':');
     let name = parts.next().unwrap_or_default().trim().to_string();
     if name.is_empty()
@@ -1000,7 +1026,7 @@ fn parse_tier(s: &str) -> Result<TierFlag, String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
-        return Err("give NAME:node=N:size=SIZE with a name of letters, digits, - or _ (e.g. cxl:node=1:size=1G)".into());
+        return Err(TierFlagError::BadName);
     }
     let (mut node, mut size) = (0u32, None);
     for kv in parts {
@@ -1008,20 +1034,20 @@ fn parse_tier(s: &str) -> Result<TierFlag, String> {
             Some(("node", v)) => {
                 node = v
                     .parse()
-                    .map_err(|_| format!("node '{v}' is not a node id (see tiervm info)"))?
+                    .map_err(|_| TierFlagError::BadNode(v.to_string()))?
             }
             Some(("size", v)) => {
                 let b = tiervm_guest::args::parse_size(v)
-                    .map_err(|_| format!("size '{v}' is not a size (e.g. 1G)"))?;
+                    .map_err(|_| TierFlagError::BadSize(v.to_string()))?;
                 if b == 0 || !b.is_multiple_of(PAGE_SIZE as u64) {
-                    return Err(format!("size '{v}' must be a positive multiple of 4K"));
+                    return Err(TierFlagError::SizeNotPages(v.to_string()));
                 }
                 size = Some(b);
             }
-            _ => return Err(format!("'{kv}' is not node=N or size=SIZE")),
+            _ => return Err(TierFlagError::UnknownPart(kv.to_string())),
         }
     }
-    let size = size.ok_or("missing size=SIZE (e.g. size=256M)")?;
+    let size = size.ok_or(TierFlagError::MissingSize)?;
     Ok(TierFlag { name, node, size })
 }
 

@@ -83,8 +83,8 @@ pub use pool::Slot;
 pub use probe::{AccessProbes, MEASURED_HINT_FAULT_GUEST_NS};
 pub use residency::{Residency, TierResidency};
 pub use resize::{
-    parse_capacity_schedule, CapacityStep, ResizeConfig, ResizeDriver, ResizeDriverReport,
-    ResizeHandle, ResizeReport,
+    parse_capacity_schedule, CapacityScheduleError, CapacityStep, ResizeConfig, ResizeDriver,
+    ResizeDriverReport, ResizeHandle, ResizeReport,
 };
 pub use sampler::{HintSampler, SamplerConfig, SamplerHandle, SamplerTick};
 pub use stats::{MemStats, TierStats};
