@@ -31,7 +31,7 @@ use super::dirty::SoftDirtyLog;
 use super::page_map::{self, PageMap, SHADOW};
 use super::pool::{Holds, Pool, Slot, CHUNK_SLOTS};
 use super::stats::{Counters, MemStats, TierStats};
-use super::{HintFaultRecord, MemError};
+use super::{HintFaultRecord, MemConfigError, MemError};
 use crate::sys::{self, Advice, Mapping, MoveError, RegisterMode, Uffd, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::vocab::{TierId, MAX_TIERS};
 
@@ -143,50 +143,40 @@ impl MemConfig {
     }
 
     /// Checks the configuration; the error names the fix.
-    pub fn validate(&self) -> Result<(), MemError> {
-        let cfg = |s: String| Err(MemError::Config(s));
+    pub fn validate(&self) -> Result<(), MemConfigError> {
+        use MemConfigError as E;
         if self.guest_bytes == 0 || !self.guest_bytes.is_multiple_of(PAGE_SIZE) {
-            return cfg(format!(
-                "guest size {} is not a positive multiple of 4 KiB",
-                self.guest_bytes
-            ));
+            return Err(E::GuestSizeNotPages(self.guest_bytes));
         }
         let n = self.guest_bytes / PAGE_SIZE;
         if n > u32::MAX as usize {
-            return cfg("guest RAM above 16 TiB is not supported".into());
+            return Err(E::GuestTooLarge);
         }
         if self.tiers.is_empty() || self.tiers.len() > MAX_TIERS {
-            return cfg(format!(
-                "{} tiers: tiervm supports 1 to {MAX_TIERS}",
-                self.tiers.len()
-            ));
+            return Err(E::TierCount(self.tiers.len()));
         }
         let mut total: usize = 0;
         for t in &self.tiers {
             if t.max_capacity_pages < t.capacity_pages {
-                return cfg(format!(
-                    "tier {}: maximum capacity {} pages is below its capacity {} pages",
-                    t.name, t.max_capacity_pages, t.capacity_pages
-                ));
+                return Err(E::MaxBelowCapacity {
+                    tier: t.name.clone(),
+                    max: t.max_capacity_pages,
+                    capacity: t.capacity_pages,
+                });
             }
             if t.max_capacity_pages > (u32::MAX as usize) {
-                return cfg(format!("tier {}: capacity above 16 TiB", t.name));
+                return Err(E::TierTooLarge(t.name.clone()));
             }
             if t.node as usize >= sys::MAX_NODES {
-                return cfg(format!(
-                    "tier {}: NUMA node {} is out of range (below {})",
-                    t.name,
-                    t.node,
-                    sys::MAX_NODES
-                ));
+                return Err(E::NodeOutOfRange {
+                    tier: t.name.clone(),
+                    node: t.node,
+                });
             }
             total = total.saturating_add(t.capacity_pages);
         }
         if total < n {
-            return cfg(format!(
-                "tier capacities ({total} pages together) are smaller than the guest ({n} pages); \
-                 raise a tier's capacity (e.g. the slow tier's)"
-            ));
+            return Err(E::CapacitiesTooSmall { total, guest: n });
         }
         Ok(())
     }
@@ -305,6 +295,84 @@ pub struct TieredMemory {
     map: Mapping,
 }
 
+/// Reserves one range for guest RAM, each tier's pool (a huge half and a
+/// small half, see `pool`, each with a slot for every page the tier can
+/// take plus its cache), the shadow area and the parking area; returns the
+/// mapping, where each area starts, and each pool's half size in slots.
+fn reserve_layout(cfg: &MemConfig, n: usize) -> Result<(Mapping, Layout, Vec<usize>), MemError> {
+    let area_pages = round_chunk(n);
+    let pool_halves: Vec<usize> = cfg
+        .tiers
+        .iter()
+        .map(|t| round_chunk(t.max_capacity_pages.min(n) + cfg.pool_cache_pages) + CHUNK_SLOTS)
+        .collect();
+    let pool_slots: Vec<usize> = pool_halves.iter().map(|h| 2 * h).collect();
+    let total_pages = 3 * area_pages + pool_slots.iter().sum::<usize>();
+    let map = Mapping::reserve(total_pages * PAGE_SIZE)?;
+    let guest = map.addr();
+    let mut at = guest + area_pages * PAGE_SIZE;
+    let mut pools = Vec::new();
+    for &s in &pool_slots {
+        pools.push(at);
+        at += s * PAGE_SIZE;
+    }
+    let shadow = at;
+    let park = shadow + area_pages * PAGE_SIZE;
+    let layout = Layout {
+        guest,
+        pools,
+        pool_slots,
+        shadow,
+        park,
+        area_pages,
+    };
+    Ok((map, layout, pool_halves))
+}
+
+/// Locks the whole range on fault; false (with a warning naming the fix)
+/// where the host does not allow it.
+fn lock_or_warn(map: &Mapping) -> bool {
+    // Locked on fault: see `sys::lock_on_fault`. Without CAP_IPC_LOCK or
+    // a large RLIMIT_MEMLOCK this fails, and tiervm runs unlocked (the
+    // run summary says so): a split huge page may then put the kernel's
+    // zero page in guest RAM, and a write to it gets a page from the
+    // kernel's choice of node.
+    match sys::lock_on_fault(map.addr(), map.len()) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                "tiered memory is not locked ({e}); raise RLIMIT_MEMLOCK (e.g. systemd \
+                 LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK"
+            );
+            false
+        }
+    }
+}
+
+/// A userfaultfd over the areas: missing faults of guest RAM, shadows and
+/// parking slots; write-protect faults of the pools.
+fn register_areas(layout: &Layout, inject: Arc<sys::Injector>) -> Result<Uffd, MemError> {
+    let uffd = Uffd::new(inject)?;
+    let area = layout.area_pages * PAGE_SIZE;
+    uffd.register(layout.guest, area, RegisterMode::Missing)?;
+    for (&p, &slots) in layout.pools.iter().zip(&layout.pool_slots) {
+        uffd.register(p, slots * PAGE_SIZE, RegisterMode::WriteProtect)?;
+    }
+    uffd.register(layout.shadow, 2 * area, RegisterMode::Missing)?;
+    Ok(uffd)
+}
+
+/// True when the tiers do not sit on distinct host NUMA nodes of a
+/// multi-node host (their latencies are then emulated, not real).
+fn tiers_are_emulated(nodes: &[u32]) -> bool {
+    let distinct = nodes
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let host_nodes = crate::host::numa_nodes().map(|v| v.len()).unwrap_or(1);
+    distinct < nodes.len() || host_nodes < 2
+}
+
 impl TieredMemory {
     /// Reserves the areas and sets them up. Commits nothing: host memory is
     /// taken when the guest (or the VMM) first touches a page, or when a
@@ -313,57 +381,11 @@ impl TieredMemory {
         let t0 = Instant::now();
         cfg.validate()?;
         let n = cfg.guest_bytes / PAGE_SIZE;
-        let area_pages = round_chunk(n);
-        // Each pool: a huge half and a small half (see `pool`), each with a
-        // slot for every page the tier can take plus its cache.
-        let pool_halves: Vec<usize> = cfg
-            .tiers
-            .iter()
-            .map(|t| round_chunk(t.max_capacity_pages.min(n) + cfg.pool_cache_pages) + CHUNK_SLOTS)
-            .collect();
-        let pool_slots: Vec<usize> = pool_halves.iter().map(|h| 2 * h).collect();
-        let total_pages = 3 * area_pages + pool_slots.iter().sum::<usize>();
-        let map = Mapping::reserve(total_pages * PAGE_SIZE)?;
-        let guest = map.addr();
-        let mut at = guest + area_pages * PAGE_SIZE;
-        let mut pools = Vec::new();
-        for &s in &pool_slots {
-            pools.push(at);
-            at += s * PAGE_SIZE;
-        }
-        let shadow = at;
-        let park = shadow + area_pages * PAGE_SIZE;
-        let layout = Layout {
-            guest,
-            pools,
-            pool_slots: pool_slots.clone(),
-            shadow,
-            park,
-            area_pages,
-        };
+        let (map, layout, pool_halves) = reserve_layout(cfg, n)?;
         set_up_areas(&map, &layout, cfg)?;
-        // Locked on fault: see `sys::lock_on_fault`. Without CAP_IPC_LOCK or
-        // a large RLIMIT_MEMLOCK this fails, and tiervm runs unlocked (the
-        // run summary says so): a split huge page may then put the kernel's
-        // zero page in guest RAM, and a write to it gets a page from the
-        // kernel's choice of node.
-        let locked = match sys::lock_on_fault(map.addr(), map.len()) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(
-                    "tiered memory is not locked ({e}); raise RLIMIT_MEMLOCK (e.g. systemd \
-                     LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK"
-                );
-                false
-            }
-        };
+        let locked = lock_or_warn(&map);
         let inject = Arc::new(sys::Injector::default());
-        let uffd = Uffd::new(inject.clone())?;
-        uffd.register(guest, area_pages * PAGE_SIZE, RegisterMode::Missing)?;
-        for (t, &p) in layout.pools.iter().enumerate() {
-            uffd.register(p, pool_slots[t] * PAGE_SIZE, RegisterMode::WriteProtect)?;
-        }
-        uffd.register(shadow, 2 * area_pages * PAGE_SIZE, RegisterMode::Missing)?;
+        let uffd = register_areas(&layout, inject.clone())?;
         let (release_tx, release_rx) = unbounded();
         let low = cfg
             .tiers
@@ -374,11 +396,6 @@ impl TieredMemory {
             })
             .collect();
         let nodes: Vec<u32> = cfg.tiers.iter().map(|t| t.node).collect();
-        let distinct = nodes
-            .iter()
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
-        let host_nodes = crate::host::numa_nodes().map(|v| v.len()).unwrap_or(1);
         Ok(Self {
             pools: pool_halves
                 .iter()
@@ -391,7 +408,7 @@ impl TieredMemory {
             uffd,
             huge_pages: cfg.huge_pages,
             placement: cfg.placement,
-            emulated: distinct < cfg.tiers.len() || host_nodes < 2,
+            emulated: tiers_are_emulated(&nodes),
             shadow_low_watermark: low,
             pool_cache_pages: cfg.pool_cache_pages,
             shadow_fifo: Mutex::new(VecDeque::new()),

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::migrate::Migrator;
 use super::page_map::{self, BUSY, PARKED};
 use super::pool::CHUNK_SLOTS;
-use super::{MemError, TieredMemory};
+use super::{MemError, ResizeError, TieredMemory};
 use crate::vocab::{Mechanism, TierId, Unit};
 
 /// Pages a shrink step looks at (bounds the cost of one step).
@@ -65,17 +65,20 @@ impl TieredMemory {
     /// reservation.
     pub fn resize(&self, tier: TierId, pages: usize) -> Result<u64, MemError> {
         let Some(account) = self.tiers.get(usize::from(tier)) else {
-            return Err(MemError::Resize(format!(
-                "tier {tier} does not exist (this VM has {} tiers)",
-                self.tier_count()
-            )));
+            return Err(ResizeError::NoSuchTier {
+                tier,
+                tiers: self.tier_count(),
+            }
+            .into());
         };
         let max = account.spec.max_capacity_pages;
         if pages > max {
-            return Err(MemError::Resize(format!(
-                "{} pages for tier {} exceed its maximum of {max} pages (set at creation)",
-                pages, account.spec.name
-            )));
+            return Err(ResizeError::AboveMaximum {
+                tier: account.spec.name.clone(),
+                pages,
+                max,
+            }
+            .into());
         }
         let others: usize = self
             .tiers
@@ -85,13 +88,13 @@ impl TieredMemory {
             .map(|(_, t)| t.capacity() as usize)
             .sum();
         if others.saturating_add(pages) < self.guest_pages {
-            return Err(MemError::Resize(format!(
-                "tier {} at {pages} pages would leave the tiers {} pages together, fewer than the \
-                 guest's {} pages; grow another tier first",
-                account.spec.name,
-                others + pages,
-                self.guest_pages
-            )));
+            return Err(ResizeError::CannotHoldGuest {
+                tier: account.spec.name.clone(),
+                pages,
+                total: others + pages,
+                guest: self.guest_pages,
+            }
+            .into());
         }
         let applied = account.set_capacity(pages as u64);
         self.counters.resizes.fetch_add(1, Ordering::Relaxed);
