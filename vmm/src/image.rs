@@ -354,106 +354,38 @@ pub struct ElfInfo {
 /// `IMAGE_BASE_GPA..ram_size`, and describes it. Every failure is an
 /// [`ImageError::Elf`] naming the problem and the fix.
 pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo, ImageError> {
-    let fail = |problem: ElfError| ImageError::Elf {
+    elf_info(bytes, ram_size).map_err(|problem| ImageError::Elf {
         name: name.to_string(),
         problem,
-    };
-    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
-        return Err(fail(ElfError::NotElf));
-    }
-    let header =
-        elf::FileHeader64::<Endianness>::parse(bytes).map_err(|e| fail(ElfError::Invalid(e)))?;
-    let endian = header.endian().map_err(|e| fail(ElfError::ByteOrder(e)))?;
-    // The loader (linux-loader) reads the header itself; refuse every header
-    // it would read differently, so that what is validated here is what is
-    // loaded (tests/elf_props.rs checks this on random and mutated files).
-    if endian != Endianness::Little {
-        return Err(fail(ElfError::BigEndian));
-    }
-    if header.e_phnum(endian) == elf::PN_XNUM {
-        return Err(fail(ElfError::ExtendedPhnum));
-    }
-    let phoff = header.e_phoff(endian);
-    if phoff != 0 && phoff < std::mem::size_of::<elf::FileHeader64<Endianness>>() as u64 {
-        return Err(fail(ElfError::PhdrsOverlapHeader(phoff)));
-    }
-    if header.e_machine(endian) != elf::EM_X86_64 {
-        return Err(fail(ElfError::WrongMachine(header.e_machine(endian))));
-    }
-    match header.e_type(endian) {
-        elf::ET_EXEC => {}
-        elf::ET_DYN => return Err(fail(ElfError::PositionIndependent)),
-        t => return Err(fail(ElfError::NotExecutable(t))),
-    }
+    })
+}
+
+/// [`validate_elf`]'s steps: 1. the header, 2. each program header (notes
+/// checked, `PT_LOAD` segments kept), 3. the entry point in code, 4. the
+/// program-header size (last: an earlier problem names the fix better).
+fn elf_info(bytes: &[u8], ram_size: u64) -> Result<ElfInfo, ElfError> {
+    let (header, endian) = check_header(bytes)?;
     let phdrs = header
         .program_headers(endian, bytes)
-        .map_err(|e| fail(ElfError::ProgramHeaders(e)))?;
+        .map_err(ElfError::ProgramHeaders)?;
     let mut segments = Vec::new();
     for ph in phdrs {
         match ph.p_type(endian) {
-            elf::PT_INTERP | elf::PT_DYNAMIC => {
-                return Err(fail(ElfError::Dynamic));
-            }
-            elf::PT_LOAD => {}
-            elf::PT_NOTE => {
-                check_notes(bytes, ph.p_offset(endian), ph.p_filesz(endian)).map_err(fail)?;
-                continue;
-            }
-            _ => continue,
+            elf::PT_INTERP | elf::PT_DYNAMIC => return Err(ElfError::Dynamic),
+            elf::PT_LOAD => segments.push(check_load_segment(ph, endian, bytes, ram_size)?),
+            elf::PT_NOTE => check_notes(bytes, ph.p_offset(endian), ph.p_filesz(endian))?,
+            _ => {}
         }
-        let addr = ph.p_paddr(endian);
-        let file_size = ph.p_filesz(endian);
-        let mem_size = ph.p_memsz(endian);
-        let offset = ph.p_offset(endian);
-        if file_size > mem_size {
-            return Err(fail(ElfError::SegmentFileSize {
-                addr,
-                file_size,
-                mem_size,
-            }));
-        }
-        if offset
-            .checked_add(file_size)
-            .is_none_or(|end| end > bytes.len() as u64)
-        {
-            return Err(fail(ElfError::SegmentPastEof(addr)));
-        }
-        let end = addr
-            .checked_add(mem_size)
-            .ok_or_else(|| fail(ElfError::SegmentWraps(addr)))?;
-        if addr < IMAGE_BASE_GPA {
-            return Err(fail(ElfError::SegmentBelowBase(addr)));
-        }
-        if end > ram_size {
-            return Err(fail(ElfError::SegmentOutsideRam {
-                addr,
-                end,
-                ram_size,
-            }));
-        }
-        if ph.p_vaddr(endian) != addr {
-            return Err(fail(ElfError::VirtualNotPhysical {
-                vaddr: ph.p_vaddr(endian),
-                addr,
-            }));
-        }
-        segments.push(Segment {
-            addr,
-            offset,
-            file_size,
-            mem_size,
-            exec: ph.p_flags(endian) & elf::PF_X != 0,
-        });
     }
     if segments.is_empty() {
-        return Err(fail(ElfError::NoLoadableSegment));
+        return Err(ElfError::NoLoadableSegment);
     }
     let entry = header.e_entry(endian);
     if !segments
         .iter()
         .any(|s| s.exec && entry >= s.addr && entry < s.addr + s.mem_size)
     {
-        return Err(fail(ElfError::EntryOutsideCode(entry)));
+        return Err(ElfError::EntryOutsideCode(entry));
     }
     let end = segments
         .iter()
@@ -463,12 +395,96 @@ pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo, 
     if header.e_phentsize(endian) as usize
         != std::mem::size_of::<elf::ProgramHeader64<Endianness>>()
     {
-        return Err(fail(ElfError::PhentSize(header.e_phentsize(endian))));
+        return Err(ElfError::PhentSize(header.e_phentsize(endian)));
     }
     Ok(ElfInfo {
         entry,
         segments,
         end,
+    })
+}
+
+/// Step 1: a little-endian static x86_64 executable header that the loader
+/// (linux-loader, which reads the header itself) reads the same way; every
+/// header it would read differently is refused, so that what is validated
+/// is what is loaded (tests/elf_props.rs checks this on random and mutated
+/// files).
+fn check_header(bytes: &[u8]) -> Result<(&elf::FileHeader64<Endianness>, Endianness), ElfError> {
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+        return Err(ElfError::NotElf);
+    }
+    let header = elf::FileHeader64::<Endianness>::parse(bytes).map_err(ElfError::Invalid)?;
+    let endian = header.endian().map_err(ElfError::ByteOrder)?;
+    if endian != Endianness::Little {
+        return Err(ElfError::BigEndian);
+    }
+    if header.e_phnum(endian) == elf::PN_XNUM {
+        return Err(ElfError::ExtendedPhnum);
+    }
+    let phoff = header.e_phoff(endian);
+    if phoff != 0 && phoff < std::mem::size_of::<elf::FileHeader64<Endianness>>() as u64 {
+        return Err(ElfError::PhdrsOverlapHeader(phoff));
+    }
+    if header.e_machine(endian) != elf::EM_X86_64 {
+        return Err(ElfError::WrongMachine(header.e_machine(endian)));
+    }
+    match header.e_type(endian) {
+        elf::ET_EXEC => Ok((header, endian)),
+        elf::ET_DYN => Err(ElfError::PositionIndependent),
+        t => Err(ElfError::NotExecutable(t)),
+    }
+}
+
+/// Step 2 for a `PT_LOAD`: its file part inside the file, its memory part
+/// inside `IMAGE_BASE_GPA..ram_size` without wrapping, identity-mapped.
+fn check_load_segment(
+    ph: &elf::ProgramHeader64<Endianness>,
+    endian: Endianness,
+    bytes: &[u8],
+    ram_size: u64,
+) -> Result<Segment, ElfError> {
+    let addr = ph.p_paddr(endian);
+    let file_size = ph.p_filesz(endian);
+    let mem_size = ph.p_memsz(endian);
+    let offset = ph.p_offset(endian);
+    if file_size > mem_size {
+        return Err(ElfError::SegmentFileSize {
+            addr,
+            file_size,
+            mem_size,
+        });
+    }
+    if offset
+        .checked_add(file_size)
+        .is_none_or(|end| end > bytes.len() as u64)
+    {
+        return Err(ElfError::SegmentPastEof(addr));
+    }
+    let end = addr
+        .checked_add(mem_size)
+        .ok_or(ElfError::SegmentWraps(addr))?;
+    if addr < IMAGE_BASE_GPA {
+        return Err(ElfError::SegmentBelowBase(addr));
+    }
+    if end > ram_size {
+        return Err(ElfError::SegmentOutsideRam {
+            addr,
+            end,
+            ram_size,
+        });
+    }
+    if ph.p_vaddr(endian) != addr {
+        return Err(ElfError::VirtualNotPhysical {
+            vaddr: ph.p_vaddr(endian),
+            addr,
+        });
+    }
+    Ok(Segment {
+        addr,
+        offset,
+        file_size,
+        mem_size,
+        exec: ph.p_flags(endian) & elf::PF_X != 0,
     })
 }
 

@@ -918,6 +918,8 @@ mod tests {
     /// reports one region accessed, nothing touching the memory): that
     /// region is promoted whole, nothing else moves, no probe is armed,
     /// and the tracker removes its kdamond when the engine stops.
+    // Long (~90 lines) on purpose: one live scenario, set up, run and
+    // checked step by step.
     #[test]
     fn mtm_on_damon_bits_promotes_the_region_damon_reports() {
         use crate::tracking::damon::{fake::FakeSysfs, RawRegion};

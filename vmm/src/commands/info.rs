@@ -795,32 +795,44 @@ fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
             }
         },
     );
-    {
-        use tiering::tracking::damon::{DamonStatus, ALLOW_ENV};
-        let (what, why) = match (&h.damon.sysfs, h.damon.opted_in) {
-            (DamonStatus::Absent, _) => (
-                "absent".to_string(),
-                "--tracking damon unavailable: kernel built without CONFIG_DAMON_SYSFS".to_string(),
-            ),
-            (DamonStatus::InUse { kdamonds, running }, _) => (
-                format!("in use ({kdamonds} kdamond(s), {running} running)"),
-                "--tracking damon refused: DAMON's sysfs state is machine-wide and someone else's here; tiervm never writes it".to_string(),
-            ),
-            (DamonStatus::Idle, true) => (
-                format!("idle, {ALLOW_ENV}=1"),
-                "--tracking damon available: the kernel samples guest RAM's accessed bits (KVM's EPT/NPT bits too), no faults".to_string(),
-            ),
-            (DamonStatus::Idle, false) => (
-                "idle".to_string(),
-                format!("--tracking damon needs {ALLOW_ENV}=1: it writes DAMON's machine-wide sysfs state"),
-            ),
-            (DamonStatus::Unreadable { error }, _) => (
-                format!("unreadable ({error})"),
-                "--tracking damon unavailable".to_string(),
-            ),
-        };
-        l.fact("DAMON", what, why);
+    render_damon(l, h);
+    render_kernel_knobs(l, h);
+    for p in &h.problems {
+        l.fact("problem", p, "");
     }
+}
+
+/// DAMON's state and whether `--tracking damon` can use it.
+fn render_damon(l: &mut Lines, h: &HostFacts) {
+    use tiering::tracking::damon::{DamonStatus, ALLOW_ENV};
+    let (what, why) = match (&h.damon.sysfs, h.damon.opted_in) {
+        (DamonStatus::Absent, _) => (
+            "absent".to_string(),
+            "--tracking damon unavailable: kernel built without CONFIG_DAMON_SYSFS".to_string(),
+        ),
+        (DamonStatus::InUse { kdamonds, running }, _) => (
+            format!("in use ({kdamonds} kdamond(s), {running} running)"),
+            "--tracking damon refused: DAMON's sysfs state is machine-wide and someone else's here; tiervm never writes it".to_string(),
+        ),
+        (DamonStatus::Idle, true) => (
+            format!("idle, {ALLOW_ENV}=1"),
+            "--tracking damon available: the kernel samples guest RAM's accessed bits (KVM's EPT/NPT bits too), no faults".to_string(),
+        ),
+        (DamonStatus::Idle, false) => (
+            "idle".to_string(),
+            format!("--tracking damon needs {ALLOW_ENV}=1: it writes DAMON's machine-wide sysfs state"),
+        ),
+        (DamonStatus::Unreadable { error }, _) => (
+            format!("unreadable ({error})"),
+            "--tracking damon unavailable".to_string(),
+        ),
+    };
+    l.fact("DAMON", what, why);
+}
+
+/// Kernel settings that bear on tiering: THP, mapping count, NUMA
+/// balancing, reclaim-time demotion.
+fn render_kernel_knobs(l: &mut Lines, h: &HostFacts) {
     if let Some(thp) = &h.thp {
         l.fact(
             "transparent huge pages",
@@ -850,6 +862,7 @@ fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
                 0 => "0 (off)".to_string(),
                 1 => "1 (NUMA balancing)".to_string(),
                 2 => "2 (memory tiering mode)".to_string(),
+                3 => "3 (NUMA balancing and memory tiering)".to_string(),
                 n => n.to_string(),
             },
             if nb == 0 {
@@ -870,9 +883,6 @@ fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
                 "off: reclaim does not move pages between tiers"
             },
         );
-    }
-    for p in &h.problems {
-        l.fact("problem", p, "");
     }
 }
 
