@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{colloid, memtis, mtm, nomad, static_placement, tpp};
+use super::{adaptive, colloid, memtis, mtm, nomad, static_placement, tpp};
 use super::{Policy, PolicyConfig, PolicyError, TierId, TrackerRequest};
 
 /// A placement policy.
@@ -28,6 +28,9 @@ pub enum PolicyKind {
     Colloid,
     /// MTM: adaptive regions, one histogram, fast promotion / slow demotion.
     Mtm,
+    /// tiervm's own: budgeted profiling, per-migration mechanism choice,
+    /// thrash throttling and Colloid balancing, with its mode explained.
+    Adaptive,
     /// TPP with the active-LRU check the Nomad paper's TPP had.
     TppLru,
     /// Memtis with a short cooling period.
@@ -46,22 +49,23 @@ pub enum IntervalKind {
 }
 
 impl PolicyKind {
-    /// The six policies, in the order tables list them.
-    pub const POLICIES: [Self; 6] = [
+    /// The seven policies, in the order tables list them.
+    pub const POLICIES: [Self; 7] = [
         Self::Static,
         Self::Tpp,
         Self::Nomad,
         Self::Memtis,
         Self::Colloid,
         Self::Mtm,
+        Self::Adaptive,
     ];
 
     /// Variants of them the simulator also runs.
     pub const VARIANTS: [Self; 3] = [Self::TppLru, Self::MemtisQuickcool, Self::ColloidBase];
 
     /// Every kind: the policies, then the variants.
-    pub const ALL: [Self; 9] = {
-        let mut all = [Self::Static; 9];
+    pub const ALL: [Self; 10] = {
+        let mut all = [Self::Static; 10];
         let mut i = 0;
         while i < all.len() {
             all[i] = if i < Self::POLICIES.len() {
@@ -83,6 +87,7 @@ impl PolicyKind {
             Self::Memtis => "memtis",
             Self::Colloid => "colloid",
             Self::Mtm => "mtm",
+            Self::Adaptive => "adaptive",
             Self::TppLru => "tpp-lru",
             Self::MemtisQuickcool => "memtis-quickcool",
             Self::ColloidBase => "colloid-base",
@@ -100,7 +105,7 @@ impl PolicyKind {
         names.join(", ")
     }
 
-    /// Whether this is a variant of one of the six policies.
+    /// Whether this is a variant of one of the policies.
     pub fn is_variant(self) -> bool {
         Self::VARIANTS.contains(&self)
     }
@@ -128,6 +133,7 @@ impl PolicyKind {
             Self::Colloid => Box::new(colloid::Colloid::new(config)),
             Self::ColloidBase => Box::new(colloid::Colloid::base(config)),
             Self::Mtm => Box::new(mtm::Mtm::new(config)),
+            Self::Adaptive => Box::new(adaptive::Adaptive::new(config)),
         })
     }
 
@@ -147,7 +153,7 @@ impl PolicyKind {
         match self {
             Self::Memtis | Self::MemtisQuickcool | Self::Mtm => Some(IntervalKind::Migration),
             Self::Colloid | Self::ColloidBase => Some(IntervalKind::Quantum),
-            Self::Static | Self::Tpp | Self::TppLru | Self::Nomad => None,
+            Self::Static | Self::Tpp | Self::TppLru | Self::Nomad | Self::Adaptive => None,
         }
     }
 
@@ -157,7 +163,9 @@ impl PolicyKind {
             Self::Memtis | Self::MemtisQuickcool => memtis::INTERVAL_NS,
             Self::Mtm => mtm::INTERVAL_NS,
             Self::Colloid | Self::ColloidBase => colloid::QUANTUM_NS,
-            Self::Static | Self::Tpp | Self::TppLru | Self::Nomad => return None,
+            Self::Static | Self::Tpp | Self::TppLru | Self::Nomad | Self::Adaptive => {
+                return None
+            }
         };
         Some(Duration::from_nanos(ns))
     }
@@ -177,7 +185,7 @@ impl PolicyKind {
     /// Whether the policy reads the tiers' loaded latency (live, on hosts
     /// without latency counters, that latency is modeled).
     pub fn reads_loaded_latency(self) -> bool {
-        matches!(self, Self::Colloid | Self::ColloidBase)
+        matches!(self, Self::Colloid | Self::ColloidBase | Self::Adaptive)
     }
 }
 

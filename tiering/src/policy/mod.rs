@@ -9,9 +9,10 @@
 //! Everything is deterministic: the same observations give the same decisions.
 //!
 //! Policies: [`static_placement`] (`static`), [`tpp`], [`nomad`], [`memtis`],
-//! [`colloid`], [`mtm`], named by [`PolicyKind`]. Constants and their
+//! [`colloid`], [`mtm`], [`adaptive`], named by [`PolicyKind`]. Constants and their
 //! sources: `docs/policies.md`.
 
+pub mod adaptive;
 pub mod colloid;
 pub mod hotness;
 pub mod kind;
@@ -84,6 +85,11 @@ pub trait Policy: Send {
 
     /// Seeds this policy's hotness state from another policy's export.
     fn import_state(&mut self, state: &PolicyState);
+
+    /// The mode the policy is in and why, if it has modes.
+    fn mode(&self) -> Option<PolicyMode> {
+        None
+    }
 }
 
 /// Builds `kind` and seeds it with `state` exported from the policy in use.

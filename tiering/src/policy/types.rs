@@ -181,6 +181,16 @@ pub struct PolicyState {
     pub hot_pages: Vec<(u64, f32)>,
 }
 
+/// The mode a policy is in and why, for reports and the live line
+/// (policies that have modes: `adaptive`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyMode {
+    /// Short name (`promote`, `balance`, `throttled: thrashing`, ...).
+    pub mode: String,
+    /// Why, with the numbers that decided it.
+    pub why: String,
+}
+
 /// Construction-time configuration shared by all policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PolicyConfig {

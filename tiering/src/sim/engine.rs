@@ -21,7 +21,9 @@ use std::time::Instant;
 use tiervm_guest::gen::Rng;
 
 use super::model::{CostModel, TierModel};
-use super::report::{EventCounts, SimReport, TierTraffic, TimelineBucket};
+use super::report::{
+    EventCounts, ModeChange, ModeTicks, SimReport, TierTraffic, TimelineBucket, MAX_MODE_CHANGES,
+};
 use super::scenario::Scenario;
 use super::setup::{self, InitialState, Stream};
 use super::workload::PageAccess;
@@ -253,6 +255,7 @@ impl Throughput {
                 } else {
                     0.0
                 },
+                mode: None,
             });
             self.bucket = (0, 0.0, 0, 0);
         }
@@ -307,6 +310,51 @@ struct Sim {
     tiers_model: Vec<TierModel>,
     quantum_ns: u64,
     mig_u: Vec<f64>,
+    modes: Modes,
+}
+
+/// The policy's modes over the run (policies with modes).
+#[derive(Default)]
+struct Modes {
+    ticks: Vec<ModeTicks>,
+    changes: Vec<ModeChange>,
+    last: Option<crate::policy::PolicyMode>,
+}
+
+impl Modes {
+    /// Records the mode after a tick at `now_ns`.
+    fn record(&mut self, now_ns: u64, policy: &dyn Policy) {
+        let Some(m) = policy.mode() else { return };
+        match self.ticks.iter_mut().find(|t| t.mode == m.mode) {
+            Some(t) => t.ticks += 1,
+            None => self.ticks.push(ModeTicks {
+                mode: m.mode.clone(),
+                ticks: 1,
+            }),
+        }
+        if self.last.as_ref().map(|l| &l.mode) != Some(&m.mode) {
+            let change = ModeChange {
+                t_s: now_ns as f64 / 1e9,
+                mode: m.mode.clone(),
+                why: m.why.clone(),
+            };
+            if self.changes.len() < MAX_MODE_CHANGES {
+                self.changes.push(change);
+            } else if let Some(l) = self.changes.last_mut() {
+                *l = change;
+            }
+        }
+        self.last = Some(m);
+    }
+
+    /// The mode in effect at `t_s`.
+    fn at(&self, t_s: f64) -> Option<String> {
+        self.changes
+            .iter()
+            .take_while(|c| c.t_s <= t_s)
+            .last()
+            .map(|c| c.mode.clone())
+    }
 }
 
 /// Runs `policy` on `scn` with first-touch placement.
@@ -447,6 +495,7 @@ impl Sim {
             tiers_model: scn.tiers.clone(),
             quantum_ns: MIN_QUANTUM_NS,
             mig_u: vec![0.0; n],
+            modes: Modes::default(),
         }
     }
 
@@ -686,6 +735,7 @@ impl Sim {
             dirty: &dirty,
         };
         let d = policy.tick(&obs, &mut self.map);
+        self.modes.record(self.now, policy);
         let n = self.cap.len();
         for (t, k) in &d.reclaim_shadows {
             if usize::from(*t) < n {
@@ -721,6 +771,10 @@ impl Sim {
         let total_acc: u64 = self.tot_acc.iter().sum();
         let total_lat: f64 = self.tot_lat.iter().sum();
         let c = |x: u64| x as f64 * s;
+        let mut timeline = throughput.timeline;
+        for b in &mut timeline {
+            b.mode = self.modes.at(b.t_s);
+        }
         SimReport {
             modeled: true,
             scenario: scn.name.clone(),
@@ -750,9 +804,12 @@ impl Sim {
                     pages_at_end: self.used[t] as f64 * s,
                 })
                 .collect(),
-            timeline: throughput.timeline,
+            timeline,
             simulated_accesses: throughput.accesses,
             wall_s: started.elapsed().as_secs_f64(),
+            modes: self.modes.ticks.clone(),
+            mode_changes: self.modes.changes.clone(),
+            final_mode: self.modes.last.clone(),
         }
     }
 

@@ -13,7 +13,33 @@ pub struct TimelineBucket {
     pub avg_latency_ns: f64,
     /// Share of accesses served by tier 0.
     pub fast_share: f64,
+    /// The policy's mode at the end of the bucket (policies with modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
+
+/// A change of the policy's mode (policies with modes: `adaptive`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModeChange {
+    /// Modeled seconds.
+    pub t_s: f64,
+    /// The new mode.
+    pub mode: String,
+    /// Why, as the policy explained it.
+    pub why: String,
+}
+
+/// Ticks a policy spent in one mode.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModeTicks {
+    /// Mode.
+    pub mode: String,
+    /// Ticks in it.
+    pub ticks: u64,
+}
+
+/// Most mode changes a report keeps (the first ones, then the last one).
+pub const MAX_MODE_CHANGES: usize = 64;
 
 /// Per-tier traffic over the run, GB (real units).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -91,6 +117,15 @@ pub struct SimReport {
     pub simulated_accesses: u64,
     /// Wall-clock seconds the run took.
     pub wall_s: f64,
+    /// Ticks per mode (policies with modes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modes: Vec<ModeTicks>,
+    /// Mode changes with their reasons (at most [`MAX_MODE_CHANGES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mode_changes: Vec<ModeChange>,
+    /// The mode at the end of the run and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_mode: Option<crate::policy::PolicyMode>,
 }
 
 impl SimReport {
@@ -162,6 +197,32 @@ pub fn table(reports: &[SimReport]) -> String {
             si(c.hint_faults),
             r.sim_rate() / 1e6,
         ));
+    }
+    s
+}
+
+/// The modes of one run as text (empty for policies without modes).
+pub fn mode_table(r: &SimReport) -> String {
+    if r.modes.is_empty() {
+        return String::new();
+    }
+    let total: u64 = r.modes.iter().map(|m| m.ticks).sum::<u64>().max(1);
+    let mut s = format!("{} / {} modes (share of ticks):", r.scenario, r.policy);
+    for m in &r.modes {
+        s.push_str(&format!(" {} {:.0}%", m.mode, 100.0 * m.ticks as f64 / total as f64));
+    }
+    s.push('\n');
+    if let Some(f) = &r.final_mode {
+        s.push_str(&format!("  at the end: {} -- {}\n", f.mode, f.why));
+    }
+    s
+}
+
+/// Mode changes of one run as text.
+pub fn mode_changes(r: &SimReport) -> String {
+    let mut s = String::new();
+    for c in &r.mode_changes {
+        s.push_str(&format!("  {:>7.2}s {:<22} {}\n", c.t_s, c.mode, c.why));
     }
     s
 }

@@ -499,20 +499,25 @@ fn tables(
         jobs,
         sim_acc as f64 / cpu_s.max(1e-9) / 1e6
     );
+    for r in reports {
+        out.push_str(&sim::report::mode_table(r));
+    }
     if !args.verbose {
         return out;
     }
     for r in reports {
         out.push_str(&sim::report::tier_table(r));
-        out.push_str("  t(s)  Macc/s  lat(ns)  fast%\n");
+        out.push_str(&sim::report::mode_changes(r));
+        out.push_str("  t(s)  Macc/s  lat(ns)  fast%  mode\n");
         for p in &r.timeline {
             let _ = writeln!(
                 out,
-                "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
+                "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}  {}",
                 p.t_s,
                 p.throughput_maps,
                 p.avg_latency_ns,
-                100.0 * p.fast_share
+                100.0 * p.fast_share,
+                p.mode.as_deref().unwrap_or("")
             );
         }
     }

@@ -1,0 +1,1 @@
+//! Behaviour tests of `adaptive`, each with a scenario built to trigger it.

@@ -1,0 +1,275 @@
+//! Thrashing detection for `adaptive`: every migration is an investment
+//! whose return is measured, and the migration budget follows the return.
+//!
+//! 1. Each migration is recorded ([`Thrash::record`]) with the tick it ran.
+//! 2. [`EVAL_TICKS`] ticks later it is valued: a promotion earns the sampled
+//!    accesses its page received in the faster tier since it moved, a
+//!    demotion is charged the sampled accesses its page received in the
+//!    slower tier (what the victim now costs). A page that moved again in
+//!    between is a ping-pong: its migration earned nothing.
+//! 3. Per evaluation window, the net sampled accesses are turned into
+//!    nanoseconds saved (`net * sample_period * (L_slow - L_fast)`) and
+//!    compared with what the migrations cost (`moves * MIGRATION_COST_NS`),
+//!    both as exponential moving averages ([`EMA_WEIGHT`]).
+//! 4. Benefit below cost raises the throttle one level (halving the
+//!    migration budget, down to none at [`MAX_LEVEL`]); benefit above
+//!    [`RECOVER_RATIO`] times cost lowers it. Fully throttled, a small probe
+//!    runs every [`PROBE_EVERY_TICKS`] to measure again; a change of the
+//!    access pattern ([`super::PHASE_JUMP`]) resets the throttle at once.
+
+use std::collections::VecDeque;
+
+/// Ticks after a migration before its benefit is valued (0.5 s at the
+/// 20 ms tick): long enough for a hot page to be sampled several times.
+pub const EVAL_TICKS: u32 = 25;
+/// Assumed cost of one 4 KiB migration to the guest, ns: setup, copy and
+/// a TLB shootdown with its IPIs (the simulator's default cost model sums
+/// to 6-14 us depending on the thread count; Nomad §2 measures ~10 us).
+pub const MIGRATION_COST_NS: f64 = 10_000.0;
+/// A page that stays in place is assumed to keep its measured access rate
+/// for this many ticks (5 s): a migration's benefit is its rate over the
+/// evaluation window extrapolated to this horizon.
+pub const HORIZON_TICKS: u32 = 250;
+/// Standard errors by which the measured gain must fall short of break-even
+/// before the throttle rises (samples are Poisson: variance = count).
+pub const CONFIDENCE_SIGMAS: f64 = 2.0;
+/// Weight of the newest evaluation window in the moving averages.
+pub const EMA_WEIGHT: f64 = 0.3;
+/// Throttle levels: level `l` keeps `1 / 2^l` of the budget; the last is none.
+pub const MAX_LEVEL: u8 = 5;
+/// Benefit / cost above which the throttle is lowered a level.
+pub const RECOVER_RATIO: f64 = 2.0;
+/// At the last level, a probe of `1 / 2^(MAX_LEVEL - 1)` of the budget runs
+/// once every this many ticks (2 s at the 20 ms tick).
+pub const PROBE_EVERY_TICKS: u64 = 100;
+/// Migrations valued per window before the averages are trusted.
+pub const MIN_VALUED: f64 = 8.0;
+/// Share of the valued migrations that must be demotions (or ping-pongs)
+/// for thrashing to be possible at all: promotions into free room displace
+/// nothing and cannot thrash.
+pub const MIN_DISPLACING_SHARE: f64 = 0.25;
+/// Most migrations remembered at once (older ones are valued early).
+pub const MAX_RECORDED: usize = 1 << 16;
+
+/// One remembered migration.
+#[derive(Clone, Copy, Debug)]
+struct Move {
+    page: u64,
+    promotion: bool,
+    tick: u64,
+}
+
+/// The thrash detector's state.
+#[derive(Clone, Debug)]
+pub struct Thrash {
+    moves: VecDeque<Move>,
+    /// EMA of net sampled accesses gained per window.
+    gain_ema: f64,
+    /// EMA of migrations valued per window.
+    moves_ema: f64,
+    /// EMA of ping-pongs per window.
+    pingpong_ema: f64,
+    /// EMA of the variance of the gain (sum of the hits counted).
+    var_ema: f64,
+    level: u8,
+    /// Net gain and count of the window being valued.
+    window_gain: f64,
+    window_moves: f64,
+    window_pingpong: f64,
+    window_displacing: f64,
+    window_var: f64,
+    window_start: u64,
+    /// Benefit / cost of the last window (for the explanation).
+    pub last_ratio: Option<f64>,
+    /// Whether throttling is enabled (tests disable it as a negative control).
+    pub enabled: bool,
+}
+
+/// What [`Thrash::evaluate`] needs to know about one page.
+pub trait PageHistory {
+    /// Tick of the page's last migration.
+    fn last_move_tick(&self, page: u64) -> u64;
+    /// Sampled accesses of the page since its last migration.
+    fn hits_since_move(&self, page: u64) -> u16;
+}
+
+impl Default for Thrash {
+    fn default() -> Self {
+        Self {
+            moves: VecDeque::new(),
+            gain_ema: 0.0,
+            moves_ema: 0.0,
+            pingpong_ema: 0.0,
+            var_ema: 0.0,
+            level: 0,
+            window_gain: 0.0,
+            window_moves: 0.0,
+            window_pingpong: 0.0,
+            window_displacing: 0.0,
+            window_var: 0.0,
+            window_start: 0,
+            last_ratio: None,
+            enabled: true,
+        }
+    }
+}
+
+impl Thrash {
+    /// Step 1: remember a migration done at `tick`.
+    pub fn record(&mut self, page: u64, promotion: bool, tick: u64) {
+        if self.moves.len() >= MAX_RECORDED {
+            self.moves.pop_front();
+        }
+        self.moves.push_back(Move {
+            page,
+            promotion,
+            tick,
+        });
+    }
+
+    /// Steps 2-4 at `tick`: values the migrations old enough, closes the
+    /// window every [`EVAL_TICKS`] and moves the throttle. `saved_ns` is
+    /// what one sampled access served fast instead of slow saves.
+    pub fn evaluate(&mut self, tick: u64, hist: &dyn PageHistory, saved_ns: f64) {
+        while let Some(m) = self.moves.front().copied() {
+            if tick < m.tick + u64::from(EVAL_TICKS) && self.moves.len() < MAX_RECORDED {
+                break;
+            }
+            self.moves.pop_front();
+            self.window_moves += 1.0;
+            if hist.last_move_tick(m.page) != m.tick {
+                self.window_pingpong += 1.0;
+                self.window_displacing += 1.0;
+                continue;
+            }
+            if !m.promotion {
+                self.window_displacing += 1.0;
+            }
+            let hits = f64::from(hist.hits_since_move(m.page));
+            self.window_gain += if m.promotion { hits } else { -hits };
+            self.window_var += hits;
+        }
+        if tick < self.window_start + u64::from(EVAL_TICKS) {
+            return;
+        }
+        self.window_start = tick;
+        let w = EMA_WEIGHT;
+        self.gain_ema = w * self.window_gain + (1.0 - w) * self.gain_ema;
+        self.moves_ema = w * self.window_moves + (1.0 - w) * self.moves_ema;
+        self.pingpong_ema = w * self.window_pingpong + (1.0 - w) * self.pingpong_ema;
+        self.var_ema = w * self.window_var + (1.0 - w) * self.var_ema;
+        let valued = self.window_moves;
+        let displacing = self.window_displacing;
+        self.window_gain = 0.0;
+        self.window_moves = 0.0;
+        self.window_pingpong = 0.0;
+        self.window_displacing = 0.0;
+        self.window_var = 0.0;
+        if valued < MIN_VALUED || self.moves_ema <= 0.0 {
+            return;
+        }
+        let horizon = f64::from(HORIZON_TICKS) / f64::from(EVAL_TICKS);
+        let cost = self.moves_ema * MIGRATION_COST_NS;
+        let worth = |gain: f64| gain.max(0.0) * horizon * saved_ns;
+        let ratio = worth(self.gain_ema) / cost;
+        self.last_ratio = Some(ratio);
+        if !self.enabled {
+            return;
+        }
+        // Throttle only when confident: even the optimistic gain is short.
+        let optimistic = self.gain_ema + CONFIDENCE_SIGMAS * self.var_ema.max(0.0).sqrt();
+        if worth(optimistic) < cost && displacing >= MIN_DISPLACING_SHARE * valued {
+            self.level = (self.level + 1).min(MAX_LEVEL);
+        } else if ratio > RECOVER_RATIO {
+            self.level = self.level.saturating_sub(1);
+        }
+    }
+
+    /// Forgets the throttle (the access pattern changed).
+    pub fn reset(&mut self) {
+        self.level = 0;
+        self.var_ema = 0.0;
+        self.gain_ema = 0.0;
+        self.moves_ema = 0.0;
+        self.pingpong_ema = 0.0;
+        self.last_ratio = None;
+    }
+
+    /// Current throttle level (0 = full budget, [`MAX_LEVEL`] = none).
+    pub fn level(&self) -> u8 {
+        self.level
+    }
+
+    /// Share of valued migrations that were ping-pongs (moving average).
+    pub fn pingpong_share(&self) -> f64 {
+        if self.moves_ema > 0.0 {
+            self.pingpong_ema / self.moves_ema
+        } else {
+            0.0
+        }
+    }
+
+    /// The share of the migration budget allowed at `tick`.
+    pub fn budget_share(&self, tick: u64) -> f64 {
+        if self.level >= MAX_LEVEL {
+            if tick.is_multiple_of(PROBE_EVERY_TICKS) {
+                1.0 / f64::from(1u32 << (MAX_LEVEL - 1))
+            } else {
+                0.0
+            }
+        } else {
+            1.0 / f64::from(1u32 << self.level)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Hist {
+        last: Vec<u64>,
+        hits: Vec<u16>,
+    }
+    impl PageHistory for Hist {
+        fn last_move_tick(&self, p: u64) -> u64 {
+            self.last[p as usize]
+        }
+        fn hits_since_move(&self, p: u64) -> u16 {
+            self.hits[p as usize]
+        }
+    }
+
+    #[test]
+    fn useless_migrations_throttle_and_useful_ones_recover() {
+        let mut t = Thrash::default();
+        // 20 promotions and 20 demotions per window, promoted pages no
+        // hotter than the victims: no net gain.
+        let mut h = Hist {
+            last: vec![0; 40],
+            hits: vec![3; 40],
+        };
+        let mut tick = 0;
+        for _ in 0..6 {
+            for p in 0..40 {
+                h.last[p as usize] = tick;
+                t.record(p, p < 20, tick);
+            }
+            tick += u64::from(EVAL_TICKS);
+            t.evaluate(tick, &h, 50_000.0);
+        }
+        assert!(t.level() >= 3, "level {}", t.level());
+        // Now promoted pages are hot and victims cold.
+        for _ in 0..12 {
+            for p in 0..40 {
+                h.last[p as usize] = tick;
+                h.hits[p as usize] = if p < 20 { 5 } else { 0 };
+                t.record(p, p < 20, tick);
+            }
+            tick += u64::from(EVAL_TICKS);
+            t.evaluate(tick, &h, 50_000.0);
+        }
+        assert_eq!(t.level(), 0);
+        assert!(t.last_ratio.unwrap() > RECOVER_RATIO);
+    }
+}
