@@ -200,6 +200,57 @@ pub fn pagerank_fast_tier_gib(workload: &WorkloadSpec) -> f64 {
     (workload.footprint_gib() * 16.0 / 22.0 * 100.0).round() / 100.0
 }
 
+/// Platform A with a 4 GiB fast tier: the stress scenarios' machine.
+fn stress(name: &str, about: &str, workload: WorkloadSpec, write_ratio: f64) -> Scenario {
+    let mut s = nomad_platform_a_run(name.into(), about.into(), workload);
+    s.tiers[0].capacity_gib = 4.0;
+    s.write_ratio = write_ratio;
+    s.duration_s = 60.0;
+    s.scale = 128.0;
+    s
+}
+
+/// The stress scenarios of `adaptive`'s weak points (#15): a working set
+/// 2-4x the fast tier, a hot set that moves every few seconds, write-hot
+/// pages.
+fn stress_scenarios() -> Vec<Scenario> {
+    vec![
+        stress(
+            "stress-uniform-3x",
+            "stress: uniform accesses over 12 GiB, 3x a 4 GiB fast tier (nothing to gain from migration: thrashing bait), 16 threads, platform A",
+            WorkloadSpec::Gups { size_gib: 12.0, hot_gib: 12.0, hot_prob: 1.0 },
+            0.0,
+        ),
+        stress(
+            "stress-zipf-2x",
+            "stress: Zipf 0.99 reads over a WSS of 8 GiB, 2x a 4 GiB fast tier, 16 threads, platform A",
+            WorkloadSpec::Zipf { rss_gib: 8.0, wss_gib: 8.0, theta: 0.99 },
+            0.0,
+        ),
+        stress(
+            "stress-hot-4x",
+            "stress: 16 GiB buffer (4x a 4 GiB fast tier) with a 3 GiB hot set at 70%, 16 threads, 30% writes, platform A",
+            WorkloadSpec::Gups { size_gib: 16.0, hot_gib: 3.0, hot_prob: 0.7 },
+            0.3,
+        ),
+        stress(
+            "stress-moving-hot",
+            "stress: 12 GiB buffer, a 2 GiB hot window at 90% that jumps to the next 2 GiB about every 5 s, 4 GiB fast tier, 16 threads, platform A",
+            WorkloadSpec::MovingHot { size_gib: 12.0, hot_gib: 2.0, hot_prob: 0.9, move_every_s: 5.0 },
+            0.0,
+        ),
+        Scenario {
+            start_in_slow_tier: true,
+            ..stress(
+                "stress-write-hot",
+                "stress: 8 GiB buffer with a 1 GiB write-hot set at 90% (every access writes), all pages demoted first, 4 GiB fast tier, 16 threads, platform A",
+                WorkloadSpec::Gups { size_gib: 8.0, hot_gib: 1.0, hot_prob: 0.9 },
+                1.0,
+            )
+        },
+    ]
+}
+
 /// Names of the built-in scenarios.
 pub fn builtin_names() -> Vec<String> {
     builtins().into_iter().map(|s| s.name).collect()
@@ -241,6 +292,7 @@ pub fn builtins() -> Vec<Scenario> {
         v.push(kv_ycsb(mix, letter));
     }
     v.push(pagerank_u());
+    v.extend(stress_scenarios());
     v
 }
 

@@ -5,8 +5,8 @@ use tiervm_guest::gen::Rng;
 
 use super::scenario::Scenario;
 use super::workload::{
-    AccessStream, GaussianHotStream, GupsStream, KvStream, PageAccess, PagerankStream,
-    WorkloadSpec, ZipfStream,
+    AccessStream, GaussianHotStream, GupsStream, KvStream, MovingHotStream, PageAccess,
+    PagerankStream, WorkloadSpec, ZipfStream,
 };
 use super::{ScenarioError, SimError};
 use crate::policy::{PolicyConfig, TierId, PAGE_BYTES};
@@ -31,6 +31,7 @@ pub(super) enum Stream {
     Zipf(ZipfStream),
     Gups(GupsStream),
     Gauss(GaussianHotStream),
+    Moving(MovingHotStream),
     Kv(Box<KvStream>),
     Pagerank(PagerankStream),
 }
@@ -42,6 +43,7 @@ impl Stream {
             Self::Zipf(s) => s.next_access(rng),
             Self::Gups(s) => s.next_access(rng),
             Self::Gauss(s) => s.next_access(rng),
+            Self::Moving(s) => s.next_access(rng),
             Self::Kv(s) => s.next_access(rng),
             Self::Pagerank(s) => s.next_access(rng),
         }
@@ -221,6 +223,29 @@ fn synthetic_stream(scn: &Scenario, scale: f64, pages: u64) -> Result<Stream, Sc
             hot_prob,
             scn.write_ratio,
         )),
+        WorkloadSpec::MovingHot {
+            hot_gib,
+            hot_prob,
+            move_every_s,
+            ..
+        } => {
+            // Simulated accesses per modeled second at unloaded fast-tier
+            // latency and half of it: the period is approximate.
+            let fastest = scn
+                .tiers
+                .iter()
+                .map(|t| t.unloaded_ns)
+                .fold(f64::INFINITY, f64::min)
+                .max(1.0);
+            let rate = f64::from(scn.threads) * scn.mlp / (1.5 * fastest) * 1e9 / scale;
+            Stream::Moving(MovingHotStream::new(
+                pages,
+                gib_pages(hot_gib),
+                hot_prob,
+                scn.write_ratio,
+                (rate * move_every_s.max(0.0)).round() as u64,
+            ))
+        }
     })
 }
 

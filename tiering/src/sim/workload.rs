@@ -64,6 +64,20 @@ pub enum WorkloadSpec {
         /// Probability of a hot-set access.
         hot_prob: f64,
     },
+    /// A hot set that moves: `hot_prob` of accesses go uniformly to a window
+    /// of `hot_gib` that jumps to the next `hot_gib` of the buffer every
+    /// `move_every_s` (counted in accesses at the rate the run starts with,
+    /// so "every few seconds" of modeled time), the rest uniform.
+    MovingHot {
+        /// Buffer (GiB).
+        size_gib: f64,
+        /// Hot window (GiB).
+        hot_gib: f64,
+        /// Probability of a hot-window access.
+        hot_prob: f64,
+        /// Modeled seconds between moves (approximate).
+        move_every_s: f64,
+    },
     /// The `kv` guest image (`tiervm_guest::workloads::kv`): a hash table
     /// plus value slab under a YCSB mix with scrambled Zipfian keys. The
     /// simulator runs it with `records / scale` records (same value size),
@@ -155,7 +169,9 @@ impl WorkloadSpec {
     pub fn footprint_gib(&self) -> f64 {
         match self {
             Self::Zipf { rss_gib, .. } => *rss_gib,
-            Self::Gups { size_gib, .. } | Self::GaussianHot { size_gib, .. } => *size_gib,
+            Self::Gups { size_gib, .. }
+            | Self::GaussianHot { size_gib, .. }
+            | Self::MovingHot { size_gib, .. } => *size_gib,
             Self::Kv {
                 records,
                 value_size,
@@ -432,6 +448,57 @@ impl AccessStream for GupsStream {
             page: a.addr / PAGE_SIZE,
             write,
         }
+    }
+}
+
+/// A hot window that moves every `period` accesses ([`WorkloadSpec::MovingHot`]).
+#[derive(Clone, Debug)]
+pub struct MovingHotStream {
+    n: u64,
+    hot: u64,
+    hot_prob: f64,
+    write_ratio: f64,
+    period: u64,
+    served: u64,
+    offset: u64,
+}
+
+impl MovingHotStream {
+    /// `hot` of `n` pages hot, the window moving every `period` accesses.
+    pub fn new(n: u64, hot: u64, hot_prob: f64, write_ratio: f64, period: u64) -> Self {
+        let n = n.max(1);
+        Self {
+            n,
+            hot: hot.clamp(1, n),
+            hot_prob: hot_prob.clamp(0.0, 1.0),
+            write_ratio,
+            period: period.max(1),
+            served: 0,
+            offset: 0,
+        }
+    }
+
+    /// First page of the current hot window.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+impl AccessStream for MovingHotStream {
+    #[inline]
+    fn next_access(&mut self, rng: &mut Rng) -> PageAccess {
+        self.served += 1;
+        if self.served.is_multiple_of(self.period) {
+            self.offset = (self.offset + self.hot) % self.n;
+        }
+        let page = if rng.chance(self.hot_prob) {
+            (self.offset + rng.below(self.hot)) % self.n
+        } else {
+            rng.below(self.n)
+        };
+        let write =
+            self.write_ratio >= 1.0 || (self.write_ratio > 0.0 && rng.chance(self.write_ratio));
+        PageAccess { page, write }
     }
 }
 

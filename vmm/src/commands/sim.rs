@@ -285,6 +285,16 @@ fn override_workload(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError>
             set(hot_gib, a.hot_gib);
             set(hot_prob, a.hot_prob);
         }
+        W::MovingHot {
+            size_gib,
+            hot_gib,
+            hot_prob,
+            ..
+        } => {
+            set(size_gib, a.size_gib);
+            set(hot_gib, a.hot_gib);
+            set(hot_prob, a.hot_prob);
+        }
         W::GaussianHot {
             size_gib,
             hot_fraction,

@@ -66,10 +66,6 @@ pub const REGION_PAGES: u64 = PAGES_PER_2M as u64;
 /// the destination's heat threshold (victims are below the threshold), so
 /// pages of similar heat do not trade places on sampling noise.
 pub const DISPLACE_FACTOR: u16 = 2;
-/// Ticks for one lap of the cold-page hand over guest memory (2 s).
-pub const CLOCK_LAP_TICKS: u64 = 100;
-/// Pages the cold-page hand may scan per tick at least.
-pub const CLOCK_MIN_SCAN: u64 = 64;
 /// Bytes per request for Colloid's dynamic limit (one cache line).
 pub const REQUEST_BYTES: f64 = 64.0;
 
@@ -345,26 +341,25 @@ impl Adaptive {
         }
     }
 
-    /// Step 3.
+    /// Step 3: the slow-tier share of samples against its moving
+    /// baseline; a jump is a new pattern: the throttle is lifted and the
+    /// old heat cooled twice so the new hot set outranks the old one.
     fn detect_phase(&mut self, slow_share: Option<f64>) {
         let Some(s) = slow_share else { return };
-        if self.thrash.level() == 0 {
-            self.slow_share_base = Some(s);
-            return;
-        }
         let base = *self.slow_share_base.get_or_insert(s);
         if s > base + PHASE_JUMP {
             self.thrash.reset();
             self.cool();
+            self.cool();
             self.stats.phase_changes += 1;
             self.slow_share_base = Some(s);
             self.why = format!(
-                "pattern changed: {:.0}% of samples hit slower tiers (was {:.0}%), throttle lifted",
+                "pattern changed: {:.0}% of samples hit slower tiers (was {:.0}%): heat cooled, throttle lifted",
                 s * 100.0,
                 base * 100.0
             );
         } else {
-            self.slow_share_base = Some(base.min(s));
+            self.slow_share_base = Some(0.8 * base + 0.2 * s);
         }
     }
 
@@ -520,13 +515,9 @@ impl Adaptive {
         }
         let heat = &self.heat;
         let chosen = &plan.chosen;
-        // One lap of the hand takes CLOCK_LAP_TICKS, so "not touched since
-        // the last pass" means not touched for about that long.
-        let max_scan = (view.pages() / CLOCK_LAP_TICKS).max(CLOCK_MIN_SCAN);
-        // Second chance (CLOCK): a page touched since the hand last passed
-        // is not cold, whatever its (cooled) heat says.
-        let cold = self.hands[usize::from(tier)].find(view, tier, want, max_scan, |p, accessed| {
-            !accessed && heat[p as usize] < th && !chosen.contains(&p)
+        let max_scan = view.pages();
+        let cold = self.hands[usize::from(tier)].find(view, tier, want, max_scan, |p, _| {
+            heat[p as usize] < th && !chosen.contains(&p)
         });
         let mut freed = 0;
         for p in cold {
