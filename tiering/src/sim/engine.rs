@@ -375,10 +375,20 @@ pub fn run_with(
     policy: PolicyKind,
     placement: SimPlacement,
 ) -> Result<SimReport, SimError> {
+    run_built(scn, placement, |cfg| policy.build(cfg))
+}
+
+/// Runs the policy `build` makes for the scenario's memory (tests use it
+/// to run a policy with a feature switched off).
+pub fn run_built(
+    scn: &Scenario,
+    placement: SimPlacement,
+    build: impl FnOnce(&crate::policy::PolicyConfig) -> Result<Box<dyn Policy>, crate::policy::PolicyError>,
+) -> Result<SimReport, SimError> {
     setup::validate(scn)?;
     let started = Instant::now();
     let start = setup::initial_state(scn, placement)?;
-    let mut policy = policy.build(&setup::policy_config(scn, &start))?;
+    let mut policy = build(&setup::policy_config(scn, &start))?;
     let mut sim = Sim::new(scn, start, policy.as_ref());
     let mut clock = RunClock::new(scn, &sim, policy.tick_interval_ns());
     sim.quantum_ns = clock.quantum_ns;

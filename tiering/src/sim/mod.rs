@@ -17,7 +17,7 @@ pub mod scenario;
 pub mod setup;
 pub mod workload;
 
-pub use engine::{run, run_with, SimPlacement};
+pub use engine::{run, run_built, run_with, SimPlacement};
 pub use report::SimReport;
 pub use scenario::{builtin, builtin_names, builtins, Scenario};
 

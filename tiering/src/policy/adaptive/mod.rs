@@ -56,8 +56,12 @@ pub const RATE_LIMIT_MBPS: f64 = 2048.0;
 pub const FREE_RESERVE_FRACTION: f64 = 0.004;
 /// Rise of the slow-tier sample share that counts as a new access pattern.
 pub const PHASE_JUMP: f64 = 0.2;
-/// Samples a tick needs before its slow share is trusted.
-pub const PHASE_MIN_SAMPLES: usize = 16;
+/// Samples gathered (over as many ticks as it takes) before the slow share
+/// is compared with its baseline.
+pub const PHASE_WINDOW_SAMPLES: u64 = 256;
+/// The jump must also exceed this many standard errors of the window's
+/// share (binomial), so sampling noise is not a new pattern.
+pub const PHASE_SIGMAS: f64 = 4.0;
 /// Latency gap assumed when no latency is measured, ns (Colloid's 70 vs 135 ns).
 pub const ASSUMED_GAP_NS: f64 = 65.0;
 /// A 2 MiB region in pages (before scaling).
@@ -66,6 +70,12 @@ pub const REGION_PAGES: u64 = PAGES_PER_2M as u64;
 /// the destination's heat threshold (victims are below the threshold), so
 /// pages of similar heat do not trade places on sampling noise.
 pub const DISPLACE_FACTOR: u16 = 2;
+/// Index of dispersion (variance / mean) of the pages' heat below which the
+/// heat shows no skew: sampling a uniform pattern gives Poisson counts,
+/// dispersion 1, and then no page is hotter than another, so no promotion
+/// may displace a page (it would trade equals: thrashing by construction).
+/// Skewed patterns measure 1.5 and up within seconds.
+pub const SKEW_MIN: f64 = 1.25;
 /// Bytes per request for Colloid's dynamic limit (one cache line).
 pub const REQUEST_BYTES: f64 = 64.0;
 
@@ -150,6 +160,8 @@ pub struct Adaptive {
     in_flight: Vec<(u64, TierId, bool)>,
     tick_no: u64,
     slow_share_base: Option<f64>,
+    /// Samples and slow-tier samples of the phase window being gathered.
+    phase_window: (u64, u64),
     mode: Mode,
     why: String,
     /// What it did, by reason.
@@ -159,6 +171,8 @@ pub struct Adaptive {
 /// Per-tier heat thresholds: pages of heat `>= th[t]` belong in tiers `<= t`.
 struct Ranking {
     th: Vec<u16>,
+    /// Index of dispersion of the heat over all pages (variance / mean).
+    dispersion: f64,
 }
 
 impl Ranking {
@@ -228,6 +242,7 @@ impl Adaptive {
             in_flight: Vec::new(),
             tick_no: 0,
             slow_share_base: None,
+            phase_window: (0, 0),
             mode: Mode::Warming,
             why: "no samples yet".into(),
             stats: AdaptiveStats::default(),
@@ -292,7 +307,14 @@ impl Adaptive {
                 self.cool();
             }
         }
-        (kept >= PHASE_MIN_SAMPLES).then(|| slow as f64 / kept as f64)
+        self.phase_window.0 += kept as u64;
+        self.phase_window.1 += slow as u64;
+        let (n, k) = self.phase_window;
+        if n < PHASE_WINDOW_SAMPLES {
+            return None;
+        }
+        self.phase_window = (0, 0);
+        Some(k as f64 / n as f64)
     }
 
     /// Halves every tracked page's heat and forgets pages at zero.
@@ -347,7 +369,8 @@ impl Adaptive {
     fn detect_phase(&mut self, slow_share: Option<f64>) {
         let Some(s) = slow_share else { return };
         let base = *self.slow_share_base.get_or_insert(s);
-        if s > base + PHASE_JUMP {
+        let sigma = (base * (1.0 - base) / PHASE_WINDOW_SAMPLES as f64).sqrt();
+        if s > base + PHASE_JUMP.max(PHASE_SIGMAS * sigma) {
             self.thrash.reset();
             self.cool();
             self.cool();
@@ -366,9 +389,20 @@ impl Adaptive {
     /// Step 5: each tier's heat threshold by cumulative capacity.
     fn rank(&self) -> Ranking {
         let mut hist = vec![0u64; usize::from(COOL_AT) + 1];
+        let (mut sum, mut sq) = (0f64, 0f64);
         for &p in &self.tracked {
-            hist[usize::from(self.heat[p as usize].min(COOL_AT))] += 1;
+            let h = self.heat[p as usize];
+            hist[usize::from(h.min(COOL_AT))] += 1;
+            sum += f64::from(h);
+            sq += f64::from(h) * f64::from(h);
         }
+        let pages = self.heat.len().max(1) as f64;
+        let mean = sum / pages;
+        let dispersion = if mean > 0.0 {
+            (sq / pages - mean * mean) / mean
+        } else {
+            0.0
+        };
         let n = self.caps.len();
         let mut th = vec![COOL_AT + 1; n];
         let mut cum = 0u64;
@@ -387,7 +421,7 @@ impl Adaptive {
                 th[t] = c;
             }
         }
-        Ranking { th }
+        Ranking { th, dispersion }
     }
 
     /// Step 6 for tiers 0 and 1.
@@ -589,6 +623,9 @@ impl Adaptive {
                 .min(plan.limit.saturating_sub(plan.moved) as usize / 2) as u64;
             let need = (want + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst));
             let th = rank.th[usize::from(dst)];
+            if rank.dispersion < SKEW_MIN {
+                continue; // no skew: promote into free room only
+            }
             // Only pages clearly hotter than the threshold displace others.
             let strong = cands
                 .iter()
@@ -759,6 +796,11 @@ impl Policy for Adaptive {
         // Steps 5-7.
         let rank = self.rank();
         let verdict = self.latency_verdict(obs.tiers);
+        let skew = if rank.dispersion < SKEW_MIN {
+            format!("; heat shows no skew (dispersion {:.2} < {SKEW_MIN}): no page displaced", rank.dispersion)
+        } else {
+            String::new()
+        };
         let mut plan = Plan {
             out: Decisions::none(),
             budget: FreeBudget::from_tiers(obs.tiers),
@@ -821,6 +863,7 @@ impl Policy for Adaptive {
                 )
             }
         };
+        let what = format!("{what}{skew}");
         if self.thrash.level() > 0 {
             self.stats.throttled_ticks += 1;
             self.mode = Mode::Throttled;

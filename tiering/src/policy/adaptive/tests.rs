@@ -1,1 +1,239 @@
 //! Behaviour tests of `adaptive`, each with a scenario built to trigger it.
+//! The thrash-throttling and mechanism-choice scenarios are checks that
+//! return an error; each runs once with the feature and once with it
+//! switched off (negative control), which must fail the check.
+
+use super::super::testutil::{obs, VecView};
+use super::*;
+use crate::sim::{self, SimPlacement, SimReport};
+
+fn sample(page: u64, tier: TierId, write: bool) -> AccessSample {
+    AccessSample { page, tier, write }
+}
+
+fn caps_status(v: &VecView, caps: &[u64]) -> Vec<TierStatus> {
+    v.status(caps)
+}
+
+/// Mechanism choice on a two-tier page map: a clean hot page is promoted
+/// by TPM, a marginal clean one by TPM with a shadow, a write-hot page by
+/// TPM until it has aborted [`mechanism::ABORT_LIMIT`] times and then by
+/// stop-and-copy, a shadowed page demoted by remap.
+fn mechanism_scenario(mut a: Adaptive) -> Result<(), String> {
+    let caps = [40u64, 200];
+    let mut v = VecView::two_tier(200, 20);
+    let mut mechs: Vec<(u64, Mechanism)> = Vec::new();
+    for round in 0..3u64 {
+        let mut s = Vec::new();
+        for _ in 0..6 {
+            s.push(sample(100, 1, false)); // clean and hot
+            s.push(sample(120, 1, true)); // written and hot
+        }
+        if round == 0 {
+            s.push(sample(110, 1, false)); // clean, just above the threshold
+        }
+        let st = caps_status(&v, &caps);
+        let outcomes: Vec<TpmOutcome> = a
+            .in_flight
+            .iter()
+            .map(|&(p, _, _)| TpmOutcome {
+                page: p,
+                // The write-hot page's transactions abort.
+                committed: p != 120,
+            })
+            .collect();
+        let o = Observations {
+            now_ns: round * TICK_NS,
+            tiers: &st,
+            samples: &s,
+            tpm_outcomes: &outcomes,
+            dirty: &[],
+        };
+        let d = a.tick(&o, &mut v);
+        for m in &d.migrations {
+            mechs.push((m.unit.page, m.mechanism));
+            // Only committed moves land; page 120 aborts while on TPM.
+            if m.unit.page == 120 && matches!(m.mechanism, Mechanism::Transactional { .. }) {
+                continue;
+            }
+            v.apply(std::slice::from_ref(m));
+        }
+    }
+    let of = |p: u64| -> Vec<Mechanism> {
+        mechs.iter().filter(|m| m.0 == p).map(|m| m.1).collect()
+    };
+    if of(100) != vec![Mechanism::Transactional { keep_shadow: false }] {
+        return Err(format!("clean hot page 100: {:?}", of(100)));
+    }
+    if of(110) != vec![Mechanism::TPM] {
+        return Err(format!("marginal page 110 should keep a shadow: {:?}", of(110)));
+    }
+    let w = of(120);
+    let expect = vec![
+        Mechanism::Transactional { keep_shadow: false },
+        Mechanism::Transactional { keep_shadow: false },
+        Mechanism::StopAndCopy,
+    ];
+    if w != expect {
+        return Err(format!("write-hot page 120: {w:?}, want TPM twice then stop-and-copy"));
+    }
+    if a.stats.write_hot_stop_copy != 1 || a.aborts(120) != mechanism::ABORT_LIMIT {
+        return Err(format!("stats {:?}", a.stats));
+    }
+    // A shadowed cold page in the fast tier is demoted by remap.
+    let (m, _) = a.chooser.demotion(Some(1), 1);
+    if m != Mechanism::ShadowDemotion {
+        return Err(format!("shadowed demotion: {m:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn mechanism_is_chosen_per_page() {
+    let cfg = PolicyConfig::new(200, vec![40, 200]);
+    mechanism_scenario(Adaptive::new(&cfg)).unwrap();
+}
+
+#[test]
+fn mechanism_check_fails_with_a_fixed_mechanism() {
+    let cfg = PolicyConfig::new(200, vec![40, 200]);
+    let err = mechanism_scenario(Adaptive::new(&cfg).with_fixed_mechanism())
+        .expect_err("negative control: a fixed mechanism must fail the check");
+    assert!(err.contains("page 100") || err.contains("page 120"), "{err}");
+}
+
+fn quick(name: &str, duration_s: f64, scale: f64) -> sim::Scenario {
+    let mut s = sim::builtin(name).expect("built-in");
+    s.duration_s = duration_s;
+    s.scale = scale;
+    s
+}
+
+fn run(scn: &sim::Scenario, build: impl FnOnce(&PolicyConfig) -> Adaptive) -> SimReport {
+    sim::run_built(scn, SimPlacement::FirstTouch, |cfg| {
+        Ok(Box::new(build(cfg)) as Box<dyn Policy>)
+    })
+    .expect("runs")
+}
+
+fn share(r: &SimReport, mode: &str) -> f64 {
+    let total: u64 = r.modes.iter().map(|m| m.ticks).sum::<u64>().max(1);
+    r.modes
+        .iter()
+        .filter(|m| m.mode == mode)
+        .map(|m| m.ticks)
+        .sum::<u64>() as f64
+        / total as f64
+}
+
+/// Thrashing: Colloid's GUPS without antagonist, where a 24 GiB hot set
+/// in a 32 GiB fast tier leaves sampled heat so sparse that packing keeps
+/// trading pages (Colloid and Memtis move ~40M pages each way). The
+/// policy must detect it, spend most ticks throttled, move far fewer
+/// pages and lose nothing to the unthrottled run.
+fn thrash_scenario(r: &SimReport, unthrottled: &SimReport) -> Result<(), String> {
+    let throttled = share(r, Mode::Throttled.name());
+    if throttled < 0.5 {
+        return Err(format!("throttled {:.0}% of ticks; modes {:?}", throttled * 100.0, r.modes));
+    }
+    if r.counters.promotions * 2.0 > unthrottled.counters.promotions {
+        return Err(format!(
+            "promotions {} vs {} unthrottled",
+            r.counters.promotions, unthrottled.counters.promotions
+        ));
+    }
+    if r.throughput_maps < unthrottled.throughput_maps {
+        return Err(format!(
+            "throughput {} below unthrottled {}",
+            r.throughput_maps, unthrottled.throughput_maps
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn thrashing_is_detected_and_throttled_and_not_without_the_control() {
+    let scn = quick("colloid-gups-0x", 60.0, 8192.0);
+    let on = run(&scn, Adaptive::new);
+    let off = run(&scn, |c| Adaptive::new(c).without_thrash_control());
+    thrash_scenario(&on, &off).unwrap();
+    // Negative control: the same check on the run without the control fails.
+    let err = thrash_scenario(&off, &on).expect_err("without thrash control the check must fail");
+    assert!(err.contains("throttled 0%"), "{err}");
+    let why = on.final_mode.as_ref().map(|m| m.why.clone()).unwrap_or_default();
+    assert!(why.contains("their cost"), "explained: {why}");
+}
+
+/// Phase change: hot set A (pages 50..60) for 30 ticks, then hot set B
+/// (70..80). Both must end up in the fast tier within a few ticks of
+/// becoming hot.
+#[test]
+fn a_moved_hot_set_is_followed() {
+    let caps = [20u64, 100];
+    let cfg = PolicyConfig::new(100, caps.to_vec());
+    let mut a = Adaptive::new(&cfg);
+    let mut v = VecView::two_tier(100, 18);
+    let mut run_hot = |a: &mut Adaptive, v: &mut VecView, hot: std::ops::Range<u64>, t0: u64| {
+        for t in 0..30u64 {
+            let s: Vec<AccessSample> = (0..4)
+                .flat_map(|_| hot.clone())
+                .map(|p| sample(p, v.tier[p as usize], false))
+                .collect();
+            let st = v.status(&caps);
+            let d = a.tick(&obs((t0 + t) * TICK_NS, &st, &s), v);
+            v.apply(&d.migrations);
+        }
+    };
+    run_hot(&mut a, &mut v, 50..60, 0);
+    assert!((50..60).all(|p| v.tier[p] == 0), "{:?}", &v.tier[50..60]);
+    run_hot(&mut a, &mut v, 70..80, 30);
+    assert!((70..80).all(|p| v.tier[p] == 0), "{:?}", &v.tier[70..80]);
+    assert!(a.stats.phase_changes >= 1, "{:?}", a.stats);
+    assert_eq!(a.current_mode(), Mode::Promote);
+}
+
+/// Two tiers (Nomad's small read-only Zipf) and three tiers (the same
+/// with the slow tier split in two): better than no migration, every
+/// decision carried out, hottest data fastest.
+#[test]
+fn two_and_three_tier_runs_place_hot_data_fastest() {
+    let two = quick("nomad-small-ro", 40.0, 1024.0);
+    let mut three = two.clone();
+    let mut mid = three.tiers[1].clone();
+    mid.name = "CXL-near".into();
+    mid.capacity_gib = 6.0;
+    mid.unloaded_ns = 250.0;
+    three.tiers.insert(1, mid);
+    for scn in [&two, &three] {
+        let st = sim::run(scn, PolicyKind::Static).unwrap();
+        let ad = sim::run(scn, PolicyKind::Adaptive).unwrap();
+        let n = scn.tiers.len();
+        assert_eq!(ad.counters.rejected, 0.0, "{n} tiers");
+        assert!(
+            ad.throughput_maps > 1.1 * st.throughput_maps,
+            "{n} tiers: adaptive {} vs static {}",
+            ad.throughput_maps,
+            st.throughput_maps
+        );
+        // Accesses per page held fall from the fastest tier to the slowest.
+        let density: Vec<f64> = ad
+            .tiers
+            .iter()
+            .map(|t| t.accesses / t.pages_at_end.max(1.0))
+            .collect();
+        assert!(density.windows(2).all(|w| w[0] > w[1]), "{n} tiers: {density:?}");
+        assert!(ad.final_mode.is_some());
+    }
+}
+
+/// Loaded-latency balancing: with Colloid's 3x antagonist on the fast
+/// tier, adaptive spends time in `balance` and does at least as well as
+/// leaving pages where they are.
+#[test]
+fn a_loaded_fast_tier_is_balanced() {
+    let scn = quick("colloid-gups-3x", 60.0, 8192.0);
+    let ad = sim::run(&scn, PolicyKind::Adaptive).unwrap();
+    let st = sim::run(&scn, PolicyKind::Static).unwrap();
+    assert!(share(&ad, Mode::Balance.name()) > 0.2, "{:?}", ad.modes);
+    assert!(ad.throughput_maps >= 0.99 * st.throughput_maps);
+}
