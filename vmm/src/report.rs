@@ -203,6 +203,13 @@ impl RunReport {
             t.policy,
             tiers.join(", ")
         );
+        if self.backing.as_ref().is_some_and(|b| !b.locked) {
+            let _ = writeln!(
+                s,
+                "  memory     NOT locked on fault: raise RLIMIT_MEMLOCK or grant CAP_IPC_LOCK \
+                 (docs/host-requirements.md)"
+            );
+        }
         if let Some(m) = &self.migration {
             write_migration(s, m);
         }

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use kvm_ioctls::{Kvm, VmFd};
 use serde::Serialize;
-use tiering::host::{self, Access, HostFacts, IdlePageTracking};
+use tiering::host::{self, Availability, HostFacts, IdlePageTracking};
 
 pub use crate::vstate::kvm_caps::{KvmCaps, ManualDirtyLogProtect};
 
@@ -247,7 +247,7 @@ pub struct VmProbe {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KvmFacts {
     /// Opening `/dev/kvm`.
-    pub dev_kvm: Access,
+    pub dev_kvm: Availability,
     /// What to do when `dev_kvm` is not ok.
     pub fix: Option<String>,
     /// `KVM_GET_API_VERSION` (12 on every supported kernel).
@@ -265,15 +265,15 @@ pub struct KvmFacts {
 /// The API version tiervm (through kvm-ioctls) is written against.
 pub const KVM_API_VERSION: i32 = 12;
 
-fn dev_kvm_fix(access: &Access) -> Option<String> {
+fn dev_kvm_fix(access: &Availability) -> Option<String> {
     match access {
-        Access::Ok => None,
-        Access::Absent => Some(
+        Availability::Ok => None,
+        Availability::Absent => Some(
             "load the KVM module (modprobe kvm_intel, kvm_amd or kvm_pvm) \
              or enable virtualization in the firmware"
                 .into(),
         ),
-        Access::PermissionDenied => Some(
+        Availability::PermissionDenied => Some(
             crate::permissions::NodeAccess::of(crate::permissions::DEV_KVM).map_or_else(
                 || {
                     "run as a user in group kvm (usermod -aG kvm $USER, then log in again) or as root"
@@ -282,7 +282,7 @@ fn dev_kvm_fix(access: &Access) -> Option<String> {
                 |n| format!("{}; or run as root", n.grant_fix("kvm")),
             ),
         ),
-        Access::Failed { .. } => Some("check dmesg for KVM errors".into()),
+        Availability::Failed { .. } => Some("check dmesg for KVM errors".into()),
     }
 }
 
@@ -330,7 +330,7 @@ pub fn probe_kvm() -> KvmFacts {
     let kvm = match Kvm::new() {
         Ok(kvm) => kvm,
         Err(e) => {
-            let dev_kvm = Access::from_io_error(&io::Error::from_raw_os_error(e.errno()));
+            let dev_kvm = Availability::from_io_error(&io::Error::from_raw_os_error(e.errno()));
             return KvmFacts {
                 fix: dev_kvm_fix(&dev_kvm),
                 dev_kvm,
@@ -348,7 +348,7 @@ pub fn probe_kvm() -> KvmFacts {
         None => KvmCaps::of_system(&kvm),
     };
     KvmFacts {
-        dev_kvm: Access::Ok,
+        dev_kvm: Availability::Ok,
         fix: None,
         api_version: Some(kvm.get_api_version()),
         flavour,
@@ -989,10 +989,10 @@ mod tests {
             numa_balancing: Some(0),
             demotion_enabled: Some(false),
             userfaultfd: host::UserfaultfdFacts {
-                dev_userfaultfd: Access::Ok,
-                syscall: Access::Ok,
+                dev_userfaultfd: Availability::Ok,
+                syscall: Availability::Ok,
                 unprivileged_userfaultfd: Some(0),
-                api: Some(host::UffdApi {
+                api: Some(host::UffdApiAnswer {
                     via: host::DEV_USERFAULTFD,
                     features: host::UffdFeatures::from_bits(features),
                     ioctls_raw: 0x8000_0000_0000_0003,
@@ -1011,7 +1011,7 @@ mod tests {
         }
     }
 
-    fn kvm_facts(dev: Access, manual_protect: i32) -> KvmFacts {
+    fn kvm_facts(dev: Availability, manual_protect: i32) -> KvmFacts {
         let ok = dev.is_ok();
         KvmFacts {
             fix: dev_kvm_fix(&dev),
@@ -1042,14 +1042,17 @@ mod tests {
 
     #[test]
     fn verdict_follows_the_facts() {
-        let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(true, &[(0, false)]));
+        let v = Verdict::from_facts(
+            &kvm_facts(Availability::Ok, 3),
+            &host_facts(true, &[(0, false)]),
+        );
         assert!(v.run_vms);
         assert_eq!(v.migration, MigrationSupport::Transactional);
         assert_eq!(v.access_tracking, AccessTracking::HintFaults);
         assert_eq!(v.tiers, Tiers::Emulated { node: 0 });
 
         let v = Verdict::from_facts(
-            &kvm_facts(Access::Ok, 0),
+            &kvm_facts(Availability::Ok, 0),
             &host_facts(true, &[(0, false), (1, true)]),
         );
         assert_eq!(v.migration, MigrationSupport::StopAndCopy);
@@ -1061,12 +1064,15 @@ mod tests {
             }
         );
 
-        let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(false, &[(0, false)]));
+        let v = Verdict::from_facts(
+            &kvm_facts(Availability::Ok, 3),
+            &host_facts(false, &[(0, false)]),
+        );
         assert_eq!(v.migration, MigrationSupport::None);
         assert_eq!(v.access_tracking, AccessTracking::None);
 
         let v = Verdict::from_facts(
-            &kvm_facts(Access::PermissionDenied, 0),
+            &kvm_facts(Availability::PermissionDenied, 0),
             &host_facts(true, &[(0, false)]),
         );
         assert!(!v.run_vms);
@@ -1076,7 +1082,7 @@ mod tests {
 
     #[test]
     fn human_report_explains_missing_kvm_and_emulated_tiers() {
-        let kvm = kvm_facts(Access::Absent, 0);
+        let kvm = kvm_facts(Availability::Absent, 0);
         let host = host_facts(true, &[(0, false)]);
         let verdict = Verdict::from_facts(&kvm, &host);
         let text = render_human(&InfoReport { kvm, host, verdict });
@@ -1093,7 +1099,7 @@ mod tests {
         assert!(text.contains("falls back to hint-fault sampling"), "{text}");
         assert!(text.contains("Verdict: run VMs: no"), "{text}");
 
-        let kvm = kvm_facts(Access::PermissionDenied, 0);
+        let kvm = kvm_facts(Availability::PermissionDenied, 0);
         let host = host_facts(false, &[(0, false), (2, true)]);
         let verdict = Verdict::from_facts(&kvm, &host);
         let text = render_human(&InfoReport { kvm, host, verdict });
@@ -1110,7 +1116,7 @@ mod tests {
 
     #[test]
     fn json_report_has_documented_fields() {
-        let kvm = kvm_facts(Access::Ok, 3);
+        let kvm = kvm_facts(Availability::Ok, 3);
         let host = host_facts(true, &[(0, false)]);
         let verdict = Verdict::from_facts(&kvm, &host);
         let v = serde_json::to_value(InfoReport { kvm, host, verdict }).unwrap();

@@ -206,6 +206,9 @@ pub struct BackingReport {
     /// Times the dirty log was switched on or off (on only while something
     /// is tracked: KVM maps an unlogged memslot with huge pages).
     pub dirty_log_switches: u64,
+    /// Whether tier memory is locked on fault (false: raise RLIMIT_MEMLOCK
+    /// or grant CAP_IPC_LOCK; docs/host-requirements.md).
+    pub locked: bool,
 }
 
 /// The report's `tracking` object.
@@ -269,6 +272,7 @@ impl TieringReport {
             resizes: s.resizes,
             splits: s.splits,
             dirty_log_switches: s.dirty_log_switches,
+            locked: s.locked,
         }
     }
 
