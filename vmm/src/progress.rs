@@ -69,6 +69,8 @@ pub struct ProgressLine {
     pub migrations_per_sec: Option<f64>,
     /// Pages per tier `[fast, slow]`, when a probe is given.
     pub tiers: Option<Vec<TierLine>>,
+    /// The placement policy's mode, for policies with modes (`adaptive`).
+    pub mode: Option<String>,
 }
 
 impl ProgressLine {
@@ -105,6 +107,9 @@ impl ProgressLine {
                 group(t.capacity_pages)
             ));
         }
+        if let Some(m) = &self.mode {
+            s.push_str(&format!("  mode: {m}"));
+        }
         s
     }
 }
@@ -132,6 +137,7 @@ pub struct Progress {
     label: String,
     duration: Option<Duration>,
     probe: Option<TierProbe>,
+    mode: Option<tiering::engine::ModeSlot>,
     out: Option<Box<dyn Write + Send>>,
     last: Option<(f64, u64, Option<u64>)>,
     drawn: bool,
@@ -160,6 +166,7 @@ impl Progress {
             label: label.into(),
             duration,
             probe: None,
+            mode: None,
             out,
             last: None,
             drawn: false,
@@ -207,6 +214,11 @@ impl Progress {
             ops_per_sec: ops_rate,
             migrations_per_sec: mig_rate,
             tiers: probed.map(|(_, p)| p),
+            mode: self.mode.as_ref().and_then(|m| {
+                m.lock()
+                    .ok()
+                    .and_then(|g| g.as_ref().map(|m| m.mode.clone()))
+            }),
         }
     }
 
@@ -241,6 +253,10 @@ impl RunHooks for Progress {
         if let Some(m) = tiered {
             self.set_probe(tiered_probe(m.clone()));
         }
+    }
+
+    fn on_policy_mode(&mut self, mode: tiering::engine::ModeSlot) {
+        self.mode = Some(mode);
     }
 
     fn on_sample(&mut self, ctx: &SampleCtx<'_>) {

@@ -277,6 +277,21 @@ fn write_engine(s: &mut String, e: &EngineReport) {
         group(e.fault_path_migrations),
         group(e.pages_migrated)
     );
+    if let Some(m) = &e.final_mode {
+        let total: u64 = e.modes.iter().map(|(_, t)| *t).sum::<u64>().max(1);
+        let shares: Vec<String> = e
+            .modes
+            .iter()
+            .map(|(n, t)| format!("{n} {:.0}%", 100.0 * *t as f64 / total as f64))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  mode       {} at the end ({}); ticks: {}",
+            m.mode,
+            m.why,
+            shares.join(", ")
+        );
+    }
     if let Some(d) = &e.damon {
         let cpu = d
             .cpu_pct

@@ -56,6 +56,10 @@ pub trait RunHooks {
     /// Called once the VM is about to run, with its tiered memory if any.
     fn on_start(&mut self, _tiered: Option<&std::sync::Arc<tiering::mem::TieredMemory>>) {}
 
+    /// Called once the VM is about to run, with the placement policy's mode
+    /// slot when its policy has modes to show (`adaptive`).
+    fn on_policy_mode(&mut self, _mode: tiering::engine::ModeSlot) {}
+
     /// Called after every status sample.
     fn on_sample(&mut self, _ctx: &SampleCtx<'_>) {}
 
@@ -111,6 +115,9 @@ pub fn run(
     shared.test_forbidden_syscall = cfg.test_forbidden_syscall;
     let shared = Arc::new(shared);
     hooks.on_start(vm.ram().backing());
+    if let Some(mode) = vm.policy_mode() {
+        hooks.on_policy_mode(mode);
+    }
     let run_start = Instant::now();
     let mut threads = VcpuThreads::spawn(vcpus, &shared)?;
     // Every thread of this VM exists now: the calling thread's own filter

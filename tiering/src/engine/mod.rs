@@ -34,8 +34,11 @@ pub use schedule::{
 
 use crate::policy::{
     self, AccessSample, Decisions, HintFault, MemoryView, Migration, Policy, PolicyConfig,
-    PolicyKind, PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
+    PolicyKind, PolicyMode, PolicyState, TierId, TierStatus, TrackerRequest, Urgency,
 };
+
+/// The policy's current mode, shared with whoever shows it (the live line).
+pub type ModeSlot = Arc<Mutex<Option<PolicyMode>>>;
 use crate::tracking::damon::{self, DamonConfig, DamonReport, DamonTracker};
 
 /// How often the engine drains hint-fault samples.
@@ -137,6 +140,12 @@ pub struct EngineReport {
     pub probes_armed: u64,
     /// The DAMON tracker's account (`--tracking damon`).
     pub damon: Option<DamonReport>,
+    /// Ticks per mode, for policies with modes (`adaptive`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modes: Vec<(String, u64)>,
+    /// The policy's mode at the end and why (policies with modes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_mode: Option<PolicyMode>,
 }
 
 /// How long a hint-fault touch counts as the page's accessed bit.
@@ -208,6 +217,8 @@ impl MemoryView for LiveView<'_> {
 }
 
 struct EngineState {
+    /// Where the policy's mode is published after every tick.
+    mode: ModeSlot,
     policy: Box<dyn Policy>,
     cfg: PolicyConfig,
     /// Per-policy interval overrides.
@@ -431,6 +442,7 @@ impl EngineState {
         };
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
+        self.publish_mode();
         self.tier_hits.iter_mut().for_each(|h| *h = 0);
         // Arm the tested pages (none unless probing) at once, so touches
         // during the migrations count; pages about to migrate are armed
@@ -452,6 +464,19 @@ impl EngineState {
             mem.reclaim_shadows(tier, want);
         }
         let _ = self.migrator.run_due_retries();
+    }
+
+    /// Publishes the policy's mode (if it has modes) and counts its ticks.
+    fn publish_mode(&mut self) {
+        let Some(m) = self.policy.mode() else { return };
+        match self.report.modes.iter_mut().find(|(n, _)| *n == m.mode) {
+            Some((_, t)) => *t += 1,
+            None => self.report.modes.push((m.mode.clone(), 1)),
+        }
+        if let Ok(mut slot) = self.mode.lock() {
+            *slot = Some(m.clone());
+        }
+        self.report.final_mode = Some(m);
     }
 
     /// Executes migrations in order, batching runs of the same direction and mechanism.
@@ -533,6 +558,7 @@ enum Command {
 
 /// A running engine thread.
 pub struct Engine {
+    mode: ModeSlot,
     stop: Arc<AtomicBool>,
     commands: Arc<Mutex<VecDeque<Command>>>,
     join: Option<JoinHandle<EngineReport>>,
@@ -642,7 +668,9 @@ impl Engine {
             None => None,
         };
         let words = migrator.memory().guest_pages().div_ceil(64);
+        let mode: ModeSlot = Arc::new(Mutex::new(None));
         let state = Arc::new(Mutex::new(EngineState {
+            mode: mode.clone(),
             policy: first,
             cfg: pcfg,
             intervals: cfg.intervals.clone(),
@@ -686,10 +714,17 @@ impl Engine {
             .spawn(move || thread.run())
             .map_err(EngineError::Spawn)?;
         Ok(Self {
+            mode,
             stop,
             commands,
             join: Some(join),
         })
+    }
+
+    /// The policy's current mode, updated after every tick (`None` until
+    /// the first tick, and always for policies without modes).
+    pub fn mode_slot(&self) -> ModeSlot {
+        self.mode.clone()
     }
 
     /// Asks the engine to switch to `kind` (state handed over).

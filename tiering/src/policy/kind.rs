@@ -163,9 +163,7 @@ impl PolicyKind {
             Self::Memtis | Self::MemtisQuickcool => memtis::INTERVAL_NS,
             Self::Mtm => mtm::INTERVAL_NS,
             Self::Colloid | Self::ColloidBase => colloid::QUANTUM_NS,
-            Self::Static | Self::Tpp | Self::TppLru | Self::Nomad | Self::Adaptive => {
-                return None
-            }
+            Self::Static | Self::Tpp | Self::TppLru | Self::Nomad | Self::Adaptive => return None,
         };
         Some(Duration::from_nanos(ns))
     }

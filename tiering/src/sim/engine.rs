@@ -383,7 +383,9 @@ pub fn run_with(
 pub fn run_built(
     scn: &Scenario,
     placement: SimPlacement,
-    build: impl FnOnce(&crate::policy::PolicyConfig) -> Result<Box<dyn Policy>, crate::policy::PolicyError>,
+    build: impl FnOnce(
+        &crate::policy::PolicyConfig,
+    ) -> Result<Box<dyn Policy>, crate::policy::PolicyError>,
 ) -> Result<SimReport, SimError> {
     setup::validate(scn)?;
     let started = Instant::now();

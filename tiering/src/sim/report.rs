@@ -209,7 +209,11 @@ pub fn mode_table(r: &SimReport) -> String {
     let total: u64 = r.modes.iter().map(|m| m.ticks).sum::<u64>().max(1);
     let mut s = format!("{} / {} modes (share of ticks):", r.scenario, r.policy);
     for m in &r.modes {
-        s.push_str(&format!(" {} {:.0}%", m.mode, 100.0 * m.ticks as f64 / total as f64));
+        s.push_str(&format!(
+            " {} {:.0}%",
+            m.mode,
+            100.0 * m.ticks as f64 / total as f64
+        ));
     }
     s.push('\n');
     if let Some(f) = &r.final_mode {

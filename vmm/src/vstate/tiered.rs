@@ -376,6 +376,11 @@ impl TieredRam {
         Ok(enable_manual_dirty_log_protect_initially_set(vm).map_err(TieredRamError::DirtyLog)?)
     }
 
+    /// The placement policy's mode, once the engine runs.
+    pub fn policy_mode(&self) -> Option<tiering::engine::ModeSlot> {
+        self.engine.as_ref().map(Engine::mode_slot)
+    }
+
     /// Starts the migrator (and chaos) once the VM's memslot exists.
     pub fn start(&mut self, vm: &VmFd) -> Result<()> {
         let region = kvm_bindings::kvm_userspace_memory_region {

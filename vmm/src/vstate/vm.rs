@@ -194,6 +194,11 @@ impl Vm {
         }
     }
 
+    /// The placement policy's mode, when tiered RAM runs an engine.
+    pub fn policy_mode(&self) -> Option<tiering::engine::ModeSlot> {
+        self.tiered.as_ref().and_then(TieredRam::policy_mode)
+    }
+
     /// Takes tiered RAM out of the VM, to finish it once the vCPUs stopped.
     pub fn take_tiered(&mut self) -> Option<TieredRam> {
         self.tiered.take()

@@ -93,7 +93,6 @@ pub enum Mode {
     Balance,
     /// Migration budget cut because migrations do not pay for themselves.
     Throttled,
-
 }
 
 impl Mode {
@@ -523,9 +522,8 @@ impl Adaptive {
         if end > self.heat.len() as u64 {
             return Unit::page(page);
         }
-        let uniform = (start..end).all(|p| {
-            view.tier_of(p) == src && (self.heat[p as usize] >= th.max(1)) == hot
-        });
+        let uniform = (start..end)
+            .all(|p| view.tier_of(p) == src && (self.heat[p as usize] >= th.max(1)) == hot);
         if uniform {
             Unit::run(start, r as u32)
         } else {
@@ -620,8 +618,10 @@ impl Adaptive {
                 .iter()
                 .filter(|c| c.2 == dst)
                 .count()
-                .min(plan.limit.saturating_sub(plan.moved) as usize / 2) as u64;
-            let need = (want + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst));
+                .min(plan.limit.saturating_sub(plan.moved) as usize / 2)
+                as u64;
+            let need =
+                (want + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst));
             let th = rank.th[usize::from(dst)];
             if rank.dispersion < SKEW_MIN {
                 continue; // no skew: promote into free room only
@@ -672,7 +672,9 @@ impl Adaptive {
                 .map(|q| self.aborts[q as usize])
                 .max()
                 .unwrap_or(0);
-            let (mech, why) = self.chooser.promotion(&facts, &plan.tiers[usize::from(src)]);
+            let (mech, why) = self
+                .chooser
+                .promotion(&facts, &plan.tiers[usize::from(src)]);
             self.count_reason(why);
             plan.written = facts.writes > 0;
             for q in unit.page..unit.end() {
@@ -797,7 +799,10 @@ impl Policy for Adaptive {
         let rank = self.rank();
         let verdict = self.latency_verdict(obs.tiers);
         let skew = if rank.dispersion < SKEW_MIN {
-            format!("; heat shows no skew (dispersion {:.2} < {SKEW_MIN}): no page displaced", rank.dispersion)
+            format!(
+                "; heat shows no skew (dispersion {:.2} < {SKEW_MIN}): no page displaced",
+                rank.dispersion
+            )
         } else {
             String::new()
         };
