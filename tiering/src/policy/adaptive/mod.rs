@@ -75,7 +75,7 @@ pub const DISPLACE_FACTOR: u16 = 2;
 /// dispersion 1, and then no page is hotter than another, so no promotion
 /// may displace a page (it would trade equals: thrashing by construction).
 /// Skewed patterns measure 1.5 and up within seconds.
-pub const SKEW_MIN: f64 = 1.25;
+pub const SKEW_MIN: f64 = 1.03;
 /// Bytes per request for Colloid's dynamic limit (one cache line).
 pub const REQUEST_BYTES: f64 = 64.0;
 
@@ -151,7 +151,9 @@ pub struct Adaptive {
     reserve: Vec<u64>,
     scale: f64,
     region: u64,
-    rate: IntervalBudget,
+    /// Pages per tick the rate limit allows, and the fraction carried.
+    rate_pages: f64,
+    rate_carry: f64,
     profile: IntervalBudget,
     search: ShiftSearch,
     thrash: Thrash,
@@ -233,7 +235,8 @@ impl Adaptive {
                 .collect(),
             scale,
             region: config.scaled_pages(REGION_PAGES as f64),
-            rate: IntervalBudget::new(config.mb_to_pages_f64(rate)),
+            rate_pages: config.mb_to_pages_f64(rate),
+            rate_carry: 0.0,
             profile: IntervalBudget::new(samples_per_tick),
             search: ShiftSearch::default(),
             thrash: Thrash::default(),
@@ -787,7 +790,11 @@ impl Policy for Adaptive {
         thrash.evaluate(tick, &*self, SAMPLE_PERIOD as f64 * gap);
         self.thrash = thrash;
         let share = self.thrash.budget_share(tick);
-        let limit = (self.rate.next_interval() as f64 * share).floor() as u64;
+        // The throttle scales the rate, fractions carried: a small budget
+        // (a low rate limit, a large simulation scale) is not rounded away.
+        let allowed = self.rate_pages * share + self.rate_carry;
+        let limit = allowed.floor() as u64;
+        self.rate_carry = (allowed - limit as f64).min(self.rate_pages.max(1.0));
         if obs.tiers.len() < 2 || self.tracked.is_empty() {
             if self.tracked.is_empty() {
                 self.mode = Mode::Warming;
