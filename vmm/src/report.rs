@@ -263,10 +263,16 @@ fn write_engine(s: &mut String, e: &EngineReport) {
     } else {
         String::new()
     };
-    let modeled = if e.latency_modeled && e.policies.iter().any(|(p, _)| p.reads_loaded_latency()) {
-        " (tier latency for colloid: modeled)"
+    let readers: Vec<&str> = e
+        .policies
+        .iter()
+        .filter(|(p, _)| p.reads_loaded_latency())
+        .map(|(p, _)| p.name())
+        .collect();
+    let modeled = if e.latency_modeled && !readers.is_empty() {
+        format!(" (tier latency for {}: modeled)", readers.join(", "))
     } else {
-        ""
+        String::new()
     };
     let _ = writeln!(
         s,

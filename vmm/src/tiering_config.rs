@@ -59,6 +59,9 @@ pub enum PolicyArg {
     Colloid,
     /// MTM: adaptive regions, one histogram, fast promotion / slow demotion.
     Mtm,
+    /// tiervm's own: budgeted profiling, per-migration mechanism choice,
+    /// thrash throttling, Colloid balancing; its mode shown live.
+    Adaptive,
 }
 
 impl PolicyArg {
@@ -74,6 +77,7 @@ impl PolicyArg {
             Self::Memtis => PolicyKind::Memtis,
             Self::Colloid => PolicyKind::Colloid,
             Self::Mtm => PolicyKind::Mtm,
+            Self::Adaptive => PolicyKind::Adaptive,
         })
     }
 
