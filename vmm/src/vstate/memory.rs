@@ -64,7 +64,7 @@ pub struct Wire<T>(pub T);
 
 // The ABI structs have no padding: each is exactly the sum of its fields.
 const _: () = assert!(size_of::<ArgEntry>() == abi::ARG_KEY_LEN + abi::ARG_VALUE_LEN);
-const _: () = assert!(size_of::<BootInfo>() == 7 * 8 + 4 * 4 + MAX_ARGS * size_of::<ArgEntry>());
+const _: () = assert!(size_of::<BootInfo>() == 8 * 8 + 4 * 4 + MAX_ARGS * size_of::<ArgEntry>());
 const _: () = assert!(size_of::<VcpuStatus>() == 8 * 8);
 const _: () = assert!(size_of::<Metric>() == abi::METRIC_NAME_LEN + 8);
 const _: () = assert!(
@@ -219,6 +219,7 @@ pub fn write_boot_info(
         arg_count: args.len() as u32,
         _reserved: 0,
         args: entries,
+        emulation_gpa: 0,
     };
     mem.write_obj(Wire(info), GuestAddress(BOOT_INFO_GPA))
         .map_err(MemoryError::BootInfo)?;
