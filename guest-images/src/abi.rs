@@ -251,8 +251,11 @@ pub struct EmulationHeader {
     pub guest_state: u64,
     /// Dependent loads the DRAM measurement timed (guest).
     pub chase_hops: u64,
+    /// Host DRAM latency to charge against instead of the measurement, ps
+    /// (0: use `dram_ps`) (VMM: `host-dram=`, or a comparison's first run).
+    pub dram_fixed_ps: u64,
     /// Reserved, zero.
-    pub _reserved: [u64; 10],
+    pub _reserved: [u64; 9],
     /// Per-vCPU counters (guest).
     pub vcpus: [EmulationVcpu; MAX_VCPUS],
 }

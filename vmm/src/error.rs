@@ -16,6 +16,7 @@ use crate::commands::info::InfoError;
 use crate::commands::native::NativeError;
 use crate::commands::sim::SimCmdError;
 use crate::config::{ConfigError, WorkloadArgError};
+use crate::emulation::EmulationError;
 use crate::image::ImageError;
 use crate::tiering_config::TieringConfigError;
 use crate::vstate::memory::MemoryError;
@@ -69,6 +70,9 @@ pub enum Error {
     /// A report could not be encoded or written.
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// Latency emulation could not be set up.
+    #[error(transparent)]
+    Emulation(#[from] EmulationError),
 }
 
 /// Writing a result (report, JSON, file) failed.
@@ -101,6 +105,7 @@ impl Error {
             Self::Compare(e) => return e.exit_code(),
             Self::Native(e) => e.is_usage(),
             Self::Vm(e) => e.is_usage(),
+            Self::Emulation(e) => matches!(e, EmulationError::TooLarge { .. }),
             Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
         };
         if usage {

@@ -83,6 +83,9 @@ pub struct RunReport {
     pub tiering: Option<TieringReport>,
     /// Tracking on/off throughput within this run (`--tracking-ab` only).
     pub tracking_ab: Option<crate::ab::TrackingAb>,
+    /// Latency emulation (`--emulate-latency` only): what was emulated,
+    /// the host DRAM latency measured at boot, what was charged.
+    pub emulation: Option<crate::emulation::EmulationReport>,
 }
 
 impl RunReport {
@@ -91,6 +94,9 @@ impl RunReport {
     pub fn human(&self) -> String {
         let mut s = String::new();
         self.write_run(&mut s);
+        if let Some(e) = &self.emulation {
+            let _ = writeln!(s, "  emulation  {}", e.human());
+        }
         if let Some(t) = &self.tiering {
             self.write_tiering(&mut s, t);
         }

@@ -1077,6 +1077,7 @@ mod tests {
             }),
             tiering: None,
             tracking_ab: None,
+            emulation: None,
         }
     }
 
