@@ -552,7 +552,9 @@ mod tests {
         assert!(err(req(|r| r.emulate_latency = Some("fast=abc".into())))
             .contains("--emulate-latency fast=abc"));
         assert!(err(req(|r| {
+            // Tiered (committed lazily), so the host's size does not matter.
             r.mem_bytes = MAX_RAM;
+            r.tiering.fast = Some(1 << 30);
             r.emulate_latency = Some(String::new());
         }))
         .contains("no room for the latency-emulation region"));
