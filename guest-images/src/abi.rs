@@ -251,8 +251,9 @@ pub struct EmulationHeader {
     pub guest_state: u64,
     /// Dependent loads the DRAM measurement timed (guest).
     pub chase_hops: u64,
-    /// Host DRAM latency to charge against instead of the measurement, ps
-    /// (0: use `dram_ps`) (VMM: `host-dram=`, or a comparison's first run).
+    /// Host DRAM latency to charge against, ps; the guest then does not
+    /// measure (0: measure into `dram_ps` and charge against that) (VMM:
+    /// `host-dram=`, or a comparison's first measurement).
     pub dram_fixed_ps: u64,
     /// Reserved, zero.
     pub _reserved: [u64; 9],

@@ -189,6 +189,10 @@ struct WindowStats {
     latency_ns_sum: Vec<f64>,
     latency_ns_max: Vec<f64>,
     utilization_max: Vec<f64>,
+    /// Sum over windows of (latency in force during the window x the
+    /// window's charged accesses), per tier, and those accesses.
+    charged_latency_sum: Vec<f64>,
+    charged_accesses: Vec<u64>,
     chase_released: bool,
 }
 
@@ -221,6 +225,8 @@ impl Window {
             latency_ns_sum: vec![0.0; n],
             latency_ns_max: vec![0.0; n],
             utilization_max: vec![0.0; n],
+            charged_latency_sum: vec![0.0; n],
+            charged_accesses: vec![0; n],
             ..WindowStats::default()
         };
         let (mut prev, mut prev_moved, mut prev_t) = (self.totals(), self.moved(), Instant::now());
@@ -238,6 +244,12 @@ impl Window {
                     .collect()
             };
             let d_acc = d(&cur.accesses, &prev.accesses);
+            // The guest charged this window's accesses at the latency
+            // published before it (it refreshes every few hundred ops).
+            for t in 0..n {
+                st.charged_latency_sum[t] += self.model.latency_ns()[t] * d_acc[t] as f64;
+                st.charged_accesses[t] += d_acc[t];
+            }
             let bytes: Vec<f64> = window_bytes(
                 &d_acc,
                 &d(&cur.writes, &prev.writes),
@@ -293,7 +305,8 @@ pub struct EmulationReport {
     /// The settings (tiers, bandwidths, antagonist, cache model, threshold).
     pub config: EmulationConfig,
     /// Host DRAM latency the guest measured at boot (pointer chase), ns;
-    /// `null` when the guest did not (an image that ignores emulation).
+    /// `null` when the guest did not (an image that ignores emulation, or
+    /// `host-dram=` gave it).
     pub host_dram_ns: Option<f64>,
     /// Dependent loads that measurement timed.
     pub host_dram_hops: u64,
@@ -324,6 +337,9 @@ pub struct EmulationReport {
     pub loaded_latency_ns_mean: Vec<f64>,
     /// Highest loaded latency per tier, ns (modeled).
     pub loaded_latency_ns_max: Vec<f64>,
+    /// Mean loaded latency per tier weighted by the charged accesses: the
+    /// latency the charges were computed from, ns (modeled).
+    pub loaded_latency_ns_charged: Vec<f64>,
     /// Highest utilization per tier (guest traffic + antagonist + migrations).
     pub utilization_max: Vec<f64>,
     /// Loaded-latency windows computed.
@@ -344,8 +360,11 @@ impl EmulationReport {
         tiers: usize,
         tsc_khz: u64,
     ) -> Self {
+        // Guest-written: only a plausible latency (10 ns to 10 us) counts.
         let dram_ps = region.dram_ps();
-        let host_dram_ns = (dram_ps > 0).then_some(dram_ps as f64 / 1e3);
+        let host_dram_ns = (10_000..=10_000_000)
+            .contains(&dram_ps)
+            .then_some(dram_ps as f64 / 1e3);
         let against = cfg.host_dram_ns.or(host_dram_ns);
         let n = cfg.tiers.len().min(tiers.max(1));
         let charge_ns: Vec<f64> = cfg
@@ -392,7 +411,14 @@ impl EmulationReport {
                     }
                 })
                 .collect(),
-            loaded_latency_ns_max: st.latency_ns_max,
+            loaded_latency_ns_max: st.latency_ns_max.clone(),
+            loaded_latency_ns_charged: st
+                .charged_latency_sum
+                .iter()
+                .zip(&st.charged_accesses)
+                .zip(&st.latency_ns_sum)
+                .map(|((s, &a), _)| if a > 0 { s / a as f64 } else { 0.0 })
+                .collect(),
             utilization_max: st.utilization_max,
             windows: st.windows,
             tier_map_updates: tier_map.updates(),
@@ -403,11 +429,9 @@ impl EmulationReport {
     /// The summary line of `tiervm run`.
     pub fn human(&self) -> String {
         let dram = match (self.host_dram_ns, self.config.host_dram_ns) {
-            (None, _) => "host DRAM not measured: the image does not charge".to_string(),
+            (_, Some(f)) => format!("charged against host DRAM {f:.0} ns (given)"),
             (Some(d), None) => format!("host DRAM {d:.0} ns measured in the guest"),
-            (Some(d), Some(f)) => {
-                format!("host DRAM {d:.0} ns measured in the guest, charged against {f:.0} ns")
-            }
+            (None, None) => "host DRAM not measured: the image does not charge".to_string(),
         };
         let charges: Vec<String> = self
             .config
