@@ -275,7 +275,7 @@ pub fn tier_map_set(word: u64, page: u64, tier: u64) -> u64 {
 }
 
 /// Bytes of the tier map for `pages` guest pages.
-pub const fn tier_map_bytes(pages: u64) -> u64 {
+pub fn tier_map_bytes(pages: u64) -> u64 {
     pages.div_ceil(TIER_MAP_PAGES_PER_WORD) * 8
 }
 

@@ -13,6 +13,7 @@ pub mod emulation;
 pub mod error;
 pub mod image;
 pub mod kvm_dirty_log;
+pub mod permissions;
 pub mod plot;
 pub mod progress;
 pub mod report;
