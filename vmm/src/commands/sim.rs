@@ -61,6 +61,10 @@ pub struct SimArgs {
     /// Antagonist load on its tier as a fraction of its bandwidth (0 = none).
     #[arg(long)]
     pub antagonist: Option<f64>,
+    /// Start with every page in the slowest tiers (as `tiervm run
+    /// --placement slow-first`), to match a live comparison.
+    #[arg(long)]
+    pub start_slow: bool,
     /// Tier the antagonist loads.
     #[arg(long)]
     pub antagonist_tier: Option<u8>,
@@ -242,6 +246,9 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     }
     if let Some(v) = a.mlp {
         scn.mlp = v;
+    }
+    if a.start_slow {
+        scn.start_in_slow_tier = true;
     }
     if let Some(v) = a.antagonist {
         let tier = a
