@@ -138,7 +138,8 @@ fn structs() -> Vec<(&'static str, &'static str, u64, Vec<Field>)> {
             fields!(EmulationVcpu,
                 "accesses" => accesses, "writes" => writes, "cache_hits" => cache_hits,
                 "charged_cycles" => charged_cycles, "paid_cycles" => paid_cycles,
-                "payments" => payments, "reserved" => _reserved),
+                "payments" => payments, "preempted_cycles" => preempted_cycles,
+                "reserved" => _reserved),
         ),
         (
             "EmulationHeader",

@@ -152,7 +152,8 @@ struct tiervm_emulation_vcpu {
     uint64_t charged_cycles; /* offset 72: emulated latency charged, TSC cycles */
     uint64_t paid_cycles;    /* offset 80: TSC cycles spent paying it */
     uint64_t payments;       /* offset 88: payments */
-    uint64_t reserved[4];    /* offset 96 */
+    uint64_t preempted_cycles; /* offset 96: host preemption during payments (not paid) */
+    uint64_t reserved[3];    /* offset 104 */
 };
 
 /* At boot_info.emulation_gpa. The tier map at tier_map_gpa has 2 bits per

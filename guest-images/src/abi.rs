@@ -200,11 +200,16 @@ pub struct EmulationVcpu {
     pub paid_cycles: u64,
     /// Payments (spins).
     pub payments: u64,
+    /// TSC cycles the host took the vCPU away during payments (not paid).
+    pub preempted_cycles: u64,
     /// Reserved, zero.
-    pub _reserved: [u64; 4],
+    pub _reserved: [u64; 3],
 }
 
 /// The latency-emulation region's header, at [`BootInfo::emulation_gpa`].
+/// A charged access costs `max(0, loaded_ps[tier] - base)` with
+/// `base = min(host DRAM latency, unloaded_ps[0])` (see
+/// `emulation::charge_base_ps`).
 /// The VMM writes the configuration and, every ~10 ms, each tier's loaded
 /// latency; the guest writes `dram_ps`, `guest_state` and its `vcpus` slot.
 ///

@@ -102,6 +102,16 @@ pub fn charge_fixed(latency_ps: u64, dram_ps: u64, tsc_khz: u64) -> u64 {
     u64::try_from(c / 1_000_000_000).unwrap_or(u64::MAX >> 2)
 }
 
+/// What a charge subtracts from a tier's latency: the host's DRAM latency,
+/// which every access already costs, unless the fastest tier is emulated
+/// faster than that. Then the fastest tier costs the host's DRAM latency
+/// (it cannot cost less) and every tier is charged its latency minus the
+/// fastest tier's: the differences between tiers are kept, the absolute
+/// latencies are offset by `dram - fastest`.
+pub fn charge_base_ps(dram_ps: u64, fastest_unloaded_ps: u64) -> u64 {
+    dram_ps.min(fastest_unloaded_ps)
+}
+
 /// One vCPU's charging state: the tier map, the cache model, the per-tier
 /// charges, the debt and the counters it publishes. Not shared: each vCPU
 /// has its own (interior mutability through `Cell`).
@@ -118,7 +128,9 @@ pub struct Charger<'a> {
     hits: Cell<u64>,
     charged: Cell<u64>,
     paid: Cell<u64>,
+    preempted: Cell<u64>,
     payments: Cell<u64>,
+    gap: Cell<u64>,
 }
 
 impl core::fmt::Debug for Charger<'_> {
@@ -155,7 +167,9 @@ impl<'a> Charger<'a> {
             hits: Cell::new(0),
             charged: Cell::new(0),
             paid: Cell::new(0),
+            preempted: Cell::new(0),
             payments: Cell::new(0),
+            gap: Cell::new(0),
         }
     }
 
@@ -215,10 +229,19 @@ impl<'a> Charger<'a> {
         }
     }
 
-    /// Spins on the clock for the whole debt. An overshoot (the last
-    /// clock read, a preemption of the vCPU) is credited up to one
-    /// threshold, so rounding does not add up while host preemption is not
-    /// passed off as emulated latency.
+    /// Sets the longest clock step a payment counts (TSC cycles; 0 = any):
+    /// a longer one means the vCPU did not run (the host preempted it).
+    pub fn set_preemption_gap(&self, cycles: u64) {
+        self.gap.set(cycles);
+    }
+
+    /// Spins on the clock until the whole debt is paid **in time the vCPU
+    /// runs**: a clock step longer than the preemption gap (the host took
+    /// the vCPU away) pays nothing and is counted as preempted, so a
+    /// policy that spins more is not favoured by host noise landing in its
+    /// spins. (Bounded: after 100 times the debt, plus 1e9 cycles, of
+    /// preemption the rest counts as paid.) The overshoot of the last step
+    /// is credited against the next charges, up to one threshold.
     #[cold]
     #[inline(never)]
     pub fn pay(&self) {
@@ -227,18 +250,30 @@ impl<'a> Charger<'a> {
             return;
         }
         let owed = (debt as u64) >> FRAC_BITS;
-        let start = (self.clock)();
-        let mut now = start;
-        while now.wrapping_sub(start) < owed {
+        let gap = match self.gap.get() {
+            0 => u64::MAX,
+            g => g,
+        };
+        let give_up = owed.saturating_mul(100).saturating_add(1_000_000_000);
+        let (mut progress, mut lost) = (0u64, 0u64);
+        let mut prev = (self.clock)();
+        while progress < owed {
             core::hint::spin_loop();
-            now = (self.clock)();
+            let now = (self.clock)();
+            let step = now.wrapping_sub(prev);
+            prev = now;
+            if step > gap && lost < give_up {
+                lost = lost.saturating_add(step);
+            } else {
+                progress = progress.saturating_add(step);
+            }
         }
-        let spent = now.wrapping_sub(start);
-        self.paid.set(self.paid.get().wrapping_add(spent));
+        self.paid.set(self.paid.get().wrapping_add(progress));
+        self.preempted.set(self.preempted.get().wrapping_add(lost));
         self.payments.set(self.payments.get() + 1);
         let credit_floor = -(self.threshold.get() as i64);
         let left =
-            debt.saturating_sub((spent.min(i64::MAX as u64 >> FRAC_BITS) << FRAC_BITS) as i64);
+            debt.saturating_sub((progress.min(i64::MAX as u64 >> FRAC_BITS) << FRAC_BITS) as i64);
         self.debt.set(left.max(credit_floor));
     }
 
@@ -252,6 +287,7 @@ impl<'a> Charger<'a> {
         v.cache_hits = self.hits.get();
         v.charged_cycles = self.charged.get() >> FRAC_BITS;
         v.paid_cycles = self.paid.get();
+        v.preempted_cycles = self.preempted.get();
         v.payments = self.payments.get();
         v
     }
@@ -419,20 +455,36 @@ mod tests {
     }
 
     #[test]
-    fn a_preempted_payment_is_not_credited_beyond_one_threshold() {
+    fn a_preempted_payment_pays_only_in_running_time() {
+        // 10 cycles a step; every 8th step the host takes 1e6 cycles away.
         fn jumpy() -> u64 {
             use std::sync::atomic::AtomicU64;
-            static NOW: AtomicU64 = AtomicU64::new(0);
-            NOW.fetch_add(1_000_000, Relaxed)
+            static STEP: AtomicU64 = AtomicU64::new(0);
+            let s = STEP.fetch_add(1, Relaxed);
+            s * 10 + (s / 8) * 1_000_000
         }
         let map = zeroed(1);
+        let ch = Charger::new(&map, 32, None, jumpy);
+        ch.set_charges([100 << FRAC_BITS, 0, 0, 0], 1000 << FRAC_BITS);
+        ch.set_preemption_gap(1_000);
+        for _ in 0..10 {
+            ch.access(0, false);
+        }
+        let v = ch.counters();
+        assert_eq!(v.payments, 1);
+        // 1000 cycles paid in 10-cycle steps; the jumps are preempted time.
+        assert_eq!(v.paid_cycles, 1000);
+        assert!(v.preempted_cycles >= 12 * 1_000_000, "{v:?}");
+        assert_eq!(ch.debt(), 0);
+        // Without a gap every step pays: the jump is credited up to one
+        // threshold only.
         let ch = Charger::new(&map, 32, None, jumpy);
         ch.set_charges([100 << FRAC_BITS, 0, 0, 0], 1000 << FRAC_BITS);
         for _ in 0..10 {
             ch.access(0, false);
         }
-        assert_eq!(ch.counters().payments, 1);
         assert_eq!(ch.debt(), -(1000 << FRAC_BITS));
+        assert_eq!(ch.counters().preempted_cycles, 0);
     }
 
     #[test]
@@ -451,6 +503,19 @@ mod tests {
         assert_eq!(i, 0, "a single cycle");
         assert_eq!(chase(&buf, 1024), 0);
         assert_eq!(chase_lines(7), 0);
+    }
+
+    #[test]
+    fn a_host_slower_than_the_fast_tier_keeps_the_tiers_difference() {
+        // Host DRAM 171 ns, Colloid's 70/135 ns: fast free, slow +65 ns.
+        let base = charge_base_ps(171_000, 70_000);
+        assert_eq!(base, 70_000);
+        assert_eq!(charge_fixed(70_000, base, 1_000_000), 0);
+        assert_eq!(charge_fixed(135_000, base, 1_000_000) >> FRAC_BITS, 65);
+        // A loaded fast tier (antagonist) costs its load above the base.
+        assert_eq!(charge_fixed(175_000, base, 1_000_000) >> FRAC_BITS, 105);
+        // Host DRAM faster than the fast tier: charged against the host.
+        assert_eq!(charge_base_ps(100_000, 150_000), 100_000);
     }
 
     #[test]

@@ -11,10 +11,15 @@ use crate::abi::{
     self, BootInfo, EmulationHeader, EmulationVcpu, EMULATION_MAX_TIERS, EMU_GUEST_CHARGING,
     EMU_GUEST_MEASURING, MAX_VCPUS,
 };
-use crate::emulation::{build_chase, charge_fixed, chase, CacheModel, Charger, FRAC_BITS};
+use crate::emulation::{
+    build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger, FRAC_BITS,
+};
 
 use super::rdtsc;
 
+/// A clock step this long inside a payment means the host did not run the
+/// vCPU (a spin iteration takes tens of ns; a host interrupt a few us).
+const PREEMPTION_GAP_US: u64 = 20;
 /// Passes of the boot measurement (the fastest counts).
 const CHASE_PASSES: u32 = 2;
 /// Bounds on a plausible DRAM latency measurement, ps (10 ns .. 10 us).
@@ -26,7 +31,8 @@ pub(crate) struct GuestEmulation {
     slot: *mut EmulationVcpu,
     charger: Charger<'static>,
     generation: Cell<u64>,
-    dram_ps: u64,
+    /// What charges subtract: [`charge_base_ps`].
+    base_ps: u64,
     tsc_khz: u64,
     tier_count: usize,
 }
@@ -105,14 +111,18 @@ impl GuestEmulation {
             slot: unsafe { core::ptr::addr_of_mut!((*h).vcpus[i]) },
             charger: Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc),
             generation: Cell::new(u64::MAX),
-            dram_ps: match hread!(h, dram_fixed_ps) {
-                0 => hread!(h, dram_ps),
-                fixed => fixed,
-            },
+            base_ps: charge_base_ps(
+                match hread!(h, dram_fixed_ps) {
+                    0 => hread!(h, dram_ps),
+                    fixed => fixed,
+                },
+                hread!(h, unloaded_ps[0]),
+            ),
             tsc_khz: boot.tsc_khz.max(1),
             tier_count,
         };
         e.refresh();
+        e.set_gap();
         Some(e)
     }
 
@@ -141,11 +151,17 @@ impl GuestEmulation {
         self.generation.set(g);
         let mut charges = [0u64; EMULATION_MAX_TIERS];
         for (t, c) in charges.iter_mut().enumerate().take(self.tier_count) {
-            *c = charge_fixed(hread!(h, loaded_ps[t]), self.dram_ps, self.tsc_khz);
+            *c = charge_fixed(hread!(h, loaded_ps[t]), self.base_ps, self.tsc_khz);
         }
         let threshold =
             charge_fixed(hread!(h, pay_threshold_ps), 0, self.tsc_khz).max(1 << FRAC_BITS);
         self.charger.set_charges(charges, threshold);
+    }
+
+    /// The clock step beyond which a payment's spin counts as preempted.
+    fn set_gap(&self) {
+        self.charger
+            .set_preemption_gap(self.tsc_khz.saturating_mul(PREEMPTION_GAP_US) / 1000);
     }
 }
 

@@ -366,7 +366,7 @@ fn summarize(v: &Variant, reports: &[RunReport], runs: usize) -> VariantResult {
             // Charges follow the loaded latency (the guest's own traffic
             // loads its tier a little): the run's mean per tier.
             let e = r.emulation.as_ref()?;
-            let dram = e.charged_against_ns?;
+            let dram = e.charge_base_ns?;
             let expected_ms: f64 = e
                 .accesses
                 .iter()
@@ -403,7 +403,7 @@ fn verdicts(v: &[VariantResult]) -> Vec<Verdict> {
     ) {
         push(
             Check::Linearity,
-            "all slow: charged / (slow accesses x (loaded slow latency - host DRAM))".into(),
+            "all slow: charged / (slow accesses x (loaded slow latency - charge base))".into(),
             slow.charge_accounting,
             (0.99, 1.01),
         );

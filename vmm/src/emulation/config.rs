@@ -350,6 +350,19 @@ impl EmulationConfig {
         s
     }
 
+    /// What a cache-missing access costs on a host whose DRAM latency is
+    /// `dram_ns`, per tier, unloaded: the host's latency plus the charge
+    /// (`tiervm_guest::emulation::charge_base_ps`). Equal to the tiers'
+    /// latencies when the host's DRAM is at most the fastest tier's.
+    pub fn effective_ns(&self, dram_ns: f64) -> Vec<f64> {
+        let fastest = self.tiers.first().map_or(0.0, |t| t.latency_ns);
+        let base = dram_ns.min(fastest);
+        self.tiers
+            .iter()
+            .map(|t| dram_ns + (t.latency_ns - base).max(0.0))
+            .collect()
+    }
+
     /// The queueing model of each tier (the simulator's [`TierModel`]).
     pub fn tier_models(&self) -> Vec<TierModel> {
         self.tiers
@@ -433,6 +446,13 @@ mod tests {
             .unwrap()
             .check_tiers(5)
             .is_err());
+    }
+
+    #[test]
+    fn effective_costs_keep_the_differences_on_a_slow_host() {
+        let c = EmulationConfig::parse("colloid").unwrap();
+        assert_eq!(c.effective_ns(171.0), vec![171.0, 236.0]);
+        assert_eq!(c.effective_ns(60.0), vec![70.0, 135.0]);
     }
 
     #[test]

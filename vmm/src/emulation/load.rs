@@ -36,6 +36,8 @@ pub struct Totals {
     pub charged_cycles: u64,
     /// Paid, TSC cycles.
     pub paid_cycles: u64,
+    /// Preempted during payments, TSC cycles.
+    pub preempted_cycles: u64,
     /// Payments.
     pub payments: u64,
 }
@@ -52,6 +54,7 @@ impl Totals {
             t.cache_hits = t.cache_hits.saturating_add(v.cache_hits);
             t.charged_cycles = t.charged_cycles.saturating_add(v.charged_cycles);
             t.paid_cycles = t.paid_cycles.saturating_add(v.paid_cycles);
+            t.preempted_cycles = t.preempted_cycles.saturating_add(v.preempted_cycles);
             t.payments = t.payments.saturating_add(v.payments);
         }
         t

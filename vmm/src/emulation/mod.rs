@@ -310,15 +310,22 @@ pub struct EmulationReport {
     pub host_dram_ns: Option<f64>,
     /// Dependent loads that measurement timed.
     pub host_dram_hops: u64,
-    /// The host DRAM latency charges were computed against, ns: the
-    /// measurement, or `host-dram=` (a comparison's first measurement).
-    pub charged_against_ns: Option<f64>,
+    /// The host DRAM latency the run used, ns: the measurement, or
+    /// `host-dram=` (a comparison's first measurement).
+    pub host_dram_used_ns: Option<f64>,
+    /// What charges subtract, ns: `min(host DRAM, fastest tier's latency)`
+    /// (`tiervm_guest::emulation::charge_base_ps`).
+    pub charge_base_ns: Option<f64>,
     /// Per tier, what a cache-missing access was charged unloaded:
-    /// `max(0, latency - host DRAM)`, ns.
+    /// `max(0, latency - charge base)`, ns.
     pub charge_ns: Vec<f64>,
-    /// Tiers whose emulated latency is below the host's DRAM latency: they
-    /// run at the host's speed (charge 0), so the emulated gap is smaller.
-    pub below_host_dram: Vec<String>,
+    /// Per tier, what a cache-missing access costs on this host unloaded:
+    /// host DRAM + charge, ns.
+    pub effective_latency_ns: Vec<f64>,
+    /// The host's DRAM is slower than the fastest tier: the fastest tier
+    /// costs the host's DRAM latency and the tiers' differences, not their
+    /// absolute latencies, are emulated.
+    pub differences_kept: bool,
     /// Charged accesses per tier (cache-model misses).
     pub accesses: Vec<u64>,
     /// Of which writes.
@@ -329,8 +336,12 @@ pub struct EmulationReport {
     pub cache_hit_pct: f64,
     /// Emulated latency charged, vCPU milliseconds.
     pub charged_ms: f64,
-    /// Time spent paying it (spinning on the TSC), vCPU milliseconds.
+    /// Time spent paying it (spinning on the TSC while the vCPU ran), vCPU
+    /// milliseconds.
     pub paid_ms: f64,
+    /// Time the host took the vCPU away in the middle of payments (not
+    /// counted as paid: host noise), milliseconds.
+    pub preempted_ms: f64,
     /// Payments.
     pub payments: u64,
     /// Time-weighted mean loaded latency per tier over the run, ns (modeled).
@@ -365,19 +376,16 @@ impl EmulationReport {
         let host_dram_ns = (10_000..=10_000_000)
             .contains(&dram_ps)
             .then_some(dram_ps as f64 / 1e3);
-        let against = cfg.host_dram_ns.or(host_dram_ns);
+        let used = cfg.host_dram_ns.or(host_dram_ns);
+        let fastest = cfg.tiers.first().map_or(0.0, |t| t.latency_ns);
+        let base = used.map(|d| d.min(fastest));
         let n = cfg.tiers.len().min(tiers.max(1));
         let charge_ns: Vec<f64> = cfg
             .tiers
             .iter()
-            .map(|x| (x.latency_ns - against.unwrap_or(0.0)).max(0.0))
+            .map(|x| (x.latency_ns - base.unwrap_or(0.0)).max(0.0))
             .collect();
-        let below = cfg
-            .tiers
-            .iter()
-            .filter(|x| against.is_some_and(|d| x.latency_ns < d))
-            .map(|x| x.name.clone())
-            .collect();
+        let effective_latency_ns = charge_ns.iter().map(|c| used.unwrap_or(0.0) + c).collect();
         let ms = |cycles: u64| cycles as f64 / tsc_khz.max(1) as f64;
         let charged: u64 = t.accesses.iter().fold(0u64, |a, b| a.saturating_add(*b));
         let all = charged.saturating_add(t.cache_hits);
@@ -386,9 +394,11 @@ impl EmulationReport {
             config: cfg.clone(),
             host_dram_ns,
             host_dram_hops: region.chase_hops(),
-            charged_against_ns: against,
+            host_dram_used_ns: used,
+            charge_base_ns: base,
             charge_ns,
-            below_host_dram: below,
+            effective_latency_ns,
+            differences_kept: used.is_some_and(|d| d > fastest),
             accesses: t.accesses[..n].to_vec(),
             writes: t.writes[..n].to_vec(),
             cache_hits: t.cache_hits,
@@ -399,6 +409,7 @@ impl EmulationReport {
             },
             charged_ms: ms(t.charged_cycles),
             paid_ms: ms(t.paid_cycles),
+            preempted_ms: ms(t.preempted_cycles),
             payments: t.payments,
             loaded_latency_ns_mean: st
                 .latency_ns_sum
@@ -429,21 +440,26 @@ impl EmulationReport {
     /// The summary line of `tiervm run`.
     pub fn human(&self) -> String {
         let dram = match (self.host_dram_ns, self.config.host_dram_ns) {
-            (_, Some(f)) => format!("charged against host DRAM {f:.0} ns (given)"),
+            (_, Some(f)) => format!("host DRAM {f:.0} ns (given)"),
             (Some(d), None) => format!("host DRAM {d:.0} ns measured in the guest"),
             (None, None) => "host DRAM not measured: the image does not charge".to_string(),
         };
-        let charges: Vec<String> = self
+        let costs: Vec<String> = self
             .config
             .tiers
             .iter()
-            .zip(&self.charge_ns)
-            .map(|(t, c)| format!("{} +{c:.0} ns", t.name))
+            .zip(self.effective_latency_ns.iter().zip(&self.charge_ns))
+            .map(|(t, (e, c))| format!("{} {e:.0} ns (+{c:.0})", t.name))
             .collect();
+        let kept = if self.differences_kept {
+            ", above the fast tier's: the tiers' differences are kept"
+        } else {
+            ""
+        };
         let mut s = format!(
-            "{} ({dram}; charge per cache-missing access {})\n",
+            "{} ({dram}{kept}; a cache-missing access costs {})\n",
             self.label,
-            charges.join(", ")
+            costs.join(", ")
         );
         let acc: Vec<String> = self
             .config
@@ -453,11 +469,12 @@ impl EmulationReport {
             .map(|(t, a)| format!("{} {}", t.name, crate::report::group(*a)))
             .collect();
         s.push_str(&format!(
-            "             charged accesses {}; cache-model hits {:.1}%; charged {:.1} ms, paid {:.1} ms of vCPU time",
+            "             charged accesses {}; cache-model hits {:.1}%; charged {:.1} ms, paid {:.1} ms of vCPU time ({:.1} ms preempted during payments)",
             acc.join(", "),
             self.cache_hit_pct,
             self.charged_ms,
-            self.paid_ms
+            self.paid_ms,
+            self.preempted_ms
         ));
         let loaded: Vec<String> = self
             .config
@@ -470,12 +487,6 @@ impl EmulationReport {
             "; loaded latency (modeled) mean {}",
             loaded.join(", ")
         ));
-        if !self.below_host_dram.is_empty() {
-            s.push_str(&format!(
-                "\n             note: {} below the host's DRAM latency: charged 0, runs at the host's speed",
-                self.below_host_dram.join(", ")
-            ));
-        }
         s
     }
 }

@@ -230,6 +230,7 @@ impl EmulationRegion {
         v.charged_cycles = f(core::mem::offset_of!(EmulationVcpu, charged_cycles));
         v.paid_cycles = f(core::mem::offset_of!(EmulationVcpu, paid_cycles));
         v.payments = f(core::mem::offset_of!(EmulationVcpu, payments));
+        v.preempted_cycles = f(core::mem::offset_of!(EmulationVcpu, preempted_cycles));
         v
     }
 
