@@ -78,6 +78,14 @@ fn bad_flags_and_images_exit_2_with_one_line() {
     usage_error(&["run", "--arg", "write_ratio=3"], "out of range");
     usage_error(&["run", "no-such-image"], "neither a built-in image");
     usage_error(
+        &["run", "--emulate-latency", "fast=abc"],
+        "--emulate-latency fast=abc: give a latency from 1ns to 100us",
+    );
+    usage_error(
+        &["compare", "zipf", "--emulate-latency", "llc=3M"],
+        "--emulate-latency llc=3M: give 0 (no cache model) or a power of two",
+    );
+    usage_error(
         &["run", "--fast", "256M", "--policy-interval", "mtm=2x"],
         "'2x' in 'mtm=2x' is not a time",
     );

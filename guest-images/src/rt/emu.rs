@@ -60,7 +60,7 @@ impl GuestEmulation {
     /// `None`: no emulation (or a header this runtime does not understand).
     pub(crate) fn attach(boot: &'static BootInfo, vcpu: u32) -> Option<Self> {
         let gpa = boot.emulation_gpa;
-        if gpa == 0 || gpa % 4096 != 0 || gpa < boot.ram_size {
+        if gpa == 0 || !gpa.is_multiple_of(4096) || gpa < boot.ram_size {
             return None;
         }
         let h = gpa as *mut EmulationHeader;

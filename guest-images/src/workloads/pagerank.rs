@@ -551,7 +551,7 @@ fn f64_slot(w: &AtomicU64) -> f64 {
 #[inline(always)]
 fn stream_access<C: Charge + ?Sized, T>(c: &C, x: &T, write: bool) {
     let a = addr_of(x);
-    if a % 64 == 0 {
+    if a.is_multiple_of(64) {
         c.access(a, write);
     }
 }

@@ -476,9 +476,8 @@ fn human(res: &CheckResults) -> String {
         .map_or("not measured".to_string(), |d| format!("{d:.0} ns"));
     let _ = writeln!(
         s,
-        "tiervm emulation-check: {} ({}; host DRAM {dram}, measured in the first run's guest and charged against in every run); {} run(s) of {:.1} s per variant, interleaved, 1 vCPU; medians",
+        "tiervm emulation-check: {} (linearity and cache checks; host DRAM {dram}, measured in the first run's guest and charged against in every run); {} run(s) of {:.1} s per variant, interleaved, 1 vCPU; medians",
         res.latency,
-        "linearity and cache checks",
         res.repeat,
         res.duration_s
     );

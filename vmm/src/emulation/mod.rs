@@ -246,9 +246,9 @@ impl Window {
             let d_acc = d(&cur.accesses, &prev.accesses);
             // The guest charged this window's accesses at the latency
             // published before it (it refreshes every few hundred ops).
-            for t in 0..n {
-                st.charged_latency_sum[t] += self.model.latency_ns()[t] * d_acc[t] as f64;
-                st.charged_accesses[t] += d_acc[t];
+            for (t, &a) in d_acc.iter().enumerate().take(n) {
+                st.charged_latency_sum[t] += self.model.latency_ns()[t] * a as f64;
+                st.charged_accesses[t] += a;
             }
             let bytes: Vec<f64> = window_bytes(
                 &d_acc,

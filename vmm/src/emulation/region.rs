@@ -178,7 +178,7 @@ impl EmulationRegion {
     /// The 64-bit word at byte offset `off` (8-aligned, inside the region).
     fn word(&self, off: u64) -> &AtomicU64 {
         assert!(
-            off % 8 == 0 && off + 8 <= self.layout.len,
+            off.is_multiple_of(8) && off + 8 <= self.layout.len,
             "emulation region offset {off}"
         );
         // SAFETY: in bounds and 8-aligned (checked above) inside our mapping,
