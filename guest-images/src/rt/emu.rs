@@ -15,7 +15,7 @@ use crate::emulation::{
     build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger, FRAC_BITS,
 };
 
-use super::rdtsc;
+use super::{rdtsc, rdtsc_ordered};
 
 /// A clock step this long inside a payment means the host did not run the
 /// vCPU (a spin iteration takes tens of ns; a host interrupt a few us).
@@ -109,7 +109,7 @@ impl GuestEmulation {
             header: h,
             // SAFETY: in bounds of the header's vCPU slots.
             slot: unsafe { core::ptr::addr_of_mut!((*h).vcpus[i]) },
-            charger: Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc),
+            charger: Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc_ordered),
             generation: Cell::new(u64::MAX),
             base_ps: charge_base_ps(
                 match hread!(h, dram_fixed_ps) {

@@ -58,6 +58,19 @@ pub fn rdtsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
+/// Reads the time-stamp counter after every earlier instruction completed
+/// (`lfence; rdtsc`): a payment's spin then starts only once the access it
+/// pays for has finished, so the emulated latency adds to the real one
+/// instead of overlapping it.
+#[inline]
+pub fn rdtsc_ordered() -> u64 {
+    // SAFETY: lfence only orders execution; rdtsc is allowed in ring 3 and only reads.
+    unsafe {
+        core::arch::x86_64::_mm_lfence();
+        core::arch::x86_64::_rdtsc()
+    }
+}
+
 /// Ends this vCPU with `code`. Never returns.
 pub fn exit(code: u32) -> ! {
     loop {
