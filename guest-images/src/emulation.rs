@@ -27,6 +27,9 @@ use crate::abi::{tier_map_get, EmulationVcpu, CACHE_LINE, EMULATION_MAX_TIERS};
 
 /// Fixed-point fraction bits of charges and debt (1/1024 TSC cycle).
 pub const FRAC_BITS: u32 = 10;
+/// Preemption one payment excludes at most (~40 ms at 2.6 GHz), so a
+/// clock that always jumps cannot stall a vCPU.
+pub const MAX_PREEMPTED_CYCLES: u64 = 100_000_000;
 /// Lanes of 16 bits, each 1: broadcasts a tag to the four ways.
 const LANES_ONE: u64 = 0x0001_0001_0001_0001;
 /// The top bit of each 16-bit lane.
@@ -239,8 +242,8 @@ impl<'a> Charger<'a> {
     /// runs**: a clock step longer than the preemption gap (the host took
     /// the vCPU away) pays nothing and is counted as preempted, so a
     /// policy that spins more is not favoured by host noise landing in its
-    /// spins. (Bounded: after 100 times the debt, plus 1e9 cycles, of
-    /// preemption the rest counts as paid.) The overshoot of the last step
+    /// spins. (Bounded: after [`MAX_PREEMPTED_CYCLES`] of preemption in
+    /// one payment every step counts as paid.) The overshoot of the last step
     /// is credited against the next charges, up to one threshold.
     #[cold]
     #[inline(never)]
@@ -254,7 +257,7 @@ impl<'a> Charger<'a> {
             0 => u64::MAX,
             g => g,
         };
-        let give_up = owed.saturating_mul(100).saturating_add(1_000_000_000);
+        let give_up = MAX_PREEMPTED_CYCLES;
         let (mut progress, mut lost) = (0u64, 0u64);
         let mut prev = (self.clock)();
         while progress < owed {
