@@ -21,6 +21,8 @@ pub const DEFAULT_MEM: u64 = 1 << 30;
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
 /// Default status sampling period.
 pub const DEFAULT_SAMPLE_MS: u64 = 100;
+/// Longest status sampling period (`--sample-ms`): one timeline point a minute.
+pub const MAX_SAMPLE_MS: u64 = 60_000;
 /// Default time the guest gets to report after a stop request.
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 /// Default cap on guest console bytes forwarded.
@@ -41,6 +43,12 @@ pub enum ConfigError {
     /// `--sample-ms 0`.
     #[error("--sample-ms 0: the sampling period must be at least 1 ms")]
     NoSamplePeriod,
+    /// `--sample-ms` beyond [`MAX_SAMPLE_MS`].
+    #[error("--sample-ms {ms} exceeds the {MAX_SAMPLE_MS} ms maximum: give a period of at most a minute, e.g. --sample-ms 1000")]
+    SamplePeriodTooLong {
+        /// The period asked for.
+        ms: u64,
+    },
     /// `--mem` below [`MIN_RAM`].
     #[error("--mem {} is below the {} minimum", format_size(*.mem), format_size(MIN_RAM))]
     MemBelowMinimum {
@@ -190,6 +198,13 @@ pub struct VmConfig {
     pub tiering: Option<TieringConfig>,
     /// Latency emulation (`--emulate-latency`); `None` = off.
     pub emulation: Option<EmulationConfig>,
+    /// The VM's threads install seccomp filters (docs/security.md).
+    pub seccomp: bool,
+    /// The calling (main) thread installs one too, once the VM's threads
+    /// exist (`tiervm run`: it runs one VM, then prints and exits).
+    pub seccomp_main: bool,
+    /// TEST ONLY: vCPU threads make a forbidden system call.
+    pub test_forbidden_syscall: bool,
 }
 
 /// Unvalidated inputs (what the CLI parsed).
@@ -215,6 +230,8 @@ pub struct VmRequest {
     pub tiering: TieringRequest,
     /// `--emulate-latency SPEC` (`Some("")`: the defaults).
     pub emulate_latency: Option<String>,
+    /// Per-thread seccomp filters (`--no-seccomp` turns them off).
+    pub seccomp: bool,
 }
 
 impl Default for VmRequest {
@@ -230,6 +247,7 @@ impl Default for VmRequest {
             stop_grace: DEFAULT_STOP_GRACE,
             tiering: TieringRequest::default(),
             emulate_latency: None,
+            seccomp: true,
         }
     }
 }
@@ -284,6 +302,17 @@ pub fn check_args(
     Ok(())
 }
 
+/// Checks a `--sample-ms` value: 1 ms to [`MAX_SAMPLE_MS`].
+pub fn check_sample_ms(ms: u64) -> std::result::Result<(), ConfigError> {
+    if ms == 0 {
+        return Err(ConfigError::NoSamplePeriod);
+    }
+    if ms > MAX_SAMPLE_MS {
+        return Err(ConfigError::SamplePeriodTooLong { ms });
+    }
+    Ok(())
+}
+
 /// MemTotal of this host in bytes, if /proc/meminfo says.
 pub fn host_memory_bytes() -> Option<u64> {
     tiering::host::host_memory_bytes().ok()
@@ -294,6 +323,15 @@ impl VmConfig {
     /// probably wants (printed on stderr before the run).
     pub fn notes(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if self.tiering.is_some() {
+            let nb = std::fs::read_to_string(tiering::host::NUMA_BALANCING)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            out.extend(tiering::host::kernel_tiering_note(
+                nb,
+                tiering::host::demotion_enabled(),
+            ));
+        }
         let (Some(d), Some(engine)) = (
             self.duration,
             self.tiering.as_ref().and_then(|t| t.engine.as_ref()),
@@ -351,6 +389,9 @@ impl VmConfig {
             stop_grace: req.stop_grace,
             console_limit: DEFAULT_CONSOLE_LIMIT,
             layout,
+            seccomp: req.seccomp,
+            seccomp_main: false,
+            test_forbidden_syscall: false,
         })
     }
 
@@ -377,10 +418,7 @@ fn check_shape(req: &VmRequest) -> std::result::Result<(), ConfigError> {
     if req.vcpus as usize > MAX_VCPUS {
         return Err(ConfigError::TooManyVcpus { vcpus: req.vcpus });
     }
-    if req.sample_ms == 0 {
-        return Err(ConfigError::NoSamplePeriod);
-    }
-    Ok(())
+    check_sample_ms(req.sample_ms)
 }
 
 /// Guest RAM: within tiervm's bounds and 2 MiB aligned.

@@ -77,6 +77,12 @@ pub enum Error {
     /// Latency emulation could not be set up.
     #[error(transparent)]
     Emulation(#[from] EmulationError),
+    /// A seccomp filter could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
+    /// The SIGINT/SIGTERM handlers could not be installed.
+    #[error(transparent)]
+    Signals(#[from] crate::signals::SignalError),
 }
 
 /// Writing a result (report, JSON, file) failed.
@@ -91,6 +97,9 @@ pub enum OutputError {
         #[source]
         source: serde_json::Error,
     },
+    /// Writing to stdout failed (a reader that went away is not a failure).
+    #[error("writing the output to stdout failed")]
+    Write(#[source] std::io::Error),
 }
 
 impl From<WorkloadArgError> for Error {
@@ -111,6 +120,7 @@ impl Error {
             Self::Vm(e) => e.is_usage(),
             Self::Emulation(e) => matches!(e, EmulationError::TooLarge { .. }),
             Self::Permission(_) | Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
+            Self::Seccomp(_) | Self::Signals(_) => false,
         };
         if usage {
             EXIT_USAGE
@@ -127,6 +137,10 @@ impl Error {
             Self::Image(e) => e.fix(),
             Self::Vm(e) => e.fix(),
             Self::Compare(CompareError::Policy { source, .. }) => source.fix(),
+            Self::Output(OutputError::Write(_)) => {
+                Some("free space where stdout goes or redirect it elsewhere")
+            }
+            Self::Seccomp(_) => Some("run with --no-seccomp to go on without (debugging only)"),
             _ => None,
         }
     }

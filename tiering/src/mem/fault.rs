@@ -79,6 +79,7 @@ impl Drop for FaultHandler {
 }
 
 fn run(mem: &TieredMemory, stop: &AtomicBool) -> io::Result<()> {
+    crate::threads::started(crate::threads::ThreadRole::FaultHandler);
     let mut events = Vec::new();
     let mut pending: HashMap<usize, Pending> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {

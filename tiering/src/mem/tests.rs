@@ -1266,5 +1266,19 @@ fn a_split_range_collapses_back_when_whole_on_one_tier() {
     assert_eq!(huge(&mem), 4 << 20, "collapsed back");
     check_fill(&mem);
     mem.check_consistency().unwrap();
-    assert_eq!(mem.check_nodes().map(|n| n >= 1024), Ok(true));
+    assert!(mem.check_nodes().unwrap() >= 1024);
+}
+
+#[test]
+#[ignore = "timing probe, run by hand"]
+fn probe_setup_time_of_a_64g_guest() {
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let cfg = MemConfig::new(64 << 30, (8usize << 30) / PAGE_SIZE);
+        let mem = TieredMemory::new(&cfg).unwrap();
+        eprintln!("new: {:?} (setup_time {:?})", t.elapsed(), mem.setup_time());
+        let t = std::time::Instant::now();
+        drop(mem);
+        eprintln!("drop: {:?}", t.elapsed());
+    }
 }

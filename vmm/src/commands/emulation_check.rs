@@ -165,6 +165,7 @@ fn request(image: &str, mem: u64, args: &[&str], duration: Duration) -> VmReques
         stop_grace: Duration::from_secs(10),
         tiering: TieringRequest::default(),
         emulate_latency: None,
+        seccomp: true,
     }
 }
 

@@ -137,7 +137,7 @@ pub enum EmulationConfigError {
     #[error("--emulate-latency pay={0}: give a threshold from 100ns to 1ms, e.g. pay=1us")]
     BadPay(String),
     /// More tiers than the tier map can name.
-    #[error("--emulate-latency supports at most {EMULATION_MAX_TIERS} tiers (2-bit tier map); this VM has {0}")]
+    #[error("--emulate-latency supports at most {EMULATION_MAX_TIERS} tiers (2-bit tier map); this VM has {0}: give at most {EMULATION_MAX_TIERS} --tier flags")]
     TooManyTiers(usize),
 }
 

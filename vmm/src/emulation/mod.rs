@@ -145,7 +145,10 @@ impl Emulation {
         };
         let join = std::thread::Builder::new()
             .name("latency-emulation".into())
-            .spawn(move || w.run())
+            .spawn(move || {
+                tiering::threads::started(tiering::threads::ThreadRole::LatencyEmulation);
+                w.run()
+            })
             .map_err(EmulationError::Spawn)?;
         self.thread = Some((stop, join));
         Ok(())
