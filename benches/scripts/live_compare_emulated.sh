@@ -5,10 +5,10 @@
 # Working sets are the seeds' scaled down (Nomad 1/256, Colloid 1/512), and
 # so is the cache model (llc=): a scaled working set must not fit a full-size
 # last-level cache when the seeds' did not.
-# Usage: benches/scripts/live_compare_emulated.sh [seconds] [repeat] [outdir]
+# Usage: [TIERVM=path] benches/scripts/live_compare_emulated.sh [seconds] [repeat] [outdir]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-T=./target/release/tiervm
+T=${TIERVM:-./target/release/tiervm}
 [ -x "$T" ] || cargo build --release -q
 SECS=${1:-6}
 REP=${2:-3}
