@@ -229,6 +229,11 @@ fn guests_that_ignore_or_scribble_over_the_region_are_contained() {
         let json = serde_json::to_string(&r).expect("the report encodes");
         assert!(!json.contains("NaN") && !json.contains("inf"), "{name}");
         assert!(e.cache_hit_pct.is_finite() && e.charged_ms.is_finite());
+        // The loaded-latency thread survived the guest's counters.
+        assert!(
+            !e.thread_failed,
+            "{name}: the loaded-latency thread panicked"
+        );
         assert!(
             e.loaded_latency_ns_max.iter().all(|l| l.is_finite()),
             "{name}"

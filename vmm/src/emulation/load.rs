@@ -117,8 +117,9 @@ impl LoadModel {
 pub fn window_bytes(d_accesses: &[u64], d_writes: &[u64], d_moved: &[u64]) -> Vec<f64> {
     (0..d_accesses.len())
         .map(|t| {
-            let lines = d_accesses[t] + d_writes.get(t).copied().unwrap_or(0);
-            (lines * CACHE_LINE) as f64 + d_moved.get(t).copied().unwrap_or(0) as f64
+            // Guest-written counters: any value, so no integer arithmetic.
+            let lines = d_accesses[t] as f64 + d_writes.get(t).copied().unwrap_or(0) as f64;
+            lines * CACHE_LINE as f64 + d_moved.get(t).copied().unwrap_or(0) as f64
         })
         .collect()
 }

@@ -64,6 +64,7 @@ pub struct Emulation {
     tiers: usize,
     thread: Option<(Arc<AtomicBool>, JoinHandle<WindowStats>)>,
     stats: Option<WindowStats>,
+    thread_failed: bool,
     tsc_khz: u64,
 }
 
@@ -106,6 +107,7 @@ impl Emulation {
             tiers: tiers.clamp(1, EMULATION_MAX_TIERS),
             thread: None,
             stats: None,
+            thread_failed: false,
             tsc_khz: 0,
         })
     }
@@ -158,7 +160,13 @@ impl Emulation {
     pub fn stop(&mut self) {
         if let Some((stop, join)) = self.thread.take() {
             stop.store(true, Ordering::Release);
-            self.stats = join.join().ok();
+            match join.join() {
+                Ok(st) => self.stats = Some(st),
+                Err(_) => {
+                    tracing::error!("the latency-emulation thread panicked; its loaded-latency statistics are lost");
+                    self.thread_failed = true;
+                }
+            }
         }
     }
 
@@ -166,7 +174,7 @@ impl Emulation {
     pub fn finish(mut self) -> EmulationReport {
         self.stop();
         let totals = Totals::sum((0..self.vcpus).map(|i| self.region.vcpu_counters(i)));
-        EmulationReport::new(
+        let mut report = EmulationReport::new(
             &self.cfg,
             &self.region,
             &self.tier_map,
@@ -174,7 +182,9 @@ impl Emulation {
             self.stats.take().unwrap_or_default(),
             self.tiers,
             self.tsc_khz,
-        )
+        );
+        report.thread_failed = self.thread_failed;
+        report
     }
 }
 
@@ -251,7 +261,7 @@ impl Window {
             // published before it (it refreshes every few hundred ops).
             for (t, &a) in d_acc.iter().enumerate().take(n) {
                 st.charged_latency_sum[t] += self.model.latency_ns()[t] * a as f64;
-                st.charged_accesses[t] += a;
+                st.charged_accesses[t] = st.charged_accesses[t].saturating_add(a);
             }
             let bytes: Vec<f64> = window_bytes(
                 &d_acc,
@@ -360,6 +370,9 @@ pub struct EmulationReport {
     pub windows: u64,
     /// Page placements written into the tier map.
     pub tier_map_updates: u64,
+    /// Whether the loaded-latency thread ended by panicking (a bug: its
+    /// statistics are lost; charges kept the last published latencies).
+    pub thread_failed: bool,
     /// Migration traffic each tier served, bytes (loaded-latency input).
     pub migration_bytes: Vec<u64>,
 }
@@ -436,6 +449,7 @@ impl EmulationReport {
             utilization_max: st.utilization_max,
             windows: st.windows,
             tier_map_updates: tier_map.updates(),
+            thread_failed: false,
             migration_bytes: (0..n).map(|i| tier_map.moved_bytes(i)).collect(),
         }
     }
