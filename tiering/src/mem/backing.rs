@@ -876,7 +876,7 @@ impl TieredMemory {
     /// Releases an owned page, applying `set`/`clear` to its word; keeps the
     /// tiers' counts in step and tells the fault handler if it waits on it.
     pub(crate) fn release_page(&self, page: usize, set: u64, clear: u64) {
-        let (old, new) = self.pages.release(page, set, clear);
+        let (old, new) = self.release_dropping_stale_shadow(page, set, clear);
         if (old ^ new) & (page_map::PLACEMENT_BITS | page_map::SHADOW_BITS) != 0 {
             apply_word_change(&self.tiers, old, new);
             // The safety net of `publish_placement`: the final word wins.
@@ -889,6 +889,33 @@ impl TieredMemory {
         if old & page_map::WAITER != 0 {
             let _ = self.release_tx.send((page as u32, Instant::now()));
             let _ = self.release_event.write(1);
+        }
+    }
+
+    /// Releases an owned page; if it was written while owned (a harvest
+    /// noted `DIRTY_SEEN`) and would keep a shadow (an old one, or one
+    /// `set` gives it), the shadow is stale: it is freed and the page is
+    /// released without it (a shadow is only a copy; the page holds the
+    /// data). Without this, an owner that does not check `DIRTY_SEEN` (a
+    /// collapse, a skipped unit, a commit whose page was written right
+    /// after it was mapped) would leave a stale shadow valid, and a later
+    /// shadow demotion would map it: a lost write.
+    fn release_dropping_stale_shadow(&self, page: usize, set: u64, clear: u64) -> (u64, u64) {
+        let (mut set, mut clear) = (set, clear);
+        loop {
+            match self.pages.release_unless_stale_shadow(page, set, clear) {
+                Ok(words) => return words,
+                Err(word) => {
+                    if let Some(t) = page_map::shadow_tier_of((word & !clear) | set) {
+                        self.dispose(t, &[self.shadow_addr(page)]);
+                    }
+                    set &= !page_map::SHADOW_BITS;
+                    clear |= page_map::SHADOW_BITS;
+                    self.counters
+                        .shadow_invalidations
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 
