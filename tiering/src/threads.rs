@@ -30,11 +30,16 @@ pub enum ThreadRole {
     /// The tier resize and maintenance driver (`tiervm-resize`): shrink
     /// steps (migrations), huge-page collapses.
     Resize,
+    /// The latency-emulation thread (`latency-emulation`, `--emulate-latency`
+    /// only): every 10 ms reads the guest's access counters, recomputes the
+    /// tiers' loaded latency and republishes it; gives the boot
+    /// measurement's buffer back (`madvise`).
+    LatencyEmulation,
 }
 
 impl ThreadRole {
     /// Every role.
-    pub const ALL: [ThreadRole; 9] = [
+    pub const ALL: [ThreadRole; 10] = [
         ThreadRole::Main,
         ThreadRole::Vcpu,
         ThreadRole::FaultHandler,
@@ -44,6 +49,7 @@ impl ThreadRole {
         ThreadRole::EngineDamon,
         ThreadRole::DamonReader,
         ThreadRole::Resize,
+        ThreadRole::LatencyEmulation,
     ];
 
     /// A short name (`vcpu`, `fault-handler`, ...).
@@ -58,6 +64,7 @@ impl ThreadRole {
             ThreadRole::EngineDamon => "engine (DAMON)",
             ThreadRole::DamonReader => "damon-reader",
             ThreadRole::Resize => "resize",
+            ThreadRole::LatencyEmulation => "latency-emulation",
         }
     }
 }

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use vmm::commands::{compare, info, native, run, sim};
+use vmm::commands::{compare, emulation_check, info, native, run, sim};
 
 /// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
 #[derive(Parser, Debug)]
@@ -28,6 +28,9 @@ enum Command {
     Sim(sim::SimArgs),
     /// List the built-in images and their arguments.
     Images,
+    /// Validate latency emulation on this host: charge linearity, the cache
+    /// model, the overhead (docs/emulation.md).
+    EmulationCheck(emulation_check::EmulationCheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a).map(|()| 0).map_err(Into::into),
         Command::Native(a) => native::run(a),
         Command::Sim(a) => sim::run(a),
+        Command::EmulationCheck(a) => emulation_check::run(a, started),
         Command::Images => vmm::output::stdout(&images_text()).map(|()| 0),
     };
     match result {

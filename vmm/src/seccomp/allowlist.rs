@@ -245,6 +245,9 @@ pub fn groups(role: ThreadRole) -> &'static [&'static [Syscall]] {
         ThreadRole::Main => &[EVERY_THREAD, MAIN, PLACEMENT, HOST_FACTS],
         ThreadRole::EngineDamon => &[EVERY_THREAD, MIGRATOR, PLACEMENT, DAMON_SYSFS],
         ThreadRole::DamonReader => &[EVERY_THREAD, DAMON_SYSFS],
+        // Sleeps, reads and writes the shared emulation region (plain
+        // memory), `madvise`s the boot measurement's buffer away.
+        ThreadRole::LatencyEmulation => &[EVERY_THREAD],
     }
 }
 
