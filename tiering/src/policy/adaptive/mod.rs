@@ -408,10 +408,10 @@ impl Adaptive {
         let n = self.caps.len();
         let mut th = vec![COOL_AT + 1; n];
         let mut cum = 0u64;
-        for t in 0..n {
+        for (t, th_t) in th.iter_mut().enumerate() {
             cum += self.caps[t].saturating_sub(self.reserve[t]);
             if t == n - 1 {
-                th[t] = 0;
+                *th_t = 0;
                 break;
             }
             let mut acc = 0u64;
@@ -420,7 +420,7 @@ impl Adaptive {
                 if acc > cum {
                     break;
                 }
-                th[t] = c;
+                *th_t = c;
             }
         }
         Ranking { th, dispersion }
