@@ -501,8 +501,19 @@ impl Adaptive {
         } else {
             self.stats.page_units += 1;
         }
-        plan.budget.take(to, u64::from(unit.pages));
-        plan.budget.release(from, u64::from(unit.pages));
+        // The capacity rule: a transactional source stays allocated until
+        // commit; a shadow demotion needs no destination page.
+        let pages = u64::from(unit.pages);
+        match mech {
+            Mechanism::Transactional { .. } => {
+                plan.budget.take(to, pages);
+            }
+            Mechanism::ShadowDemotion => plan.budget.release(from, pages),
+            _ => {
+                plan.budget.take(to, pages);
+                plan.budget.release(from, pages);
+            }
+        }
         plan.moved += u64::from(unit.pages);
         plan.out.migrations.push(Migration {
             unit,
