@@ -76,6 +76,11 @@ pub const DISPLACE_FACTOR: u16 = 2;
 /// may displace a page (it would trade equals: thrashing by construction).
 /// Skewed patterns measure 1.5 and up within seconds.
 pub const SKEW_MIN: f64 = 1.03;
+/// Mean heat per page the skew gate needs before it may block: with
+/// thinner samples a dispersion near 1 says nothing (a skewed pattern's
+/// excess over 1 grows with the mean heat; at 0.1 a skew of CV 1 would
+/// already show as 1.1), so the gate stays open.
+pub const SKEW_MIN_MEAN_HEAT: f64 = 0.1;
 /// Bytes per request for Colloid's dynamic limit (one cache line).
 pub const REQUEST_BYTES: f64 = 64.0;
 
@@ -174,6 +179,15 @@ struct Ranking {
     th: Vec<u16>,
     /// Index of dispersion of the heat over all pages (variance / mean).
     dispersion: f64,
+    /// Mean heat per page.
+    mean: f64,
+}
+
+impl Ranking {
+    /// The skew gate: the heat is thick enough to judge and shows no skew.
+    fn no_skew(&self) -> bool {
+        self.mean >= SKEW_MIN_MEAN_HEAT && self.dispersion < SKEW_MIN
+    }
 }
 
 impl Ranking {
@@ -423,7 +437,11 @@ impl Adaptive {
                 *th_t = c;
             }
         }
-        Ranking { th, dispersion }
+        Ranking {
+            th,
+            dispersion,
+            mean,
+        }
     }
 
     /// Step 6 for tiers 0 and 1.
@@ -637,7 +655,7 @@ impl Adaptive {
             let need =
                 (want + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst));
             let th = rank.th[usize::from(dst)];
-            if rank.dispersion < SKEW_MIN {
+            if rank.no_skew() {
                 continue; // no skew: promote into free room only
             }
             // Only pages clearly hotter than the threshold displace others.
@@ -816,7 +834,7 @@ impl Policy for Adaptive {
         // Steps 5-7.
         let rank = self.rank();
         let verdict = self.latency_verdict(obs.tiers);
-        let skew = if rank.dispersion < SKEW_MIN {
+        let skew = if rank.no_skew() {
             format!(
                 "; heat shows no skew (dispersion {:.2} < {SKEW_MIN}): no page displaced",
                 rank.dispersion
