@@ -69,6 +69,9 @@ pub enum Error {
     /// A report could not be encoded or written.
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// `tiervm serve`, its worker mode or `tiervm ctl` failed.
+    #[error(transparent)]
+    Serve(#[from] crate::serve::ServeError),
 }
 
 /// Writing a result (report, JSON, file) failed.
@@ -101,6 +104,7 @@ impl Error {
             Self::Compare(e) => return e.exit_code(),
             Self::Native(e) => e.is_usage(),
             Self::Vm(e) => e.is_usage(),
+            Self::Serve(e) => e.is_usage(),
             Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
         };
         if usage {

@@ -16,6 +16,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod runner;
+pub mod serve;
 pub mod status;
 pub mod tiering_config;
 pub mod units;

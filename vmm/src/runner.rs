@@ -46,6 +46,9 @@ pub struct SampleCtx<'a> {
     pub t_s: f64,
     /// Total guest operations so far.
     pub ops: u64,
+    /// The VM's tiered RAM, if tiered (the service's worker resizes tiers
+    /// and switches policies through it).
+    pub tiered: Option<&'a TieredRam>,
 }
 
 /// Observers of a run (tests, progress display).
@@ -55,6 +58,13 @@ pub trait RunHooks {
 
     /// Called after every status sample.
     fn on_sample(&mut self, _ctx: &SampleCtx<'_>) {}
+
+    /// Whether the run should stop now (checked every few ms): the
+    /// guest is asked to stop as at the end of `--duration`. Lets a test
+    /// run until the events it waits for happened instead of for a fixed time.
+    fn wants_stop(&mut self) -> bool {
+        false
+    }
 }
 
 /// Hooks that do nothing.
@@ -319,9 +329,10 @@ fn watch(
         }
         match w.stop_requested_at {
             None => {
-                if cfg
-                    .duration
-                    .is_some_and(|d| now.duration_since(run_start) >= d)
+                if hooks.wants_stop()
+                    || cfg
+                        .duration
+                        .is_some_and(|d| now.duration_since(run_start) >= d)
                 {
                     if let Some(t) = vm.tiered() {
                         t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
@@ -365,6 +376,7 @@ fn sample(cfg: &VmConfig, vm: &mut Vm, hooks: &mut dyn RunHooks, w: &mut Watched
         layout: &cfg.layout,
         t_s,
         ops: snap.total_ops(),
+        tiered: vm.tiered(),
     });
 }
 

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::mem::{self, Migrator, TieredMemory};
+pub mod profile;
 pub mod schedule;
 
 pub use schedule::{
@@ -226,6 +227,8 @@ struct EngineState {
     hint_tiers: Vec<TierId>,
     latency: Option<ModeledLatency>,
     report: EngineReport,
+    /// Sampled accesses per page, for the service's division of the fast tier.
+    profile: Arc<profile::AccessProfile>,
 }
 
 impl EngineState {
@@ -306,6 +309,7 @@ impl EngineState {
     ) -> Option<Migration> {
         let mem = self.migrator.memory().clone();
         let tier_id = mem.tier_of(s.page as usize)?;
+        self.profile.record(s.page);
         for bits in [&mut self.touched, &mut self.probe_touched] {
             if let Some(w) = bits.get_mut((s.page / 64) as usize) {
                 *w |= 1 << (s.page % 64);
@@ -400,6 +404,7 @@ impl EngineState {
             d.merge_accessed_into(&mut self.probe_touched);
             for page in d.drain_sample_pages() {
                 if let Some(tier) = mem.tier_of(page as usize) {
+                    self.profile.record(page);
                     if let Some(h) = self.tier_hits.get_mut(usize::from(tier)) {
                         *h += 1;
                     }
@@ -533,6 +538,7 @@ enum Command {
 
 /// A running engine thread.
 pub struct Engine {
+    profile: Arc<profile::AccessProfile>,
     stop: Arc<AtomicBool>,
     commands: Arc<Mutex<VecDeque<Command>>>,
     join: Option<JoinHandle<EngineReport>>,
@@ -642,6 +648,7 @@ impl Engine {
             None => None,
         };
         let words = migrator.memory().guest_pages().div_ceil(64);
+        let profile = Arc::new(profile::AccessProfile::new(migrator.memory().guest_pages()));
         let state = Arc::new(Mutex::new(EngineState {
             policy: first,
             cfg: pcfg,
@@ -660,6 +667,7 @@ impl Engine {
                 latency_modeled: cfg.modeled_latency.is_some(),
                 ..Default::default()
             },
+            profile: profile.clone(),
         }));
         let start = Instant::now();
         let hooks = FaultPathHooks {
@@ -686,10 +694,16 @@ impl Engine {
             .spawn(move || thread.run())
             .map_err(EngineError::Spawn)?;
         Ok(Self {
+            profile,
             stop,
             commands,
             join: Some(join),
         })
+    }
+
+    /// The sampled accesses per page the engine has seen (shared, live).
+    pub fn access_profile(&self) -> Arc<profile::AccessProfile> {
+        self.profile.clone()
     }
 
     /// Asks the engine to switch to `kind` (state handed over).
