@@ -258,10 +258,10 @@ async fn openapi_json(State(st): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
 }
 
-/// Prometheus metrics (OpenMetrics text).
+/// Prometheus metrics (text exposition format 0.0.4).
 #[utoipa::path(get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "The metrics", body = String,
-        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8")))]
+        content_type = "text/plain; version=0.0.4; charset=utf-8")))]
 async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
     let h = st.host.clone();
     let m = st.metrics.clone();
@@ -269,7 +269,7 @@ async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
     Ok((
         [(
             header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            "text/plain; version=0.0.4; charset=utf-8",
         )],
         text,
     )
