@@ -21,6 +21,10 @@ pub struct ServeArgs {
     /// Directory for VM logs and reports.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Also serve GET /metrics (only) on this TCP address, e.g. 127.0.0.1:9464
+    /// (Prometheus scrapes TCP, not Unix sockets).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// Fast capacity the service may hand out, e.g. 8G.
     #[arg(long, value_parser = parse_size)]
     pub fast_pool: Option<u64>,
@@ -59,6 +63,7 @@ pub fn run(args: &ServeArgs) -> Result<i32> {
     let flags = Overrides {
         socket: args.socket.clone(),
         state_dir: args.state_dir.clone(),
+        metrics_listen: args.metrics_listen.clone(),
         fast_node: args.fast_node,
         slow_node: args.slow_node,
         fast_pool: args.fast_pool,

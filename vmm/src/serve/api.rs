@@ -319,6 +319,16 @@ async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> Resp
     response
 }
 
+/// The router of the TCP metrics listener: `GET /metrics` only.
+pub fn metrics_router(st: AppState) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(st.clone(), guard))
+        .with_state(st)
+}
+
 /// The router and the OpenAPI document it implies.
 pub fn router(st: AppState) -> (axum::Router, utoipa::openapi::OpenApi) {
     let limit = st.host.cfg.max_body;

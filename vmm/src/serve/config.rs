@@ -4,6 +4,7 @@
 //! ```toml
 //! socket = "/run/tiervm/api.sock"
 //! state_dir = "/var/lib/tiervm"
+//! metrics_listen = "127.0.0.1:9464"   # GET /metrics over TCP too (optional)
 //! fast_node = 0
 //! slow_node = 1
 //! fast_pool = "8G"
@@ -74,6 +75,9 @@ pub struct ServeFile {
     pub socket: Option<PathBuf>,
     /// Where reports and VM logs go.
     pub state_dir: Option<PathBuf>,
+    /// A TCP address that serves `GET /metrics` only (Prometheus cannot
+    /// scrape a Unix socket), e.g. "127.0.0.1:9464".
+    pub metrics_listen: Option<String>,
     /// Host node of the fast tier.
     pub fast_node: Option<u32>,
     /// Host node of the slow tier.
@@ -173,6 +177,8 @@ pub struct ServeConfig {
     pub socket: PathBuf,
     /// Where reports and VM logs go.
     pub state_dir: PathBuf,
+    /// TCP address serving `GET /metrics` only.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Host node of the fast tier.
     pub fast_node: u32,
     /// Host node of the slow tier.
@@ -277,6 +283,8 @@ pub struct Overrides {
     pub socket: Option<PathBuf>,
     /// `--state-dir`.
     pub state_dir: Option<PathBuf>,
+    /// `--metrics-listen`.
+    pub metrics_listen: Option<String>,
     /// `--fast-node`.
     pub fast_node: Option<u32>,
     /// `--slow-node`.
@@ -531,7 +539,20 @@ impl ServeConfig {
             l.request_timeout.as_ref(),
             Duration::from_secs(10),
         )?;
+        let metrics_listen = match flags
+            .metrics_listen
+            .as_ref()
+            .or(file.metrics_listen.as_ref())
+        {
+            None => None,
+            Some(a) => Some(a.parse().map_err(|_| ServeConfigError::BadValue {
+                key: "metrics_listen".into(),
+                value: a.clone(),
+                expected: "an address such as 127.0.0.1:9464",
+            })?),
+        };
         Ok(Self {
+            metrics_listen,
             socket: flags
                 .socket
                 .clone()

@@ -158,16 +158,45 @@ pub fn run(cfg: ServeConfig) -> Result<i32, ServeError> {
         openapi: Arc::new(OnceLock::new()),
         metrics: Arc::new(metrics::ApiMetrics::default()),
     };
+    let metrics_router = api::metrics_router(state.clone());
+    let metrics_listener = match host.cfg.metrics_listen {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr).map_err(|source| ServeError::Setup {
+                what: "binding the metrics address",
+                path: addr.to_string(),
+                source,
+            })?;
+            l.set_nonblocking(true)
+                .map_err(|source| ServeError::Setup {
+                    what: "configuring the metrics address",
+                    path: addr.to_string(),
+                    source,
+                })?;
+            eprintln!("tiervm serve: metrics on http://{addr}/metrics");
+            Some(l)
+        }
+        None => None,
+    };
     let (router, _doc) = api::router(state);
     let result = rt.block_on(async move {
         let listener =
             tokio::net::UnixListener::from_std(listener).map_err(setup("listening on", &socket))?;
         let server = tokio::spawn(serve_connections(listener, router));
+        let metrics_server = match metrics_listener {
+            Some(l) => {
+                let l = tokio::net::TcpListener::from_std(l).map_err(ServeError::Runtime)?;
+                Some(tokio::spawn(serve_tcp(l, metrics_router)))
+            }
+            None => None,
+        };
         wait_for_stop_signal().await;
         eprintln!("tiervm serve: stopping the VMs");
         let h = host.clone();
         let _ = tokio::task::spawn_blocking(move || h.shutdown()).await;
         server.abort();
+        if let Some(m) = metrics_server {
+            m.abort();
+        }
         let _ = std::fs::remove_file(&socket);
         Ok::<_, ServeError>(0)
     });
@@ -187,6 +216,39 @@ async fn wait_for_stop_signal() {
     }
 }
 
+/// The TCP metrics listener (same bounds as the API socket).
+async fn serve_tcp(listener: tokio::net::TcpListener, router: axum::Router) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        serve_one(stream, router.clone(), permit);
+    }
+}
+
+fn serve_one<S>(stream: S, router: axum::Router, permit: tokio::sync::OwnedSemaphorePermit)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(router);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(64 << 10)
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(e) = conn.await {
+            tracing::debug!("connection: {e}");
+        }
+    });
+}
+
 /// Accepts connections and serves HTTP/1.1 on each (bounded in number,
 /// header read time and, through the router's guard, request time).
 async fn serve_connections(listener: tokio::net::UnixListener, router: axum::Router) {
@@ -203,17 +265,6 @@ async fn serve_connections(listener: tokio::net::UnixListener, router: axum::Rou
                 continue;
             }
         };
-        let service = TowerToHyperService::new(router.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(64 << 10)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!("connection: {e}");
-            }
-        });
+        serve_one(stream, router.clone(), permit);
     }
 }
