@@ -69,10 +69,6 @@ impl Service {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
     }
 
-    fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
-    }
-
     /// A request with the Rust client.
     fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
         let a = client::request(
@@ -470,7 +466,7 @@ fn prometheus_scrapes_the_service_and_queries_a_series_back() {
         "http://127.0.0.1:{pport}/api/v1/query?query=tiervm_host_pool_capacity_bytes%7Btier%3D%22fast%22%7D"
     );
     let deadline = Instant::now() + Duration::from_secs(90);
-    let mut last = String::new();
+    let mut last;
     let found = loop {
         let out = Command::new("curl")
             .args(["-sS", "--max-time", "5", &query])

@@ -71,6 +71,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A policy switch waiting for the next sample, and where its answer goes.
+type PendingSwitch = (PolicyKind, mpsc::Sender<std::result::Result<(), String>>);
+
 /// State shared by the main thread (hooks) and the control thread.
 struct Shared {
     writer: Mutex<UnixStream>,
@@ -80,7 +83,7 @@ struct Shared {
     finished: AtomicBool,
     resize: Mutex<Option<ResizeHandle>>,
     stats: Mutex<Option<WorkerStats>>,
-    switches: Mutex<Vec<(PolicyKind, mpsc::Sender<std::result::Result<(), String>>)>>,
+    switches: Mutex<Vec<PendingSwitch>>,
     report: Mutex<Option<serde_json::Value>>,
 }
 
@@ -257,11 +260,7 @@ pub fn request_of(spec: &VmSpec) -> Result<VmRequest> {
 
 /// Answers commands until the channel closes.
 fn control_loop(mut reader: BufReader<UnixStream>, shared: &Shared) {
-    loop {
-        let line = match read_line(&mut reader) {
-            Ok(Some(l)) => l,
-            Ok(None) | Err(_) => break,
-        };
+    while let Ok(Some(line)) = read_line(&mut reader) {
         let (id, command) = match serde_json::from_slice::<ToWorker>(&line) {
             Ok(ToWorker::Request { id, command }) => (id, command),
             Ok(ToWorker::Start(_)) | Err(_) => continue,

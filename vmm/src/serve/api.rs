@@ -352,3 +352,163 @@ pub fn router(st: AppState) -> (axum::Router, utoipa::openapi::OpenApi) {
     let _ = st.openapi.set(json);
     (router, doc)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use proptest::prelude::*;
+    use tower::ServiceExt;
+
+    fn app() -> (axum::Router, Arc<Host>) {
+        let cfg = super::super::config::ServeConfig::for_tests();
+        let host = Host::new(cfg);
+        let st = AppState {
+            host: host.clone(),
+            openapi: Arc::new(OnceLock::new()),
+            metrics: Arc::new(ApiMetrics::default()),
+        };
+        (router(st).0, host)
+    }
+
+    fn call(app: &axum::Router, method: &str, uri: &str, body: Vec<u8>) -> Option<(u16, Vec<u8>)> {
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::from(body))
+            .ok()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async {
+            let resp = app.clone().oneshot(req).await.ok()?;
+            let status = resp.status().as_u16();
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.ok()?;
+            Some((status, bytes.to_vec()))
+        })
+    }
+
+    fn check_answer(status: u16, body: &[u8]) -> Result<(), TestCaseError> {
+        prop_assert!(
+            [200, 201, 202, 204, 400, 404, 405, 409, 413].contains(&status),
+            "status {status}: {}",
+            String::from_utf8_lossy(body)
+        );
+        if status >= 400 {
+            let e: serde_json::Value = serde_json::from_slice(body)
+                .map_err(|_| TestCaseError::fail("an error body is JSON"))?;
+            for k in ["code", "message", "fix"] {
+                prop_assert!(
+                    e[k].as_str().is_some_and(|s| !s.is_empty()),
+                    "error field {k}: {e}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(|f| serde_json::json!(f)),
+            "[a-zA-Z0-9 ._/-]{0,12}".prop_map(serde_json::Value::from),
+            prop_oneof![
+                Just("512M"),
+                Just("3M"),
+                Just("1G"),
+                Just("-1"),
+                Just("99999T"),
+                Just("zipf"),
+                Just("nomad")
+            ]
+            .prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            let keys = prop_oneof![
+                Just("image".to_string()),
+                Just("mem".to_string()),
+                Just("fast".to_string()),
+                Just("min".to_string()),
+                Just("max".to_string()),
+                Just("weight".to_string()),
+                Just("policy".to_string()),
+                Just("args".to_string()),
+                Just("fast_pool".to_string()),
+                Just("slow_pool".to_string()),
+                Just("vcpus".to_string()),
+                Just("duration".to_string()),
+                "[a-z_]{1,8}",
+            ];
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map(keys, inner, 0..5)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        let seg = "[a-zA-Z0-9%._~{}-]{0,10}";
+        prop_oneof![
+            Just("/v1/host".to_string()),
+            Just("/v1/vms".to_string()),
+            Just("/metrics".to_string()),
+            Just("/v1/openapi.json".to_string()),
+            seg.prop_map(|s| format!("/v1/vms/{s}")),
+            seg.prop_map(|s| format!("/v1/vms/{s}/fast")),
+            seg.prop_map(|s| format!("/v1/vms/{s}/policy")),
+            seg.prop_map(|s| format!("/v1/vms/{s}/report")),
+            proptest::collection::vec(seg, 0..5).prop_map(|v| format!("/{}", v.join("/"))),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_json_and_paths_get_a_json_answer(
+            method in prop_oneof![Just("GET"), Just("POST"), Just("PUT"), Just("PATCH"), Just("DELETE"), Just("HEAD")],
+            path in path(),
+            body in prop_oneof![
+                json_value().prop_map(|v| v.to_string().into_bytes()),
+                proptest::collection::vec(any::<u8>(), 0..64),
+            ],
+        ) {
+            let (app, _host) = app();
+            if let Some((status, body)) = call(&app, method, &path, body) {
+                if method != "HEAD" {
+                    check_answer(status, &body)?;
+                }
+            }
+        }
+
+        #[test]
+        fn body_parsers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256), v in json_value()) {
+            let _ = parse_json::<CreateVm>(&bytes);
+            let _ = parse_json::<FastRequest>(&bytes);
+            let s = v.to_string();
+            for r in [
+                parse_json::<CreateVm>(s.as_bytes()).err(),
+                parse_json::<PatchHost>(s.as_bytes()).err(),
+                parse_json::<PutPolicy>(s.as_bytes()).err(),
+            ].into_iter().flatten() {
+                prop_assert_eq!(r.status, 400);
+            }
+        }
+    }
+
+    #[test]
+    fn changes_are_refused_with_503_while_shutting_down() {
+        let (app, host) = app();
+        host.shutdown();
+        let (st, body) = call(&app, "POST", "/v1/vms", br#"{"image":"zipf"}"#.to_vec()).unwrap();
+        assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));
+        let e: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(e["code"], "shutting_down");
+        let (st, _) = call(&app, "GET", "/v1/host", Vec::new()).unwrap();
+        assert_eq!(st, 200, "reads still work while the VMs stop");
+    }
+}

@@ -579,6 +579,40 @@ impl ServeConfig {
     }
 }
 
+impl ServeConfig {
+    /// Settings for in-process tests: empty pools (every create is
+    /// refused by admission, so no worker starts), a worker that does
+    /// not exist, a temporary state directory.
+    pub fn for_tests() -> Self {
+        Self {
+            socket: std::env::temp_dir().join("tiervm-test-unused.sock"),
+            state_dir: std::env::temp_dir().join("tiervm-test-state"),
+            metrics_listen: None,
+            fast_node: 0,
+            slow_node: 0,
+            fast_pool: 0,
+            slow_pool: 0,
+            emulated: true,
+            defaults: VmDefaults {
+                mem: 64 << 20,
+                vcpus: 1,
+                policy: "nomad".into(),
+                fast_min: 0,
+                fast_max: None,
+                weight: 1.0,
+                tracking: "hint-faults".into(),
+                stop_grace: Duration::from_secs(1),
+            },
+            division: super::division::Params::default(),
+            period: Duration::from_secs(1),
+            max_vms: 4,
+            max_body: 4096,
+            request_timeout: Duration::from_secs(5),
+            worker_exe: "/nonexistent/tiervm".into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

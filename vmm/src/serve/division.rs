@@ -172,6 +172,8 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
     }
     // What VMs hold: their target, or more while a shrink converges.
     let held = |t: &[u64]| -> u64 { t.iter().zip(shares).map(|(ti, s)| (*ti).max(s.used)).sum() };
+    // Capacity that frees up as shrinks converge, promised to VMs below min.
+    let mut promised = 0u64;
     for i in 0..shares.len() {
         if t[i] >= shares[i].min {
             continue;
@@ -183,7 +185,12 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         out.mandatory_bytes += step;
         // Then the spare of others (their capacity drops at once; the
         // grant follows in a later round, as their shrinks free it).
-        let mut need = (shares[i].min - t[i]).saturating_sub(pending_free(shares, &t));
+        let free_after = pool
+            .saturating_sub(t.iter().sum::<u64>())
+            .saturating_sub(promised);
+        let short = shares[i].min - t[i];
+        promised += short.min(free_after);
+        let mut need = short.saturating_sub(free_after);
         while need > 0 {
             let Some(j) = cheapest_shrink(&curves, &t, Some(i), false, p) else {
                 break;
@@ -191,6 +198,7 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
             let step = (t[j] - shares[j].min).min(q).min(need);
             t[j] -= step;
             out.mandatory_bytes += step;
+            promised += step;
             need -= step;
         }
     }
@@ -262,14 +270,6 @@ fn best_grow(curves: &[Curve<'_>], t: &[u64], p: &Params) -> Option<(usize, f64)
         .filter(|&i| t[i] + curves[i].q <= curves[i].s.max && !dwelling(curves[i].s, p))
         .map(|i| (i, curves[i].up(t[i])))
         .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-}
-
-/// Capacity already taken back from VMs whose shrinks have not converged.
-fn pending_free(shares: &[Share], t: &[u64]) -> u64 {
-    t.iter()
-        .zip(shares)
-        .map(|(ti, s)| s.used.saturating_sub(*ti))
-        .sum()
 }
 
 fn dwelling(s: &Share, p: &Params) -> bool {
