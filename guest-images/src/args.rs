@@ -46,7 +46,9 @@ pub fn parse_size(s: &str) -> Result<u64, ArgError> {
     }
     let v: f64 = num.parse().map_err(|_| ArgError::BadSize)?;
     let bytes = v * (1u64 << shift) as f64;
-    if !(0.0..1.8e19).contains(&bytes) {
+    // Below 2^64 (`u64::MAX as f64` rounds up to exactly 2^64), so the
+    // conversion below neither saturates nor rejects sizes u64 can hold.
+    if !(0.0..u64::MAX as f64).contains(&bytes) {
         return Err(ArgError::OutOfRange);
     }
     Ok(bytes as u64)
@@ -232,6 +234,11 @@ mod tests {
         assert_eq!(parse_size("12X"), Err(ArgError::BadSize));
         assert_eq!(parse_size("-1"), Err(ArgError::BadSize));
         assert_eq!(parse_size("99999999999T"), Err(ArgError::OutOfRange));
+        assert_eq!(parse_size("16777216.0T"), Err(ArgError::OutOfRange));
+        assert_eq!(
+            parse_size("16370807.5T"),
+            Ok(16_370_807 * (1 << 40) + (1 << 39))
+        );
         assert_eq!(parse_size("1.2.3G"), Err(ArgError::BadSize));
     }
 

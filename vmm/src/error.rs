@@ -17,6 +17,7 @@ use crate::commands::native::NativeError;
 use crate::commands::sim::SimCmdError;
 use crate::config::{ConfigError, WorkloadArgError};
 use crate::image::ImageError;
+use crate::permissions::PermissionError;
 use crate::tiering_config::TieringConfigError;
 use crate::vstate::memory::MemoryError;
 use crate::vstate::tiered::TieredRamError;
@@ -45,6 +46,9 @@ pub enum Error {
     /// Guest memory could not be set up or written.
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    /// This process lacks a host permission the run needs.
+    #[error(transparent)]
+    Permission(#[from] PermissionError),
     /// KVM or the VM failed.
     #[error(transparent)]
     Vm(#[from] VmError),
@@ -105,7 +109,7 @@ impl Error {
             Self::Native(e) => e.is_usage(),
             Self::Vm(e) => e.is_usage(),
             Self::Serve(e) => e.is_usage(),
-            Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
+            Self::Permission(_) | Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
         };
         if usage {
             EXIT_USAGE

@@ -12,6 +12,7 @@ pub mod devices;
 pub mod error;
 pub mod image;
 pub mod kvm_dirty_log;
+pub mod permissions;
 pub mod plot;
 pub mod progress;
 pub mod report;

@@ -81,7 +81,8 @@ pub enum Console {
 
 /// Runs the VM described by `cfg`. `started` is when the VMM started (for `boot_ms`).
 ///
-/// 1. Build the VM: RAM, image, page tables, KVM VM and vCPUs, boot info,
+/// 1. Check the host permissions the run needs
+///    ([`crate::permissions::check_run`]), then build the VM: RAM, image, page tables, KVM VM and vCPUs, boot info,
 ///    tiering threads ([`build_vm`]).
 /// 2. Start one thread per vCPU.
 /// 3. Watch the run: sample the status page, stop on a crash or when the
@@ -95,6 +96,8 @@ pub fn run(
     console: Console,
     hooks: &mut dyn RunHooks,
 ) -> Result<RunReport> {
+    // Name every missing host permission before setting anything up.
+    crate::permissions::check_run(cfg.tiering.is_some())?;
     let (mut vm, vcpus) = build_vm(cfg)?;
     let sink = match console {
         Console::Stderr => Sink::Stderr,

@@ -354,6 +354,14 @@ pub enum TieringConfigError {
     /// `--chaos-mix 0:0`.
     #[error("--chaos-mix 0:0 migrates nothing: give at least one non-zero weight")]
     EmptyChaosMix,
+    /// `--chaos-mix` weights whose sum does not fit a u32.
+    #[error(
+        "--chaos-mix '{mix}': the weights must add up to at most 4294967295: give a ratio like 3:1"
+    )]
+    ChaosMixOverflow {
+        /// The flag's value.
+        mix: String,
+    },
     /// `--chaos-rate` not positive.
     #[error("--chaos-rate {rate}: give a positive number of units per second")]
     BadChaosRate {
@@ -416,6 +424,10 @@ pub fn parse_mix(s: &str) -> Checked<(u32, u32)> {
     let d: u32 = d.trim().parse().map_err(|_| bad())?;
     if p == 0 && d == 0 {
         return Err(TieringConfigError::EmptyChaosMix);
+    }
+    // The chaos driver draws from p + d (a u32).
+    if p.checked_add(d).is_none() {
+        return Err(TieringConfigError::ChaosMixOverflow { mix: s.into() });
     }
     Ok((p, d))
 }
@@ -520,7 +532,8 @@ impl TieringRequest {
         if !slow.is_multiple_of(page) {
             return Err(TieringConfigError::SlowNotPageMultiple { slow });
         }
-        if fast + slow < mem_bytes {
+        // Summed wide: sizes near u64::MAX must not wrap (or panic).
+        if u128::from(fast) + u128::from(slow) < u128::from(mem_bytes) {
             return Err(TieringConfigError::TiersCannotHoldMem {
                 fast,
                 slow,

@@ -290,6 +290,7 @@ pub struct TieredMemory {
     fatal: OnceLock<String>,
     pub(crate) host_guard: HostGuard,
     pub(crate) sweep: Vec<super::resize::SweepCursor>,
+    pub(crate) chunks: super::thp::ChunkStates,
     pub(crate) scanner: sys::PageScanner,
     pub(crate) inject: Arc<sys::Injector>,
     locked: bool,
@@ -407,6 +408,7 @@ impl TieredMemory {
             fatal: OnceLock::new(),
             host_guard: HostGuard::new(&nodes, cfg.host_reserve_bytes),
             sweep: cfg.tiers.iter().map(|_| Default::default()).collect(),
+            chunks: super::thp::ChunkStates::new(n)?,
             scanner: sys::PageScanner::open()?,
             inject,
             locked,
@@ -810,7 +812,10 @@ impl TieredMemory {
             {
                 j += 1;
             }
-            self.uffd.move_range(d0, s0, (j - i) * PAGE_SIZE, true)?;
+            let len = (j - i) * PAGE_SIZE;
+            self.uffd.move_range(d0, s0, len, true)?;
+            self.note_guest_move(d0, len);
+            self.note_guest_move(s0, len);
             i = j;
         }
         Ok(())
@@ -828,7 +833,11 @@ impl TieredMemory {
         let mut last = None;
         for attempt in 0..ROLLBACK_ATTEMPTS {
             match self.uffd.move_range(dst, src, len, true) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.note_guest_move(dst, len);
+                    self.note_guest_move(src, len);
+                    return Ok(());
+                }
                 Err(e) if e.dst_not_a_hole() || e.src_missing() => return Err(e),
                 Err(e) if e.moved > 0 => {
                     // Part moved: finish the rest.

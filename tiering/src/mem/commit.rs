@@ -330,6 +330,9 @@ impl TieredMemory {
                         .unwrap_or(false);
                     self.publish_placement(first, count, tier);
                     self.uffd.move_range(self.guest_addr(first), a, len, true)?;
+                    if huge {
+                        self.note_huge(first, count);
+                    }
                     Ok(huge)
                 }
                 Staging::Pages(slots) => {

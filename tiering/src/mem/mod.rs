@@ -60,6 +60,7 @@ mod sampler;
 mod shadow;
 mod staging;
 mod stats;
+mod thp;
 
 #[cfg(test)]
 mod tests;

@@ -295,6 +295,9 @@ pub struct ResizeConfig {
     pub step_pages: usize,
     /// Time between steps.
     pub period: std::time::Duration,
+    /// Split 2 MiB ranges collapsed back into huge pages per 100 ms (each
+    /// copies 2 MiB while the range's pages are owned).
+    pub collapse_per_100ms: usize,
 }
 
 impl Default for ResizeConfig {
@@ -304,6 +307,7 @@ impl Default for ResizeConfig {
             // 4096 pages per 10 ms: at most 1.6 GB/s of demotion.
             step_pages: 4096,
             period: std::time::Duration::from_millis(10),
+            collapse_per_100ms: 4,
         }
     }
 }
@@ -424,8 +428,15 @@ fn run_driver(m: &Migrator, cfg: &ResizeConfig, shared: &ResizeShared) -> Resize
         .iter()
         .map(|(t, s)| (*t, s.iter().copied().collect()))
         .collect();
+    let mut next_collapse = std::time::Duration::ZERO;
     while !shared.stop.load(O::Relaxed) {
         let now = start.elapsed();
+        // 0. Put split huge pages back together where a range is whole
+        //    on one tier again.
+        if now >= next_collapse {
+            mem.collapse_split_ranges(cfg.collapse_per_100ms);
+            next_collapse = now + std::time::Duration::from_millis(100);
+        }
         // 1. Scheduled capacity changes that are due.
         for (tier, steps) in &mut pending {
             while steps.front().is_some_and(|s| s.at <= now) {

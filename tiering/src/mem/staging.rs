@@ -161,11 +161,7 @@ impl TieredMemory {
                 self.pool(tier).release_chunk(slot, holds, true);
             }
         }
-        let r = self
-            .inject
-            .io(sys::FaultPoint::Discard)
-            .and_then(|()| sys::discard(addr, HUGE_PAGE_SIZE));
-        if let Err(e) = r {
+        if let Err(e) = self.discard_retrying(addr, HUGE_PAGE_SIZE) {
             // The run stays where it is; a later move into that slot finds it
             // and heals (discards it first).
             tracing::error!("discarding a 2 MiB run at {addr:#x}: {e}");
@@ -216,6 +212,23 @@ impl TieredMemory {
         false
     }
 
+    /// `MADV_DONTNEED` of a range, retried a few times: a page left behind
+    /// would sit in a slot the bookkeeping calls empty (a later move into it
+    /// heals it, but until then it is memory nobody accounts).
+    fn discard_retrying(&self, addr: usize, len: usize) -> std::io::Result<()> {
+        let mut last = Ok(());
+        for _ in 0..4 {
+            last = self
+                .inject
+                .io(sys::FaultPoint::Discard)
+                .and_then(|()| sys::discard(addr, len));
+            if last.is_ok() {
+                break;
+            }
+        }
+        last
+    }
+
     /// `MADV_DONTNEED` of pages, one call per contiguous run.
     pub(crate) fn discard_coalesced(&self, addrs: &[usize]) {
         let mut sorted = addrs.to_vec();
@@ -227,11 +240,7 @@ impl TieredMemory {
             while j < sorted.len() && sorted[j] == start + (j - i) * PAGE_SIZE {
                 j += 1;
             }
-            let r = self
-                .inject
-                .io(sys::FaultPoint::Discard)
-                .and_then(|()| sys::discard(start, (j - i) * PAGE_SIZE));
-            if let Err(e) = r {
+            if let Err(e) = self.discard_retrying(start, (j - i) * PAGE_SIZE) {
                 tracing::error!("discarding {} pages at {start:#x}: {e}", j - i);
             }
             i = j;

@@ -95,7 +95,11 @@ pub struct MemStats {
     /// Rollback steps that failed (each one logged; the page stays where
     /// the kernel says it is).
     pub rollback_errors: u64,
-    /// 2 MiB runs collapsed back into a huge page.
+    /// 2 MiB guest ranges broken into 4 KiB pages by a page-sized move
+    /// (placement inside a huge page, hint-fault sampling).
+    pub splits: u64,
+    /// Split 2 MiB guest ranges collapsed back into a huge page once whole
+    /// on one tier again.
     pub collapses: u64,
     /// Capacity changes (resizes) applied.
     pub resizes: u64,
@@ -136,6 +140,7 @@ pub struct Counters {
     pub(crate) slot_heals: AtomicU64,
     pub(crate) rollback_errors: AtomicU64,
     pub(crate) collapses: AtomicU64,
+    pub(crate) splits: AtomicU64,
     pub(crate) resizes: AtomicU64,
     pub(crate) dirty_log_switches: AtomicU64,
 }
@@ -175,6 +180,7 @@ impl Counters {
             slot_heals: g(&self.slot_heals),
             rollback_errors: g(&self.rollback_errors),
             collapses: g(&self.collapses),
+            splits: g(&self.splits),
             resizes: g(&self.resizes),
             dirty_log_switches: g(&self.dirty_log_switches),
             tiers: Vec::new(),

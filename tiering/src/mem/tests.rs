@@ -1235,3 +1235,36 @@ fn the_placement_observer_sees_every_placement() {
         );
     }
 }
+
+/// A 4 KiB migration splits a guest huge page (counted); once the range is
+/// whole on one tier again, a collapse makes it one huge page again
+/// (measured from the kernel).
+#[test]
+fn a_split_range_collapses_back_when_whole_on_one_tier() {
+    let mut cfg = MemConfig::new(1024 * PAGE_SIZE, 1024);
+    cfg.placement = InitialPlacement::SlowFirst;
+    let Some((mem, _log, m, _faults)) = setup_with(cfg) else {
+        return;
+    };
+    fill(&mem);
+    let huge = |mem: &TieredMemory| {
+        let g = mem.guest_ptr() as usize;
+        mem.scanner
+            .scan(g, g + 2 * crate::sys::HUGE_PAGE_SIZE, |_, _, _| {})
+            .unwrap()
+            .huge
+    };
+    assert_eq!(huge(&mem), 4 << 20, "committed as huge pages");
+    m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(mem.stats().splits, 1);
+    assert_eq!(huge(&mem), 2 << 20, "the first range is split");
+    // Not whole on one tier: no collapse.
+    assert_eq!(mem.collapse_split_ranges(8), 0);
+    m.demote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(mem.collapse_split_ranges(8), 1);
+    assert_eq!(mem.stats().collapses, 1);
+    assert_eq!(huge(&mem), 4 << 20, "collapsed back");
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+    assert_eq!(mem.check_nodes().map(|n| n >= 1024), Ok(true));
+}

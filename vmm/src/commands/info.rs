@@ -273,8 +273,13 @@ fn dev_kvm_fix(access: &Access) -> Option<String> {
                 .into(),
         ),
         Access::PermissionDenied => Some(
-            "run as a user in group kvm (usermod -aG kvm $USER, then log in again) or as root"
-                .into(),
+            crate::permissions::NodeAccess::of(crate::permissions::DEV_KVM).map_or_else(
+                || {
+                    "run as a user in group kvm (usermod -aG kvm $USER, then log in again) or as root"
+                        .into()
+                },
+                |n| format!("{}; or run as root", n.grant_fix("kvm")),
+            ),
         ),
         Access::Failed { .. } => Some("check dmesg for KVM errors".into()),
     }

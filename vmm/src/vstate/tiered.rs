@@ -204,6 +204,8 @@ pub struct BackingReport {
     pub collapses: u64,
     /// Capacity changes (resizes) applied.
     pub resizes: u64,
+    /// 2 MiB guest ranges broken into 4 KiB pages by page-sized moves.
+    pub splits: u64,
     /// Times the dirty log was switched on or off (on only while something
     /// is tracked: KVM maps an unlogged memslot with huge pages).
     pub dirty_log_switches: u64,
@@ -268,6 +270,7 @@ impl TieringReport {
             slot_heals: s.slot_heals,
             collapses: s.collapses,
             resizes: s.resizes,
+            splits: s.splits,
             dirty_log_switches: s.dirty_log_switches,
         }
     }

@@ -221,6 +221,7 @@ pub enum VcpuOutcome {
 }
 
 /// What the run loop does after one exit.
+#[derive(Debug, PartialEq, Eq)]
 enum Step {
     Continue,
     Exited(u32),
@@ -356,6 +357,10 @@ pub fn install_kick_handler() -> Result<()> {
         Err(e) => Err(VcpuError::KickHandler(e)),
     }
 }
+
+#[cfg(test)]
+#[path = "vcpu_fuzz.rs"]
+mod fuzz;
 
 /// The signal that kicks a vCPU thread.
 pub fn kick_signal() -> libc::c_int {

@@ -1,0 +1,130 @@
+//! Huge pages in guest RAM: which 2 MiB ranges are (believed) mapped by one
+//! huge page, which ones 4 KiB moves have broken into pages ("split"), and
+//! putting a broken range back together ("collapse", `MADV_COLLAPSE`) once
+//! every page of it is on one tier again.
+//!
+//! A range becomes huge when its first touch commits it whole, when a 2 MiB
+//! unit moves in whole, and after a collapse. A 4 KiB move into or out of a
+//! huge range splits it (the kernel splits the mapping and the folio; the
+//! areas are locked, so no part of it becomes the shared zero page, see
+//! `sys::lock_on_fault`). A collapse copies the range into a new huge page
+//! on the node most of its pages are on: the tier's node, since every page
+//! is on that tier.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::page_map::{self, BUSY, PARKED, POPULATED};
+use super::pool::CHUNK_SLOTS;
+use super::TieredMemory;
+use crate::sys::{self, Advice, HUGE_PAGE_SIZE, PAGE_SIZE};
+
+/// The range is mapped by one huge page (as far as tiervm knows).
+const HUGE: u8 = 1;
+/// 4 KiB moves touched the range since it was last whole.
+const SPLIT: u8 = 2;
+
+/// Per-2-MiB-range state of guest RAM.
+#[derive(Debug)]
+pub(crate) struct ChunkStates(Box<[AtomicU8]>);
+
+impl ChunkStates {
+    pub(crate) fn new(guest_pages: usize) -> std::io::Result<Self> {
+        Ok(Self(sys::zeroed_atomics(
+            guest_pages.div_ceil(CHUNK_SLOTS),
+        )?))
+    }
+}
+
+impl TieredMemory {
+    /// The guest range `[first, first + pages)` is now mapped by huge pages
+    /// (a whole commit or a whole 2 MiB move).
+    pub(crate) fn note_huge(&self, first: usize, pages: usize) {
+        if pages == CHUNK_SLOTS && first.is_multiple_of(CHUNK_SLOTS) {
+            if let Some(c) = self.chunks.0.get(first / CHUNK_SLOTS) {
+                c.store(HUGE, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A move of `len` bytes at guest address `addr` happened (in or out).
+    /// A move of less than a whole aligned 2 MiB range splits it.
+    pub(crate) fn note_guest_move(&self, addr: usize, len: usize) {
+        let g = self.layout.guest;
+        if addr < g || addr >= g + self.guest_len() {
+            return;
+        }
+        let first = (addr - g) / PAGE_SIZE;
+        let pages = len / PAGE_SIZE;
+        if pages == CHUNK_SLOTS && first.is_multiple_of(CHUNK_SLOTS) {
+            self.note_huge(first, pages);
+            return;
+        }
+        let last = first + pages.max(1) - 1;
+        for c in first / CHUNK_SLOTS..=last / CHUNK_SLOTS {
+            let Some(state) = self.chunks.0.get(c) else {
+                continue;
+            };
+            let old = state.swap(SPLIT, Ordering::Relaxed);
+            if old & HUGE != 0 {
+                self.counters.splits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Collapses up to `budget` split 2 MiB ranges whose pages are all
+    /// present on one tier and free (nobody moving or sampling them) back
+    /// into huge pages. Returns how many collapsed.
+    pub fn collapse_split_ranges(&self, budget: usize) -> usize {
+        if !self.huge_pages || budget == 0 {
+            return 0;
+        }
+        let mut done = 0;
+        for (c, state) in self.chunks.0.iter().enumerate() {
+            if done >= budget {
+                break;
+            }
+            if state.load(Ordering::Relaxed) != SPLIT {
+                continue;
+            }
+            let first = c * CHUNK_SLOTS;
+            if first + CHUNK_SLOTS > self.guest_pages {
+                continue;
+            }
+            let tier = page_map::tier_of(self.pages.load(first));
+            let whole = tier.is_some()
+                && (first..first + CHUNK_SLOTS).all(|p| {
+                    let w = self.pages.load(p);
+                    w & POPULATED != 0 && w & (BUSY | PARKED) == 0 && page_map::tier_of(w) == tier
+                });
+            if !whole {
+                continue;
+            }
+            // Own every page so no mover or sampler races the collapse.
+            let mut owned = 0;
+            for p in first..first + CHUNK_SLOTS {
+                match self.pages.try_acquire(p, false) {
+                    Some(w) if page_map::tier_of(w) == tier => owned += 1,
+                    Some(_) => {
+                        owned += 1;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            if owned == CHUNK_SLOTS {
+                match sys::advise(self.guest_addr(first), HUGE_PAGE_SIZE, Advice::Collapse) {
+                    Ok(()) => {
+                        state.store(HUGE, Ordering::Relaxed);
+                        self.counters.collapses.fetch_add(1, Ordering::Relaxed);
+                        done += 1;
+                    }
+                    Err(e) => tracing::debug!("collapsing guest range {first}: {e}"),
+                }
+            }
+            for p in first..first + owned {
+                self.release_page(p, 0, 0);
+            }
+        }
+        done
+    }
+}
