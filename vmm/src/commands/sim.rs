@@ -39,6 +39,17 @@ pub struct SimArgs {
     /// Parallel runs (default: available cores).
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Divide a fast pool of this many GiB among the VMs of --mix with
+    /// `tiervm serve`'s division and compare with an even split (MODELED).
+    #[arg(long, value_name = "GIB")]
+    pub division_pool: Option<f64>,
+    /// With --division-pool: the VMs, as built-in scenario names
+    /// (default: four 16 GiB VMs with different working sets).
+    #[arg(long, value_delimiter = ',')]
+    pub mix: Vec<String>,
+    /// With --division-pool: the division's step, GiB.
+    #[arg(long, default_value_t = 0.5)]
+    pub division_quantum: f64,
 
     /// Modeled seconds.
     #[arg(long)]
@@ -178,6 +189,9 @@ pub enum SimCmdError {
     /// The simulator refused the scenario or a policy.
     #[error(transparent)]
     Sim(#[from] sim::SimError),
+    /// `--division-pool` settings out of range.
+    #[error("{0}")]
+    Division(String),
     /// JSON encoding failed.
     #[error("cannot encode the report as JSON")]
     Json(#[from] serde_json::Error),
@@ -419,6 +433,9 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
         print!("{}", list());
         return Ok(0);
     }
+    if let Some(pool) = args.division_pool {
+        return run_division(args, pool);
+    }
     let Some(name) = args.scenario.as_deref() else {
         return Err(SimCmdError::NoScenario);
     };
@@ -466,6 +483,39 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
         SimFormat::Table => print_tables(args, &scn, &reports, wall_s, jobs),
+    }
+    Ok(0)
+}
+
+/// `--division-pool`: the service's fast-tier division against an even
+/// split, modeled.
+fn run_division(args: &SimArgs, pool: f64) -> Result<i32, SimCmdError> {
+    if !(pool.is_finite() && pool > 0.0) || !(args.division_quantum > 0.0) {
+        return Err(SimCmdError::Division(
+            "--division-pool and --division-quantum take positive GiB".into(),
+        ));
+    }
+    let mut vms = if args.mix.is_empty() {
+        crate::serve::modeled::default_mix()
+    } else {
+        args.mix
+            .iter()
+            .map(|n| {
+                sim::builtin(n).ok_or_else(|| SimCmdError::UnknownScenario { name: n.clone() })
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    for v in &mut vms {
+        apply_overrides(v, args)?;
+    }
+    let policy: PolicyKind = match args.policies.first() {
+        Some(p) => p.parse()?,
+        None => PolicyKind::Memtis,
+    };
+    let r = crate::serve::modeled::compare(&vms, pool, policy, args.division_quantum)?;
+    match args.report {
+        SimFormat::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        SimFormat::Table => print!("{}", crate::serve::modeled::table(&r)),
     }
     Ok(0)
 }

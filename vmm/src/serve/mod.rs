@@ -19,6 +19,7 @@ pub mod config;
 pub mod division;
 pub mod host;
 pub mod metrics;
+pub mod modeled;
 pub mod protocol;
 pub mod types;
 pub mod worker;
