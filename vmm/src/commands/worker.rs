@@ -298,6 +298,9 @@ fn answer(shared: &Shared, command: Command) -> std::result::Result<Reply, Strin
             if shared.finished.load(Ordering::Acquire) {
                 return Err("the VM has ended".into());
             }
+            if lock(&shared.stats).is_none() {
+                return Err(STARTING.into());
+            }
             let (tx, rx) = mpsc::channel();
             lock(&shared.switches).push((kind, tx));
             match rx.recv_timeout(SWITCH_TIMEOUT) {

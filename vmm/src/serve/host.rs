@@ -18,8 +18,9 @@ use crate::units::format_size;
 
 /// How long a stats request may take.
 const STATS_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a create waits for the VM to start before answering.
-const START_WAIT: Duration = Duration::from_secs(10);
+/// How long a create waits for the VM to start before answering (then it
+/// answers with the VM `starting`; well below the request timeout).
+const START_WAIT: Duration = Duration::from_secs(3);
 /// How often running VMs' statistics are refreshed.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// Decayed samples below which a VM's gain curve is not trusted.
@@ -131,6 +132,10 @@ pub struct ServiceCounters {
     pub moves: u64,
     /// Bytes moved.
     pub moved_bytes: u64,
+    /// Bytes moved by optional moves (grants, exchanges), all rounds.
+    pub optional_bytes: u64,
+    /// The most bytes optional moves changed in one round.
+    pub max_round_optional_bytes: u64,
     /// VM processes that died without a report or whose guest crashed.
     pub crashes: u64,
     /// VMs created.
@@ -340,6 +345,8 @@ impl Host {
                 rounds: s.counters.rounds,
                 moves: s.counters.moves,
                 moved_bytes: s.counters.moved_bytes,
+                optional_bytes: s.counters.optional_bytes,
+                max_round_optional_bytes: s.counters.max_round_optional_bytes,
                 period_s: self.cfg.period.as_secs_f64(),
                 budget_bytes: self.cfg.division.budget_bytes,
             },
@@ -820,6 +827,13 @@ impl Host {
         self.refuse_if_shutting_down()?;
         check_policy(&p.policy)?;
         let (key, link) = self.link_of(id)?;
+        let state = self.state().vms.get(&key).map(|v| v.state);
+        if state != Some(VmState::Running) {
+            return Err(ApiError::conflict(
+                format!("VM {id} is {}", state.map_or("gone", VmState::name)),
+                "switch the policy of a running VM (GET shows its state)",
+            ));
+        }
         link.request(
             Command::SwitchPolicy {
                 policy: p.policy.clone(),
@@ -916,6 +930,9 @@ impl Host {
         {
             let mut s = self.state();
             s.counters.rounds += 1;
+            s.counters.optional_bytes += plan.optional_bytes;
+            s.counters.max_round_optional_bytes =
+                s.counters.max_round_optional_bytes.max(plan.optional_bytes);
             for ((key, target), share) in keys.iter().zip(&plan.targets).zip(&shares) {
                 let Some(v) = s.vms.get_mut(key) else {
                     continue;

@@ -170,6 +170,13 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
             &[],
         )
         .map_err(metric_error)?;
+    let optional = f
+        .counters(
+            "tiervm_rebalance_optional_moved_bytes_total",
+            "Fast capacity moved by optional moves (spare grants, exchanges), bytes",
+            &[],
+        )
+        .map_err(metric_error)?;
     let crashes = f
         .counters(
             "tiervm_vm_crashes_total",
@@ -328,6 +335,7 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
         add(&rounds, &[], s.counters.rounds as f64);
         add(&moves, &[], s.counters.moves as f64);
         add(&moved, &[], s.counters.moved_bytes as f64);
+        add(&optional, &[], s.counters.optional_bytes as f64);
         add(&crashes, &[], s.counters.crashes as f64);
         add(&created, &[], s.counters.created as f64);
         for v in s.vms.values() {

@@ -278,8 +278,13 @@ pub struct RebalanceInfo {
     pub rounds: u64,
     /// VM capacity changes made.
     pub moves: u64,
-    /// Bytes of capacity moved.
+    /// Bytes of capacity moved (mandatory and optional moves).
     pub moved_bytes: u64,
+    /// Bytes moved by optional moves (spare grants, exchanges).
+    pub optional_bytes: u64,
+    /// The most bytes optional moves changed in one round (bounded by
+    /// `budget_bytes`).
+    pub max_round_optional_bytes: u64,
     /// Seconds between rounds.
     pub period_s: f64,
     /// Most bytes optional moves change per round.
