@@ -154,6 +154,7 @@ def main():
     ap.add_argument("--fast-pool", default="1G")
     ap.add_argument("--slow-pool", default="8G")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stop-grace", default="60s")
     ap.add_argument("--json", help="write the summary here")
     a = ap.parse_args()
     rng = random.Random(a.seed)
@@ -161,9 +162,14 @@ def main():
     sock = os.path.join(work, "run", "api.sock")
     used_before = host_used()
     log = open(os.path.join(work, "serve.log"), "w")
+    # A generous stop grace: under 8-10 busy VMs on 2 cores a guest's last
+    # verification pass can take longer than the default 10 s.
+    conf = os.path.join(work, "serve.toml")
+    with open(conf, "w") as f:
+        f.write('[defaults]\nstop_grace = "%s"\n' % a.stop_grace)
     svc = subprocess.Popen(
         [
-            a.binary, "serve", "--socket", sock, "--state-dir", os.path.join(work, "state"),
+            a.binary, "serve", "--config", conf, "--socket", sock, "--state-dir", os.path.join(work, "state"),
             "--fast-pool", a.fast_pool, "--slow-pool", a.slow_pool,
             "--period", "2s", "--max-move-rate", "128M", "--dwell", "4s",
         ],
@@ -202,6 +208,7 @@ def main():
     created = deleted = patches = switches = 0
     memcheck_checked = memcheck_writes = mismatches = 0
     reports = 0
+    reasons = {}
     polls = 0
     budget = None
     i = 0
@@ -222,14 +229,21 @@ def main():
                 failures.append(f"{vid}: no report ({st} {r})")
             else:
                 reports += 1
+                reasons[r.get("stop_reason")] = reasons.get(r.get("stop_reason"), 0) + 1
                 cons = (r.get("tiering") or {}).get("consistency")
                 if cons != "ok":
                     failures.append(f"{vid}: consistency {cons}")
                 if r.get("image") == "memcheck":
                     gm = r.get("guest_metrics", {})
+                    if "mismatched_pages" not in gm:
+                        failures.append(f"{vid}: memcheck did not verify (stop_reason {r.get('stop_reason')})")
+                        stopping.discard(vid)
+                        api.call("DELETE", f"/v1/vms/{vid}")
+                        deleted += 1
+                        continue
                     memcheck_checked += 1
                     memcheck_writes += int(gm.get("writes", 0))
-                    bad = int(gm.get("mismatched_pages", -1)) + int(gm.get("periodic_mismatches", 0))
+                    bad = int(gm["mismatched_pages"]) + int(gm.get("periodic_mismatches", 0))
                     if bad != 0:
                         mismatches += max(bad, 1)
                         failures.append(f"{vid}: memcheck lost writes: {gm}")
@@ -353,6 +367,7 @@ def main():
         "vms_created": created,
         "vms_deleted": deleted,
         "reports_checked": reports,
+        "stop_reasons": reasons,
         "fast_patches": patches,
         "policy_switches": switches,
         "bound_polls": polls,

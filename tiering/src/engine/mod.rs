@@ -138,6 +138,8 @@ pub struct EngineReport {
     pub probes_armed: u64,
     /// The DAMON tracker's account (`--tracking damon`).
     pub damon: Option<DamonReport>,
+    /// Times the policy was rebuilt for changed tier capacities (live resize).
+    pub capacity_rebuilds: u64,
 }
 
 /// How long a hint-fault touch counts as the page's accessed bit.
@@ -688,6 +690,7 @@ impl Engine {
             schedule: cfg.schedule.into_iter().collect(),
             next_tick: Duration::ZERO,
             next_window: ACCESSED_WINDOW,
+            next_capacity_check: CAPACITY_CHECK,
         };
         let join = std::thread::Builder::new()
             .name("tiering-engine".into())
@@ -762,7 +765,13 @@ struct EngineThread {
     schedule: VecDeque<ScheduledSwitch>,
     next_tick: Duration,
     next_window: Duration,
+    /// When tier capacities were last compared with the policy's.
+    next_capacity_check: Duration,
 }
+
+/// How often the engine compares tier capacities with the policy's (a live
+/// resize, `--fast-schedule` or the service, changes them).
+const CAPACITY_CHECK: Duration = Duration::from_millis(500);
 
 impl EngineThread {
     /// The engine loop. Every [`POLL_INTERVAL`] until stopped:
@@ -778,6 +787,10 @@ impl EngineThread {
             let now = self.start.elapsed();
             for kind in self.due_switches(now) {
                 self.switch(kind, now);
+            }
+            if now >= self.next_capacity_check {
+                self.next_capacity_check = now + CAPACITY_CHECK;
+                self.follow_capacities();
             }
             self.poll(now);
             std::thread::sleep(POLL_INTERVAL);
@@ -811,6 +824,31 @@ impl EngineThread {
             }
         }
         switches
+    }
+
+    /// Policies size themselves by the tier capacities they were built with
+    /// (memtis' hot threshold, tpp's watermarks, mtm's targets). After a
+    /// live resize the policy is rebuilt with the new capacities, its
+    /// hotness handed over as in a switch (the tick keeps its phase).
+    fn follow_capacities(&mut self) {
+        let mut st = lock(&self.state);
+        let mem = self.migrator.memory().clone();
+        let caps: Vec<u64> = mem.tier_ids().map(|t| mem.capacity(t) as u64).collect();
+        if caps == st.cfg.tier_capacity_pages {
+            return;
+        }
+        st.cfg.tier_capacity_pages = caps;
+        let kind = st.policy.kind();
+        let exported: PolicyState = st.policy.export_state();
+        let pcfg = st.config_for(kind);
+        match policy::switch_to(kind, &pcfg, &exported) {
+            Ok(p) => {
+                st.policy = p;
+                st.set_probing();
+                st.report.capacity_rebuilds += 1;
+            }
+            Err(e) => tracing::warn!("rebuilding {kind} for new tier capacities: {e}"),
+        }
     }
 
     /// Hands the policy's hotness over to a new `kind` and restarts the tick.

@@ -531,6 +531,7 @@ impl ServeConfig {
             min_share,
             budget_bytes: (rate as f64 * period.as_secs_f64()) as u64,
             dwell_s: dwell.as_secs_f64(),
+            reverse_dwell_s: 3.0 * dwell.as_secs_f64(),
         };
         let l = &file.limits;
         let max_body = size("limits.max_body", l.max_body.as_ref())?.unwrap_or(64 << 10);

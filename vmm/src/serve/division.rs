@@ -52,6 +52,8 @@ pub struct Share {
     pub informed: bool,
     /// Seconds since the VM's target last changed (`None`: never).
     pub since_resize_s: Option<f64>,
+    /// Whether that change was a grow (`Some(true)`) or a shrink.
+    pub last_grew: Option<bool>,
 }
 
 /// Settings of the division.
@@ -68,6 +70,9 @@ pub struct Params {
     pub budget_bytes: u64,
     /// A VM resized less than this long ago is not moved by optional moves.
     pub dwell_s: f64,
+    /// A VM is not moved back the other way (grown after a shrink, shrunk
+    /// after a grow) by optional moves for this long: no flapping.
+    pub reverse_dwell_s: f64,
 }
 
 impl Default for Params {
@@ -78,6 +83,7 @@ impl Default for Params {
             min_share: 0.002,
             budget_bytes: 512 << 20,
             dwell_s: 10.0,
+            reverse_dwell_s: 30.0,
         }
     }
 }
@@ -254,7 +260,7 @@ fn cheapest_shrink(
 ) -> Option<usize> {
     (0..curves.len())
         .filter(|&j| Some(j) != except && t[j] > curves[j].s.min)
-        .filter(|&j| !optional || !dwelling(curves[j].s, p))
+        .filter(|&j| !optional || !(dwelling(curves[j].s, p) || reversing(curves[j].s, true, p)))
         .filter(|&j| !optional || t[j] - curves[j].s.min >= curves[j].q)
         .min_by(|&a, &b| {
             curves[a]
@@ -267,9 +273,19 @@ fn cheapest_shrink(
 /// The VM below its max whose next quantum is worth most, and the value.
 fn best_grow(curves: &[Curve<'_>], t: &[u64], p: &Params) -> Option<(usize, f64)> {
     (0..curves.len())
-        .filter(|&i| t[i] + curves[i].q <= curves[i].s.max && !dwelling(curves[i].s, p))
+        .filter(|&i| {
+            t[i] + curves[i].q <= curves[i].s.max
+                && !dwelling(curves[i].s, p)
+                && !reversing(curves[i].s, false, p)
+        })
         .map(|i| (i, curves[i].up(t[i])))
         .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+}
+
+/// Whether moving `s` against its last move (`grew`: its last move was a
+/// grow, so this is a shrink) would come within the reverse dwell.
+fn reversing(s: &Share, grew: bool, p: &Params) -> bool {
+    s.last_grew == Some(grew) && s.since_resize_s.is_some_and(|d| d < p.reverse_dwell_s)
 }
 
 fn dwelling(s: &Share, p: &Params) -> bool {
@@ -323,6 +339,7 @@ mod tests {
             quantum: 64 * M,
             budget_bytes: 1 << 40,
             dwell_s: 0.0,
+            reverse_dwell_s: 0.0,
             ..Params::default()
         }
     }
@@ -375,6 +392,25 @@ mod tests {
     }
 
     #[test]
+    fn a_vm_is_not_moved_back_within_the_reverse_dwell() {
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.01];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.5];
+        let mut p = params();
+        p.reverse_dwell_s = 30.0;
+        // a just grew 20 s ago: it may not give the quantum back yet.
+        a.since_resize_s = Some(20.0);
+        a.last_grew = Some(true);
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &p);
+        assert_eq!(pl.targets, vec![256 * M, 256 * M]);
+        // After the reverse dwell it may.
+        a.since_resize_s = Some(31.0);
+        let pl = plan(512 * M, &[a, b], &p);
+        assert_eq!(pl.targets, vec![192 * M, 320 * M]);
+    }
+
+    #[test]
     fn a_new_vm_gets_its_min_back_from_the_spare_of_others() {
         let mut a = share(64 * M, 1024 * M, 448 * M);
         a.shrink = vec![0.01; 8];
@@ -403,11 +439,11 @@ mod tests {
                 mins += min;
                 shares.push(Share {
                     min, max, weight, target: target * q, used: target * q,
-                    ops_per_sec: ops, grow, shrink, informed, since_resize_s: None,
+                    ops_per_sec: ops, grow, shrink, informed, since_resize_s: None, last_grew: None,
                 });
             }
             let pool = mins + pool_q * q; // admission keeps the mins within the pool
-            let p = Params { quantum: q, budget_bytes: budget_q * q, dwell_s: 0.0, ..Params::default() };
+            let p = Params { quantum: q, budget_bytes: budget_q * q, dwell_s: 0.0, reverse_dwell_s: 0.0, ..Params::default() };
             let pl = plan(pool, &shares, &p);
             prop_assert!(pl.optional_bytes <= p.budget_bytes, "budget");
             prop_assert!(pl.targets.iter().sum::<u64>() <= pool, "pool");

@@ -118,6 +118,8 @@ pub struct VmEntry {
     pub policy_switches: u64,
     /// When the target last changed.
     pub last_resize: Option<Instant>,
+    /// Whether that change was a grow.
+    pub last_grew: Option<bool>,
     /// When the VM was created.
     pub created: Instant,
     finished_event: bool,
@@ -529,6 +531,7 @@ impl Host {
                     policy,
                     policy_switches: 0,
                     last_resize: None,
+                    last_grew: None,
                     created: Instant::now(),
                     finished_event: false,
                 },
@@ -683,6 +686,7 @@ impl Host {
                 s.counters.crashes += 1;
             }
         }
+        super::worker::release_free_heap();
         self.wake_rebalancer();
     }
 
@@ -740,7 +744,8 @@ impl Host {
             (v.state, v.link.clone())
         };
         if !state.active() {
-            self.state().vms.remove(&key);
+            drop(self.state().vms.remove(&key));
+            super::worker::release_free_heap();
             return Ok(false);
         }
         if let Some(l) = link {
@@ -938,6 +943,7 @@ impl Host {
                     continue;
                 };
                 if *target != share.target {
+                    v.last_grew = Some(*target > share.target);
                     v.target = *target;
                     v.last_resize = Some(Instant::now());
                     let moved = target.abs_diff(share.target);
@@ -1029,6 +1035,7 @@ fn share_of(v: &VmEntry, now: Instant) -> Share {
         shrink: gain.map(|g| g.shrink.clone()).unwrap_or_default(),
         informed: gain.is_some_and(|g| g.samples >= MIN_SAMPLES),
         since_resize_s: v.last_resize.map(|t| now.duration_since(t).as_secs_f64()),
+        last_grew: v.last_grew,
     }
 }
 

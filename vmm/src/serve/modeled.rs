@@ -116,6 +116,7 @@ pub fn compare(
         quantum: bytes(quantum_gib),
         budget_bytes: u64::MAX / 4,
         dwell_s: 0.0,
+        reverse_dwell_s: 0.0,
         ..Params::default()
     };
     let mut alloc: Vec<u64> = vms.iter().map(|_| bytes(even)).collect();
@@ -143,6 +144,7 @@ pub fn compare(
                     shrink,
                     informed: true,
                     since_resize_s: None,
+                    last_grew: None,
                 }
             })
             .collect();
