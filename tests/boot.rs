@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{kvm_available, request, run, run_with};
-use tiervm_guest::workloads::{memcheck, PAGE_SIZE, SCRATCH_BYTES};
+use tiervm_guest::workloads::{memcheck, SCRATCH_BYTES};
 use vm_memory::{Bytes, GuestAddress};
 use vmm::report::StopReason;
 use vmm::runner::{RunHooks, SampleCtx};
@@ -161,7 +161,6 @@ fn memcheck_detects_host_side_corruption() {
         "exactly the corrupted page is reported: {console}"
     );
     assert_eq!(r.guest_metrics.get("mismatched_pages"), Some(&1.0));
-    let _ = PAGE_SIZE;
 }
 
 #[test]

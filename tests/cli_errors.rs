@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{kvm_available, tiervm};
+use common::{kvm_available, tv};
 use object::read::elf::{FileHeader, ProgramHeader};
 use object::{elf, Endianness};
 
@@ -46,16 +46,6 @@ fn with_entry_code(code: &[u8]) -> Vec<u8> {
     let (off, _) = layout(&b);
     b[off..off + code.len()].copy_from_slice(code);
     b
-}
-
-/// Runs tiervm and returns (exit code, stdout, stderr).
-fn tv(args: &[&str]) -> (i32, String, String) {
-    let out = tiervm().args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn usage_error(args: &[&str], expect: &str) {
@@ -200,6 +190,238 @@ fn hostile_status_page_and_console_flood_are_contained() {
     assert!(err.len() < (1 << 20) * 3, "console output capped");
 }
 
+/// Numeric flags are bounded: a value past the limit is a usage error naming
+/// the limit, never an abort (exit 134), a panic (101) or a hang.
+#[test]
+fn unbounded_numbers_are_usage_errors_naming_the_limit() {
+    usage_error(
+        &["run", "--sample-ms", "18446744073709551615"],
+        "--sample-ms 18446744073709551615 exceeds the 60000 ms maximum",
+    );
+    usage_error(
+        &[
+            "run",
+            "--policy",
+            "chaos",
+            "--chaos-rate",
+            "18446744073709551615",
+        ],
+        "units/s maximum",
+    );
+    usage_error(
+        &[
+            "run",
+            "--policy",
+            "chaos",
+            "--chaos-mix",
+            "4294967295:4294967295",
+        ],
+        "weights go up to 1000000",
+    );
+    usage_error(
+        &["compare", "zipf", "--repeat", "4000000000"],
+        "--repeat 4000000000 exceeds the 1000 maximum",
+    );
+    usage_error(
+        &["native", "--threads", "100000"],
+        "--threads 100000 exceeds the 64 maximum",
+    );
+    usage_error(
+        &["native", "--sample-ms", "99999999"],
+        "exceeds the 60000 ms maximum",
+    );
+    usage_error(
+        &[
+            "run",
+            "--mem",
+            "64M",
+            "--arg",
+            "rss=8M",
+            "--arg",
+            "wss=4M",
+            "--scan-pages",
+            "99999999999",
+            "--policy",
+            "nomad",
+        ],
+        "--scan-pages 99999999999 exceeds the guest's 16384 pages",
+    );
+    // --fast + --slow near u64::MAX: overflowed (debug panic, exit 101).
+    usage_error(
+        &[
+            "run",
+            "--mem",
+            "64M",
+            "--fast",
+            "32M",
+            "--slow",
+            "18446744073709547520",
+            "--arg",
+            "rss=8M",
+            "--arg",
+            "wss=4M",
+        ],
+        "exceeds NUMA node 0's memory",
+    );
+}
+
+/// `--duration` ends the run whatever the sampling period: a 1 s run with a
+/// one-minute sampling period ended after 60 s before the deadline was
+/// checked between samples.
+#[test]
+fn duration_does_not_wait_for_a_sample_tick() {
+    if !kvm_available("duration_does_not_wait_for_a_sample_tick") {
+        return;
+    }
+    let (code, out, err) = tv(&[
+        "run",
+        "--mem",
+        "64M",
+        "--duration",
+        "1s",
+        "--sample-ms",
+        "60000",
+        "--arg",
+        "rss=8M",
+        "--arg",
+        "wss=4M",
+        "--report",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stop_reason"], "duration");
+    let secs = v["duration_s"].as_f64().unwrap();
+    assert!(
+        secs < 30.0,
+        "a 1 s run took {secs} s (the sample period is 60 s)"
+    );
+}
+
+/// The highest chaos rate still stops with the run: the driver migrates in
+/// batches of at most 16384 pages and checks for the stop between them
+/// (before, one interval's batch at this rate was 100,000 2 MiB units).
+#[test]
+fn the_highest_chaos_rate_stops_with_the_run() {
+    if !common::tiered_kvm_available() {
+        return;
+    }
+    let (code, out, err) = tv(&[
+        "run",
+        "memcheck",
+        "--mem",
+        "256M",
+        "--fast",
+        "96M",
+        "--policy",
+        "chaos",
+        "--chaos-rate",
+        "10000000",
+        "--chaos-unit",
+        "2m",
+        "--duration",
+        "1s",
+        "--arg",
+        "region=64M",
+        "--report",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["guest_metrics"]["mismatched_pages"], 0.0);
+    let chaos = &v["tiering"]["chaos"];
+    assert!(chaos["units"].as_u64().unwrap() > 0, "{chaos}");
+    // How long the driver ran past the end of the run: one batch at most
+    // (well under a second here); 10 s means the stop waited for the rate.
+    let late_ms = chaos["elapsed_ms"].as_f64().unwrap() - v["duration_s"].as_f64().unwrap() * 1e3;
+    assert!(
+        late_ms < 10_000.0,
+        "chaos stopped {late_ms} ms after the run: {chaos}"
+    );
+}
+
+/// Runs tiervm with `args` and stdout either closed before it writes
+/// (`closed`, like `| head -0`) or on /dev/full; returns (exit code, stderr).
+fn with_bad_stdout(args: &[&str], closed: bool) -> (i32, String) {
+    use std::io::Read as _;
+    use std::process::Stdio;
+    let stdout = if closed {
+        Stdio::piped()
+    } else {
+        Stdio::from(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+    };
+    let mut child = common::tiervm()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before tiervm writes anything.
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let deadline = std::time::Instant::now() + common::PROCESS_LIMIT;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return (s.code().unwrap_or(-1), err);
+        }
+        assert!(std::time::Instant::now() < deadline, "{args:?} hung");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A closed stdout ends quietly with the command's own exit code; a full
+/// disk is one error line and exit 1. Both used to panic (exit 101).
+#[test]
+fn closed_or_full_stdout_never_panics() {
+    for args in [&["images"][..], &["sim", "--list"], &["info"]] {
+        let (code, err) = with_bad_stdout(args, true);
+        assert_eq!(code, 0, "{args:?} on a closed pipe: {err}");
+        assert!(err.is_empty(), "{args:?} on a closed pipe: {err}");
+        let (code, err) = with_bad_stdout(args, false);
+        assert_eq!(code, 1, "{args:?} on /dev/full: {err}");
+        assert!(
+            err.contains("No space left on device") && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    if !kvm_available("closed_or_full_stdout_never_panics") {
+        return;
+    }
+    let run = [
+        "run",
+        "--mem",
+        "64M",
+        "--duration",
+        "300ms",
+        "--arg",
+        "rss=8M",
+        "--arg",
+        "wss=4M",
+    ];
+    let (code, err) = with_bad_stdout(&run, true);
+    assert_eq!(code, 0, "exit as the run would: {err}");
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    let (code, err) = with_bad_stdout(&run, false);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("writing the output to stdout failed: No space left on device"),
+        "{err}"
+    );
+}
+
 /// `--tracking damon` on a host where it must not write DAMON's
 /// machine-wide sysfs state (no opt-in here, whatever the host's DAMON
 /// state): refused with exit 2 before a VM starts, and DAMON's state is
@@ -209,7 +431,7 @@ fn tracking_damon_is_refused_without_opt_in() {
     use tiering::tracking::damon::{probe, ALLOW_ENV, SYSFS_ROOT};
     let root = std::path::Path::new(SYSFS_ROOT);
     let before = probe(root);
-    let out = tiervm()
+    let out = common::tiervm()
         .env_remove(ALLOW_ENV)
         .args([
             "run",

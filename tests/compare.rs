@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{kvm_available, tiervm};
+use common::tv;
 use object::read::elf::FileHeader;
 use object::{elf, Endianness};
 use serde_json::Value;
@@ -16,16 +16,6 @@ fn tmp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tiervm-compare-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
-}
-
-/// Runs tiervm and returns (exit code, stdout, stderr).
-fn tv(args: &[&str]) -> (i32, String, String) {
-    let out = tiervm().args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// Parses RFC 4180 CSV (quoted fields may hold commas, quotes, newlines).
@@ -97,7 +87,7 @@ fn check_svg(path: &Path, must_contain: &[&str]) {
 
 #[test]
 fn two_policies_two_repeats_write_rows_and_valid_files() {
-    if !kvm_available("two_policies_two_repeats_write_rows_and_valid_files") {
+    if !common::tiered_kvm_available() {
         return;
     }
     let dir = tmp_dir("ok");
@@ -232,7 +222,7 @@ fn with_entry_code(code: &[u8]) -> Vec<u8> {
 
 #[test]
 fn failing_runs_are_reported_in_their_rows_and_the_rest_still_runs() {
-    if !kvm_available("failing_runs_are_reported_in_their_rows_and_the_rest_still_runs") {
+    if !common::tiered_kvm_available() {
         return;
     }
     let dir = tmp_dir("fail");

@@ -6,13 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{kvm_available, request, run};
+use common::{request, run, run_with, tiered_kvm_available};
 use vmm::config::VmRequest;
 use vmm::tiering_config::PolicyArg;
 
 #[test]
 fn policy_switch_mid_run_keeps_memcheck_clean() {
-    if !kvm_available("policy_switch_mid_run_keeps_memcheck_clean") {
+    if !tiered_kvm_available() {
         return;
     }
     let mut r = request(
@@ -49,7 +49,7 @@ fn policy_switch_mid_run_keeps_memcheck_clean() {
 
 #[test]
 fn mtm_promotes_hot_regions_in_a_live_vm() {
-    if !kvm_available("mtm_promotes_hot_regions_in_a_live_vm") {
+    if !tiered_kvm_available() {
         return;
     }
     let mut r = request(
@@ -86,7 +86,7 @@ fn thrash(policy: PolicyArg) -> VmRequest {
         "zipf",
         512 << 20,
         1,
-        Duration::from_secs(6),
+        Duration::from_secs(120),
         &["rss=192M", "wss=192M", "theta=0.6", "write_ratio=0"],
     );
     r.tiering.fast = Some(16 << 20);
@@ -104,30 +104,47 @@ fn thrash(policy: PolicyArg) -> VmRequest {
     r
 }
 
+/// TPP promotes in the fault path by stop-and-copy; Nomad promotes
+/// asynchronously by TPM and demotes clean pages by remapping shadows. Each
+/// run lasts until its policy did so (event-based; the guest stall of one
+/// against the other is a measurement: benches/scripts/tpp_vs_nomad_stall.sh,
+/// docs/results.md).
 #[test]
-fn tpp_stalls_the_guest_more_than_nomad_when_thrashing() {
-    if !kvm_available("tpp_stalls_the_guest_more_than_nomad_when_thrashing") {
+fn tpp_promotes_in_the_fault_path_and_nomad_transactionally() {
+    if !tiered_kvm_available() {
         return;
     }
-    let (tpp, _) = run(&thrash(PolicyArg::Tpp));
-    let (nomad, _) = run(&thrash(PolicyArg::Nomad));
-    let (t, n) = (tpp.migration.unwrap(), nomad.migration.unwrap());
+    let mut tpp_done =
+        common::UntilEvents::new(|s: &tiering::mem::MemStats| s.promotions > 0 && s.stop_copy > 0);
+    let (tpp, _) = run_with(&thrash(PolicyArg::Tpp), &mut tpp_done);
+    let mut nomad_done = common::UntilEvents::new(|s: &tiering::mem::MemStats| {
+        s.promotions > 0 && s.tpm_commits > 0 && s.shadow_demotions > 0
+    });
+    let (nomad, _) = run_with(&thrash(PolicyArg::Nomad), &mut nomad_done);
+    let (t, n) = (
+        tpp.migration.clone().unwrap(),
+        nomad.migration.clone().unwrap(),
+    );
+    assert!(tpp_done.reached, "tpp: {t:?}");
+    assert!(nomad_done.reached, "nomad: {n:?}");
     assert_eq!(tpp.exit_code, Some(0));
     assert_eq!(nomad.exit_code, Some(0));
+    let fault_path = |r: &vmm::report::RunReport| {
+        r.tiering
+            .as_ref()
+            .and_then(|t| t.engine.as_ref())
+            .map(|e| e.fault_path_migrations)
+    };
     assert!(
-        t.promotions > 0 && n.promotions > 0,
-        "both promote: tpp {t:?} nomad {n:?}"
+        fault_path(&tpp).is_some_and(|n| n > 0),
+        "tpp promotes in the fault path"
     );
-    assert!(
-        t.stop_copy > 0 && n.tpm_commits > 0,
-        "tpp copies exclusively, nomad transactionally"
+    assert_eq!(
+        fault_path(&nomad),
+        Some(0),
+        "nomad never migrates in the fault path"
     );
-    assert!(
-        t.guest_stall_ms > n.guest_stall_ms,
-        "tpp stall {} ms should exceed nomad's {} ms",
-        t.guest_stall_ms,
-        n.guest_stall_ms
-    );
+    assert_eq!(t.tpm_commits, 0, "tpp copies exclusively: {t:?}");
     assert!(
         n.shadow_demotions > 0,
         "nomad demotes clean pages by remapping shadows: {n:?}"

@@ -35,6 +35,41 @@ pub const PAGE_IDLE_BITMAP: &str = "/sys/kernel/mm/page_idle/bitmap";
 pub use crate::sys::DEV_USERFAULTFD;
 /// `vm.unprivileged_userfaultfd`: 0 means the syscall needs `CAP_SYS_PTRACE`.
 pub const UNPRIVILEGED_USERFAULTFD: &str = "/proc/sys/vm/unprivileged_userfaultfd";
+/// Reclaim-time demotion to slower nodes (memory tiers).
+pub const DEMOTION_ENABLED: &str = "/sys/kernel/mm/numa/demotion_enabled";
+
+/// Whether reclaim-time demotion is on (`None`: the kernel has no such knob).
+pub fn demotion_enabled() -> Option<bool> {
+    std::fs::read_to_string(DEMOTION_ENABLED)
+        .ok()
+        .map(|s| matches!(s.trim(), "true" | "1" | "Y" | "y"))
+}
+
+/// What the kernel's own tiering would do to tiervm's memory, for a note at
+/// run start; `None` when none of it is on.
+pub fn kernel_tiering_note(numa_balancing: Option<u64>, demotion: Option<bool>) -> Option<String> {
+    let mut on = Vec::new();
+    match numa_balancing {
+        Some(0) | None => {}
+        Some(1) => on.push("NUMA balancing (kernel.numa_balancing=1)".to_string()),
+        Some(2) => {
+            on.push("NUMA balancing in memory-tiering mode (kernel.numa_balancing=2)".to_string())
+        }
+        Some(n) => on.push(format!("NUMA balancing (kernel.numa_balancing={n})")),
+    }
+    if demotion == Some(true) {
+        on.push("reclaim-time demotion (/sys/kernel/mm/numa/demotion_enabled)".into());
+    }
+    (!on.is_empty()).then(|| {
+        format!(
+            "note: {} is on: tiervm binds its memory with an explicit policy (the NUMA-balancing \
+             scanner skips such ranges, so it takes no hint faults on guest pages) and locks it on \
+             fault (reclaim neither swaps nor demotes it); the kernel tiers the rest of this host",
+            on.join(" and ")
+        )
+    })
+}
+
 /// `kernel.numa_balancing`: the kernel's own NUMA/tier page migration.
 pub const NUMA_BALANCING: &str = "/proc/sys/kernel/numa_balancing";
 /// Kernel release string.
@@ -435,7 +470,7 @@ fn read_u64(path: &Path) -> Result<u64, HostError> {
 /// How an attempt to open a device or use a syscall went.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
-pub enum Access {
+pub enum Availability {
     /// It worked.
     Ok,
     /// The device node or syscall does not exist (`ENOENT`, `ENODEV`, `ENOSYS`).
@@ -449,32 +484,32 @@ pub enum Access {
     },
 }
 
-impl Access {
+impl Availability {
     /// Classifies an OS error.
-    pub fn from_io_error(err: &io::Error) -> Access {
+    pub fn from_io_error(err: &io::Error) -> Availability {
         match err.raw_os_error() {
             Some(libc::ENOENT) | Some(libc::ENODEV) | Some(libc::ENXIO) | Some(libc::ENOSYS) => {
-                Access::Absent
+                Availability::Absent
             }
-            Some(libc::EACCES) | Some(libc::EPERM) => Access::PermissionDenied,
-            _ => Access::Failed {
+            Some(libc::EACCES) | Some(libc::EPERM) => Availability::PermissionDenied,
+            _ => Availability::Failed {
                 message: err.to_string(),
             },
         }
     }
 
-    /// True for [`Access::Ok`].
+    /// True for [`Availability::Ok`].
     pub fn is_ok(&self) -> bool {
-        matches!(self, Access::Ok)
+        matches!(self, Availability::Ok)
     }
 
     /// Short human description.
     pub fn describe(&self) -> String {
         match self {
-            Access::Ok => "ok".into(),
-            Access::Absent => "absent".into(),
-            Access::PermissionDenied => "permission denied".into(),
-            Access::Failed { message } => format!("failed: {message}"),
+            Availability::Ok => "ok".into(),
+            Availability::Absent => "absent".into(),
+            Availability::PermissionDenied => "permission denied".into(),
+            Availability::Failed { message } => format!("failed: {message}"),
         }
     }
 }
@@ -559,7 +594,7 @@ impl UffdFeatures {
 
 /// The answer of `UFFDIO_API`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct UffdApi {
+pub struct UffdApiAnswer {
     /// Which path produced the userfaultfd that was asked: `"/dev/userfaultfd"`
     /// or `"syscall"`.
     pub via: &'static str,
@@ -573,15 +608,15 @@ pub struct UffdApi {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UserfaultfdFacts {
     /// Opening `/dev/userfaultfd` and `USERFAULTFD_IOC_NEW`.
-    pub dev_userfaultfd: Access,
+    pub dev_userfaultfd: Availability,
     /// The `userfaultfd(2)` system call (kernel-mode faults included, which
     /// KVM's guest-memory accesses need).
-    pub syscall: Access,
+    pub syscall: Availability,
     /// `vm.unprivileged_userfaultfd` (0: the syscall needs `CAP_SYS_PTRACE`);
     /// `None` if unreadable.
     pub unprivileged_userfaultfd: Option<u64>,
     /// `UFFDIO_API` result from the first path that produced an fd.
-    pub api: Option<UffdApi>,
+    pub api: Option<UffdApiAnswer>,
     /// Why `api` is missing, if it is.
     pub api_error: Option<String>,
 }
@@ -599,18 +634,18 @@ impl UserfaultfdFacts {
 }
 
 /// Explains why neither path produced a userfaultfd, with the fix.
-fn no_userfaultfd_reason(dev: &Access, syscall: &Access) -> String {
+fn no_userfaultfd_reason(dev: &Availability, syscall: &Availability) -> String {
     let both = format!(
         "no userfaultfd (/dev/userfaultfd: {}, syscall: {})",
         dev.describe(),
         syscall.describe()
     );
-    if *dev == Access::PermissionDenied || *syscall == Access::PermissionDenied {
+    if *dev == Availability::PermissionDenied || *syscall == Availability::PermissionDenied {
         format!(
             "{both}: run as root, give this user read-write access to {DEV_USERFAULTFD}, \
              or set vm.unprivileged_userfaultfd=1"
         )
-    } else if *dev == Access::Absent && *syscall == Access::Absent {
+    } else if *dev == Availability::Absent && *syscall == Availability::Absent {
         format!(
             "{both}: kernel built without CONFIG_USERFAULTFD (needs Linux >= 6.8 for UFFDIO_MOVE)"
         )
@@ -625,12 +660,12 @@ pub fn userfaultfd() -> UserfaultfdFacts {
     let dev = crate::sys::userfaultfd_from_device();
     let syscall = crate::sys::userfaultfd_syscall();
     let dev_userfaultfd = match &dev {
-        Ok(_) => Access::Ok,
-        Err(e) => Access::from_io_error(e),
+        Ok(_) => Availability::Ok,
+        Err(e) => Availability::from_io_error(e),
     };
     let syscall_access = match &syscall {
-        Ok(_) => Access::Ok,
-        Err(e) => Access::from_io_error(e),
+        Ok(_) => Availability::Ok,
+        Err(e) => Availability::from_io_error(e),
     };
     let source = match (dev, syscall) {
         (Ok(fd), _) => Some((DEV_USERFAULTFD, fd)),
@@ -644,7 +679,7 @@ pub fn userfaultfd() -> UserfaultfdFacts {
         ),
         Some((via, fd)) => match crate::sys::uffdio_api(&fd, 0) {
             Ok(raw) => (
-                Some(UffdApi {
+                Some(UffdApiAnswer {
                     via,
                     features: UffdFeatures::from_bits(raw.features),
                     ioctls_raw: raw.ioctls,
@@ -740,6 +775,9 @@ pub struct HostFacts {
     /// `kernel.numa_balancing` (0 off; non-zero: the kernel migrates pages
     /// itself); `None` when the file is absent (kernel without NUMA balancing).
     pub numa_balancing: Option<u64>,
+    /// `/sys/kernel/mm/numa/demotion_enabled`: reclaim moves cold pages to
+    /// a slower node itself; `None` when the file is absent.
+    pub demotion_enabled: Option<bool>,
     /// userfaultfd availability and features.
     pub userfaultfd: UserfaultfdFacts,
     /// Idle page tracking availability.
@@ -778,6 +816,7 @@ pub fn probe() -> HostFacts {
         thp,
         max_map_count,
         numa_balancing: read_u64(Path::new(NUMA_BALANCING)).ok(),
+        demotion_enabled: demotion_enabled(),
         userfaultfd: userfaultfd(),
         idle_page_tracking: idle_page_tracking(),
         damon: DamonFacts {
@@ -921,16 +960,25 @@ mod tests {
 
     #[test]
     fn no_userfaultfd_reason_names_the_fix() {
-        let denied = no_userfaultfd_reason(&Access::PermissionDenied, &Access::PermissionDenied);
+        let denied = no_userfaultfd_reason(
+            &Availability::PermissionDenied,
+            &Availability::PermissionDenied,
+        );
         assert!(denied.contains("unprivileged_userfaultfd=1"), "{denied}");
-        let absent = no_userfaultfd_reason(&Access::Absent, &Access::Absent);
+        let absent = no_userfaultfd_reason(&Availability::Absent, &Availability::Absent);
         assert!(absent.contains("CONFIG_USERFAULTFD"), "{absent}");
         let err = io::Error::from_raw_os_error(libc::EACCES);
-        assert_eq!(Access::from_io_error(&err), Access::PermissionDenied);
+        assert_eq!(
+            Availability::from_io_error(&err),
+            Availability::PermissionDenied
+        );
         let err = io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(Access::from_io_error(&err), Access::Absent);
+        assert_eq!(Availability::from_io_error(&err), Availability::Absent);
         let err = io::Error::from_raw_os_error(libc::EMFILE);
-        assert!(matches!(Access::from_io_error(&err), Access::Failed { .. }));
+        assert!(matches!(
+            Availability::from_io_error(&err),
+            Availability::Failed { .. }
+        ));
     }
 
     fn node(id: u32, cpus: &[u32]) -> NumaNode {
@@ -1128,5 +1176,21 @@ mod tests {
             facts.userfaultfd.api.as_ref().map(|a| a.features.moves)
         );
         assert!(value["idle_page_tracking"]["status"].is_string());
+    }
+}
+
+#[cfg(test)]
+mod kernel_tiering_tests {
+    use super::kernel_tiering_note;
+
+    #[test]
+    fn the_note_names_what_is_on() {
+        assert_eq!(kernel_tiering_note(Some(0), Some(false)), None);
+        assert_eq!(kernel_tiering_note(None, None), None);
+        let n = kernel_tiering_note(Some(2), Some(true)).unwrap();
+        assert!(
+            n.contains("memory-tiering mode") && n.contains("demotion"),
+            "{n}"
+        );
     }
 }

@@ -5,21 +5,27 @@
 //! implements.
 //!
 //! - [`host`]: what the host offers (NUMA nodes, THP, userfaultfd, idle page tracking).
+//! - [`host_support`]: for tests: skip (or, in strict mode, fail) without a host feature; watchdogs.
 //! - [`mem`]: tiered backing memory, dirty harvesting, access tracking and the
 //!   migration mechanisms (transactional migration, stop-and-copy, shadows).
 //! - [`policy`]: placement policies as pure code (observations in, decisions out).
 //! - [`tracking`]: access trackers the kernel runs for us (DAMON).
 //! - [`engine`]: the live per-VM loop that feeds observations to a policy and
 //!   executes its decisions with the mechanisms.
+//! - [`threads`]: the threads tiering runs and the hook each calls first (seccomp).
+//! - [`test_point`]: where tests act deterministically inside a mechanism.
 //! - [`vocab`]: the shared vocabulary (tiers, units, mechanisms).
 //! - [`sim`]: a deterministic, trace-driven simulator that runs the same policies
 //!   against modeled tiers.
 
 pub mod engine;
 pub mod host;
+pub mod host_support;
 pub mod mem;
 pub mod policy;
 pub mod sim;
 pub mod sys;
+pub mod test_point;
+pub mod threads;
 pub mod tracking;
 pub mod vocab;

@@ -1010,8 +1010,8 @@ pub enum FaultPoint {
 }
 
 impl std::str::FromStr for FaultPoint {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = FaultPlanError;
+    fn from_str(s: &str) -> Result<Self, FaultPlanError> {
         Ok(match s {
             "move" => FaultPoint::Move,
             "zero-page" => FaultPoint::ZeroPage,
@@ -1020,14 +1020,56 @@ impl std::str::FromStr for FaultPoint {
             "move-pages" => FaultPoint::MovePages,
             "dirty-get" => FaultPoint::DirtyGet,
             "dirty-clear" => FaultPoint::DirtyClear,
-            _ => {
-                return Err(format!(
-                    "unknown fault point '{s}': use move, zero-page, populate, discard, \
-                     move-pages, dirty-get or dirty-clear"
-                ))
-            }
+            _ => return Err(FaultPlanError::UnknownPoint(s.to_string())),
         })
     }
+}
+
+/// A fault plan (`--test-fault-inject`) that does not parse; each message
+/// names what is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultPlanError {
+    /// Not one of the fault points.
+    #[error(
+        "unknown fault point '{0}': use move, zero-page, populate, discard, move-pages, \
+         dirty-get or dirty-clear"
+    )]
+    UnknownPoint(String),
+    /// A part after the point that is not `key=value`.
+    #[error("'{part}' in fault plan '{plan}' is not key=value (every=N, errno=NAME, max=N)")]
+    NotKeyValue {
+        /// The part.
+        part: String,
+        /// The whole plan.
+        plan: String,
+    },
+    /// `every=` or `max=` with a value that is not a number.
+    #[error("'{value}' in fault plan '{plan}' is not a number")]
+    NotANumber {
+        /// The value.
+        value: String,
+        /// The whole plan.
+        plan: String,
+    },
+    /// An errno that is neither a known name nor a number.
+    #[error(
+        "unknown errno '{value}' in fault plan '{plan}': use EIO, EBUSY, EAGAIN, ENOMEM, \
+         EEXIST, ENOENT, EFAULT or a number"
+    )]
+    UnknownErrno {
+        /// The value.
+        value: String,
+        /// The whole plan.
+        plan: String,
+    },
+    /// A key other than every, errno and max.
+    #[error("unknown key '{key}' in fault plan '{plan}' (every, errno, max)")]
+    UnknownKey {
+        /// The key.
+        key: String,
+        /// The whole plan.
+        plan: String,
+    },
 }
 
 /// One injected failure: every `every`-th call of `point` fails with
@@ -1047,7 +1089,7 @@ pub struct FaultPlan {
 impl FaultPlan {
     /// Parses `POINT[:every=N][:errno=NAME|N][:max=N]`, e.g.
     /// `move:every=50:errno=EBUSY`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, FaultPlanError> {
         let mut parts = s.split(':');
         let point = parts.next().unwrap_or_default().parse()?;
         let mut plan = FaultPlan {
@@ -1059,37 +1101,49 @@ impl FaultPlan {
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
-                .ok_or_else(|| format!("'{kv}' in fault plan '{s}' is not key=value"))?;
+                .ok_or_else(|| FaultPlanError::NotKeyValue {
+                    part: kv.to_string(),
+                    plan: s.to_string(),
+                })?;
             let num = |v: &str| {
-                v.parse::<u64>()
-                    .map_err(|_| format!("'{v}' in '{s}' is not a number"))
+                v.parse::<u64>().map_err(|_| FaultPlanError::NotANumber {
+                    value: v.to_string(),
+                    plan: s.to_string(),
+                })
             };
             match k {
                 "every" => plan.every = num(v)?.max(1),
                 "max" => plan.max = num(v)?,
                 "errno" => {
-                    plan.errno = match v {
-                        "EIO" => libc::EIO,
-                        "EBUSY" => libc::EBUSY,
-                        "EAGAIN" => libc::EAGAIN,
-                        "ENOMEM" => libc::ENOMEM,
-                        "EEXIST" => libc::EEXIST,
-                        "ENOENT" => libc::ENOENT,
-                        "EFAULT" => libc::EFAULT,
-                        _ => v
-                            .parse()
-                            .map_err(|_| format!("unknown errno '{v}' in '{s}'"))?,
-                    }
+                    plan.errno = parse_errno(v).ok_or_else(|| FaultPlanError::UnknownErrno {
+                        value: v.to_string(),
+                        plan: s.to_string(),
+                    })?
                 }
                 _ => {
-                    return Err(format!(
-                        "unknown key '{k}' in fault plan '{s}' (every, errno, max)"
-                    ))
+                    return Err(FaultPlanError::UnknownKey {
+                        key: k.to_string(),
+                        plan: s.to_string(),
+                    })
                 }
             }
         }
         Ok(plan)
     }
+}
+
+/// An errno by name (the ones fault plans use) or number.
+fn parse_errno(v: &str) -> Option<i32> {
+    Some(match v {
+        "EIO" => libc::EIO,
+        "EBUSY" => libc::EBUSY,
+        "EAGAIN" => libc::EAGAIN,
+        "ENOMEM" => libc::ENOMEM,
+        "EEXIST" => libc::EEXIST,
+        "ENOENT" => libc::ENOENT,
+        "EFAULT" => libc::EFAULT,
+        _ => return v.parse().ok(),
+    })
 }
 
 /// Failure injection for one tiered memory (tests only: nothing fires

@@ -99,18 +99,21 @@ impl Mechanism {
     }
 }
 
+/// A mechanism name tiervm does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown mechanism '{0}': use tpm, tpm-exclusive, stop-copy or move-pages")]
+pub struct UnknownMechanism(pub String);
+
 impl std::str::FromStr for Mechanism {
-    type Err = String;
+    type Err = UnknownMechanism;
     /// Parses `tpm`, `tpm-exclusive`, `stop-copy` or `move-pages`.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UnknownMechanism> {
         match s {
             "tpm" | "transactional" => Ok(Mechanism::TPM),
             "tpm-exclusive" => Ok(Mechanism::Transactional { keep_shadow: false }),
             "stop-copy" | "stop-and-copy" => Ok(Mechanism::StopAndCopy),
             "move-pages" => Ok(Mechanism::KernelMovePages),
-            _ => Err(format!(
-                "unknown mechanism '{s}': use tpm, tpm-exclusive, stop-copy or move-pages"
-            )),
+            _ => Err(UnknownMechanism(s.to_string())),
         }
     }
 }

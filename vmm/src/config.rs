@@ -20,6 +20,8 @@ pub const DEFAULT_MEM: u64 = 1 << 30;
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
 /// Default status sampling period.
 pub const DEFAULT_SAMPLE_MS: u64 = 100;
+/// Longest status sampling period (`--sample-ms`): one timeline point a minute.
+pub const MAX_SAMPLE_MS: u64 = 60_000;
 /// Default time the guest gets to report after a stop request.
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 /// Default cap on guest console bytes forwarded.
@@ -40,6 +42,12 @@ pub enum ConfigError {
     /// `--sample-ms 0`.
     #[error("--sample-ms 0: the sampling period must be at least 1 ms")]
     NoSamplePeriod,
+    /// `--sample-ms` beyond [`MAX_SAMPLE_MS`].
+    #[error("--sample-ms {ms} exceeds the {MAX_SAMPLE_MS} ms maximum: give a period of at most a minute, e.g. --sample-ms 1000")]
+    SamplePeriodTooLong {
+        /// The period asked for.
+        ms: u64,
+    },
     /// `--mem` below [`MIN_RAM`].
     #[error("--mem {} is below the {} minimum", format_size(*.mem), format_size(MIN_RAM))]
     MemBelowMinimum {
@@ -178,6 +186,13 @@ pub struct VmConfig {
     pub layout: GuestLayout,
     /// Tiered memory settings; `None` = untiered RAM.
     pub tiering: Option<TieringConfig>,
+    /// The VM's threads install seccomp filters (docs/security.md).
+    pub seccomp: bool,
+    /// The calling (main) thread installs one too, once the VM's threads
+    /// exist (`tiervm run`: it runs one VM, then prints and exits).
+    pub seccomp_main: bool,
+    /// TEST ONLY: vCPU threads make a forbidden system call.
+    pub test_forbidden_syscall: bool,
 }
 
 /// Unvalidated inputs (what the CLI parsed).
@@ -201,6 +216,8 @@ pub struct VmRequest {
     pub stop_grace: Duration,
     /// Tiering flags.
     pub tiering: TieringRequest,
+    /// Per-thread seccomp filters (`--no-seccomp` turns them off).
+    pub seccomp: bool,
 }
 
 impl Default for VmRequest {
@@ -215,6 +232,7 @@ impl Default for VmRequest {
             seed: 1,
             stop_grace: DEFAULT_STOP_GRACE,
             tiering: TieringRequest::default(),
+            seccomp: true,
         }
     }
 }
@@ -269,6 +287,17 @@ pub fn check_args(
     Ok(())
 }
 
+/// Checks a `--sample-ms` value: 1 ms to [`MAX_SAMPLE_MS`].
+pub fn check_sample_ms(ms: u64) -> std::result::Result<(), ConfigError> {
+    if ms == 0 {
+        return Err(ConfigError::NoSamplePeriod);
+    }
+    if ms > MAX_SAMPLE_MS {
+        return Err(ConfigError::SamplePeriodTooLong { ms });
+    }
+    Ok(())
+}
+
 /// MemTotal of this host in bytes, if /proc/meminfo says.
 pub fn host_memory_bytes() -> Option<u64> {
     tiering::host::host_memory_bytes().ok()
@@ -279,6 +308,15 @@ impl VmConfig {
     /// probably wants (printed on stderr before the run).
     pub fn notes(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if self.tiering.is_some() {
+            let nb = std::fs::read_to_string(tiering::host::NUMA_BALANCING)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            out.extend(tiering::host::kernel_tiering_note(
+                nb,
+                tiering::host::demotion_enabled(),
+            ));
+        }
         let (Some(d), Some(engine)) = (
             self.duration,
             self.tiering.as_ref().and_then(|t| t.engine.as_ref()),
@@ -334,6 +372,9 @@ impl VmConfig {
             stop_grace: req.stop_grace,
             console_limit: DEFAULT_CONSOLE_LIMIT,
             layout,
+            seccomp: req.seccomp,
+            seccomp_main: false,
+            test_forbidden_syscall: false,
         })
     }
 
@@ -360,10 +401,7 @@ fn check_shape(req: &VmRequest) -> std::result::Result<(), ConfigError> {
     if req.vcpus as usize > MAX_VCPUS {
         return Err(ConfigError::TooManyVcpus { vcpus: req.vcpus });
     }
-    if req.sample_ms == 0 {
-        return Err(ConfigError::NoSamplePeriod);
-    }
-    Ok(())
+    check_sample_ms(req.sample_ms)
 }
 
 /// Guest RAM: within tiervm's bounds and 2 MiB aligned.

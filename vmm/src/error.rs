@@ -76,6 +76,12 @@ pub enum Error {
     /// `tiervm serve`, its worker mode or `tiervm ctl` failed.
     #[error(transparent)]
     Serve(#[from] crate::serve::ServeError),
+    /// A seccomp filter could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
+    /// The SIGINT/SIGTERM handlers could not be installed.
+    #[error(transparent)]
+    Signals(#[from] crate::signals::SignalError),
 }
 
 /// Writing a result (report, JSON, file) failed.
@@ -90,6 +96,9 @@ pub enum OutputError {
         #[source]
         source: serde_json::Error,
     },
+    /// Writing to stdout failed (a reader that went away is not a failure).
+    #[error("writing the output to stdout failed")]
+    Write(#[source] std::io::Error),
 }
 
 impl From<WorkloadArgError> for Error {
@@ -110,6 +119,7 @@ impl Error {
             Self::Vm(e) => e.is_usage(),
             Self::Serve(e) => e.is_usage(),
             Self::Permission(_) | Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
+            Self::Seccomp(_) | Self::Signals(_) => false,
         };
         if usage {
             EXIT_USAGE
@@ -126,6 +136,10 @@ impl Error {
             Self::Image(e) => e.fix(),
             Self::Vm(e) => e.fix(),
             Self::Compare(CompareError::Policy { source, .. }) => source.fix(),
+            Self::Output(OutputError::Write(_)) => {
+                Some("free space where stdout goes or redirect it elsewhere")
+            }
+            Self::Seccomp(_) => Some("run with --no-seccomp to go on without (debugging only)"),
             _ => None,
         }
     }

@@ -66,6 +66,17 @@ pub enum ImageError {
         #[source]
         source: linux_loader::loader::Error,
     },
+    /// The loader did not load what the validator described (an ambiguous
+    /// file the validator should have refused).
+    #[error("image '{name}': the loader ended at {loader_end:#x} where validation expected {validated_end:#x}: the ELF file is ambiguous; relink it")]
+    LoaderDisagrees {
+        /// The image.
+        name: String,
+        /// Where linux-loader's last file-backed segment ended.
+        loader_end: u64,
+        /// Where the validated segments end.
+        validated_end: u64,
+    },
 }
 
 impl ImageError {
@@ -151,6 +162,29 @@ pub enum ElfError {
     /// The entry point is not in executable code.
     #[error("entry point {0:#x} is not inside an executable segment: the file is corrupt")]
     EntryOutsideCode(u64),
+    /// Big-endian file (the loader reads little-endian only).
+    #[error("is big-endian: x86_64 images are little-endian; rebuild it for x86_64")]
+    BigEndian,
+    /// `e_phnum = PN_XNUM`: the loader would read 65535 program headers.
+    #[error("uses an extended program-header count (e_phnum = 0xffff, PN_XNUM, the real count in section 0): tiervm's loader reads e_phnum as the count; link it with fewer than 65535 program headers")]
+    ExtendedPhnum,
+    /// Program headers inside the ELF header.
+    #[error("program headers at offset {0} overlap the ELF header: the file is corrupt")]
+    PhdrsOverlapHeader(u64),
+    /// Program-header entries of another size.
+    #[error("program header size {0} is not 56: the file is corrupt")]
+    PhentSize(u16),
+    /// A note header lies past the end of the file.
+    #[error("note segment at file offset {0:#x} has a note header past the end of the file: the file is corrupt")]
+    NotePastEof(u64),
+    /// A note's size overflows (the loader refuses it).
+    #[error(
+        "note segment at file offset {0:#x} has a note size that overflows: the file is corrupt"
+    )]
+    NoteSizeOverflow(u64),
+    /// A Xen PVH entry note (the loader would parse it as a boot protocol).
+    #[error("has a Xen PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): tiervm starts images at e_entry in ring 3; drop the note")]
+    XenPvhNote,
 }
 
 impl ElfError {
@@ -250,12 +284,59 @@ impl Image {
 pub struct Segment {
     /// Guest-physical load address.
     pub addr: u64,
+    /// Offset of its bytes in the file.
+    pub offset: u64,
     /// Bytes in the file.
     pub file_size: u64,
     /// Bytes in memory (>= file_size; the rest is zero).
     pub mem_size: u64,
     /// Executable.
     pub exec: bool,
+}
+
+/// Walks a `PT_NOTE` segment the way the loader does (it looks for a Xen
+/// PVH entry note: 12-byte headers, name and descriptor 4-byte aligned, read
+/// from the file), so that the loader never refuses an image accepted here.
+fn check_notes(bytes: &[u8], offset: u64, size: u64) -> std::result::Result<(), ElfError> {
+    const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
+    let mut read = 0u64;
+    while read < size {
+        let at = offset
+            .checked_add(read)
+            .and_then(|a| usize::try_from(a).ok())
+            .ok_or(ElfError::NotePastEof(offset))?;
+        let header = bytes
+            .get(at..)
+            .and_then(|b| b.get(..12))
+            .ok_or(ElfError::NotePastEof(offset))?;
+        let word =
+            |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (namesz, descsz, kind) = (word(0), word(4), word(8));
+        if kind == XEN_ELFNOTE_PHYS32_ENTRY && namesz == 4 {
+            return Err(ElfError::XenPvhNote);
+        }
+        let name = u64::from(namesz).next_multiple_of(4);
+        let desc = u64::from(descsz).next_multiple_of(4);
+        if name > u64::from(u32::MAX) || desc > u64::from(u32::MAX) {
+            return Err(ElfError::NoteSizeOverflow(offset));
+        }
+        read += 12 + name + desc;
+    }
+    Ok(())
+}
+
+impl ElfInfo {
+    /// One past the highest byte of a segment with file content: what the
+    /// loader reports as the end of what it loaded (it writes only file
+    /// bytes; the rest of a segment is guest RAM's zeros).
+    pub fn loaded_end(&self) -> u64 {
+        self.segments
+            .iter()
+            .filter(|s| s.file_size > 0)
+            .map(|s| s.addr + s.mem_size)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// What validation learned about an image.
@@ -273,98 +354,137 @@ pub struct ElfInfo {
 /// `IMAGE_BASE_GPA..ram_size`, and describes it. Every failure is an
 /// [`ImageError::Elf`] naming the problem and the fix.
 pub fn validate_elf(name: &str, bytes: &[u8], ram_size: u64) -> Result<ElfInfo, ImageError> {
-    let fail = |problem: ElfError| ImageError::Elf {
+    elf_info(bytes, ram_size).map_err(|problem| ImageError::Elf {
         name: name.to_string(),
         problem,
-    };
-    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
-        return Err(fail(ElfError::NotElf));
-    }
-    let header =
-        elf::FileHeader64::<Endianness>::parse(bytes).map_err(|e| fail(ElfError::Invalid(e)))?;
-    let endian = header.endian().map_err(|e| fail(ElfError::ByteOrder(e)))?;
-    if header.e_machine(endian) != elf::EM_X86_64 {
-        return Err(fail(ElfError::WrongMachine(header.e_machine(endian))));
-    }
-    match header.e_type(endian) {
-        elf::ET_EXEC => {}
-        elf::ET_DYN => return Err(fail(ElfError::PositionIndependent)),
-        t => return Err(fail(ElfError::NotExecutable(t))),
-    }
+    })
+}
+
+/// [`validate_elf`]'s steps: 1. the header, 2. each program header (notes
+/// checked, `PT_LOAD` segments kept), 3. the entry point in code, 4. the
+/// program-header size (last: an earlier problem names the fix better).
+fn elf_info(bytes: &[u8], ram_size: u64) -> Result<ElfInfo, ElfError> {
+    let (header, endian) = check_header(bytes)?;
     let phdrs = header
         .program_headers(endian, bytes)
-        .map_err(|e| fail(ElfError::ProgramHeaders(e)))?;
+        .map_err(ElfError::ProgramHeaders)?;
     let mut segments = Vec::new();
     for ph in phdrs {
         match ph.p_type(endian) {
-            elf::PT_INTERP | elf::PT_DYNAMIC => {
-                return Err(fail(ElfError::Dynamic));
-            }
-            elf::PT_LOAD => {}
-            _ => continue,
+            elf::PT_INTERP | elf::PT_DYNAMIC => return Err(ElfError::Dynamic),
+            elf::PT_LOAD => segments.push(check_load_segment(ph, endian, bytes, ram_size)?),
+            elf::PT_NOTE => check_notes(bytes, ph.p_offset(endian), ph.p_filesz(endian))?,
+            _ => {}
         }
-        let addr = ph.p_paddr(endian);
-        let file_size = ph.p_filesz(endian);
-        let mem_size = ph.p_memsz(endian);
-        let offset = ph.p_offset(endian);
-        if file_size > mem_size {
-            return Err(fail(ElfError::SegmentFileSize {
-                addr,
-                file_size,
-                mem_size,
-            }));
-        }
-        if offset
-            .checked_add(file_size)
-            .is_none_or(|end| end > bytes.len() as u64)
-        {
-            return Err(fail(ElfError::SegmentPastEof(addr)));
-        }
-        let end = addr
-            .checked_add(mem_size)
-            .ok_or_else(|| fail(ElfError::SegmentWraps(addr)))?;
-        if addr < IMAGE_BASE_GPA {
-            return Err(fail(ElfError::SegmentBelowBase(addr)));
-        }
-        if end > ram_size {
-            return Err(fail(ElfError::SegmentOutsideRam {
-                addr,
-                end,
-                ram_size,
-            }));
-        }
-        if ph.p_vaddr(endian) != addr {
-            return Err(fail(ElfError::VirtualNotPhysical {
-                vaddr: ph.p_vaddr(endian),
-                addr,
-            }));
-        }
-        segments.push(Segment {
-            addr,
-            file_size,
-            mem_size,
-            exec: ph.p_flags(endian) & elf::PF_X != 0,
-        });
     }
     if segments.is_empty() {
-        return Err(fail(ElfError::NoLoadableSegment));
+        return Err(ElfError::NoLoadableSegment);
     }
     let entry = header.e_entry(endian);
     if !segments
         .iter()
         .any(|s| s.exec && entry >= s.addr && entry < s.addr + s.mem_size)
     {
-        return Err(fail(ElfError::EntryOutsideCode(entry)));
+        return Err(ElfError::EntryOutsideCode(entry));
     }
     let end = segments
         .iter()
         .map(|s| s.addr + s.mem_size)
         .max()
         .unwrap_or(IMAGE_BASE_GPA);
+    if header.e_phentsize(endian) as usize
+        != std::mem::size_of::<elf::ProgramHeader64<Endianness>>()
+    {
+        return Err(ElfError::PhentSize(header.e_phentsize(endian)));
+    }
     Ok(ElfInfo {
         entry,
         segments,
         end,
+    })
+}
+
+/// Step 1: a little-endian static x86_64 executable header that the loader
+/// (linux-loader, which reads the header itself) reads the same way; every
+/// header it would read differently is refused, so that what is validated
+/// is what is loaded (tests/elf_props.rs checks this on random and mutated
+/// files).
+fn check_header(bytes: &[u8]) -> Result<(&elf::FileHeader64<Endianness>, Endianness), ElfError> {
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+        return Err(ElfError::NotElf);
+    }
+    let header = elf::FileHeader64::<Endianness>::parse(bytes).map_err(ElfError::Invalid)?;
+    let endian = header.endian().map_err(ElfError::ByteOrder)?;
+    if endian != Endianness::Little {
+        return Err(ElfError::BigEndian);
+    }
+    if header.e_phnum(endian) == elf::PN_XNUM {
+        return Err(ElfError::ExtendedPhnum);
+    }
+    let phoff = header.e_phoff(endian);
+    if phoff != 0 && phoff < std::mem::size_of::<elf::FileHeader64<Endianness>>() as u64 {
+        return Err(ElfError::PhdrsOverlapHeader(phoff));
+    }
+    if header.e_machine(endian) != elf::EM_X86_64 {
+        return Err(ElfError::WrongMachine(header.e_machine(endian)));
+    }
+    match header.e_type(endian) {
+        elf::ET_EXEC => Ok((header, endian)),
+        elf::ET_DYN => Err(ElfError::PositionIndependent),
+        t => Err(ElfError::NotExecutable(t)),
+    }
+}
+
+/// Step 2 for a `PT_LOAD`: its file part inside the file, its memory part
+/// inside `IMAGE_BASE_GPA..ram_size` without wrapping, identity-mapped.
+fn check_load_segment(
+    ph: &elf::ProgramHeader64<Endianness>,
+    endian: Endianness,
+    bytes: &[u8],
+    ram_size: u64,
+) -> Result<Segment, ElfError> {
+    let addr = ph.p_paddr(endian);
+    let file_size = ph.p_filesz(endian);
+    let mem_size = ph.p_memsz(endian);
+    let offset = ph.p_offset(endian);
+    if file_size > mem_size {
+        return Err(ElfError::SegmentFileSize {
+            addr,
+            file_size,
+            mem_size,
+        });
+    }
+    if offset
+        .checked_add(file_size)
+        .is_none_or(|end| end > bytes.len() as u64)
+    {
+        return Err(ElfError::SegmentPastEof(addr));
+    }
+    let end = addr
+        .checked_add(mem_size)
+        .ok_or(ElfError::SegmentWraps(addr))?;
+    if addr < IMAGE_BASE_GPA {
+        return Err(ElfError::SegmentBelowBase(addr));
+    }
+    if end > ram_size {
+        return Err(ElfError::SegmentOutsideRam {
+            addr,
+            end,
+            ram_size,
+        });
+    }
+    if ph.p_vaddr(endian) != addr {
+        return Err(ElfError::VirtualNotPhysical {
+            vaddr: ph.p_vaddr(endian),
+            addr,
+        });
+    }
+    Ok(Segment {
+        addr,
+        offset,
+        file_size,
+        mem_size,
+        exec: ph.p_flags(endian) & elf::PF_X != 0,
     })
 }
 

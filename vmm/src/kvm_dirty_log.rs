@@ -231,6 +231,7 @@ mod tests {
     use kvm_ioctls::{Kvm, VcpuExit};
     use std::os::fd::AsRawFd;
     use std::sync::Arc;
+    use tiering::host_support::HostFeature;
     use tiering::mem::{MemConfig, TieredMemory, PAGE_SIZE};
 
     /// Puts a fresh vCPU at the real-mode test program at 0x1000 (flat segments).
@@ -293,19 +294,16 @@ mod tests {
     /// re-arms it, and a second run dirties it again.
     #[test]
     fn kvm_dirty_log_reports_guest_writes_and_clear_rearms() {
-        let Ok(kvm) = Kvm::new() else {
-            eprintln!("SKIP: /dev/kvm not available");
+        if !tiering::host_support::require(&[HostFeature::Kvm, HostFeature::UserfaultfdMove]) {
             return;
-        };
+        }
+        let _bound = tiering::host_support::watchdog(std::time::Duration::from_secs(60));
+        let kvm = Kvm::new().expect("KVM");
         let vm = kvm.create_vm().unwrap();
         enable_manual_dirty_log_protect(&vm).unwrap();
-        let mem = match TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)) {
-            Ok(m) => Arc::new(m),
-            Err(e) => {
-                eprintln!("SKIP: tiered memory unavailable: {e}");
-                return;
-            }
-        };
+        let mem = Arc::new(
+            TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)).expect("tiered memory"),
+        );
         // Code at 0x1000: mov byte [0x5000], 1 ; hlt
         let code = [0xc6u8, 0x06, 0x00, 0x50, 0x01, 0xf4];
         install(&vm, &mem, &code, KVM_MEM_LOG_DIRTY_PAGES);
@@ -339,87 +337,222 @@ mod tests {
         assert!(log.clear(3, &[1]).is_err());
     }
 
-    /// Runs a real-mode guest that increments a counter in page 5 `n` times
-    /// while the host keeps migrating page 5 with TPM (promote, demote) using
-    /// the KVM dirty log. Returns (final counter, stats).
-    fn tpm_against_a_live_guest(
-        skip_dirty_check: bool,
-        n: u32,
-    ) -> Option<(u32, tiering::mem::MemStats)> {
-        use tiering::mem::{
-            FaultHandler, InitialPlacement, Mechanism, Migrator, MigratorConfig, Unit,
-        };
-        let kvm = Kvm::new().ok()?;
-        let vm = kvm.create_vm().unwrap();
-        enable_manual_dirty_log_protect(&vm).unwrap();
-        let mut cfg = MemConfig::new(64 * PAGE_SIZE, 32);
-        cfg.placement = InitialPlacement::SlowFirst;
-        let mem = Arc::new(TieredMemory::new(&cfg).ok()?);
-        // mov ecx, n ; l: inc dword [0x5000] ; dec ecx ; jnz l ; hlt
-        let mut code = vec![0x66u8, 0xb9];
-        code.extend_from_slice(&n.to_le_bytes());
-        code.extend_from_slice(&[0x66, 0xff, 0x06, 0x00, 0x50, 0x66, 0x49, 0x75, 0xf7, 0xf4]);
-        install(&vm, &mem, &code, KVM_MEM_LOG_DIRTY_PAGES);
-        let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
-        let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
-        m.set_skip_dirty_check(skip_dirty_check);
-        let faults = FaultHandler::spawn(mem.clone()).unwrap();
-        let mut vcpu = vm.create_vcpu(0).unwrap();
-        enter_real_mode(&mut vcpu);
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let d2 = done.clone();
-        let t = std::thread::spawn(move || {
+    /// A VM whose real-mode guest adds 1 to the counter at 0x5000 and then
+    /// exits to the VMM (port 0x10) each time it runs: the test decides
+    /// exactly when every guest write happens. Tiered RAM of 64 pages, 32
+    /// fast, all starting slow, with slow headroom for shadows; the
+    /// migrator uses KVM's dirty log.
+    struct SteppedGuest {
+        mem: Arc<TieredMemory>,
+        migrator: Arc<tiering::mem::Migrator>,
+        vcpu: Arc<std::sync::Mutex<kvm_ioctls::VcpuFd>>,
+        faults: Option<tiering::mem::FaultHandler>,
+        writes: Arc<std::sync::atomic::AtomicU32>,
+        _vm: kvm_ioctls::VmFd,
+    }
+
+    impl SteppedGuest {
+        fn new(skip_dirty_check: bool) -> Self {
+            use tiering::mem::{FaultHandler, InitialPlacement, Migrator, MigratorConfig};
+            let kvm = Kvm::new().expect("KVM");
+            let vm = kvm.create_vm().unwrap();
+            enable_manual_dirty_log_protect(&vm).unwrap();
+            let mut cfg = MemConfig::two_tier(64 * PAGE_SIZE, 32, 64 + 16, 0, 0);
+            cfg.placement = InitialPlacement::SlowFirst;
+            let mem = Arc::new(TieredMemory::new(&cfg).expect("tiered memory"));
+            // l: inc dword [0x5000] ; out 0x10, al ; jmp l
+            let code = [0x66u8, 0xff, 0x06, 0x00, 0x50, 0xe6, 0x10, 0xeb, 0xf7];
+            install(&vm, &mem, &code, KVM_MEM_LOG_DIRTY_PAGES);
+            let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
+            let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
+            m.set_skip_dirty_check(skip_dirty_check);
+            let faults = FaultHandler::spawn(mem.clone()).unwrap();
+            let mut vcpu = vm.create_vcpu(0).unwrap();
+            enter_real_mode(&mut vcpu);
+            Self {
+                mem,
+                migrator: Arc::new(m),
+                vcpu: Arc::new(std::sync::Mutex::new(vcpu)),
+                faults: Some(faults),
+                writes: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+                _vm: vm,
+            }
+        }
+
+        /// Lets the guest write once (one increment, then its port exit).
+        fn step(
+            vcpu: &std::sync::Mutex<kvm_ioctls::VcpuFd>,
+            writes: &std::sync::atomic::AtomicU32,
+        ) {
+            let mut v = vcpu.lock().unwrap();
             loop {
-                match vcpu.run() {
-                    Ok(VcpuExit::Hlt) => break,
-                    Ok(VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError) => {
-                        break
+                match v.run().expect("KVM_RUN") {
+                    VcpuExit::IoOut(0x10, _) => break,
+                    VcpuExit::Shutdown | VcpuExit::FailEntry(..) | VcpuExit::InternalError => {
+                        panic!("guest failed")
                     }
-                    Ok(_) => {}
-                    Err(_) => break,
+                    _ => {}
                 }
             }
-            d2.store(true, std::sync::atomic::Ordering::SeqCst);
-        });
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            m.promote(&[Unit::page(5)], Mechanism::TPM).unwrap();
-            m.demote(&[Unit::page(5)], Mechanism::TPM).unwrap();
-            m.harvest().unwrap();
+            writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-        t.join().unwrap();
-        faults.stop().unwrap();
-        // SAFETY: 0x5000 lies inside guest RAM and the guest has stopped.
-        let v = unsafe { (mem.guest_ptr().add(0x5000) as *const u32).read_volatile() };
-        mem.check_consistency().unwrap();
-        Some((v, mem.stats()))
+
+        fn write_now(&self) {
+            Self::step(&self.vcpu, &self.writes);
+        }
+
+        /// Migrates page 5 with `mech`; with `write_in_window`, the guest
+        /// writes once between the copy and the unmap of the first TPM
+        /// transaction (the write a dirty check must catch).
+        fn migrate(&self, promote: bool, mech: tiering::mem::Mechanism, write_in_window: bool) {
+            use tiering::mem::Unit;
+            let go = || {
+                if promote {
+                    self.migrator.promote(&[Unit::page(5)], mech).unwrap()
+                } else {
+                    self.migrator.demote(&[Unit::page(5)], mech).unwrap()
+                }
+            };
+            if !write_in_window {
+                go();
+                return;
+            }
+            let (vcpu, writes) = (self.vcpu.clone(), self.writes.clone());
+            let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let f = fired.clone();
+            tiering::test_point::with_action(
+                move |_| {
+                    if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        Self::step(&vcpu, &writes);
+                    }
+                },
+                go,
+            );
+            assert!(
+                fired.load(std::sync::atomic::Ordering::SeqCst),
+                "the TPM copy-window test point never fired (tiering::test_point::TestPoint::TpmCopied)"
+            );
+        }
+
+        fn counter(&self) -> u32 {
+            // SAFETY: 0x5000 lies inside guest RAM; the guest runs only
+            // inside step(), never concurrently with this read.
+            unsafe { (self.mem.guest_ptr().add(0x5000) as *const u32).read_volatile() }
+        }
+
+        fn finish(mut self) -> tiering::mem::MemStats {
+            if let Some(f) = self.faults.take() {
+                f.stop().unwrap();
+            }
+            self.mem.check_consistency().unwrap();
+            self.mem.stats()
+        }
     }
 
-    /// Transactional migration under a live (emulated) guest loses no write
-    /// with the KVM dirty check, and aborts when the guest wrote during a copy.
+    const ROUNDS: u32 = 20;
+
+    /// Each round: the guest writes, page 5 is promoted with TPM while the
+    /// guest writes once inside the copy window, the guest writes again,
+    /// page 5 is demoted by stop-and-copy. Returns (counter, writes, stats).
+    fn tpm_with_a_write_in_every_copy_window(
+        skip_dirty_check: bool,
+    ) -> (u32, u32, tiering::mem::MemStats) {
+        use tiering::mem::Mechanism;
+        let g = SteppedGuest::new(skip_dirty_check);
+        for _ in 0..ROUNDS {
+            g.write_now();
+            g.migrate(true, Mechanism::TPM, true);
+            g.write_now();
+            g.migrate(false, Mechanism::StopAndCopy, false);
+            g.migrator.harvest().unwrap();
+        }
+        let (v, w) = (
+            g.counter(),
+            g.writes.load(std::sync::atomic::Ordering::SeqCst),
+        );
+        (v, w, g.finish())
+    }
+
+    /// With the KVM dirty check, a guest write between the copy and the
+    /// unmap aborts the transaction: no write is lost, every window write
+    /// aborted one.
     #[test]
     fn tpm_with_kvm_dirty_log_loses_no_guest_write() {
-        let Some((v, st)) = tpm_against_a_live_guest(false, 20_000) else {
-            eprintln!("SKIP: /dev/kvm or userfaultfd not available");
+        if !tiering::host_support::require(&[HostFeature::Kvm, HostFeature::UserfaultfdMove]) {
             return;
-        };
-        eprintln!("with dirty check: counter {v}, {st:?}");
-        assert_eq!(v, 20_000, "lost guest writes: {st:?}");
-        assert!(st.tpm_commits > 0, "{st:?}");
+        }
+        let _bound = tiering::host_support::watchdog(std::time::Duration::from_secs(60));
+        let (v, writes, st) = tpm_with_a_write_in_every_copy_window(false);
+        assert_eq!(writes, 3 * ROUNDS);
+        assert_eq!(v, writes, "lost guest writes: {st:?}");
+        assert_eq!(st.tpm_aborts, u64::from(ROUNDS), "{st:?}");
     }
 
-    /// The same run without the dirty check must lose writes: proves the
-    /// test above can fail.
+    /// The negative control: without the dirty check exactly the writes
+    /// made inside the copy windows are lost (one per round), every run.
     #[test]
     fn tpm_without_the_dirty_check_loses_guest_writes() {
-        let Some((v, st)) = tpm_against_a_live_guest(true, 20_000) else {
-            eprintln!("SKIP: /dev/kvm or userfaultfd not available");
+        if !tiering::host_support::require(&[HostFeature::Kvm, HostFeature::UserfaultfdMove]) {
             return;
-        };
-        eprintln!("without dirty check: counter {v}, {st:?}");
+        }
+        let _bound = tiering::host_support::watchdog(std::time::Duration::from_secs(60));
+        let (v, writes, st) = tpm_with_a_write_in_every_copy_window(true);
+        assert_eq!(writes, 3 * ROUNDS);
+        assert_eq!(v, 2 * ROUNDS, "exactly the window writes are lost: {st:?}");
+        assert_eq!(st.tpm_commits, u64::from(ROUNDS), "{st:?}");
+    }
+
+    /// Shadow demotion on real KVM: a page promoted with TPM keeps its slow
+    /// copy; demoted while clean, the shadow is remapped (no copy); written
+    /// after promotion, the shadow is dropped and the demotion copies, so
+    /// the write survives.
+    #[test]
+    fn tpm_shadow_demotion_with_kvm_dirty_log() {
+        use tiering::mem::Mechanism;
+        if !tiering::host_support::require(&[HostFeature::Kvm, HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let _bound = tiering::host_support::watchdog(std::time::Duration::from_secs(60));
+        let g = SteppedGuest::new(false);
+        g.write_now();
+        // Clean shadow: promote, no write, demote by remapping the shadow.
+        g.migrate(true, Mechanism::TPM, false);
+        g.migrator.harvest().unwrap();
+        let before = g.mem.stats();
+        assert_eq!(before.promotions, 1, "{before:?}");
         assert!(
-            v < 20_000,
-            "expected lost writes without the dirty check: {st:?}"
+            before.shadow_pages > 0 || before.tiers[1].shadow_pages > 0,
+            "{before:?}"
         );
+        g.migrate(false, Mechanism::TPM, false);
+        let clean = g.mem.stats();
+        assert_eq!(
+            clean.shadow_demotions, 1,
+            "clean page demoted by remap: {clean:?}"
+        );
+        assert_eq!(g.counter(), 1);
+        // Stale shadow: promote, the guest writes, the harvest sees it.
+        g.migrate(true, Mechanism::TPM, false);
+        g.write_now();
+        g.migrator.harvest().unwrap();
+        let dirty = g.mem.stats();
+        assert_eq!(
+            dirty.shadow_invalidations,
+            clean.shadow_invalidations + 1,
+            "{dirty:?}"
+        );
+        g.migrate(false, Mechanism::TPM, false);
+        assert_eq!(
+            g.counter(),
+            2,
+            "the write after promotion survived the demotion"
+        );
+        let st = g.finish();
+        assert_eq!(
+            st.shadow_demotions, 1,
+            "the stale shadow was not remapped: {st:?}"
+        );
+        assert_eq!(st.demotions, 2, "{st:?}");
     }
 
     /// Hint-fault sampling on a live guest: parked pages are touched by KVM
@@ -428,16 +561,15 @@ mod tests {
     #[test]
     fn hint_faults_from_a_live_guest_are_sampled() {
         use tiering::mem::{FaultHandler, HintSampler, SamplerConfig};
-        let Ok(kvm) = Kvm::new() else {
-            eprintln!("SKIP: /dev/kvm not available");
+        if !tiering::host_support::require(&[HostFeature::Kvm, HostFeature::UserfaultfdMove]) {
             return;
-        };
+        }
+        let _bound = tiering::host_support::watchdog(std::time::Duration::from_secs(60));
+        let kvm = Kvm::new().expect("KVM");
         let vm = kvm.create_vm().unwrap();
-        let Ok(mem) = TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)) else {
-            eprintln!("SKIP: tiered memory unavailable");
-            return;
-        };
-        let mem = Arc::new(mem);
+        let mem = Arc::new(
+            TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)).expect("tiered memory"),
+        );
         // mov ecx, 3000 ; l: mov eax, [0x5000] ; dec ecx ; jnz l ; hlt
         let code = [
             0x66u8, 0xb9, 0xb8, 0x0b, 0x00, 0x00, 0x66, 0xa1, 0x00, 0x50, 0x66, 0x49, 0x75, 0xf8,

@@ -55,29 +55,29 @@ fn main() -> ExitCode {
         Command::Compare(a) => compare::run(a, started),
         Command::Info(a) => info::run(a).map(|()| 0).map_err(Into::into),
         Command::Native(a) => native::run(a),
-        Command::Sim(a) => sim::run(a).map_err(Into::into),
+        Command::Sim(a) => sim::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Ctl(a) => ctl::run(a),
         Command::Worker(a) => worker::run(a, started),
-        Command::Images => {
-            print_images();
-            Ok(0)
-        }
+        Command::Images => vmm::output::stdout(&images_text()).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("tiervm: error: {}", e.describe());
+            vmm::output::stderr_line(&format!("tiervm: error: {}", e.describe()));
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
         }
     }
 }
 
-fn print_images() {
+fn images_text() -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
     for spec in tiervm_guest::workloads::IMAGES {
-        println!("{}: {}", spec.name, spec.about);
+        let _ = writeln!(s, "{}: {}", spec.name, spec.about);
         for a in spec.args {
-            println!("    {:<13} default {:<7} {}", a.key, a.default, a.help);
+            let _ = writeln!(s, "    {:<13} default {:<7} {}", a.key, a.default, a.help);
         }
     }
+    s
 }

@@ -14,7 +14,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use tiering::host::{self, Access, UserfaultfdFacts, DEV_USERFAULTFD};
+use tiering::host::{self, Availability, UserfaultfdFacts, DEV_USERFAULTFD};
 
 /// The KVM device node.
 pub const DEV_KVM: &str = "/dev/kvm";
@@ -124,21 +124,21 @@ fn name_of(file: &Path, id: u32) -> Option<String> {
 
 /// The error of a failed `/dev/kvm` open, naming the fix.
 pub fn kvm_open_error(err: &io::Error) -> String {
-    match Access::from_io_error(err) {
-        Access::Ok => format!("cannot open {DEV_KVM}: {err}"),
-        Access::Absent => format!(
+    match Availability::from_io_error(err) {
+        Availability::Ok => format!("cannot open {DEV_KVM}: {err}"),
+        Availability::Absent => format!(
             "cannot open {DEV_KVM}: no such device ({err}): load the KVM module (modprobe kvm_intel, \
              kvm_amd or kvm_pvm) or enable virtualization in the firmware (`tiervm info` shows what \
              this host offers)"
         ),
-        Access::PermissionDenied => {
+        Availability::PermissionDenied => {
             let fix = NodeAccess::of(DEV_KVM).map_or_else(
                 || "run as a user with read-write access to /dev/kvm (usually group kvm)".into(),
                 |n| n.grant_fix("kvm"),
             );
             format!("cannot open {DEV_KVM}: permission denied: {fix}; or run as root")
         }
-        Access::Failed { message } => {
+        Availability::Failed { message } => {
             format!("cannot open {DEV_KVM}: {message}: check dmesg for KVM errors")
         }
     }
@@ -151,9 +151,9 @@ pub fn userfaultfd_error(facts: &UserfaultfdFacts, dev: Option<&NodeAccess>) -> 
         return None;
     }
     let untiered = "(--policy none runs untiered, without userfaultfd)";
-    let denied = Access::PermissionDenied;
+    let denied = Availability::PermissionDenied;
     if facts.dev_userfaultfd != denied && facts.syscall != denied {
-        if facts.dev_userfaultfd == Access::Absent && facts.syscall == Access::Absent {
+        if facts.dev_userfaultfd == Availability::Absent && facts.syscall == Availability::Absent {
             return Some(format!(
                 "userfaultfd: not available: this kernel is built without userfaultfd; tiered guest RAM \
                  needs Linux >= 6.8 with CONFIG_USERFAULTFD {untiered}"
@@ -168,8 +168,8 @@ pub fn userfaultfd_error(facts: &UserfaultfdFacts, dev: Option<&NodeAccess>) -> 
         .unprivileged_userfaultfd
         .map_or_else(|| "unreadable".to_string(), |v| v.to_string());
     let device = match (&facts.dev_userfaultfd, dev) {
-        (Access::PermissionDenied, Some(n)) => n.grant_fix("userfaultfd"),
-        (Access::Absent, _) => format!("{DEV_USERFAULTFD} does not exist (Linux < 6.1)"),
+        (Availability::PermissionDenied, Some(n)) => n.grant_fix("userfaultfd"),
+        (Availability::Absent, _) => format!("{DEV_USERFAULTFD} does not exist (Linux < 6.1)"),
         (a, _) => format!("{DEV_USERFAULTFD}: {}", a.describe()),
     };
     Some(format!(
@@ -299,7 +299,7 @@ mod tests {
         );
     }
 
-    fn facts(dev: Access, syscall: Access) -> UserfaultfdFacts {
+    fn facts(dev: Availability, syscall: Availability) -> UserfaultfdFacts {
         UserfaultfdFacts {
             dev_userfaultfd: dev,
             syscall,
@@ -313,7 +313,10 @@ mod tests {
     fn userfaultfd_errors_say_what_is_missing() {
         let dev = node(0o600, 0, Some("root"), false);
         let e = userfaultfd_error(
-            &facts(Access::PermissionDenied, Access::PermissionDenied),
+            &facts(
+                Availability::PermissionDenied,
+                Availability::PermissionDenied,
+            ),
             Some(&dev),
         )
         .unwrap();
@@ -321,9 +324,14 @@ mod tests {
         assert!(e.contains("vm.unprivileged_userfaultfd is 0"), "{e}");
         assert!(e.contains("KERNEL==\"userfaultfd\""), "the device fix: {e}");
         assert!(e.contains("--policy none"), "{e}");
-        let e = userfaultfd_error(&facts(Access::Absent, Access::PermissionDenied), None).unwrap();
+        let e = userfaultfd_error(
+            &facts(Availability::Absent, Availability::PermissionDenied),
+            None,
+        )
+        .unwrap();
         assert!(e.contains("/dev/userfaultfd does not exist"), "{e}");
-        let e = userfaultfd_error(&facts(Access::Absent, Access::Absent), None).unwrap();
+        let e =
+            userfaultfd_error(&facts(Availability::Absent, Availability::Absent), None).unwrap();
         assert!(e.contains("built without userfaultfd"), "{e}");
     }
 

@@ -24,6 +24,9 @@ pub enum StopReason {
     Forced,
     /// A vCPU crashed.
     Crashed,
+    /// SIGINT or SIGTERM asked the run to stop and the guest exited after
+    /// the stop request (as at the end of `--duration`).
+    Signal,
 }
 
 /// One run of one VM.
@@ -83,6 +86,8 @@ pub struct RunReport {
     pub tiering: Option<TieringReport>,
     /// Tracking on/off throughput within this run (`--tracking-ab` only).
     pub tracking_ab: Option<crate::ab::TrackingAb>,
+    /// The stop signal received during the run (`SIGINT`, `SIGTERM`), if any.
+    pub signal: Option<String>,
 }
 
 impl RunReport {
@@ -119,6 +124,7 @@ impl RunReport {
             StopReason::Duration => "stopped at --duration",
             StopReason::Forced => "FORCED: the guest ignored the stop request",
             StopReason::Crashed => "CRASHED",
+            StopReason::Signal => "stopped by a signal",
         };
         let code = self.exit_code.map_or("none".to_string(), |c| c.to_string());
         let _ = writeln!(
@@ -126,6 +132,12 @@ impl RunReport {
             "  result     exit code {code} ({how}) after {:.2} s",
             self.duration_s
         );
+        if let Some(sig) = &self.signal {
+            let _ = writeln!(
+                s,
+                "  signal     {sig}: the guest was asked to stop; a second signal ends tiervm at once"
+            );
+        }
         if let Some(b) = self.boot_ms {
             let _ = writeln!(s, "  boot       {b:.1} ms to the first guest instruction");
         }
@@ -148,6 +160,9 @@ impl RunReport {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             let _ = writeln!(s, "  guest      {}", m.join(" "));
+        }
+        if let Some(line) = self.integrity_line() {
+            let _ = writeln!(s, "  integrity  {line}");
         }
         if self.console_dropped > 0 {
             let _ = writeln!(
@@ -188,6 +203,13 @@ impl RunReport {
             t.policy,
             tiers.join(", ")
         );
+        if self.backing.as_ref().is_some_and(|b| !b.locked) {
+            let _ = writeln!(
+                s,
+                "  memory     NOT locked on fault: raise RLIMIT_MEMLOCK or grant CAP_IPC_LOCK \
+                 (docs/host-requirements.md)"
+            );
+        }
         if let Some(m) = &self.migration {
             write_migration(s, m);
         }
@@ -273,6 +295,27 @@ fn write_engine(s: &mut String, e: &EngineReport) {
     }
 }
 
+impl RunReport {
+    /// memcheck's verdict for the summary: how many pages lost a write,
+    /// from the guest's `mismatched_pages` metric (`None` for other images).
+    pub fn integrity_line(&self) -> Option<String> {
+        let lost = *self.guest_metrics.get("mismatched_pages")?;
+        let of = self
+            .guest_metrics
+            .get("pages")
+            .map(|p| format!(" of {}", group(*p as u64)))
+            .unwrap_or_default();
+        Some(if lost == 0.0 {
+            format!("no page lost a write (0{of} pages)")
+        } else {
+            format!(
+                "LOST WRITES: {}{of} pages lost a write (tiervm exits 1)",
+                group(lost as u64)
+            )
+        })
+    }
+}
+
 /// `1234567` -> `1,234,567`.
 pub fn group(n: u64) -> String {
     let d = n.to_string();
@@ -288,6 +331,69 @@ pub fn group(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn memcheck_report(lost: f64) -> RunReport {
+        RunReport {
+            image: "memcheck".into(),
+            args: BTreeMap::new(),
+            seed: 1,
+            vcpus: 2,
+            mem_bytes: 64 << 20,
+            duration_s: 1.0,
+            exit_code: Some(lost as u32),
+            stop_reason: StopReason::Duration,
+            ops: 10,
+            ops_per_sec: 10.0,
+            timeline: Vec::new(),
+            vm_exits: 4,
+            boot_ms: None,
+            guest_metrics: [("mismatched_pages", lost), ("pages", 4096.0)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            console_bytes: 0,
+            console_dropped: 0,
+            unhandled_io: 0,
+            mmio_exits: 0,
+            crash: None,
+            tiers: None,
+            migration: None,
+            tracking: None,
+            tiering: None,
+            tracking_ab: None,
+            signal: None,
+            backing: None,
+            tier_timeline: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_lost_pages_and_the_exit_code_is_1() {
+        let bad = memcheck_report(1234.0);
+        assert!(
+            bad.human()
+                .contains("integrity  LOST WRITES: 1,234 of 4,096 pages lost a write"),
+            "{}",
+            bad.human()
+        );
+        assert_eq!(crate::commands::run::exit_code_of(&bad), 1);
+        let good = memcheck_report(0.0);
+        assert!(good
+            .human()
+            .contains("integrity  no page lost a write (0 of 4,096 pages)"));
+        assert_eq!(crate::commands::run::exit_code_of(&good), 0);
+    }
+
+    /// README and the guest ABI say what the code does (they once said the
+    /// exit code was the number of lost pages).
+    #[test]
+    fn docs_state_the_memcheck_exit_code() {
+        let promise = "tiervm exits 1 when any page lost a write";
+        assert!(include_str!("../../README.md").contains(promise));
+        assert!(include_str!("../../docs/guest-abi.md").contains(promise));
+    }
+
     use crate::vstate::tiered::TieringReport;
     use tiering::mem::MemStats;
 
@@ -334,8 +440,8 @@ mod tests {
 
     #[test]
     fn groups_digits() {
-        assert_eq!(super::group(0), "0");
-        assert_eq!(super::group(1234567), "1,234,567");
-        assert_eq!(super::group(100), "100");
+        assert_eq!(group(0), "0");
+        assert_eq!(group(1234567), "1,234,567");
+        assert_eq!(group(100), "100");
     }
 }

@@ -35,6 +35,9 @@ use tiervm_guest::abi::{STATUS_GPA, STATUS_STOP_OFFSET};
 const SECONDARY_GRACE: Duration = Duration::from_secs(1);
 /// How long the runner waits for kicked vCPU threads before giving up on them.
 const KICK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest sleep of the runner between its checks of the run's deadlines
+/// (--duration, --stop-grace), signals and vCPU exits, whatever --sample-ms is.
+const POLL: Duration = Duration::from_millis(5);
 
 /// What a run hook may look at and touch while the VM runs.
 pub struct SampleCtx<'a> {
@@ -59,9 +62,9 @@ pub trait RunHooks {
     /// Called after every status sample.
     fn on_sample(&mut self, _ctx: &SampleCtx<'_>) {}
 
-    /// Whether the run should stop now (checked every few ms): the
-    /// guest is asked to stop as at the end of `--duration`. Lets a test
-    /// run until the events it waits for happened instead of for a fixed time.
+    /// Whether the run should stop now (checked every few ms): the guest is
+    /// asked to stop as at the end of `--duration`. Lets a test run until
+    /// the events it waits for happened instead of for a fixed time.
     fn wants_stop(&mut self) -> bool {
         false
     }
@@ -98,18 +101,26 @@ pub fn run(
 ) -> Result<RunReport> {
     // Name every missing host permission before setting anything up.
     crate::permissions::check_run(cfg.tiering.is_some())?;
+    // Threads started from here on install their seccomp filters.
+    crate::seccomp::set_enabled(cfg.seccomp)?;
     let (mut vm, vcpus) = build_vm(cfg)?;
     let sink = match console {
         Console::Stderr => Sink::Stderr,
         Console::Memory(s) => s,
     };
-    let shared = Arc::new(vcpu::VcpuShared::new(PortBus::new(ConsoleWriter::new(
-        sink,
-        cfg.console_limit,
-    ))));
+    let mut shared =
+        vcpu::VcpuShared::new(PortBus::new(ConsoleWriter::new(sink, cfg.console_limit)));
+    shared.seccomp = cfg.seccomp;
+    shared.test_forbidden_syscall = cfg.test_forbidden_syscall;
+    let shared = Arc::new(shared);
     hooks.on_start(vm.ram().backing());
     let run_start = Instant::now();
     let mut threads = VcpuThreads::spawn(vcpus, &shared)?;
+    // Every thread of this VM exists now: the calling thread's own filter
+    // (tiervm run only; it would outlive the run otherwise).
+    if cfg.seccomp && cfg.seccomp_main {
+        crate::seccomp::install(tiering::threads::ThreadRole::Main)?;
+    }
     let watched = watch(cfg, &mut vm, &mut threads, hooks, run_start);
     threads.end(&shared);
     finish(cfg, started, run_start, vm, &threads, &shared, watched)
@@ -129,12 +140,21 @@ fn build_vm(cfg: &VmConfig) -> Result<(Vm, Vec<Vcpu>)> {
         None => GuestRam::anonymous(cfg.mem_bytes)?,
     });
     let mem = ram.memory();
-    Elf::load(mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None).map_err(|source| {
-        ImageError::Load {
+    let loaded = Elf::load(mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None).map_err(
+        |source| ImageError::Load {
             name: cfg.image.name.clone(),
             source,
+        },
+    )?;
+    // The validator decided what to load; the loader must have agreed.
+    if loaded.kernel_end != cfg.elf.loaded_end() {
+        return Err(ImageError::LoaderDisagrees {
+            name: cfg.image.name.clone(),
+            loader_end: loaded.kernel_end,
+            validated_end: cfg.elf.loaded_end(),
         }
-    })?;
+        .into());
+    }
     let cr3 = memory::write_page_tables(mem, cfg.mem_bytes)?;
 
     let kvm = vm::open_kvm()?;
@@ -295,12 +315,12 @@ fn watch(
     let mut vcpu0_exited_at: Option<Instant> = None;
     let mut next = run_start + cfg.sample;
     loop {
+        // Wait for the next sample, but never longer than POLL: the stop
+        // checks below (duration, grace, signals, exits) run every POLL
+        // whatever --sample-ms is.
         let now = Instant::now();
-        if next > now {
-            std::thread::sleep((next - now).min(Duration::from_millis(5)));
-            if Instant::now() < next && !threads.any_finished() {
-                continue;
-            }
+        if next > now && !threads.any_finished() {
+            std::thread::sleep((next - now).min(POLL));
         }
         let now = Instant::now();
         if now >= next {
@@ -332,7 +352,12 @@ fn watch(
         }
         match w.stop_requested_at {
             None => {
-                if hooks.wants_stop()
+                let signal = crate::signals::received();
+                if signal.is_some() {
+                    w.reason = Some(StopReason::Signal);
+                }
+                if signal.is_some()
+                    || hooks.wants_stop()
                     || cfg
                         .duration
                         .is_some_and(|d| now.duration_since(run_start) >= d)
@@ -403,10 +428,14 @@ fn finish(
         Some(t) => Some(t.finish(None)?),
         None => None,
     };
+    if let Some(e) = crate::seccomp::take_hook_error() {
+        return Err(e.into());
+    }
     let crash = threads.crash();
     if let Some(e) = threads.host_error() {
         return Err(vcpu::VcpuError::Run(e).into());
     }
+    // A forced stop or a crash says more than the signal that asked for it.
     let reason = w.reason.unwrap_or(if w.stop_requested_at.is_some() {
         StopReason::Duration
     } else {
@@ -445,5 +474,6 @@ fn finish(
         tracking: tiering.as_ref().map(|t| t.tracking(cfg.vcpus, run_s)),
         tiering,
         tracking_ab: w.ab.map(|a| a.result()),
+        signal: crate::signals::received().map(crate::signals::name),
     })
 }

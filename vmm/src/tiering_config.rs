@@ -18,6 +18,12 @@ use crate::units::format_size;
 
 /// Hint-fault budget of placement policies (MTM's overhead target, §3.2).
 pub const POLICY_TRACKING_BUDGET_PCT: f64 = 5.0;
+/// Highest `--chaos-rate` in units per second: 40x what the mechanisms reach
+/// here (about 250k pages/s, docs/results.md); higher rates only mean
+/// "as fast as possible", which this already is.
+pub const MAX_CHAOS_RATE: f64 = 10_000_000.0;
+/// Largest weight of `--chaos-mix` (a ratio needs no more).
+pub const MAX_CHAOS_WEIGHT: u32 = 1_000_000;
 
 /// Initial placement of guest pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -165,6 +171,11 @@ pub struct TieringRequest {
     pub chaos_unit: Option<UnitArg>,
     /// Test-only: commit migrations without the dirty check.
     pub skip_dirty_check: bool,
+    /// Test-only: failures to inject into the memory layer's system calls
+    /// (`tiering::sys::FaultPlan` specs, comma-separated). Set by tests in
+    /// process, or by `--test-fault-inject` in builds with the
+    /// `fault-injection` feature.
+    pub test_fault_plans: Option<String>,
     /// `--tracking`.
     pub tracking: Option<TrackingArg>,
     /// `--scan-pages`.
@@ -185,6 +196,9 @@ pub struct TieringRequest {
     /// `--fast-schedule` (e.g. `256M@0s,32M@5s,256M@10s`): the fast tier's
     /// capacity over time.
     pub fast_schedule: Option<String>,
+    /// `--tier NAME:node=N:size=SIZE`, repeated, fastest first (instead of
+    /// `--fast`/`--slow`/`--fast-node`/`--slow-node`).
+    pub tiers: Vec<String>,
 }
 
 /// Access tracking.
@@ -214,6 +228,7 @@ impl Default for TieringRequest {
             mechanism: None,
             chaos_unit: None,
             skip_dirty_check: false,
+            test_fault_plans: None,
             tracking: None,
             scan_pages: None,
             scan_period: None,
@@ -223,6 +238,7 @@ impl Default for TieringRequest {
             chaos_heap_only: false,
             tracking_ab: None,
             fast_schedule: None,
+            tiers: Vec::new(),
         }
     }
 }
@@ -238,6 +254,8 @@ pub struct TieringConfig {
     pub chaos: Option<ChaosConfig>,
     /// Test-only switch.
     pub skip_dirty_check: bool,
+    /// Test-only: injected system-call failures.
+    pub fault_plans: Vec<tiering::sys::FaultPlan>,
     /// Hint-fault sampler settings when tracking is on.
     pub sampler: Option<SamplerConfig>,
     /// The policy engine, for the placement policies.
@@ -257,9 +275,43 @@ fn placement_policies() -> String {
 /// A tiering setting that cannot be used; each message names the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum TieringConfigError {
+    /// A test fault plan that does not parse.
+    #[error("--test-fault-inject")]
+    BadFaultPlan(#[source] tiering::sys::FaultPlanError),
+    /// `--tier` together with `--fast`/`--slow`/`--fast-node`/`--slow-node`.
+    #[error(
+        "--tier describes every tier: drop --fast/--slow/--fast-node/--slow-node, or drop --tier"
+    )]
+    TierFlagsMixed,
+    /// A `--tier` that does not parse.
+    #[error("--tier {spec}")]
+    BadTier {
+        /// What was given.
+        spec: String,
+        /// Why it is wrong (names the fix).
+        #[source]
+        why: TierFlagError,
+    },
+    /// More tiers than tiervm supports.
+    #[error(
+        "{n} --tier flags: tiervm supports at most {} tiers",
+        tiering::vocab::MAX_TIERS
+    )]
+    TooManyTiers {
+        /// How many were given.
+        n: usize,
+    },
+    /// `--tier` sizes that cannot hold the guest.
+    #[error("the --tier sizes ({}) cannot hold --mem {}: raise a tier's size (the slowest, usually)", format_size(*.total), format_size(*.mem))]
+    TierFlagsCannotHoldMem {
+        /// Their sum.
+        total: u64,
+        /// `--mem`.
+        mem: u64,
+    },
     /// A `--fast-schedule` that does not parse.
-    #[error("--fast-schedule: {0}")]
-    BadFastSchedule(String),
+    #[error("--fast-schedule")]
+    BadFastSchedule(#[source] tiering::mem::CapacityScheduleError),
     /// A `--fast-schedule` size the tiers could not honour.
     #[error("--fast-schedule {} at {at:.1} s: {why}", format_size(*.size))]
     FastScheduleDoesNotFit {
@@ -368,6 +420,28 @@ pub enum TieringConfigError {
         /// The flag's value.
         rate: f64,
     },
+    /// `--chaos-rate` beyond [`MAX_CHAOS_RATE`].
+    #[error("--chaos-rate {rate} exceeds the {MAX_CHAOS_RATE} units/s maximum (the mechanisms reach about 250k pages/s): lower --chaos-rate")]
+    ChaosRateTooHigh {
+        /// The flag's value.
+        rate: f64,
+    },
+    /// A `--chaos-mix` weight beyond [`MAX_CHAOS_WEIGHT`].
+    #[error("--chaos-mix '{mix}': weights go up to {MAX_CHAOS_WEIGHT}; give the ratio in small numbers, e.g. 3:1")]
+    ChaosWeightTooLarge {
+        /// The flag's value.
+        mix: String,
+    },
+    /// `--scan-pages` beyond the guest's pages.
+    #[error(
+        "--scan-pages {n} exceeds the guest's {guest_pages} pages: give at most {guest_pages}"
+    )]
+    TooManyScanPages {
+        /// The flag's value.
+        n: usize,
+        /// Pages of guest RAM.
+        guest_pages: u64,
+    },
     /// `--policy-schedule` with a policy the engine does not run (chaos).
     #[error(
         "--policy-schedule needs a placement policy ({})",
@@ -422,6 +496,9 @@ pub fn parse_mix(s: &str) -> Checked<(u32, u32)> {
     let (p, d) = s.split_once(':').ok_or_else(bad)?;
     let p: u32 = p.trim().parse().map_err(|_| bad())?;
     let d: u32 = d.trim().parse().map_err(|_| bad())?;
+    if p > MAX_CHAOS_WEIGHT || d > MAX_CHAOS_WEIGHT {
+        return Err(TieringConfigError::ChaosWeightTooLarge { mix: s.into() });
+    }
     if p == 0 && d == 0 {
         return Err(TieringConfigError::EmptyChaosMix);
     }
@@ -438,7 +515,7 @@ impl TieringRequest {
         match self.policy {
             Some(PolicyArg::None) => false,
             Some(_) => true,
-            None => self.fast.is_some() || self.slow.is_some(),
+            None => self.fast.is_some() || self.slow.is_some() || !self.tiers.is_empty(),
         }
     }
 
@@ -460,6 +537,10 @@ impl TieringRequest {
             return Ok(None);
         }
         let mem = self.backing(mem_bytes, seed, nodes)?;
+        let guest_pages = mem_bytes / PAGE_SIZE as u64;
+        if let Some(n) = self.scan_pages.filter(|&n| n as u64 > guest_pages) {
+            return Err(TieringConfigError::TooManyScanPages { n, guest_pages });
+        }
         let chaos = self.chaos(policy, seed)?;
         let mut engine = self.engine(policy)?;
         let sampler = self.sampler(engine.as_ref())?;
@@ -474,6 +555,14 @@ impl TieringRequest {
             policy,
             chaos,
             skip_dirty_check: self.skip_dirty_check,
+            fault_plans: match &self.test_fault_plans {
+                Some(s) => s
+                    .split(',')
+                    .map(tiering::sys::FaultPlan::parse)
+                    .collect::<Result<_, _>>()
+                    .map_err(TieringConfigError::BadFaultPlan)?,
+                None => Vec::new(),
+            },
             tracking_ab,
             sampler,
             engine,
@@ -502,6 +591,8 @@ impl TieringRequest {
             || self.slow.is_some()
             || self.fast_node.is_some()
             || self.slow_node.is_some()
+            || !self.tiers.is_empty()
+            || self.fast_schedule.is_some()
             || self.tracking.is_some_and(|t| t != TrackingArg::Off)
         {
             return Err(TieringConfigError::UntieredWithTierFlags);
@@ -515,6 +606,9 @@ impl TieringRequest {
     /// Tier sizes (default: half the guest fast, the whole guest slow),
     /// their host nodes and the initial placement.
     fn backing(&self, mem_bytes: u64, seed: u64, nodes: &[u32]) -> Checked<MemConfig> {
+        if !self.tiers.is_empty() {
+            return self.backing_from_tier_flags(mem_bytes, seed, nodes);
+        }
         let page = PAGE_SIZE as u64;
         let fast = self.fast.unwrap_or(mem_bytes / 2 / page * page);
         if fast > mem_bytes {
@@ -549,6 +643,74 @@ impl TieringRequest {
             fast_node,
             slow_node,
         );
+        mem.placement = self.placement.to_placement(seed);
+        Ok(mem)
+    }
+
+    /// `--tier NAME:node=N:size=SIZE ...`: any number of tiers, fastest
+    /// first. Each must fit its node; together they must hold the guest.
+    fn backing_from_tier_flags(
+        &self,
+        mem_bytes: u64,
+        seed: u64,
+        nodes: &[u32],
+    ) -> Checked<MemConfig> {
+        if self.fast.is_some()
+            || self.slow.is_some()
+            || self.fast_node.is_some()
+            || self.slow_node.is_some()
+        {
+            return Err(TieringConfigError::TierFlagsMixed);
+        }
+        let page = PAGE_SIZE as u64;
+        let mut tiers = Vec::new();
+        let mut total: u128 = 0;
+        for spec in &self.tiers {
+            let t = parse_tier(spec).map_err(|why| TieringConfigError::BadTier {
+                spec: spec.clone(),
+                why,
+            })?;
+            if !nodes.is_empty() && !nodes.contains(&t.node) {
+                return Err(TieringConfigError::NoSuchNode {
+                    flag: "--tier",
+                    node: t.node,
+                    nodes: nodes.to_vec(),
+                });
+            }
+            if let Some(total) = tiering::host::numa_nodes()
+                .ok()
+                .and_then(|v| v.into_iter().find(|x| x.id == t.node))
+                .map(|x| x.mem_total_bytes)
+            {
+                if t.size > total {
+                    return Err(TieringConfigError::TierExceedsNode {
+                        flag: "--tier",
+                        size: t.size,
+                        node: t.node,
+                        total,
+                    });
+                }
+            }
+            total += u128::from(t.size);
+            let pages = (t.size / page) as usize;
+            tiers.push(tiering::mem::TierSpec {
+                name: t.name,
+                node: t.node,
+                capacity_pages: pages,
+                max_capacity_pages: pages.max((mem_bytes / page) as usize),
+            });
+        }
+        if tiers.len() > tiering::vocab::MAX_TIERS {
+            return Err(TieringConfigError::TooManyTiers { n: tiers.len() });
+        }
+        if total < u128::from(mem_bytes) {
+            return Err(TieringConfigError::TierFlagsCannotHoldMem {
+                total: total.min(u128::from(u64::MAX)) as u64,
+                mem: mem_bytes,
+            });
+        }
+        let mut mem = MemConfig::two_tier(mem_bytes as usize, 0, 0, 0, 0);
+        mem.tiers = tiers;
         mem.placement = self.placement.to_placement(seed);
         Ok(mem)
     }
@@ -619,6 +781,9 @@ impl TieringRequest {
         let rate = self.chaos_rate.unwrap_or(1000.0);
         if !rate.is_finite() || rate <= 0.0 {
             return Err(TieringConfigError::BadChaosRate { rate });
+        }
+        if rate > MAX_CHAOS_RATE {
+            return Err(TieringConfigError::ChaosRateTooHigh { rate });
         }
         Ok(Some(ChaosConfig {
             units_per_sec: rate,
@@ -818,6 +983,72 @@ fn damon_engine(engine: Option<EngineConfig>, tracking_flags: bool) -> Checked<E
     .map_err(TieringConfigError::Damon)?;
     e.damon = Some(damon::DamonConfig::default());
     Ok(e)
+}
+
+/// One parsed `--tier`.
+struct TierFlag {
+    name: String,
+    node: u32,
+    size: u64,
+}
+
+/// A `--tier` that does not parse; each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TierFlagError {
+    /// No name, or one with characters other than letters, digits, - and _.
+    #[error(
+        "give NAME:node=N:size=SIZE with a name of letters, digits, - or _ (e.g. cxl:node=1:size=1G)"
+    )]
+    BadName,
+    /// `node=` with something that is not a node id.
+    #[error("node '{0}' is not a node id (see tiervm info)")]
+    BadNode(String),
+    /// `size=` with something that is not a size.
+    #[error("size '{0}' is not a size (e.g. 1G)")]
+    BadSize(String),
+    /// A size of 0 or one that is not page-aligned.
+    #[error("size '{0}' must be a positive multiple of 4K")]
+    SizeNotPages(String),
+    /// A part other than node=N and size=SIZE.
+    #[error("'{0}' is not node=N or size=SIZE")]
+    UnknownPart(String),
+    /// No `size=`.
+    #[error("missing size=SIZE (e.g. size=256M)")]
+    MissingSize,
+}
+
+/// Parses `NAME:node=N:size=SIZE` (`node` defaults to 0).
+fn parse_tier(s: &str) -> Result<TierFlag, TierFlagError> {
+    let mut parts = s.split(':');
+    let name = parts.next().unwrap_or_default().trim().to_string();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(TierFlagError::BadName);
+    }
+    let (mut node, mut size) = (0u32, None);
+    for kv in parts {
+        match kv.split_once('=') {
+            Some(("node", v)) => {
+                node = v
+                    .parse()
+                    .map_err(|_| TierFlagError::BadNode(v.to_string()))?
+            }
+            Some(("size", v)) => {
+                let b = tiervm_guest::args::parse_size(v)
+                    .map_err(|_| TierFlagError::BadSize(v.to_string()))?;
+                if b == 0 || !b.is_multiple_of(PAGE_SIZE as u64) {
+                    return Err(TierFlagError::SizeNotPages(v.to_string()));
+                }
+                size = Some(b);
+            }
+            _ => return Err(TierFlagError::UnknownPart(kv.to_string())),
+        }
+    }
+    let size = size.ok_or(TierFlagError::MissingSize)?;
+    Ok(TierFlag { name, node, size })
 }
 
 /// The trackers the policies of `engine`'s schedule ask for, together.

@@ -28,10 +28,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::account::{apply_word_change, tier_ids, TierAccount, TierSpec};
 use super::commit::HostGuard;
 use super::dirty::SoftDirtyLog;
-use super::page_map::{self, PageMap, BUSY, PARKED, SHADOW};
+use super::page_map::{self, PageMap, SHADOW};
 use super::pool::{Holds, Pool, Slot, CHUNK_SLOTS};
 use super::stats::{Counters, MemStats, TierStats};
-use super::{HintFaultRecord, MemError};
+use super::{HintFaultRecord, MemConfigError, MemError};
 use crate::sys::{self, Advice, Mapping, MoveError, RegisterMode, Uffd, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::vocab::{TierId, MAX_TIERS};
 
@@ -51,10 +51,15 @@ pub enum InitialPlacement {
     Interleave,
 }
 
+/// A placement name tiervm does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement '{0}': use fast-first, slow-first, interleave or random:SEED")]
+pub struct UnknownPlacement(pub String);
+
 impl std::str::FromStr for InitialPlacement {
-    type Err = String;
+    type Err = UnknownPlacement;
     /// Parses `fast-first`, `slow-first`, `interleave` or `random:SEED`.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UnknownPlacement> {
         match s {
             "fast-first" => Ok(InitialPlacement::FastFirst),
             "slow-first" => Ok(InitialPlacement::SlowFirst),
@@ -62,9 +67,7 @@ impl std::str::FromStr for InitialPlacement {
             "random" => Ok(InitialPlacement::Random { seed: 0 }),
             _ => match s.strip_prefix("random:").map(str::parse::<u64>) {
                 Some(Ok(seed)) => Ok(InitialPlacement::Random { seed }),
-                _ => Err(format!(
-                    "unknown placement '{s}': use fast-first, slow-first, interleave or random:SEED"
-                )),
+                _ => Err(UnknownPlacement(s.to_string())),
             },
         }
     }
@@ -140,50 +143,40 @@ impl MemConfig {
     }
 
     /// Checks the configuration; the error names the fix.
-    pub fn validate(&self) -> Result<(), MemError> {
-        let cfg = |s: String| Err(MemError::Config(s));
+    pub fn validate(&self) -> Result<(), MemConfigError> {
+        use MemConfigError as E;
         if self.guest_bytes == 0 || !self.guest_bytes.is_multiple_of(PAGE_SIZE) {
-            return cfg(format!(
-                "guest size {} is not a positive multiple of 4 KiB",
-                self.guest_bytes
-            ));
+            return Err(E::GuestSizeNotPages(self.guest_bytes));
         }
         let n = self.guest_bytes / PAGE_SIZE;
         if n > u32::MAX as usize {
-            return cfg("guest RAM above 16 TiB is not supported".into());
+            return Err(E::GuestTooLarge);
         }
         if self.tiers.is_empty() || self.tiers.len() > MAX_TIERS {
-            return cfg(format!(
-                "{} tiers: tiervm supports 1 to {MAX_TIERS}",
-                self.tiers.len()
-            ));
+            return Err(E::TierCount(self.tiers.len()));
         }
         let mut total: usize = 0;
         for t in &self.tiers {
             if t.max_capacity_pages < t.capacity_pages {
-                return cfg(format!(
-                    "tier {}: maximum capacity {} pages is below its capacity {} pages",
-                    t.name, t.max_capacity_pages, t.capacity_pages
-                ));
+                return Err(E::MaxBelowCapacity {
+                    tier: t.name.clone(),
+                    max: t.max_capacity_pages,
+                    capacity: t.capacity_pages,
+                });
             }
             if t.max_capacity_pages > (u32::MAX as usize) {
-                return cfg(format!("tier {}: capacity above 16 TiB", t.name));
+                return Err(E::TierTooLarge(t.name.clone()));
             }
             if t.node as usize >= sys::MAX_NODES {
-                return cfg(format!(
-                    "tier {}: NUMA node {} is out of range (below {})",
-                    t.name,
-                    t.node,
-                    sys::MAX_NODES
-                ));
+                return Err(E::NodeOutOfRange {
+                    tier: t.name.clone(),
+                    node: t.node,
+                });
             }
             total = total.saturating_add(t.capacity_pages);
         }
         if total < n {
-            return cfg(format!(
-                "tier capacities ({total} pages together) are smaller than the guest ({n} pages); \
-                 raise a tier's capacity (e.g. the slow tier's)"
-            ));
+            return Err(E::CapacitiesTooSmall { total, guest: n });
         }
         Ok(())
     }
@@ -302,6 +295,84 @@ pub struct TieredMemory {
     map: Mapping,
 }
 
+/// Reserves one range for guest RAM, each tier's pool (a huge half and a
+/// small half, see `pool`, each with a slot for every page the tier can
+/// take plus its cache), the shadow area and the parking area; returns the
+/// mapping, where each area starts, and each pool's half size in slots.
+fn reserve_layout(cfg: &MemConfig, n: usize) -> Result<(Mapping, Layout, Vec<usize>), MemError> {
+    let area_pages = round_chunk(n);
+    let pool_halves: Vec<usize> = cfg
+        .tiers
+        .iter()
+        .map(|t| round_chunk(t.max_capacity_pages.min(n) + cfg.pool_cache_pages) + CHUNK_SLOTS)
+        .collect();
+    let pool_slots: Vec<usize> = pool_halves.iter().map(|h| 2 * h).collect();
+    let total_pages = 3 * area_pages + pool_slots.iter().sum::<usize>();
+    let map = Mapping::reserve(total_pages * PAGE_SIZE)?;
+    let guest = map.addr();
+    let mut at = guest + area_pages * PAGE_SIZE;
+    let mut pools = Vec::new();
+    for &s in &pool_slots {
+        pools.push(at);
+        at += s * PAGE_SIZE;
+    }
+    let shadow = at;
+    let park = shadow + area_pages * PAGE_SIZE;
+    let layout = Layout {
+        guest,
+        pools,
+        pool_slots,
+        shadow,
+        park,
+        area_pages,
+    };
+    Ok((map, layout, pool_halves))
+}
+
+/// Locks the whole range on fault; false (with a warning naming the fix)
+/// where the host does not allow it.
+fn lock_or_warn(map: &Mapping) -> bool {
+    // Locked on fault: see `sys::lock_on_fault`. Without CAP_IPC_LOCK or
+    // a large RLIMIT_MEMLOCK this fails, and tiervm runs unlocked (the
+    // run summary says so): a split huge page may then put the kernel's
+    // zero page in guest RAM, and a write to it gets a page from the
+    // kernel's choice of node.
+    match sys::lock_on_fault(map.addr(), map.len()) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                "tiered memory is not locked ({e}); raise RLIMIT_MEMLOCK (e.g. systemd \
+                 LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK"
+            );
+            false
+        }
+    }
+}
+
+/// A userfaultfd over the areas: missing faults of guest RAM, shadows and
+/// parking slots; write-protect faults of the pools.
+fn register_areas(layout: &Layout, inject: Arc<sys::Injector>) -> Result<Uffd, MemError> {
+    let uffd = Uffd::new(inject)?;
+    let area = layout.area_pages * PAGE_SIZE;
+    uffd.register(layout.guest, area, RegisterMode::Missing)?;
+    for (&p, &slots) in layout.pools.iter().zip(&layout.pool_slots) {
+        uffd.register(p, slots * PAGE_SIZE, RegisterMode::WriteProtect)?;
+    }
+    uffd.register(layout.shadow, 2 * area, RegisterMode::Missing)?;
+    Ok(uffd)
+}
+
+/// True when the tiers do not sit on distinct host NUMA nodes of a
+/// multi-node host (their latencies are then emulated, not real).
+fn tiers_are_emulated(nodes: &[u32]) -> bool {
+    let distinct = nodes
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let host_nodes = crate::host::numa_nodes().map(|v| v.len()).unwrap_or(1);
+    distinct < nodes.len() || host_nodes < 2
+}
+
 impl TieredMemory {
     /// Reserves the areas and sets them up. Commits nothing: host memory is
     /// taken when the guest (or the VMM) first touches a page, or when a
@@ -310,57 +381,11 @@ impl TieredMemory {
         let t0 = Instant::now();
         cfg.validate()?;
         let n = cfg.guest_bytes / PAGE_SIZE;
-        let area_pages = round_chunk(n);
-        // Each pool: a huge half and a small half (see `pool`), each with a
-        // slot for every page the tier can take plus its cache.
-        let pool_halves: Vec<usize> = cfg
-            .tiers
-            .iter()
-            .map(|t| round_chunk(t.max_capacity_pages.min(n) + cfg.pool_cache_pages) + CHUNK_SLOTS)
-            .collect();
-        let pool_slots: Vec<usize> = pool_halves.iter().map(|h| 2 * h).collect();
-        let total_pages = 3 * area_pages + pool_slots.iter().sum::<usize>();
-        let map = Mapping::reserve(total_pages * PAGE_SIZE)?;
-        let guest = map.addr();
-        let mut at = guest + area_pages * PAGE_SIZE;
-        let mut pools = Vec::new();
-        for &s in &pool_slots {
-            pools.push(at);
-            at += s * PAGE_SIZE;
-        }
-        let shadow = at;
-        let park = shadow + area_pages * PAGE_SIZE;
-        let layout = Layout {
-            guest,
-            pools,
-            pool_slots: pool_slots.clone(),
-            shadow,
-            park,
-            area_pages,
-        };
+        let (map, layout, pool_halves) = reserve_layout(cfg, n)?;
         set_up_areas(&map, &layout, cfg)?;
-        // Locked on fault: see `sys::lock_on_fault`. Without CAP_IPC_LOCK or
-        // a large RLIMIT_MEMLOCK this fails, and tiervm runs unlocked (the
-        // run summary says so): a split huge page may then put the kernel's
-        // zero page in guest RAM, and a write to it gets a page from the
-        // kernel's choice of node.
-        let locked = match sys::lock_on_fault(map.addr(), map.len()) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(
-                    "tiered memory is not locked ({e}); raise RLIMIT_MEMLOCK (e.g. systemd \
-                     LimitMEMLOCK=infinity) or grant CAP_IPC_LOCK"
-                );
-                false
-            }
-        };
+        let locked = lock_or_warn(&map);
         let inject = Arc::new(sys::Injector::default());
-        let uffd = Uffd::new(inject.clone())?;
-        uffd.register(guest, area_pages * PAGE_SIZE, RegisterMode::Missing)?;
-        for (t, &p) in layout.pools.iter().enumerate() {
-            uffd.register(p, pool_slots[t] * PAGE_SIZE, RegisterMode::WriteProtect)?;
-        }
-        uffd.register(shadow, 2 * area_pages * PAGE_SIZE, RegisterMode::Missing)?;
+        let uffd = register_areas(&layout, inject.clone())?;
         let (release_tx, release_rx) = unbounded();
         let low = cfg
             .tiers
@@ -371,11 +396,6 @@ impl TieredMemory {
             })
             .collect();
         let nodes: Vec<u32> = cfg.tiers.iter().map(|t| t.node).collect();
-        let distinct = nodes
-            .iter()
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
-        let host_nodes = crate::host::numa_nodes().map(|v| v.len()).unwrap_or(1);
         Ok(Self {
             pools: pool_halves
                 .iter()
@@ -388,7 +408,7 @@ impl TieredMemory {
             uffd,
             huge_pages: cfg.huge_pages,
             placement: cfg.placement,
-            emulated: distinct < cfg.tiers.len() || host_nodes < 2,
+            emulated: tiers_are_emulated(&nodes),
             shadow_low_watermark: low,
             pool_cache_pages: cfg.pool_cache_pages,
             shadow_fifo: Mutex::new(VecDeque::new()),
@@ -558,46 +578,6 @@ impl TieredMemory {
         Ok(())
     }
 
-    /// Checks that every present guest page sits on its tier's node
-    /// (`move_pages` query). Meaningful only when the tiers are distinct
-    /// nodes; with emulated tiers it checks that every page is on the node.
-    /// Returns the number of pages checked, or the first mismatch.
-    pub fn check_nodes(&self) -> Result<usize, String> {
-        // Only present pages can be on a node: query the present ranges.
-        let mut present = Vec::new();
-        let g = self.layout.guest;
-        self.scanner
-            .scan(g, g + self.guest_len(), |s, e, _| present.push((s, e)))
-            .map_err(|e| e.to_string())?;
-        let mut checked = 0;
-        for (s, e) in present {
-            let pages: Vec<usize> = ((s - g) / PAGE_SIZE..(e - g) / PAGE_SIZE).collect();
-            for batch in pages.chunks(1 << 16) {
-                let addrs: Vec<usize> = batch.iter().map(|&p| self.guest_addr(p)).collect();
-                let nodes = sys::query_nodes(&addrs).map_err(|e| e.to_string())?;
-                for (&p, n) in batch.iter().zip(nodes) {
-                    if n < 0 {
-                        continue; // the shared zero page, or gone meanwhile
-                    }
-                    let Some(t) = page_map::tier_of(self.pages.load(p)) else {
-                        return Err(format!(
-                            "page {p} is present on node {n} but was never committed"
-                        ));
-                    };
-                    let want = self.node(t) as i32;
-                    if n != want {
-                        return Err(format!(
-                            "page {p} is on node {n} but its tier {} is on node {want}",
-                            self.tiers[usize::from(t)].spec.name
-                        ));
-                    }
-                    checked += 1;
-                }
-            }
-        }
-        Ok(checked)
-    }
-
     /// Software dirty log for writes the VMM itself makes to guest RAM (device
     /// emulation, loaders). Use [`SoftDirtyLog::write_guard`] around each write;
     /// the harvester ORs this log into every harvest.
@@ -618,6 +598,7 @@ impl TieredMemory {
         s.tracking_overhead_pct = f64::from_bits(self.overhead_pct_bits.load(Ordering::Relaxed));
         s.shadow_pages = self.shadow_pages() as u64;
         s.populated_pages = self.populated_pages() as u64;
+        s.locked = self.locked;
         s.tiers = self
             .tiers
             .iter()
@@ -654,109 +635,6 @@ impl TieredMemory {
     pub(crate) fn set_overhead_pct(&self, pct: f64) {
         self.overhead_pct_bits
             .store(pct.to_bits(), Ordering::Relaxed);
-    }
-
-    /// Checks, while no mover runs, that every page is accounted for exactly
-    /// once: the live per-tier counts equal a recount of the page map, no
-    /// capacity is reserved, every populated guest page is present in guest
-    /// RAM, every shadow is present in its shadow slot and nothing else is,
-    /// and nothing is parked. Returns the first violation.
-    pub fn check_consistency(&self) -> Result<(), String> {
-        let n = self.tier_count();
-        let mut guest = vec![0u64; n];
-        let mut shadows = vec![0u64; n];
-        let present = |base: usize| -> Result<Vec<u64>, String> {
-            let mut bits = vec![0u64; self.guest_pages.div_ceil(64)];
-            self.scanner
-                .scan(base, base + self.guest_len(), |s, e, _| {
-                    for p in (s - base) / PAGE_SIZE..(e - base) / PAGE_SIZE {
-                        bits[p / 64] |= 1 << (p % 64);
-                    }
-                })
-                .map_err(|e| e.to_string())?;
-            Ok(bits)
-        };
-        let bit = |v: &[u64], p: usize| v[p / 64] >> (p % 64) & 1 != 0;
-        let (guest_bits, shadow_bits, park_bits) = (
-            present(self.layout.guest)?,
-            present(self.layout.shadow)?,
-            present(self.layout.park)?,
-        );
-        let guest_res = |p: usize| bit(&guest_bits, p);
-        let shadow_res = |p: usize| bit(&shadow_bits, p);
-        let park_res = |p: usize| bit(&park_bits, p);
-        for p in 0..self.guest_pages {
-            let w = self.pages.load(p);
-            if w & (BUSY | PARKED) != 0 {
-                return Err(format!("page {p} is still busy or parked (word {w:#x})"));
-            }
-            match page_map::tier_of(w) {
-                Some(t) => {
-                    if usize::from(t) >= n {
-                        return Err(format!("page {p} is on tier {t} of {n}"));
-                    }
-                    guest[usize::from(t)] += 1;
-                    if !guest_res(p) {
-                        return Err(format!(
-                            "page {p} is populated but not present in guest RAM"
-                        ));
-                    }
-                }
-                None if guest_res(p) => {
-                    return Err(format!(
-                        "page {p} is present in guest RAM but never committed"
-                    ))
-                }
-                None => {}
-            }
-            match page_map::shadow_tier_of(w) {
-                Some(t) => {
-                    if usize::from(t) >= n {
-                        return Err(format!("page {p} has a shadow on tier {t} of {n}"));
-                    }
-                    shadows[usize::from(t)] += 1;
-                    if !shadow_res(p) {
-                        return Err(format!("page {p} has a shadow that is not present"));
-                    }
-                }
-                None if shadow_res(p) => {
-                    return Err(format!(
-                        "shadow slot of page {p} holds a page but no shadow"
-                    ))
-                }
-                None => {}
-            }
-            if park_res(p) {
-                return Err(format!("parking slot of page {p} holds a page"));
-            }
-        }
-        for (i, t) in self.tiers.iter().enumerate() {
-            let name = &t.spec.name;
-            if t.reserved() != 0 {
-                return Err(format!("{name}: {} pages still reserved", t.reserved()));
-            }
-            if t.guest() != guest[i] || t.shadows() != shadows[i] {
-                return Err(format!(
-                    "{name}: counts say guest {} + shadows {} but the page map has guest {} + \
-                     shadows {}",
-                    t.guest(),
-                    t.shadows(),
-                    guest[i],
-                    shadows[i]
-                ));
-            }
-            // (Guest pages + shadows may exceed the capacity: a shrink
-            // lowers the capacity first and converges after.)
-            let pool = self.pool(i as TierId);
-            if pool.unreserved_slots() != pool.slots() {
-                return Err(format!(
-                    "{name} pool: {} of {} slots still reserved",
-                    pool.slots() - pool.unreserved_slots(),
-                    pool.slots()
-                ));
-            }
-        }
-        Ok(())
     }
 
     pub(crate) fn guest_addr(&self, page: usize) -> usize {
@@ -806,9 +684,15 @@ impl TieredMemory {
         while i < sorted.len() {
             let (d0, s0) = sorted[i];
             let mut j = i + 1;
+            // A run stops at 2 MiB boundaries: areas are split into VMAs at
+            // them (huge and split guest ranges differ in THP advice) and
+            // one UFFDIO_MOVE must stay within one VMA on each side.
+            let boundary = |a: usize| a.is_multiple_of(HUGE_PAGE_SIZE);
             while j < sorted.len()
                 && sorted[j].0 == d0 + (j - i) * PAGE_SIZE
                 && sorted[j].1 == s0 + (j - i) * PAGE_SIZE
+                && !boundary(sorted[j].0)
+                && !boundary(sorted[j].1)
             {
                 j += 1;
             }
@@ -819,6 +703,32 @@ impl TieredMemory {
             i = j;
         }
         Ok(())
+    }
+
+    /// [`Self::move_pairs`], and after a failure, the pairs that did not move
+    /// one by one with retries (`move_retrying`): a transient failure of one
+    /// range does not undo a whole batch. Returns the first failure that
+    /// retries could not overcome.
+    pub(crate) fn move_pairs_finishing(&self, pairs: &[(usize, usize)]) -> Result<(), MoveError> {
+        let Err(first) = self.move_pairs(pairs) else {
+            return Ok(());
+        };
+        self.counters
+            .rollback_errors
+            .fetch_add(1, Ordering::Relaxed);
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        let mut last = Ok(());
+        for &(dst, src) in pairs {
+            if present(src) && !present(dst) {
+                if let Err(e) = self.move_retrying(dst, src, PAGE_SIZE) {
+                    last = Err(e);
+                }
+            } else if present(src) && present(dst) {
+                // Neither moved nor free to move: the original failure.
+                last = Err(first);
+            }
+        }
+        last
     }
 
     /// A rollback move: like `uffd.move_range`, but a failure that may be
@@ -966,7 +876,7 @@ impl TieredMemory {
     /// Releases an owned page, applying `set`/`clear` to its word; keeps the
     /// tiers' counts in step and tells the fault handler if it waits on it.
     pub(crate) fn release_page(&self, page: usize, set: u64, clear: u64) {
-        let (old, new) = self.pages.release(page, set, clear);
+        let (old, new) = self.release_dropping_stale_shadow(page, set, clear);
         if (old ^ new) & (page_map::PLACEMENT_BITS | page_map::SHADOW_BITS) != 0 {
             apply_word_change(&self.tiers, old, new);
             // The safety net of `publish_placement`: the final word wins.
@@ -979,6 +889,33 @@ impl TieredMemory {
         if old & page_map::WAITER != 0 {
             let _ = self.release_tx.send((page as u32, Instant::now()));
             let _ = self.release_event.write(1);
+        }
+    }
+
+    /// Releases an owned page; if it was written while owned (a harvest
+    /// noted `DIRTY_SEEN`) and would keep a shadow (an old one, or one
+    /// `set` gives it), the shadow is stale: it is freed and the page is
+    /// released without it (a shadow is only a copy; the page holds the
+    /// data). Without this, an owner that does not check `DIRTY_SEEN` (a
+    /// collapse, a skipped unit, a commit whose page was written right
+    /// after it was mapped) would leave a stale shadow valid, and a later
+    /// shadow demotion would map it: a lost write.
+    fn release_dropping_stale_shadow(&self, page: usize, set: u64, clear: u64) -> (u64, u64) {
+        let (mut set, mut clear) = (set, clear);
+        loop {
+            match self.pages.release_unless_stale_shadow(page, set, clear) {
+                Ok(words) => return words,
+                Err(word) => {
+                    if let Some(t) = page_map::shadow_tier_of((word & !clear) | set) {
+                        self.dispose(t, &[self.shadow_addr(page)]);
+                    }
+                    set &= !page_map::SHADOW_BITS;
+                    clear |= page_map::SHADOW_BITS;
+                    self.counters
+                        .shadow_invalidations
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
 
@@ -1007,16 +944,25 @@ impl TieredMemory {
 
 /// Binds, advises and prepares each area (nothing is committed).
 fn set_up_areas(map: &Mapping, l: &Layout, cfg: &MemConfig) -> Result<(), MemError> {
-    let thp = if cfg.huge_pages {
-        Advice::HugePage
-    } else {
-        Advice::NoHugePage
-    };
-    sys::advise(map.addr(), map.len(), thp)?;
-    // The small half of each pool never gets huge pages (see `pool`).
-    for (t, &p) in l.pools.iter().enumerate() {
-        let half = l.pool_slots[t] / 2 * PAGE_SIZE;
-        sys::advise(p + half, half, Advice::NoHugePage)?;
+    // Huge pages are made only in the pools' huge halves (a first touch or a
+    // staging chunk populated there, on the tier's node) and moved whole
+    // into guest RAM. Guest RAM stays THP-eligible where it is untouched or
+    // huge: a guest fault on an untouched range then leaves its page table
+    // empty for the huge page to move in (an ineligible range gets a PTE
+    // table at the fault, and a 2 MiB move into it splits the huge page).
+    // A 2 MiB guest range broken into pages becomes NOHUGEPAGE (`thp`), so
+    // khugepaged never collapses pages of different tiers into one huge page
+    // on one node; tiervm collapses a range itself when all of it is on one
+    // tier. Shadow and parking areas, and the pools' small halves, never
+    // get huge pages from the kernel.
+    let guest_len = l.area_pages * PAGE_SIZE;
+    sys::advise(map.addr(), map.len(), Advice::NoHugePage)?;
+    if cfg.huge_pages {
+        sys::advise(l.guest, guest_len, Advice::HugePage)?;
+        for (t, &p) in l.pools.iter().enumerate() {
+            let half = l.pool_slots[t] / 2 * PAGE_SIZE;
+            sys::advise(p, half, Advice::HugePage)?;
+        }
     }
     let nodes: Vec<u32> = {
         let mut v: Vec<u32> = cfg.tiers.iter().map(|t| t.node).collect();

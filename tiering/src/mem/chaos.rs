@@ -15,6 +15,8 @@ use crate::vocab::{Mechanism, TierId, Unit};
 
 /// Most units one batch issues (bounds a batch's work whatever the rate).
 pub const MAX_UNITS_PER_BATCH: usize = 1 << 14;
+/// Most pages one migrate call of the driver moves (bounds how long a stop waits).
+const MAX_BATCH_PAGES: usize = 16384;
 
 /// Chaos settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -143,6 +145,7 @@ impl Drop for ChaosDriver {
 }
 
 fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
+    crate::threads::started(crate::threads::ThreadRole::Chaos);
     let start = Instant::now();
     let mut rep = ChaosReport::default();
     let mut rng = Rng(cfg.seed | 1);
@@ -180,9 +183,16 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
             batches[to].push(u);
         }
         rep.units += k as u64;
-        for (to, units) in batches.iter().enumerate() {
-            if units.is_empty() {
-                continue;
+        // At most MAX_BATCH_PAGES per call, and a stop is honoured between
+        // calls: a stop waits for one such batch whatever the unit size.
+        let chunk = (MAX_BATCH_PAGES / cfg.unit_pages).max(1);
+        let calls = batches
+            .iter()
+            .enumerate()
+            .flat_map(|(to, units)| units.chunks(chunk).map(move |c| (to, c)));
+        for (to, units) in calls {
+            if stop.load(Ordering::Relaxed) {
+                break;
             }
             rep.batches += 1;
             let r = m.migrate(units, to as TierId, cfg.mechanism);

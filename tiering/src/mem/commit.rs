@@ -52,6 +52,27 @@ struct NodeView {
     taken_since: u64,
 }
 
+/// A first touch the host cannot back without going below its reserve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "host out of memory on NUMA node {node}: committing {} KiB more would leave {} MiB \
+     available, below the {} MiB reserve; the guest touched more memory than the host can give \
+     (lower --mem or the tier capacities, free host memory, or lower --host-reserve)",
+    .bytes >> 10,
+    .available.saturating_sub(*.bytes) >> 20,
+    .reserve >> 20
+)]
+pub struct OutOfHostMemory {
+    /// The NUMA node.
+    pub node: u32,
+    /// What the touch would commit, bytes.
+    pub bytes: u64,
+    /// What the node had available (as last read, less what was taken since).
+    pub available: u64,
+    /// The reserve kept free, bytes.
+    pub reserve: u64,
+}
+
 impl HostGuard {
     pub(crate) fn new(nodes: &[u32], reserve: u64) -> Self {
         let _ = nodes;
@@ -61,8 +82,8 @@ impl HostGuard {
         }
     }
 
-    /// May `bytes` more be taken from `node`? Err carries the message.
-    pub(crate) fn admit(&self, node: u32, bytes: u64) -> Result<(), String> {
+    /// May `bytes` more be taken from `node`?
+    pub(crate) fn admit(&self, node: u32, bytes: u64) -> Result<(), OutOfHostMemory> {
         let mut st = lock(&self.state);
         let now = Instant::now();
         let stale = |v: &NodeView| {
@@ -86,15 +107,12 @@ impl HostGuard {
             .saturating_sub(view.taken_since)
             .saturating_sub(bytes);
         if left < self.reserve {
-            return Err(format!(
-                "host out of memory on NUMA node {node}: committing {} KiB more would leave {} MiB \
-                 available, below the {} MiB reserve; the guest touched more memory than the host \
-                 can give (lower --mem or the tier capacities, free host memory, or lower \
-                 --host-reserve)",
-                bytes >> 10,
-                view.available.saturating_sub(view.taken_since) >> 20,
-                self.reserve >> 20
-            ));
+            return Err(OutOfHostMemory {
+                node,
+                bytes,
+                available: view.available.saturating_sub(view.taken_since),
+                reserve: self.reserve,
+            });
         }
         if let Some(v) = st.get_mut(&node) {
             v.taken_since += bytes;
@@ -175,10 +193,10 @@ impl TieredMemory {
             return CommitOutcome::NoRoom;
         };
         let node = self.node(tier);
-        if let Err(msg) = self.host_guard.admit(node, (count * PAGE_SIZE) as u64) {
+        if let Err(e) = self.host_guard.admit(node, (count * PAGE_SIZE) as u64) {
             // Stop the VM; keep serving this fault from the reserve so that
             // the faulting thread (a vCPU, the VMM) is not left hanging.
-            self.set_fatal(msg);
+            self.set_fatal(e.to_string());
             self.counters
                 .emergency_commits
                 .fetch_add(count as u64, Ordering::Relaxed);

@@ -79,6 +79,7 @@ impl Drop for FaultHandler {
 }
 
 fn run(mem: &TieredMemory, stop: &AtomicBool) -> io::Result<()> {
+    crate::threads::started(crate::threads::ThreadRole::FaultHandler);
     let mut events = Vec::new();
     let mut pending: HashMap<usize, Pending> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
@@ -254,10 +255,11 @@ mod tests {
 
     #[test]
     fn unknown_addresses_are_counted_not_fatal() {
-        let Ok(mem) = TieredMemory::new(&MemConfig::new(16 * PAGE_SIZE, 16)) else {
-            eprintln!("SKIP: tiered memory unavailable");
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
             return;
-        };
+        }
+        let mem = TieredMemory::new(&MemConfig::new(16 * PAGE_SIZE, 16))
+            .expect("TieredMemory::new on a capable host");
         let mut pending = HashMap::new();
         for address in [
             0u64,

@@ -150,6 +150,8 @@ enum Settled {
     Committed,
     /// The old page is (back) in guest RAM.
     Restored,
+    /// Only the staging copy was left; it is in guest RAM now.
+    Staged,
 }
 
 /// The migration mechanisms over one [`TieredMemory`]. Thread-safe: several
@@ -495,7 +497,7 @@ impl Migrator {
     /// that holds a stray page (no page owns it: the page is ours and its
     /// shadow was freed) is discarded and the move retried once.
     fn move_healing(&self, pairs: &[(usize, usize)]) -> io::Result<()> {
-        match self.mem.move_pairs(pairs) {
+        match self.mem.move_pairs_finishing(pairs) {
             Ok(()) => Ok(()),
             Err(e) if e.dst_not_a_hole() => {
                 let mem = &*self.mem;
@@ -515,7 +517,7 @@ impl Migrator {
                     .copied()
                     .filter(|&(_, src)| sys::resident(src, 1).map(|r| r[0]).unwrap_or(false))
                     .collect();
-                mem.move_pairs(&rest).map_err(io::Error::from)
+                mem.move_pairs_finishing(&rest).map_err(io::Error::from)
             }
             Err(e) => Err(e.into()),
         }
@@ -574,6 +576,7 @@ impl Migrator {
         for t in &txns {
             self.copy_into_staging(t, to, |p| mem.guest_addr(p));
         }
+        crate::test_point::reached(crate::test_point::TestPoint::TpmCopied);
         // 4. Unmap: move the old pages out of guest RAM (zero copy). Guest
         //    accesses now fault and wait.
         let live = self.unmap(txns, to, out, &mut first_err);
@@ -581,7 +584,9 @@ impl Migrator {
         let verdict = if skip {
             Ok(0)
         } else {
-            self.harvester.harvest(mem)
+            // The slow work on other shadowed pages waits until the guest
+            // has these pages back (see `harvest_deferring`).
+            self.harvester.harvest_deferring(mem)
         };
         let mut commits = Vec::new();
         for t in live {
@@ -628,7 +633,7 @@ impl Migrator {
         for t in &txns {
             mem.publish_placement(t.run.first, t.run.len, to);
         }
-        let moved_all = match mem.move_pairs(&pairs) {
+        let moved_all = match mem.move_pairs_finishing(&pairs) {
             Ok(()) => true,
             Err(e) => {
                 first_err.get_or_insert(e.into());
@@ -778,11 +783,13 @@ impl Migrator {
         mem.counters.rollback_errors.fetch_add(1, Ordering::Relaxed);
         let mut committed = Vec::new();
         let mut restored = Vec::new();
+        let mut staged = Vec::new();
         let mut stuck = 0;
         for (i, p) in t.run.pages().enumerate() {
             match self.settle(p, t.staging.addr(mem, to, i)) {
                 Some(Settled::Committed) => committed.push(p),
                 Some(Settled::Restored) => restored.push(p),
+                Some(Settled::Staged) => staged.push(p),
                 None => {
                     // Its content is still in the shadow slot or the staging
                     // page, but guest RAM has a hole: keep the page owned, so
@@ -803,6 +810,12 @@ impl Migrator {
             mem.publish_placement(p, 1, t.run.from);
             mem.release_page(p, 0, SHADOW_BITS);
         }
+        // The staging copy was all that was left: the page is on `to` now
+        // (its reservation becomes the page; nothing to dispose of).
+        for &p in &staged {
+            mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
+            mem.tiers[usize::from(to)].unreserve(1);
+        }
         // Finish the committed pages one by one (they may not be
         // contiguous); each gives back its page of the reservation.
         for p in committed.iter().copied() {
@@ -813,7 +826,8 @@ impl Migrator {
             };
             self.finish_committed(run, to, keep_shadow, tpm, out);
         }
-        mem.tiers[usize::from(to)].unreserve((t.run.len - committed.len() - stuck) as u64);
+        mem.tiers[usize::from(to)]
+            .unreserve((t.run.len - committed.len() - staged.len() - stuck) as u64);
     }
 
     /// Where is page `p` now? Old page in the shadow slot, new one at
@@ -830,13 +844,14 @@ impl Migrator {
                 .ok()
                 .map(|()| Settled::Restored),
             (false, false) => {
-                // The old page is gone: the staging copy is the best content.
+                // The old page is gone: the staging copy is the best content
+                // (the page is then on the destination tier, no old copy).
                 tracing::error!("page {p}: old copy missing, mapping the staging copy");
                 (present(staging)
                     && mem
                         .move_retrying(mem.guest_addr(p), staging, PAGE_SIZE)
                         .is_ok())
-                .then_some(Settled::Restored)
+                .then_some(Settled::Staged)
             }
         }
     }
@@ -926,53 +941,64 @@ impl Migrator {
         }
         let mem = &*self.mem;
         let skip = self.skip_dirty_check.load(Ordering::Relaxed);
-        // 1. Unmap every page into its parking slot (empty: the page is owned,
-        //    not parked).
-        let pairs: Vec<_> = runs
-            .iter()
-            .flat_map(|r| r.pages().map(|p| (mem.park_addr(p), mem.guest_addr(p))))
-            .collect();
-        if let Err(e) = self.move_healing(&pairs) {
-            // Put back whatever moved; nothing else changed.
-            let back: Vec<_> = pairs.iter().map(|&(park, guest)| (guest, park)).collect();
-            mem.move_pairs_present(&back);
-            for r in runs {
-                for p in r.pages() {
-                    // A page that could not move back stays parked: the
-                    // fault handler maps it back on its next touch.
-                    let in_guest = sys::resident(mem.guest_addr(p), 1)
-                        .map(|x| x[0])
-                        .unwrap_or(true);
-                    mem.release_page(p, if in_guest { 0 } else { page_map::PARKED }, 0);
-                }
-            }
-            return Err(e);
-        }
+        // 1. Unmap every page into its parking slot.
+        self.park_runs(runs)?;
         // 2. One harvest: was any page written since its promotion?
         let verdict = if skip {
             Ok(0)
         } else {
-            self.harvester.harvest(mem)
+            // The slow work on other shadowed pages waits until the guest
+            // has these pages back (see `harvest_deferring`).
+            self.harvester.harvest_deferring(mem)
         };
-        let mut copied = 0;
-        for r in runs {
-            for p in r.pages() {
-                let dirty = verdict.is_err() || (!skip && mem.pages.load(p) & DIRTY_SEEN != 0);
-                if dirty {
-                    // SAFETY: the page sits in its parking slot and its shadow in its
-                    // shadow slot; both present, page-aligned, and owned by us.
-                    unsafe {
-                        sys::copy_volatile(
-                            mem.shadow_addr(p) as *mut u8,
-                            mem.park_addr(p) as *const u8,
-                            PAGE_SIZE,
-                        )
-                    };
-                    copied += 1;
-                }
-            }
-        }
+        let copied = copy_written_into_shadows(mem, runs, verdict.is_err(), skip);
         // 3. Map the shadows (a clean one is the page's content already).
+        self.map_shadows(runs, to)?;
+        // 4. Dispose of the old pages and release the pages on `to`.
+        let moved = self.dispose_parked(runs, to);
+        let c = &mem.counters;
+        c.shadow_demotions
+            .fetch_add((moved - copied) as u64, Ordering::Relaxed);
+        c.shadow_demotions_copied
+            .fetch_add(copied as u64, Ordering::Relaxed);
+        out.shadow_demoted += moved - copied;
+        out.shadow_copied += copied;
+        out.migrated += moved;
+        self.harvester.finish_deferred(mem);
+        verdict.map(|_| ())
+    }
+
+    /// Shadow demotion step 1: every page of `runs` into its parking slot
+    /// (empty: the page is owned, not parked). On failure, whatever moved
+    /// goes back and nothing else changed.
+    fn park_runs(&self, runs: &[Run]) -> io::Result<()> {
+        let mem = &*self.mem;
+        let pairs: Vec<_> = runs
+            .iter()
+            .flat_map(|r| r.pages().map(|p| (mem.park_addr(p), mem.guest_addr(p))))
+            .collect();
+        let Err(e) = self.move_healing(&pairs) else {
+            return Ok(());
+        };
+        let back: Vec<_> = pairs.iter().map(|&(park, guest)| (guest, park)).collect();
+        mem.move_pairs_present(&back);
+        for p in runs.iter().flat_map(|r| r.pages()) {
+            // A page that could not move back stays parked: the fault
+            // handler maps it back on its next touch.
+            let in_guest = sys::resident(mem.guest_addr(p), 1)
+                .map(|x| x[0])
+                .unwrap_or(true);
+            mem.release_page(p, if in_guest { 0 } else { page_map::PARKED }, 0);
+        }
+        Err(e)
+    }
+
+    /// Shadow demotion step 3: publish `to` and map each page's shadow in.
+    /// On failure, finishes page by page: the shadow in (retried), or else
+    /// the page back from its parking slot; either holds the page's content
+    /// (a written page was copied into its shadow in step 2).
+    fn map_shadows(&self, runs: &[Run], to: TierId) -> io::Result<()> {
+        let mem = &*self.mem;
         for r in runs {
             mem.publish_placement(r.first, r.len, to);
         }
@@ -980,41 +1006,44 @@ impl Migrator {
             .iter()
             .flat_map(|r| r.pages().map(|p| (mem.guest_addr(p), mem.shadow_addr(p))))
             .collect();
-        if let Err(e) = mem.move_pairs(&map) {
-            // Finish page by page: the shadow in (retried), or else the page
-            // back from its parking slot; either holds the page's content
-            // (a written page was copied into its shadow above).
-            for r in runs {
-                for p in r.pages() {
-                    let in_guest = sys::resident(mem.guest_addr(p), 1)
-                        .map(|x| x[0])
-                        .unwrap_or(false);
-                    let shadow_in = in_guest
-                        || mem
-                            .move_retrying(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE)
-                            .is_ok();
-                    if shadow_in {
-                        mem.dispose(r.from, &[mem.park_addr(p)]);
-                        mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
-                        self.count_moved(r.from, to, 1);
-                    } else if mem
-                        .move_retrying(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE)
-                        .is_ok()
-                    {
-                        mem.publish_placement(p, 1, r.from);
-                        mem.release_page(p, 0, 0);
-                    } else {
-                        // Kept owned: a touch waits while the VM stops.
-                        mem.set_fatal(format!(
-                            "guest page {p} could not be put back after a failed shadow demotion"
-                        ));
-                    }
+        let Err(e) = mem.move_pairs_finishing(&map) else {
+            return Ok(());
+        };
+        for r in runs {
+            for p in r.pages() {
+                let in_guest = sys::resident(mem.guest_addr(p), 1)
+                    .map(|x| x[0])
+                    .unwrap_or(false);
+                let shadow_in = in_guest
+                    || mem
+                        .move_retrying(mem.guest_addr(p), mem.shadow_addr(p), PAGE_SIZE)
+                        .is_ok();
+                if shadow_in {
+                    mem.dispose(r.from, &[mem.park_addr(p)]);
+                    mem.release_page(p, on_tier(to), PLACEMENT_BITS | SHADOW_BITS);
+                    self.count_moved(r.from, to, 1);
+                } else if mem
+                    .move_retrying(mem.guest_addr(p), mem.park_addr(p), PAGE_SIZE)
+                    .is_ok()
+                {
+                    mem.publish_placement(p, 1, r.from);
+                    mem.release_page(p, 0, 0);
+                } else {
+                    // Kept owned: a touch waits while the VM stops.
+                    mem.set_fatal(format!(
+                        "guest page {p} could not be put back after a failed shadow demotion"
+                    ));
                 }
             }
-            mem.counters.rollback_errors.fetch_add(1, Ordering::Relaxed);
-            return Err(e.into());
         }
-        // 4. Dispose of the old pages and release the pages on `to`.
+        mem.counters.rollback_errors.fetch_add(1, Ordering::Relaxed);
+        Err(e.into())
+    }
+
+    /// Shadow demotion step 4: frees the parked old pages and releases the
+    /// pages on `to`; returns how many pages were demoted.
+    fn dispose_parked(&self, runs: &[Run], to: TierId) -> usize {
+        let mem = &*self.mem;
         let mut moved = 0;
         for r in runs {
             if r.is_huge() {
@@ -1029,15 +1058,34 @@ impl Migrator {
             self.count_moved(r.from, to, r.len);
             moved += r.len;
         }
-        let c = &mem.counters;
-        c.shadow_demotions
-            .fetch_add((moved - copied) as u64, Ordering::Relaxed);
-        c.shadow_demotions_copied
-            .fetch_add(copied as u64, Ordering::Relaxed);
-        out.shadow_demoted += moved - copied;
-        out.shadow_copied += copied;
-        out.migrated += moved;
-        self.harvester.finish_deferred(mem);
-        verdict.map(|_| ())
+        moved
     }
+}
+
+/// Shadow demotion step 2: copies each parked page that was written since
+/// its promotion (or every page when the harvest failed) into its shadow;
+/// returns how many were copied.
+fn copy_written_into_shadows(
+    mem: &TieredMemory,
+    runs: &[Run],
+    harvest_failed: bool,
+    skip_dirty_check: bool,
+) -> usize {
+    let mut copied = 0;
+    for p in runs.iter().flat_map(|r| r.pages()) {
+        let dirty = harvest_failed || (!skip_dirty_check && mem.pages.load(p) & DIRTY_SEEN != 0);
+        if dirty {
+            // SAFETY: the page sits in its parking slot and its shadow in its
+            // shadow slot; both present, page-aligned, and owned by us.
+            unsafe {
+                sys::copy_volatile(
+                    mem.shadow_addr(p) as *mut u8,
+                    mem.park_addr(p) as *const u8,
+                    PAGE_SIZE,
+                )
+            };
+            copied += 1;
+        }
+    }
+    copied
 }

@@ -45,6 +45,7 @@
 mod account;
 mod backing;
 mod chaos;
+mod check;
 pub mod commit;
 mod dirty;
 mod fault;
@@ -70,9 +71,10 @@ pub use crate::vocab::{Mechanism, TierId, Unit};
 pub use account::TierSpec;
 pub use backing::{
     FatalHook, FaultPathHook, InitialPlacement, MemConfig, PlacementObserver, TieredMemory,
-    DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
+    UnknownPlacement, DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
 };
 pub use chaos::{ChaosConfig, ChaosDriver, ChaosReport, MAX_UNITS_PER_BATCH};
+pub use check::{ConsistencyError, NodeCheckError};
 pub use dirty::{DirtyLog, SoftDirtyLog, WriteGuard};
 pub use fault::FaultHandler;
 pub use harvest::DirtyHarvester;
@@ -81,8 +83,8 @@ pub use pool::Slot;
 pub use probe::{AccessProbes, MEASURED_HINT_FAULT_GUEST_NS};
 pub use residency::{Residency, TierResidency};
 pub use resize::{
-    parse_capacity_schedule, CapacityStep, ResizeConfig, ResizeDriver, ResizeDriverReport,
-    ResizeHandle, ResizeReport,
+    parse_capacity_schedule, CapacityScheduleError, CapacityStep, ResizeConfig, ResizeDriver,
+    ResizeDriverReport, ResizeHandle, ResizeReport,
 };
 pub use sampler::{HintSampler, SamplerConfig, SamplerHandle, SamplerTick};
 pub use stats::{MemStats, TierStats};
@@ -106,12 +108,99 @@ pub struct HintFaultRecord {
 #[derive(Debug, thiserror::Error)]
 pub enum MemError {
     /// Invalid configuration (the message names the fix).
-    #[error("tiered memory config: {0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] MemConfigError),
     /// A system call failed (the message names it).
-    #[error("tiered memory: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// A resize request that cannot be honoured (the message names the fix).
-    #[error("resize: {0}")]
-    Resize(String),
+    #[error(transparent)]
+    Resize(#[from] ResizeError),
+}
+
+/// A [`MemConfig`] that cannot be set up; each message names the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemConfigError {
+    /// A guest size of 0 or one that is not page-aligned.
+    #[error("guest size {0} is not a positive multiple of 4 KiB")]
+    GuestSizeNotPages(usize),
+    /// More guest pages than a 32-bit page index holds.
+    #[error("guest RAM above 16 TiB is not supported")]
+    GuestTooLarge,
+    /// No tiers, or more than [`MAX_TIERS`].
+    #[error("{0} tiers: tiervm supports 1 to {max}", max = crate::vocab::MAX_TIERS)]
+    TierCount(usize),
+    /// A tier whose maximum is below its capacity.
+    #[error("tier {tier}: maximum capacity {max} pages is below its capacity {capacity} pages")]
+    MaxBelowCapacity {
+        /// The tier's name.
+        tier: String,
+        /// Its maximum capacity, pages.
+        max: usize,
+        /// Its capacity, pages.
+        capacity: usize,
+    },
+    /// A tier larger than a 32-bit page count holds.
+    #[error("tier {0}: capacity above 16 TiB")]
+    TierTooLarge(String),
+    /// A NUMA node id beyond what `mbind` takes.
+    #[error(
+        "tier {tier}: NUMA node {node} is out of range (below {})",
+        crate::sys::MAX_NODES
+    )]
+    NodeOutOfRange {
+        /// The tier's name.
+        tier: String,
+        /// The node.
+        node: u32,
+    },
+    /// Tiers that together cannot hold the guest.
+    #[error(
+        "tier capacities ({total} pages together) are smaller than the guest ({guest} pages); \
+         raise a tier's capacity (e.g. the slow tier's)"
+    )]
+    CapacitiesTooSmall {
+        /// Their sum, pages.
+        total: usize,
+        /// The guest, pages.
+        guest: usize,
+    },
+}
+
+/// A resize the tiers cannot honour; each message names the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResizeError {
+    /// No such tier.
+    #[error("tier {tier} does not exist (this VM has {tiers} tiers)")]
+    NoSuchTier {
+        /// The tier asked for.
+        tier: TierId,
+        /// How many tiers the VM has.
+        tiers: usize,
+    },
+    /// Beyond the tier's reservation.
+    #[error("{pages} pages for tier {tier} exceed its maximum of {max} pages (set at creation)")]
+    AboveMaximum {
+        /// The tier's name.
+        tier: String,
+        /// Pages asked for.
+        pages: usize,
+        /// Its maximum.
+        max: usize,
+    },
+    /// The tiers together could no longer hold the guest.
+    #[error(
+        "tier {tier} at {pages} pages would leave the tiers {total} pages together, fewer than \
+         the guest's {guest} pages; grow another tier first"
+    )]
+    CannotHoldGuest {
+        /// The tier's name.
+        tier: String,
+        /// Pages asked for.
+        pages: usize,
+        /// The tiers' sum after the resize.
+        total: usize,
+        /// The guest, pages.
+        guest: usize,
+    },
 }

@@ -137,9 +137,37 @@ impl PageMap {
         }
     }
 
+    /// Like [`release`](Self::release), but refuses (returning the current
+    /// word) when the page would keep a shadow although a harvest noted a
+    /// write while it was owned (`DIRTY_SEEN`): that shadow is stale, and
+    /// releasing would hide the write from the shadow's dirty tracking (the
+    /// write's dirty bit was consumed for the owner, who may not look).
+    pub fn release_unless_stale_shadow(
+        &self,
+        page: usize,
+        set: u64,
+        clear: u64,
+    ) -> Result<(u64, u64), u64> {
+        let w = &self.words[page];
+        let mut cur = w.load(Ordering::Acquire);
+        loop {
+            debug_assert!(cur & BUSY != 0, "release of page {page} not owned");
+            let kept = (cur & !clear) | set;
+            if cur & DIRTY_SEEN != 0 && kept & SHADOW != 0 {
+                return Err(cur);
+            }
+            let new = kept & !(BUSY | WAITER | DIRTY_SEEN);
+            match w.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok((cur, new)),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
     /// Applies `set`/`clear` and releases `BUSY`, atomically. Returns the
     /// words before and after (`WAITER` in the old word: the fault handler
     /// was waiting for this release).
+    #[cfg(test)]
     pub fn release(&self, page: usize, set: u64, clear: u64) -> (u64, u64) {
         let w = &self.words[page];
         let mut cur = w.load(Ordering::Acquire);

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::migrate::Migrator;
 use super::page_map::{self, BUSY, PARKED};
 use super::pool::CHUNK_SLOTS;
-use super::{MemError, TieredMemory};
+use super::{MemError, ResizeError, TieredMemory};
 use crate::vocab::{Mechanism, TierId, Unit};
 
 /// Pages a shrink step looks at (bounds the cost of one step).
@@ -65,17 +65,20 @@ impl TieredMemory {
     /// reservation.
     pub fn resize(&self, tier: TierId, pages: usize) -> Result<u64, MemError> {
         let Some(account) = self.tiers.get(usize::from(tier)) else {
-            return Err(MemError::Resize(format!(
-                "tier {tier} does not exist (this VM has {} tiers)",
-                self.tier_count()
-            )));
+            return Err(ResizeError::NoSuchTier {
+                tier,
+                tiers: self.tier_count(),
+            }
+            .into());
         };
         let max = account.spec.max_capacity_pages;
         if pages > max {
-            return Err(MemError::Resize(format!(
-                "{} pages for tier {} exceed its maximum of {max} pages (set at creation)",
-                pages, account.spec.name
-            )));
+            return Err(ResizeError::AboveMaximum {
+                tier: account.spec.name.clone(),
+                pages,
+                max,
+            }
+            .into());
         }
         let others: usize = self
             .tiers
@@ -85,13 +88,13 @@ impl TieredMemory {
             .map(|(_, t)| t.capacity() as usize)
             .sum();
         if others.saturating_add(pages) < self.guest_pages {
-            return Err(MemError::Resize(format!(
-                "tier {} at {pages} pages would leave the tiers {} pages together, fewer than the \
-                 guest's {} pages; grow another tier first",
-                account.spec.name,
-                others + pages,
-                self.guest_pages
-            )));
+            return Err(ResizeError::CannotHoldGuest {
+                tier: account.spec.name.clone(),
+                pages,
+                total: others + pages,
+                guest: self.guest_pages,
+            }
+            .into());
         }
         let applied = account.set_capacity(pages as u64);
         self.counters.resizes.fetch_add(1, Ordering::Relaxed);
@@ -420,6 +423,7 @@ impl Drop for ResizeDriver {
 }
 
 fn run_driver(m: &Migrator, cfg: &ResizeConfig, shared: &ResizeShared) -> ResizeDriverReport {
+    crate::threads::started(crate::threads::ThreadRole::Resize);
     use std::sync::atomic::Ordering as O;
     let mem = m.memory().clone();
     let start = std::time::Instant::now();
@@ -483,30 +487,80 @@ fn run_driver(m: &Migrator, cfg: &ResizeConfig, shared: &ResizeShared) -> Resize
     super::backing::lock(&shared.report).clone()
 }
 
+/// A capacity schedule (`--fast-schedule`) that does not parse; each
+/// message names the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CapacityScheduleError {
+    /// A step without `@`.
+    #[error("'{0}' is not SIZE@TIME (e.g. 256M@0s)")]
+    NotSizeAtTime(String),
+    /// A size that does not parse.
+    #[error("'{size}' in '{step}' is not a size (e.g. 256M)")]
+    BadSize {
+        /// The size.
+        size: String,
+        /// The step.
+        step: String,
+    },
+    /// A size that is not page-aligned.
+    #[error("'{size}' in '{step}' is not a multiple of 4K")]
+    SizeNotPages {
+        /// The size.
+        size: String,
+        /// The step.
+        step: String,
+    },
+    /// A size too large for this host's address space.
+    #[error("'{0}' is too large")]
+    TooLarge(String),
+    /// A time that does not parse.
+    #[error("'{time}' in '{step}' is not a time (e.g. 5s)")]
+    BadTime {
+        /// The time.
+        time: String,
+        /// The step.
+        step: String,
+    },
+    /// A step earlier than the one before it.
+    #[error("times in '{0}' must not decrease")]
+    TimesDecrease(String),
+    /// No steps at all.
+    #[error("an empty capacity schedule: give e.g. 256M@0s,32M@5s")]
+    Empty,
+}
+
 /// Parses a capacity schedule `SIZE@TIME,...` (e.g. `256M@0s,32M@5s`)
 /// into steps of pages; times must not decrease.
-pub fn parse_capacity_schedule(s: &str) -> Result<Vec<CapacityStep>, String> {
+pub fn parse_capacity_schedule(s: &str) -> Result<Vec<CapacityStep>, CapacityScheduleError> {
+    use CapacityScheduleError as E;
     let mut out: Vec<CapacityStep> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (size, at) = part
             .split_once('@')
-            .ok_or_else(|| format!("'{part}' is not SIZE@TIME (e.g. 256M@0s)"))?;
-        let bytes = tiervm_guest::args::parse_size(size)
-            .map_err(|_| format!("'{size}' in '{part}' is not a size (e.g. 256M)"))?;
+            .ok_or_else(|| E::NotSizeAtTime(part.to_string()))?;
+        let bytes = tiervm_guest::args::parse_size(size).map_err(|_| E::BadSize {
+            size: size.to_string(),
+            step: part.to_string(),
+        })?;
         if !bytes.is_multiple_of(crate::sys::PAGE_SIZE as u64) {
-            return Err(format!("'{size}' in '{part}' is not a multiple of 4K"));
+            return Err(E::SizeNotPages {
+                size: size.to_string(),
+                step: part.to_string(),
+            });
         }
-        let at = crate::engine::parse_duration(at)
-            .ok_or_else(|| format!("'{at}' in '{part}' is not a time (e.g. 5s)"))?;
+        let at = crate::engine::parse_duration(at).ok_or_else(|| E::BadTime {
+            time: at.to_string(),
+            step: part.to_string(),
+        })?;
         if out.last().is_some_and(|l| at < l.at) {
-            return Err(format!("times in '{s}' must not decrease"));
+            return Err(E::TimesDecrease(s.to_string()));
         }
         let pages = usize::try_from(bytes / crate::sys::PAGE_SIZE as u64)
-            .map_err(|_| format!("'{size}' is too large"))?;
+            .map_err(|_| E::TooLarge(size.to_string()))?;
         out.push(CapacityStep { at, pages });
     }
     if out.is_empty() {
-        return Err("an empty capacity schedule: give e.g. 256M@0s,32M@5s".into());
+        return Err(E::Empty);
     }
     Ok(out)
 }

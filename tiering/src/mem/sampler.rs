@@ -191,6 +191,7 @@ impl HintSampler {
         let join = std::thread::Builder::new()
             .name("tiervm-sampler".into())
             .spawn(move || {
+                crate::threads::started(crate::threads::ThreadRole::Sampler);
                 while !s.load(Ordering::Relaxed) {
                     if p.load(Ordering::Relaxed) {
                         // Paused: nothing parked, nothing sampled.

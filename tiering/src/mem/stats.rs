@@ -106,6 +106,9 @@ pub struct MemStats {
     /// Times the dirty log was switched on or off (it is on only while
     /// something is tracked: KVM maps an unlogged memslot with huge pages).
     pub dirty_log_switches: u64,
+    /// Whether the areas are locked on fault (false: `RLIMIT_MEMLOCK` too
+    /// low and no `CAP_IPC_LOCK`; docs/host-requirements.md).
+    pub locked: bool,
     /// Per tier, fastest first.
     pub tiers: Vec<TierStats>,
 }
@@ -183,6 +186,7 @@ impl Counters {
             splits: g(&self.splits),
             resizes: g(&self.resizes),
             dirty_log_switches: g(&self.dirty_log_switches),
+            locked: false,
             tiers: Vec::new(),
         }
     }

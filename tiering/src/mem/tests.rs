@@ -35,13 +35,12 @@ pub(super) fn setup(pages: usize, fast: usize, placement: InitialPlacement) -> O
 }
 
 pub(super) fn setup_with(cfg: MemConfig) -> Option<Env> {
-    let mem = match TieredMemory::new(&cfg) {
-        Ok(m) => Arc::new(m),
-        Err(e) => {
-            eprintln!("SKIP: tiered memory unavailable here: {e}");
-            return None;
-        }
-    };
+    // Skips only for a missing host feature (and fails instead under
+    // TIERVM_REQUIRE_KVM=1); any other construction error is a failure.
+    if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+        return None;
+    }
+    let mem = Arc::new(TieredMemory::new(&cfg).expect("TieredMemory::new on a capable host"));
     let faults = FaultHandler::spawn(mem.clone()).unwrap();
     mem.prefault(0, mem.guest_pages()).unwrap();
     let log = Arc::new(SoftDirtyLog::new(mem.guest_pages()));
@@ -736,6 +735,50 @@ fn chaos_with_2mib_runs_and_a_concurrent_writer_loses_nothing() {
     }
 }
 
+/// A write while a page with a shadow is owned by someone who is not
+/// migrating it (the THP collapse owns whole 2 MiB ranges; a skipped unit
+/// is owned for a moment) must still invalidate the shadow: the harvest
+/// consumed the write's dirty bit for the owner (`DIRTY_SEEN`), and a later
+/// shadow demotion must not map the stale shadow. Found by the long soak
+/// (benches/scripts/soak.py: TPM 2m chaos lost writes in 1 of 3 runs).
+#[test]
+fn a_write_while_a_shadowed_page_is_owned_invalidates_its_shadow() {
+    let Some((mem, log, m, _faults)) = setup(64, 32, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    {
+        let _g = log.write_guard(3, 1);
+        word(&mem, 3).store(7, Ordering::SeqCst);
+    }
+    m.promote(&[page_unit(3)], Mechanism::TPM).unwrap();
+    assert_ne!(
+        mem.pages.load(3) & page_map::SHADOW,
+        0,
+        "promoted with a shadow"
+    );
+    // Owned as the collapse owns it; the guest writes; a harvest runs.
+    assert!(mem.pages.try_acquire(3, false).is_some());
+    {
+        let _g = log.write_guard(3, 1);
+        word(&mem, 3).store(8, Ordering::SeqCst);
+    }
+    m.harvest().unwrap();
+    mem.release_page(3, 0, 0);
+    assert_eq!(
+        mem.pages.load(3) & page_map::SHADOW,
+        0,
+        "the stale shadow was dropped"
+    );
+    let o = m.demote(&[page_unit(3)], Mechanism::TPM).unwrap();
+    assert_eq!(o.migrated, 1, "{o:?}");
+    assert_eq!(
+        word(&mem, 3).load(Ordering::SeqCst),
+        8,
+        "the write survived the demotion"
+    );
+    mem.check_consistency().unwrap();
+}
+
 #[test]
 fn reclaim_skips_shadows_the_caller_owns_instead_of_spinning() {
     let mut cfg = MemConfig::new(64 * PAGE_SIZE, 64);
@@ -823,7 +866,10 @@ fn chaos_under_injected_failures(
     cfg.shadow_low_watermark_pages = Some(4);
     cfg.tiers[1].capacity_pages = 2048 + 64;
     cfg.tiers[1].max_capacity_pages = 2048 + 64;
-    let mem = Arc::new(TieredMemory::new(&cfg).ok()?);
+    if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+        return None;
+    }
+    let mem = Arc::new(TieredMemory::new(&cfg).expect("TieredMemory::new on a capable host"));
     let faults = FaultHandler::spawn(mem.clone()).unwrap();
     if prefault {
         mem.prefault(0, 2048).unwrap();
@@ -900,8 +946,7 @@ fn injected_syscall_failures_lose_nothing_and_never_hang() {
             let Some((writes, lost, st, fatal)) = bounded(60, &what, move || {
                 chaos_under_injected_failures(&p2, mech, unit, prefault)
             }) else {
-                eprintln!("SKIP: tiered memory unavailable");
-                return;
+                return; // the host lacks UFFDIO_MOVE: `require` said why
             };
             assert_eq!(lost, 0, "{what}: lost writes: {st:?}");
             assert!(writes > 0, "{what}");
@@ -1266,5 +1311,19 @@ fn a_split_range_collapses_back_when_whole_on_one_tier() {
     assert_eq!(huge(&mem), 4 << 20, "collapsed back");
     check_fill(&mem);
     mem.check_consistency().unwrap();
-    assert_eq!(mem.check_nodes().map(|n| n >= 1024), Ok(true));
+    assert!(mem.check_nodes().unwrap() >= 1024);
+}
+
+#[test]
+#[ignore = "timing probe, run by hand"]
+fn probe_setup_time_of_a_64g_guest() {
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let cfg = MemConfig::new(64 << 30, (8usize << 30) / PAGE_SIZE);
+        let mem = TieredMemory::new(&cfg).unwrap();
+        eprintln!("new: {:?} (setup_time {:?})", t.elapsed(), mem.setup_time());
+        let t = std::time::Instant::now();
+        drop(mem);
+        eprintln!("drop: {:?}", t.elapsed());
+    }
 }

@@ -9,7 +9,8 @@
 //! areas are locked, so no part of it becomes the shared zero page, see
 //! `sys::lock_on_fault`). A collapse copies the range into a new huge page
 //! on the node most of its pages are on: the tier's node, since every page
-//! is on that tier.
+//! is on that tier. The kernel never collapses guest RAM by itself
+//! (NOHUGEPAGE): it would not know the tiers.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -68,6 +69,14 @@ impl TieredMemory {
             if old & HUGE != 0 {
                 self.counters.splits.fetch_add(1, Ordering::Relaxed);
             }
+            if old != SPLIT && self.huge_pages {
+                // Broken into pages (or committed page by page): keep
+                // khugepaged away from it (see `backing::set_up_areas`).
+                let a = g + c * HUGE_PAGE_SIZE;
+                if let Err(e) = sys::advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
+                    tracing::debug!("guest range {}: NOHUGEPAGE: {e}", c * CHUNK_SLOTS);
+                }
+            }
         }
     }
 
@@ -112,7 +121,18 @@ impl TieredMemory {
                 }
             }
             if owned == CHUNK_SLOTS {
-                match sys::advise(self.guest_addr(first), HUGE_PAGE_SIZE, Advice::Collapse) {
+                // A split range is NOHUGEPAGE (see `backing::set_up_areas`),
+                // which MADV_COLLAPSE refuses: eligible again for the
+                // collapse, and staying so once it is huge.
+                let a = self.guest_addr(first);
+                let collapsed = sys::advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
+                    .and_then(|()| sys::advise(a, HUGE_PAGE_SIZE, Advice::Collapse));
+                if collapsed.is_err() {
+                    if let Err(e) = sys::advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
+                        tracing::warn!("guest range {first}: back to NOHUGEPAGE: {e}");
+                    }
+                }
+                match collapsed {
                     Ok(()) => {
                         state.store(HUGE, Ordering::Relaxed);
                         self.counters.collapses.fetch_add(1, Ordering::Relaxed);

@@ -244,9 +244,10 @@ mod tests {
         let mut v = VecView::two_tier(100, 10); // fast tier full with pages 0..10
         let caps = [10, 100];
         let mut samples = Vec::new();
-        for _ in 0..8 {
-            samples.push(sample(50, 1));
-            samples.push(sample(51, 1));
+        // Page 51 is three times as hot as page 50: hottest first means 51
+        // before 50 (equal heats would let a coldest-first order pass).
+        for i in 0..16 {
+            samples.push(sample(if i % 4 == 0 { 50 } else { 51 }, 1));
         }
         samples.push(sample(3, 0));
         let st = v.status(&caps);
@@ -263,7 +264,7 @@ mod tests {
             .filter(|x| x.to == 1)
             .map(|x| x.unit.page)
             .collect();
-        assert_eq!(promoted, vec![50, 51]);
+        assert_eq!(promoted, vec![51, 50], "hottest first");
         assert!(!demoted.contains(&3), "sampled page 3 is not cold");
         assert_eq!(demoted.len(), 3, "two promotions plus a one-page reserve");
         // 17 samples so far; 23 more reach the cooling period of 40.
@@ -271,6 +272,7 @@ mod tests {
         v.apply(&d.migrations);
         let st = v.status(&caps);
         m.tick(&obs(1, &st, &more), &mut v);
-        assert_eq!(m.count(50), 4, "cooling halves counts");
+        assert_eq!(m.count(51), 6, "cooling halves counts");
+        assert_eq!(m.count(50), 2, "cooling halves counts");
     }
 }

@@ -576,6 +576,7 @@ impl DamonTracker {
             std::thread::Builder::new()
                 .name("damon-reader".into())
                 .spawn(move || {
+                    crate::threads::started(crate::threads::ThreadRole::DamonReader);
                     reader_loop(&fs, &shared, &stop, guest, pace, started);
                     let _ = tx.send(task_cpu_secs(Path::new("/proc/thread-self/stat")));
                 })
@@ -985,6 +986,8 @@ mod tests {
     /// With the opt-in on an idle DAMON: the protocol's files get the
     /// settings, snapshots become accessed bits and samples inside the
     /// accessed regions, and stopping turns kdamond 0 off and removes it.
+    // Long (~95 lines) on purpose: one scenario through the whole sysfs
+    // protocol, each assertion next to the step it checks.
     #[test]
     fn configures_reads_snapshots_and_tears_down() {
         let fake = FakeSysfs::new("run", 0);

@@ -30,6 +30,9 @@ use crate::units::format_size;
 /// a torture test, not a placement policy.
 const NOT_DEFAULT: [PolicyArg; 2] = [PolicyArg::None, PolicyArg::Chaos];
 
+/// Most runs per policy (`--repeat`).
+pub const MAX_REPEAT: u32 = 1000;
+
 /// Guest console lines kept in a failed run's error message.
 const CONSOLE_TAIL_LINES: usize = 3;
 
@@ -39,6 +42,12 @@ pub enum CompareError {
     /// `--repeat 0`.
     #[error("--repeat 0: give at least 1 run per policy")]
     NoRepeat,
+    /// `--repeat` beyond [`MAX_REPEAT`].
+    #[error("--repeat {repeat} exceeds the {MAX_REPEAT} maximum: give at most {MAX_REPEAT} runs per policy")]
+    TooManyRepeats {
+        /// Runs asked for.
+        repeat: u32,
+    },
     /// `--policies` resolves to nothing.
     #[error("no policies to compare: name them with --policies, e.g. --policies static,chaos")]
     NoPolicies,
@@ -444,6 +453,9 @@ pub struct CompareResults {
     pub summary: Vec<SummaryRow>,
     /// Every run, in the order they ran.
     pub runs: Vec<RunRecord>,
+    /// The signal (`SIGINT`, `SIGTERM`) that stopped the comparison early:
+    /// the run it arrived in ended as at `--duration`, no later run started.
+    pub interrupted_by: Option<String>,
 }
 
 /// Renders an aligned text table: first column left-aligned, the rest right-aligned.
@@ -592,6 +604,13 @@ pub fn format_human(res: &CompareResults) -> String {
         let _ = writeln!(
             out,
             "  Tier latency is EMULATED: this host has one NUMA node, so both tiers are the same DRAM and placement does not change access latency here; differences come from mechanism costs."
+        );
+    }
+    if let Some(sig) = &res.interrupted_by {
+        let _ = writeln!(
+            out,
+            "  INTERRUPTED by {sig}: {} run(s) made; the last one was stopped early",
+            res.runs.len()
         );
     }
     out.push('\n');
@@ -846,7 +865,16 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             source,
         })?;
     }
+    crate::signals::install()?;
     let runs = run_all(args, &configs, started);
+    let total = configs.len() * args.repeat as usize;
+    if let (Some(sig), false) = (crate::signals::received(), args.quiet) {
+        crate::output::stderr_line(&format!(
+            "tiervm compare: {} after {} of {total} runs: keeping what was measured",
+            crate::signals::name(sig),
+            runs.len()
+        ));
+    }
     let results = results(args, &configs, runs);
     // Print what was measured even when writing the files fails.
     let written = args
@@ -856,6 +884,9 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         .transpose();
     print_results(args, &results, written.as_ref().is_ok_and(Option::is_some))?;
     written?;
+    if let Some(sig) = crate::signals::received() {
+        return Ok(crate::signals::exit_code(sig));
+    }
     Ok(if results.runs.iter().all(|r| r.ok) {
         0
     } else {
@@ -867,6 +898,12 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
 fn validate(args: &CompareArgs) -> Result<Vec<(PolicyArg, VmConfig)>> {
     if args.repeat == 0 {
         return Err(CompareError::NoRepeat.into());
+    }
+    if args.repeat > MAX_REPEAT {
+        return Err(CompareError::TooManyRepeats {
+            repeat: args.repeat,
+        }
+        .into());
     }
     let policies = parse_policies(&args.policies)?;
     if policies.is_empty() {
@@ -920,8 +957,12 @@ fn run_all(
         );
     }
     let mut runs: Vec<RunRecord> = Vec::with_capacity(total);
-    for rep in 1..=args.repeat {
+    'runs: for rep in 1..=args.repeat {
         for (policy, cfg) in configs {
+            // A signal stops the comparison after the run it arrived in.
+            if crate::signals::received().is_some() {
+                break 'runs;
+            }
             runs.push(run_one(args, *policy, cfg, rep, started));
         }
     }
@@ -988,6 +1029,7 @@ fn results(
         emulated_tiers: emulated_tiers(configs, &runs),
     };
     CompareResults {
+        interrupted_by: crate::signals::received().map(crate::signals::name),
         schema: "tiervm-compare/1",
         summary: summarize(&policies, &runs, &tracked),
         policies,
@@ -998,25 +1040,28 @@ fn results(
 
 /// The table (and where the files went) or the JSON, on stdout.
 fn print_results(args: &CompareArgs, results: &CompareResults, wrote_files: bool) -> Result<()> {
-    match args.report {
+    let text = match args.report {
         CompareFormat::Human => {
-            print!("{}", format_human(results));
+            let mut t = format_human(results);
             if let (Some(dir), true) = (&args.out, wrote_files) {
-                println!(
+                let _ = writeln!(
+                    t,
                     "\nWrote results.json, results.csv, throughput.svg, migrations.svg to {}",
                     dir.display()
                 );
             }
+            t
         }
         CompareFormat::Json => {
-            let s = serde_json::to_string(results).map_err(|source| OutputError::Encode {
+            let mut s = serde_json::to_string(results).map_err(|source| OutputError::Encode {
                 what: "the results",
                 source,
             })?;
-            println!("{s}");
+            s.push('\n');
+            s
         }
-    }
-    Ok(())
+    };
+    crate::output::stdout(&text)
 }
 
 #[cfg(test)]
@@ -1077,6 +1122,7 @@ mod tests {
             }),
             tiering: None,
             tracking_ab: None,
+            signal: None,
         }
     }
 
@@ -1255,6 +1301,7 @@ mod tests {
                 emulated_tiers: true,
             },
             policies: vec![PolicyArg::Static],
+            interrupted_by: None,
             summary: summarize(&[PolicyArg::Static], &runs, &[false]),
             runs,
         };

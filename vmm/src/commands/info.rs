@@ -18,12 +18,12 @@
 //! field names documented below.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 
 use kvm_ioctls::{Kvm, VmFd};
 use serde::Serialize;
-use tiering::host::{self, Access, HostFacts, IdlePageTracking};
+use tiering::host::{self, Availability, HostFacts, IdlePageTracking};
 
 pub use crate::vstate::kvm_caps::{KvmCaps, ManualDirtyLogProtect};
 
@@ -38,9 +38,9 @@ pub struct InfoArgs {
 /// Why `tiervm info` could not print its report (probing itself never fails).
 #[derive(Debug, thiserror::Error)]
 pub enum InfoError {
-    /// Writing to stdout failed.
+    /// Writing to stdout failed (a closed pipe is not a failure).
     #[error("cannot write the report to stdout")]
-    Stdout(#[from] io::Error),
+    Stdout(#[source] io::Error),
     /// Serializing the JSON report failed.
     #[error("cannot serialize the report as JSON")]
     Json(#[from] serde_json::Error),
@@ -49,14 +49,15 @@ pub enum InfoError {
 /// Runs `tiervm info`: probes the host and prints the report to stdout.
 pub fn run(args: &InfoArgs) -> Result<(), InfoError> {
     let report = collect();
-    let mut out = io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+    let text = if args.json {
+        let mut s = serde_json::to_string_pretty(&report)?;
+        s.push('\n');
+        s
     } else {
-        out.write_all(render_human(&report).as_bytes())?;
-    }
-    Ok(())
+        render_human(&report)
+    };
+    // A closed pipe ends quietly; other write errors are reported.
+    crate::output::write_stdout(&text).map_err(InfoError::Stdout)
 }
 
 /// Everything `tiervm info` reports (the `--json` object).
@@ -246,7 +247,7 @@ pub struct VmProbe {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KvmFacts {
     /// Opening `/dev/kvm`.
-    pub dev_kvm: Access,
+    pub dev_kvm: Availability,
     /// What to do when `dev_kvm` is not ok.
     pub fix: Option<String>,
     /// `KVM_GET_API_VERSION` (12 on every supported kernel).
@@ -264,15 +265,15 @@ pub struct KvmFacts {
 /// The API version tiervm (through kvm-ioctls) is written against.
 pub const KVM_API_VERSION: i32 = 12;
 
-fn dev_kvm_fix(access: &Access) -> Option<String> {
+fn dev_kvm_fix(access: &Availability) -> Option<String> {
     match access {
-        Access::Ok => None,
-        Access::Absent => Some(
+        Availability::Ok => None,
+        Availability::Absent => Some(
             "load the KVM module (modprobe kvm_intel, kvm_amd or kvm_pvm) \
              or enable virtualization in the firmware"
                 .into(),
         ),
-        Access::PermissionDenied => Some(
+        Availability::PermissionDenied => Some(
             crate::permissions::NodeAccess::of(crate::permissions::DEV_KVM).map_or_else(
                 || {
                     "run as a user in group kvm (usermod -aG kvm $USER, then log in again) or as root"
@@ -281,7 +282,7 @@ fn dev_kvm_fix(access: &Access) -> Option<String> {
                 |n| format!("{}; or run as root", n.grant_fix("kvm")),
             ),
         ),
-        Access::Failed { .. } => Some("check dmesg for KVM errors".into()),
+        Availability::Failed { .. } => Some("check dmesg for KVM errors".into()),
     }
 }
 
@@ -329,7 +330,7 @@ pub fn probe_kvm() -> KvmFacts {
     let kvm = match Kvm::new() {
         Ok(kvm) => kvm,
         Err(e) => {
-            let dev_kvm = Access::from_io_error(&io::Error::from_raw_os_error(e.errno()));
+            let dev_kvm = Availability::from_io_error(&io::Error::from_raw_os_error(e.errno()));
             return KvmFacts {
                 fix: dev_kvm_fix(&dev_kvm),
                 dev_kvm,
@@ -347,7 +348,7 @@ pub fn probe_kvm() -> KvmFacts {
         None => KvmCaps::of_system(&kvm),
     };
     KvmFacts {
-        dev_kvm: Access::Ok,
+        dev_kvm: Availability::Ok,
         fix: None,
         api_version: Some(kvm.get_api_version()),
         flavour,
@@ -794,42 +795,56 @@ fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
             }
         },
     );
-    {
-        use tiering::tracking::damon::{DamonStatus, ALLOW_ENV};
-        let (what, why) = match (&h.damon.sysfs, h.damon.opted_in) {
-            (DamonStatus::Absent, _) => (
-                "absent".to_string(),
-                "--tracking damon unavailable: kernel built without CONFIG_DAMON_SYSFS".to_string(),
-            ),
-            (DamonStatus::InUse { kdamonds, running }, _) => (
-                format!("in use ({kdamonds} kdamond(s), {running} running)"),
-                "--tracking damon refused: DAMON's sysfs state is machine-wide and someone else's here; tiervm never writes it".to_string(),
-            ),
-            (DamonStatus::Idle, true) => (
-                format!("idle, {ALLOW_ENV}=1"),
-                "--tracking damon available: the kernel samples guest RAM's accessed bits (KVM's EPT/NPT bits too), no faults".to_string(),
-            ),
-            (DamonStatus::Idle, false) => (
-                "idle".to_string(),
-                format!("--tracking damon needs {ALLOW_ENV}=1: it writes DAMON's machine-wide sysfs state"),
-            ),
-            (DamonStatus::Unreadable { error }, _) => (
-                format!("unreadable ({error})"),
-                "--tracking damon unavailable".to_string(),
-            ),
-        };
-        l.fact("DAMON", what, why);
+    render_damon(l, h);
+    render_kernel_knobs(l, h);
+    for p in &h.problems {
+        l.fact("problem", p, "");
     }
+}
+
+/// DAMON's state and whether `--tracking damon` can use it.
+fn render_damon(l: &mut Lines, h: &HostFacts) {
+    use tiering::tracking::damon::{DamonStatus, ALLOW_ENV};
+    let (what, why) = match (&h.damon.sysfs, h.damon.opted_in) {
+        (DamonStatus::Absent, _) => (
+            "absent".to_string(),
+            "--tracking damon unavailable: kernel built without CONFIG_DAMON_SYSFS".to_string(),
+        ),
+        (DamonStatus::InUse { kdamonds, running }, _) => (
+            format!("in use ({kdamonds} kdamond(s), {running} running)"),
+            "--tracking damon refused: DAMON's sysfs state is machine-wide and someone else's here; tiervm never writes it".to_string(),
+        ),
+        (DamonStatus::Idle, true) => (
+            format!("idle, {ALLOW_ENV}=1"),
+            "--tracking damon available: the kernel samples guest RAM's accessed bits (KVM's EPT/NPT bits too), no faults".to_string(),
+        ),
+        (DamonStatus::Idle, false) => (
+            "idle".to_string(),
+            format!("--tracking damon needs {ALLOW_ENV}=1: it writes DAMON's machine-wide sysfs state"),
+        ),
+        (DamonStatus::Unreadable { error }, _) => (
+            format!("unreadable ({error})"),
+            "--tracking damon unavailable".to_string(),
+        ),
+    };
+    l.fact("DAMON", what, why);
+}
+
+/// Kernel settings that bear on tiering: THP, mapping count, NUMA
+/// balancing, reclaim-time demotion.
+fn render_kernel_knobs(l: &mut Lines, h: &HostFacts) {
     if let Some(thp) = &h.thp {
         l.fact(
             "transparent huge pages",
             thp.as_str(),
             match thp {
-                host::ThpMode::Always => {
-                    "anonymous guest RAM may get 2 MiB pages: the backing must opt out \
-                     (MADV_NOHUGEPAGE) to move single 4 KiB pages"
+                host::ThpMode::Never => {
+                    "tiered and untiered guest RAM stay on 4 KiB pages (no huge-page TLB reach)"
                 }
-                _ => "guest RAM stays on 4 KiB pages unless the backing asks for huge pages",
+                _ => {
+                    "tiered guest RAM is committed 2 MiB at a time as huge pages (MADV_HUGEPAGE \
+                      pools); ranges split into pages are NOHUGEPAGE until tiervm collapses them"
+                }
             },
         );
     }
@@ -843,16 +858,31 @@ fn render_tracking_and_knobs(l: &mut Lines, h: &HostFacts) {
     if let Some(nb) = h.numa_balancing {
         l.fact(
             "kernel.numa_balancing",
-            nb.to_string(),
+            match nb {
+                0 => "0 (off)".to_string(),
+                1 => "1 (NUMA balancing)".to_string(),
+                2 => "2 (memory tiering mode)".to_string(),
+                3 => "3 (NUMA balancing and memory tiering)".to_string(),
+                n => n.to_string(),
+            },
             if nb == 0 {
                 "off: the kernel will not migrate guest pages behind tiervm's back"
             } else {
-                "on: the kernel may also migrate guest pages; results may mix both"
+                "on: tiervm's memory has an explicit policy, which the scanner skips (no hint \
+                 faults, no migrations of guest pages); other processes are still balanced"
             },
         );
     }
-    for p in &h.problems {
-        l.fact("problem", p, "");
+    if let Some(d) = h.demotion_enabled {
+        l.fact(
+            "reclaim-time demotion",
+            if d { "on" } else { "off" },
+            if d {
+                "tiervm's memory is locked on fault: reclaim neither demotes nor swaps it"
+            } else {
+                "off: reclaim does not move pages between tiers"
+            },
+        );
     }
 }
 
@@ -957,11 +987,12 @@ mod tests {
             thp: Some(host::ThpMode::Madvise),
             max_map_count: Some(65530),
             numa_balancing: Some(0),
+            demotion_enabled: Some(false),
             userfaultfd: host::UserfaultfdFacts {
-                dev_userfaultfd: Access::Ok,
-                syscall: Access::Ok,
+                dev_userfaultfd: Availability::Ok,
+                syscall: Availability::Ok,
                 unprivileged_userfaultfd: Some(0),
-                api: Some(host::UffdApi {
+                api: Some(host::UffdApiAnswer {
                     via: host::DEV_USERFAULTFD,
                     features: host::UffdFeatures::from_bits(features),
                     ioctls_raw: 0x8000_0000_0000_0003,
@@ -980,7 +1011,7 @@ mod tests {
         }
     }
 
-    fn kvm_facts(dev: Access, manual_protect: i32) -> KvmFacts {
+    fn kvm_facts(dev: Availability, manual_protect: i32) -> KvmFacts {
         let ok = dev.is_ok();
         KvmFacts {
             fix: dev_kvm_fix(&dev),
@@ -1011,14 +1042,17 @@ mod tests {
 
     #[test]
     fn verdict_follows_the_facts() {
-        let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(true, &[(0, false)]));
+        let v = Verdict::from_facts(
+            &kvm_facts(Availability::Ok, 3),
+            &host_facts(true, &[(0, false)]),
+        );
         assert!(v.run_vms);
         assert_eq!(v.migration, MigrationSupport::Transactional);
         assert_eq!(v.access_tracking, AccessTracking::HintFaults);
         assert_eq!(v.tiers, Tiers::Emulated { node: 0 });
 
         let v = Verdict::from_facts(
-            &kvm_facts(Access::Ok, 0),
+            &kvm_facts(Availability::Ok, 0),
             &host_facts(true, &[(0, false), (1, true)]),
         );
         assert_eq!(v.migration, MigrationSupport::StopAndCopy);
@@ -1030,12 +1064,15 @@ mod tests {
             }
         );
 
-        let v = Verdict::from_facts(&kvm_facts(Access::Ok, 3), &host_facts(false, &[(0, false)]));
+        let v = Verdict::from_facts(
+            &kvm_facts(Availability::Ok, 3),
+            &host_facts(false, &[(0, false)]),
+        );
         assert_eq!(v.migration, MigrationSupport::None);
         assert_eq!(v.access_tracking, AccessTracking::None);
 
         let v = Verdict::from_facts(
-            &kvm_facts(Access::PermissionDenied, 0),
+            &kvm_facts(Availability::PermissionDenied, 0),
             &host_facts(true, &[(0, false)]),
         );
         assert!(!v.run_vms);
@@ -1045,7 +1082,7 @@ mod tests {
 
     #[test]
     fn human_report_explains_missing_kvm_and_emulated_tiers() {
-        let kvm = kvm_facts(Access::Absent, 0);
+        let kvm = kvm_facts(Availability::Absent, 0);
         let host = host_facts(true, &[(0, false)]);
         let verdict = Verdict::from_facts(&kvm, &host);
         let text = render_human(&InfoReport { kvm, host, verdict });
@@ -1062,7 +1099,7 @@ mod tests {
         assert!(text.contains("falls back to hint-fault sampling"), "{text}");
         assert!(text.contains("Verdict: run VMs: no"), "{text}");
 
-        let kvm = kvm_facts(Access::PermissionDenied, 0);
+        let kvm = kvm_facts(Availability::PermissionDenied, 0);
         let host = host_facts(false, &[(0, false), (2, true)]);
         let verdict = Verdict::from_facts(&kvm, &host);
         let text = render_human(&InfoReport { kvm, host, verdict });
@@ -1079,7 +1116,7 @@ mod tests {
 
     #[test]
     fn json_report_has_documented_fields() {
-        let kvm = kvm_facts(Access::Ok, 3);
+        let kvm = kvm_facts(Availability::Ok, 3);
         let host = host_facts(true, &[(0, false)]);
         let verdict = Verdict::from_facts(&kvm, &host);
         let v = serde_json::to_value(InfoReport { kvm, host, verdict }).unwrap();
@@ -1101,8 +1138,11 @@ mod tests {
         eprintln!("{text}");
         eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
         if !r.kvm.dev_kvm.is_ok() {
-            eprintln!("skip KVM assertions: /dev/kvm {}", r.kvm.dev_kvm.describe());
             assert!(r.kvm.fix.is_some());
+            tiering::host_support::skip_or_fail(&format!(
+                "KVM assertions: /dev/kvm {}",
+                r.kvm.dev_kvm.describe()
+            ));
             return;
         }
         assert_eq!(r.kvm.api_version, Some(KVM_API_VERSION));

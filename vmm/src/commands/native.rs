@@ -28,6 +28,15 @@ pub enum NativeError {
     /// `--threads 0`.
     #[error("--threads 0: use --threads 1 or more")]
     NoThreads,
+    /// More threads than a VM has vCPUs.
+    #[error("--threads {threads} exceeds the {MAX_VCPUS} maximum (the most vCPUs a VM run has): give at most {MAX_VCPUS}")]
+    TooManyThreads {
+        /// Threads asked for.
+        threads: u32,
+    },
+    /// `--sample-ms` out of range.
+    #[error(transparent)]
+    SamplePeriod(#[from] crate::config::ConfigError),
     /// The data set does not fit the address space.
     #[error("data set too large for this host")]
     TooLarge,
@@ -46,7 +55,7 @@ use crate::report::group;
 use crate::status::{ops_per_sec, TimelinePoint};
 use crate::units::parse_duration;
 use crate::vstate::memory::create_ram;
-use tiervm_guest::abi::GUEST_LARGE_PAGE;
+use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 /// Flags of `tiervm native`.
@@ -159,6 +168,14 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     if args.threads == 0 {
         return Err(NativeError::NoThreads.into());
     }
+    if args.threads as usize > MAX_VCPUS {
+        return Err(NativeError::TooManyThreads {
+            threads: args.threads,
+        }
+        .into());
+    }
+    crate::config::check_sample_ms(args.sample_ms).map_err(NativeError::SamplePeriod)?;
+    crate::signals::install()?;
     let kv = parse_kv(&args.args)?;
     check_args(spec.name, spec, &kv)?;
     let entries = to_entries(&kv)?;
@@ -177,6 +194,9 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     let mem: &[AtomicU64] = unsafe { std::slice::from_raw_parts(host.cast::<AtomicU64>(), words) };
     let report = run_workload(args, spec, &entries, mem);
     print_report(args, &report)?;
+    if let Some(sig) = crate::signals::received() {
+        return Ok(crate::signals::exit_code(sig));
+    }
     Ok(if report.exit_code == 0 { 0 } else { 1 })
 }
 
@@ -219,9 +239,16 @@ fn run_workload(
                 });
             });
         }
-        let sample = Duration::from_millis(args.sample_ms.max(1));
-        while start.elapsed() < args.duration {
-            std::thread::sleep(sample);
+        let sample = Duration::from_millis(args.sample_ms);
+        let mut next = start + sample;
+        // The deadline and signals are checked every 5 ms, not per sample.
+        while start.elapsed() < args.duration && crate::signals::received().is_none() {
+            let now = Instant::now();
+            if now < next {
+                std::thread::sleep((next - now).min(Duration::from_millis(5)));
+                continue;
+            }
+            next = now + sample;
             timeline.push(TimelinePoint {
                 t_s: start.elapsed().as_secs_f64(),
                 ops: counters.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
@@ -244,22 +271,22 @@ fn run_workload(
 
 /// The report as JSON or one line, on stdout.
 fn print_report(args: &NativeArgs, report: &NativeReport) -> Result<()> {
-    match args.report {
-        ReportFormat::Json => println!(
-            "{}",
+    let text = match args.report {
+        ReportFormat::Json => format!(
+            "{}\n",
             serde_json::to_string(report).map_err(|source| OutputError::Encode {
                 what: "the report",
                 source,
             })?
         ),
-        ReportFormat::Human => println!(
-            "tiervm native: {} on {} host thread(s): {} ops, {} ops/s, exit code {}",
+        ReportFormat::Human => format!(
+            "tiervm native: {} on {} host thread(s): {} ops, {} ops/s, exit code {}\n",
             report.image,
             report.threads,
             group(report.ops),
             group(report.ops_per_sec as u64),
             report.exit_code
         ),
-    }
-    Ok(())
+    };
+    crate::output::stdout(&text)
 }

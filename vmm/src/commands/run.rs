@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 
 use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use crate::error::{OutputError, Result};
+use crate::output;
 use crate::progress::Progress;
 use crate::report::{RunReport, StopReason};
 use crate::runner::{self, Console};
@@ -52,10 +53,19 @@ pub struct RunArgs {
     /// TEST ONLY: chaos migrates only the workload's heap.
     #[arg(long, hide = true)]
     pub test_chaos_heap_only: bool,
+    /// TEST ONLY: each vCPU thread makes a forbidden system call once its
+    /// seccomp filter is installed (proves the filter stops the run).
+    #[arg(long, hide = true)]
+    pub test_forbidden_syscall: bool,
     /// TEST ONLY: commit transactional migrations without the dirty check
     /// (loses writes; exists to prove the integrity test can fail).
     #[arg(long, hide = true)]
     pub test_skip_dirty_check: bool,
+    /// TEST ONLY (cargo feature `fault-injection`): make system calls of the
+    /// memory layer fail, e.g. move:every=7:errno=EBUSY,dirty-get:every=5.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true, value_name = "PLAN,...")]
+    pub test_fault_inject: Option<String>,
 }
 
 /// VM flags shared by `tiervm run` and `tiervm compare` (same names, defaults and meaning).
@@ -121,6 +131,9 @@ pub struct VmFlags {
     /// Hint faults: maximum share of vCPU time spent in hint faults, percent.
     #[arg(long, help_heading = "Tiering")]
     pub tracking_budget: Option<f64>,
+    /// No seccomp filters (debugging only: every thread may make any system call).
+    #[arg(long)]
+    pub no_seccomp: bool,
     /// Per-policy interval, e.g. mtm=2s,memtis=1s: the migration interval of
     /// memtis and mtm, colloid's quantum (defaults: the papers' 0.5 s, 10 s, 10 ms).
     #[arg(long, value_name = "POLICY=TIME,...", help_heading = "Tiering")]
@@ -129,6 +142,15 @@ pub struct VmFlags {
     /// a shrink demotes the coldest pages and gives the memory back.
     #[arg(long, value_name = "SIZE@TIME,...", help_heading = "Tiering")]
     pub fast_schedule: Option<String>,
+    /// A tier, fastest first; repeat for each (any number up to 8), e.g.
+    /// --tier fast:node=0:size=256M --tier cxl:node=1:size=1G. Replaces
+    /// --fast/--slow/--fast-node/--slow-node.
+    #[arg(
+        long = "tier",
+        value_name = "NAME:node=N:size=SIZE",
+        help_heading = "Tiering"
+    )]
+    pub tiers: Vec<String>,
 }
 
 impl VmFlags {
@@ -151,6 +173,7 @@ impl VmFlags {
             tracking_budget_pct: self.tracking_budget,
             policy_interval: self.policy_interval.clone(),
             fast_schedule: self.fast_schedule.clone(),
+            tiers: self.tiers.clone(),
             ..TieringRequest::default()
         }
     }
@@ -167,6 +190,7 @@ impl VmFlags {
             seed: self.seed,
             stop_grace: self.stop_grace,
             tiering,
+            seccomp: !self.no_seccomp,
         }
     }
 }
@@ -179,39 +203,52 @@ impl RunArgs {
         tiering.skip_dirty_check = self.test_skip_dirty_check;
         tiering.chaos_heap_only = self.test_chaos_heap_only;
         tiering.tracking_ab = self.tracking_ab;
+        #[cfg(feature = "fault-injection")]
+        {
+            tiering.test_fault_plans = self.test_fault_inject.clone();
+        }
         self.vm.request(&self.image, tiering)
     }
 }
 
 /// Runs `tiervm run`; returns the process exit code.
 pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
-    let cfg = VmConfig::from_request(&args.request())?;
+    let mut cfg = VmConfig::from_request(&args.request())?;
+    cfg.seccomp_main = cfg.seccomp;
+    cfg.test_forbidden_syscall = args.test_forbidden_syscall;
+    crate::signals::install()?;
     if !args.quiet {
-        cfg.notes().iter().for_each(|n| eprintln!("tiervm: {n}"));
+        cfg.notes()
+            .iter()
+            .for_each(|n| output::stderr_line(&format!("tiervm: {n}")));
     }
     let mut progress = Progress::stderr("run", cfg.duration, args.quiet);
     let report = runner::run(&cfg, started, Console::Stderr, &mut progress)?;
     progress.finish();
     print_report(&report, args.report)?;
     if let Some(crash) = &report.crash {
-        eprintln!("tiervm: guest crashed: {crash}");
+        output::stderr_line(&format!("tiervm: guest crashed: {crash}"));
     }
-    Ok(exit_code_of(&report))
+    Ok(match crate::signals::received() {
+        Some(sig) => crate::signals::exit_code(sig),
+        None => exit_code_of(&report),
+    })
 }
 
 /// Prints a report in the chosen format.
 pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
-    match format {
-        ReportFormat::Human => print!("{}", report.human()),
+    let text = match format {
+        ReportFormat::Human => report.human(),
         ReportFormat::Json => {
-            let s = serde_json::to_string(report).map_err(|source| OutputError::Encode {
+            let mut s = serde_json::to_string(report).map_err(|source| OutputError::Encode {
                 what: "the report",
                 source,
             })?;
-            println!("{s}");
+            s.push('\n');
+            s
         }
-    }
-    Ok(())
+    };
+    output::stdout(&text)
 }
 
 /// The process exit code for a finished run: 3 after a crash, 0 when the

@@ -189,9 +189,14 @@ pub enum SimCmdError {
     /// The simulator refused the scenario or a policy.
     #[error(transparent)]
     Sim(#[from] sim::SimError),
-    /// `--division-pool` settings out of range.
-    #[error("{0}")]
-    Division(String),
+    /// `--division-pool` or `--division-quantum` not a positive size.
+    #[error("--division-pool {pool} and --division-quantum {quantum} must be positive GiB (e.g. --division-pool 4 --division-quantum 0.25)")]
+    DivisionSizes {
+        /// `--division-pool`.
+        pool: f64,
+        /// `--division-quantum`.
+        quantum: f64,
+    },
     /// JSON encoding failed.
     #[error("cannot encode the report as JSON")]
     Json(#[from] serde_json::Error),
@@ -428,16 +433,16 @@ fn parallel<T: Send, R: Send>(items: Vec<T>, jobs: usize, f: impl Fn(T) -> R + S
 }
 
 /// Runs `tiervm sim`. Returns the process exit code.
-pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
+pub fn run(args: &SimArgs) -> crate::error::Result<i32> {
     if args.list {
-        print!("{}", list());
+        crate::output::stdout(&list())?;
         return Ok(0);
     }
     if let Some(pool) = args.division_pool {
-        return run_division(args, pool);
+        return Ok(run_division(args, pool)?);
     }
     let Some(name) = args.scenario.as_deref() else {
-        return Err(SimCmdError::NoScenario);
+        return Err(SimCmdError::NoScenario.into());
     };
     let mut scn =
         sim::builtin(name).ok_or_else(|| SimCmdError::UnknownScenario { name: name.into() })?;
@@ -449,7 +454,8 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             .iter()
             .filter(|s| !s.trim().is_empty())
             .map(|s| s.parse())
-            .collect::<Result<_, _>>()?
+            .collect::<Result<_, _>>()
+            .map_err(SimCmdError::from)?
     };
     let jobs = args.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()
@@ -470,7 +476,10 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
             }),
         });
     let wall_s = wall.elapsed().as_secs_f64();
-    let reports = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let reports = results
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(SimCmdError::from)?;
     match args.report {
         SimFormat::Json => {
             let v = serde_json::json!({
@@ -480,20 +489,24 @@ pub fn run(args: &SimArgs) -> Result<i32, SimCmdError> {
                 "reports": reports,
                 "wall_s": wall_s,
             });
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            let mut s = serde_json::to_string_pretty(&v).map_err(SimCmdError::from)?;
+            s.push('\n');
+            crate::output::stdout(&s)?;
         }
-        SimFormat::Table => print_tables(args, &scn, &reports, wall_s, jobs),
+        SimFormat::Table => crate::output::stdout(&tables(args, &scn, &reports, wall_s, jobs))?,
     }
     Ok(0)
 }
 
 /// `--division-pool`: the service's fast-tier division against an even
 /// split, modeled.
-fn run_division(args: &SimArgs, pool: f64) -> Result<i32, SimCmdError> {
+fn run_division(args: &SimArgs, pool: f64) -> crate::error::Result<i32> {
     if !(pool.is_finite() && pool > 0.0) || !(args.division_quantum > 0.0) {
-        return Err(SimCmdError::Division(
-            "--division-pool and --division-quantum take positive GiB".into(),
-        ));
+        return Err(SimCmdError::DivisionSizes {
+            pool,
+            quantum: args.division_quantum,
+        }
+        .into());
     }
     let mut vms = if args.mix.is_empty() {
         crate::serve::modeled::default_mix()
@@ -509,25 +522,37 @@ fn run_division(args: &SimArgs, pool: f64) -> Result<i32, SimCmdError> {
         apply_overrides(v, args)?;
     }
     let policy: PolicyKind = match args.policies.first() {
-        Some(p) => p.parse()?,
+        Some(p) => p.parse().map_err(SimCmdError::from)?,
         None => PolicyKind::Memtis,
     };
-    let r = crate::serve::modeled::compare(&vms, pool, policy, args.division_quantum)?;
+    let r = crate::serve::modeled::compare(&vms, pool, policy, args.division_quantum)
+        .map_err(SimCmdError::from)?;
     match args.report {
-        SimFormat::Json => println!("{}", serde_json::to_string_pretty(&r)?),
-        SimFormat::Table => print!("{}", crate::serve::modeled::table(&r)),
+        SimFormat::Json => {
+            crate::output::stdout(&format!("{}\n", serde_json::to_string_pretty(&r).map_err(SimCmdError::from)?))?
+        }
+        SimFormat::Table => crate::output::stdout(&crate::serve::modeled::table(&r))?,
     }
     Ok(0)
 }
 
 /// The comparison table, the simulator's speed and, with `--verbose`,
 /// each run's per-tier traffic and timeline.
-fn print_tables(args: &SimArgs, scn: &Scenario, reports: &[SimReport], wall_s: f64, jobs: usize) {
-    println!("{}", scn.about);
-    print!("{}", sim::report::table(reports));
+fn tables(
+    args: &SimArgs,
+    scn: &Scenario,
+    reports: &[SimReport],
+    wall_s: f64,
+    jobs: usize,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", scn.about);
+    out.push_str(&sim::report::table(reports));
     let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
     let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
-    println!(
+    let _ = writeln!(
+        out,
         "simulated {:.1}M accesses in {:.1} s wall ({} jobs); {:.1}M simulated accesses per core-second",
         sim_acc as f64 / 1e6,
         wall_s,
@@ -535,13 +560,14 @@ fn print_tables(args: &SimArgs, scn: &Scenario, reports: &[SimReport], wall_s: f
         sim_acc as f64 / cpu_s.max(1e-9) / 1e6
     );
     if !args.verbose {
-        return;
+        return out;
     }
     for r in reports {
-        print!("{}", sim::report::tier_table(r));
-        println!("  t(s)  Macc/s  lat(ns)  fast%");
+        out.push_str(&sim::report::tier_table(r));
+        out.push_str("  t(s)  Macc/s  lat(ns)  fast%\n");
         for p in &r.timeline {
-            println!(
+            let _ = writeln!(
+                out,
                 "  {:>5.0} {:>7.1} {:>8.0} {:>6.1}",
                 p.t_s,
                 p.throughput_maps,
@@ -550,4 +576,5 @@ fn print_tables(args: &SimArgs, scn: &Scenario, reports: &[SimReport], wall_s: f
             );
         }
     }
+    out
 }

@@ -209,6 +209,9 @@ pub struct BackingReport {
     /// Times the dirty log was switched on or off (on only while something
     /// is tracked: KVM maps an unlogged memslot with huge pages).
     pub dirty_log_switches: u64,
+    /// Whether tier memory is locked on fault (false: raise RLIMIT_MEMLOCK
+    /// or grant CAP_IPC_LOCK; docs/host-requirements.md).
+    pub locked: bool,
 }
 
 /// The report's `tracking` object.
@@ -272,6 +275,7 @@ impl TieringReport {
             resizes: s.resizes,
             splits: s.splits,
             dirty_log_switches: s.dirty_log_switches,
+            locked: s.locked,
         }
     }
 
@@ -309,6 +313,7 @@ impl TieredRam {
     /// (needed before anything touches guest memory: pages may be in flight).
     pub fn new(cfg: &TieringConfig, vcpus: u32) -> Result<Self> {
         let mem = Arc::new(TieredMemory::new(&cfg.mem).map_err(TieredRamError::Setup)?);
+        mem.injector().set(&cfg.fault_plans);
         // SAFETY: the range is TieredMemory's guest mapping, which stays mapped
         // for the life of `mem`; `TieredRam` keeps `mem` alive at least as
         // long as `guest` (fields drop in order and `guest` is never handed
@@ -505,7 +510,7 @@ impl TieredRam {
         };
         let (node_check, node_checked_pages) = match self.mem.check_nodes() {
             Ok(n) => ("ok".to_string(), n as u64),
-            Err(e) => (e, 0),
+            Err(e) => (e.to_string(), 0),
         };
         let node_pages = self.node_pages();
         Ok(TieringReport {

@@ -61,6 +61,14 @@ pub enum VcpuRunError {
     /// The vCPU thread panicked.
     #[error("vCPU thread panicked")]
     Panicked,
+    /// The vCPU thread's seccomp filter could not be installed.
+    #[error("vCPU {id}: {reason}")]
+    Seccomp {
+        /// The vCPU.
+        id: u32,
+        /// The seccomp error, described.
+        reason: String,
+    },
 }
 
 type Result<T> = std::result::Result<T, VcpuError>;
@@ -205,6 +213,11 @@ pub struct VcpuShared {
     pub booted_at: OnceLock<Instant>,
     /// The port devices.
     pub ports: Mutex<PortBus>,
+    /// Each vCPU thread installs its seccomp filter before its first KVM_RUN.
+    pub seccomp: bool,
+    /// TEST ONLY: after installing its filter, each vCPU thread makes a
+    /// forbidden system call (the seccomp negative control).
+    pub test_forbidden_syscall: bool,
 }
 
 /// How a vCPU thread ended.
@@ -231,6 +244,17 @@ enum Step {
 
 /// Runs `vcpu` until the guest exits, crashes, or the runner stops it.
 pub fn run_vcpu(id: u32, mut vcpu: Vcpu, shared: Arc<VcpuShared>) -> VcpuOutcome {
+    if shared.seccomp {
+        if let Err(e) = crate::seccomp::install(tiering::threads::ThreadRole::Vcpu) {
+            return VcpuOutcome::HostError(VcpuRunError::Seccomp {
+                id,
+                reason: crate::error::Error::from(e).describe(),
+            });
+        }
+    }
+    if shared.test_forbidden_syscall {
+        crate::seccomp::forbidden_call();
+    }
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return VcpuOutcome::Stopped;
@@ -322,6 +346,8 @@ impl VcpuShared {
             mmio_exits: AtomicU64::new(0),
             booted_at: OnceLock::new(),
             ports: Mutex::new(ports),
+            seccomp: false,
+            test_forbidden_syscall: false,
         }
     }
 }

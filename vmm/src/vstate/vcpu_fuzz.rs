@@ -66,6 +66,7 @@ fn exit() -> impl Strategy<Value = Exit> {
 }
 
 /// Feeds one exit to `handle_exit` and checks the result.
+/// Long (~87 lines): one arm per exit kind, each with its expectation.
 fn check(e: &Exit, sh: &VcpuShared) -> std::result::Result<Step, TestCaseError> {
     let unhandled = sh.unhandled_io.load(Ordering::Relaxed);
     let step = match e {

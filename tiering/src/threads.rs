@@ -1,0 +1,78 @@
+//! The threads tiering runs, and one process-wide hook called first thing
+//! in each of them (the VMM installs the thread's seccomp filter there).
+//!
+//! Every thread this crate spawns for a VM calls [`started`] with its role
+//! before doing anything else; a thread spawned without it would run
+//! unconfined, so new threads must call it too.
+
+use std::sync::RwLock;
+
+/// What a thread does (and so which system calls it needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ThreadRole {
+    /// The VMM's main thread (setup, sampling the status page, the report).
+    Main,
+    /// A vCPU thread (`KVM_RUN`, port I/O).
+    Vcpu,
+    /// The userfaultfd fault handler (`tiervm-uffd`).
+    FaultHandler,
+    /// The policy engine: ticks, migrations, harvests (`tiering-engine`).
+    Engine,
+    /// The hint-fault sampler (`tiervm-sampler`).
+    Sampler,
+    /// The chaos driver: migrations and harvests (`tiervm-chaos`).
+    Chaos,
+    /// The policy engine when DAMON tracks accesses: it also starts and
+    /// tears down DAMON through sysfs (`--tracking damon`).
+    EngineDamon,
+    /// The DAMON reader: reads DAMON's sysfs results (`damon-reader`).
+    DamonReader,
+    /// The tier resize and maintenance driver (`tiervm-resize`): shrink
+    /// steps (migrations), huge-page collapses.
+    Resize,
+}
+
+impl ThreadRole {
+    /// Every role.
+    pub const ALL: [ThreadRole; 9] = [
+        ThreadRole::Main,
+        ThreadRole::Vcpu,
+        ThreadRole::FaultHandler,
+        ThreadRole::Engine,
+        ThreadRole::Sampler,
+        ThreadRole::Chaos,
+        ThreadRole::EngineDamon,
+        ThreadRole::DamonReader,
+        ThreadRole::Resize,
+    ];
+
+    /// A short name (`vcpu`, `fault-handler`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadRole::Main => "main",
+            ThreadRole::Vcpu => "vcpu",
+            ThreadRole::FaultHandler => "fault-handler",
+            ThreadRole::Engine => "engine",
+            ThreadRole::Sampler => "sampler",
+            ThreadRole::Chaos => "chaos",
+            ThreadRole::EngineDamon => "engine (DAMON)",
+            ThreadRole::DamonReader => "damon-reader",
+            ThreadRole::Resize => "resize",
+        }
+    }
+}
+
+static HOOK: RwLock<Option<fn(ThreadRole)>> = RwLock::new(None);
+
+/// Sets (or with `None` clears) the hook every tiering thread calls first.
+pub fn set_thread_start_hook(hook: Option<fn(ThreadRole)>) {
+    *HOOK.write().unwrap_or_else(|p| p.into_inner()) = hook;
+}
+
+/// Called first thing in each thread, with its role.
+pub fn started(role: ThreadRole) {
+    let hook = *HOOK.read().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = hook {
+        h(role);
+    }
+}
