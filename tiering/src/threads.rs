@@ -30,11 +30,16 @@ pub enum ThreadRole {
     /// The tier resize and maintenance driver (`tiervm-resize`): shrink
     /// steps (migrations), huge-page collapses.
     Resize,
+    /// The link of a `tiervm serve` worker to its service
+    /// (`worker-control`): reads commands from the service's socketpair,
+    /// answers on it, changes tier capacities (accounting only) and hands
+    /// policy switches to the main thread.
+    WorkerLink,
 }
 
 impl ThreadRole {
     /// Every role.
-    pub const ALL: [ThreadRole; 9] = [
+    pub const ALL: [ThreadRole; 10] = [
         ThreadRole::Main,
         ThreadRole::Vcpu,
         ThreadRole::FaultHandler,
@@ -44,6 +49,7 @@ impl ThreadRole {
         ThreadRole::EngineDamon,
         ThreadRole::DamonReader,
         ThreadRole::Resize,
+        ThreadRole::WorkerLink,
     ];
 
     /// A short name (`vcpu`, `fault-handler`, ...).
@@ -58,6 +64,7 @@ impl ThreadRole {
             ThreadRole::EngineDamon => "engine (DAMON)",
             ThreadRole::DamonReader => "damon-reader",
             ThreadRole::Resize => "resize",
+            ThreadRole::WorkerLink => "worker-link",
         }
     }
 }

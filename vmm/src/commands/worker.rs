@@ -130,11 +130,19 @@ pub fn run(args: &WorkerArgs, started: Instant) -> Result<i32> {
         Ok(c) => c,
         Err(e) => return Ok(fail(&shared, &e)),
     };
+    // The control thread confines itself (seccomp role WorkerLink) as it
+    // starts: filters are on from here, as in `tiervm run`.
+    if let Err(e) = crate::seccomp::set_enabled(cfg.seccomp) {
+        return Ok(fail(&shared, &e.into()));
+    }
     let control = {
         let sh = shared.clone();
         std::thread::Builder::new()
             .name("worker-control".into())
-            .spawn(move || control_loop(reader, &sh))
+            .spawn(move || {
+                tiering::threads::started(tiering::threads::ThreadRole::WorkerLink);
+                control_loop(reader, &sh)
+            })
             .map_err(WorkerError::Channel)?
     };
     let mut hooks = WorkerHooks::new(shared.clone(), &spec, cfg.notes());
