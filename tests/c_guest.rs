@@ -14,10 +14,13 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use tiervm_guest::abi::{
-    ArgEntry, BootInfo, Metric, Phase, StatusPage, VcpuStatus, ABI_VERSION, ARG_KEY_LEN,
-    ARG_VALUE_LEN, BOOT_INFO_GPA, BOOT_MAGIC, GUEST_LARGE_PAGE, IMAGE_BASE_GPA, MAX_ARGS,
-    MAX_METRICS, MAX_VCPUS, METRIC_NAME_LEN, PAGE_TABLES_GPA, PORT_BOOTED, PORT_EXIT, PORT_SERIAL,
-    STACK_SIZE, STATUS_GPA, STATUS_MAGIC, STATUS_SIZE, STATUS_STOP_OFFSET, STATUS_VCPUS_OFFSET,
+    ArgEntry, BootInfo, EmulationHeader, EmulationVcpu, Metric, Phase, StatusPage, VcpuStatus,
+    ABI_VERSION, ARG_KEY_LEN, ARG_VALUE_LEN, BOOT_INFO_GPA, BOOT_MAGIC, CACHE_LINE,
+    CACHE_MODEL_WAYS, EMULATION_HEADER_SIZE, EMULATION_MAGIC, EMULATION_MAX_TIERS,
+    EMULATION_VERSION, EMU_GUEST_CHARGING, EMU_GUEST_IDLE, EMU_GUEST_MEASURING, GUEST_LARGE_PAGE,
+    IMAGE_BASE_GPA, MAX_ARGS, MAX_METRICS, MAX_VCPUS, METRIC_NAME_LEN, PAGE_TABLES_GPA,
+    PORT_BOOTED, PORT_EXIT, PORT_SERIAL, STACK_SIZE, STATUS_GPA, STATUS_MAGIC, STATUS_SIZE,
+    STATUS_STOP_OFFSET, STATUS_VCPUS_OFFSET, TIER_MAP_PAGES_PER_WORD,
 };
 
 fn repo() -> PathBuf {
@@ -125,7 +128,33 @@ fn structs() -> Vec<(&'static str, &'static str, u64, Vec<Field>)> {
                 "magic" => magic, "abi_version" => abi_version, "vcpu_count" => vcpu_count,
                 "ram_size" => ram_size, "tsc_khz" => tsc_khz, "seed" => seed,
                 "heap_start" => heap_start, "heap_end" => heap_end, "status_gpa" => status_gpa,
-                "arg_count" => arg_count, "reserved" => _reserved, "args" => args),
+                "arg_count" => arg_count, "reserved" => _reserved, "args" => args,
+                "emulation_gpa" => emulation_gpa),
+        ),
+        (
+            "EmulationVcpu",
+            "tiervm_emulation_vcpu",
+            size_of::<EmulationVcpu>() as u64,
+            fields!(EmulationVcpu,
+                "accesses" => accesses, "writes" => writes, "cache_hits" => cache_hits,
+                "charged_cycles" => charged_cycles, "paid_cycles" => paid_cycles,
+                "payments" => payments, "preempted_cycles" => preempted_cycles,
+                "reserved" => _reserved),
+        ),
+        (
+            "EmulationHeader",
+            "tiervm_emulation_header",
+            size_of::<EmulationHeader>() as u64,
+            fields!(EmulationHeader,
+                "magic" => magic, "version" => version, "tier_count" => tier_count,
+                "tier_map_gpa" => tier_map_gpa, "tier_map_pages" => tier_map_pages,
+                "unloaded_ps" => unloaded_ps, "loaded_ps" => loaded_ps,
+                "loaded_generation" => loaded_generation, "pay_threshold_ps" => pay_threshold_ps,
+                "cache_bytes" => cache_bytes, "cache_model_gpa" => cache_model_gpa,
+                "cache_model_stride" => cache_model_stride, "chase_gpa" => chase_gpa,
+                "chase_bytes" => chase_bytes, "dram_ps" => dram_ps, "guest_state" => guest_state,
+                "chase_hops" => chase_hops, "dram_fixed_ps" => dram_fixed_ps,
+                "reserved" => _reserved, "vcpus" => vcpus),
         ),
         (
             "VcpuStatus",
@@ -194,6 +223,44 @@ fn constants() -> Vec<(&'static str, &'static str, u64)> {
             "TIERVM_STATUS_VCPUS_OFFSET",
             STATUS_VCPUS_OFFSET,
         ),
+        ("EMULATION_MAGIC", "TIERVM_EMULATION_MAGIC", EMULATION_MAGIC),
+        (
+            "EMULATION_VERSION",
+            "TIERVM_EMULATION_VERSION",
+            u64::from(EMULATION_VERSION),
+        ),
+        (
+            "EMULATION_MAX_TIERS",
+            "TIERVM_EMULATION_MAX_TIERS",
+            EMULATION_MAX_TIERS as u64,
+        ),
+        (
+            "TIER_MAP_PAGES_PER_WORD",
+            "TIERVM_TIER_MAP_PAGES_PER_WORD",
+            TIER_MAP_PAGES_PER_WORD,
+        ),
+        (
+            "EMULATION_HEADER_SIZE",
+            "TIERVM_EMULATION_HEADER_SIZE",
+            EMULATION_HEADER_SIZE,
+        ),
+        (
+            "CACHE_MODEL_WAYS",
+            "TIERVM_CACHE_MODEL_WAYS",
+            CACHE_MODEL_WAYS,
+        ),
+        ("CACHE_LINE", "TIERVM_CACHE_LINE", CACHE_LINE),
+        ("EMU_GUEST_IDLE", "TIERVM_EMU_GUEST_IDLE", EMU_GUEST_IDLE),
+        (
+            "EMU_GUEST_MEASURING",
+            "TIERVM_EMU_GUEST_MEASURING",
+            EMU_GUEST_MEASURING,
+        ),
+        (
+            "EMU_GUEST_CHARGING",
+            "TIERVM_EMU_GUEST_CHARGING",
+            EMU_GUEST_CHARGING,
+        ),
     ]
 }
 
@@ -235,6 +302,14 @@ fn expectations() -> Vec<(String, u64)> {
         (
             "tiervm_status_page",
             std::mem::align_of::<StatusPage>() as u64,
+        ),
+        (
+            "tiervm_emulation_vcpu",
+            std::mem::align_of::<EmulationVcpu>() as u64,
+        ),
+        (
+            "tiervm_emulation_header",
+            std::mem::align_of::<EmulationHeader>() as u64,
         ),
     ]
     .into_iter()
@@ -552,4 +627,52 @@ fn c_guest_boots_and_reports() {
         "it ran until stopped: {r}"
     );
     assert!(r["ops"].as_u64() >= Some(64), "{r}");
+
+    // 4. Latency emulation on (tiered): this guest knows nothing of it (it
+    //    never reads boot_info.emulation_gpa) and runs unchanged, uncharged.
+    let out = tiervm_run(
+        &[
+            elf,
+            "--duration",
+            "0",
+            "--mem",
+            "64M",
+            "--fast",
+            "32M",
+            "--seed",
+            "12345",
+            "--arg",
+            "pages=64",
+            "--arg",
+            "rounds=2",
+            "--emulate-latency",
+            "fast=80ns,slow=250ns",
+            "--report",
+            "json",
+            "--quiet",
+        ],
+        Duration::from_secs(60),
+    );
+    let r = report_of(&out);
+    assert!(out.status.success(), "{r}");
+    assert_eq!(
+        r["guest_metrics"]["c_mismatches"].as_f64(),
+        Some(0.0),
+        "{r}"
+    );
+    assert_eq!(
+        r["guest_metrics"]["c_checksum"].as_f64(),
+        Some(expected_checksum(seed, 1, 64, 2) as f64),
+        "{r}"
+    );
+    let e = &r["emulation"];
+    assert_eq!(
+        e["label"], "emulated latency: fast 80 ns, slow 250 ns",
+        "{r}"
+    );
+    assert!(
+        e["host_dram_ns"].is_null(),
+        "the guest measured nothing: {r}"
+    );
+    assert_eq!(e["charged_ms"].as_f64(), Some(0.0), "{r}");
 }

@@ -68,6 +68,22 @@ fn bad_flags_and_images_exit_2_with_one_line() {
     usage_error(&["run", "--arg", "write_ratio=3"], "out of range");
     usage_error(&["run", "no-such-image"], "neither a built-in image");
     usage_error(
+        &["run", "--emulate-latency", "fast=abc"],
+        "--emulate-latency fast=abc: give a latency from 1ns to 100us",
+    );
+    usage_error(
+        &["compare", "zipf", "--emulate-latency", "llc=3M"],
+        "--emulate-latency llc=3M: give 0 (no cache model) or a power of two",
+    );
+    usage_error(
+        &[
+            "run", "--mem", "640M", "--tier", "a:node=0:size=128M", "--tier",
+            "b:node=0:size=128M", "--tier", "c:node=0:size=128M", "--tier",
+            "d:node=0:size=128M", "--tier", "e:node=0:size=128M", "--emulate-latency",
+        ],
+        "--emulate-latency supports at most 4 tiers (2-bit tier map); this VM has 5: give at most 4 --tier flags",
+    );
+    usage_error(
         &["run", "--fast", "256M", "--policy-interval", "mtm=2x"],
         "'2x' in 'mtm=2x' is not a time",
     );

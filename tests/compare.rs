@@ -120,7 +120,14 @@ fn two_policies_two_repeats_write_rows_and_valid_files() {
     let one_node = tiering::host::numa_nodes()
         .map(|n| n.len() == 1)
         .unwrap_or(true);
-    assert_eq!(out.contains("Tier latency is EMULATED"), one_node, "{out}");
+    // Without --emulate-latency a one-node host says placement does not
+    // change latency here (and never that latency is emulated).
+    assert_eq!(
+        out.contains("Tier latency is NOT emulated"),
+        one_node,
+        "{out}"
+    );
+    assert!(!out.contains("EMULATED in the guest"), "{out}");
     let table: Vec<&str> = out
         .lines()
         .skip_while(|l| !l.starts_with("policy"))
@@ -310,4 +317,54 @@ fn bad_compare_flags_exit_2_naming_the_fix() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(expect), "{args:?}: '{err}' lacks '{expect}'");
     }
+}
+
+/// With `--emulate-latency` every output says so: the summary, results.json,
+/// results.csv and both SVG titles. (Fails if one output drops the label.)
+#[test]
+fn emulated_latency_is_labeled_in_every_output() {
+    if !common::tiered_kvm_available() {
+        return;
+    }
+    let label = "emulated latency: fast 80 ns, slow 250 ns";
+    let dir = tmp_dir("emulated");
+    let (code, out, err) = tv(&[
+        "compare",
+        "zipf",
+        "--policies",
+        "static",
+        "--mem",
+        "128M",
+        "--fast",
+        "64M",
+        "--arg",
+        "rss=32M",
+        "--arg",
+        "wss=16M",
+        "--duration",
+        "1s",
+        "--emulate-latency",
+        "fast=80ns,slow=250ns",
+        "--quiet",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(
+        out.contains("Tier latency is EMULATED in the guest"),
+        "{out}"
+    );
+    assert!(out.contains(label), "{out}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["setup"]["emulated_latency"], label);
+    assert_eq!(json["runs"][0]["report"]["emulation"]["label"], label);
+    let csv = parse_csv(&std::fs::read_to_string(dir.join("results.csv")).unwrap());
+    let col = csv[0].iter().position(|h| h == "emulated_latency").unwrap();
+    assert_eq!(csv[1][col], label);
+    for svg in ["throughput.svg", "migrations.svg"] {
+        let text = std::fs::read_to_string(dir.join(svg)).unwrap();
+        assert!(text.contains(label), "{svg} title lacks the label");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Live fast-tier division under `tiervm serve` (docs/results.md §9).
+"""Live fast-tier division under `tiervm serve` (docs/results.md §10).
 
 Three VMs with different working sets share a small fast pool; the script
 polls the API every second and checks at every poll that the division stays

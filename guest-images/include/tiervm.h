@@ -65,6 +65,20 @@
    stderr as "[guest] " lines (printable ASCII, capped at 1 MiB per run). */
 #define TIERVM_PORT_SERIAL 0x3f8
 
+/* Latency emulation (--emulate-latency; docs/emulation.md). */
+/* tiervm_emulation_header.magic: "TVEMUL01" read as a little-endian u64. */
+#define TIERVM_EMULATION_MAGIC 0x31304c554d455654ULL
+#define TIERVM_EMULATION_VERSION 1u
+#define TIERVM_EMULATION_MAX_TIERS 4         /* the tier map has 2 bits per page */
+#define TIERVM_TIER_MAP_PAGES_PER_WORD 32    /* guest pages per u64 of the tier map */
+#define TIERVM_EMULATION_HEADER_SIZE 0x4000ULL /* bytes reserved for the header */
+#define TIERVM_CACHE_MODEL_WAYS 4            /* ways per u64 set of the cache model */
+#define TIERVM_CACHE_LINE 64                 /* bytes charged as one access */
+/* tiervm_emulation_header.guest_state values. */
+#define TIERVM_EMU_GUEST_IDLE 0u
+#define TIERVM_EMU_GUEST_MEASURING 1u
+#define TIERVM_EMU_GUEST_CHARGING 2u
+
 /* tiervm_vcpu_status.phase values. */
 #define TIERVM_PHASE_BOOT 0u   /* entered, not yet set up */
 #define TIERVM_PHASE_INIT 1u   /* building the data set (not counted) */
@@ -96,6 +110,10 @@ struct tiervm_boot_info {
     uint32_t arg_count;   /* offset 64: valid entries in args */
     uint32_t reserved;    /* offset 68: zero */
     struct tiervm_arg args[TIERVM_MAX_ARGS]; /* offset 72 */
+    /* offset 2120: GPA of the latency-emulation region (its header first),
+       0 without --emulate-latency. A guest may ignore it: it then runs
+       uncharged. (Added within ABI version 1; older VMMs leave it 0.) */
+    uint64_t emulation_gpa;
 };
 
 /* One per vCPU in the status page: one cache line, written only by its vCPU. */
@@ -125,13 +143,60 @@ struct tiervm_status_page {
     struct tiervm_metric metrics[TIERVM_MAX_METRICS];  /* offset 4160 */
 };
 
+/* Latency emulation: one vCPU's counters (two cache lines, written only by
+   that vCPU, read by the VMM every ~10 ms; untrusted for the VMM). */
+struct tiervm_emulation_vcpu {
+    uint64_t accesses[TIERVM_EMULATION_MAX_TIERS]; /* offset 0: charged accesses per tier */
+    uint64_t writes[TIERVM_EMULATION_MAX_TIERS];   /* offset 32: of which writes */
+    uint64_t cache_hits;     /* offset 64: cache-model hits (not charged) */
+    uint64_t charged_cycles; /* offset 72: emulated latency charged, TSC cycles */
+    uint64_t paid_cycles;    /* offset 80: TSC cycles spent paying it */
+    uint64_t payments;       /* offset 88: payments */
+    uint64_t preempted_cycles; /* offset 96: host preemption during payments (not paid) */
+    uint64_t reserved[3];    /* offset 104 */
+};
+
+/* At boot_info.emulation_gpa. The tier map at tier_map_gpa has 2 bits per
+   guest page p (bits 2*(p%32) of u64 word p/32): the tier the page is on,
+   written by the VMM before a placement change becomes visible. A guest
+   charges an access that misses its cache model
+   max(0, loaded_ps[tier] - host DRAM latency) (see docs/emulation.md). */
+struct tiervm_emulation_header {
+    uint64_t magic;              /* offset 0: TIERVM_EMULATION_MAGIC (VMM) */
+    uint32_t version;            /* offset 8: TIERVM_EMULATION_VERSION (VMM) */
+    uint32_t tier_count;         /* offset 12: 1..TIERVM_EMULATION_MAX_TIERS (VMM) */
+    uint64_t tier_map_gpa;       /* offset 16 (VMM) */
+    uint64_t tier_map_pages;     /* offset 24: guest RAM pages the map covers (VMM) */
+    uint64_t unloaded_ps[TIERVM_EMULATION_MAX_TIERS]; /* offset 32 (VMM) */
+    uint64_t loaded_ps[TIERVM_EMULATION_MAX_TIERS];   /* offset 64: every ~10 ms (VMM) */
+    uint64_t loaded_generation;  /* offset 96: bumped after loaded_ps changes (VMM) */
+    uint64_t pay_threshold_ps;   /* offset 104: pay the debt past this (VMM) */
+    uint64_t cache_bytes;        /* offset 112: modeled cache per vCPU, 0 = none (VMM) */
+    uint64_t cache_model_gpa;    /* offset 120: per-vCPU model arrays, zeroed (VMM) */
+    uint64_t cache_model_stride; /* offset 128: bytes per vCPU's array (VMM) */
+    uint64_t chase_gpa;          /* offset 136: boot measurement buffer (VMM) */
+    uint64_t chase_bytes;        /* offset 144 (VMM) */
+    uint64_t dram_ps;            /* offset 152: measured host DRAM latency (guest) */
+    uint64_t guest_state;        /* offset 160: TIERVM_EMU_GUEST_* (guest) */
+    uint64_t chase_hops;         /* offset 168: loads the measurement timed (guest) */
+    uint64_t dram_fixed_ps;      /* offset 176: charge against this, do not measure (VMM) */
+    uint64_t reserved[9];        /* offset 184 */
+    struct tiervm_emulation_vcpu vcpus[TIERVM_MAX_VCPUS]; /* offset 256 (guest) */
+};
+
 #define TIERVM_STATUS_STOP_OFFSET 8
 #define TIERVM_STATUS_VCPUS_OFFSET 64
 
 /* The layout above, checked at compile time wherever this header is used. */
 _Static_assert(sizeof(struct tiervm_arg) == 64, "tiervm_arg layout");
 _Static_assert(offsetof(struct tiervm_boot_info, args) == 72, "tiervm_boot_info layout");
-_Static_assert(sizeof(struct tiervm_boot_info) == 2120, "tiervm_boot_info layout");
+_Static_assert(offsetof(struct tiervm_boot_info, emulation_gpa) == 2120, "tiervm_boot_info layout");
+_Static_assert(sizeof(struct tiervm_boot_info) == 2128, "tiervm_boot_info layout");
+_Static_assert(sizeof(struct tiervm_emulation_vcpu) == 128, "tiervm_emulation_vcpu layout");
+_Static_assert(offsetof(struct tiervm_emulation_header, vcpus) == 256,
+               "tiervm_emulation_header layout");
+_Static_assert(sizeof(struct tiervm_emulation_header) <= TIERVM_EMULATION_HEADER_SIZE,
+               "emulation header fits");
 _Static_assert(sizeof(struct tiervm_vcpu_status) == 64, "tiervm_vcpu_status layout");
 _Static_assert(sizeof(struct tiervm_metric) == 32, "tiervm_metric layout");
 _Static_assert(offsetof(struct tiervm_status_page, stop_request) == TIERVM_STATUS_STOP_OFFSET,
@@ -199,6 +264,28 @@ static inline void tiervm_puts(const char *s)
 static inline const struct tiervm_boot_info *tiervm_boot_info(void)
 {
     return (const struct tiervm_boot_info *)(uintptr_t)TIERVM_BOOT_INFO_GPA;
+}
+
+/* The latency-emulation header, or NULL without --emulate-latency. */
+static inline volatile struct tiervm_emulation_header *tiervm_emulation(void)
+{
+    uint64_t gpa = tiervm_boot_info()->emulation_gpa;
+    volatile struct tiervm_emulation_header *h =
+        (volatile struct tiervm_emulation_header *)(uintptr_t)gpa;
+    if (gpa == 0 || h->magic != TIERVM_EMULATION_MAGIC || h->version != TIERVM_EMULATION_VERSION)
+        return NULL;
+    return h;
+}
+
+/* The tier (0 = fastest) the VMM's map gives the page holding `addr`. */
+static inline unsigned tiervm_tier_of(volatile struct tiervm_emulation_header *h, uint64_t addr)
+{
+    uint64_t page = addr >> 12;
+    if (page >= h->tier_map_pages)
+        return 0;
+    volatile uint64_t *map = (volatile uint64_t *)(uintptr_t)h->tier_map_gpa;
+    return (unsigned)((map[page / TIERVM_TIER_MAP_PAGES_PER_WORD] >>
+                       ((page % TIERVM_TIER_MAP_PAGES_PER_WORD) * 2)) & 3);
 }
 
 /* The status page; volatile because the VMM reads and writes it concurrently. */

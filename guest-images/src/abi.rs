@@ -18,6 +18,8 @@
 //! | [`IMAGE_BASE_GPA`]..      | the ELF image's `PT_LOAD` segments      |
 //! | after the image           | per-vCPU stacks of [`STACK_SIZE`]       |
 //! | `heap_start..heap_end`    | free memory for the workload           |
+//! | `emulation_gpa..` (opt.)  | latency emulation region (own memslot,  |
+//! |                           | above RAM; see [`EmulationHeader`])    |
 
 /// Magic in [`BootInfo::magic`]: "TIERVM01".
 pub const BOOT_MAGIC: u64 = u64::from_le_bytes(*b"TIERVM01");
@@ -109,6 +111,11 @@ pub struct BootInfo {
     pub _reserved: u32,
     /// Workload arguments.
     pub args: [ArgEntry; MAX_ARGS],
+    /// Guest-physical address of the latency-emulation region (its
+    /// [`EmulationHeader`] first), or 0: no emulation (`--emulate-latency`
+    /// not given). Added within ABI version 1: a VMM that predates it leaves
+    /// the (zeroed) field 0, and a guest that ignores it runs uncharged.
+    pub emulation_gpa: u64,
 }
 
 /// Per-vCPU slot in the status page: one cache line, written only by its vCPU.
@@ -153,6 +160,133 @@ pub struct StatusPage {
     pub metrics: [Metric; MAX_METRICS],
 }
 
+/// Magic in [`EmulationHeader::magic`]: "TVEMUL01".
+pub const EMULATION_MAGIC: u64 = u64::from_le_bytes(*b"TVEMUL01");
+/// Version of the emulation region's layout.
+pub const EMULATION_VERSION: u32 = 1;
+/// Most tiers the emulation's 2-bit tier map can name.
+pub const EMULATION_MAX_TIERS: usize = 4;
+/// Guest pages per 64-bit word of the tier map (2 bits each).
+pub const TIER_MAP_PAGES_PER_WORD: u64 = 32;
+/// Bytes reserved for the [`EmulationHeader`] (with its per-vCPU slots).
+pub const EMULATION_HEADER_SIZE: u64 = 0x4000;
+/// Ways of each set of the guest's cache model (16-bit tags, one `u64` per set).
+pub const CACHE_MODEL_WAYS: u64 = 4;
+/// Bytes of one cache line (the unit the guest charges).
+pub const CACHE_LINE: u64 = 64;
+/// [`EmulationHeader::guest_state`]: the guest has not looked at the region.
+pub const EMU_GUEST_IDLE: u64 = 0;
+/// [`EmulationHeader::guest_state`]: vCPU 0 is measuring host DRAM latency.
+pub const EMU_GUEST_MEASURING: u64 = 1;
+/// [`EmulationHeader::guest_state`]: `dram_ps` is set and the guest charges.
+pub const EMU_GUEST_CHARGING: u64 = 2;
+
+/// Per-vCPU counters of latency emulation: two cache lines, written only by
+/// their vCPU (plain stores, every few hundred operations), read by the VMM
+/// every ~10 ms. Untrusted for the VMM.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EmulationVcpu {
+    /// Charged accesses per tier: accesses the cache model missed, by the
+    /// tier the tier map gave for their page.
+    pub accesses: [u64; EMULATION_MAX_TIERS],
+    /// Of `accesses`, those that wrote.
+    pub writes: [u64; EMULATION_MAX_TIERS],
+    /// Accesses the cache model hit (not charged).
+    pub cache_hits: u64,
+    /// Emulated latency charged so far, TSC cycles.
+    pub charged_cycles: u64,
+    /// TSC cycles spent spinning to pay the charge.
+    pub paid_cycles: u64,
+    /// Payments (spins).
+    pub payments: u64,
+    /// TSC cycles the host took the vCPU away during payments (not paid).
+    pub preempted_cycles: u64,
+    /// Reserved, zero.
+    pub _reserved: [u64; 3],
+}
+
+/// The latency-emulation region's header, at [`BootInfo::emulation_gpa`].
+/// A charged access costs `max(0, loaded_ps[tier] - base)` with
+/// `base = min(host DRAM latency, unloaded_ps[0])` (see
+/// `emulation::charge_base_ps`).
+/// The VMM writes the configuration and, every ~10 ms, each tier's loaded
+/// latency; the guest writes `dram_ps`, `guest_state` and its `vcpus` slot.
+///
+/// The tier map at `tier_map_gpa` has 2 bits per guest page (page `p` is
+/// bits `2 * (p % 32)` of `u64` word `p / 32`), the index of the tier the
+/// page is on, updated by the VMM before a placement change becomes visible
+/// to the guest. A page never placed reads 0; the runtime reads the map
+/// after the access, when the fault that placed the page has published it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EmulationHeader {
+    /// [`EMULATION_MAGIC`] (VMM).
+    pub magic: u64,
+    /// [`EMULATION_VERSION`] (VMM).
+    pub version: u32,
+    /// Tiers in use, 1..=[`EMULATION_MAX_TIERS`] (VMM).
+    pub tier_count: u32,
+    /// Guest-physical address of the tier map (VMM).
+    pub tier_map_gpa: u64,
+    /// Guest pages the map covers: guest RAM, `0..ram_size / 4096` (VMM).
+    pub tier_map_pages: u64,
+    /// Each tier's emulated unloaded latency, picoseconds (VMM).
+    pub unloaded_ps: [u64; EMULATION_MAX_TIERS],
+    /// Each tier's emulated loaded latency, picoseconds (VMM, every ~10 ms).
+    pub loaded_ps: [u64; EMULATION_MAX_TIERS],
+    /// Incremented by the VMM after every update of `loaded_ps`.
+    pub loaded_generation: u64,
+    /// A vCPU pays its accumulated charge once it exceeds this, ps (VMM).
+    pub pay_threshold_ps: u64,
+    /// Modeled cache capacity per vCPU in bytes, a power of two (0: no
+    /// model, every access is charged) (VMM).
+    pub cache_bytes: u64,
+    /// Guest-physical address of the per-vCPU cache-model arrays, zeroed (VMM).
+    pub cache_model_gpa: u64,
+    /// Bytes of one vCPU's cache-model array, `cache_bytes / 16` (VMM).
+    pub cache_model_stride: u64,
+    /// Guest-physical address of the pointer-chase buffer, 2 MiB aligned (VMM).
+    pub chase_gpa: u64,
+    /// Bytes of the pointer-chase buffer, a power of two (VMM).
+    pub chase_bytes: u64,
+    /// Host DRAM latency the guest measured at boot, picoseconds (guest).
+    pub dram_ps: u64,
+    /// [`EMU_GUEST_IDLE`], [`EMU_GUEST_MEASURING`] or [`EMU_GUEST_CHARGING`] (guest).
+    pub guest_state: u64,
+    /// Dependent loads the DRAM measurement timed (guest).
+    pub chase_hops: u64,
+    /// Host DRAM latency to charge against, ps; the guest then does not
+    /// measure (0: measure into `dram_ps` and charge against that) (VMM:
+    /// `host-dram=`, or a comparison's first measurement).
+    pub dram_fixed_ps: u64,
+    /// Reserved, zero.
+    pub _reserved: [u64; 9],
+    /// Per-vCPU counters (guest).
+    pub vcpus: [EmulationVcpu; MAX_VCPUS],
+}
+
+/// The tier of guest page `page` in a tier map word array.
+#[inline(always)]
+pub fn tier_map_get(word: u64, page: u64) -> u64 {
+    (word >> ((page % TIER_MAP_PAGES_PER_WORD) * 2)) & 3
+}
+
+/// `word` with guest page `page` set to `tier` (0..4).
+#[inline]
+pub fn tier_map_set(word: u64, page: u64, tier: u64) -> u64 {
+    let shift = (page % TIER_MAP_PAGES_PER_WORD) * 2;
+    (word & !(3 << shift)) | ((tier & 3) << shift)
+}
+
+/// Bytes of the tier map for `pages` guest pages.
+pub fn tier_map_bytes(pages: u64) -> u64 {
+    pages.div_ceil(TIER_MAP_PAGES_PER_WORD) * 8
+}
+
+const _: () = assert!(core::mem::size_of::<EmulationVcpu>() == 128);
+const _: () = assert!(core::mem::size_of::<EmulationHeader>() as u64 <= EMULATION_HEADER_SIZE);
+const _: () = assert!(core::mem::offset_of!(EmulationHeader, vcpus) == 256);
 const _: () = assert!(core::mem::size_of::<StatusPage>() as u64 <= STATUS_SIZE);
 const _: () = assert!(core::mem::size_of::<BootInfo>() <= 4096);
 const _: () = assert!(core::mem::size_of::<VcpuStatus>() == 64);
@@ -236,6 +370,23 @@ mod tests {
             core::mem::offset_of!(StatusPage, vcpus) as u64,
             STATUS_VCPUS_OFFSET
         );
+    }
+
+    #[test]
+    fn tier_map_words_hold_32_pages_of_2_bits() {
+        let mut w = 0u64;
+        for p in 0..32 {
+            w = tier_map_set(w, p, p % 4);
+        }
+        for p in 0..32 {
+            assert_eq!(tier_map_get(w, p), p % 4);
+            assert_eq!(tier_map_get(w, p + 32), p % 4, "page index wraps per word");
+        }
+        let w2 = tier_map_set(w, 5, 0);
+        assert_eq!(tier_map_get(w2, 5), 0);
+        assert_eq!(w2 ^ w, 1 << 10, "only page 5's bits change");
+        assert_eq!(tier_map_bytes(33), 16);
+        assert_eq!(tier_map_bytes(32), 8);
     }
 
     #[test]

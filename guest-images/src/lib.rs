@@ -5,6 +5,7 @@
 
 pub mod abi;
 pub mod args;
+pub mod emulation;
 pub mod gen;
 pub mod workloads;
 

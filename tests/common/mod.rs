@@ -37,6 +37,7 @@ pub fn request(image: &str, mem: u64, vcpus: u32, duration: Duration, args: &[&s
         seed: 7,
         stop_grace: Duration::from_secs(10),
         tiering: Default::default(),
+        emulate_latency: None,
         seccomp: true,
     }
 }

@@ -35,11 +35,16 @@ pub enum ThreadRole {
     /// answers on it, changes tier capacities (accounting only) and hands
     /// policy switches to the main thread.
     WorkerLink,
+    /// The latency-emulation thread (`latency-emulation`, `--emulate-latency`
+    /// only): every 10 ms reads the guest's access counters, recomputes the
+    /// tiers' loaded latency and republishes it; gives the boot
+    /// measurement's buffer back (`madvise`).
+    LatencyEmulation,
 }
 
 impl ThreadRole {
     /// Every role.
-    pub const ALL: [ThreadRole; 10] = [
+    pub const ALL: [ThreadRole; 11] = [
         ThreadRole::Main,
         ThreadRole::Vcpu,
         ThreadRole::FaultHandler,
@@ -50,6 +55,7 @@ impl ThreadRole {
         ThreadRole::DamonReader,
         ThreadRole::Resize,
         ThreadRole::WorkerLink,
+        ThreadRole::LatencyEmulation,
     ];
 
     /// A short name (`vcpu`, `fault-handler`, ...).
@@ -65,6 +71,7 @@ impl ThreadRole {
             ThreadRole::DamonReader => "damon-reader",
             ThreadRole::Resize => "resize",
             ThreadRole::WorkerLink => "worker-link",
+            ThreadRole::LatencyEmulation => "latency-emulation",
         }
     }
 }

@@ -8,6 +8,7 @@ use tiervm_guest::abi::{ArgEntry, GUEST_LARGE_PAGE, MAX_VCPUS};
 use tiervm_guest::args::{ArgError as ValueError, ArgKind, Args};
 use tiervm_guest::workloads;
 
+use crate::emulation::{self, EmulationConfig, EmulationConfigError};
 use crate::error::Result;
 use crate::image::{self, ElfInfo, Image};
 use crate::tiering_config::{TieringConfig, TieringRequest};
@@ -95,6 +96,15 @@ pub enum ConfigError {
     /// A workload argument is invalid.
     #[error(transparent)]
     Arg(#[from] WorkloadArgError),
+    /// `--emulate-latency` is invalid.
+    #[error(transparent)]
+    Emulation(#[from] EmulationConfigError),
+    /// The emulation region does not fit below the page tables' reach.
+    #[error("--mem {} leaves no room for the latency-emulation region below {}: lower --mem or drop --emulate-latency", format_size(*.mem), format_size(MAX_RAM))]
+    NoRoomForEmulation {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
 }
 
 /// A workload argument (`--arg KEY=VALUE`) that cannot be used.
@@ -186,6 +196,8 @@ pub struct VmConfig {
     pub layout: GuestLayout,
     /// Tiered memory settings; `None` = untiered RAM.
     pub tiering: Option<TieringConfig>,
+    /// Latency emulation (`--emulate-latency`); `None` = off.
+    pub emulation: Option<EmulationConfig>,
     /// The VM's threads install seccomp filters (docs/security.md).
     pub seccomp: bool,
     /// The calling (main) thread installs one too, once the VM's threads
@@ -216,6 +228,8 @@ pub struct VmRequest {
     pub stop_grace: Duration,
     /// Tiering flags.
     pub tiering: TieringRequest,
+    /// `--emulate-latency SPEC` (`Some("")`: the defaults).
+    pub emulate_latency: Option<String>,
     /// Per-thread seccomp filters (`--no-seccomp` turns them off).
     pub seccomp: bool,
 }
@@ -232,6 +246,7 @@ impl Default for VmRequest {
             seed: 1,
             stop_grace: DEFAULT_STOP_GRACE,
             tiering: TieringRequest::default(),
+            emulate_latency: None,
             seccomp: true,
         }
     }
@@ -359,7 +374,9 @@ impl VmConfig {
         check_image_fits(&image, &args, &layout, req.vcpus)?;
         let tiering = tiering_for(req, &layout)?;
         check_untiered_fits_host(mem, tiering.as_ref())?;
+        let emulation = emulation_for(req, tiering.as_ref())?;
         Ok(Self {
+            emulation,
             tiering,
             image,
             elf,
@@ -474,6 +491,23 @@ fn tiering_for(req: &VmRequest, layout: &GuestLayout) -> Result<Option<TieringCo
     Ok(tiering)
 }
 
+/// `--emulate-latency`: the settings, for a VM whose tiers the 2-bit map
+/// can name and whose region fits below the page tables' reach.
+fn emulation_for(
+    req: &VmRequest,
+    tiering: Option<&TieringConfig>,
+) -> std::result::Result<Option<EmulationConfig>, ConfigError> {
+    let Some(spec) = &req.emulate_latency else {
+        return Ok(None);
+    };
+    let cfg = EmulationConfig::parse(spec)?;
+    cfg.check_tiers(tiering.map_or(1, |t| t.mem.tiers.len()))?;
+    if emulation::layout_for(&cfg, req.mem_bytes, req.vcpus).end() > MAX_RAM {
+        return Err(ConfigError::NoRoomForEmulation { mem: req.mem_bytes });
+    }
+    Ok(Some(cfg))
+}
+
 /// Converts `key=value` pairs to ABI entries.
 pub fn to_entries(
     args: &[(String, String)],
@@ -545,6 +579,23 @@ mod tests {
                 assert!(err(req(|r| r.mem_bytes = over)).contains("exceeds this host's memory"));
             }
         }
+    }
+
+    #[test]
+    fn emulation_is_off_unless_asked_and_checked_when_asked() {
+        let off = VmConfig::from_request(&req(|_| {})).unwrap();
+        assert!(off.emulation.is_none());
+        let on = VmConfig::from_request(&req(|r| r.emulate_latency = Some(String::new()))).unwrap();
+        assert_eq!(on.emulation.unwrap().preset, "nomad-a");
+        assert!(err(req(|r| r.emulate_latency = Some("fast=abc".into())))
+            .contains("--emulate-latency fast=abc"));
+        assert!(err(req(|r| {
+            // Tiered (committed lazily), so the host's size does not matter.
+            r.mem_bytes = MAX_RAM;
+            r.tiering.fast = Some(1 << 30);
+            r.emulate_latency = Some(String::new());
+        }))
+        .contains("no room for the latency-emulation region"));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::commands::info::InfoError;
 use crate::commands::native::NativeError;
 use crate::commands::sim::SimCmdError;
 use crate::config::{ConfigError, WorkloadArgError};
+use crate::emulation::EmulationError;
 use crate::image::ImageError;
 use crate::permissions::PermissionError;
 use crate::tiering_config::TieringConfigError;
@@ -76,6 +77,9 @@ pub enum Error {
     /// `tiervm serve`, its worker mode or `tiervm ctl` failed.
     #[error(transparent)]
     Serve(#[from] crate::serve::ServeError),
+    /// Latency emulation could not be set up.
+    #[error(transparent)]
+    Emulation(#[from] EmulationError),
     /// A seccomp filter could not be built or installed.
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
@@ -118,6 +122,7 @@ impl Error {
             Self::Native(e) => e.is_usage(),
             Self::Vm(e) => e.is_usage(),
             Self::Serve(e) => e.is_usage(),
+            Self::Emulation(e) => matches!(e, EmulationError::TooLarge { .. }),
             Self::Permission(_) | Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
             Self::Seccomp(_) | Self::Signals(_) => false,
         };

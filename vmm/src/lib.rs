@@ -9,6 +9,7 @@ pub mod ab;
 pub mod commands;
 pub mod config;
 pub mod devices;
+pub mod emulation;
 pub mod error;
 pub mod image;
 pub mod kvm_dirty_log;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use vmm::commands::{compare, ctl, info, native, run, serve, sim, worker};
+use vmm::commands::{compare, ctl, emulation_check, info, native, run, serve, sim, worker};
 
 /// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
 #[derive(Parser, Debug)]
@@ -35,6 +35,9 @@ enum Command {
     /// One VM of `tiervm serve` (started by the service only).
     #[command(name = "__worker", hide = true)]
     Worker(worker::WorkerArgs),
+    /// Validate latency emulation on this host: charge linearity, the cache
+    /// model, the overhead (docs/emulation.md).
+    EmulationCheck(emulation_check::EmulationCheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(a),
         Command::Ctl(a) => ctl::run(a),
         Command::Worker(a) => worker::run(a, started),
+        Command::EmulationCheck(a) => emulation_check::run(a, started),
         Command::Images => vmm::output::stdout(&images_text()).map(|()| 0),
     };
     match result {

@@ -86,6 +86,9 @@ pub struct RunReport {
     pub tiering: Option<TieringReport>,
     /// Tracking on/off throughput within this run (`--tracking-ab` only).
     pub tracking_ab: Option<crate::ab::TrackingAb>,
+    /// Latency emulation (`--emulate-latency` only): what was emulated,
+    /// the host DRAM latency measured at boot, what was charged.
+    pub emulation: Option<crate::emulation::EmulationReport>,
     /// The stop signal received during the run (`SIGINT`, `SIGTERM`), if any.
     pub signal: Option<String>,
 }
@@ -96,6 +99,9 @@ impl RunReport {
     pub fn human(&self) -> String {
         let mut s = String::new();
         self.write_run(&mut s);
+        if let Some(e) = &self.emulation {
+            let _ = writeln!(s, "  emulation  {}", e.human());
+        }
         if let Some(t) = &self.tiering {
             self.write_tiering(&mut s, t);
         }
@@ -363,6 +369,7 @@ mod tests {
             tiering: None,
             tracking_ab: None,
             signal: None,
+            emulation: None,
             backing: None,
             tier_timeline: Vec::new(),
         }

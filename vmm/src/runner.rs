@@ -22,6 +22,7 @@ use crate::ab::AbDriver;
 use crate::config::VmConfig;
 use crate::devices::serial::{ConsoleWriter, Sink};
 use crate::devices::PortBus;
+use crate::emulation::Emulation;
 use crate::error::Result;
 use crate::image::ImageError;
 use crate::report::{RunReport, StopReason};
@@ -130,15 +131,20 @@ pub fn run(
 /// boot info written, a VM over it with its vCPUs at the image's entry,
 /// and the tiering threads started.
 fn build_vm(cfg: &VmConfig) -> Result<(Vm, Vec<Vcpu>)> {
-    let tiered = cfg
+    let mut tiered = cfg
         .tiering
         .as_ref()
         .map(|t| TieredRam::new(t, cfg.vcpus))
         .transpose()?;
-    let ram = Arc::new(match &tiered {
+    let emulation = emulation_for(cfg, tiered.as_mut())?;
+    let mut ram = match &tiered {
         Some(t) => GuestRam::tiered(t),
         None => GuestRam::anonymous(cfg.mem_bytes)?,
-    });
+    };
+    if let Some(e) = &emulation {
+        ram = ram.with_emulation(e.region().clone());
+    }
+    let ram = Arc::new(ram);
     let mem = ram.memory();
     let loaded = Elf::load(mem, None, &mut Cursor::new(cfg.image.bytes.as_ref()), None).map_err(
         |source| ImageError::Load {
@@ -155,7 +161,11 @@ fn build_vm(cfg: &VmConfig) -> Result<(Vm, Vec<Vcpu>)> {
         }
         .into());
     }
-    let cr3 = memory::write_page_tables(mem, cfg.mem_bytes)?;
+    let region = emulation.as_ref().map(|e| {
+        let l = e.region().layout();
+        (l.base, l.len)
+    });
+    let cr3 = memory::write_page_tables(mem, cfg.mem_bytes, region)?;
 
     let kvm = vm::open_kvm()?;
     let mut vm = Vm::new(&kvm, ram.clone(), tiered, cfg.vcpus)?;
@@ -173,7 +183,15 @@ fn build_vm(cfg: &VmConfig) -> Result<(Vm, Vec<Vcpu>)> {
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let tsc_khz = vcpu::tsc_khz(vcpus[0].fd());
-    memory::write_boot_info(mem, &cfg.layout, cfg.seed, tsc_khz, &cfg.args)?;
+    let emulation_gpa = region.map_or(0, |(gpa, _)| gpa);
+    memory::write_boot_info(
+        mem,
+        &cfg.layout,
+        cfg.seed,
+        tsc_khz,
+        &cfg.args,
+        emulation_gpa,
+    )?;
     vcpu::install_kick_handler()?;
     if let Some(t) = vm.tiered() {
         // Everything the VMM wrote so far: boot info, status page, page
@@ -181,7 +199,27 @@ fn build_vm(cfg: &VmConfig) -> Result<(Vm, Vec<Vcpu>)> {
         t.note_vmm_write(0, cfg.layout.stacks_base);
     }
     vm.start_tiering()?;
+    if let Some(mut e) = emulation {
+        e.start(tsc_khz)?;
+        vm.set_emulation(e);
+    }
     Ok((vm, vcpus))
+}
+
+/// Latency emulation (`--emulate-latency`): the region, and for tiered RAM
+/// the tier map installed as the placement observer (it reports every page
+/// already placed) and the live latency model handed to the engine.
+fn emulation_for(cfg: &VmConfig, tiered: Option<&mut TieredRam>) -> Result<Option<Emulation>> {
+    let Some(ec) = &cfg.emulation else {
+        return Ok(None);
+    };
+    let tiers = tiered.as_ref().map_or(1, |t| t.memory().tier_count());
+    let e = Emulation::new(ec, cfg.mem_bytes, cfg.vcpus, tiers)?;
+    if let Some(t) = tiered {
+        t.memory().set_placement_observer(Some(e.tier_map()));
+        t.set_live_latency(e.loads());
+    }
+    Ok(Some(e))
 }
 
 /// The vCPU threads and how each ended.
@@ -424,6 +462,7 @@ fn finish(
         t_s: end.duration_since(run_start).as_secs_f64(),
         ops: snap.total_ops(),
     });
+    let emulation = vm.take_emulation().map(Emulation::finish);
     let tiering = match vm.take_tiered() {
         Some(t) => Some(t.finish(None)?),
         None => None,
@@ -474,6 +513,7 @@ fn finish(
         tracking: tiering.as_ref().map(|t| t.tracking(cfg.vcpus, run_s)),
         tiering,
         tracking_ab: w.ab.map(|a| a.result()),
+        emulation,
         signal: crate::signals::received().map(crate::signals::name),
     })
 }

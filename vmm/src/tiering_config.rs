@@ -825,6 +825,7 @@ impl TieringRequest {
             policy: first,
             schedule,
             modeled_latency: Some(ModeledLatency::default()),
+            live_latency: None,
             intervals,
             damon: None,
         }))

@@ -11,7 +11,9 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::abi::{self, BootInfo, Phase, StatusPage, MAX_ARGS, MAX_METRICS, MAX_VCPUS};
 use crate::args::{Args, ImageSpec};
-use crate::workloads::Env;
+use crate::workloads::{Charge, Env};
+
+mod emu;
 
 /// Exit code the runtime uses when the boot info is not valid.
 pub const EXIT_BAD_BOOT_INFO: u32 = 0xFFFF_FFF0;
@@ -56,6 +58,19 @@ pub fn rdtsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
+/// Reads the time-stamp counter after every earlier instruction completed
+/// (`lfence; rdtsc`): a payment's spin then starts only once the access it
+/// pays for has finished, so the emulated latency adds to the real one
+/// instead of overlapping it.
+#[inline]
+pub fn rdtsc_ordered() -> u64 {
+    // SAFETY: lfence only orders execution; rdtsc is allowed in ring 3 and only reads.
+    unsafe {
+        core::arch::x86_64::_mm_lfence();
+        core::arch::x86_64::_rdtsc()
+    }
+}
+
 /// Ends this vCPU with `code`. Never returns.
 pub fn exit(code: u32) -> ! {
     loop {
@@ -97,6 +112,8 @@ pub struct GuestEnv {
     boot: &'static BootInfo,
     status: *mut StatusPage,
     spec: &'static ImageSpec,
+    /// Latency emulation, when the VMM published a region.
+    emu: Option<emu::GuestEmulation>,
 }
 
 impl GuestEnv {
@@ -105,6 +122,21 @@ impl GuestEnv {
         // SAFETY: `status` points at the VMM-provided status page (validated in
         // rt_main to lie inside RAM) and `i` is in bounds.
         unsafe { core::ptr::addr_of_mut!((*self.status).vcpus[i]) }
+    }
+}
+
+impl Charge for GuestEnv {
+    #[inline(always)]
+    fn access(&self, addr: usize, write: bool) {
+        if let Some(e) = &self.emu {
+            e.charger().access(addr as u64, write);
+        }
+    }
+    #[inline(always)]
+    fn settle(&self) {
+        if let Some(e) = &self.emu {
+            e.charger().settle();
+        }
     }
 }
 
@@ -129,6 +161,9 @@ impl Env for GuestEnv {
     fn set_ops(&self, ops: u64) {
         // SAFETY: our own slot of the status page.
         unsafe { core::ptr::addr_of_mut!((*self.slot()).ops).write_volatile(ops) }
+        if let Some(e) = &self.emu {
+            e.sync();
+        }
     }
     fn set_phase(&self, phase: Phase) {
         // SAFETY: our own slot of the status page.
@@ -207,8 +242,13 @@ extern "C" fn rt_main(vcpu: u64, boot: *const BootInfo) -> ! {
         status: boot.status_gpa as *mut StatusPage,
         // SAFETY: provided by the image! macro in the same binary.
         spec: unsafe { __tiervm_spec() },
+        emu: None,
     };
     env.set_phase(Phase::Boot);
+    let env = GuestEnv {
+        emu: emu::GuestEmulation::attach(boot, vcpu as u32),
+        ..env
+    };
     let words = ((boot.heap_end - boot.heap_start) / 8) as usize;
     // SAFETY: heap_start..heap_end is identity-mapped guest RAM reserved for
     // the workload (checked against ram_size above); AtomicU64 has no
@@ -216,6 +256,10 @@ extern "C" fn rt_main(vcpu: u64, boot: *const BootInfo) -> ! {
     let mem = unsafe { core::slice::from_raw_parts(boot.heap_start as *const AtomicU64, words) };
     // SAFETY: provided by the image! macro in the same binary.
     let code = unsafe { __tiervm_workload(&env, mem) };
+    if let Some(e) = &env.emu {
+        e.charger().settle();
+        e.sync();
+    }
     let _ = EXIT_SUM.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
         Some(s.saturating_add(code))
     });

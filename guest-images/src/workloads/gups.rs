@@ -16,7 +16,8 @@
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::{
-    data_words, touch_partition, Access, AffinePermutation, Env, OPS_ARG, PAGE_SIZE, PUBLISH_EVERY,
+    access_lines, data_words, touch_partition, Access, AffinePermutation, Env, OPS_ARG, PAGE_SIZE,
+    PUBLISH_EVERY,
 };
 use crate::abi::Phase;
 use crate::args::{ArgKind, ArgSpec, Args, ImageSpec};
@@ -233,6 +234,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
                 for x in obj {
                     x.store(x.load(Relaxed) ^ ops.wrapping_add(1), Relaxed);
                 }
+                access_lines(env, obj, true);
             }
         }
         ops += PUBLISH_EVERY;
@@ -261,6 +263,27 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each operation reports every cache line of its object, as a write.
+    #[test]
+    fn run_reports_each_line_of_each_object() {
+        use super::super::host_env::{zeroed, TestEnv};
+        for (object, lines) in [("8", 1), ("64", 1), ("256", 4)] {
+            let env = TestEnv::new(
+                &SPEC,
+                &[("size", "1M"), ("hot_size", "64K"), ("object", object)],
+                2_560,
+            );
+            let mem = zeroed(super::super::SCRATCH_WORDS + (1 << 20) / 8);
+            assert_eq!(run(&env, &mem), 0);
+            let a = env.accesses.get();
+            assert_eq!(
+                (a.reads, a.writes),
+                (0, lines * env.ops.get()),
+                "object {object}"
+            );
+        }
+    }
 
     #[test]
     fn hot_set_gets_its_share() {

@@ -12,7 +12,9 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::{data_words, partition, AffinePermutation, Env, OPS_ARG, PAGE_SIZE, PAGE_WORDS};
+use super::{
+    addr_of, data_words, partition, AffinePermutation, Charge, Env, OPS_ARG, PAGE_SIZE, PAGE_WORDS,
+};
 use crate::abi::Phase;
 use crate::args::{ArgKind, ArgSpec, Args, ImageSpec};
 use crate::gen::Rng;
@@ -153,7 +155,7 @@ impl Checker<'_> {
     /// (a read-modify-write, as cheap as the write), so a lost write is
     /// caught even when the page is rewritten before the next full pass.
     #[inline]
-    fn write(&self, page: u64) {
+    fn write<C: Charge + ?Sized>(&self, page: u64, c: &C) {
         let b = &self.book[page as usize];
         let mut entry = b.load(Relaxed);
         let base = page as usize * PAGE_WORDS;
@@ -166,6 +168,9 @@ impl Checker<'_> {
         self.pages[base].store(s, Relaxed);
         self.pages[base + PAGE_WORDS - 1].store(s, Relaxed);
         b.store(version | (entry & FLAG_MISMATCH), Relaxed);
+        c.access(addr_of(b), true);
+        c.access(addr_of(&self.pages[base]), true);
+        c.access(addr_of(&self.pages[base + PAGE_WORDS - 1]), true);
     }
 
     /// Checks `page`; `full` also checks every middle word is zero. Flags and
@@ -216,7 +221,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let n = mine.end - mine.start;
     env.set_phase(Phase::Init);
     for p in mine.clone() {
-        checker.write(p);
+        checker.write(p, &());
     }
     env.barrier();
     env.set_phase(Phase::Run);
@@ -252,7 +257,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
                         }
                     }
                 };
-                checker.write(mine.start + local);
+                checker.write(mine.start + local, env);
                 ops += 1;
                 if write_cycles != 0 {
                     next_write = next_write.wrapping_add(write_cycles);

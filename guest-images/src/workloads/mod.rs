@@ -31,8 +31,44 @@ pub const PAGE_WORDS: usize = (PAGE_SIZE / 8) as usize;
 /// (and checks of the stop request).
 pub const PUBLISH_EVERY: u64 = 256;
 
+/// Latency emulation's hook in the workloads (docs/emulation.md): every
+/// access a workload makes to its data is reported here, once per cache
+/// line touched, after the access. In a guest with `--emulate-latency` the
+/// runtime charges it the emulated latency of its page's tier; everywhere
+/// else (host runs, tests, guests without emulation) nothing happens.
+pub trait Charge {
+    /// The workload just read (`write` false) or wrote the cache line
+    /// holding address `addr` (use [`addr_of`]).
+    #[inline(always)]
+    fn access(&self, _addr: usize, _write: bool) {}
+    /// Pays any emulated latency owed now, so that it lands in the
+    /// operation being timed (kv: at the end of every operation).
+    #[inline(always)]
+    fn settle(&self) {}
+}
+
+/// No charging (tests, the simulator's pattern walkers).
+impl Charge for () {}
+
+/// The address of `x`, for [`Charge::access`].
+#[inline(always)]
+pub fn addr_of<T>(x: &T) -> usize {
+    x as *const T as usize
+}
+
+/// Reports every cache line of `words` to `c` as accessed.
+#[inline(always)]
+pub fn access_lines<C: Charge + ?Sized>(c: &C, words: &[AtomicU64], write: bool) {
+    for line in words.chunks(LINE_WORDS) {
+        c.access(addr_of(&line[0]), write);
+    }
+}
+
+/// 64-bit words per 64-byte cache line.
+pub const LINE_WORDS: usize = 8;
+
 /// What a workload needs from where it runs (guest runtime or host).
-pub trait Env {
+pub trait Env: Charge {
     /// This worker's index, `0..vcpus()`.
     fn vcpu(&self) -> u32;
     /// Number of workers.
@@ -205,6 +241,28 @@ pub(crate) mod host_env {
         pub stop_after_ops: u64,
         pub metrics: core::cell::RefCell<Vec<(String, f64)>>,
         pub on_progress: Option<ProgressHook<'a>>,
+        /// What the workload reported through [`Charge::access`].
+        pub accesses: Cell<Accesses>,
+    }
+
+    /// Accesses reported to a [`TestEnv`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Accesses {
+        pub reads: u64,
+        pub writes: u64,
+        pub lowest: usize,
+        pub highest: usize,
+    }
+
+    impl Default for Accesses {
+        fn default() -> Self {
+            Self {
+                reads: 0,
+                writes: 0,
+                lowest: usize::MAX,
+                highest: 0,
+            }
+        }
     }
 
     impl<'a> TestEnv<'a> {
@@ -229,6 +287,7 @@ pub(crate) mod host_env {
                 stop_after_ops,
                 metrics: Default::default(),
                 on_progress: None,
+                accesses: Default::default(),
             }
         }
         pub fn metric_value(&self, name: &str) -> Option<f64> {
@@ -237,6 +296,17 @@ pub(crate) mod host_env {
                 .iter()
                 .find(|(n, _)| n == name)
                 .map(|m| m.1)
+        }
+    }
+
+    impl Charge for TestEnv<'_> {
+        fn access(&self, addr: usize, write: bool) {
+            let mut a = self.accesses.get();
+            a.reads += u64::from(!write);
+            a.writes += u64::from(write);
+            a.lowest = a.lowest.min(addr);
+            a.highest = a.highest.max(addr);
+            self.accesses.set(a);
         }
     }
 

@@ -6,7 +6,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::{data_words, touch_partition, Access, Env, OPS_ARG, PAGE_SIZE, PUBLISH_EVERY};
+use super::{addr_of, data_words, touch_partition, Access, Env, OPS_ARG, PAGE_SIZE, PUBLISH_EVERY};
 use crate::abi::Phase;
 use crate::args::{ArgKind, ArgSpec, Args, ImageSpec};
 use crate::gen::{Rng, Zipf};
@@ -170,6 +170,8 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
                     sink = sink.wrapping_add(x.load(Relaxed));
                 }
             }
+            // One cache line (stride 64) or one word of it (stride 8).
+            env.access(addr_of(&line[0]), a.write);
         }
         ops += PUBLISH_EVERY;
         env.set_ops(ops);
@@ -240,5 +242,10 @@ mod tests {
         assert_eq!(cold, touch_marks);
         let hot_marks: u64 = (48..64u64).sum();
         assert_eq!(hot - hot_marks, env.ops.get());
+        // Every operation reported its one line, inside the working set.
+        let a = env.accesses.get();
+        assert_eq!((a.reads, a.writes), (0, env.ops.get()));
+        let wss = &data[(192 << 10) / 8..];
+        assert!(a.lowest >= addr_of(&wss[0]) && a.highest <= addr_of(&wss[wss.len() - 1]));
     }
 }

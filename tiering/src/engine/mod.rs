@@ -13,7 +13,10 @@
 //! consecutive migrations of the same direction and mechanism.
 //!
 //! Per-tier loaded latency for Colloid is **modeled** on hosts without
-//! hardware counters ([`ModeledLatency`]).
+//! hardware counters: from the hint-fault access shares ([`ModeledLatency`]),
+//! or, with latency emulation, from the guest's own per-tier access counters
+//! through the simulator's queueing model (a [`TierLoadSource`] the VMM
+//! provides).
 
 use std::collections::VecDeque;
 use std::io;
@@ -66,6 +69,9 @@ pub struct ModeledLatency {
     pub load_sensitivity: f64,
 }
 
+/// [`EngineReport::latency_source`] of [`ModeledLatency`].
+pub const MODELED_SHARES_SOURCE: &str = "modeled: hint-fault access shares";
+
 impl Default for ModeledLatency {
     fn default() -> Self {
         Self {
@@ -86,6 +92,27 @@ impl ModeledLatency {
         }
         out
     }
+}
+
+/// One tier's load as a live latency model sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct TierLoad {
+    /// Loaded latency, ns.
+    pub loaded_latency_ns: f64,
+    /// Memory requests served per second.
+    pub requests_per_sec: f64,
+}
+
+/// A live source of per-tier loaded latency and request rate: the VMM's
+/// latency emulation, which models them every ~10 ms from the guest's own
+/// per-tier access counters with the simulator's queueing model. Modeled,
+/// not measured: reports label it so.
+pub trait TierLoadSource: Send + Sync + std::fmt::Debug {
+    /// Per tier (fastest first), the latest window's load; `None` before the
+    /// first window.
+    fn tier_loads(&self) -> Option<Vec<TierLoad>>;
+    /// What the numbers are, for reports (e.g. "modeled: latency emulation").
+    fn describe(&self) -> &'static str;
 }
 
 /// Why an engine could not start, take a command or stop cleanly.
@@ -132,6 +159,9 @@ pub struct EngineReport {
     pub errors: u64,
     /// Whether latencies fed to the policy were modeled.
     pub latency_modeled: bool,
+    /// Where the latencies fed to policies came from: the hint-fault share
+    /// model, or latency emulation's live model (both modeled).
+    pub latency_source: Option<&'static str>,
     /// Accessed-bit probe armings (policies that scan accessed bits: each
     /// tested page is armed and hint-faults once on its next touch; a page
     /// re-armed at every scan counts each time).
@@ -228,6 +258,8 @@ struct EngineState {
     tier_hits: Vec<u64>,
     hint_tiers: Vec<TierId>,
     latency: Option<ModeledLatency>,
+    /// Latency emulation's live model; takes precedence over `latency`.
+    live_latency: Option<Arc<dyn TierLoadSource>>,
     report: EngineReport,
     /// Sampled accesses per page, for the service's division of the fast tier.
     profile: Arc<profile::AccessProfile>,
@@ -382,9 +414,21 @@ impl EngineState {
     }
 
     fn tick(&mut self, now_ns: u64) {
+        let live = self.live_latency.as_ref().and_then(|s| s.tier_loads());
         let latencies = self.latency.map(|l| l.latencies(self.class_hits()));
         let mut tiers = self.tiers(latencies);
-        if self.latency.is_some() {
+        if let Some(loads) = live {
+            for (status, load) in tiers.iter_mut().zip(&loads) {
+                status.loaded_latency_ns = Some(load.loaded_latency_ns);
+                status.request_rate = Some(load.requests_per_sec);
+            }
+        } else if self.live_latency.is_some() {
+            // No window yet: no latency rather than the share model's.
+            for status in &mut tiers {
+                status.loaded_latency_ns = None;
+                status.request_rate = None;
+            }
+        } else if self.latency.is_some() {
             let total = self.tier_hits.iter().sum::<u64>().max(1) as f64;
             for (t, status) in tiers.iter_mut().enumerate() {
                 status.request_rate =
@@ -555,6 +599,9 @@ pub struct EngineConfig {
     pub schedule: Vec<ScheduledSwitch>,
     /// Use the modeled latency for policies that read loaded latency.
     pub modeled_latency: Option<ModeledLatency>,
+    /// Latency emulation's live per-tier model, which replaces
+    /// `modeled_latency` when set (the VMM sets it before the engine starts).
+    pub live_latency: Option<Arc<dyn TierLoadSource>>,
     /// Per-policy interval overrides (`--policy-interval mtm=2s`): the
     /// policy's migration interval (memtis, mtm) or quantum (colloid).
     pub intervals: Vec<(PolicyKind, Duration)>,
@@ -665,8 +712,14 @@ impl Engine {
             tier_hits: vec![0; migrator.memory().tier_count()],
             hint_tiers: trackers.hint_fault_tiers.clone(),
             latency: cfg.modeled_latency,
+            live_latency: cfg.live_latency.clone(),
             report: EngineReport {
-                latency_modeled: cfg.modeled_latency.is_some(),
+                latency_modeled: cfg.modeled_latency.is_some() || cfg.live_latency.is_some(),
+                latency_source: match (&cfg.live_latency, &cfg.modeled_latency) {
+                    (Some(l), _) => Some(l.describe()),
+                    (None, Some(_)) => Some(MODELED_SHARES_SOURCE),
+                    (None, None) => None,
+                },
                 ..Default::default()
             },
             profile: profile.clone(),
@@ -947,6 +1000,7 @@ mod tests {
                 policy: PolicyKind::Mtm,
                 schedule: Vec::new(),
                 modeled_latency: None,
+                live_latency: None,
                 intervals: vec![(PolicyKind::Mtm, Duration::from_millis(300))],
                 damon: None,
             },
@@ -1027,6 +1081,7 @@ mod tests {
                 policy: PolicyKind::Mtm,
                 schedule: Vec::new(),
                 modeled_latency: None,
+                live_latency: None,
                 intervals: vec![(PolicyKind::Mtm, Duration::from_millis(300))],
                 damon: Some(DamonConfig {
                     sysfs_root: fake.root.clone(),

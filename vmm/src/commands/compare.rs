@@ -436,8 +436,20 @@ pub struct Setup {
     pub slow_bytes: Option<u64>,
     /// Runs per policy.
     pub repeat: u32,
-    /// Both tiers are the same host DRAM: tier latency is emulated, not real.
+    /// Both tiers are the same host DRAM: tier latency is not real (it is
+    /// emulated in the guest with `--emulate-latency`, else placement does
+    /// not change it).
     pub emulated_tiers: bool,
+    /// `--emulate-latency`: `emulated latency: fast 150 ns, slow 407 ns`.
+    pub emulated_latency: Option<String>,
+    /// With emulation: the host DRAM latency every run was charged against
+    /// (the first run's boot measurement, or `host-dram=`), ns.
+    pub host_dram_ns: Option<f64>,
+    /// With emulation: what a cache-missing access cost per tier on this
+    /// host, unloaded (the configured latencies, or, on a host whose DRAM is
+    /// slower than the fast tier, the host's latency plus the tiers'
+    /// differences), ns.
+    pub emulated_costs_ns: Option<Vec<f64>>,
 }
 
 /// Everything `results.json` holds.
@@ -600,10 +612,23 @@ pub fn format_human(res: &CompareResults) -> String {
         out,
         "  Measured on this host: guest throughput (ops/s: median of repeats, min-max) and mechanism costs (migrations, TPM aborts, guest stall, tracking overhead); counters are medians."
     );
-    if s.emulated_tiers {
+    if let Some(label) = &s.emulated_latency {
+        let costs = s.emulated_costs_ns.as_ref().map_or(String::new(), |c| {
+            let c: Vec<String> = c.iter().map(|x| format!("{x:.0}")).collect();
+            format!(", a cache-missing access costs {} ns", c.join("/"))
+        });
+        let dram = s.host_dram_ns.map_or_else(
+            || "host DRAM latency not measured (the image does not charge)".to_string(),
+            |d| format!("host DRAM {d:.0} ns, measured by the first run{costs}"),
+        );
         let _ = writeln!(
             out,
-            "  Tier latency is EMULATED: this host has one NUMA node, so both tiers are the same DRAM and placement does not change access latency here; differences come from mechanism costs."
+            "  Tier latency is EMULATED in the guest: {label} ({dram}); placement changes what an access costs, as modeled (docs/emulation.md: no memory-level parallelism or prefetching of a real link)."
+        );
+    } else if s.emulated_tiers {
+        let _ = writeln!(
+            out,
+            "  Tier latency is NOT emulated (no --emulate-latency): this host has one NUMA node, so both tiers are the same DRAM and placement does not change access latency here; differences come from mechanism costs."
         );
     }
     if let Some(sig) = &res.interrupted_by {
@@ -633,7 +658,7 @@ pub fn format_human(res: &CompareResults) -> String {
 }
 
 /// The CSV header of `results.csv`.
-pub const CSV_HEADER: [&str; 25] = [
+pub const CSV_HEADER: [&str; 28] = [
     "policy",
     "repeat",
     "ok",
@@ -659,6 +684,9 @@ pub const CSV_HEADER: [&str; 25] = [
     "tracking_overhead_pct",
     "fast_pages",
     "slow_pages",
+    "emulated_latency",
+    "host_dram_ns",
+    "emulation_charged_ms",
 ];
 
 /// Quotes a CSV field when it holds a comma, quote or line break (RFC 4180).
@@ -686,6 +714,7 @@ pub fn to_csv(runs: &[RunRecord]) -> String {
         };
         let u = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
         let f = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+        let emu = r.and_then(|r| r.emulation.as_ref());
         let stop = r
             .and_then(|r| serde_json::to_value(r.stop_reason).ok())
             .and_then(|v| v.as_str().map(String::from))
@@ -716,6 +745,9 @@ pub fn to_csv(runs: &[RunRecord]) -> String {
             f(t.map(|t| t.tracking_overhead_pct)),
             tier("fast"),
             tier("slow"),
+            emu.map(|e| e.label.clone()).unwrap_or_default(),
+            f(emu.and_then(|e| e.host_dram_used_ns)),
+            f(emu.map(|e| e.charged_ms)),
         ];
         let line: Vec<String> = cells.iter().map(|c| csv_field(c)).collect();
         out.push_str(&line.join(","));
@@ -762,10 +794,10 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, plot:
             })
         })
         .collect();
-    let emu = if res.setup.emulated_tiers {
-        ", emulated tiers"
-    } else {
-        ""
+    let emu = match &res.setup.emulated_latency {
+        Some(label) => format!("; {label}"),
+        None if res.setup.emulated_tiers => ", tiers on one node, latency not emulated".into(),
+        None => String::new(),
     };
     plot::line_chart_svg(
         &format!(
@@ -797,8 +829,13 @@ pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, plot:
         .collect();
     plot::grouped_bars_svg(
         &format!(
-            "Migration activity per policy: {} (median of {} repeat(s), measured)",
-            res.setup.image, res.setup.repeat
+            "Migration activity per policy: {} (median of {} repeat(s), measured{})",
+            res.setup.image,
+            res.setup.repeat,
+            res.setup
+                .emulated_latency
+                .as_ref()
+                .map_or(String::new(), |l| format!("; {l}"))
         ),
         "count (pages; aborts: transactions)",
         &["promotions", "demotions", "shadow demotions", "TPM aborts"],
@@ -956,17 +993,39 @@ fn run_all(
             args.repeat
         );
     }
+    let mut configs = configs.to_vec();
     let mut runs: Vec<RunRecord> = Vec::with_capacity(total);
     'runs: for rep in 1..=args.repeat {
-        for (policy, cfg) in configs {
+        for i in 0..configs.len() {
             // A signal stops the comparison after the run it arrived in.
             if crate::signals::received().is_some() {
                 break 'runs;
             }
-            runs.push(run_one(args, *policy, cfg, rep, started));
+            let (policy, cfg) = &configs[i];
+            let record = run_one(args, *policy, cfg, rep, started);
+            if let Some(d) = measured_dram(&record) {
+                share_dram(&mut configs, d);
+            }
+            runs.push(record);
         }
     }
     runs
+}
+
+/// The host DRAM latency a run's guest measured, if it charged.
+fn measured_dram(record: &RunRecord) -> Option<f64> {
+    record.report.as_ref()?.emulation.as_ref()?.host_dram_ns
+}
+
+/// With latency emulation, the first measurement of the host's DRAM latency
+/// becomes every later run's (`host-dram=`), so that all policies are
+/// charged alike whatever the host's noise at each boot.
+fn share_dram(configs: &mut [(PolicyArg, VmConfig)], dram_ns: f64) {
+    for (_, c) in configs.iter_mut() {
+        if let Some(e) = c.emulation.as_mut() {
+            e.host_dram_ns.get_or_insert(dram_ns);
+        }
+    }
 }
 
 /// One VM run of the comparison, with its line on stderr.
@@ -1027,6 +1086,21 @@ fn results(
         slow_bytes: tiered.and_then(|t| t.mem.tiers.get(1).map(|x| x.capacity_pages as u64 * page)),
         repeat: args.repeat,
         emulated_tiers: emulated_tiers(configs, &runs),
+        emulated_latency: first.emulation.as_ref().map(|e| e.label()),
+        host_dram_ns: first
+            .emulation
+            .as_ref()
+            .and_then(|e| e.host_dram_ns)
+            .or_else(|| runs.iter().find_map(measured_dram)),
+        emulated_costs_ns: None,
+    };
+    let setup = Setup {
+        emulated_costs_ns: first
+            .emulation
+            .as_ref()
+            .zip(setup.host_dram_ns)
+            .map(|(e, d)| e.effective_ns(d)),
+        ..setup
     };
     CompareResults {
         interrupted_by: crate::signals::received().map(crate::signals::name),
@@ -1122,6 +1196,7 @@ mod tests {
             }),
             tiering: None,
             tracking_ab: None,
+            emulation: None,
             signal: None,
         }
     }
@@ -1299,6 +1374,9 @@ mod tests {
                 slow_bytes: Some(128 << 20),
                 repeat: 1,
                 emulated_tiers: true,
+                emulated_latency: None,
+                host_dram_ns: None,
+                emulated_costs_ns: None,
             },
             policies: vec![PolicyArg::Static],
             interrupted_by: None,
@@ -1307,14 +1385,33 @@ mod tests {
         };
         let h = format_human(&res);
         assert!(h.contains("Measured on this host"), "{h}");
-        assert!(h.contains("Tier latency is EMULATED"), "{h}");
+        assert!(h.contains("Tier latency is NOT emulated"), "{h}");
         assert!(h.contains("fast 64M + slow 128M"), "{h}");
         assert!(!h.contains("Failed runs"));
+        res.setup.emulated_latency = Some("emulated latency: fast 80 ns, slow 250 ns".into());
+        res.setup.host_dram_ns = Some(165.0);
+        res.setup.emulated_costs_ns = Some(vec![165.0, 335.0]);
+        let h = format_human(&res);
+        assert!(
+            h.contains("Tier latency is EMULATED in the guest: emulated latency: fast 80 ns, slow 250 ns (host DRAM 165 ns, measured by the first run, a cache-missing access costs 165/335 ns)"),
+            "{h}"
+        );
+        let svg = throughput_svg(&res).unwrap();
+        assert!(
+            svg.contains("emulated latency: fast 80 ns, slow 250 ns"),
+            "{svg}"
+        );
+        let svg = migrations_svg(&res).unwrap();
+        assert!(
+            svg.contains("emulated latency: fast 80 ns, slow 250 ns"),
+            "{svg}"
+        );
+        res.setup.emulated_latency = None;
         res.setup.emulated_tiers = false;
         res.runs
             .push(RunRecord::failed(PolicyArg::Static, 2, &host_error()));
         let h = format_human(&res);
-        assert!(!h.contains("EMULATED"), "{h}");
+        assert!(!h.contains("EMULATED") && !h.contains("emulated"), "{h}");
         assert!(h.contains("static repeat 2: vCPU thread panicked"), "{h}");
     }
 

@@ -2,6 +2,7 @@
 
 pub mod compare;
 pub mod ctl;
+pub mod emulation_check;
 pub mod info;
 pub mod native;
 pub mod run;

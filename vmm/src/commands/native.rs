@@ -118,6 +118,9 @@ struct HostEnv<'a> {
     metrics: &'a Mutex<std::collections::BTreeMap<String, f64>>,
 }
 
+/// Host runs have no latency emulation: accesses cost what they cost.
+impl tiervm_guest::workloads::Charge for HostEnv<'_> {}
+
 impl Env for HostEnv<'_> {
     fn vcpu(&self) -> u32 {
         self.vcpu

@@ -142,6 +142,12 @@ pub struct VmFlags {
     /// a shrink demotes the coldest pages and gives the memory back.
     #[arg(long, value_name = "SIZE@TIME,...", help_heading = "Tiering")]
     pub fast_schedule: Option<String>,
+    /// Emulate tier latency in the guest (docs/emulation.md): a preset
+    /// (nomad-a, the default; colloid; mtm-pm) and/or fast=LAT,slow=LAT,
+    /// fast-bw=GB/s,slow-bw=GB/s,antagonist=TIER:UTIL,queue-k=K,llc=SIZE|0,pay=LAT,
+    /// e.g. --emulate-latency fast=80ns,slow=250ns.
+    #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "", help_heading = "Tiering")]
+    pub emulate_latency: Option<String>,
     /// A tier, fastest first; repeat for each (any number up to 8), e.g.
     /// --tier fast:node=0:size=256M --tier cxl:node=1:size=1G. Replaces
     /// --fast/--slow/--fast-node/--slow-node.
@@ -190,6 +196,7 @@ impl VmFlags {
             seed: self.seed,
             stop_grace: self.stop_grace,
             tiering,
+            emulate_latency: self.emulate_latency.clone(),
             seccomp: !self.no_seccomp,
         }
     }

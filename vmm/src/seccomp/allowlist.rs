@@ -256,6 +256,9 @@ pub fn groups(role: ThreadRole) -> &'static [&'static [Syscall]] {
         ThreadRole::EngineDamon => &[EVERY_THREAD, MIGRATOR, PLACEMENT, DAMON_SYSFS],
         ThreadRole::DamonReader => &[EVERY_THREAD, DAMON_SYSFS],
         ThreadRole::WorkerLink => &[EVERY_THREAD, WORKER_LINK],
+        // Sleeps, reads and writes the shared emulation region (plain
+        // memory), `madvise`s the boot measurement's buffer away.
+        ThreadRole::LatencyEmulation => &[EVERY_THREAD],
     }
 }
 

@@ -64,7 +64,7 @@ pub struct Wire<T>(pub T);
 
 // The ABI structs have no padding: each is exactly the sum of its fields.
 const _: () = assert!(size_of::<ArgEntry>() == abi::ARG_KEY_LEN + abi::ARG_VALUE_LEN);
-const _: () = assert!(size_of::<BootInfo>() == 7 * 8 + 4 * 4 + MAX_ARGS * size_of::<ArgEntry>());
+const _: () = assert!(size_of::<BootInfo>() == 8 * 8 + 4 * 4 + MAX_ARGS * size_of::<ArgEntry>());
 const _: () = assert!(size_of::<VcpuStatus>() == 8 * 8);
 const _: () = assert!(size_of::<Metric>() == abi::METRIC_NAME_LEN + 8);
 const _: () = assert!(
@@ -163,15 +163,25 @@ const PTE_LARGE: u64 = 1 << 7;
 const PTE_TABLE: u64 = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
 
 /// Builds a 4-level tree at [`PAGE_TABLES_GPA`] identity-mapping all of RAM
-/// with user-accessible, writable 2 MiB pages. Returns the CR3 value.
-pub fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<u64> {
-    if ram_size > MAX_RAM {
+/// and, if given, the `extra` range `(gpa, len)` above it (the
+/// latency-emulation region) with user-accessible, writable 2 MiB pages.
+/// Returns the CR3 value.
+pub fn write_page_tables(
+    mem: &GuestMemoryMmap,
+    ram_size: u64,
+    extra: Option<(u64, u64)>,
+) -> Result<u64> {
+    let end = extra.map_or(ram_size, |(gpa, len)| ram_size.max(gpa + len));
+    if end > MAX_RAM {
         return Err(MemoryError::AboveMaxRam);
     }
+    let mapped = |addr: u64| {
+        addr < ram_size || extra.is_some_and(|(gpa, len)| (gpa..gpa + len).contains(&addr))
+    };
     let pml4 = PAGE_TABLES_GPA;
     let pdpt = pml4 + 0x1000;
     let pd_base = pdpt + 0x1000;
-    let gib = ram_size.div_ceil(1 << 30);
+    let gib = end.div_ceil(1 << 30);
     let w = |gpa: u64, val: u64| {
         mem.write_obj(val, GuestAddress(gpa))
             .map_err(MemoryError::PageTables)
@@ -182,13 +192,15 @@ pub fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<u64> {
         w(pdpt + g * 8, pd | PTE_TABLE)?;
         for i in 0..512u64 {
             let addr = (g << 30) | (i << 21);
-            if addr >= ram_size {
+            if addr >= end {
                 break;
             }
-            w(
-                pd + i * 8,
-                addr | PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_LARGE,
-            )?;
+            if mapped(addr) {
+                w(
+                    pd + i * 8,
+                    addr | PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_LARGE,
+                )?;
+            }
         }
     }
     Ok(pml4)
@@ -201,6 +213,7 @@ pub fn write_boot_info(
     seed: u64,
     tsc_khz: u64,
     args: &[(String, String)],
+    emulation_gpa: u64,
 ) -> Result<()> {
     let mut entries = [ArgEntry::EMPTY; MAX_ARGS];
     for (slot, entry) in entries.iter_mut().zip(to_entries(args)?) {
@@ -219,6 +232,7 @@ pub fn write_boot_info(
         arg_count: args.len() as u32,
         _reserved: 0,
         args: entries,
+        emulation_gpa,
     };
     mem.write_obj(Wire(info), GuestAddress(BOOT_INFO_GPA))
         .map_err(MemoryError::BootInfo)?;
@@ -244,7 +258,7 @@ mod tests {
     #[test]
     fn page_tables_map_ram_identity() {
         let mem = create_ram(64 << 20, false).unwrap();
-        let cr3 = write_page_tables(&mem, 64 << 20).unwrap();
+        let cr3 = write_page_tables(&mem, 64 << 20, None).unwrap();
         let pml4e: u64 = mem.read_obj(GuestAddress(cr3)).unwrap();
         let pdpt = pml4e & !0xfff;
         let pdpte: u64 = mem.read_obj(GuestAddress(pdpt)).unwrap();
@@ -259,5 +273,22 @@ mod tests {
         }
         let beyond: u64 = mem.read_obj(GuestAddress(pd + 32 * 8)).unwrap();
         assert_eq!(beyond, 0, "no mapping beyond RAM");
+    }
+
+    #[test]
+    fn page_tables_map_the_emulation_region_above_ram() {
+        let mem = create_ram(64 << 20, false).unwrap();
+        // A region at 64 MiB + 4 MiB (a hole between), 4 MiB long.
+        let cr3 = write_page_tables(&mem, 64 << 20, Some((68 << 20, 4 << 20))).unwrap();
+        let pd = PAGE_TABLES_GPA + 0x2000;
+        assert_eq!(cr3, PAGE_TABLES_GPA);
+        let pde = |i: u64| -> u64 { mem.read_obj(GuestAddress(pd + i * 8)).unwrap() };
+        assert_eq!(pde(31) & !0xfff, 31 << 21);
+        assert_eq!(pde(32), 0, "the hole is not mapped");
+        assert_eq!(pde(33), 0);
+        assert_eq!(pde(34) & !0xfff, 34 << 21);
+        assert_eq!(pde(35) & !0xfff, 35 << 21);
+        assert_eq!(pde(36), 0);
+        assert!(write_page_tables(&mem, 64 << 20, Some((MAX_RAM, 2 << 20))).is_err());
     }
 }

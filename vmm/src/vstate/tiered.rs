@@ -359,6 +359,15 @@ impl TieredRam {
         &self.mem
     }
 
+    /// Feeds the engine's latency-reading policies (Colloid) from latency
+    /// emulation's live model instead of the hint-fault share model; call
+    /// before [`Self::start`].
+    pub fn set_live_latency(&mut self, source: Arc<dyn tiering::engine::TierLoadSource>) {
+        if let Some(e) = &mut self.cfg.engine {
+            e.live_latency = Some(source);
+        }
+    }
+
     /// Records that the VMM wrote `len` bytes at `gpa` (so shadows and
     /// transactions see VMM writes as well as guest writes).
     pub fn note_vmm_write(&self, gpa: u64, len: u64) {

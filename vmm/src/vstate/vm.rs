@@ -16,6 +16,8 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use tiering::mem::TieredMemory;
 use vm_memory::{GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemoryRegion};
 
+use crate::emulation::region::EmulationRegion;
+use crate::emulation::Emulation;
 use crate::error::Result;
 use crate::vstate::kvm_caps::{KvmCaps, MissingCap, Needs};
 use crate::vstate::memory::{self, MemoryError};
@@ -23,6 +25,9 @@ use crate::vstate::tiered::TieredRam;
 
 /// Memory slot of guest RAM.
 pub const RAM_SLOT: u32 = 0;
+/// Memory slot of the latency-emulation region (above RAM; never tiered,
+/// never dirty-logged).
+pub const EMULATION_SLOT: u32 = 16;
 
 /// KVM or the VM could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +78,10 @@ pub struct GuestRam {
     guest: GuestMemoryMmap,
     /// Dropped after `guest` (field order), which only borrows its mapping.
     backing: Option<Arc<TieredMemory>>,
+    /// The latency-emulation region KVM maps in [`EMULATION_SLOT`]; kept
+    /// mapped as long as the RAM (every fd through which KVM reaches it
+    /// closes first, as for the RAM).
+    emulation: Option<Arc<EmulationRegion>>,
 }
 
 impl GuestRam {
@@ -81,6 +90,7 @@ impl GuestRam {
         Ok(Self {
             guest: memory::create_ram(size, true)?,
             backing: None,
+            emulation: None,
         })
     }
 
@@ -89,7 +99,19 @@ impl GuestRam {
         Self {
             guest: ram.guest().clone(),
             backing: Some(ram.memory().clone()),
+            emulation: None,
         }
+    }
+
+    /// The same RAM with the latency-emulation region mapped above it.
+    pub fn with_emulation(mut self, region: Arc<EmulationRegion>) -> Self {
+        self.emulation = Some(region);
+        self
+    }
+
+    /// The latency-emulation region, if any.
+    pub fn emulation(&self) -> Option<&Arc<EmulationRegion>> {
+        self.emulation.as_ref()
     }
 
     /// vm-memory's view, for loading the image and the boot data.
@@ -107,6 +129,7 @@ impl GuestRam {
 /// threads stop (the migrator harvests the dirty log through `fd`), then
 /// the VM fd closes, then this share of the RAM goes.
 pub struct Vm {
+    emulation: Option<Emulation>,
     tiered: Option<TieredRam>,
     fd: VmFd,
     ram: Arc<GuestRam>,
@@ -132,7 +155,12 @@ impl Vm {
         if tiered.is_some() {
             TieredRam::prepare_vm(&fd)?;
         }
-        let vm = Self { tiered, fd, ram };
+        let vm = Self {
+            emulation: None,
+            tiered,
+            fd,
+            ram,
+        };
         vm.register_ram()?;
         Ok(vm)
     }
@@ -162,7 +190,36 @@ impl Vm {
             // KVM reaches the slot outlives the mapping.
             unsafe { self.fd.set_user_memory_region(desc) }.map_err(VmError::SetMemoryRegion)?;
         }
+        if let Some(region) = self.ram.emulation() {
+            let l = region.layout();
+            let desc = kvm_userspace_memory_region {
+                slot: EMULATION_SLOT,
+                flags: 0,
+                guest_phys_addr: l.base,
+                memory_size: l.len,
+                userspace_addr: region.host_addr(),
+            };
+            // SAFETY: the region's own mapping of `len` bytes; `self.ram`
+            // holds it (the `Arc` in GuestRam) as long as the RAM, and as
+            // for the RAM every fd closes before its share goes.
+            unsafe { self.fd.set_user_memory_region(desc) }.map_err(VmError::SetMemoryRegion)?;
+        }
         Ok(())
+    }
+
+    /// Hands latency emulation to the VM (its thread stops with the VM).
+    pub fn set_emulation(&mut self, emulation: Emulation) {
+        self.emulation = Some(emulation);
+    }
+
+    /// Latency emulation, while the VM has it.
+    pub fn emulation_mut(&mut self) -> Option<&mut Emulation> {
+        self.emulation.as_mut()
+    }
+
+    /// Takes latency emulation out of the VM, to report it.
+    pub fn take_emulation(&mut self) -> Option<Emulation> {
+        self.emulation.take()
     }
 
     /// The VM file descriptor.

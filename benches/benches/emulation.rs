@@ -1,0 +1,81 @@
+//! Cost of latency emulation's per-access path in the guest runtime
+//! (`tiervm_guest::emulation`), on the host: the tier-map lookup alone, and
+//! with the cache model (32 MiB, 4-way) missing and hitting. No charge is
+//! paid (charges 0), so this is what every workload access pays on top of
+//! the access itself. The live, side-by-side overhead on whole workloads is
+//! `tiervm emulation-check --checks overhead` (docs/results.md §6).
+//!
+//! Run: `cargo bench -p tiervm-benches --bench emulation`.
+
+use std::hint::black_box;
+use std::sync::atomic::AtomicU64;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use tiervm_guest::abi::tier_map_set;
+use tiervm_guest::emulation::{CacheModel, Charger};
+use tiervm_guest::gen::Rng;
+
+/// Guest pages the map covers (1 GiB).
+const PAGES: u64 = 1 << 18;
+/// Accesses per iteration.
+const N: usize = 1 << 16;
+
+fn clock() -> u64 {
+    0
+}
+
+fn zeroed(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+/// Random line addresses within the first `bytes` of guest memory.
+fn addresses(bytes: u64, seed: u64) -> Vec<u64> {
+    let mut rng = Rng::new(seed);
+    (0..N).map(|_| rng.below(bytes / 64) * 64).collect()
+}
+
+fn bench(c: &mut Criterion) {
+    // A map with every other page slow.
+    let map = zeroed((PAGES / 32) as usize);
+    for (w, word) in map.iter().enumerate() {
+        let mut v = 0;
+        for p in 0..32 {
+            v = tier_map_set(v, p, (w as u64 * 32 + p) % 2);
+        }
+        word.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+    let sets = zeroed((32 << 20) / 256); // a 32 MiB model: 1 MiB of sets
+    let mut g = c.benchmark_group("emulation_access");
+    g.throughput(Throughput::Elements(N as u64));
+    let wide = addresses(PAGES * 4096, 1);
+    let hot = addresses(256 << 10, 2);
+    let lookup = Charger::new(&map, PAGES, None, clock);
+    g.bench_function("tier lookup (no cache model)", |b| {
+        b.iter(|| {
+            for &a in &wide {
+                lookup.access(black_box(a), false);
+            }
+        })
+    });
+    let model = Charger::new(&map, PAGES, CacheModel::new(&sets), clock);
+    g.bench_function("cache model miss + tier lookup (1 GiB random)", |b| {
+        b.iter(|| {
+            for &a in &wide {
+                model.access(black_box(a), false);
+            }
+        })
+    });
+    g.bench_function("cache model hit (256 KiB hot set)", |b| {
+        b.iter(|| {
+            for &a in &hot {
+                model.access(black_box(a), false);
+            }
+        })
+    });
+    g.finish();
+    black_box(lookup.counters());
+    black_box(model.counters());
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,532 @@
+//! Latency emulation, the guest's side: what the runtime does on every
+//! workload access when the VMM publishes an emulation region
+//! (`--emulate-latency`; [`crate::abi::EmulationHeader`]).
+//!
+//! Both tiers are the same host DRAM, so a slow-tier access costs what a
+//! fast one does. The runtime makes it cost more: after each access the
+//! workload reports ([`crate::workloads::Env::access`]) it
+//!
+//! 1. asks a per-vCPU model of the last-level cache ([`CacheModel`]) whether
+//!    the line was there; a hit is not charged (the access never reached
+//!    memory, on this host or on the emulated one);
+//! 2. otherwise looks the page's tier up in the VMM's tier map (2 bits per
+//!    page) and adds the tier's charge, its loaded latency minus the host
+//!    DRAM latency measured at boot, to the vCPU's debt ([`Charger`]);
+//! 3. once the debt passes a threshold (1 us by default), pays it by
+//!    spinning on the TSC ([`Charger::pay`]); kv pays at the end of every
+//!    operation ([`Charger::settle`]) so each operation's latency holds its
+//!    own charge.
+//!
+//! Everything here is pure and runs on the host in tests; the runtime
+//! (`rt`, feature `image`) wires it to the region and the TSC.
+
+use core::cell::Cell;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::abi::{tier_map_get, EmulationVcpu, CACHE_LINE, EMULATION_MAX_TIERS};
+
+/// Fixed-point fraction bits of charges and debt (1/1024 TSC cycle).
+pub const FRAC_BITS: u32 = 10;
+/// Preemption one payment excludes at most (~40 ms at 2.6 GHz), so a
+/// clock that always jumps cannot stall a vCPU.
+pub const MAX_PREEMPTED_CYCLES: u64 = 100_000_000;
+/// Lanes of 16 bits, each 1: broadcasts a tag to the four ways.
+const LANES_ONE: u64 = 0x0001_0001_0001_0001;
+/// The top bit of each 16-bit lane.
+const LANES_TOP: u64 = 0x8000_8000_8000_8000;
+
+/// A set-associative LRU model of one vCPU's last-level cache: one `u64`
+/// per set holding four 16-bit tags, most recently used first. A line's
+/// set is its low bits, its tag the next 15 bits with the top bit set (so
+/// an empty way, 0, matches no line, and lines alias only `2^15` cache
+/// sizes apart: beyond 256 GiB of RAM for a 32 MiB model).
+#[derive(Debug)]
+pub struct CacheModel<'a> {
+    sets: &'a [AtomicU64],
+    mask: u64,
+    set_bits: u32,
+}
+
+impl<'a> CacheModel<'a> {
+    /// A model over `sets` (a power-of-two count, zeroed = empty); `None`
+    /// for an empty or non-power-of-two array.
+    pub fn new(sets: &'a [AtomicU64]) -> Option<Self> {
+        let n = sets.len() as u64;
+        if n == 0 || !n.is_power_of_two() {
+            return None;
+        }
+        Some(Self {
+            sets,
+            mask: n - 1,
+            set_bits: n.trailing_zeros(),
+        })
+    }
+
+    /// Lines the model holds.
+    pub fn lines(&self) -> u64 {
+        (self.mask + 1) * crate::abi::CACHE_MODEL_WAYS
+    }
+
+    /// Looks cache line `line` (address / 64) up and makes it its set's most
+    /// recently used line (inserting it, evicting the least recent, on a
+    /// miss). Returns whether it hit.
+    #[inline(always)]
+    pub fn touch(&self, line: u64) -> bool {
+        let tag = ((line >> self.set_bits) & 0x7fff) | 0x8000;
+        let slot = &self.sets[(line & self.mask) as usize];
+        let s = slot.load(Relaxed);
+        let x = s ^ tag.wrapping_mul(LANES_ONE);
+        // The lowest 16-bit lane of `x` that is zero is exact (borrows only
+        // propagate upwards from it): that is the way holding `tag`.
+        let zero = x.wrapping_sub(LANES_ONE) & !x & LANES_TOP;
+        if zero == 0 {
+            slot.store((s << 16) | tag, Relaxed);
+            return false;
+        }
+        let shift = zero.trailing_zeros() & !15;
+        if shift != 0 {
+            let below = s & ((1u64 << shift) - 1);
+            let above = if shift == 48 {
+                0
+            } else {
+                s & !((1u64 << (shift + 16)) - 1)
+            };
+            slot.store(above | (below << 16) | tag, Relaxed);
+        }
+        true
+    }
+}
+
+/// A tier's charge per access in fixed-point TSC cycles (`<< FRAC_BITS`):
+/// `max(0, latency - dram)` picoseconds at `tsc_khz`.
+pub fn charge_fixed(latency_ps: u64, dram_ps: u64, tsc_khz: u64) -> u64 {
+    let extra = u128::from(latency_ps.saturating_sub(dram_ps));
+    let c = (extra * u128::from(tsc_khz)) << FRAC_BITS;
+    u64::try_from(c / 1_000_000_000).unwrap_or(u64::MAX >> 2)
+}
+
+/// What a charge subtracts from a tier's latency: the host's DRAM latency,
+/// which every access already costs, unless the fastest tier is emulated
+/// faster than that. Then the fastest tier costs the host's DRAM latency
+/// (it cannot cost less) and every tier is charged its latency minus the
+/// fastest tier's: the differences between tiers are kept, the absolute
+/// latencies are offset by `dram - fastest`.
+pub fn charge_base_ps(dram_ps: u64, fastest_unloaded_ps: u64) -> u64 {
+    dram_ps.min(fastest_unloaded_ps)
+}
+
+/// One vCPU's charging state: the tier map, the cache model, the per-tier
+/// charges, the debt and the counters it publishes. Not shared: each vCPU
+/// has its own (interior mutability through `Cell`).
+pub struct Charger<'a> {
+    map: &'a [AtomicU64],
+    map_pages: u64,
+    cache: Option<CacheModel<'a>>,
+    charge: [Cell<u64>; EMULATION_MAX_TIERS],
+    threshold: Cell<u64>,
+    debt: Cell<i64>,
+    clock: fn() -> u64,
+    accesses: [Cell<u64>; EMULATION_MAX_TIERS],
+    writes: [Cell<u64>; EMULATION_MAX_TIERS],
+    hits: Cell<u64>,
+    charged: Cell<u64>,
+    paid: Cell<u64>,
+    preempted: Cell<u64>,
+    payments: Cell<u64>,
+    gap: Cell<u64>,
+}
+
+impl core::fmt::Debug for Charger<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Charger")
+            .field("map_pages", &self.map_pages)
+            .field("cache", &self.cache)
+            .field("debt", &self.debt.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Charger<'a> {
+    /// A charger over a tier map of `map_pages` pages (`map` holds 32 per
+    /// word), with an optional cache model; `clock` is the TSC. Charges
+    /// start at 0 ([`Self::set_charges`]).
+    pub fn new(
+        map: &'a [AtomicU64],
+        map_pages: u64,
+        cache: Option<CacheModel<'a>>,
+        clock: fn() -> u64,
+    ) -> Self {
+        let map_pages = map_pages.min(map.len() as u64 * crate::abi::TIER_MAP_PAGES_PER_WORD);
+        Self {
+            map,
+            map_pages,
+            cache,
+            charge: Default::default(),
+            threshold: Cell::new(0),
+            debt: Cell::new(0),
+            clock,
+            accesses: Default::default(),
+            writes: Default::default(),
+            hits: Cell::new(0),
+            charged: Cell::new(0),
+            paid: Cell::new(0),
+            preempted: Cell::new(0),
+            payments: Cell::new(0),
+            gap: Cell::new(0),
+        }
+    }
+
+    /// Sets each tier's charge (fixed point, [`charge_fixed`]) and the debt
+    /// at which [`Self::access`] pays (fixed point).
+    pub fn set_charges(&self, charges: [u64; EMULATION_MAX_TIERS], threshold: u64) {
+        for (c, v) in self.charge.iter().zip(charges) {
+            c.set(v);
+        }
+        self.threshold.set(threshold.min(i64::MAX as u64 >> 1));
+    }
+
+    /// The tier the map gives for the page holding `addr` (0 outside the map).
+    #[inline(always)]
+    pub fn tier_of(&self, addr: u64) -> usize {
+        let page = addr >> 12;
+        if page >= self.map_pages {
+            return 0;
+        }
+        let word = self
+            .map
+            .get((page / crate::abi::TIER_MAP_PAGES_PER_WORD) as usize)
+            .map_or(0, |w| w.load(Relaxed));
+        tier_map_get(word, page) as usize
+    }
+
+    /// Charges the access the workload just made to the line at `addr`:
+    /// a cache-model hit is free; a miss costs its tier's charge, paid once
+    /// the debt passes the threshold.
+    #[inline(always)]
+    pub fn access(&self, addr: u64, write: bool) {
+        if let Some(c) = &self.cache {
+            if c.touch(addr / CACHE_LINE) {
+                self.hits.set(self.hits.get() + 1);
+                return;
+            }
+        }
+        let tier = self.tier_of(addr);
+        self.accesses[tier].set(self.accesses[tier].get() + 1);
+        if write {
+            self.writes[tier].set(self.writes[tier].get() + 1);
+        }
+        let c = self.charge[tier].get();
+        self.charged.set(self.charged.get().wrapping_add(c));
+        let debt = self.debt.get().saturating_add(c as i64);
+        self.debt.set(debt);
+        if debt >= self.threshold.get() as i64 {
+            self.pay();
+        }
+    }
+
+    /// Pays whatever is owed now (kv: at the end of every operation).
+    #[inline(always)]
+    pub fn settle(&self) {
+        if self.debt.get() >= 1 << FRAC_BITS {
+            self.pay();
+        }
+    }
+
+    /// Sets the longest clock step a payment counts (TSC cycles; 0 = any):
+    /// a longer one means the vCPU did not run (the host preempted it).
+    pub fn set_preemption_gap(&self, cycles: u64) {
+        self.gap.set(cycles);
+    }
+
+    /// Spins on the clock until the whole debt is paid **in time the vCPU
+    /// runs**: a clock step longer than the preemption gap (the host took
+    /// the vCPU away) pays nothing and is counted as preempted, so a
+    /// policy that spins more is not favoured by host noise landing in its
+    /// spins. (Bounded: after [`MAX_PREEMPTED_CYCLES`] of preemption in
+    /// one payment every step counts as paid.) The overshoot of the last step
+    /// is credited against the next charges, up to one threshold.
+    #[cold]
+    #[inline(never)]
+    pub fn pay(&self) {
+        let debt = self.debt.get();
+        if debt <= 0 {
+            return;
+        }
+        let owed = (debt as u64) >> FRAC_BITS;
+        let gap = match self.gap.get() {
+            0 => u64::MAX,
+            g => g,
+        };
+        let give_up = MAX_PREEMPTED_CYCLES;
+        let (mut progress, mut lost) = (0u64, 0u64);
+        let mut prev = (self.clock)();
+        while progress < owed {
+            core::hint::spin_loop();
+            let now = (self.clock)();
+            let step = now.wrapping_sub(prev);
+            prev = now;
+            if step > gap && lost < give_up {
+                lost = lost.saturating_add(step);
+            } else {
+                progress = progress.saturating_add(step);
+            }
+        }
+        self.paid.set(self.paid.get().wrapping_add(progress));
+        self.preempted.set(self.preempted.get().wrapping_add(lost));
+        self.payments.set(self.payments.get() + 1);
+        let credit_floor = -(self.threshold.get() as i64);
+        let left =
+            debt.saturating_sub((progress.min(i64::MAX as u64 >> FRAC_BITS) << FRAC_BITS) as i64);
+        self.debt.set(left.max(credit_floor));
+    }
+
+    /// The counters as the ABI publishes them.
+    pub fn counters(&self) -> EmulationVcpu {
+        let mut v = EmulationVcpu::default();
+        for t in 0..EMULATION_MAX_TIERS {
+            v.accesses[t] = self.accesses[t].get();
+            v.writes[t] = self.writes[t].get();
+        }
+        v.cache_hits = self.hits.get();
+        v.charged_cycles = self.charged.get() >> FRAC_BITS;
+        v.paid_cycles = self.paid.get();
+        v.preempted_cycles = self.preempted.get();
+        v.payments = self.payments.get();
+        v
+    }
+
+    /// The debt not yet paid, fixed point (tests).
+    pub fn debt(&self) -> i64 {
+        self.debt.get()
+    }
+}
+
+/// Multiplier and increment of the pointer chase's full-period LCG modulo a
+/// power of two (Knuth's MMIX constants: `a % 4 == 1`, `c` odd).
+const CHASE_A: u64 = 6_364_136_223_846_793_005;
+const CHASE_C: u64 = 1_442_695_040_888_963_407;
+
+/// Lines of a chase over `words` (the largest power of two that fits).
+pub fn chase_lines(words: usize) -> u64 {
+    let lines = (words as u64) / (CACHE_LINE / 8);
+    if lines == 0 {
+        0
+    } else {
+        1 << (63 - lines.leading_zeros())
+    }
+}
+
+/// Links every cache line of `buf` into one cycle in a pseudo-random order
+/// (a full-period LCG over the line indices, so no prefetcher can follow
+/// it): the first word of each line holds the word index of the next.
+/// Returns the number of lines in the cycle.
+pub fn build_chase(buf: &[AtomicU64]) -> u64 {
+    let lines = chase_lines(buf.len());
+    let per = CACHE_LINE / 8;
+    let mut x = 0u64;
+    for _ in 0..lines {
+        let next = x.wrapping_mul(CHASE_A).wrapping_add(CHASE_C) & (lines - 1);
+        buf[(x * per) as usize].store(next * per, Relaxed);
+        x = next;
+    }
+    lines
+}
+
+/// Follows the chase for `hops` dependent loads from word 0; returns where
+/// it ended (so the loads cannot be optimised away).
+#[inline(never)]
+pub fn chase(buf: &[AtomicU64], hops: u64) -> u64 {
+    let mut i = 0u64;
+    for _ in 0..hops {
+        i = buf.get(i as usize).map_or(0, |w| w.load(Relaxed));
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    fn zeroed(n: usize) -> Vec<AtomicU64> {
+        (0..n).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    #[test]
+    fn cache_model_is_four_way_lru() {
+        let sets = zeroed(8);
+        let c = CacheModel::new(&sets).unwrap();
+        assert_eq!(c.lines(), 32);
+        // Lines 8 apart share set 0 (tags 1, 2, ...).
+        let l = |i: u64| i * 8;
+        for i in 1..=4 {
+            assert!(!c.touch(l(i)), "cold miss {i}");
+        }
+        for i in 1..=4 {
+            assert!(c.touch(l(i)), "four ways hold {i}");
+        }
+        // 1 is now the least recent: touching 5 evicts it.
+        assert!(!c.touch(l(5)));
+        assert!(!c.touch(l(1)), "the least recent line was evicted");
+        // 1 evicted 2; 3, 4, 5 stay.
+        assert!(c.touch(l(3)) && c.touch(l(4)) && c.touch(l(5)));
+        assert!(!c.touch(l(2)));
+        // Other sets are independent (line 9: set 1, tag 1).
+        assert!(!c.touch(9) && c.touch(9));
+        assert!(CacheModel::new(&sets[..6]).is_none());
+    }
+
+    #[test]
+    fn a_set_sized_working_set_hits_and_a_bigger_one_misses() {
+        let hits = |lines: u64, rounds: u64| {
+            let sets = zeroed(1024);
+            let c = CacheModel::new(&sets).unwrap();
+            let mut h = 0;
+            for _ in 0..rounds {
+                for i in 0..lines {
+                    h += u64::from(c.touch(i * 7919));
+                }
+            }
+            h as f64 / (lines * rounds) as f64
+        };
+        // A quarter of the capacity (1024 lines) fits.
+        assert!(hits(1024, 10) > 0.85);
+        // A cyclic scan of 8x the capacity always misses under LRU.
+        let big = hits(32 * 1024, 3);
+        assert!(big < 0.01, "{big}");
+    }
+
+    fn fake_clock() -> u64 {
+        use std::sync::atomic::AtomicU64;
+        static NOW: AtomicU64 = AtomicU64::new(0);
+        NOW.fetch_add(7, Relaxed)
+    }
+
+    #[test]
+    fn charges_follow_the_tier_map_and_are_paid() {
+        // 64 pages: 0..32 on tier 0, 32..64 on tier 1.
+        let map = zeroed(2);
+        map[1].store(0x5555_5555_5555_5555, Relaxed);
+        let ch = Charger::new(&map, 64, None, fake_clock);
+        // 1 GHz TSC: 1 cycle per ns. Tier 0: 100 ns (= DRAM, free), tier 1: 300 ns.
+        let c = [
+            charge_fixed(100_000, 100_000, 1_000_000),
+            charge_fixed(300_000, 100_000, 1_000_000),
+            0,
+            0,
+        ];
+        assert_eq!(c[1] >> FRAC_BITS, 200);
+        ch.set_charges(c, 1000 << FRAC_BITS);
+        for i in 0..100 {
+            let page = if i % 2 == 0 { 3 } else { 40 };
+            ch.access(page * 4096 + 64 * (i % 64), i % 2 == 0);
+        }
+        let v = ch.counters();
+        assert_eq!(v.accesses[0] + v.accesses[1], 100);
+        assert_eq!(v.accesses[1], 50, "pages 32..64 are tier 1");
+        assert_eq!(v.writes, [50, 0, 0, 0]);
+        assert_eq!(v.charged_cycles, 50 * 200);
+        // 200 cycles per slow access, 1000 to pay: a payment every 5 or 6
+        // slow accesses (a payment's overshoot is credited).
+        assert!((8..=10).contains(&v.payments), "{v:?}");
+        ch.settle();
+        let v = ch.counters();
+        // Everything charged is paid, within one clock step per payment.
+        assert!(v.paid_cycles >= v.charged_cycles);
+        assert!(v.paid_cycles <= v.charged_cycles + 7 * v.payments);
+        assert!(ch.debt() <= 0);
+        // Outside the map: tier 0.
+        assert_eq!(ch.tier_of(1 << 40), 0);
+    }
+
+    #[test]
+    fn cache_hits_are_not_charged() {
+        let map = zeroed(1);
+        map[0].store(!0, Relaxed); // every page on tier 3
+        let sets = zeroed(64);
+        let ch = Charger::new(&map, 32, CacheModel::new(&sets), fake_clock);
+        ch.set_charges([0, 0, 0, 500 << FRAC_BITS], u64::MAX);
+        for _ in 0..10 {
+            for line in 0..16u64 {
+                ch.access(line * 64, false);
+            }
+        }
+        let v = ch.counters();
+        assert_eq!(v.accesses[3], 16, "only the cold misses");
+        assert_eq!(v.cache_hits, 144);
+        assert_eq!(v.charged_cycles, 16 * 500);
+    }
+
+    #[test]
+    fn a_preempted_payment_pays_only_in_running_time() {
+        // 10 cycles a step; every 8th step the host takes 1e6 cycles away.
+        fn jumpy() -> u64 {
+            use std::sync::atomic::AtomicU64;
+            static STEP: AtomicU64 = AtomicU64::new(0);
+            let s = STEP.fetch_add(1, Relaxed);
+            s * 10 + (s / 8) * 1_000_000
+        }
+        let map = zeroed(1);
+        let ch = Charger::new(&map, 32, None, jumpy);
+        ch.set_charges([100 << FRAC_BITS, 0, 0, 0], 1000 << FRAC_BITS);
+        ch.set_preemption_gap(1_000);
+        for _ in 0..10 {
+            ch.access(0, false);
+        }
+        let v = ch.counters();
+        assert_eq!(v.payments, 1);
+        // 1000 cycles paid in 10-cycle steps; the jumps are preempted time.
+        assert_eq!(v.paid_cycles, 1000);
+        assert!(v.preempted_cycles >= 12 * 1_000_000, "{v:?}");
+        assert_eq!(ch.debt(), 0);
+        // Without a gap every step pays: the jump is credited up to one
+        // threshold only.
+        let ch = Charger::new(&map, 32, None, jumpy);
+        ch.set_charges([100 << FRAC_BITS, 0, 0, 0], 1000 << FRAC_BITS);
+        for _ in 0..10 {
+            ch.access(0, false);
+        }
+        assert_eq!(ch.debt(), -(1000 << FRAC_BITS));
+        assert_eq!(ch.counters().preempted_cycles, 0);
+    }
+
+    #[test]
+    fn chase_visits_every_line_once_per_cycle() {
+        let buf = zeroed(8 * 1024 + 5);
+        let lines = build_chase(&buf);
+        assert_eq!(lines, 1024);
+        let mut seen = std::vec![false; 1024];
+        let mut i = 0u64;
+        for _ in 0..1024 {
+            let line = (i / 8) as usize;
+            assert!(!seen[line], "line {line} twice");
+            seen[line] = true;
+            i = buf[i as usize].load(Relaxed);
+        }
+        assert_eq!(i, 0, "a single cycle");
+        assert_eq!(chase(&buf, 1024), 0);
+        assert_eq!(chase_lines(7), 0);
+    }
+
+    #[test]
+    fn a_host_slower_than_the_fast_tier_keeps_the_tiers_difference() {
+        // Host DRAM 171 ns, Colloid's 70/135 ns: fast free, slow +65 ns.
+        let base = charge_base_ps(171_000, 70_000);
+        assert_eq!(base, 70_000);
+        assert_eq!(charge_fixed(70_000, base, 1_000_000), 0);
+        assert_eq!(charge_fixed(135_000, base, 1_000_000) >> FRAC_BITS, 65);
+        // A loaded fast tier (antagonist) costs its load above the base.
+        assert_eq!(charge_fixed(175_000, base, 1_000_000) >> FRAC_BITS, 105);
+        // Host DRAM faster than the fast tier: charged against the host.
+        assert_eq!(charge_base_ps(100_000, 150_000), 100_000);
+    }
+
+    #[test]
+    fn charge_rounds_to_fixed_point_and_clamps_at_zero() {
+        // 2.6 GHz: 150 ns over 100 ns DRAM = 130 cycles.
+        assert_eq!(charge_fixed(250_000, 100_000, 2_600_000) >> FRAC_BITS, 390);
+        assert_eq!(charge_fixed(80_000, 100_000, 2_600_000), 0);
+        let c = charge_fixed(100_500, 100_000, 1_000_000);
+        assert_eq!(c, 512, "half a cycle is kept");
+    }
+}

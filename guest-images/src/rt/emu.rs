@@ -1,0 +1,201 @@
+//! The runtime's side of latency emulation: attaches each vCPU to the
+//! region the VMM published ([`BootInfo::emulation_gpa`]), measures the host
+//! DRAM latency once at boot (vCPU 0, a pointer chase; the others wait), and
+//! keeps the vCPU's [`Charger`] and its published counters up to date.
+//! The charging itself is [`crate::emulation`].
+
+use core::cell::Cell;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::abi::{
+    self, BootInfo, EmulationHeader, EmulationVcpu, EMULATION_MAX_TIERS, EMU_GUEST_CHARGING,
+    EMU_GUEST_MEASURING, MAX_VCPUS,
+};
+use crate::emulation::{
+    build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger, FRAC_BITS,
+};
+
+use super::{rdtsc, rdtsc_ordered};
+
+/// A clock step this long inside a payment means the host did not run the
+/// vCPU (a spin iteration takes tens of ns; a host interrupt a few us).
+const PREEMPTION_GAP_US: u64 = 20;
+/// Passes of the boot measurement (the fastest counts).
+const CHASE_PASSES: u32 = 2;
+/// Bounds on a plausible DRAM latency measurement, ps (10 ns .. 10 us).
+const DRAM_PS_RANGE: core::ops::RangeInclusive<u64> = 10_000..=10_000_000;
+
+/// One vCPU's emulation state.
+pub(crate) struct GuestEmulation {
+    header: *mut EmulationHeader,
+    slot: *mut EmulationVcpu,
+    charger: Charger<'static>,
+    generation: Cell<u64>,
+    /// What charges subtract: [`charge_base_ps`].
+    base_ps: u64,
+    tsc_khz: u64,
+    tier_count: usize,
+}
+
+/// Reads a field of the header the VMM may write concurrently.
+macro_rules! hread {
+    ($h:expr, $($f:tt)+) => {
+        // SAFETY: `$h` points at the VMM's emulation header (mapped guest
+        // memory for the whole run); volatile because the VMM writes it.
+        unsafe { core::ptr::addr_of!((*$h).$($f)+).read_volatile() }
+    };
+}
+
+/// Writes a field of the header (one of the guest's).
+macro_rules! hwrite {
+    ($h:expr, $v:expr, $($f:tt)+) => {
+        // SAFETY: as for `hread`; the guest owns the fields it writes.
+        unsafe { core::ptr::addr_of_mut!((*$h).$($f)+).write_volatile($v) }
+    };
+}
+
+impl GuestEmulation {
+    /// Attaches vCPU `vcpu` to the region, if the VMM published one; vCPU 0
+    /// measures host DRAM latency first while the others wait for it.
+    /// `None`: no emulation (or a header this runtime does not understand).
+    pub(crate) fn attach(boot: &'static BootInfo, vcpu: u32) -> Option<Self> {
+        let gpa = boot.emulation_gpa;
+        if gpa == 0 || !gpa.is_multiple_of(4096) || gpa < boot.ram_size {
+            return None;
+        }
+        let h = gpa as *mut EmulationHeader;
+        let tier_count = hread!(h, tier_count) as usize;
+        if hread!(h, magic) != abi::EMULATION_MAGIC
+            || hread!(h, version) != abi::EMULATION_VERSION
+            || !(1..=EMULATION_MAX_TIERS).contains(&tier_count)
+        {
+            return None;
+        }
+        if vcpu == 0 {
+            // With a fixed host DRAM latency (`host-dram=`, a comparison's
+            // later runs) nothing is measured.
+            if hread!(h, dram_fixed_ps) == 0 {
+                measure_dram(h, boot.tsc_khz.max(1));
+            } else {
+                hwrite!(h, EMU_GUEST_CHARGING, guest_state);
+            }
+        } else {
+            while hread!(h, guest_state) != EMU_GUEST_CHARGING {
+                core::hint::spin_loop();
+            }
+        }
+        core::sync::atomic::fence(Ordering::Acquire);
+        let words = abi::tier_map_bytes(hread!(h, tier_map_pages)) / 8;
+        // SAFETY: the VMM maps the tier map (words x 8 bytes at
+        // `tier_map_gpa`) for the whole run and only writes it atomically;
+        // AtomicU64 has no invalid bit patterns.
+        let map = unsafe {
+            core::slice::from_raw_parts(hread!(h, tier_map_gpa) as *const AtomicU64, words as usize)
+        };
+        let stride = hread!(h, cache_model_stride);
+        let cache = if hread!(h, cache_bytes) == 0 || stride == 0 {
+            None
+        } else {
+            let at = hread!(h, cache_model_gpa) + u64::from(vcpu) * stride;
+            // SAFETY: the VMM reserved `stride` zeroed bytes per vCPU at
+            // `cache_model_gpa`; only this vCPU touches its own array.
+            let sets = unsafe {
+                core::slice::from_raw_parts(at as *const AtomicU64, (stride / 8) as usize)
+            };
+            CacheModel::new(sets)
+        };
+        let i = (vcpu as usize).min(MAX_VCPUS - 1);
+        let e = Self {
+            header: h,
+            // SAFETY: in bounds of the header's vCPU slots.
+            slot: unsafe { core::ptr::addr_of_mut!((*h).vcpus[i]) },
+            charger: Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc_ordered),
+            generation: Cell::new(u64::MAX),
+            base_ps: charge_base_ps(
+                match hread!(h, dram_fixed_ps) {
+                    0 => hread!(h, dram_ps),
+                    fixed => fixed,
+                },
+                hread!(h, unloaded_ps[0]),
+            ),
+            tsc_khz: boot.tsc_khz.max(1),
+            tier_count,
+        };
+        e.refresh();
+        e.set_gap();
+        Some(e)
+    }
+
+    /// The charger (per access).
+    #[inline(always)]
+    pub(crate) fn charger(&self) -> &Charger<'static> {
+        &self.charger
+    }
+
+    /// Publishes the counters and picks up new loaded latencies (every few
+    /// hundred operations).
+    pub(crate) fn sync(&self) {
+        let c = self.charger.counters();
+        // SAFETY: this vCPU's own slot of the header.
+        unsafe { self.slot.write_volatile(c) };
+        self.refresh();
+    }
+
+    /// Recomputes the charges when the VMM published new loaded latencies.
+    fn refresh(&self) {
+        let h = self.header;
+        let g = hread!(h, loaded_generation);
+        if g == self.generation.get() {
+            return;
+        }
+        self.generation.set(g);
+        let mut charges = [0u64; EMULATION_MAX_TIERS];
+        for (t, c) in charges.iter_mut().enumerate().take(self.tier_count) {
+            *c = charge_fixed(hread!(h, loaded_ps[t]), self.base_ps, self.tsc_khz);
+        }
+        let threshold =
+            charge_fixed(hread!(h, pay_threshold_ps), 0, self.tsc_khz).max(1 << FRAC_BITS);
+        self.charger.set_charges(charges, threshold);
+    }
+
+    /// The clock step beyond which a payment's spin counts as preempted.
+    fn set_gap(&self) {
+        self.charger
+            .set_preemption_gap(self.tsc_khz.saturating_mul(PREEMPTION_GAP_US) / 1000);
+    }
+}
+
+/// vCPU 0 at boot: times dependent loads over the chase buffer (every line
+/// once, in an order no prefetcher follows, larger than the caches) and
+/// publishes the mean as the host DRAM latency; then lets the others go.
+fn measure_dram(h: *mut EmulationHeader, tsc_khz: u64) {
+    hwrite!(h, EMU_GUEST_MEASURING, guest_state);
+    let words = (hread!(h, chase_bytes) / 8) as usize;
+    // SAFETY: the VMM reserved `chase_bytes` at `chase_gpa` for this
+    // measurement; nothing else uses it while vCPU 0 measures.
+    let buf =
+        unsafe { core::slice::from_raw_parts(hread!(h, chase_gpa) as *const AtomicU64, words) };
+    let lines = build_chase(buf);
+    let mut ps = u64::MAX;
+    // Two passes over the whole cycle (each line once per pass, the buffer
+    // twice the LLC, so no pass hits lines of the previous): the faster is
+    // the one least disturbed by the host.
+    for _ in 0..CHASE_PASSES {
+        if lines == 0 {
+            break;
+        }
+        let t0 = rdtsc();
+        let end = chase(buf, lines);
+        let cycles = rdtsc().wrapping_sub(t0);
+        core::hint::black_box(end);
+        let pass = u128::from(cycles) * 1_000_000_000 / (u128::from(lines) * u128::from(tsc_khz));
+        ps = ps.min(u64::try_from(pass).unwrap_or(u64::MAX));
+    }
+    // An implausible measurement charges the full tier latency (as if the
+    // host's DRAM cost nothing) rather than a wrong difference.
+    let ps = if DRAM_PS_RANGE.contains(&ps) { ps } else { 0 };
+    hwrite!(h, ps, dram_ps);
+    hwrite!(h, lines * u64::from(CHASE_PASSES), chase_hops);
+    core::sync::atomic::fence(Ordering::Release);
+    hwrite!(h, EMU_GUEST_CHARGING, guest_state);
+}
