@@ -30,6 +30,11 @@ pub enum ThreadRole {
     /// The tier resize and maintenance driver (`tiervm-resize`): shrink
     /// steps (migrations), huge-page collapses.
     Resize,
+    /// The link of a `tiervm serve` worker to its service
+    /// (`worker-control`): reads commands from the service's socketpair,
+    /// answers on it, changes tier capacities (accounting only) and hands
+    /// policy switches to the main thread.
+    WorkerLink,
     /// The latency-emulation thread (`latency-emulation`, `--emulate-latency`
     /// only): every 10 ms reads the guest's access counters, recomputes the
     /// tiers' loaded latency and republishes it; gives the boot
@@ -39,7 +44,7 @@ pub enum ThreadRole {
 
 impl ThreadRole {
     /// Every role.
-    pub const ALL: [ThreadRole; 10] = [
+    pub const ALL: [ThreadRole; 11] = [
         ThreadRole::Main,
         ThreadRole::Vcpu,
         ThreadRole::FaultHandler,
@@ -49,6 +54,7 @@ impl ThreadRole {
         ThreadRole::EngineDamon,
         ThreadRole::DamonReader,
         ThreadRole::Resize,
+        ThreadRole::WorkerLink,
         ThreadRole::LatencyEmulation,
     ];
 
@@ -64,6 +70,7 @@ impl ThreadRole {
             ThreadRole::EngineDamon => "engine (DAMON)",
             ThreadRole::DamonReader => "damon-reader",
             ThreadRole::Resize => "resize",
+            ThreadRole::WorkerLink => "worker-link",
             ThreadRole::LatencyEmulation => "latency-emulation",
         }
     }

@@ -74,6 +74,9 @@ pub enum Error {
     /// A report could not be encoded or written.
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// `tiervm serve`, its worker mode or `tiervm ctl` failed.
+    #[error(transparent)]
+    Serve(#[from] crate::serve::ServeError),
     /// Latency emulation could not be set up.
     #[error(transparent)]
     Emulation(#[from] EmulationError),
@@ -118,6 +121,7 @@ impl Error {
             Self::Compare(e) => return e.exit_code(),
             Self::Native(e) => e.is_usage(),
             Self::Vm(e) => e.is_usage(),
+            Self::Serve(e) => e.is_usage(),
             Self::Emulation(e) => matches!(e, EmulationError::TooLarge { .. }),
             Self::Permission(_) | Self::Vcpu(_) | Self::Info(_) | Self::Output(_) => false,
             Self::Seccomp(_) | Self::Signals(_) => false,

@@ -20,6 +20,7 @@ pub mod progress;
 pub mod report;
 pub mod runner;
 pub mod seccomp;
+pub mod serve;
 pub mod signals;
 pub mod status;
 pub mod tiering_config;

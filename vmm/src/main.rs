@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use vmm::commands::{compare, emulation_check, info, native, run, sim};
+use vmm::commands::{compare, ctl, emulation_check, info, native, run, serve, sim, worker};
 
 /// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
 #[derive(Parser, Debug)]
@@ -28,6 +28,13 @@ enum Command {
     Sim(sim::SimArgs),
     /// List the built-in images and their arguments.
     Images,
+    /// Run the host-side memory-expander service for many VMs (docs/service.md).
+    Serve(serve::ServeArgs),
+    /// Drive a running `tiervm serve` over its socket (every API route).
+    Ctl(ctl::CtlArgs),
+    /// One VM of `tiervm serve` (started by the service only).
+    #[command(name = "__worker", hide = true)]
+    Worker(worker::WorkerArgs),
     /// Validate latency emulation on this host: charge linearity, the cache
     /// model, the overhead (docs/emulation.md).
     EmulationCheck(emulation_check::EmulationCheckArgs),
@@ -52,6 +59,9 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a).map(|()| 0).map_err(Into::into),
         Command::Native(a) => native::run(a),
         Command::Sim(a) => sim::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Ctl(a) => ctl::run(a),
+        Command::Worker(a) => worker::run(a, started),
         Command::EmulationCheck(a) => emulation_check::run(a, started),
         Command::Images => vmm::output::stdout(&images_text()).map(|()| 0),
     };

@@ -50,6 +50,9 @@ pub struct SampleCtx<'a> {
     pub t_s: f64,
     /// Total guest operations so far.
     pub ops: u64,
+    /// The VM's tiered RAM, if tiered (the service's worker resizes tiers
+    /// and switches policies through it).
+    pub tiered: Option<&'a TieredRam>,
 }
 
 /// Observers of a run (tests, progress display).
@@ -446,6 +449,7 @@ fn sample(cfg: &VmConfig, vm: &mut Vm, hooks: &mut dyn RunHooks, w: &mut Watched
         layout: &cfg.layout,
         t_s,
         ops: snap.total_ops(),
+        tiered: vm.tiered(),
     });
 }
 

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::mem::{self, Migrator, TieredMemory};
+pub mod profile;
 pub mod schedule;
 
 pub use schedule::{
@@ -176,6 +177,8 @@ pub struct EngineReport {
     /// The policy's mode at the end and why (policies with modes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub final_mode: Option<PolicyMode>,
+    /// Times the policy was rebuilt for changed tier capacities (live resize).
+    pub capacity_rebuilds: u64,
 }
 
 /// How long a hint-fault touch counts as the page's accessed bit.
@@ -269,6 +272,8 @@ struct EngineState {
     /// Latency emulation's live model; takes precedence over `latency`.
     live_latency: Option<Arc<dyn TierLoadSource>>,
     report: EngineReport,
+    /// Sampled accesses per page, for the service's division of the fast tier.
+    profile: Arc<profile::AccessProfile>,
 }
 
 impl EngineState {
@@ -349,6 +354,7 @@ impl EngineState {
     ) -> Option<Migration> {
         let mem = self.migrator.memory().clone();
         let tier_id = mem.tier_of(s.page as usize)?;
+        self.profile.record(s.page);
         for bits in [&mut self.touched, &mut self.probe_touched] {
             if let Some(w) = bits.get_mut((s.page / 64) as usize) {
                 *w |= 1 << (s.page % 64);
@@ -455,6 +461,7 @@ impl EngineState {
             d.merge_accessed_into(&mut self.probe_touched);
             for page in d.drain_sample_pages() {
                 if let Some(tier) = mem.tier_of(page as usize) {
+                    self.profile.record(page);
                     if let Some(h) = self.tier_hits.get_mut(usize::from(tier)) {
                         *h += 1;
                     }
@@ -603,6 +610,7 @@ enum Command {
 /// A running engine thread.
 pub struct Engine {
     mode: ModeSlot,
+    profile: Arc<profile::AccessProfile>,
     stop: Arc<AtomicBool>,
     commands: Arc<Mutex<VecDeque<Command>>>,
     join: Option<JoinHandle<EngineReport>>,
@@ -716,6 +724,7 @@ impl Engine {
         };
         let words = migrator.memory().guest_pages().div_ceil(64);
         let mode: ModeSlot = Arc::new(Mutex::new(None));
+        let profile = Arc::new(profile::AccessProfile::new(migrator.memory().guest_pages()));
         let state = Arc::new(Mutex::new(EngineState {
             mode: mode.clone(),
             policy: first,
@@ -741,6 +750,7 @@ impl Engine {
                 },
                 ..Default::default()
             },
+            profile: profile.clone(),
         }));
         let start = Instant::now();
         let hooks = FaultPathHooks {
@@ -761,6 +771,7 @@ impl Engine {
             schedule: cfg.schedule.into_iter().collect(),
             next_tick: Duration::ZERO,
             next_window: ACCESSED_WINDOW,
+            next_capacity_check: CAPACITY_CHECK,
         };
         let join = std::thread::Builder::new()
             .name("tiering-engine".into())
@@ -768,6 +779,7 @@ impl Engine {
             .map_err(EngineError::Spawn)?;
         Ok(Self {
             mode,
+            profile,
             stop,
             commands,
             join: Some(join),
@@ -778,6 +790,11 @@ impl Engine {
     /// the first tick, and always for policies without modes).
     pub fn mode_slot(&self) -> ModeSlot {
         self.mode.clone()
+    }
+
+    /// The sampled accesses per page the engine has seen (shared, live).
+    pub fn access_profile(&self) -> Arc<profile::AccessProfile> {
+        self.profile.clone()
     }
 
     /// Asks the engine to switch to `kind` (state handed over).
@@ -836,7 +853,13 @@ struct EngineThread {
     schedule: VecDeque<ScheduledSwitch>,
     next_tick: Duration,
     next_window: Duration,
+    /// When tier capacities were last compared with the policy's.
+    next_capacity_check: Duration,
 }
+
+/// How often the engine compares tier capacities with the policy's (a live
+/// resize, `--fast-schedule` or the service, changes them).
+const CAPACITY_CHECK: Duration = Duration::from_millis(500);
 
 impl EngineThread {
     /// The engine loop. Every [`POLL_INTERVAL`] until stopped:
@@ -858,6 +881,10 @@ impl EngineThread {
             let now = self.start.elapsed();
             for kind in self.due_switches(now) {
                 self.switch(kind, now);
+            }
+            if now >= self.next_capacity_check {
+                self.next_capacity_check = now + CAPACITY_CHECK;
+                self.follow_capacities();
             }
             self.poll(now);
             std::thread::sleep(POLL_INTERVAL);
@@ -891,6 +918,31 @@ impl EngineThread {
             }
         }
         switches
+    }
+
+    /// Policies size themselves by the tier capacities they were built with
+    /// (memtis' hot threshold, tpp's watermarks, mtm's targets). After a
+    /// live resize the policy is rebuilt with the new capacities, its
+    /// hotness handed over as in a switch (the tick keeps its phase).
+    fn follow_capacities(&mut self) {
+        let mut st = lock(&self.state);
+        let mem = self.migrator.memory().clone();
+        let caps: Vec<u64> = mem.tier_ids().map(|t| mem.capacity(t) as u64).collect();
+        if caps == st.cfg.tier_capacity_pages {
+            return;
+        }
+        st.cfg.tier_capacity_pages = caps;
+        let kind = st.policy.kind();
+        let exported: PolicyState = st.policy.export_state();
+        let pcfg = st.config_for(kind);
+        match policy::switch_to(kind, &pcfg, &exported) {
+            Ok(p) => {
+                st.policy = p;
+                st.set_probing();
+                st.report.capacity_rebuilds += 1;
+            }
+            Err(e) => tracing::warn!("rebuilding {kind} for new tier capacities: {e}"),
+        }
     }
 
     /// Hands the policy's hotness over to a new `kind` and restarts the tick.

@@ -95,6 +95,24 @@ pub fn run_all(scn: &Scenario, policies: &[PolicyKind]) -> Result<Vec<SimReport>
     policies.iter().map(|&p| run(scn, p)).collect()
 }
 
+/// `samples` accesses drawn from `scn`'s access stream, counted per
+/// modeled page (what a live engine's access profile would hold after as
+/// many samples), and the scale (real pages per modeled page). For the
+/// modeled division of a fast pool among VMs (`tiervm sim --division-pool`).
+pub fn access_counts(scn: &Scenario, samples: u64) -> Result<(Vec<u32>, f64), SimError> {
+    setup::validate(scn)?;
+    let mut start = setup::initial_state(scn, SimPlacement::FirstTouch)?;
+    let mut counts = vec![0u32; usize::try_from(start.pages).unwrap_or(0)];
+    let mut rng = tiervm_guest::gen::Rng::for_stream(scn.seed, 77);
+    for _ in 0..samples {
+        let a = start.stream.next(&mut rng);
+        if let Some(c) = usize::try_from(a.page).ok().and_then(|p| counts.get_mut(p)) {
+            *c = c.saturating_add(1);
+        }
+    }
+    Ok((counts, start.scale))
+}
+
 /// Colloid's best case: `static` with `share` of the hot set in tier 0,
 /// for each share in 0.0, 0.1, ..., 1.0 (GUPS scenarios). Returns
 /// `(share, report)` pairs.

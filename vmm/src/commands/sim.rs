@@ -50,6 +50,17 @@ pub struct SimArgs {
     /// Parallel runs (default: available cores).
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Divide a fast pool of this many GiB among the VMs of --mix with
+    /// `tiervm serve`'s division and compare with an even split (MODELED).
+    #[arg(long, value_name = "GIB")]
+    pub division_pool: Option<f64>,
+    /// With --division-pool: the VMs, as built-in scenario names
+    /// (default: four 16 GiB VMs with different working sets).
+    #[arg(long, value_delimiter = ',')]
+    pub mix: Vec<String>,
+    /// With --division-pool: the division's step, GiB.
+    #[arg(long, default_value_t = 0.5)]
+    pub division_quantum: f64,
 
     /// Modeled seconds.
     #[arg(long)]
@@ -197,6 +208,14 @@ pub enum SimCmdError {
     /// The simulator refused the scenario or a policy.
     #[error(transparent)]
     Sim(#[from] sim::SimError),
+    /// `--division-pool` or `--division-quantum` not a positive size.
+    #[error("--division-pool {pool} and --division-quantum {quantum} must be positive GiB (e.g. --division-pool 4 --division-quantum 0.25)")]
+    DivisionSizes {
+        /// `--division-pool`.
+        pool: f64,
+        /// `--division-quantum`.
+        quantum: f64,
+    },
     /// JSON encoding failed.
     #[error("cannot encode the report as JSON")]
     Json(#[from] serde_json::Error),
@@ -454,6 +473,9 @@ pub fn run(args: &SimArgs) -> crate::error::Result<i32> {
         crate::output::stdout(&list())?;
         return Ok(0);
     }
+    if let Some(pool) = args.division_pool {
+        return run_division(args, pool);
+    }
     let Some(name) = args.scenario.as_deref() else {
         return Err(SimCmdError::NoScenario.into());
     };
@@ -507,6 +529,46 @@ pub fn run(args: &SimArgs) -> crate::error::Result<i32> {
             crate::output::stdout(&s)?;
         }
         SimFormat::Table => crate::output::stdout(&tables(args, &scn, &reports, wall_s, jobs))?,
+    }
+    Ok(0)
+}
+
+/// `--division-pool`: the service's fast-tier division against an even
+/// split, modeled.
+fn run_division(args: &SimArgs, pool: f64) -> crate::error::Result<i32> {
+    let positive = |gib: f64| gib.is_finite() && gib > 0.0;
+    if !(positive(pool) && positive(args.division_quantum)) {
+        return Err(SimCmdError::DivisionSizes {
+            pool,
+            quantum: args.division_quantum,
+        }
+        .into());
+    }
+    let mut vms = if args.mix.is_empty() {
+        crate::serve::modeled::default_mix()
+    } else {
+        args.mix
+            .iter()
+            .map(|n| {
+                sim::builtin(n).ok_or_else(|| SimCmdError::UnknownScenario { name: n.clone() })
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    for v in &mut vms {
+        apply_overrides(v, args)?;
+    }
+    let policy: PolicyKind = match args.policies.first() {
+        Some(p) => p.parse().map_err(SimCmdError::from)?,
+        None => PolicyKind::Memtis,
+    };
+    let r = crate::serve::modeled::compare(&vms, pool, policy, args.division_quantum)
+        .map_err(SimCmdError::from)?;
+    match args.report {
+        SimFormat::Json => crate::output::stdout(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&r).map_err(SimCmdError::from)?
+        ))?,
+        SimFormat::Table => crate::output::stdout(&crate::serve::modeled::table(&r))?,
     }
     Ok(0)
 }

@@ -223,6 +223,16 @@ const DAMON_SYSFS: &[Syscall] = &[
     sys(libc::SYS_getdents64, "getdents64"),
 ];
 
+/// A `tiervm serve` worker's link to the service: the socketpair's
+/// commands in and answers out (`recvfrom`, `sendto`: std reads and writes
+/// sockets with `recv` and `send`), the reader dropped at the end (`close`). Measured with `strace -f` on the service's
+/// integration tests (docs/security.md).
+const WORKER_LINK: &[Syscall] = &[
+    sys(libc::SYS_recvfrom, "recvfrom"),
+    sys(libc::SYS_sendto, "sendto"),
+    sys(libc::SYS_close, "close"),
+];
+
 /// Whether `role` may open files (then no call is refused with EACCES).
 pub fn opens_files(role: ThreadRole) -> bool {
     groups(role)
@@ -245,6 +255,7 @@ pub fn groups(role: ThreadRole) -> &'static [&'static [Syscall]] {
         ThreadRole::Main => &[EVERY_THREAD, MAIN, PLACEMENT, HOST_FACTS],
         ThreadRole::EngineDamon => &[EVERY_THREAD, MIGRATOR, PLACEMENT, DAMON_SYSFS],
         ThreadRole::DamonReader => &[EVERY_THREAD, DAMON_SYSFS],
+        ThreadRole::WorkerLink => &[EVERY_THREAD, WORKER_LINK],
         // Sleeps, reads and writes the shared emulation region (plain
         // memory), `madvise`s the boot measurement's buffer away.
         ThreadRole::LatencyEmulation => &[EVERY_THREAD],

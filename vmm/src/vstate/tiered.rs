@@ -74,6 +74,9 @@ pub enum TieredRamError {
     /// The userfaultfd handler did not stop cleanly.
     #[error("stopping the userfaultfd handler")]
     StopFaultHandler(#[source] std::io::Error),
+    /// A policy switch for a VM that runs no policy engine.
+    #[error("this VM runs no placement policy engine (chaos or untiered): its policy cannot be switched")]
+    NoEngine,
 }
 
 impl TieredRamError {
@@ -570,5 +573,23 @@ impl Drop for TieredRam {
         if let Err(e) = self.stop_migration() {
             tracing::warn!("stopping tiering on drop: {e}");
         }
+    }
+}
+
+/// For the host-side service's worker (`tiervm serve`): live policy switch
+/// and the access profile the fast-tier division reads.
+impl TieredRam {
+    /// Switches the placement policy now (the engine hands its state over).
+    /// Refused when this VM runs no engine (chaos).
+    pub fn switch_policy(&self, kind: tiering::policy::PolicyKind) -> Result<()> {
+        match &self.engine {
+            Some(e) => Ok(e.switch(kind).map_err(TieredRamError::StartEngine)?),
+            None => Err(TieredRamError::NoEngine.into()),
+        }
+    }
+
+    /// The engine's per-page sampled accesses, if an engine runs.
+    pub fn access_profile(&self) -> Option<Arc<tiering::engine::profile::AccessProfile>> {
+        self.engine.as_ref().map(Engine::access_profile)
     }
 }

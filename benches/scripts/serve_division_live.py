@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Live fast-tier division under `tiervm serve` (docs/results.md §10).
+
+Three VMs with different working sets share a small fast pool; the script
+polls the API every second and checks at every poll that the division stays
+within its bounds (each target in [min, max] once admitted, the targets
+within the pool, no round's optional moves above the budget), and that
+rebalancing happened (capacity moved between VMs after the start). It prints
+a timeline of each VM's target and used fast bytes.
+
+Tiers are emulated on a one-node host: the capacities, migrations and the
+division are real; throughput differences between tiers are not, so this
+run shows the mechanism, and the gain figure comes from the simulator
+(`tiervm sim --division-pool`, modeled).
+
+Usage: benches/scripts/serve_division_live.py [--duration 90] [--binary target/release/tiervm]
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from serve_soak import Api  # noqa: E402
+
+M = 1 << 20
+
+VMS = [
+    # A small hot set: needs little fast memory.
+    {"image": "zipf", "mem": "256M", "args": ["rss=192M", "wss=16M"], "policy": "memtis",
+     "fast": {"min": "16M", "max": "256M", "weight": 1}},
+    # A large hot set: gains from every quantum up to ~128M.
+    {"image": "gups", "mem": "256M", "args": ["size=192M", "hot_size=128M", "hot_prob=0.95"],
+     "policy": "memtis", "fast": {"min": "16M", "max": "256M", "weight": 1}},
+    # A wide Zipf working set: in between.
+    {"image": "zipf", "mem": "256M", "args": ["rss=192M", "wss=160M", "theta=0.7"], "policy": "memtis",
+     "fast": {"min": "16M", "max": "256M", "weight": 1}},
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=float, default=90)
+    ap.add_argument("--binary", default="target/release/tiervm")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="tiervm-division-")
+    sock = os.path.join(work, "api.sock")
+    log = open(os.path.join(work, "serve.log"), "w")
+    svc = subprocess.Popen(
+        [a.binary, "serve", "--socket", sock, "--state-dir", os.path.join(work, "state"),
+         "--fast-pool", "192M", "--slow-pool", "1G", "--period", "2s", "--quantum", "16M",
+         "--max-move-rate", "16M", "--dwell", "4s"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    while not os.path.exists(sock):
+        time.sleep(0.05)
+    api = Api(sock)
+    ids = []
+    for body in VMS:
+        st, v = api.call("POST", "/v1/vms", body)
+        assert st == 201, (st, v)
+        ids.append(v["id"])
+    failures = []
+    timeline = []
+    t0 = time.monotonic()
+    budget = None
+    while time.monotonic() - t0 < a.duration:
+        time.sleep(1)
+        st, h = api.call("GET", "/v1/host")
+        _, vms = api.call("GET", "/v1/vms")
+        pool = h["pools"][0]["capacity_bytes"]
+        budget = h["rebalance"]["budget_bytes"]
+        t = round(time.monotonic() - t0, 1)
+        row = {"t_s": t, "moved_bytes": h["rebalance"]["moved_bytes"],
+               "optional_bytes": h["rebalance"]["optional_bytes"],
+               "max_round_optional_bytes": h["rebalance"]["max_round_optional_bytes"], "vms": {}}
+        total = 0
+        for v in vms:
+            f = v["fast"]
+            total += f["target_bytes"]
+            row["vms"][v["id"]] = {"target_mib": f["target_bytes"] // M, "used_mib": f["used_bytes"] // M,
+                                   "ops_per_sec": round(v["ops_per_sec"])}
+            if v["state"] == "running" and t > 10 and not (f["min_bytes"] <= f["target_bytes"] <= f["max_bytes"]):
+                failures.append(f"t={t}: {v['id']} target outside [min, max]: {f}")
+        if total > pool:
+            failures.append(f"t={t}: targets {total} above the pool {pool}")
+        if row["max_round_optional_bytes"] > budget:
+            failures.append(f"t={t}: a round's optional moves {row['max_round_optional_bytes']} > budget {budget}")
+        timeline.append(row)
+    if timeline and timeline[-1]["optional_bytes"] == 0:
+        failures.append("no rebalancing happened")
+    for i in ids:
+        api.call("DELETE", f"/v1/vms/{i}")
+    svc.send_signal(signal.SIGTERM)
+    svc.wait(timeout=120)
+    print(f"fast pool 192M, budget {budget // M if budget else '?'}M per 2 s round, quantum 16M (tiers emulated)")
+    print("t_s   " + "  ".join(f"{i:>22}" for i in ids) + "   moved MiB (optional)")
+    for row in timeline[::5] + ([timeline[-1]] if timeline else []):
+        cells = "  ".join(
+            f"{row['vms'].get(i, {}).get('target_mib', 0):>4}M tgt {row['vms'].get(i, {}).get('used_mib', 0):>4}M used"
+            for i in ids)
+        print(f"{row['t_s']:>5} {cells}   {row['moved_bytes'] // M} ({row['optional_bytes'] // M})")
+    print("failures:", failures or "none")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"timeline": timeline, "failures": failures, "budget_bytes": budget}, f, indent=1)
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,730 @@
+//! `tiervm serve` driven over its real Unix socket with real HTTP clients
+//! (curl, the Rust client in `vmm::serve::client`, `tiervm ctl`): errors,
+//! the OpenAPI document (validated by `openapi-spec-validator`, every
+//! route present), metrics (`promtool check metrics`, a real Prometheus
+//! server scraping and querying a series back), and, with KVM, three VMs
+//! changed live, one SIGKILLed, and a clean stop that leaves nothing behind.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vmm::serve::client;
+
+const M: u64 = 1 << 20;
+
+/// A running service in its own temporary directory.
+struct Service {
+    child: Option<Child>,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tiervm-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+impl Service {
+    fn start(name: &str, extra: &[&str]) -> Self {
+        let dir = temp_dir(name);
+        let socket = dir.join("run").join("api.sock");
+        let log = std::fs::File::create(dir.join("serve.log")).expect("log");
+        let child = common::tiervm()
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start tiervm serve");
+        let s = Self {
+            child: Some(child),
+            dir,
+            socket,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !s.socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the service did not create its socket: {}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
+    }
+
+    /// A request with the Rust client.
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let a = client::request(
+            &self.socket,
+            method,
+            path,
+            body.map(str::as_bytes),
+            Duration::from_secs(60),
+        )
+        .expect("the service answers");
+        (a.status, a.json())
+    }
+
+    /// A request with curl; returns the status and the body.
+    fn curl(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}"])
+            .arg("--unix-socket")
+            .arg(&self.socket)
+            .args(["-X", method]);
+        if let Some(b) = body {
+            c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+        }
+        let out = c
+            .arg(format!("http://localhost{path}"))
+            .output()
+            .expect("curl runs (apt-get install curl)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the service did not stop within 90 s: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn assert_error(status: u16, body: &Value, want_status: u16, want_code: &str, ctx: &str) {
+    assert_eq!(status, want_status, "{ctx}: {body}");
+    assert_eq!(body["code"], want_code, "{ctx}: {body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty())
+            && body["fix"].as_str().is_some_and(|m| !m.is_empty()),
+        "{ctx}: an error names the problem and the fix: {body}"
+    );
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or(Value::Null)
+}
+
+/// A command-line tool the test needs: found, installed, or `None` after
+/// printing why the check is skipped.
+fn tool(test: &str, bin: &str, install: &[&[&str]]) -> Option<PathBuf> {
+    let find = || {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(bin))
+                .find(|f| f.is_file())
+        })
+    };
+    if let Some(p) = find() {
+        return Some(p);
+    }
+    for cmd in install {
+        eprintln!("{test}: {bin} not found; trying: {}", cmd.join(" "));
+        let ok = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            if let Some(p) = find() {
+                return Some(p);
+            }
+        }
+    }
+    eprintln!("SKIPPED {test}: {bin} is not installed and could not be installed");
+    None
+}
+
+#[test]
+fn errors_openapi_and_routes_over_the_socket() {
+    let mut svc = Service::start("errors", &["--fast-pool", "256M", "--slow-pool", "512M"]);
+    // The socket is the owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&svc.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode");
+    let dmode = std::fs::metadata(svc.socket.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(
+        dmode, 0o700,
+        "the socket's directory, created by the service"
+    );
+
+    let (st, host) = svc.call("GET", "/v1/host", None);
+    assert_eq!(st, 200);
+    assert_eq!(host["pools"][0]["capacity_bytes"], 256 * M);
+    assert_eq!(host["pools"][1]["free_bytes"], 512 * M);
+
+    // Errors, with curl.
+    let (st, b) = svc.curl("POST", "/v1/vms", Some("{not json"));
+    assert_error(st, &json(&b), 400, "bad_request", "bad JSON");
+    let (st, b) = svc.curl("POST", "/v1/vms", Some(r#"{"image":"zipf","mem":"3M"}"#));
+    assert_error(st, &json(&b), 400, "bad_request", "unaligned mem");
+    let (st, b) = svc.curl(
+        "POST",
+        "/v1/vms",
+        Some(r#"{"image":"zipf","colour":"red"}"#),
+    );
+    assert_error(st, &json(&b), 400, "bad_request", "unknown field");
+    let (st, b) = svc.curl("POST", "/v1/vms", Some(r#"{"image":"no-such-image"}"#));
+    assert_error(st, &json(&b), 400, "bad_request", "unknown image");
+    let (st, b) = svc.curl(
+        "POST",
+        "/v1/vms",
+        Some(r#"{"image":"zipf","mem":"512M","args":["rss=64M","wss=32M"],"fast":{"min":"384M"}}"#),
+    );
+    let b = json(&b);
+    assert_error(st, &b, 409, "conflict", "a min larger than the pool");
+    assert!(
+        b["message"].as_str().unwrap().contains("does not fit"),
+        "{b}"
+    );
+    let (st, b) = svc.curl(
+        "POST",
+        "/v1/vms",
+        Some(r#"{"image":"zipf","mem":"1G","args":["rss=64M","wss=32M"]}"#),
+    );
+    assert_error(
+        st,
+        &json(&b),
+        409,
+        "conflict",
+        "mem larger than the slow pool",
+    );
+    let (st, b) = svc.curl("GET", "/v1/vms/vm-404", None);
+    assert_error(st, &json(&b), 404, "not_found", "no such VM");
+    let (st, b) = svc.curl("GET", "/v2/anything", None);
+    assert_error(st, &json(&b), 404, "not_found", "no such route");
+    let (st, b) = svc.curl("DELETE", "/v1/host", None);
+    assert_error(st, &json(&b), 405, "method_not_allowed", "wrong method");
+    let big = format!(r#"{{"image":"{}"}}"#, "a".repeat(100_000));
+    let (st, b) = svc.curl("POST", "/v1/vms", Some(&big));
+    assert_error(st, &json(&b), 413, "payload_too_large", "body too large");
+    let (st, b) = svc.call("PATCH", "/v1/host", Some(r#"{"fast_pool":"100T"}"#));
+    assert_error(st, &b, 400, "bad_request", "a pool larger than the node");
+    let (st, b) = svc.call("PUT", "/v1/vms/vm-1/policy", Some(r#"{"policy":"lru"}"#));
+    assert_error(st, &b, 400, "bad_request", "not a policy");
+    let (st, b) = svc.call("PATCH", "/v1/host", Some(r#"{"fast_pool":"128M"}"#));
+    assert_eq!(
+        (st, &b["pools"][0]["capacity_bytes"]),
+        (200, &Value::from(128 * M))
+    );
+
+    // The OpenAPI document: every route the server has is in it, and no other.
+    let (st, doc) = svc.call("GET", "/v1/openapi.json", None);
+    assert_eq!(st, 200);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().expect("paths");
+    let expected = [
+        ("/v1/host", vec!["get", "patch"]),
+        ("/v1/vms", vec!["get", "post"]),
+        ("/v1/vms/{id}", vec!["get", "delete"]),
+        ("/v1/vms/{id}/fast", vec!["patch"]),
+        ("/v1/vms/{id}/policy", vec!["put"]),
+        ("/v1/vms/{id}/report", vec!["get"]),
+        ("/v1/openapi.json", vec!["get"]),
+        ("/metrics", vec!["get"]),
+    ];
+    assert_eq!(paths.len(), expected.len(), "{:?}", paths.keys());
+    for (path, methods) in &expected {
+        let item = paths.get(*path).unwrap_or_else(|| panic!("{path} missing"));
+        for m in ["get", "post", "put", "patch", "delete"] {
+            let concrete = path.replace("{id}", "vm-none");
+            let (st, b) = svc.call(&m.to_uppercase(), &concrete, Some("{}"));
+            let documented = item.get(m).is_some();
+            assert_eq!(documented, methods.contains(&m), "{m} {path}");
+            if documented {
+                assert!(
+                    st != 405 && !b["message"].as_str().unwrap_or("").starts_with("no route"),
+                    "{m} {path} is documented but the server has no such route: {st} {b}"
+                );
+            } else {
+                assert_eq!(st, 405, "{m} {path} is not documented but served: {b}");
+            }
+        }
+    }
+    if let Some(v) = tool(
+        "errors_openapi_and_routes_over_the_socket (OpenAPI validation)",
+        "openapi-spec-validator",
+        &[&[
+            "python3",
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "openapi-spec-validator",
+        ]],
+    ) {
+        let f = svc.dir.join("openapi.json");
+        std::fs::write(&f, doc.to_string()).unwrap();
+        let out = Command::new(v).arg(&f).output().expect("validator runs");
+        assert!(
+            out.status.success(),
+            "openapi-spec-validator: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // Metrics pass promtool's checks.
+    let a = client::request(
+        &svc.socket,
+        "GET",
+        "/metrics",
+        None,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(a.status, 200);
+    assert!(
+        a.content_type.starts_with("text/plain"),
+        "{}",
+        a.content_type
+    );
+    let text = a.text();
+    assert!(
+        text.contains("tiervm_host_pool_capacity_bytes{node=\"0\",tier=\"fast\"} 134217728"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "tiervm_api_requests_total{code=\"413\",method=\"POST\",route=\"/v1/vms\"} 1"
+        ),
+        "{text}"
+    );
+    if let Some(p) = tool(
+        "errors_openapi_and_routes_over_the_socket (promtool)",
+        "promtool",
+        &[&["apt-get", "install", "-y", "-qq", "prometheus"]],
+    ) {
+        let mut c = Command::new(p)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // tiervm ctl: an answer, and an error with exit 1.
+    let out = common::tiervm()
+        .args(["ctl", "--socket"])
+        .arg(&svc.socket)
+        .arg("host")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"pools\""));
+    let out = common::tiervm()
+        .args(["ctl", "--socket"])
+        .arg(&svc.socket)
+        .args(["get", "vm-404"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("404 not_found: no VM 'vm-404'"));
+
+    let status = svc.stop();
+    assert!(status.success(), "{status:?}: {}", svc.log());
+    assert!(!svc.socket.exists(), "the socket is removed at exit");
+}
+
+#[test]
+fn refuses_pools_larger_than_the_node() {
+    let out = common::tiervm()
+        .args([
+            "serve",
+            "--socket",
+            "/nonexistent/x.sock",
+            "--fast-pool",
+            "64T",
+            "--slow-pool",
+            "1G",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("exceed") && err.contains("NUMA node") && err.contains("lower"),
+        "{err}"
+    );
+}
+
+/// A free loopback TCP port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn prometheus_scrapes_the_service_and_queries_a_series_back() {
+    let test = "prometheus_scrapes_the_service_and_queries_a_series_back";
+    let Some(prom) = tool(
+        test,
+        "prometheus",
+        &[&["apt-get", "install", "-y", "-qq", "prometheus"]],
+    ) else {
+        return;
+    };
+    let mport = free_port();
+    let svc = Service::start(
+        "prom",
+        &[
+            "--fast-pool",
+            "96M",
+            "--slow-pool",
+            "512M",
+            "--metrics-listen",
+            &format!("127.0.0.1:{mport}"),
+        ],
+    );
+    let pport = free_port();
+    let cfg = svc.dir.join("prometheus.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: tiervm\n    static_configs:\n      - targets: ['127.0.0.1:{mport}']\n"
+        ),
+    )
+    .unwrap();
+    let mut p = Command::new(prom)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            svc.dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{pport}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(svc.dir.join("prometheus.log")).unwrap(),
+        ))
+        .spawn()
+        .expect("prometheus starts");
+    let query = format!(
+        "http://127.0.0.1:{pport}/api/v1/query?query=tiervm_host_pool_capacity_bytes%7Btier%3D%22fast%22%7D"
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last;
+    let found = loop {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5", &query])
+            .output()
+            .expect("curl");
+        last = String::from_utf8_lossy(&out.stdout).into_owned();
+        let v = json(&last);
+        if v["data"]["result"][0]["value"][1] == "100663296" {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = p.kill();
+    let _ = p.wait();
+    assert!(
+        found,
+        "Prometheus did not return the fast pool's 96M: last answer {last}; its log: {}",
+        std::fs::read_to_string(svc.dir.join("prometheus.log")).unwrap_or_default()
+    );
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<String>) {
+    let deadline = Instant::now() + timeout;
+    let mut last;
+    loop {
+        match f() {
+            None => return,
+            Some(why) => last = why,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {timeout:?}: {last}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn alive(pid: i64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+#[test]
+fn three_vms_changed_live_one_killed_then_a_clean_stop() {
+    let test = "three_vms_changed_live_one_killed_then_a_clean_stop";
+    if !common::kvm_available(test) {
+        assert_ne!(
+            std::env::var("TIERVM_REQUIRE_KVM").as_deref(),
+            Ok("1"),
+            "TIERVM_REQUIRE_KVM=1 but KVM is not usable"
+        );
+        return;
+    }
+    let mut svc = Service::start(
+        "three",
+        &[
+            "--fast-pool",
+            "384M",
+            "--slow-pool",
+            "2G",
+            "--period",
+            "1s",
+            "--dwell",
+            "1s",
+        ],
+    );
+    // Three VMs with different policies and shares, with curl.
+    let vms = [
+        r#"{"image":"zipf","mem":"256M","args":["rss=192M","wss=128M"],"policy":"nomad","fast":{"min":"64M","max":"192M","weight":1}}"#,
+        r#"{"image":"gups","mem":"256M","args":["size=192M","hot_size=64M"],"policy":"memtis","fast":{"min":"32M","max":"128M","weight":2}}"#,
+        r#"{"image":"memcheck","mem":"128M","args":["region=32M"],"policy":"tpp","fast":{"min":"32M","max":"64M"}}"#,
+    ];
+    let mut ids = Vec::new();
+    for body in vms {
+        let (st, b) = svc.curl("POST", "/v1/vms", Some(body));
+        let b = json(&b);
+        assert_eq!(st, 201, "{b}");
+        ids.push(b["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        wait_for(
+            &format!("{id} running with stats"),
+            Duration::from_secs(30),
+            || {
+                let (_, v) = svc.call("GET", &format!("/v1/vms/{id}"), None);
+                (v["state"] != "running" || v["tiers"].as_array().is_none_or(|t| t.is_empty()))
+                    .then(|| v.to_string())
+            },
+        );
+    }
+    // The pools account for the mins.
+    let (_, host) = svc.call("GET", "/v1/host", None);
+    assert_eq!(host["pools"][0]["reserved_bytes"], 128 * M);
+    assert_eq!(host["pools"][1]["reserved_bytes"], 640 * M);
+
+    // A share changed live (tiervm ctl), watched in GET and /metrics.
+    let out = common::tiervm()
+        .args(["ctl", "--socket"])
+        .arg(&svc.socket)
+        .args(["fast", &ids[0], "--min", "96M", "--max", "96M"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let patched = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(patched["target_bytes"], 96 * M, "{patched}");
+    wait_for(
+        "vm-1's fast tier converged to 96M",
+        Duration::from_secs(30),
+        || {
+            let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[0]), None);
+            let f = &v["fast"];
+            (f["capacity_bytes"] != 96 * M || f["used_bytes"].as_u64().unwrap_or(u64::MAX) > 96 * M)
+                .then(|| f.to_string())
+        },
+    );
+    // Mins that no longer fit are refused: a VM's, and the pool's.
+    let (st, b) = svc.call(
+        "PATCH",
+        &format!("/v1/vms/{}/fast", ids[1]),
+        Some(r#"{"min":"256M","max":"256M"}"#),
+    );
+    assert_eq!(st, 202, "96M + 256M + 32M fit the 384M pool exactly: {b}");
+    let (st, b) = svc.call(
+        "PATCH",
+        &format!("/v1/vms/{}/fast", ids[2]),
+        Some(r#"{"min":"64M"}"#),
+    );
+    assert_error(st, &b, 409, "conflict", "a min that does not fit");
+    let (st, b) = svc.call("PATCH", "/v1/host", Some(r#"{"fast_pool":"256M"}"#));
+    assert_error(st, &b, 409, "conflict", "a pool below the mins");
+    let (st, _) = svc.call(
+        "PATCH",
+        &format!("/v1/vms/{}/fast", ids[1]),
+        Some(r#"{"min":"32M","max":"128M"}"#),
+    );
+    assert_eq!(st, 202);
+    // A policy switched live.
+    let (st, v) = svc.curl(
+        "PUT",
+        &format!("/v1/vms/{}/policy", ids[1]),
+        Some(r#"{"policy":"tpp"}"#),
+    );
+    let v = json(&v);
+    assert_eq!((st, &v["policy"]), (200, &Value::from("tpp")), "{v}");
+    let a = client::request(
+        &svc.socket,
+        "GET",
+        "/metrics",
+        None,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let text = a.text();
+    assert!(
+        text.contains(&format!(
+            "tiervm_vm_info{{image=\"gups\",policy=\"tpp\",vm=\"{}\"}} 1",
+            ids[1]
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "tiervm_vm_fast_target_bytes{{vm=\"{}\"}} 100663296",
+            ids[0]
+        )),
+        "{text}"
+    );
+    assert!(text.contains("tiervm_vm_tier_resident_bytes{"), "{text}");
+
+    // SIGKILL one VM's process: it shows as crashed, its capacity returns.
+    let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[2]), None);
+    let pid = v["pid"].as_i64().expect("pid");
+    // SAFETY: kill(2) on the worker the service started for this test.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    wait_for(
+        "the killed VM shows as crashed",
+        Duration::from_secs(20),
+        || {
+            let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[2]), None);
+            (v["state"] != "crashed" || v["exit"]["signal"] != 9).then(|| v.to_string())
+        },
+    );
+    let (_, host) = svc.call("GET", "/v1/host", None);
+    assert_eq!(
+        host["pools"][0]["reserved_bytes"],
+        128 * M,
+        "vm-3's min returned: {host}"
+    );
+    assert_eq!(host["vms"]["crashed"], 1);
+    let (st, b) = svc.call("GET", &format!("/v1/vms/{}/report", ids[2]), None);
+    assert_error(st, &b, 404, "not_found", "a killed VM has no report");
+    // The service carries on: a new VM starts.
+    let (st, v) = svc.call(
+        "POST",
+        "/v1/vms",
+        Some(r#"{"image":"memcheck","mem":"64M","args":["region=16M"],"policy":"static"}"#),
+    );
+    assert_eq!(st, 201, "{v}");
+    let fourth = v["id"].as_str().unwrap().to_string();
+    wait_for("the fourth VM runs", Duration::from_secs(30), || {
+        let (_, v) = svc.call("GET", &format!("/v1/vms/{fourth}"), None);
+        (v["state"] != "running").then(|| v.to_string())
+    });
+
+    // DELETE stops a VM; its report is the run report.
+    let (st, _) = svc.curl("DELETE", &format!("/v1/vms/{}", ids[0]), None);
+    assert_eq!(st, 202);
+    wait_for("vm-1's report", Duration::from_secs(40), || {
+        let (st, r) = svc.call("GET", &format!("/v1/vms/{}/report", ids[0]), None);
+        (st != 200 || r["stop_reason"] != "duration").then(|| format!("{st} {r}"))
+    });
+    let (st, _) = svc.curl("DELETE", &format!("/v1/vms/{}", ids[0]), None);
+    assert_eq!(st, 204, "an ended VM is removed");
+    let (st, _) = svc.call("GET", &format!("/v1/vms/{}", ids[0]), None);
+    assert_eq!(st, 404);
+
+    // A clean stop: every VM stops, reports are written, no process is left.
+    let (_, list) = svc.call("GET", "/v1/vms", None);
+    let pids: Vec<i64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["pid"].as_i64())
+        .collect();
+    assert_eq!(pids.len(), 2, "{list}");
+    let status = svc.stop();
+    assert!(status.success(), "{status:?}: {}", svc.log());
+    for pid in pids {
+        assert!(!alive(pid), "worker {pid} outlived the service");
+    }
+    for id in [&ids[1], &fourth] {
+        let r = svc.dir.join("state/reports").join(format!("{id}.json"));
+        let report: Value = json(&std::fs::read_to_string(&r).unwrap_or_default());
+        assert_eq!(
+            report["stop_reason"],
+            "duration",
+            "{id}'s report at {}",
+            r.display()
+        );
+    }
+    let integrity = json(
+        &std::fs::read_to_string(svc.dir.join("state/reports").join(format!("{fourth}.json")))
+            .unwrap(),
+    );
+    assert_eq!(
+        integrity["guest_metrics"]["mismatched_pages"], 0.0,
+        "memcheck lost no write: {integrity}"
+    );
+    assert!(
+        integrity["guest_metrics"]["writes"].as_f64().unwrap_or(0.0) > 0.0,
+        "{integrity}"
+    );
+    assert!(!svc.socket.exists());
+}

@@ -1,0 +1,465 @@
+//! Dividing a host's fast tier among VMs (pure: the service feeds it what
+//! the workers measured and applies the plan).
+//!
+//! Every VM has a guaranteed `min` (admission control keeps the mins
+//! within the pool), a `max` it never exceeds (cgroup v2's `memory.min` /
+//! `memory.max`, per tier), and a `weight`. The spare capacity goes where
+//! it buys the most: each VM's worker estimates from its access profile
+//! what share of its accesses the next quantum of fast capacity would
+//! capture (grow curve) and the last quantum would lose (shrink curve)
+//! (`tiering::engine::profile`); the value of a quantum is
+//! `weight x ops/s x share`: weighted accesses per second served fast
+//! instead of slow.
+//!
+//! One round ([`plan`]):
+//! 1. Mandatory moves (not subject to hysteresis or the budget): VMs above
+//!    `max` shrink to it; VMs below `min` grow to it, from free capacity
+//!    first, then from the spare of others, cheapest loss first; if the
+//!    targets exceed the pool (it shrank), spare is taken back the same way.
+//! 2. Free capacity (pool minus what VMs hold: the larger of their target
+//!    and their actual use, so a shrink that has not converged yet is still
+//!    counted) goes, a quantum at a time, to the VM whose next quantum is
+//!    worth most, while it is worth more than nothing.
+//! 3. Exchanges: the quantum worth most to some VM is taken from the VM
+//!    that loses least, only when it is worth `1 + hysteresis` times the
+//!    loss and at least `min_share` of the receiver's weighted throughput.
+//! 4. Steps 2 and 3 move at most `budget_bytes` per round (an exchange
+//!    counts twice: a demotion and a promotion) and leave alone VMs
+//!    resized within `dwell_s`.
+//! 5. Free capacity nobody values (no samples yet, idle VMs) is split by
+//!    weight among VMs below their max, so the pool is used.
+
+/// One VM as the division sees it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Share {
+    /// Guaranteed fast bytes.
+    pub min: u64,
+    /// Most fast bytes.
+    pub max: u64,
+    /// Relative weight (> 0).
+    pub weight: f64,
+    /// The fast capacity the service asked for last.
+    pub target: u64,
+    /// Fast bytes in use now (converging towards a lower target).
+    pub used: u64,
+    /// Operations per second (the VM's throughput).
+    pub ops_per_sec: f64,
+    /// Share of accesses the k-th extra quantum would capture.
+    pub grow: Vec<f64>,
+    /// Share of accesses the k-th quantum given up would lose.
+    pub shrink: Vec<f64>,
+    /// Whether the curves carry information (enough samples).
+    pub informed: bool,
+    /// Seconds since the VM's target last changed (`None`: never).
+    pub since_resize_s: Option<f64>,
+    /// Whether that change was a grow (`Some(true)`) or a shrink.
+    pub last_grew: Option<bool>,
+}
+
+/// Settings of the division.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Params {
+    /// Bytes per step (a multiple of 4 KiB).
+    pub quantum: u64,
+    /// An exchange must gain this much more than it loses (0.2 = 20%).
+    pub hysteresis: f64,
+    /// An exchange or grant must be worth at least this share of the
+    /// receiver's weighted throughput.
+    pub min_share: f64,
+    /// Most bytes moved per round by optional moves.
+    pub budget_bytes: u64,
+    /// A VM resized less than this long ago is not moved by optional moves.
+    pub dwell_s: f64,
+    /// A VM is not moved back the other way (grown after a shrink, shrunk
+    /// after a grow) by optional moves for this long: no flapping.
+    pub reverse_dwell_s: f64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            quantum: 64 << 20,
+            hysteresis: 0.2,
+            min_share: 0.002,
+            budget_bytes: 512 << 20,
+            dwell_s: 10.0,
+            reverse_dwell_s: 30.0,
+        }
+    }
+}
+
+/// What one round decided.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// New target per VM (same order as the input).
+    pub targets: Vec<u64>,
+    /// Bytes moved by mandatory moves.
+    pub mandatory_bytes: u64,
+    /// Bytes moved by optional moves (grants, exchanges).
+    pub optional_bytes: u64,
+    /// Estimated weighted accesses per second gained by the optional moves.
+    pub gain: f64,
+}
+
+impl Plan {
+    /// VMs whose target changed.
+    pub fn moves(&self, shares: &[Share]) -> usize {
+        self.targets
+            .iter()
+            .zip(shares)
+            .filter(|(t, s)| **t != s.target)
+            .count()
+    }
+}
+
+/// Marginal values of a VM's quanta around its current target.
+struct Curve<'a> {
+    s: &'a Share,
+    scale: f64,
+    q: u64,
+}
+
+impl Curve<'_> {
+    /// Value of the quantum from `at` to `at + q`.
+    fn up(&self, at: u64) -> f64 {
+        if !self.s.informed {
+            return 0.0;
+        }
+        let v = if at >= self.s.target {
+            let k = ((at - self.s.target) / self.q) as usize;
+            self.s.grow.get(k).copied().unwrap_or(0.0)
+        } else {
+            let k = ((self.s.target - at) / self.q) as usize;
+            // Taking back a quantum given up: what losing it would cost.
+            let last = self.s.shrink.last().copied().unwrap_or(0.0);
+            self.s
+                .shrink
+                .get(k.saturating_sub(1))
+                .copied()
+                .unwrap_or(last)
+        };
+        v * self.scale
+    }
+
+    /// Loss of the quantum from `at - q` to `at`.
+    fn down(&self, at: u64) -> f64 {
+        self.up(at.saturating_sub(self.q))
+    }
+}
+
+/// One round of the division of a pool of `pool` bytes (see the module docs).
+pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
+    let q = p.quantum.max(4096);
+    let curves: Vec<Curve<'_>> = shares
+        .iter()
+        .map(|s| Curve {
+            s,
+            scale: s.weight.max(0.0) * s.ops_per_sec.max(0.0),
+            q,
+        })
+        .collect();
+    let mut t: Vec<u64> = shares.iter().map(|s| s.target).collect();
+    let mut out = Plan::default();
+    // 1. Mandatory: max, then the pool, then min.
+    for (ti, s) in t.iter_mut().zip(shares) {
+        if *ti > s.max {
+            out.mandatory_bytes += *ti - s.max;
+            *ti = s.max;
+        }
+    }
+    while t.iter().sum::<u64>() > pool {
+        let over = t.iter().sum::<u64>() - pool;
+        let Some(i) = cheapest_shrink(&curves, &t, None, false, p) else {
+            break;
+        };
+        let step = (t[i] - shares[i].min).min(q).min(over);
+        t[i] -= step;
+        out.mandatory_bytes += step;
+    }
+    // What VMs hold: their target, or more while a shrink converges.
+    let held = |t: &[u64]| -> u64 { t.iter().zip(shares).map(|(ti, s)| (*ti).max(s.used)).sum() };
+    // Capacity that frees up as shrinks converge, promised to VMs below min.
+    let mut promised = 0u64;
+    for i in 0..shares.len() {
+        if t[i] >= shares[i].min {
+            continue;
+        }
+        // Free capacity first.
+        let free = pool.saturating_sub(held(&t));
+        let step = (shares[i].min - t[i]).min(free);
+        t[i] += step;
+        out.mandatory_bytes += step;
+        // Then the spare of others (their capacity drops at once; the
+        // grant follows in a later round, as their shrinks free it).
+        let free_after = pool
+            .saturating_sub(t.iter().sum::<u64>())
+            .saturating_sub(promised);
+        let short = shares[i].min - t[i];
+        promised += short.min(free_after);
+        let mut need = short.saturating_sub(free_after);
+        while need > 0 {
+            let Some(j) = cheapest_shrink(&curves, &t, Some(i), false, p) else {
+                break;
+            };
+            let step = (t[j] - shares[j].min).min(q).min(need);
+            t[j] -= step;
+            out.mandatory_bytes += step;
+            promised += step;
+            need -= step;
+        }
+    }
+    // 2-4. Optional moves within the budget.
+    let mut budget = p.budget_bytes;
+    loop {
+        let free = pool.saturating_sub(held(&t));
+        let Some((g, value)) = best_grow(&curves, &t, p) else {
+            break;
+        };
+        let floor = p.min_share * curves[g].scale;
+        if value <= 0.0 || value < floor {
+            break;
+        }
+        if free >= q {
+            if budget < q {
+                break;
+            }
+            t[g] += q;
+            budget -= q;
+            out.optional_bytes += q;
+            out.gain += value;
+            continue;
+        }
+        // 3. An exchange.
+        let Some(s) = cheapest_shrink(&curves, &t, Some(g), true, p) else {
+            break;
+        };
+        let loss = curves[s].down(t[s]);
+        if value <= (1.0 + p.hysteresis) * loss || budget < 2 * q {
+            break;
+        }
+        t[s] -= q;
+        t[g] += q;
+        budget -= 2 * q;
+        out.optional_bytes += 2 * q;
+        out.gain += value - loss;
+    }
+    // 5. Unvalued free capacity, split by weight.
+    spread_free(pool, shares, &mut t, q, &held);
+    out.targets = t;
+    out
+}
+
+/// The VM (other than `except`) whose quantum at its target is worth least,
+/// among those above their min; `optional` also skips VMs within their dwell.
+fn cheapest_shrink(
+    curves: &[Curve<'_>],
+    t: &[u64],
+    except: Option<usize>,
+    optional: bool,
+    p: &Params,
+) -> Option<usize> {
+    (0..curves.len())
+        .filter(|&j| Some(j) != except && t[j] > curves[j].s.min)
+        .filter(|&j| !optional || !(dwelling(curves[j].s, p) || reversing(curves[j].s, true, p)))
+        .filter(|&j| !optional || t[j] - curves[j].s.min >= curves[j].q)
+        .min_by(|&a, &b| {
+            curves[a]
+                .down(t[a])
+                .total_cmp(&curves[b].down(t[b]))
+                .then(b.cmp(&a))
+        })
+}
+
+/// The VM below its max whose next quantum is worth most, and the value.
+fn best_grow(curves: &[Curve<'_>], t: &[u64], p: &Params) -> Option<(usize, f64)> {
+    (0..curves.len())
+        .filter(|&i| {
+            t[i] + curves[i].q <= curves[i].s.max
+                && !dwelling(curves[i].s, p)
+                && !reversing(curves[i].s, false, p)
+        })
+        .map(|i| (i, curves[i].up(t[i])))
+        .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+}
+
+/// Whether moving `s` against its last move (`grew`: its last move was a
+/// grow, so this is a shrink) would come within the reverse dwell.
+fn reversing(s: &Share, grew: bool, p: &Params) -> bool {
+    s.last_grew == Some(grew) && s.since_resize_s.is_some_and(|d| d < p.reverse_dwell_s)
+}
+
+fn dwelling(s: &Share, p: &Params) -> bool {
+    s.since_resize_s.is_some_and(|d| d < p.dwell_s)
+}
+
+/// Step 5: whole quanta of free capacity to VMs below max, the one with
+/// the least target per weight first.
+fn spread_free(pool: u64, shares: &[Share], t: &mut [u64], q: u64, held: &dyn Fn(&[u64]) -> u64) {
+    loop {
+        let free = pool.saturating_sub(held(t));
+        if free < q {
+            return;
+        }
+        let pick = (0..shares.len())
+            .filter(|&i| t[i] + q <= shares[i].max && !shares[i].informed)
+            .min_by(|&a, &b| {
+                let pa = t[a] as f64 / shares[a].weight.max(1e-9);
+                let pb = t[b] as f64 / shares[b].weight.max(1e-9);
+                pa.total_cmp(&pb).then(a.cmp(&b))
+            });
+        match pick {
+            Some(i) => t[i] += q,
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const M: u64 = 1 << 20;
+
+    fn share(min: u64, max: u64, target: u64) -> Share {
+        Share {
+            min,
+            max,
+            weight: 1.0,
+            target,
+            used: target,
+            ops_per_sec: 1e6,
+            informed: true,
+            ..Share::default()
+        }
+    }
+
+    fn params() -> Params {
+        Params {
+            quantum: 64 * M,
+            budget_bytes: 1 << 40,
+            dwell_s: 0.0,
+            reverse_dwell_s: 0.0,
+            ..Params::default()
+        }
+    }
+
+    #[test]
+    fn spare_goes_to_the_vm_with_hot_slow_pages() {
+        let mut a = share(64 * M, 1024 * M, 64 * M);
+        a.grow = vec![0.3, 0.2, 0.1];
+        let mut b = share(64 * M, 1024 * M, 64 * M);
+        b.grow = vec![0.01];
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(
+            pl.targets[0],
+            64 * M + 3 * 64 * M,
+            "a takes its three valuable quanta"
+        );
+        assert_eq!(pl.targets[1], 128 * M, "b its one");
+        assert!(pl.gain > 0.0);
+    }
+
+    #[test]
+    fn hysteresis_blocks_small_exchanges_and_allows_large_ones() {
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.10];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.11];
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
+        assert_eq!(
+            pl.targets,
+            vec![256 * M, 256 * M],
+            "0.11 < 1.2 x 0.10: no churn"
+        );
+        b.grow = vec![0.5];
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M]);
+    }
+
+    #[test]
+    fn budget_and_dwell_bound_the_moves() {
+        let mut a = share(0, 1024 * M, 64 * M);
+        a.grow = vec![0.5; 16];
+        let mut p = params();
+        p.budget_bytes = 128 * M;
+        let pl = plan(1024 * M, &[a.clone()], &p);
+        assert_eq!(pl.targets[0], 192 * M, "two quanta within the budget");
+        a.since_resize_s = Some(1.0);
+        p.dwell_s = 10.0;
+        let pl = plan(1024 * M, &[a], &p);
+        assert_eq!(pl.targets[0], 64 * M, "resized a second ago: left alone");
+    }
+
+    #[test]
+    fn a_vm_is_not_moved_back_within_the_reverse_dwell() {
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.01];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.5];
+        let mut p = params();
+        p.reverse_dwell_s = 30.0;
+        // a just grew 20 s ago: it may not give the quantum back yet.
+        a.since_resize_s = Some(20.0);
+        a.last_grew = Some(true);
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &p);
+        assert_eq!(pl.targets, vec![256 * M, 256 * M]);
+        // After the reverse dwell it may.
+        a.since_resize_s = Some(31.0);
+        let pl = plan(512 * M, &[a, b], &p);
+        assert_eq!(pl.targets, vec![192 * M, 320 * M]);
+    }
+
+    #[test]
+    fn a_new_vm_gets_its_min_back_from_the_spare_of_others() {
+        let mut a = share(64 * M, 1024 * M, 448 * M);
+        a.shrink = vec![0.01; 8];
+        let b = share(128 * M, 512 * M, 0);
+        let pl = plan(512 * M, &[a, b], &params());
+        assert!(pl.targets[0] <= 384 * M, "a shrinks: {:?}", pl.targets);
+        assert!(pl.mandatory_bytes >= 64 * M);
+    }
+
+    proptest! {
+        #[test]
+        fn plans_respect_min_max_pool_and_budget(
+            pool_q in 0u64..64,
+            vms in proptest::collection::vec(
+                (0u64..8, 0u64..16, 0u64..24, 0.1f64..4.0, 0.0f64..1e6,
+                 proptest::collection::vec(0.0f64..0.5, 0..8),
+                 proptest::collection::vec(0.0f64..0.5, 0..8), any::<bool>()), 0..6),
+            budget_q in 0u64..8,
+        ) {
+            let q = 64 * M;
+            let mut shares = Vec::new();
+            let mut mins = 0;
+            for (min, extra, target, weight, ops, grow, shrink, informed) in vms {
+                let min = min * q;
+                let max = min + extra * q;
+                mins += min;
+                shares.push(Share {
+                    min, max, weight, target: target * q, used: target * q,
+                    ops_per_sec: ops, grow, shrink, informed, since_resize_s: None, last_grew: None,
+                });
+            }
+            let pool = mins + pool_q * q; // admission keeps the mins within the pool
+            let p = Params { quantum: q, budget_bytes: budget_q * q, dwell_s: 0.0, reverse_dwell_s: 0.0, ..Params::default() };
+            let pl = plan(pool, &shares, &p);
+            prop_assert!(pl.optional_bytes <= p.budget_bytes, "budget");
+            prop_assert!(pl.targets.iter().sum::<u64>() <= pool, "pool");
+            for (t, s) in pl.targets.iter().zip(&shares) {
+                prop_assert!(*t <= s.max, "max");
+            }
+            // The shrinks converge; the next round grants every min.
+            for (s, t) in shares.iter_mut().zip(&pl.targets) {
+                s.target = *t;
+                s.used = *t;
+            }
+            let pl = plan(pool, &shares, &p);
+            prop_assert!(pl.targets.iter().sum::<u64>() <= pool, "pool, round 2");
+            for (t, s) in pl.targets.iter().zip(&shares) {
+                prop_assert!(*t >= s.min && *t <= s.max, "min {} <= {} <= max {}", s.min, t, s.max);
+            }
+        }
+    }
+}
