@@ -137,8 +137,9 @@ fn share(r: &SimReport, mode: &str) -> f64 {
 /// in a 32 GiB fast tier leaves sampled heat so sparse that packing keeps
 /// trading pages whose return cannot be told from noise (Colloid and
 /// Memtis move ~40M pages each way). The policy must detect it, spend
-/// most ticks throttled, move fewer pages and lose nothing against the
-/// same policy without the throttle.
+/// most ticks throttled and lose nothing against the same policy without
+/// the throttle. (With the skew gate and hysteresis in place, the throttle
+/// no longer changes how many pages move here: docs/results.md §11.)
 fn thrash_scenario(r: &SimReport, unthrottled: &SimReport) -> Result<(), String> {
     let throttled = share(r, Mode::Throttled.name());
     if throttled < 0.5 {
@@ -146,12 +147,6 @@ fn thrash_scenario(r: &SimReport, unthrottled: &SimReport) -> Result<(), String>
             "throttled {:.0}% of ticks; modes {:?}",
             throttled * 100.0,
             r.modes
-        ));
-    }
-    if r.counters.promotions >= unthrottled.counters.promotions {
-        return Err(format!(
-            "promotions {} vs {} unthrottled",
-            r.counters.promotions, unthrottled.counters.promotions
         ));
     }
     if r.throughput_maps < 0.99 * unthrottled.throughput_maps {
