@@ -121,7 +121,7 @@ pub struct VariantResult {
 
 /// A verdict against the tolerance.
 #[derive(Clone, Debug, Serialize)]
-pub struct Verdict {
+pub struct CheckVerdict {
     /// The check.
     pub check: Check,
     /// What is compared.
@@ -150,7 +150,7 @@ pub struct CheckResults {
     /// Per variant.
     pub variants: Vec<VariantResult>,
     /// Verdicts.
-    pub verdicts: Vec<Verdict>,
+    pub verdicts: Vec<CheckVerdict>,
 }
 
 fn request(image: &str, mem: u64, args: &[&str], duration: Duration) -> VmRequest {
@@ -415,11 +415,11 @@ fn find<'a>(v: &'a [VariantResult], name: &str) -> Option<&'a VariantResult> {
     v.iter().find(|x| x.name == name)
 }
 
-fn verdicts(v: &[VariantResult]) -> Vec<Verdict> {
+fn verdicts(v: &[VariantResult]) -> Vec<CheckVerdict> {
     let mut out = Vec::new();
     let mut push = |check, what: String, value: Option<f64>, range: (f64, f64)| {
         let pass = value.is_some_and(|x| x >= range.0 && x <= range.1);
-        out.push(Verdict {
+        out.push(CheckVerdict {
             check,
             what,
             value,

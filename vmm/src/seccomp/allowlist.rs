@@ -17,12 +17,12 @@ pub struct Syscall {
     /// Its name, as in docs/security.md.
     pub name: &'static str,
     /// What it may be called with.
-    pub args: Args,
+    pub args: ArgFilter,
 }
 
 /// Argument restrictions of an allowed call.
 #[derive(Clone, Copy, Debug)]
-pub enum Args {
+pub enum ArgFilter {
     /// Any arguments.
     Any,
     /// `ioctl` with one of these requests (argument 1).
@@ -47,7 +47,7 @@ const fn sys(nr: i64, name: &'static str) -> Syscall {
     Syscall {
         nr,
         name,
-        args: Args::Any,
+        args: ArgFilter::Any,
     }
 }
 
@@ -55,7 +55,7 @@ const fn ioctls(list: &'static [Ioctl]) -> Syscall {
     Syscall {
         nr: libc::SYS_ioctl,
         name: "ioctl",
-        args: Args::Ioctl(list),
+        args: ArgFilter::Ioctl(list),
     }
 }
 
@@ -92,12 +92,12 @@ const EVERY_THREAD: &[Syscall] = &[
     Syscall {
         nr: libc::SYS_mmap,
         name: "mmap",
-        args: Args::NoExec,
+        args: ArgFilter::NoExec,
     },
     Syscall {
         nr: libc::SYS_mprotect,
         name: "mprotect",
-        args: Args::NoExec,
+        args: ArgFilter::NoExec,
     },
     sys(libc::SYS_mremap, "mremap"),
     sys(libc::SYS_munmap, "munmap"),
@@ -193,7 +193,7 @@ const HOST_FACTS: &[Syscall] = &[
     Syscall {
         nr: libc::SYS_openat,
         name: "openat",
-        args: Args::ReadOnly,
+        args: ArgFilter::ReadOnly,
     },
     sys(libc::SYS_read, "read"),
     sys(libc::SYS_close, "close"),

@@ -52,7 +52,7 @@ pub enum SeccompError {
 }
 
 type Result<T> = std::result::Result<T, SeccompError>;
-use allowlist::{allowlist, Args};
+use allowlist::{allowlist, ArgFilter};
 
 /// Exit code after a forbidden system call: 128 + SIGSYS, as if the signal
 /// had killed the process.
@@ -86,21 +86,21 @@ fn compile(role: ThreadRole) -> std::result::Result<BpfProgram, String> {
     };
     for s in allowlist(role).into_iter().chain(refused.iter().copied()) {
         let conditions: Vec<SeccompRule> = match s.args {
-            Args::Any => Vec::new(),
-            Args::Ioctl(list) => list
+            ArgFilter::Any => Vec::new(),
+            ArgFilter::Ioctl(list) => list
                 .iter()
                 .map(|i| {
                     SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, i.request)?])
                         .map_err(|e| e.to_string())
                 })
                 .collect::<std::result::Result<_, String>>()?,
-            Args::NoExec => vec![SeccompRule::new(vec![cond(
+            ArgFilter::NoExec => vec![SeccompRule::new(vec![cond(
                 2,
                 SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
                 0,
             )?])
             .map_err(|e| e.to_string())?],
-            Args::ReadOnly => {
+            ArgFilter::ReadOnly => {
                 let writes =
                     libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND;
                 vec![
@@ -476,7 +476,7 @@ mod tests {
                     "docs/security.md lacks `{}`",
                     s.name
                 );
-                if let Args::Ioctl(list) = s.args {
+                if let ArgFilter::Ioctl(list) = s.args {
                     for i in list {
                         assert!(doc.contains(i.name), "docs/security.md lacks {}", i.name);
                     }
