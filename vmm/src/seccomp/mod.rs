@@ -17,7 +17,7 @@ pub mod allowlist;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -29,8 +29,8 @@ use tiering::threads::ThreadRole;
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
     /// A role's allowlist did not compile to BPF.
-    #[error("compiling the seccomp filters: {0}")]
-    Compile(String),
+    #[error("compiling the seccomp filters")]
+    Compile(#[source] Arc<seccompiler::Error>),
     /// A filter was used before [`prepare`] compiled it.
     #[error("seccomp filters used before seccomp::prepare")]
     NotPrepared,
@@ -62,18 +62,17 @@ pub const EXIT_SECCOMP: i32 = 128 + libc::SIGSYS;
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// The first failure to install a tiering thread's filter.
 static HOOK_ERROR: Mutex<Option<String>> = Mutex::new(None);
-static FILTERS: OnceLock<std::result::Result<HashMap<ThreadRole, BpfProgram>, String>> =
-    OnceLock::new();
+/// A filter compilation's outcome, cached (shared: the error is not `Clone`).
+type Compiled<T> = std::result::Result<T, Arc<seccompiler::Error>>;
+static FILTERS: OnceLock<Compiled<HashMap<ThreadRole, BpfProgram>>> = OnceLock::new();
 
 thread_local! {
     /// This thread's role, for the SIGSYS message (index into ThreadRole::ALL).
     static ROLE: std::cell::Cell<u8> = const { std::cell::Cell::new(u8::MAX) };
 }
 
-fn compile(role: ThreadRole) -> std::result::Result<BpfProgram, String> {
-    let cond = |i, op, v| {
-        SeccompCondition::new(i, SeccompCmpArgLen::Qword, op, v).map_err(|e| e.to_string())
-    };
+fn compile(role: ThreadRole) -> std::result::Result<BpfProgram, seccompiler::Error> {
+    let cond = |i, op, v| SeccompCondition::new(i, SeccompCmpArgLen::Qword, op, v);
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     // An empty rule list allows any arguments; it wins over conditions.
     let mut unconditional = std::collections::BTreeSet::new();
@@ -89,24 +88,21 @@ fn compile(role: ThreadRole) -> std::result::Result<BpfProgram, String> {
             ArgFilter::Any => Vec::new(),
             ArgFilter::Ioctl(list) => list
                 .iter()
-                .map(|i| {
-                    SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, i.request)?])
-                        .map_err(|e| e.to_string())
-                })
-                .collect::<std::result::Result<_, String>>()?,
+                .map(|i| SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, i.request)?]))
+                .collect::<std::result::Result<_, _>>()?,
             ArgFilter::NoExec => vec![SeccompRule::new(vec![cond(
                 2,
                 SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
                 0,
-            )?])
-            .map_err(|e| e.to_string())?],
+            )?])?],
             ArgFilter::ReadOnly => {
                 let writes =
                     libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND;
-                vec![
-                    SeccompRule::new(vec![cond(2, SeccompCmpOp::MaskedEq(writes as u64), 0)?])
-                        .map_err(|e| e.to_string())?,
-                ]
+                vec![SeccompRule::new(vec![cond(
+                    2,
+                    SeccompCmpOp::MaskedEq(writes as u64),
+                    0,
+                )?])?]
             }
         };
         if conditions.is_empty() {
@@ -120,18 +116,13 @@ fn compile(role: ThreadRole) -> std::result::Result<BpfProgram, String> {
         rules,
         SeccompAction::Trap,
         SeccompAction::Allow,
-        std::env::consts::ARCH
-            .try_into()
-            .map_err(|e| format!("{e:?}"))?,
-    )
-    .map_err(|e| e.to_string())?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())
+        std::env::consts::ARCH.try_into()?,
+    )?;
+    Ok(filter.try_into()?)
 }
 
 /// The filter stacked on every allowlist: REFUSED calls fail with EACCES.
-fn compile_refusals() -> std::result::Result<BpfProgram, String> {
+fn compile_refusals() -> std::result::Result<BpfProgram, seccompiler::Error> {
     let filter = SeccompFilter::new(
         allowlist::REFUSED
             .iter()
@@ -139,17 +130,12 @@ fn compile_refusals() -> std::result::Result<BpfProgram, String> {
             .collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EACCES as u32),
-        std::env::consts::ARCH
-            .try_into()
-            .map_err(|e| format!("{e:?}"))?,
-    )
-    .map_err(|e| e.to_string())?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())
+        std::env::consts::ARCH.try_into()?,
+    )?;
+    Ok(filter.try_into()?)
 }
 
-static REFUSALS: OnceLock<std::result::Result<BpfProgram, String>> = OnceLock::new();
+static REFUSALS: OnceLock<Compiled<BpfProgram>> = OnceLock::new();
 
 /// Compiles every role's filter (once) and installs the SIGSYS handler.
 pub fn prepare() -> Result<()> {
@@ -157,12 +143,13 @@ pub fn prepare() -> Result<()> {
         ThreadRole::ALL
             .iter()
             .map(|&r| compile(r).map(|p| (r, p)))
-            .collect()
+            .collect::<std::result::Result<_, _>>()
+            .map_err(Arc::new)
     });
     if let Err(e) = filters {
         return Err(SeccompError::Compile(e.clone()));
     }
-    if let Err(e) = REFUSALS.get_or_init(compile_refusals) {
+    if let Err(e) = REFUSALS.get_or_init(|| compile_refusals().map_err(Arc::new)) {
         return Err(SeccompError::Compile(e.clone()));
     }
     install_sigsys_handler()
@@ -185,7 +172,7 @@ pub fn enabled() -> bool {
 }
 
 /// A compiled filter, or why there is none.
-fn compiled<T>(f: Option<&std::result::Result<T, String>>) -> Result<&T> {
+fn compiled<T>(f: Option<&Compiled<T>>) -> Result<&T> {
     match f {
         None => Err(SeccompError::NotPrepared),
         Some(Err(e)) => Err(SeccompError::Compile(e.clone())),
