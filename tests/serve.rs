@@ -148,6 +148,18 @@ fn assert_error(status: u16, body: &Value, want_status: u16, want_code: &str, ct
     );
 }
 
+/// `GET /metrics` of the service.
+fn metrics(svc: &Service) -> client::Answer {
+    client::request(
+        &svc.socket,
+        "GET",
+        "/metrics",
+        None,
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
+
 fn json(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or(Value::Null)
 }
@@ -317,14 +329,7 @@ fn errors_openapi_and_routes_over_the_socket() {
     }
 
     // Metrics pass promtool's checks.
-    let a = client::request(
-        &svc.socket,
-        "GET",
-        "/metrics",
-        None,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let a = metrics(&svc);
     assert_eq!(a.status, 200);
     assert!(
         a.content_type.starts_with("text/plain"),
@@ -618,14 +623,7 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
     );
     let v = json(&v);
     assert_eq!((st, &v["policy"]), (200, &Value::from("tpp")), "{v}");
-    let a = client::request(
-        &svc.socket,
-        "GET",
-        "/metrics",
-        None,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let a = metrics(&svc);
     let text = a.text();
     assert!(
         text.contains(&format!(

@@ -426,7 +426,7 @@ impl TieredMemory {
             fatal_hook: HookSlot::default(),
             observer: HookSlot::default(),
             fatal: OnceLock::new(),
-            host_guard: HostGuard::new(&nodes, cfg.host_reserve_bytes),
+            host_guard: HostGuard::new(cfg.host_reserve_bytes),
             sweep: cfg.tiers.iter().map(|_| Default::default()).collect(),
             chunks: super::thp::ChunkStates::new(n)?,
             scanner: sys::PageScanner::open()?,

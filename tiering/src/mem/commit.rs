@@ -74,8 +74,7 @@ pub struct OutOfHostMemory {
 }
 
 impl HostGuard {
-    pub(crate) fn new(nodes: &[u32], reserve: u64) -> Self {
-        let _ = nodes;
+    pub(crate) fn new(reserve: u64) -> Self {
         Self {
             reserve,
             state: Mutex::new(HashMap::new()),

@@ -324,12 +324,8 @@ fn override_workload(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError>
             size_gib,
             hot_gib,
             hot_prob,
-        } => {
-            set(size_gib, a.size_gib);
-            set(hot_gib, a.hot_gib);
-            set(hot_prob, a.hot_prob);
         }
-        W::MovingHot {
+        | W::MovingHot {
             size_gib,
             hot_gib,
             hot_prob,

@@ -44,19 +44,15 @@ pub struct Ioctl {
 }
 
 const fn sys(nr: i64, name: &'static str) -> Syscall {
-    Syscall {
-        nr,
-        name,
-        args: ArgFilter::Any,
-    }
+    filtered(nr, name, ArgFilter::Any)
+}
+
+const fn filtered(nr: i64, name: &'static str, args: ArgFilter) -> Syscall {
+    Syscall { nr, name, args }
 }
 
 const fn ioctls(list: &'static [Ioctl]) -> Syscall {
-    Syscall {
-        nr: libc::SYS_ioctl,
-        name: "ioctl",
-        args: ArgFilter::Ioctl(list),
-    }
+    filtered(libc::SYS_ioctl, "ioctl", ArgFilter::Ioctl(list))
 }
 
 const fn io(request: u64, name: &'static str) -> Ioctl {
@@ -89,16 +85,8 @@ pub const TCGETS: u64 = 0x5401;
 const EVERY_THREAD: &[Syscall] = &[
     sys(libc::SYS_futex, "futex"),
     sys(libc::SYS_brk, "brk"),
-    Syscall {
-        nr: libc::SYS_mmap,
-        name: "mmap",
-        args: ArgFilter::NoExec,
-    },
-    Syscall {
-        nr: libc::SYS_mprotect,
-        name: "mprotect",
-        args: ArgFilter::NoExec,
-    },
+    filtered(libc::SYS_mmap, "mmap", ArgFilter::NoExec),
+    filtered(libc::SYS_mprotect, "mprotect", ArgFilter::NoExec),
     sys(libc::SYS_mremap, "mremap"),
     sys(libc::SYS_munmap, "munmap"),
     sys(libc::SYS_madvise, "madvise"),
@@ -190,11 +178,7 @@ const FAULT_HANDLER: &[Syscall] = &[
 /// Reading host facts (read-only opens): lazy commits check the free memory
 /// of the page's node (`/sys/devices/system/node/*`, `/proc/meminfo`).
 const HOST_FACTS: &[Syscall] = &[
-    Syscall {
-        nr: libc::SYS_openat,
-        name: "openat",
-        args: ArgFilter::ReadOnly,
-    },
+    filtered(libc::SYS_openat, "openat", ArgFilter::ReadOnly),
     sys(libc::SYS_read, "read"),
     sys(libc::SYS_close, "close"),
     sys(libc::SYS_statx, "statx"),

@@ -852,6 +852,13 @@ impl Policy for Adaptive {
             written: false,
             displaced: vec![false; obs.tiers.len()],
         };
+        let latency = |t: usize| {
+            obs.tiers
+                .get(t)
+                .and_then(|x| x.loaded_latency_ns)
+                .unwrap_or(0.0)
+        };
+        let (l0, l1) = (latency(0), latency(1));
         let (mode, what) = match verdict {
             LatencyVerdict::Demote(dp) => {
                 plan.limit = plan.limit.min(self.dynamic_limit(dp, obs.tiers, TICK_NS));
@@ -862,8 +869,8 @@ impl Policy for Adaptive {
                     Mode::Balance,
                     format!(
                         "tier 0 loaded latency {:.0} ns above tier 1's {:.0} ns: moving {:.1}% of requests down ({n} pages down, {m} packed below)",
-                        obs.tiers[0].loaded_latency_ns.unwrap_or(0.0),
-                        obs.tiers[1].loaded_latency_ns.unwrap_or(0.0),
+                        l0,
+                        l1,
                         dp * 100.0
                     ),
                 )
@@ -874,8 +881,8 @@ impl Policy for Adaptive {
                     Mode::Balance,
                     format!(
                         "tiers 0 and 1 balanced (loaded latency {:.0} vs {:.0} ns, within {:.0}%): {m} pages packed below",
-                        obs.tiers[0].loaded_latency_ns.unwrap_or(0.0),
-                        obs.tiers[1].loaded_latency_ns.unwrap_or(0.0),
+                        l0,
+                        l1,
                         DELTA * 100.0
                     ),
                 )
@@ -887,8 +894,8 @@ impl Policy for Adaptive {
                     format!(
                         "{m} pages up (hot threshold heat {} for tier 0; tier 0 faster: {:.0} vs {:.0} ns, up to {:.1}% of requests)",
                         rank.th[0],
-                        obs.tiers[0].loaded_latency_ns.unwrap_or(0.0),
-                        obs.tiers[1].loaded_latency_ns.unwrap_or(0.0),
+                        l0,
+                        l1,
                         dp * 100.0
                     ),
                 )
