@@ -622,7 +622,19 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
         Some(r#"{"policy":"tpp"}"#),
     );
     let v = json(&v);
-    assert_eq!((st, &v["policy"]), (200, &Value::from("tpp")), "{v}");
+    assert_eq!(
+        (st, &v["policy_requested"]),
+        (202, &Value::from("tpp")),
+        "answered once queued: {v}"
+    );
+    wait_for(
+        "the VM took the switch (policy == policy_requested)",
+        Duration::from_secs(20),
+        || {
+            let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[1]), None);
+            (v["policy"] != "tpp").then(|| v.to_string())
+        },
+    );
     let a = metrics(&svc);
     let text = a.text();
     assert!(

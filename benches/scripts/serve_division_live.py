@@ -83,8 +83,11 @@ def main():
         for v in vms:
             f = v["fast"]
             total += f["target_bytes"]
+            g = f.get("gain") or {}
             row["vms"][v["id"]] = {"target_mib": f["target_bytes"] // M, "used_mib": f["used_bytes"] // M,
-                                   "ops_per_sec": round(v["ops_per_sec"])}
+                                   "ops_per_sec": round(v["ops_per_sec"]),
+                                   "next_share": g.get("next_quantum_share"),
+                                   "last_share": g.get("last_quantum_share")}
             if v["state"] == "running" and t > 10 and not (f["min_bytes"] <= f["target_bytes"] <= f["max_bytes"]):
                 failures.append(f"t={t}: {v['id']} target outside [min, max]: {f}")
         if total > pool:
@@ -94,6 +97,23 @@ def main():
         timeline.append(row)
     if timeline and timeline[-1]["optional_bytes"] == 0:
         failures.append("no rebalancing happened")
+    # Flapping: a VM's target moving up then down (or down then up) again.
+    reversals = {}
+    for i in ids:
+        last_dir, n = 0, 0
+        prev = None
+        for row in timeline:
+            tgt = row["vms"].get(i, {}).get("target_mib")
+            if prev is not None and tgt is not None and tgt != prev:
+                d = 1 if tgt > prev else -1
+                if last_dir and d != last_dir:
+                    n += 1
+                last_dir = d
+            prev = tgt
+        reversals[i] = n
+    settled = [r for r in timeline if r["t_s"] >= a.duration / 2]
+    unused = {i: max(r["vms"].get(i, {}).get("target_mib", 0) - r["vms"].get(i, {}).get("used_mib", 0)
+                     for r in settled[-5:]) if settled else None for i in ids}
     for i in ids:
         api.call("DELETE", f"/v1/vms/{i}")
     svc.send_signal(signal.SIGTERM)
@@ -105,10 +125,16 @@ def main():
             f"{row['vms'].get(i, {}).get('target_mib', 0):>4}M tgt {row['vms'].get(i, {}).get('used_mib', 0):>4}M used"
             for i in ids)
         print(f"{row['t_s']:>5} {cells}   {row['moved_bytes'] // M} ({row['optional_bytes'] // M})")
+    print("direction reversals of each target:", reversals)
+    print("unused fast MiB (target - used, most over the last 5 polls):", unused)
+    last = timeline[-1] if timeline else {"vms": {}}
+    print("final gain shares (next quantum / last quantum):",
+          {i: (last["vms"].get(i, {}).get("next_share"), last["vms"].get(i, {}).get("last_share")) for i in ids})
     print("failures:", failures or "none")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"timeline": timeline, "failures": failures, "budget_bytes": budget}, f, indent=1)
+            json.dump({"timeline": timeline, "failures": failures, "budget_bytes": budget,
+                       "reversals": reversals, "unused_mib": unused}, f, indent=1)
     return 0 if not failures else 1
 
 

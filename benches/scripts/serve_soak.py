@@ -93,11 +93,15 @@ def host_used():
     return m["MemTotal"] - m["MemAvailable"]
 
 
-def rss(pid):
+def rss(pid, field="VmRSS"):
+    """A resident-size line of /proc/PID/status, bytes: VmRSS (all),
+    RssAnon (heap, stacks: what the service allocated), RssFile (pages of
+    the binary and libraries read from disk: code paths run once stay
+    resident until the kernel needs the memory; clean and shared)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
@@ -184,6 +188,7 @@ def main():
     api = Api(sock)
     time.sleep(0.5)
     rss_initial = rss(svc.pid)
+    anon_initial = rss(svc.pid, "RssAnon")
     # Warm-up: one VM created and removed, so the baseline includes the
     # service's one-time allocations (runtime threads, buffers).
     st, v = api.call("POST", "/v1/vms", {"image": "zipf", "mem": "64M", "args": ["rss=32M", "wss=16M"]})
@@ -198,6 +203,8 @@ def main():
         api.call("DELETE", f"/v1/vms/{v['id']}")
     time.sleep(1)
     rss_before = rss(svc.pid)
+    anon_before = rss(svc.pid, "RssAnon")
+    file_before = rss(svc.pid, "RssFile")
     api.latencies.clear()
     api.by_route.clear()
     api.codes.clear()
@@ -305,7 +312,7 @@ def main():
                 failures.append(f"patch {vid} answered {st}: {f}")
         elif r < 0.6:
             st, v = api.call("PUT", f"/v1/vms/{vid}/policy", {"policy": rng.choice(POLICIES)})
-            if st == 200:
+            if st == 202:
                 switches += 1
             elif st not in (409,):
                 failures.append(f"policy {vid} answered {st}: {v}")
@@ -340,6 +347,9 @@ def main():
     # Idle long enough for the runtime's blocking threads to exit (10 s).
     time.sleep(15)
     rss_after = rss(svc.pid)
+    anon_after = rss(svc.pid, "RssAnon")
+    file_after = rss(svc.pid, "RssFile")
+    threads_after = len(os.listdir(f"/proc/{svc.pid}/task")) if alive(svc.pid) else None
     st, metrics = api.call("GET", "/metrics")
     svc.send_signal(signal.SIGTERM)
     try:
@@ -380,6 +390,12 @@ def main():
         "service_rss_initial_mib": round((rss_initial or 0) / M, 1),
         "service_rss_before_mib": round((rss_before or 0) / M, 1),
         "service_rss_after_mib": round((rss_after or 0) / M, 1),
+        "service_rss_anon_mib": {"initial": round((anon_initial or 0) / M, 1),
+                                 "before": round((anon_before or 0) / M, 1),
+                                 "after": round((anon_after or 0) / M, 1)},
+        "service_rss_file_mib": {"before": round((file_before or 0) / M, 1),
+                                 "after": round((file_after or 0) / M, 1)},
+        "service_threads_after": threads_after,
         "host_used_before_mib": round(used_before / M, 1),
         "host_used_after_mib": round(used_after / M, 1),
         "api_calls": len(lat),

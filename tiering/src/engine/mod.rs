@@ -354,7 +354,8 @@ impl EngineState {
     ) -> Option<Migration> {
         let mem = self.migrator.memory().clone();
         let tier_id = mem.tier_of(s.page as usize)?;
-        self.profile.record(s.page);
+        self.profile
+            .record_weighted(s.page, profile::hint_weight(s.ns_since_park));
         for bits in [&mut self.touched, &mut self.probe_touched] {
             if let Some(w) = bits.get_mut((s.page / 64) as usize) {
                 *w |= 1 << (s.page % 64);
@@ -1052,6 +1053,80 @@ mod tests {
         assert!(report.probes_armed > 0, "{report:?}");
         let fast: Vec<usize> = (0..PAGES).filter(|&p| m.tier_of(p) == Some(0)).collect();
         assert_eq!(fast, HOT.collect::<Vec<_>>(), "{report:?}");
+        m.check_consistency().unwrap();
+    }
+
+    /// A live resize rebuilds the policy with the new capacities: MTM
+    /// targets regions by the capacities it was built with, so a hot region
+    /// larger than the fast tier stays slow until the tier grows, and is
+    /// promoted after the grow only because the engine rebuilt MTM (without
+    /// the rebuild MTM keeps planning for the old capacity and never moves
+    /// it; checked by removing `follow_capacities`).
+    #[test]
+    fn a_live_resize_rebuilds_the_policy_for_the_new_capacity() {
+        use std::sync::atomic::AtomicU64;
+        const PAGES: usize = 2048;
+        const HOT: std::ops::Range<usize> = 1024..1536;
+        let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 128);
+        mc.placement = mem::InitialPlacement::SlowFirst;
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let _bound = crate::host_support::watchdog(std::time::Duration::from_secs(120));
+        let m = Arc::new(TieredMemory::new(&mc).expect("tiered memory"));
+        let faults = mem::FaultHandler::spawn(m.clone()).unwrap();
+        let log = Box::new(mem::SoftDirtyLog::new(PAGES));
+        let migrator = Arc::new(Migrator::new(m.clone(), log, Default::default()).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = m.guest_ptr() as usize;
+        let toucher = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for p in HOT {
+                        // SAFETY: page p < PAGES lies in guest RAM, mapped and
+                        // 8-byte aligned until `m` drops after this thread
+                        // joins; every access to it here is atomic.
+                        let w = unsafe { &*((base + p * mem::PAGE_SIZE) as *const AtomicU64) };
+                        w.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        let engine = Engine::spawn(
+            migrator,
+            EngineConfig {
+                policy: PolicyKind::Mtm,
+                schedule: Vec::new(),
+                modeled_latency: None,
+                live_latency: None,
+                intervals: vec![(PolicyKind::Mtm, Duration::from_millis(300))],
+                damon: None,
+            },
+        )
+        .unwrap();
+        let hot_fast = || HOT.clone().filter(|&p| m.tier_of(p) == Some(0)).count();
+        // Ten MTM intervals with the small tier: the region does not fit.
+        std::thread::sleep(Duration::from_secs(3));
+        let before = hot_fast();
+        m.resize(0, 1200).expect("grow the fast tier");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while hot_fast() < HOT.len() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let after = hot_fast();
+        let report = engine.stop().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        toucher.join().unwrap();
+        faults.stop().unwrap();
+        assert!(before <= 128, "{before} hot pages fast in a 128-page tier");
+        assert_eq!(report.capacity_rebuilds, 1, "{report:?}");
+        assert_eq!(
+            after,
+            HOT.len(),
+            "the grown tier holds the hot region ({before} before the grow): {report:?}"
+        );
         m.check_consistency().unwrap();
     }
 

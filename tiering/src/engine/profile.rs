@@ -3,26 +3,48 @@
 //! already receives (hint faults, accessed-bit probes, DAMON), halved
 //! periodically, and the marginal-gain curve they imply.
 //!
+//! A hint fault says a page was touched within a scan window, which a warm
+//! page does as surely as a hot one; how soon after the page was parked it
+//! faulted tells them apart (the hint-fault latency Linux's memory tiering
+//! uses as its hot threshold, `numa_balancing_hot_threshold_ms`, 1 s by
+//! default). A hint-fault sample therefore counts [`hint_weight`]: about
+//! `1 s / time to fault` (a page touched λ times a second faults after
+//! about 1/λ), between 1 and [`MAX_HINT_WEIGHT`].
+//!
 //! The curve answers "what share of this VM's accesses would a k-th extra
-//! quantum of fast capacity capture?" (the hottest slow-tier pages above
-//! the current fast-tier cut) and "what share would the k-th quantum given
-//! up lose?" (the coldest fast-tier pages). Both come from the same
-//! ranking of pages by sampled accesses, so the grow curve is
-//! non-increasing and the shrink curve non-decreasing (a concave utility,
-//! which a greedy division maximizes). Shares are of all samples, so the
+//! quantum of fast capacity capture?" (the hottest pages below the
+//! fast-tier cut) and "what share would the k-th quantum given up lose?"
+//! (the coldest pages above it). Both come from one ranking of pages by
+//! sampled accesses, so the grow curve is non-increasing and the shrink
+//! curve non-decreasing (a concave utility, which a greedy division
+//! maximizes). Shares are of all samples, so the
 //! sampling rate (which the hint-fault budget adapts per VM) cancels out.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::vocab::TierId;
 
 /// Sampled accesses per guest page, decayed by halving.
 #[derive(Debug)]
 pub struct AccessProfile {
     counts: Vec<AtomicU32>,
     recorded: AtomicU64,
+    weight: AtomicU64,
+}
+
+/// The time to fault that counts one (Linux's default hot threshold,
+/// `numa_balancing_hot_threshold_ms` = 1000, and the sampler's period).
+pub const HINT_WEIGHT_REF_NS: u64 = 1_000_000_000;
+/// Most a hint-fault sample counts: faults within 1 ms of parking are all
+/// "hot" (a vCPU sharing a core waits that long to run at all).
+pub const MAX_HINT_WEIGHT: u32 = 1000;
+
+/// What a hint-fault sample of a page that faulted `ns_since_park` after
+/// it was parked counts (see the module docs).
+pub fn hint_weight(ns_since_park: u64) -> u32 {
+    let w = HINT_WEIGHT_REF_NS / ns_since_park.max(1);
+    u32::try_from(w).unwrap_or(u32::MAX).clamp(1, MAX_HINT_WEIGHT)
 }
 
 impl AccessProfile {
@@ -31,14 +53,36 @@ impl AccessProfile {
         Self {
             counts: (0..pages).map(|_| AtomicU32::new(0)).collect(),
             recorded: AtomicU64::new(0),
+            weight: AtomicU64::new(0),
         }
     }
 
     /// Records one sampled access to `page` (out-of-range pages are ignored).
     pub fn record(&self, page: u64) {
+        self.record_weighted(page, 1);
+    }
+
+    /// Records one sampled access to `page` that counts `weight` (see
+    /// [`hint_weight`]); counts saturate.
+    pub fn record_weighted(&self, page: u64, weight: u32) {
         if let Some(c) = usize::try_from(page).ok().and_then(|p| self.counts.get(p)) {
-            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_add(1));
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_add(weight))
+            });
             self.recorded.fetch_add(1, Ordering::Relaxed);
+            self.weight
+                .fetch_add(u64::from(weight), Ordering::Relaxed);
+        }
+    }
+
+    /// What a sample counts on average (1 without weights): the counts'
+    /// noise scales with it.
+    pub fn mean_weight(&self) -> f64 {
+        let n = self.recorded.load(Ordering::Relaxed);
+        if n == 0 {
+            1.0
+        } else {
+            (self.weight.load(Ordering::Relaxed) as f64 / n as f64).max(1.0)
         }
     }
 
@@ -78,6 +122,13 @@ pub struct GainCurve {
     pub shrink: Vec<f64>,
     /// Decayed samples behind the curve (0: no information).
     pub samples: f64,
+    /// Standard error of each grow step (sampling noise: a page's count is
+    /// taken as a Poisson count of samples of the mean weight).
+    #[serde(default)]
+    pub grow_se: Vec<f64>,
+    /// Standard error of each shrink step.
+    #[serde(default)]
+    pub shrink_se: Vec<f64>,
 }
 
 impl GainCurve {
@@ -97,55 +148,58 @@ impl GainCurve {
     }
 }
 
-/// The gain curve of `counts` (per guest page), given each page's tier
-/// (`None`: never touched), the fast tier's free pages (capacity above its
-/// use: growing into them costs nothing, shrinking them loses nothing),
-/// `quantum` pages per step and at most `steps` steps each way.
+/// The gain curve of `counts` (per guest page) around a fast tier of
+/// `capacity` pages: `quantum` pages per step, at most `steps` steps each
+/// way; `mean_weight` is what a sample counts on average (for the
+/// standard errors).
 ///
-/// 1. Rank slow-tier pages hottest first and fast-tier pages coldest first.
-/// 2. Skip `fast_free` pages of each ranking: the hottest slow pages fit the
-///    free room already; the free room is the first to go in a shrink.
-/// 3. Sum each quantum's counts, as a share of all counts.
+/// 1. Rank every page by its count, hottest first: the fast-tier cut a
+///    converged policy reaches holds the first `capacity` pages.
+/// 2. Growing by a quantum captures the next `quantum` pages below the cut;
+///    shrinking loses the last `quantum` pages above it (capacity the VM
+///    holds but nothing hot would fill is worth nothing).
+/// 3. Sum each quantum's counts, as a share of all counts, with its
+///    standard error `sqrt(sum x mean_weight) / total` (a page's count
+///    taken as a Poisson count of samples of the mean weight).
+///
+/// Both sides come from one ranking, so the curve is concave at the cut:
+/// the next quantum is never worth more than the last (a VM is never at
+/// once the best receiver and the cheapest donor, whatever its policy
+/// placed where so far).
 pub fn gain_curve(
     counts: &[u32],
-    tier_of: impl Fn(usize) -> Option<TierId>,
-    fast_free: u64,
+    capacity: u64,
     quantum: u64,
     steps: usize,
+    mean_weight: f64,
 ) -> GainCurve {
-    let quantum = quantum.max(1);
+    let q = usize::try_from(quantum.max(1)).unwrap_or(usize::MAX);
     let total: f64 = counts.iter().map(|&c| f64::from(c)).sum();
-    let mut slow: Vec<u32> = Vec::new();
-    let mut fast: Vec<u32> = Vec::new();
-    for (p, &c) in counts.iter().enumerate() {
-        match tier_of(p) {
-            Some(0) => fast.push(c),
-            Some(_) => slow.push(c),
-            None => {}
+    let mut ranked: Vec<u32> = counts.to_vec();
+    ranked.sort_unstable_by(|a, b| b.cmp(a));
+    let cut = usize::try_from(capacity)
+        .unwrap_or(usize::MAX)
+        .min(ranked.len());
+    let w = mean_weight.max(1.0);
+    let step = |ch: &[u32]| -> (f64, f64) {
+        let sum = ch.iter().map(|&c| f64::from(c)).sum::<f64>();
+        if total > 0.0 {
+            (sum / total, (sum * w).sqrt() / total)
+        } else {
+            (0.0, 0.0)
         }
-    }
-    slow.sort_unstable_by(|a, b| b.cmp(a));
-    fast.sort_unstable();
-    let steps_of = |ranked: &[u32]| -> Vec<f64> {
-        let skip = usize::try_from(fast_free).unwrap_or(usize::MAX);
-        let q = usize::try_from(quantum).unwrap_or(usize::MAX);
-        let rest = ranked.get(skip..).unwrap_or(&[]);
-        rest.chunks(q)
-            .take(steps)
-            .map(|ch| {
-                if total > 0.0 {
-                    ch.iter().map(|&c| f64::from(c)).sum::<f64>() / total
-                } else {
-                    0.0
-                }
-            })
-            .collect()
     };
+    let (grow, grow_se): (Vec<f64>, Vec<f64>) =
+        ranked[cut..].chunks(q).take(steps).map(step).unzip();
+    let (shrink, shrink_se): (Vec<f64>, Vec<f64>) =
+        ranked[..cut].rchunks(q).take(steps).map(step).unzip();
     GainCurve {
-        quantum_pages: quantum,
-        grow: steps_of(&slow),
-        shrink: steps_of(&fast),
+        quantum_pages: q as u64,
+        grow,
+        shrink,
         samples: total,
+        grow_se,
+        shrink_se,
     }
 }
 
@@ -154,26 +208,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hot_slow_pages_make_the_first_grow_step_worth_most() {
-        // Pages 0..4 fast (cold), 4..8 slow: 4, 5 hot.
+    fn steps_follow_the_ranking_around_the_cut() {
+        // Ranked: 10 8 1 1 1 0 0 0 (total 21); a fast tier of 4 pages.
         let counts = [0, 1, 0, 0, 10, 8, 1, 1];
-        let c = gain_curve(&counts, |p| Some(u8::from(p >= 4)), 0, 2, 8);
+        let c = gain_curve(&counts, 4, 2, 8, 1.0);
         assert_eq!(c.grow.len(), 2);
-        assert!((c.grow[0] - 18.0 / 21.0).abs() < 1e-9);
-        assert!((c.grow[1] - 2.0 / 21.0).abs() < 1e-9);
-        assert!(c.grow[0] >= c.grow[1], "non-increasing");
-        assert_eq!(c.shrink, vec![0.0, 1.0 / 21.0]);
-        assert!((c.gain(5) - 20.0 / 21.0).abs() < 1e-9);
-        assert!((c.loss(3) - 2.0 / 21.0).abs() < 1e-9, "last step repeats");
+        assert!((c.grow[0] - 1.0 / 21.0).abs() < 1e-9, "pages 5-6 of the ranking");
+        assert_eq!(c.grow[1], 0.0);
+        assert!((c.shrink[0] - 2.0 / 21.0).abs() < 1e-9, "pages 3-4");
+        assert!((c.shrink[1] - 18.0 / 21.0).abs() < 1e-9, "pages 1-2");
+        assert!((c.shrink_se[1] - 18f64.sqrt() / 21.0).abs() < 1e-9);
+        assert!(c.grow[0] <= c.shrink[0], "concave at the cut");
+        assert!((c.gain(5) - 1.0 / 21.0).abs() < 1e-9);
+        assert!((c.loss(3) - 38.0 / 21.0).abs() < 1e-9, "last step repeats");
     }
 
     #[test]
-    fn free_fast_room_is_used_first() {
-        let counts = [0, 0, 10, 8];
-        let c = gain_curve(&counts, |p| Some(u8::from(p >= 2)), 1, 1, 8);
-        // The hottest slow page fits the free room: the first step buys page 3.
-        assert!((c.grow[0] - 8.0 / 18.0).abs() < 1e-9);
-        assert_eq!(c.shrink, vec![0.0]);
+    fn capacity_nothing_hot_would_fill_loses_nothing() {
+        // Two hot pages, a fast tier of five.
+        let counts = [9, 9, 0, 0, 0, 0];
+        let c = gain_curve(&counts, 5, 1, 8, 1.0);
+        assert_eq!(c.grow, vec![0.0]);
+        assert_eq!(c.shrink[..3], [0.0, 0.0, 0.0]);
+        assert!(c.shrink[3] > 0.0);
+    }
+
+    #[test]
+    fn a_sample_counts_by_its_time_to_fault() {
+        assert_eq!(hint_weight(1_000_000_000), 1);
+        assert_eq!(hint_weight(10_000_000), 100);
+        assert_eq!(hint_weight(5_000_000_000), 1, "at least one");
+        assert_eq!(hint_weight(0), MAX_HINT_WEIGHT);
+        let p = AccessProfile::new(2);
+        p.record_weighted(0, 100);
+        p.record(1);
+        assert_eq!(p.snapshot(), vec![100, 1]);
+        assert!((p.mean_weight() - 50.5).abs() < 1e-9);
     }
 
     #[test]

@@ -632,6 +632,13 @@ impl TieredMemory {
         self.vmm_dirty.clear(first, mask)
     }
 
+    /// Full passes the hint-fault sampler made over guest memory: every
+    /// page was parked once per pass (the access profile's memory is
+    /// measured in passes, `tiering::engine::profile`).
+    pub fn scan_cycles(&self) -> u64 {
+        self.counters.scan_cycles.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn set_overhead_pct(&self, pct: f64) {
         self.overhead_pct_bits
             .store(pct.to_bits(), Ordering::Relaxed);

@@ -167,6 +167,7 @@ impl HintSampler {
             }
             if self.cursor >= n {
                 self.cursor = 0;
+                mem.counters.scan_cycles.fetch_add(1, Ordering::Relaxed);
             }
             let got = mem.park_pages(&run, Parker::Sampler)?;
             parked += got.len();

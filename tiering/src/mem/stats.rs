@@ -146,6 +146,9 @@ pub struct Counters {
     pub(crate) splits: AtomicU64,
     pub(crate) resizes: AtomicU64,
     pub(crate) dirty_log_switches: AtomicU64,
+    /// Full passes of the hint-fault sampler over guest memory (not in the
+    /// report; `TieredMemory::scan_cycles`).
+    pub(crate) scan_cycles: AtomicU64,
 }
 
 impl Counters {

@@ -19,9 +19,15 @@ pub struct CtlArgs {
     /// The service's socket.
     #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
     pub socket: PathBuf,
-    /// Longest wait for an answer.
+    /// Longest wait for an answer (and, with --wait, for the change).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// After an accepted change, poll GET /v1/vms/{id} until it took
+    /// effect, and print the VM then: create until the VM left `starting`,
+    /// policy until `policy` is `policy_requested` (or a `policy_error`),
+    /// fast until `converged`, delete until the VM ended.
+    #[arg(long)]
+    pub wait: bool,
     /// What to do.
     #[command(subcommand)]
     pub op: CtlOp,
@@ -205,6 +211,61 @@ fn enc(s: &str) -> String {
         .collect()
 }
 
+/// How often `--wait` polls.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// Whether the change `op` asked for shows in the VM `v` (see `--wait`).
+pub fn took_effect(op: &CtlOp, v: &Value) -> bool {
+    match op {
+        CtlOp::Create(_) => v["state"] != "starting",
+        CtlOp::Policy { .. } => {
+            v["policy"] == v["policy_requested"] || !v["policy_error"].is_null()
+        }
+        CtlOp::Fast { .. } => v["fast"]["converged"] == true,
+        CtlOp::Delete { .. } => !["starting", "running", "stopping"]
+            .iter()
+            .any(|s| v["state"] == *s),
+        _ => true,
+    }
+}
+
+/// The VM an accepted change concerns.
+fn changed_vm<'a>(op: &'a CtlOp, answer: &'a Value) -> Option<&'a str> {
+    match op {
+        CtlOp::Create(_) => answer["id"].as_str(),
+        CtlOp::Policy { id, .. } | CtlOp::Fast { id, .. } | CtlOp::Delete { id } => Some(id),
+        _ => None,
+    }
+}
+
+/// Polls the VM until the change took effect or `timeout` passed; `None`
+/// when the VM is gone (a removed VM).
+fn wait_for_change(args: &CtlArgs, id: &str) -> Result<Option<(bool, Value)>> {
+    let deadline = std::time::Instant::now() + args.timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let a = client::request(
+            &args.socket,
+            "GET",
+            &format!("/v1/vms/{}", enc(id)),
+            None,
+            left.max(Duration::from_millis(100)),
+        )
+        .map_err(crate::serve::ServeError::from)?;
+        if a.status == 404 {
+            return Ok(None);
+        }
+        let v = a.json();
+        if took_effect(&args.op, &v) {
+            return Ok(Some((true, v)));
+        }
+        if left.is_zero() {
+            return Ok(Some((false, v)));
+        }
+        std::thread::sleep(WAIT_POLL.min(left));
+    }
+}
+
 /// Runs one `tiervm ctl` operation; returns the exit code.
 pub fn run(args: &CtlArgs) -> Result<i32> {
     let (method, path, body) = request_of(&args.op);
@@ -223,6 +284,28 @@ pub fn run(args: &CtlArgs) -> Result<i32> {
         a.text()
     };
     if (200..300).contains(&a.status) {
+        let answer = if a.body.is_empty() { Value::Null } else { a.json() };
+        if args.wait {
+            if let Some(id) = changed_vm(&args.op, &answer).map(str::to_string) {
+                match wait_for_change(args, &id)? {
+                    Some((true, v)) => {
+                        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                        return Ok(0);
+                    }
+                    Some((false, v)) => {
+                        eprintln!(
+                            "tiervm ctl: {id}'s change did not take effect within {:?} (--timeout): {v}",
+                            args.timeout
+                        );
+                        return Ok(1);
+                    }
+                    None => {
+                        println!("{{\"status\": {}, \"removed\": \"{id}\"}}", a.status);
+                        return Ok(0);
+                    }
+                }
+            }
+        }
         if !out.is_empty() {
             println!("{}", out.trim_end());
         } else {

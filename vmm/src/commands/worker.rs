@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -31,8 +31,9 @@ use crate::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
 
 /// How often the worker refreshes its statistics and gain curve.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
-/// How long a policy switch may wait for the next status sample.
-const SWITCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Half-lives between halvings of the access profile when no sampler pass
+/// completes (probe or DAMON tracking).
+const HALVE_WITHOUT_SCAN: u32 = 4;
 /// How long a finished worker waits for the service's `exit`.
 const EXIT_WAIT: Duration = Duration::from_secs(60);
 /// Writes to the service give up after this long (the service reads
@@ -71,8 +72,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A policy switch waiting for the next sample, and where its answer goes.
-type PendingSwitch = (PolicyKind, mpsc::Sender<std::result::Result<(), String>>);
 
 /// State shared by the main thread (hooks) and the control thread.
 struct Shared {
@@ -83,7 +82,10 @@ struct Shared {
     finished: AtomicBool,
     resize: Mutex<Option<ResizeHandle>>,
     stats: Mutex<Option<WorkerStats>>,
-    switches: Mutex<Vec<PendingSwitch>>,
+    /// Policy switches the main thread takes at its next sample (the
+    /// service is answered as soon as one is queued; the stats show the
+    /// policy that runs and the last switch that failed).
+    switches: Mutex<Vec<PolicyKind>>,
     report: Mutex<Option<serde_json::Value>>,
 }
 
@@ -309,12 +311,8 @@ fn answer(shared: &Shared, command: Command) -> std::result::Result<Reply, Strin
             if lock(&shared.stats).is_none() {
                 return Err(STARTING.into());
             }
-            let (tx, rx) = mpsc::channel();
-            lock(&shared.switches).push((kind, tx));
-            match rx.recv_timeout(SWITCH_TIMEOUT) {
-                Ok(r) => r.map(|()| Reply::Ok),
-                Err(_) => Err("the VM did not take the switch in time (it may be ending)".into()),
-            }
+            lock(&shared.switches).push(kind);
+            Ok(Reply::Ok)
         }
         Command::Stop => {
             shared.stop.store(true, Ordering::Release);
@@ -341,11 +339,13 @@ struct WorkerHooks {
     profile: Option<Arc<AccessProfile>>,
     notes: Vec<String>,
     policy: PolicyKind,
+    policy_error: Option<String>,
     quantum_pages: u64,
     curve_steps: usize,
     half_life: Duration,
     last_stats: Option<(Instant, f64, u64)>,
     last_halve: Instant,
+    halve_cycles: u64,
 }
 
 impl WorkerHooks {
@@ -356,27 +356,42 @@ impl WorkerHooks {
             profile: None,
             notes,
             policy: spec.policy.parse().unwrap_or(PolicyKind::Static),
+            policy_error: None,
             quantum_pages: spec.quantum_pages.max(1),
             curve_steps: spec.curve_steps.clamp(1, 4096),
             half_life: Duration::try_from_secs_f64(spec.profile_half_life_s.max(1.0))
                 .unwrap_or(Duration::from_secs(20)),
             last_stats: None,
             last_halve: Instant::now(),
+            halve_cycles: 0,
         }
     }
 
-    /// Policy switches queued by the control thread.
+    /// Policy switches queued by the control thread; the stats show the
+    /// outcome at once.
     fn switch_policies(&mut self, ctx: &SampleCtx<'_>) {
         let queued = std::mem::take(&mut *lock(&self.shared.switches));
-        for (kind, reply) in queued {
+        if queued.is_empty() {
+            return;
+        }
+        for kind in queued {
             let r = match ctx.tiered {
                 Some(t) => t.switch_policy(kind).map_err(|e| e.describe()),
                 None => Err("this VM is untiered".to_string()),
             };
-            if r.is_ok() {
-                self.policy = kind;
+            match r {
+                Ok(()) => {
+                    self.policy = kind;
+                    self.policy_error = None;
+                }
+                Err(e) => {
+                    self.policy_error = Some(format!("switching to {}: {e}", kind.name()));
+                }
             }
-            let _ = reply.send(r);
+        }
+        if let Some(st) = lock(&self.shared.stats).as_mut() {
+            st.policy = self.policy.name().to_string();
+            st.policy_error.clone_from(&self.policy_error);
         }
     }
 
@@ -411,14 +426,14 @@ impl WorkerHooks {
         if self.profile.is_none() {
             self.profile = ctx.tiered.and_then(|t| t.access_profile());
         }
-        let fast_free = stats.tiers.first().map_or(0, |t| t.free_pages);
+        let fast_capacity = stats.tiers.first().map_or(0, |t| t.capacity_pages);
         let mut gain = match &self.profile {
             Some(p) => gain_curve(
                 &p.snapshot(),
-                |pg| mem.tier_of(pg),
-                fast_free,
+                fast_capacity,
                 self.quantum_pages,
                 self.curve_steps,
+                p.mean_weight(),
             ),
             None => Default::default(),
         };
@@ -426,11 +441,20 @@ impl WorkerHooks {
             // Static never promotes: more fast capacity buys it nothing.
             gain.grow.iter_mut().for_each(|g| *g = 0.0);
         }
-        if now.duration_since(self.last_halve) >= self.half_life {
+        // The profile's memory: halve once the sampler covered every page
+        // since the last halving (so no page's count reflects only how
+        // recently the scan passed it), and at least a half-life apart; a
+        // VM without a sampler halves every HALVE_WITHOUT_SCAN half-lives.
+        let since = now.duration_since(self.last_halve);
+        let cycles = mem.scan_cycles();
+        if (cycles > self.halve_cycles && since >= self.half_life)
+            || since >= self.half_life * HALVE_WITHOUT_SCAN
+        {
             if let Some(p) = &self.profile {
                 p.halve();
             }
             self.last_halve = now;
+            self.halve_cycles = cycles;
         }
         let resize = lock(&self.shared.resize)
             .as_ref()
@@ -441,6 +465,7 @@ impl WorkerHooks {
             ops: ctx.ops,
             ops_per_sec,
             policy: self.policy.name().to_string(),
+            policy_error: self.policy_error.clone(),
             tiers,
             emulated: mem.emulated(),
             mem: stats,

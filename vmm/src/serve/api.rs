@@ -137,7 +137,7 @@ async fn list_vms(State(st): State<AppState>) -> Result<Json<Vec<VmInfo>>, ApiEr
 /// Creates and starts a VM (admission control on its fast min and its mem).
 #[utoipa::path(post, path = "/v1/vms", tag = "vms", request_body = CreateVm,
     responses(
-        (status = 201, description = "Created (starting or running)", body = VmInfo),
+        (status = 201, description = "Created; answered at once with the VM `starting` (poll GET /v1/vms/{id} for `running`, or `failed` and its error)", body = VmInfo),
         (status = 400, description = "Bad input (image, arguments, sizes, policy)", body = ApiError),
         (status = 409, description = "The fast min or mem does not fit the pools, or too many VMs", body = ApiError),
         (status = 413, description = "Body too large", body = ApiError),
@@ -215,10 +215,12 @@ async fn patch_fast(
 }
 
 /// Switches a VM's placement policy live (the engine hands its state over).
+/// Answered once the VM queued the switch; GET shows `policy` (running)
+/// next to `policy_requested` until the VM took it (or `policy_error`).
 #[utoipa::path(put, path = "/v1/vms/{id}/policy", tag = "vms", request_body = PutPolicy,
     params(("id" = String, Path, description = "VM id")),
     responses(
-        (status = 200, description = "Switched", body = VmInfo),
+        (status = 202, description = "Accepted; the VM takes the switch at its next sample", body = VmInfo),
         (status = 400, description = "Not a placement policy", body = ApiError),
         (status = 404, description = "No such VM", body = ApiError),
         (status = 409, description = "The VM is not running", body = ApiError),
@@ -228,10 +230,12 @@ async fn put_policy(
     State(st): State<AppState>,
     id: Result<Path<String>, PathRejection>,
     JsonBody(p): JsonBody<PutPolicy>,
-) -> Result<Json<VmInfo>, ApiError> {
+) -> Result<(StatusCode, Json<VmInfo>), ApiError> {
     let id = path_id(id)?;
     let h = st.host.clone();
-    blocking(move || h.put_policy(&id, &p)).await.map(Json)
+    blocking(move || h.put_policy(&id, &p))
+        .await
+        .map(|v| (StatusCode::ACCEPTED, Json(v)))
 }
 
 /// The VM's run report: the same JSON as `tiervm run --report json` (docs/report.md).

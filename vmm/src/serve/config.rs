@@ -24,6 +24,7 @@
 //! period = "5s"
 //! quantum = "64M"
 //! hysteresis = 0.2
+//! significance = 2.0      # standard errors an exchange must gain by
 //! min_share = 0.002
 //! max_move_rate = "256M"   # bytes per second moved by rebalancing
 //! dwell = "10s"
@@ -129,6 +130,8 @@ pub struct DivisionFile {
     pub quantum: Option<SizeValue>,
     /// Exchange threshold.
     pub hysteresis: Option<f64>,
+    /// Standard errors an exchange's gain must exceed its loss by.
+    pub significance: Option<f64>,
     /// Smallest worthwhile share.
     pub min_share: Option<f64>,
     /// Bytes per second rebalancing may move.
@@ -511,9 +514,11 @@ impl ServeConfig {
             .unwrap_or(256 << 20);
         let hysteresis = v.hysteresis.unwrap_or(0.2);
         let min_share = v.min_share.unwrap_or(0.002);
+        let significance = v.significance.unwrap_or(2.0);
         for (k, x) in [
             ("division.hysteresis", hysteresis),
             ("division.min_share", min_share),
+            ("division.significance", significance),
         ] {
             if !(x.is_finite() && x >= 0.0) {
                 return Err(ServeConfigError::OutOfRange(format!(
@@ -532,6 +537,7 @@ impl ServeConfig {
             budget_bytes: (rate as f64 * period.as_secs_f64()) as u64,
             dwell_s: dwell.as_secs_f64(),
             reverse_dwell_s: 3.0 * dwell.as_secs_f64(),
+            significance,
         };
         let l = &file.limits;
         let max_body = size("limits.max_body", l.max_body.as_ref())?.unwrap_or(64 << 10);

@@ -21,8 +21,12 @@
 //!    counted) goes, a quantum at a time, to the VM whose next quantum is
 //!    worth most, while it is worth more than nothing.
 //! 3. Exchanges: the quantum worth most to some VM is taken from the VM
-//!    that loses least, only when it is worth `1 + hysteresis` times the
-//!    loss and at least `min_share` of the receiver's weighted throughput.
+//!    that loses least (on a tie, the one with most unused capacity), only
+//!    when it is worth `1 + hysteresis` times the loss, at least
+//!    `min_share` of the receiver's weighted throughput, and when the
+//!    difference is significant: above `significance` standard errors of
+//!    the two estimates (sampling noise; two VMs whose gains are within
+//!    noise of each other do not trade quanta back and forth).
 //! 4. Steps 2 and 3 move at most `budget_bytes` per round (an exchange
 //!    counts twice: a demotion and a promotion) and leave alone VMs
 //!    resized within `dwell_s`.
@@ -48,6 +52,10 @@ pub struct Share {
     pub grow: Vec<f64>,
     /// Share of accesses the k-th quantum given up would lose.
     pub shrink: Vec<f64>,
+    /// Standard error of each `grow` step.
+    pub grow_se: Vec<f64>,
+    /// Standard error of each `shrink` step.
+    pub shrink_se: Vec<f64>,
     /// Whether the curves carry information (enough samples).
     pub informed: bool,
     /// Seconds since the VM's target last changed (`None`: never).
@@ -73,6 +81,9 @@ pub struct Params {
     /// A VM is not moved back the other way (grown after a shrink, shrunk
     /// after a grow) by optional moves for this long: no flapping.
     pub reverse_dwell_s: f64,
+    /// An exchange's gain minus its loss must exceed this many standard
+    /// errors of the difference (2: about 98% one-sided confidence).
+    pub significance: f64,
 }
 
 impl Default for Params {
@@ -84,6 +95,7 @@ impl Default for Params {
             budget_bytes: 512 << 20,
             dwell_s: 10.0,
             reverse_dwell_s: 30.0,
+            significance: 2.0,
         }
     }
 }
@@ -120,30 +132,48 @@ struct Curve<'a> {
 }
 
 impl Curve<'_> {
+    /// Value of the quantum from `at` to `at + q`, and its standard error.
+    fn up_se(&self, at: u64) -> (f64, f64) {
+        if !self.s.informed {
+            return (0.0, 0.0);
+        }
+        let pick = |v: &[f64], k: usize, repeat_last: bool| -> f64 {
+            let last = if repeat_last {
+                v.last().copied().unwrap_or(0.0)
+            } else {
+                0.0
+            };
+            v.get(k).copied().unwrap_or(last)
+        };
+        let (v, se) = if at >= self.s.target {
+            let k = ((at - self.s.target) / self.q) as usize;
+            (pick(&self.s.grow, k, false), pick(&self.s.grow_se, k, false))
+        } else {
+            // Taking back a quantum given up: what losing it would cost.
+            let k = (((self.s.target - at) / self.q) as usize).saturating_sub(1);
+            (pick(&self.s.shrink, k, true), pick(&self.s.shrink_se, k, true))
+        };
+        (v * self.scale, se * self.scale)
+    }
+
     /// Value of the quantum from `at` to `at + q`.
     fn up(&self, at: u64) -> f64 {
-        if !self.s.informed {
-            return 0.0;
-        }
-        let v = if at >= self.s.target {
-            let k = ((at - self.s.target) / self.q) as usize;
-            self.s.grow.get(k).copied().unwrap_or(0.0)
-        } else {
-            let k = ((self.s.target - at) / self.q) as usize;
-            // Taking back a quantum given up: what losing it would cost.
-            let last = self.s.shrink.last().copied().unwrap_or(0.0);
-            self.s
-                .shrink
-                .get(k.saturating_sub(1))
-                .copied()
-                .unwrap_or(last)
-        };
-        v * self.scale
+        self.up_se(at).0
     }
 
     /// Loss of the quantum from `at - q` to `at`.
     fn down(&self, at: u64) -> f64 {
         self.up(at.saturating_sub(self.q))
+    }
+
+    /// Loss of the quantum from `at - q` to `at`, and its standard error.
+    fn down_se(&self, at: u64) -> (f64, f64) {
+        self.up_se(at.saturating_sub(self.q))
+    }
+
+    /// Capacity the VM holds but does not use.
+    fn unused(&self, at: u64) -> u64 {
+        at.saturating_sub(self.s.used)
     }
 }
 
@@ -233,8 +263,10 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         let Some(s) = cheapest_shrink(&curves, &t, Some(g), true, p) else {
             break;
         };
-        let loss = curves[s].down(t[s]);
-        if value <= (1.0 + p.hysteresis) * loss || budget < 2 * q {
+        let (loss, loss_se) = curves[s].down_se(t[s]);
+        let value_se = curves[g].up_se(t[g]).1;
+        let noise = p.significance * value_se.hypot(loss_se);
+        if value <= (1.0 + p.hysteresis) * loss || value - loss <= noise || budget < 2 * q {
             break;
         }
         t[s] -= q;
@@ -266,6 +298,7 @@ fn cheapest_shrink(
             curves[a]
                 .down(t[a])
                 .total_cmp(&curves[b].down(t[b]))
+                .then(curves[b].unused(t[b]).cmp(&curves[a].unused(t[a])))
                 .then(b.cmp(&a))
         })
 }
@@ -392,6 +425,36 @@ mod tests {
     }
 
     #[test]
+    fn exchanges_within_sampling_noise_are_refused() {
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.10];
+        a.shrink_se = vec![0.02];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.13];
+        b.grow_se = vec![0.02];
+        // 0.13 > 1.2 x 0.10, but 0.03 < 2 x hypot(0.02, 0.02) = 0.057.
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "within noise: no trade");
+        b.grow_se = vec![0.002];
+        a.shrink_se = vec![0.002];
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M], "significant: traded");
+    }
+
+    #[test]
+    fn unused_capacity_is_taken_first_on_a_tie() {
+        // a and b would both lose nothing; a uses all of its target, b
+        // holds 128M it does not use: b gives.
+        let a = share(0, 1024 * M, 256 * M);
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.used = 128 * M;
+        let mut c = share(0, 1024 * M, 0);
+        c.grow = vec![0.5];
+        let pl = plan(512 * M, &[a, b, c], &params());
+        assert_eq!(pl.targets, vec![256 * M, 192 * M, 64 * M]);
+    }
+
+    #[test]
     fn a_vm_is_not_moved_back_within_the_reverse_dwell() {
         let mut a = share(0, 1024 * M, 256 * M);
         a.shrink = vec![0.01];
@@ -440,6 +503,7 @@ mod tests {
                 shares.push(Share {
                     min, max, weight, target: target * q, used: target * q,
                     ops_per_sec: ops, grow, shrink, informed, since_resize_s: None, last_grew: None,
+                    ..Share::default()
                 });
             }
             let pool = mins + pool_q * q; // admission keeps the mins within the pool

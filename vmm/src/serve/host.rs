@@ -18,9 +18,6 @@ use crate::units::format_size;
 
 /// How long a stats request may take.
 const STATS_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a create waits for the VM to start before answering (then it
-/// answers with the VM `starting`; well below the request timeout).
-const START_WAIT: Duration = Duration::from_secs(3);
 /// How often running VMs' statistics are refreshed.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// Decayed samples below which a VM's gain curve is not trusted.
@@ -112,8 +109,10 @@ pub struct VmEntry {
     pub stop_reason: Option<String>,
     /// Advice.
     pub notes: Vec<String>,
-    /// The policy now.
+    /// The policy the VM was created with (until its stats say what runs).
     pub policy: String,
+    /// The policy the API asked for last.
+    pub policy_requested: String,
     /// Switches through the API.
     pub policy_switches: u64,
     /// When the target last changed.
@@ -528,6 +527,7 @@ impl Host {
                     error: None,
                     stop_reason: None,
                     notes: Vec::new(),
+                    policy_requested: policy.clone(),
                     policy,
                     policy_switches: 0,
                     last_resize: None,
@@ -543,18 +543,8 @@ impl Host {
             return Err(ApiError::internal(crate::error::chain(&e)));
         }
         self.wake_rebalancer();
-        let deadline = Instant::now() + START_WAIT;
-        while Instant::now() < deadline {
-            if self
-                .state()
-                .vms
-                .get(&key)
-                .is_none_or(|v| v.state != VmState::Starting)
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Answered at once: the VM shows `starting` until its worker built
+        // it (GET /v1/vms/{id} shows `running`, or `failed` and why).
         self.vm_info(&id, false)
     }
 
@@ -827,7 +817,9 @@ impl Host {
         Ok(info_of(&s.vms[&key], self.cfg.emulated).fast)
     }
 
-    /// `PUT /v1/vms/{id}/policy`.
+    /// `PUT /v1/vms/{id}/policy`: answered once the VM's worker queued the
+    /// switch; its main thread takes it at its next sample (milliseconds),
+    /// and `GET` shows `policy` (running) next to `policy_requested`.
     pub fn put_policy(&self, id: &str, p: &PutPolicy) -> Result<VmInfo, ApiError> {
         self.refuse_if_shutting_down()?;
         check_policy(&p.policy)?;
@@ -843,14 +835,14 @@ impl Host {
             Command::SwitchPolicy {
                 policy: p.policy.clone(),
             },
-            Duration::from_secs(8),
+            STATS_TIMEOUT,
         )
         .map_err(|e| link_error(id, &e))?;
         if let Some(v) = self.state().vms.get_mut(&key) {
-            v.policy = p.policy.clone();
+            v.policy_requested = p.policy.clone();
             v.policy_switches += 1;
         }
-        self.vm_info(id, true)
+        self.vm_info(id, false)
     }
 
     /// `GET /v1/vms/{id}/report`.
@@ -1021,6 +1013,16 @@ impl Host {
     }
 }
 
+impl VmEntry {
+    /// The policy that runs (the worker's last word), else the one the VM
+    /// was created with.
+    pub fn active_policy(&self) -> &str {
+        self.stats
+            .as_ref()
+            .map_or(self.policy.as_str(), |s| s.policy.as_str())
+    }
+}
+
 fn share_of(v: &VmEntry, now: Instant) -> Share {
     let st = v.stats.as_ref();
     let gain = st.map(|s| &s.gain);
@@ -1033,6 +1035,8 @@ fn share_of(v: &VmEntry, now: Instant) -> Share {
         ops_per_sec: st.map_or(0.0, |s| s.ops_per_sec),
         grow: gain.map(|g| g.grow.clone()).unwrap_or_default(),
         shrink: gain.map(|g| g.shrink.clone()).unwrap_or_default(),
+        grow_se: gain.map(|g| g.grow_se.clone()).unwrap_or_default(),
+        shrink_se: gain.map(|g| g.shrink_se.clone()).unwrap_or_default(),
         informed: gain.is_some_and(|g| g.samples >= MIN_SAMPLES),
         since_resize_s: v.last_resize.map(|t| now.duration_since(t).as_secs_f64()),
         last_grew: v.last_grew,
@@ -1053,7 +1057,9 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
         args: v.spec.args.clone(),
         mem_bytes: v.spec.mem_bytes,
         vcpus: v.spec.vcpus,
-        policy: v.policy.clone(),
+        policy: v.active_policy().to_string(),
+        policy_requested: v.policy_requested.clone(),
+        policy_error: st.and_then(|s| s.policy_error.clone()),
         policy_switches: v.policy_switches,
         fast: FastInfo {
             min_bytes: v.min,
@@ -1064,6 +1070,14 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
             used_bytes: used,
             resident_bytes: fast_tier.and_then(|t| t.resident_bytes),
             converged: used <= v.target,
+            gain: st
+                .map(|s| &s.gain)
+                .filter(|g| g.samples >= MIN_SAMPLES)
+                .map(|g| GainInfo {
+                    next_quantum_share: g.grow.first().copied().unwrap_or(0.0),
+                    last_quantum_share: g.shrink.first().copied().unwrap_or(0.0),
+                    samples: g.samples,
+                }),
         },
         tiers: if v.state.active() {
             st.map(|s| {

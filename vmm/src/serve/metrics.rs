@@ -343,7 +343,7 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
             for st in VmState::ALL {
                 set(&state, &[vm, st.name()], f64::from(u8::from(st == v.state)));
             }
-            set(&vm_info, &[vm, &v.spec.image, &v.policy], 1.0);
+            set(&vm_info, &[vm, &v.spec.image, v.active_policy()], 1.0);
             set(&fmin, &[vm], v.min as f64);
             set(&fmax, &[vm], v.max as f64);
             set(&weight, &[vm], v.weight);

@@ -15,7 +15,7 @@
 //!    with the even split.
 
 use serde::Serialize;
-use tiering::engine::profile::gain_curve;
+use tiering::engine::profile::{gain_curve, GainCurve};
 use tiering::policy::PolicyKind;
 use tiering::sim::{self, Scenario};
 
@@ -77,18 +77,8 @@ fn throughput(scn: &Scenario, fast_gib: f64, policy: PolicyKind) -> Result<f64, 
 }
 
 /// The gain curve of `counts` with the hottest `fast_pages` pages fast.
-fn curve(counts: &[u32], fast_pages: u64, quantum_pages: u64) -> (Vec<f64>, Vec<f64>) {
-    let mut order: Vec<usize> = (0..counts.len()).collect();
-    order.sort_unstable_by(|&a, &b| counts[b].cmp(&counts[a]).then(a.cmp(&b)));
-    let mut fast = vec![false; counts.len()];
-    for &p in order
-        .iter()
-        .take(usize::try_from(fast_pages).unwrap_or(usize::MAX))
-    {
-        fast[p] = true;
-    }
-    let g = gain_curve(counts, |p| Some(u8::from(!fast[p])), 0, quantum_pages, 64);
-    (g.grow, g.shrink)
+fn curve(counts: &[u32], fast_pages: u64, quantum_pages: u64) -> GainCurve {
+    gain_curve(counts, fast_pages, quantum_pages, 64, 1.0)
 }
 
 /// Runs the comparison for `vms` sharing `pool_gib` of fast tier.
@@ -132,7 +122,7 @@ pub fn compare(
             .map(|(((s, (counts, page_bytes)), a), o)| {
                 let q_pages = ((quantum_gib * GIB) / page_bytes).round().max(1.0) as u64;
                 let fast_pages = (*a as f64 / page_bytes) as u64;
-                let (grow, shrink) = curve(counts, fast_pages, q_pages);
+                let g = curve(counts, fast_pages, q_pages);
                 Share {
                     min: 0,
                     max: bytes(s.workload.footprint_gib()).max(*a),
@@ -140,8 +130,10 @@ pub fn compare(
                     target: *a,
                     used: *a,
                     ops_per_sec: o * 1e6,
-                    grow,
-                    shrink,
+                    grow: g.grow,
+                    shrink: g.shrink,
+                    grow_se: g.grow_se,
+                    shrink_se: g.shrink_se,
                     informed: true,
                     since_resize_s: None,
                     last_grew: None,

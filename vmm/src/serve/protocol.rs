@@ -71,7 +71,8 @@ pub enum Command {
         /// Capacity, bytes.
         bytes: u64,
     },
-    /// Switch the placement policy.
+    /// Switch the placement policy (answered once queued: the VM's main
+    /// thread takes it at its next sample; `WorkerStats::policy` shows it).
     SwitchPolicy {
         /// A `--policy` name.
         policy: String,
@@ -185,6 +186,9 @@ pub struct WorkerStats {
     pub ops_per_sec: f64,
     /// The policy running now.
     pub policy: String,
+    /// Why the last policy switch failed (cleared by one that works).
+    #[serde(default)]
+    pub policy_error: Option<String>,
     /// Per tier, fastest first.
     pub tiers: Vec<TierNow>,
     /// Every memory-layer counter.

@@ -310,6 +310,22 @@ pub struct FastInfo {
     pub resident_bytes: Option<u64>,
     /// Whether the used size reached the target (`used <= target`).
     pub converged: bool,
+    /// What the division reads from the VM's access profile: the share of
+    /// its sampled accesses the next quantum of fast capacity would
+    /// capture, and the last quantum would lose (`None` before the VM has
+    /// enough samples).
+    pub gain: Option<GainInfo>,
+}
+
+/// The marginal gain of fast capacity for one VM (see docs/service.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GainInfo {
+    /// Share of sampled accesses the next quantum would capture.
+    pub next_quantum_share: f64,
+    /// Share of sampled accesses the last quantum would lose.
+    pub last_quantum_share: f64,
+    /// Weighted samples behind the estimate (decayed).
+    pub samples: f64,
 }
 
 /// One tier of a VM.
@@ -376,7 +392,12 @@ pub struct VmInfo {
     pub vcpus: u32,
     /// The placement policy running now.
     pub policy: String,
-    /// Policy switches made through the API.
+    /// The policy asked for last (at creation or by `PUT .../policy`); it
+    /// differs from `policy` until the VM took the switch.
+    pub policy_requested: String,
+    /// Why the last switch failed, if it did (the VM keeps `policy`).
+    pub policy_error: Option<String>,
+    /// Policy switches requested through the API.
     pub policy_switches: u64,
     /// The fast-tier share.
     pub fast: FastInfo,
