@@ -25,8 +25,9 @@
 //!    when it is worth `1 + hysteresis` times the loss, at least
 //!    `min_share` of the receiver's weighted throughput, and when the
 //!    difference is significant: above `significance` standard errors of
-//!    the two estimates (sampling noise; two VMs whose gains are within
-//!    noise of each other do not trade quanta back and forth).
+//!    the two estimates (the profile's sampling noise and the throughput's;
+//!    two VMs whose gains are within noise of each other do not trade
+//!    quanta back and forth).
 //! 4. Steps 2 and 3 move at most `budget_bytes` per round (an exchange
 //!    counts twice: a demotion and a promotion) and leave alone VMs
 //!    resized within `dwell_s`.
@@ -48,6 +49,8 @@ pub struct Share {
     pub used: u64,
     /// Operations per second (the VM's throughput).
     pub ops_per_sec: f64,
+    /// Standard error of `ops_per_sec`.
+    pub ops_se: f64,
     /// Share of accesses the k-th extra quantum would capture.
     pub grow: Vec<f64>,
     /// Share of accesses the k-th quantum given up would lose.
@@ -128,6 +131,8 @@ impl Plan {
 struct Curve<'a> {
     s: &'a Share,
     scale: f64,
+    /// Standard error of `scale`.
+    scale_se: f64,
     q: u64,
 }
 
@@ -153,7 +158,9 @@ impl Curve<'_> {
             let k = (((self.s.target - at) / self.q) as usize).saturating_sub(1);
             (pick(&self.s.shrink, k, true), pick(&self.s.shrink_se, k, true))
         };
-        (v * self.scale, se * self.scale)
+        // The product of two independent estimates (share x throughput).
+        let value_se = (v * self.scale_se).hypot(se * self.scale);
+        (v * self.scale, value_se)
     }
 
     /// Value of the quantum from `at` to `at + q`.
@@ -185,6 +192,7 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         .map(|s| Curve {
             s,
             scale: s.weight.max(0.0) * s.ops_per_sec.max(0.0),
+            scale_se: s.weight.max(0.0) * s.ops_se.max(0.0),
             q,
         })
         .collect();
@@ -437,8 +445,12 @@ mod tests {
         assert_eq!(pl.targets, vec![256 * M, 256 * M], "within noise: no trade");
         b.grow_se = vec![0.002];
         a.shrink_se = vec![0.002];
-        let pl = plan(512 * M, &[a, b], &params());
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
         assert_eq!(pl.targets, vec![192 * M, 320 * M], "significant: traded");
+        // The same shares, but b's throughput is uncertain by 20%.
+        b.ops_se = 0.2 * b.ops_per_sec;
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "throughput noise: no trade");
     }
 
     #[test]

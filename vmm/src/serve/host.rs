@@ -22,6 +22,9 @@ const STATS_TIMEOUT: Duration = Duration::from_secs(2);
 const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// Decayed samples below which a VM's gain curve is not trusted.
 const MIN_SAMPLES: f64 = 32.0;
+/// Time constant of a VM's smoothed throughput, seconds: a shared host's
+/// ops/s vary several-fold from one second to the next.
+const OPS_TAU_S: f64 = 20.0;
 /// Pages per step of the gain curves.
 const PAGE: u64 = tiering::mem::PAGE_SIZE as u64;
 
@@ -122,6 +125,39 @@ pub struct VmEntry {
     /// When the VM was created.
     pub created: Instant,
     finished_event: bool,
+    /// Smoothed ops/s (exponentially weighted, [`OPS_TAU_S`]), its
+    /// variance, and the worker sample time it last took.
+    ops_smooth: Option<(f64, f64, f64)>,
+}
+
+impl VmEntry {
+    /// Takes a fresh statistics sample into the smoothed throughput.
+    fn smooth_ops(&mut self) {
+        let Some(st) = &self.stats else { return };
+        let (x, t) = (st.ops_per_sec, st.t_s);
+        self.ops_smooth = Some(match self.ops_smooth {
+            None => (x, 0.0, t),
+            Some((m, v, t0)) if t > t0 => {
+                let a = 1.0 - (-(t - t0) / OPS_TAU_S).exp();
+                let d = x - m;
+                (m + a * d, (1.0 - a) * (v + a * d * d), t)
+            }
+            Some(same) => same,
+        });
+    }
+
+    /// The smoothed ops/s and its standard error (the variance of an
+    /// exponentially weighted mean of independent samples: `var a / (2 - a)`
+    /// with `a` = 1 s / [`OPS_TAU_S`]).
+    fn ops_estimate(&self) -> (f64, f64) {
+        match self.ops_smooth {
+            Some((m, v, _)) => {
+                let a = 1.0 / OPS_TAU_S;
+                (m, (v * a / (2.0 - a)).sqrt())
+            }
+            None => (0.0, 0.0),
+        }
+    }
 }
 
 /// Counters of the service (for the metrics).
@@ -534,6 +570,7 @@ impl Host {
                     last_grew: None,
                     created: Instant::now(),
                     finished_event: false,
+                    ops_smooth: None,
                 },
             );
             (key, id)
@@ -904,6 +941,7 @@ impl Host {
             if let Ok(Reply::Stats(st)) = link.request(Command::Stats, STATS_TIMEOUT) {
                 if let Some(v) = self.state().vms.get_mut(&key) {
                     v.stats = Some(*st);
+                    v.smooth_ops();
                 }
             }
         }
@@ -1032,7 +1070,8 @@ fn share_of(v: &VmEntry, now: Instant) -> Share {
         weight: v.weight,
         target: v.target,
         used: st.and_then(|s| s.tiers.first()).map_or(0, |t| t.used_bytes),
-        ops_per_sec: st.map_or(0.0, |s| s.ops_per_sec),
+        ops_per_sec: v.ops_estimate().0,
+        ops_se: v.ops_estimate().1,
         grow: gain.map(|g| g.grow.clone()).unwrap_or_default(),
         shrink: gain.map(|g| g.shrink.clone()).unwrap_or_default(),
         grow_se: gain.map(|g| g.grow_se.clone()).unwrap_or_default(),

@@ -130,6 +130,7 @@ pub fn compare(
                     target: *a,
                     used: *a,
                     ops_per_sec: o * 1e6,
+                    ops_se: 0.0,
                     grow: g.grow,
                     shrink: g.shrink,
                     grow_se: g.grow_se,
