@@ -1057,16 +1057,21 @@ mod tests {
     }
 
     /// A live resize rebuilds the policy with the new capacities: MTM
-    /// targets regions by the capacities it was built with, so a hot region
-    /// larger than the fast tier stays slow until the tier grows, and is
-    /// promoted after the grow only because the engine rebuilt MTM (without
-    /// the rebuild MTM keeps planning for the old capacity and never moves
-    /// it; checked by removing `follow_capacities`).
+    /// gives regions target tiers by the capacities it was built with (the
+    /// hottest region targets the fast tier even if it does not fit whole,
+    /// the next ones the slow tier once that capacity is spent). Two hot
+    /// regions apart, a 128-page fast tier: the second targets the slow
+    /// tier. After the tier grows to 1200 pages both are promoted, each
+    /// page about once, because the engine rebuilt MTM (without the rebuild
+    /// MTM keeps planning for the old capacity and churns the second region
+    /// up and down; checked by removing `follow_capacities`).
     #[test]
     fn a_live_resize_rebuilds_the_policy_for_the_new_capacity() {
         use std::sync::atomic::AtomicU64;
         const PAGES: usize = 2048;
-        const HOT: std::ops::Range<usize> = 1024..1536;
+        const FIRST: std::ops::Range<usize> = 512..768;
+        const SECOND: std::ops::Range<usize> = 1280..1536;
+        let hot = || FIRST.chain(SECOND);
         let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 128);
         mc.placement = mem::InitialPlacement::SlowFirst;
         if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
@@ -1083,7 +1088,7 @@ mod tests {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    for p in HOT {
+                    for p in FIRST.chain(SECOND) {
                         // SAFETY: page p < PAGES lies in guest RAM, mapped and
                         // 8-byte aligned until `m` drops after this thread
                         // joins; every access to it here is atomic.
@@ -1106,27 +1111,35 @@ mod tests {
             },
         )
         .unwrap();
-        let hot_fast = || HOT.clone().filter(|&p| m.tier_of(p) == Some(0)).count();
-        // Ten MTM intervals with the small tier: the region does not fit.
+        let fast_in = |r: std::ops::Range<usize>| r.filter(|&p| m.tier_of(p) == Some(0)).count();
+        // Ten MTM intervals with the small tier: the second region is slow.
         std::thread::sleep(Duration::from_secs(3));
-        let before = hot_fast();
+        let before = fast_in(SECOND);
         m.resize(0, 1200).expect("grow the fast tier");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while hot_fast() < HOT.len() && Instant::now() < deadline {
+        while hot().filter(|&p| m.tier_of(p) != Some(0)).count() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let after = hot_fast();
+        let after = (fast_in(FIRST), fast_in(SECOND));
         let report = engine.stop().unwrap();
         stop.store(true, Ordering::Relaxed);
         toucher.join().unwrap();
         faults.stop().unwrap();
-        assert!(before <= 128, "{before} hot pages fast in a 128-page tier");
-        assert_eq!(report.capacity_rebuilds, 1, "{report:?}");
+        assert_eq!(before, 0, "the second region targets the slow tier at first");
         assert_eq!(
             after,
-            HOT.len(),
-            "the grown tier holds the hot region ({before} before the grow): {report:?}"
+            (FIRST.len(), SECOND.len()),
+            "the grown tier holds both hot regions: {report:?}"
         );
+        // Without the rebuild MTM plans for 128 pages in a 1200-page tier:
+        // it moves the second region up into the free room and back down,
+        // again and again (5120 pages migrated in the run that checked it,
+        // against 1024 with the rebuild).
+        assert!(
+            report.pages_migrated <= 4 * (FIRST.len() + SECOND.len()) as u64,
+            "each hot page moves about once: {report:?}"
+        );
+        assert_eq!(report.capacity_rebuilds, 1, "{report:?}");
         m.check_consistency().unwrap();
     }
 
