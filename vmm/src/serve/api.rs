@@ -504,6 +504,30 @@ mod tests {
         }
     }
 
+    /// docs/openapi.json is the document the server serves (regenerate it
+    /// with `TIERVM_UPDATE_OPENAPI=1 cargo test -p vmm --lib openapi_copy`).
+    #[test]
+    fn the_openapi_copy_in_docs_is_what_the_server_serves() {
+        let (_, host) = app();
+        let st = AppState {
+            host,
+            openapi: Arc::new(OnceLock::new()),
+            metrics: Arc::new(ApiMetrics::default()),
+        };
+        let (_, doc) = router(st);
+        let served = doc.to_pretty_json().unwrap() + "\n";
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+        if std::env::var_os("TIERVM_UPDATE_OPENAPI").is_some() {
+            std::fs::write(&path, &served).unwrap();
+        }
+        let copy = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            copy == served,
+            "docs/openapi.json differs from the served document: regenerate it with \
+             TIERVM_UPDATE_OPENAPI=1 cargo test -p vmm --lib openapi_copy"
+        );
+    }
+
     #[test]
     fn changes_are_refused_with_503_while_shutting_down() {
         let (app, host) = app();

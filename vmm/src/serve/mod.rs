@@ -122,6 +122,7 @@ fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeErr
 
 /// Runs the service until SIGTERM or SIGINT; returns the exit code.
 pub fn run(cfg: ServeConfig) -> Result<i32, ServeError> {
+    worker::limit_heap_arenas();
     let host = Host::new(cfg);
     for d in host.state_dirs() {
         create_private_dir(&d)?;

@@ -236,6 +236,20 @@ fn read_loop(
     on_eof();
 }
 
+/// Bounds glibc's malloc arenas to two: glibc gives each new thread an arena
+/// of its own up to 8 per core, and memory freed in an arena stays there; the
+/// service's threads come and go with VMs and API calls (per-VM readers,
+/// the runtime's blocking pool), so without a bound its heap grows with the
+/// number of threads that ever ran. Called once at start-up.
+pub fn limit_heap_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; M_ARENA_MAX with a
+    // positive value has no other effect.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 /// Gives the heap's free memory back to the kernel (glibc keeps freed
 /// memory of every thread's arena otherwise): called when a VM ends, so the
 /// service's RSS returns to its baseline after many VMs came and went.
