@@ -675,18 +675,23 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
     assert_eq!(host["vms"]["crashed"], 1);
     let (st, b) = svc.call("GET", &format!("/v1/vms/{}/report", ids[2]), None);
     assert_error(st, &b, 404, "not_found", "a killed VM has no report");
-    // The service carries on: a new VM starts.
-    let (st, v) = svc.call(
-        "POST",
-        "/v1/vms",
-        Some(r#"{"image":"memcheck","mem":"64M","args":["region=16M"],"policy":"static"}"#),
+    // The service carries on: a new VM starts (tiervm ctl --wait returns
+    // once it left `starting`).
+    let out = common::tiervm()
+        .args(["ctl", "--timeout", "30s", "--wait", "--socket"])
+        .arg(&svc.socket)
+        .args(["create", "memcheck", "--mem", "64M", "--policy", "static"])
+        .args(["--arg", "region=16M"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(st, 201, "{v}");
+    let v = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(v["state"], "running", "ctl --wait create: {v}");
     let fourth = v["id"].as_str().unwrap().to_string();
-    wait_for("the fourth VM runs", Duration::from_secs(30), || {
-        let (_, v) = svc.call("GET", &format!("/v1/vms/{fourth}"), None);
-        (v["state"] != "running").then(|| v.to_string())
-    });
 
     // DELETE stops a VM; its report is the run report.
     let (st, _) = svc.curl("DELETE", &format!("/v1/vms/{}", ids[0]), None);

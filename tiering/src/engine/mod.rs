@@ -1125,7 +1125,10 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         toucher.join().unwrap();
         faults.stop().unwrap();
-        assert_eq!(before, 0, "the second region targets the slow tier at first");
+        assert_eq!(
+            before, 0,
+            "the second region targets the slow tier at first"
+        );
         assert_eq!(
             after,
             (FIRST.len(), SECOND.len()),

@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-
 /// Sampled accesses per guest page, decayed by halving.
 #[derive(Debug)]
 pub struct AccessProfile {
@@ -44,7 +43,9 @@ pub const MAX_HINT_WEIGHT: u32 = 1000;
 /// it was parked counts (see the module docs).
 pub fn hint_weight(ns_since_park: u64) -> u32 {
     let w = HINT_WEIGHT_REF_NS / ns_since_park.max(1);
-    u32::try_from(w).unwrap_or(u32::MAX).clamp(1, MAX_HINT_WEIGHT)
+    u32::try_from(w)
+        .unwrap_or(u32::MAX)
+        .clamp(1, MAX_HINT_WEIGHT)
 }
 
 impl AccessProfile {
@@ -70,8 +71,7 @@ impl AccessProfile {
                 Some(v.saturating_add(weight))
             });
             self.recorded.fetch_add(1, Ordering::Relaxed);
-            self.weight
-                .fetch_add(u64::from(weight), Ordering::Relaxed);
+            self.weight.fetch_add(u64::from(weight), Ordering::Relaxed);
         }
     }
 
@@ -213,7 +213,10 @@ mod tests {
         let counts = [0, 1, 0, 0, 10, 8, 1, 1];
         let c = gain_curve(&counts, 4, 2, 8, 1.0);
         assert_eq!(c.grow.len(), 2);
-        assert!((c.grow[0] - 1.0 / 21.0).abs() < 1e-9, "pages 5-6 of the ranking");
+        assert!(
+            (c.grow[0] - 1.0 / 21.0).abs() < 1e-9,
+            "pages 5-6 of the ranking"
+        );
         assert_eq!(c.grow[1], 0.0);
         assert!((c.shrink[0] - 2.0 / 21.0).abs() < 1e-9, "pages 3-4");
         assert!((c.shrink[1] - 18.0 / 21.0).abs() < 1e-9, "pages 1-2");

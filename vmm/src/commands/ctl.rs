@@ -284,7 +284,11 @@ pub fn run(args: &CtlArgs) -> Result<i32> {
         a.text()
     };
     if (200..300).contains(&a.status) {
-        let answer = if a.body.is_empty() { Value::Null } else { a.json() };
+        let answer = if a.body.is_empty() {
+            Value::Null
+        } else {
+            a.json()
+        };
         if args.wait {
             if let Some(id) = changed_vm(&args.op, &answer).map(str::to_string) {
                 match wait_for_change(args, &id)? {

@@ -72,7 +72,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-
 /// State shared by the main thread (hooks) and the control thread.
 struct Shared {
     writer: Mutex<UnixStream>,

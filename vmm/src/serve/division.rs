@@ -152,11 +152,17 @@ impl Curve<'_> {
         };
         let (v, se) = if at >= self.s.target {
             let k = ((at - self.s.target) / self.q) as usize;
-            (pick(&self.s.grow, k, false), pick(&self.s.grow_se, k, false))
+            (
+                pick(&self.s.grow, k, false),
+                pick(&self.s.grow_se, k, false),
+            )
         } else {
             // Taking back a quantum given up: what losing it would cost.
             let k = (((self.s.target - at) / self.q) as usize).saturating_sub(1);
-            (pick(&self.s.shrink, k, true), pick(&self.s.shrink_se, k, true))
+            (
+                pick(&self.s.shrink, k, true),
+                pick(&self.s.shrink_se, k, true),
+            )
         };
         // The product of two independent estimates (share x throughput).
         let value_se = (v * self.scale_se).hypot(se * self.scale);
@@ -450,7 +456,11 @@ mod tests {
         // The same shares, but b's throughput is uncertain by 20%.
         b.ops_se = 0.2 * b.ops_per_sec;
         let pl = plan(512 * M, &[a, b], &params());
-        assert_eq!(pl.targets, vec![256 * M, 256 * M], "throughput noise: no trade");
+        assert_eq!(
+            pl.targets,
+            vec![256 * M, 256 * M],
+            "throughput noise: no trade"
+        );
     }
 
     #[test]

@@ -1105,7 +1105,9 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
             max_bytes: v.max,
             weight: v.weight,
             target_bytes: v.target,
-            capacity_bytes: fast_tier.map_or(v.applied, |t| t.capacity_bytes),
+            // The worker's answer to the last set-capacity (fresher than
+            // the stats, which refresh once a second).
+            capacity_bytes: v.applied,
             used_bytes: used,
             resident_bytes: fast_tier.and_then(|t| t.resident_bytes),
             converged: used <= v.target,
