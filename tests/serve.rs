@@ -512,6 +512,26 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<String>
     }
 }
 
+/// Each thread of process `pid` by name, with its `Seccomp:` mode (2: a
+/// filter is installed).
+fn service_thread_filters(pid: u32) -> std::collections::BTreeMap<String, u32> {
+    let mut out = std::collections::BTreeMap::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let mode = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(u32::MAX);
+        out.insert(comm.trim().to_string(), mode);
+    }
+    out
+}
+
 fn alive(pid: i64) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
@@ -565,6 +585,23 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
             },
         );
     }
+    // The service's own threads run under their seccomp filters
+    // (docs/security.md): the rebalancer, the report collector and each
+    // channel's reader; its main thread does not.
+    let filters = service_thread_filters(svc.child.as_ref().unwrap().id());
+    for name in [
+        "serve-rebalance",
+        "serve-reports",
+        "serve-vm-1",
+        "serve-vm-3",
+    ] {
+        assert_eq!(
+            filters.get(name).copied(),
+            Some(2),
+            "{name} filtered (Seccomp: 2): {filters:?}"
+        );
+    }
+    assert_eq!(filters.get("tiervm").copied(), Some(0), "{filters:?}");
     // The pools account for the mins.
     let (_, host) = svc.call("GET", "/v1/host", None);
     assert_eq!(host["pools"][0]["reserved_bytes"], 128 * M);

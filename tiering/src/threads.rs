@@ -40,11 +40,22 @@ pub enum ThreadRole {
     /// tiers' loaded latency and republishes it; gives the boot
     /// measurement's buffer back (`madvise`).
     LatencyEmulation,
+    /// `tiervm serve`'s rebalancer (`serve-rebalance`): asks every worker
+    /// for its statistics over its channel, divides the fast pool, sends
+    /// the new capacities.
+    ServeRebalance,
+    /// `tiervm serve`'s reader of one worker's channel (`serve-vm-N`):
+    /// reads replies and events, reaps the process when the channel
+    /// closes, gives free heap back.
+    ServeReader,
+    /// `tiervm serve`'s report collector (`serve-reports`): asks an ended
+    /// VM's worker for its report and writes it to the state directory.
+    ServeReports,
 }
 
 impl ThreadRole {
     /// Every role.
-    pub const ALL: [ThreadRole; 11] = [
+    pub const ALL: [ThreadRole; 14] = [
         ThreadRole::Main,
         ThreadRole::Vcpu,
         ThreadRole::FaultHandler,
@@ -56,6 +67,9 @@ impl ThreadRole {
         ThreadRole::Resize,
         ThreadRole::WorkerLink,
         ThreadRole::LatencyEmulation,
+        ThreadRole::ServeRebalance,
+        ThreadRole::ServeReader,
+        ThreadRole::ServeReports,
     ];
 
     /// A short name (`vcpu`, `fault-handler`, ...).
@@ -72,6 +86,9 @@ impl ThreadRole {
             ThreadRole::Resize => "resize",
             ThreadRole::WorkerLink => "worker-link",
             ThreadRole::LatencyEmulation => "latency-emulation",
+            ThreadRole::ServeRebalance => "serve-rebalance",
+            ThreadRole::ServeReader => "serve-reader",
+            ThreadRole::ServeReports => "serve-reports",
         }
     }
 }

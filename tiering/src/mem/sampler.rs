@@ -169,7 +169,20 @@ impl HintSampler {
                 self.cursor = 0;
                 mem.counters.scan_cycles.fetch_add(1, Ordering::Relaxed);
             }
-            let got = mem.park_pages(&run, Parker::Sampler)?;
+            let got = match mem.park_pages(&run, Parker::Sampler) {
+                Ok(got) => got,
+                Err(e) => {
+                    // A page that could not be moved back stays parked (the
+                    // fault handler maps it back on a touch): keep the run
+                    // in the window, so the next unpark maps it back if the
+                    // guest never touches it (unparking skips pages the
+                    // sampler does not hold parked). Seen in a 10-minute
+                    // serve soak: UFFDIO_MOVE EBUSY left a page parked to
+                    // the end of the run.
+                    self.window.extend(run);
+                    return Err(e);
+                }
+            };
             parked += got.len();
             self.window.extend(got);
             if start == self.cursor {

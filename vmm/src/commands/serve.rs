@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Time a resized VM is left alone by optional moves.
     #[arg(long, value_parser = parse_duration)]
     pub dwell: Option<Duration>,
+    /// Run the service's threads and the VMs' threads without seccomp
+    /// filters (debugging only; docs/security.md).
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 /// Runs the service until SIGTERM/SIGINT.
@@ -82,5 +86,5 @@ pub fn run(args: &ServeArgs) -> Result<i32> {
     })?;
     let cfg =
         ServeConfig::build(&file, &flags, &nodes, exe).map_err(crate::serve::ServeError::from)?;
-    Ok(crate::serve::run(cfg)?)
+    Ok(crate::serve::run(cfg, !args.no_seccomp)?)
 }

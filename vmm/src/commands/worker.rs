@@ -254,6 +254,7 @@ pub fn request_of(spec: &VmSpec) -> Result<VmRequest> {
         duration,
         seed: spec.seed,
         stop_grace,
+        seccomp: spec.seccomp,
         tiering: TieringRequest {
             fast: Some(spec.fast_bytes),
             slow: Some(spec.slow_bytes),

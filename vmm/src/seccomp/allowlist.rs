@@ -217,6 +217,29 @@ const WORKER_LINK: &[Syscall] = &[
     sys(libc::SYS_close, "close"),
 ];
 
+/// `tiervm serve`'s rebalancer: requests to the workers over their
+/// channels (the replies come through each channel's reader).
+const SERVE_REBALANCE: &[Syscall] = &[sys(libc::SYS_sendto, "sendto")];
+
+/// `tiervm serve`'s reader of a worker's channel: the replies and events,
+/// and when the channel closes the process's exit (reaped, killed if it
+/// lingers) and the channel's descriptor.
+const SERVE_READER: &[Syscall] = &[
+    sys(libc::SYS_recvfrom, "recvfrom"),
+    sys(libc::SYS_wait4, "wait4"),
+    sys(libc::SYS_kill, "kill"),
+    sys(libc::SYS_close, "close"),
+    sys(libc::SYS_fcntl, "fcntl"),
+];
+
+/// `tiervm serve`'s report collector: asks the ended VM's worker for its
+/// report and to exit, writes the report file.
+const SERVE_REPORTS: &[Syscall] = &[
+    sys(libc::SYS_sendto, "sendto"),
+    sys(libc::SYS_openat, "openat"),
+    sys(libc::SYS_close, "close"),
+];
+
 /// Whether `role` may open files (then no call is refused with EACCES).
 pub fn opens_files(role: ThreadRole) -> bool {
     groups(role)
@@ -240,6 +263,9 @@ pub fn groups(role: ThreadRole) -> &'static [&'static [Syscall]] {
         ThreadRole::EngineDamon => &[EVERY_THREAD, MIGRATOR, PLACEMENT, DAMON_SYSFS],
         ThreadRole::DamonReader => &[EVERY_THREAD, DAMON_SYSFS],
         ThreadRole::WorkerLink => &[EVERY_THREAD, WORKER_LINK],
+        ThreadRole::ServeRebalance => &[EVERY_THREAD, SERVE_REBALANCE],
+        ThreadRole::ServeReader => &[EVERY_THREAD, SERVE_READER],
+        ThreadRole::ServeReports => &[EVERY_THREAD, SERVE_REPORTS],
         // Sleeps, reads and writes the shared emulation region (plain
         // memory), `madvise`s the boot measurement's buffer away.
         ThreadRole::LatencyEmulation => &[EVERY_THREAD],

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::config::{check_pools, host_nodes, ServeConfig, SIZE_ALIGN};
@@ -225,6 +225,9 @@ fn fast_used(v: &VmEntry) -> u64 {
         .map_or(v.applied, |t| t.used_bytes)
 }
 
+/// An ended VM whose report the collector fetches.
+type ReportJob = (u64, Option<Arc<WorkerLink>>);
+
 /// The service.
 pub struct Host {
     /// Settings.
@@ -233,6 +236,11 @@ pub struct Host {
     wake: (Mutex<bool>, Condvar),
     shutting_down: AtomicBool,
     started: Instant,
+    /// Ended VMs for the report collector ([`Host::run_report_collector`]).
+    reports_tx: Mutex<mpsc::Sender<ReportJob>>,
+    reports_rx: Mutex<Option<mpsc::Receiver<ReportJob>>>,
+    /// Tells the report collector to end once its queue is empty.
+    collector_stop: AtomicBool,
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -289,7 +297,11 @@ fn check_weight(w: f64) -> Result<f64, ApiError> {
 impl Host {
     /// A service with no VMs.
     pub fn new(cfg: ServeConfig) -> Arc<Self> {
+        let (reports_tx, reports_rx) = mpsc::channel();
         Arc::new(Self {
+            reports_tx: Mutex::new(reports_tx),
+            reports_rx: Mutex::new(Some(reports_rx)),
+            collector_stop: AtomicBool::new(false),
             state: Mutex::new(HostState {
                 fast_pool: cfg.fast_pool,
                 slow_pool: cfg.slow_pool,
@@ -495,6 +507,7 @@ impl Host {
             quantum_pages: self.cfg.division.quantum / PAGE,
             curve_steps: 64,
             profile_half_life_s: 20.0,
+            seccomp: super::seccomp_on(),
         };
         // The same validation as `tiervm run` (image, arguments, sizes),
         // here, so a bad request is a 400 before any process starts.
@@ -646,17 +659,44 @@ impl Host {
                 let link = v.link.clone();
                 drop(s);
                 // Fetch the report and let the worker go, off this thread
-                // (the reply arrives on it).
-                let h = self.clone();
-                let _ = std::thread::Builder::new()
-                    .name("serve-finish".into())
-                    .spawn(move || h.collect(key, link));
+                // (the reply arrives on it): the collector does, or without
+                // one (tests of the host alone) a thread of its own.
+                if let Err(mpsc::SendError(job)) = lock(&self.reports_tx).send((key, link)) {
+                    let h = self.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("serve-finish".into())
+                        .spawn(move || h.collect(job.0, job.1));
+                }
                 return;
             }
             FromWorker::Reply { .. } => {}
         }
         drop(s);
         self.wake_rebalancer();
+    }
+
+    /// The report collector (its own thread, `serve-reports`): fetches the
+    /// reports of ended VMs until [`Host::stop_report_collector`].
+    pub fn run_report_collector(self: &Arc<Self>) {
+        let Some(rx) = lock(&self.reports_rx).take() else {
+            return;
+        };
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok((key, link)) => self.collect(key, link),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.collector_stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Ends the report collector once its queue is empty.
+    pub fn stop_report_collector(&self) {
+        self.collector_stop.store(true, Ordering::Release);
     }
 
     /// After a VM ended: its report, written to the state directory, then

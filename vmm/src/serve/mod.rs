@@ -70,6 +70,9 @@ pub enum ServeError {
     /// A `tiervm ctl` request failed.
     #[error(transparent)]
     Client(#[from] client::ClientError),
+    /// The seccomp filters could not be prepared.
+    #[error("preparing the service's seccomp filters")]
+    Seccomp(#[source] crate::seccomp::SeccompError),
 }
 
 impl ServeError {
@@ -120,9 +123,37 @@ fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeErr
     Ok(l)
 }
 
+/// Whether the service's threads (and its VMs') install seccomp filters.
+static SECCOMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the service runs with seccomp filters.
+pub fn seccomp_on() -> bool {
+    SECCOMP.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Installs `role`'s seccomp filter on the calling service thread (first
+/// thing in the thread), when the service runs with filters. A thread that
+/// cannot install its filter says so and runs on (the filters compiled at
+/// start-up, so this is not expected).
+pub fn confine(role: tiering::threads::ThreadRole) {
+    if !seccomp_on() {
+        return;
+    }
+    if let Err(e) = crate::seccomp::install(role) {
+        tracing::error!("{}", crate::error::chain(&e));
+        eprintln!("tiervm serve: {}", crate::error::chain(&e));
+    }
+}
+
 /// Runs the service until SIGTERM or SIGINT; returns the exit code.
-pub fn run(cfg: ServeConfig) -> Result<i32, ServeError> {
+/// `seccomp`: its rebalancer, channel readers and report collector, and
+/// every VM's threads, install seccomp filters (docs/security.md).
+pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     worker::limit_heap_arenas();
+    if seccomp {
+        crate::seccomp::prepare().map_err(ServeError::Seccomp)?;
+        SECCOMP.store(true, std::sync::atomic::Ordering::Release);
+    }
     let host = Host::new(cfg);
     for d in host.state_dirs() {
         create_private_dir(&d)?;
@@ -139,7 +170,20 @@ pub fn run(cfg: ServeConfig) -> Result<i32, ServeError> {
         let h = host.clone();
         std::thread::Builder::new()
             .name("serve-rebalance".into())
-            .spawn(move || h.run_rebalancer())
+            .spawn(move || {
+                confine(tiering::threads::ThreadRole::ServeRebalance);
+                h.run_rebalancer()
+            })
+            .map_err(ServeError::Runtime)?
+    };
+    let collector = {
+        let h = host.clone();
+        std::thread::Builder::new()
+            .name("serve-reports".into())
+            .spawn(move || {
+                confine(tiering::threads::ThreadRole::ServeReports);
+                h.run_report_collector()
+            })
             .map_err(ServeError::Runtime)?
     };
     eprintln!(
@@ -180,6 +224,7 @@ pub fn run(cfg: ServeConfig) -> Result<i32, ServeError> {
         None => None,
     };
     let (router, _doc) = api::router(state);
+    let served = host.clone();
     let result = rt.block_on(async move {
         let listener =
             tokio::net::UnixListener::from_std(listener).map_err(setup("listening on", &socket))?;
@@ -204,6 +249,8 @@ pub fn run(cfg: ServeConfig) -> Result<i32, ServeError> {
     });
     rt.shutdown_timeout(Duration::from_secs(2));
     let _ = rebalancer.join();
+    served.stop_report_collector();
+    let _ = collector.join();
     eprintln!("tiervm serve: stopped");
     result
 }

@@ -58,6 +58,14 @@ pub struct VmSpec {
     pub curve_steps: usize,
     /// Half-life of the access profile, seconds.
     pub profile_half_life_s: f64,
+    /// The VM's threads install seccomp filters (`tiervm serve
+    /// --no-seccomp` turns them off).
+    #[serde(default = "seccomp_on")]
+    pub seccomp: bool,
+}
+
+fn seccomp_on() -> bool {
+    true
 }
 
 /// A command to the worker.

@@ -143,7 +143,10 @@ impl WorkerLink {
         let pending = link.pending.clone();
         std::thread::Builder::new()
             .name(format!("serve-{}", spec.id))
-            .spawn(move || read_loop(reader, &pending, on_event, on_eof))
+            .spawn(move || {
+                super::confine(tiering::threads::ThreadRole::ServeReader);
+                read_loop(reader, &pending, on_event, on_eof)
+            })
             .map_err(WorkerLinkError::Channel)?;
         Ok(link)
     }
