@@ -7,7 +7,11 @@
 //!    [`PROFILE_OVERHEAD`] of one core at [`SAMPLE_COST_NS`] per sample;
 //!    samples beyond the budget are dropped evenly. Heat halves when a page
 //!    reaches [`COOL_AT`] (HeMem/Colloid cooling), so a moved hot set is
-//!    followed within seconds.
+//!    followed within seconds. While a faster tier has free room, the
+//!    budget the samples leave goes to the [`scout`]: accessed-bit tests of
+//!    slower pages (one pass of a cursor, as TPP's scan), each page found touched
+//!    gaining one heat, so warm pages fill free room as fast as TPP's
+//!    hint-fault scan finds them.
 //! 2. **Learn the mechanisms' outcomes**: a transactional promotion that
 //!    did not land is an abort of that page ([`mechanism`]).
 //! 3. **Detect a pattern change**: the share of samples that hit slower
@@ -28,6 +32,7 @@
 //!    mechanism ([`mechanism::Chooser`]), and record them for step 4.
 
 pub mod mechanism;
+pub mod scout;
 pub mod thrash;
 
 use std::collections::HashSet;
@@ -37,6 +42,7 @@ use super::hotness::ClockHand;
 use super::types::*;
 use super::{Policy, PolicyKind};
 use mechanism::{Chooser, PageFacts, Reason};
+use scout::Scout;
 use thrash::{PageHistory, Thrash};
 
 /// Tick period: 20 ms (between Colloid's 10 ms quantum and Memtis's 500 ms).
@@ -139,6 +145,8 @@ pub struct AdaptiveStats {
     pub throttled_ticks: u64,
     /// Samples dropped by the profiling budget.
     pub samples_dropped: u64,
+    /// Slower-tier pages the scout found touched.
+    pub scout_hits: u64,
 }
 
 /// The `adaptive` policy.
@@ -160,6 +168,11 @@ pub struct Adaptive {
     rate_pages: f64,
     rate_carry: f64,
     profile: IntervalBudget,
+    /// Samples kept by the last [`Self::ingest`] (they use the budget first).
+    kept: u64,
+    /// Profiling time per tick, ns of modeled (scaled) work.
+    profile_ns: f64,
+    scout: Scout,
     search: ShiftSearch,
     thrash: Thrash,
     chooser: Chooser,
@@ -252,6 +265,9 @@ impl Adaptive {
             rate_pages: config.mb_to_pages_f64(rate),
             rate_carry: 0.0,
             profile: IntervalBudget::new(samples_per_tick),
+            kept: 0,
+            profile_ns: tick_ns as f64 * PROFILE_OVERHEAD / scale,
+            scout: Scout::new(config.accessed_test_cost_ns),
             search: ShiftSearch::default(),
             thrash: Thrash::default(),
             chooser: Chooser::default(),
@@ -268,6 +284,12 @@ impl Adaptive {
     /// Negative control for tests: never throttle.
     pub fn without_thrash_control(mut self) -> Self {
         self.thrash.enabled = false;
+        self
+    }
+
+    /// Negative control for tests: no accessed-bit scout.
+    pub fn without_scout(mut self) -> Self {
+        self.scout.enabled = false;
         self
     }
 
@@ -323,6 +345,7 @@ impl Adaptive {
                 self.cool();
             }
         }
+        self.kept = kept as u64;
         self.phase_window.0 += kept as u64;
         self.phase_window.1 += slow as u64;
         let (n, k) = self.phase_window;
@@ -400,6 +423,37 @@ impl Adaptive {
         } else {
             self.slow_share_base = Some(0.8 * base + 0.2 * s);
         }
+    }
+
+    /// Step 1b: with free room in a faster tier, the scout spends the
+    /// budget the samples left on accessed-bit tests of slower pages; a page
+    /// found touched gains one heat, as a sample would give it. Returns the
+    /// pages found.
+    fn scout(&mut self, tiers: &[TierStatus], view: &mut dyn MemoryView) -> u64 {
+        let n = tiers.len().min(self.reserve.len());
+        let room = (0..n.saturating_sub(1))
+            .find(|&t| tiers[t].free_pages > 2 * self.reserve[t])
+            .map(|t| t as TierId);
+        let left = self.profile_ns - self.kept as f64 * SAMPLE_COST_NS;
+        let mut found = Vec::new();
+        let heat = &self.heat;
+        self.scout.run(
+            left,
+            room,
+            view,
+            |p| heat.get(p as usize).is_some_and(|&h| h > 0),
+            &mut found,
+        );
+        for &p in &found {
+            let i = p as usize;
+            self.heat[i] = self.heat[i].saturating_add(1);
+            if self.flags[i] & TRACKED == 0 {
+                self.flags[i] |= TRACKED;
+                self.tracked.push(p);
+            }
+        }
+        self.stats.scout_hits += found.len() as u64;
+        found.len() as u64
     }
 
     /// Step 5: each tier's heat threshold by cumulative capacity.
@@ -791,6 +845,8 @@ impl Policy for Adaptive {
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
             sample_period: SAMPLE_PERIOD,
+            // The scout's tests (step 1b).
+            accessed_bits: true,
             ..TrackerRequest::none()
         }
     }
@@ -807,6 +863,7 @@ impl Policy for Adaptive {
         self.learn_outcomes(obs.tpm_outcomes, view);
         let phase_before = self.stats.phase_changes;
         self.detect_phase(slow_share);
+        let scouted = self.scout(obs.tiers, view);
         // Step 4.
         let gap = match (
             obs.tiers.first().and_then(|t| t.loaded_latency_ns),
@@ -911,7 +968,12 @@ impl Policy for Adaptive {
                 )
             }
         };
-        let what = format!("{what}{skew}");
+        let scouted = if scouted > 0 {
+            format!("; scout found {scouted} touched slower pages while a faster tier has room")
+        } else {
+            String::new()
+        };
+        let what = format!("{what}{skew}{scouted}");
         if self.thrash.level() > 0 {
             self.stats.throttled_ticks += 1;
             self.mode = Mode::Throttled;
