@@ -32,6 +32,7 @@
 //!    mechanism ([`mechanism::Chooser`]), and record them for step 4.
 
 pub mod mechanism;
+pub mod payoff;
 pub mod scout;
 pub mod thrash;
 
@@ -560,7 +561,7 @@ impl Adaptive {
             if to > from {
                 self.flags[i] |= DEMOTED_BEFORE;
             }
-            self.thrash.record(p, to < from, tick);
+            self.thrash.record(p, to < from, tick, self.heat[i]);
         }
         if matches!(mech, Mechanism::Transactional { .. }) {
             let written = plan.written;
@@ -698,6 +699,11 @@ impl Adaptive {
         let mut promoted = 0u64;
         // Room first: per destination, the cold pages to push down.
         let n = self.caps.len();
+        // A tier near its reserve got its free pages by displacing others
+        // (this tick or the last ones): promotions into it displace.
+        let tight: Vec<bool> = (0..n)
+            .map(|t| plan.budget.free(t as TierId) <= 2 * self.reserve[t])
+            .collect();
         for dst in 0..n.saturating_sub(1) {
             let dst = dst as TierId;
             let want = cands
@@ -713,9 +719,14 @@ impl Adaptive {
                 continue; // no skew: promote into free room only
             }
             // Only pages clearly hotter than the threshold displace others.
+            // and only those of a heat class whose promotions have paid
+            // more than their victims ([`payoff`]).
+            let payoff = &self.thrash.payoff;
             let strong = cands
                 .iter()
-                .filter(|c| c.2 == dst && c.0 >= th.saturating_mul(DISPLACE_FACTOR))
+                .filter(|c| {
+                    c.2 == dst && c.0 >= th.saturating_mul(DISPLACE_FACTOR) && payoff.pays(c.0)
+                })
                 .count() as u64;
             let need = need.min(strong + self.reserve[usize::from(dst)]);
             if self.demote_cold(plan, dst, need, th, view) > 0 {
@@ -740,6 +751,10 @@ impl Adaptive {
                 continue;
             }
             if plan.displaced[usize::from(dst)] && h < th.saturating_mul(DISPLACE_FACTOR) {
+                continue;
+            }
+            let displacing = plan.displaced[usize::from(dst)] || tight[usize::from(dst)];
+            if displacing && !self.thrash.payoff.pays(h) {
                 continue;
             }
             if dst == 0 {
@@ -973,7 +988,15 @@ impl Policy for Adaptive {
         } else {
             String::new()
         };
-        let what = format!("{what}{skew}{scouted}");
+        let blocked = self.thrash.payoff.blocked_heats();
+        let gated = if blocked.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; promotions at heat {blocked} returned no more than their victims: they only fill free room"
+            )
+        };
+        let what = format!("{what}{skew}{gated}{scouted}");
         if self.thrash.level() > 0 {
             self.stats.throttled_ticks += 1;
             self.mode = Mode::Throttled;
