@@ -31,8 +31,8 @@
 //! 7. **Plan** the migrations within budget and free room, each with its
 //!    mechanism ([`mechanism::Chooser`]), and record them for step 4.
 
+pub mod burst;
 pub mod mechanism;
-pub mod payoff;
 pub mod scout;
 pub mod thrash;
 
@@ -93,6 +93,8 @@ pub const REQUEST_BYTES: f64 = 64.0;
 
 const TRACKED: u8 = 1;
 const DEMOTED_BEFORE: u8 = 2;
+/// Sampled in a burst and not after its promotion ([`burst`]).
+const BURSTY: u8 = 4;
 
 /// The mode `adaptive` is in, as reports and the live line show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -156,6 +158,8 @@ pub struct Adaptive {
     heat: Vec<u16>,
     hits: Vec<u16>,
     last_move: Vec<u32>,
+    /// Tick the page was last first sampled (its heat rose from zero).
+    since: Vec<u32>,
     aborts: Vec<u8>,
     writes: Vec<u8>,
     flags: Vec<u8>,
@@ -250,6 +254,7 @@ impl Adaptive {
             heat: vec![0; n],
             hits: vec![0; n],
             last_move: vec![0; n],
+            since: vec![0; n],
             aborts: vec![0; n],
             writes: vec![0; n],
             flags: vec![0; n],
@@ -340,6 +345,7 @@ impl Adaptive {
             if self.flags[i] & TRACKED == 0 {
                 self.flags[i] |= TRACKED;
                 self.tracked.push(s.page);
+                self.since[i] = self.tick_no as u32;
             }
             self.heat[i] = self.heat[i].saturating_add(1);
             if self.heat[i] >= COOL_AT {
@@ -412,6 +418,7 @@ impl Adaptive {
         let sigma = (base * (1.0 - base) / PHASE_WINDOW_SAMPLES as f64).sqrt();
         if s > base + PHASE_JUMP.max(PHASE_SIGMAS * sigma) {
             self.thrash.reset();
+            self.flags.iter_mut().for_each(|f| *f &= !BURSTY);
             self.cool();
             self.cool();
             self.stats.phase_changes += 1;
@@ -451,6 +458,7 @@ impl Adaptive {
             if self.flags[i] & TRACKED == 0 {
                 self.flags[i] |= TRACKED;
                 self.tracked.push(p);
+                self.since[i] = self.tick_no as u32;
             }
         }
         self.stats.scout_hits += found.len() as u64;
@@ -561,7 +569,15 @@ impl Adaptive {
             if to > from {
                 self.flags[i] |= DEMOTED_BEFORE;
             }
-            self.thrash.record(p, to < from, tick, self.heat[i]);
+            // Step 4's burst test: the hits its sampled rate promises, at
+            // the rate's lower bound (the first sample starts the clock;
+            // Poisson, two standard errors), so that the few samples of a
+            // lukewarm page promise nothing.
+            let age = tick.saturating_sub(u64::from(self.since[i])).max(1);
+            let after_first = f64::from(self.heat[i].saturating_sub(1));
+            let low = (after_first - 2.0 * after_first.sqrt()).max(0.0);
+            let expected = low / age as f64 * f64::from(thrash::EVAL_TICKS);
+            self.thrash.record(p, to < from, tick, expected as f32);
         }
         if matches!(mech, Mechanism::Transactional { .. }) {
             let written = plan.written;
@@ -719,16 +735,22 @@ impl Adaptive {
                 continue; // no skew: promote into free room only
             }
             // Only pages clearly hotter than the threshold displace others.
-            // and only those of a heat class whose promotions have paid
-            // more than their victims ([`payoff`]).
-            let payoff = &self.thrash.payoff;
+            // and none of a stream's ([`burst`]).
+            let stream = !self.thrash.bursts.displacing_allowed();
+            let flags = &self.flags;
             let strong = cands
                 .iter()
                 .filter(|c| {
-                    c.2 == dst && c.0 >= th.saturating_mul(DISPLACE_FACTOR) && payoff.pays(c.0)
+                    c.2 == dst
+                        && c.0 >= th.saturating_mul(DISPLACE_FACTOR)
+                        && !stream
+                        && flags[c.1 as usize] & BURSTY == 0
                 })
                 .count() as u64;
-            let need = need.min(strong + self.reserve[usize::from(dst)]);
+            // Room for the strong ones and the reserve, less what is free.
+            let need = need.min(
+                (strong + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst)),
+            );
             if self.demote_cold(plan, dst, need, th, view) > 0 {
                 plan.displaced[usize::from(dst)] = true;
             }
@@ -754,7 +776,10 @@ impl Adaptive {
                 continue;
             }
             let displacing = plan.displaced[usize::from(dst)] || tight[usize::from(dst)];
-            if displacing && !self.thrash.payoff.pays(h) {
+            if displacing
+                && (self.flags[p as usize] & BURSTY != 0
+                    || !self.thrash.bursts.displacing_allowed())
+            {
                 continue;
             }
             if dst == 0 {
@@ -889,6 +914,11 @@ impl Policy for Adaptive {
         };
         let mut thrash = std::mem::take(&mut self.thrash);
         thrash.evaluate(tick, &*self, SAMPLE_PERIOD as f64 * gap);
+        for p in thrash.bursts.found.drain(..) {
+            if let Some(f) = self.flags.get_mut(p as usize) {
+                *f |= BURSTY;
+            }
+        }
         self.thrash = thrash;
         let share = self.thrash.budget_share(tick);
         // The throttle scales the rate, fractions carried: a small budget
@@ -988,12 +1018,12 @@ impl Policy for Adaptive {
         } else {
             String::new()
         };
-        let blocked = self.thrash.payoff.blocked_heats();
-        let gated = if blocked.is_empty() {
+        let gated = if self.thrash.bursts.displacing_allowed() {
             String::new()
         } else {
             format!(
-                "; promotions at heat {blocked} returned no more than their victims: they only fill free room"
+                "; {:.0}% of promotions were bursts (sampled, then untouched): a stream, promotions only fill free room",
+                self.thrash.bursts.share() * 100.0
             )
         };
         let what = format!("{what}{skew}{gated}{scouted}");
@@ -1062,9 +1092,9 @@ impl Policy for Adaptive {
 }
 
 /// Bytes `adaptive` keeps per guest page: heat and hits (2 + 2), last move
-/// tick (4), aborts, writes and flags (1 + 1 + 1), and the tracked list
-/// entry (8) for a tracked page.
-pub const BYTES_PER_PAGE: usize = 2 + 2 + 4 + 1 + 1 + 1;
+/// and first-sampled ticks (4 + 4), aborts, writes and flags (1 + 1 + 1),
+/// and the tracked list entry (8) for a tracked page.
+pub const BYTES_PER_PAGE: usize = 2 + 2 + 4 + 4 + 1 + 1 + 1;
 /// Extra bytes per tracked (recently sampled) page.
 pub const BYTES_PER_TRACKED_PAGE: usize = 8;
 

@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 
-use super::payoff::Payoff;
+use super::burst::Bursts;
 
 /// Ticks after a migration before its benefit is valued (0.5 s at the
 /// 20 ms tick): long enough for a hot page to be sampled several times.
@@ -67,8 +67,9 @@ struct Move {
     page: u64,
     promotion: bool,
     tick: u64,
-    /// Heat when it moved (for [`Payoff`]).
-    heat: u16,
+    /// Hits expected over [`EVAL_TICKS`] at its rate when it moved (for
+    /// [`Bursts`]).
+    expected: f32,
 }
 
 /// The thrash detector's state.
@@ -95,8 +96,8 @@ pub struct Thrash {
     pub last_ratio: Option<f64>,
     /// Whether throttling is enabled (tests disable it as a negative control).
     pub enabled: bool,
-    /// Returns of promotions by heat class ([`Payoff`]).
-    pub payoff: Payoff,
+    /// Streaming pages from what promotions returned ([`Bursts`]).
+    pub bursts: Bursts,
 }
 
 /// What [`Thrash::evaluate`] needs to know about one page.
@@ -124,14 +125,15 @@ impl Default for Thrash {
             window_start: 0,
             last_ratio: None,
             enabled: true,
-            payoff: Payoff::default(),
+            bursts: Bursts::default(),
         }
     }
 }
 
 impl Thrash {
-    /// Step 1: remember a migration done at `tick` of a page with `heat`.
-    pub fn record(&mut self, page: u64, promotion: bool, tick: u64, heat: u16) {
+    /// Step 1: remember a migration done at `tick` of a page expected to
+    /// earn `expected` sampled hits over [`EVAL_TICKS`].
+    pub fn record(&mut self, page: u64, promotion: bool, tick: u64, expected: f32) {
         if self.moves.len() >= MAX_RECORDED {
             self.moves.pop_front();
         }
@@ -139,7 +141,7 @@ impl Thrash {
             page,
             promotion,
             tick,
-            heat,
+            expected,
         });
     }
 
@@ -156,9 +158,6 @@ impl Thrash {
             if hist.last_move_tick(m.page) != m.tick {
                 self.window_pingpong += 1.0;
                 self.window_displacing += 1.0;
-                if m.promotion {
-                    self.payoff.promoted(m.heat, 0.0);
-                }
                 continue;
             }
             if !m.promotion {
@@ -166,9 +165,7 @@ impl Thrash {
             }
             let hits = f64::from(hist.hits_since_move(m.page));
             if m.promotion {
-                self.payoff.promoted(m.heat, hits);
-            } else {
-                self.payoff.demoted(hits);
+                self.bursts.valued(m.page, f64::from(m.expected), hits);
             }
             self.window_gain += if m.promotion { hits } else { -hits };
             self.window_var += hits;
@@ -177,7 +174,7 @@ impl Thrash {
             return;
         }
         self.window_start = tick;
-        self.payoff.close_window(tick);
+        self.bursts.close_window(tick);
         let w = EMA_WEIGHT;
         self.gain_ema = w * self.window_gain + (1.0 - w) * self.gain_ema;
         self.moves_ema = w * self.window_moves + (1.0 - w) * self.moves_ema;
@@ -218,7 +215,7 @@ impl Thrash {
 
     /// Forgets the throttle (the access pattern changed).
     pub fn reset(&mut self) {
-        self.payoff.reset();
+        self.bursts.reset();
         self.level = 0;
         self.var_ema = 0.0;
         self.gain_ema = 0.0;
@@ -285,7 +282,7 @@ mod tests {
         for _ in 0..6 {
             for p in 0..40 {
                 h.last[p as usize] = tick;
-                t.record(p, p < 20, tick, 1);
+                t.record(p, p < 20, tick, 1.0);
             }
             tick += u64::from(EVAL_TICKS);
             t.evaluate(tick, &h, 1_000.0);
@@ -296,7 +293,7 @@ mod tests {
             for p in 0..40 {
                 h.last[p as usize] = tick;
                 h.hits[p as usize] = if p < 20 { 5 } else { 0 };
-                t.record(p, p < 20, tick, 1);
+                t.record(p, p < 20, tick, 1.0);
             }
             tick += u64::from(EVAL_TICKS);
             t.evaluate(tick, &h, 1_000.0);
