@@ -188,6 +188,8 @@ pub struct Adaptive {
     phase_window: (u64, u64),
     mode: Mode,
     why: String,
+    /// Pattern-change detection on (tests switch it off as a negative control).
+    phase_detection: bool,
     /// What it did, by reason.
     pub stats: AdaptiveStats,
 }
@@ -283,6 +285,7 @@ impl Adaptive {
             phase_window: (0, 0),
             mode: Mode::Warming,
             why: "no samples yet".into(),
+            phase_detection: true,
             stats: AdaptiveStats::default(),
         }
     }
@@ -290,6 +293,18 @@ impl Adaptive {
     /// Negative control for tests: never throttle.
     pub fn without_thrash_control(mut self) -> Self {
         self.thrash.enabled = false;
+        self
+    }
+
+    /// Negative control for tests: no pattern-change detection.
+    pub fn without_phase_detection(mut self) -> Self {
+        self.phase_detection = false;
+        self
+    }
+
+    /// Negative control for tests: no streaming-page detection.
+    pub fn without_burst_detection(mut self) -> Self {
+        self.thrash.bursts.enabled = false;
         self
     }
 
@@ -413,7 +428,9 @@ impl Adaptive {
     /// baseline; a jump is a new pattern: the throttle is lifted and the
     /// old heat cooled twice so the new hot set outranks the old one.
     fn detect_phase(&mut self, slow_share: Option<f64>) {
-        let Some(s) = slow_share else { return };
+        let Some(s) = slow_share.filter(|_| self.phase_detection) else {
+            return;
+        };
         let base = *self.slow_share_base.get_or_insert(s);
         let sigma = (base * (1.0 - base) / PHASE_WINDOW_SAMPLES as f64).sqrt();
         if s > base + PHASE_JUMP.max(PHASE_SIGMAS * sigma) {

@@ -175,32 +175,53 @@ fn thrashing_is_detected_and_throttled_and_not_without_the_control() {
     assert!(why.contains("their cost"), "explained: {why}");
 }
 
-/// Phase change: hot set A (pages 50..60) for 30 ticks, then hot set B
-/// (70..80). Both must end up in the fast tier within a few ticks of
-/// becoming hot.
+/// Phase change: hot set A (pages 50..60) for 40 ticks, then hot set B
+/// (70..80) for 40. Returns the ticks B took to be all in the fast tier
+/// (`None`: not within the 40) and the pattern changes detected.
+fn phase_scenario(mut a: Adaptive) -> Result<(Option<u64>, u64), String> {
+    let caps = [20u64, 100];
+    let mut v = VecView::two_tier(100, 18);
+    let mut followed = None;
+    let step = |a: &mut Adaptive, v: &mut VecView, hot: std::ops::Range<u64>, t: u64| {
+        let s: Vec<AccessSample> = (0..4)
+            .flat_map(|_| hot.clone())
+            .map(|p| sample(p, v.tier[p as usize], false))
+            .collect();
+        let st = v.status(&caps);
+        let d = a.tick(&obs(t * TICK_NS, &st, &s), v);
+        v.apply(&d.migrations);
+    };
+    for t in 0..40u64 {
+        step(&mut a, &mut v, 50..60, t);
+    }
+    if !(50..60).all(|p| v.tier[p] == 0) {
+        return Err(format!("hot set A not in tier 0: {:?}", &v.tier[50..60]));
+    }
+    for t in 0..40u64 {
+        step(&mut a, &mut v, 70..80, 40 + t);
+        if followed.is_none() && (70..80).all(|p| v.tier[p] == 0) {
+            followed = Some(t + 1);
+        }
+    }
+    Ok((followed, a.stats.phase_changes))
+}
+
+/// The detected change cools A's heat and lifts the throttle, so B is in
+/// within 6 ticks (4 on this code); without detection B waits for A's heat
+/// to fall below its own (9 ticks on this code): the negative control
+/// fails on the time, not only on the count of changes.
 #[test]
 fn a_moved_hot_set_is_followed() {
-    let caps = [20u64, 100];
-    let cfg = PolicyConfig::new(100, caps.to_vec());
-    let mut a = Adaptive::new(&cfg);
-    let mut v = VecView::two_tier(100, 18);
-    let run_hot = |a: &mut Adaptive, v: &mut VecView, hot: std::ops::Range<u64>, t0: u64| {
-        for t in 0..30u64 {
-            let s: Vec<AccessSample> = (0..4)
-                .flat_map(|_| hot.clone())
-                .map(|p| sample(p, v.tier[p as usize], false))
-                .collect();
-            let st = v.status(&caps);
-            let d = a.tick(&obs((t0 + t) * TICK_NS, &st, &s), v);
-            v.apply(&d.migrations);
-        }
-    };
-    run_hot(&mut a, &mut v, 50..60, 0);
-    assert!((50..60).all(|p| v.tier[p] == 0), "{:?}", &v.tier[50..60]);
-    run_hot(&mut a, &mut v, 70..80, 30);
-    assert!((70..80).all(|p| v.tier[p] == 0), "{:?}", &v.tier[70..80]);
-    assert!(a.stats.phase_changes >= 1, "{:?}", a.stats);
-    assert_eq!(a.current_mode(), Mode::Promote);
+    let cfg = PolicyConfig::new(100, vec![20, 100]);
+    let (on, changes) = phase_scenario(Adaptive::new(&cfg)).unwrap();
+    assert!(on.is_some_and(|n| n <= 6), "followed after {on:?} ticks");
+    assert!(changes >= 1);
+    let (off, changes) = phase_scenario(Adaptive::new(&cfg).without_phase_detection()).unwrap();
+    assert_eq!(changes, 0);
+    assert!(
+        off.is_none_or(|n| n > 6),
+        "negative control: without detection followed after {off:?} ticks"
+    );
 }
 
 /// Two tiers (Nomad's small read-only Zipf) and three tiers (the same
