@@ -190,6 +190,8 @@ pub struct Adaptive {
     why: String,
     /// Pattern-change detection on (tests switch it off as a negative control).
     phase_detection: bool,
+    /// Balance mode on (tests switch it off as a negative control).
+    balancing: bool,
     /// What it did, by reason.
     pub stats: AdaptiveStats,
 }
@@ -286,6 +288,7 @@ impl Adaptive {
             mode: Mode::Warming,
             why: "no samples yet".into(),
             phase_detection: true,
+            balancing: true,
             stats: AdaptiveStats::default(),
         }
     }
@@ -299,6 +302,13 @@ impl Adaptive {
     /// Negative control for tests: no pattern-change detection.
     pub fn without_phase_detection(mut self) -> Self {
         self.phase_detection = false;
+        self
+    }
+
+    /// Negative control for tests: no `balance` mode (a slower tier 0 is
+    /// treated as no latency signal: pack).
+    pub fn without_balance(mut self) -> Self {
+        self.balancing = false;
         self
     }
 
@@ -547,8 +557,10 @@ impl Adaptive {
             LatencyVerdict::Balanced
         } else if l_d < l_a {
             LatencyVerdict::Promote(dp)
-        } else {
+        } else if self.balancing {
             LatencyVerdict::Demote(dp)
+        } else {
+            LatencyVerdict::NoSignal
         }
     }
 

@@ -262,17 +262,41 @@ fn two_and_three_tier_runs_place_hot_data_fastest() {
 }
 
 /// Loaded-latency balancing: with Colloid's 3x antagonist on the fast
-/// tier, adaptive enters `balance` on the latency signal and does at
-/// least as well as leaving pages where they are.
-#[test]
-fn a_loaded_fast_tier_is_balanced() {
-    let scn = quick("colloid-gups-3x", 60.0, 8192.0);
-    let ad = sim::run(&scn, PolicyKind::Adaptive).unwrap();
-    let st = sim::run(&scn, PolicyKind::Static).unwrap();
-    let balanced = ad
+/// tier, adaptive enters `balance` on the latency signal and does at least
+/// as well as leaving pages where they are, and better than itself
+/// without `balance`.
+fn balance_scenario(r: &SimReport, st: &SimReport) -> Result<(), String> {
+    if r.throughput_maps < st.throughput_maps {
+        return Err(format!(
+            "throughput {} below static {}",
+            r.throughput_maps, st.throughput_maps
+        ));
+    }
+    let balanced = r
         .mode_changes
         .iter()
         .any(|c| c.mode == Mode::Balance.name() && c.why.contains("loaded latency"));
-    assert!(balanced, "{:?}", ad.mode_changes);
-    assert!(ad.throughput_maps >= 0.99 * st.throughput_maps);
+    if !balanced {
+        return Err(format!("never balanced: {:?}", r.mode_changes));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_loaded_fast_tier_is_balanced() {
+    let scn = quick("colloid-gups-3x", 60.0, 8192.0);
+    let ad = run(&scn, Adaptive::new);
+    let off = run(&scn, |c| Adaptive::new(c).without_balance());
+    let st = sim::run(&scn, PolicyKind::Static).unwrap();
+    balance_scenario(&ad, &st).unwrap();
+    assert!(
+        ad.throughput_maps > off.throughput_maps,
+        "balance {} vs without {}",
+        ad.throughput_maps,
+        off.throughput_maps
+    );
+    // Negative control: without `balance` it loses to static (206.7 vs
+    // 212.9 Macc/s on this code; with it 213.8).
+    let err = balance_scenario(&off, &st).expect_err("negative control: without balance");
+    assert!(err.contains("below static"), "{err}");
 }
