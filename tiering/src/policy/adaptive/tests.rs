@@ -346,3 +346,44 @@ fn a_loaded_fast_tier_is_balanced() {
     let err = balance_scenario(&off, &st).expect_err("negative control: without balance");
     assert!(err.contains("below static"), "{err}");
 }
+
+/// The scout: YCSB-A over a key-value store demoted to the slow tier, with
+/// room for all of it in the fast tier. Sparse samples find the warm keys
+/// late; the scout's accessed-bit tests find them while there is room. The
+/// negative control (no scout) must do worse.
+#[test]
+fn the_scout_fills_free_room_faster_than_samples() {
+    let scn = quick("kv-ycsb-a", 100.0, 256.0);
+    let on = run(&scn, Adaptive::new);
+    let off = run(&scn, |c| Adaptive::new(c).without_scout());
+    assert!(
+        on.throughput_maps > 1.03 * off.throughput_maps,
+        "scout {} vs none {}",
+        on.throughput_maps,
+        off.throughput_maps
+    );
+    let why = on
+        .mode_changes
+        .iter()
+        .any(|c| c.why.contains("scout found"));
+    assert!(why, "explained: {:?}", on.final_mode);
+}
+
+/// Streams: PageRank's CSR edges are streamed through a fast tier too small
+/// for them; without the burst detector adaptive keeps promoting the page
+/// the stream just left and demoting the one it reaches next.
+#[test]
+fn a_stream_stops_displacing_promotions() {
+    let scn = quick("pagerank-u", 100.0, 256.0);
+    let on = run(&scn, Adaptive::new);
+    let off = run(&scn, |c| Adaptive::new(c).without_burst_detection());
+    assert!(
+        on.throughput_maps > 1.05 * off.throughput_maps
+            && on.counters.promotions < 0.5 * off.counters.promotions,
+        "bursts {} ({} promotions) vs none {} ({})",
+        on.throughput_maps,
+        on.counters.promotions,
+        off.throughput_maps,
+        off.counters.promotions
+    );
+}
