@@ -7,7 +7,11 @@
 //!    [`PROFILE_OVERHEAD`] of one core at [`SAMPLE_COST_NS`] per sample;
 //!    samples beyond the budget are dropped evenly. Heat halves when a page
 //!    reaches [`COOL_AT`] (HeMem/Colloid cooling), so a moved hot set is
-//!    followed within seconds.
+//!    followed within seconds. While a faster tier has free room, the
+//!    budget the samples leave goes to the [`scout`]: accessed-bit tests of
+//!    slower pages (one pass of a cursor, as TPP's scan), each page found touched
+//!    gaining one heat, so warm pages fill free room as fast as TPP's
+//!    hint-fault scan finds them.
 //! 2. **Learn the mechanisms' outcomes**: a transactional promotion that
 //!    did not land is an abort of that page ([`mechanism`]).
 //! 3. **Detect a pattern change**: the share of samples that hit slower
@@ -27,7 +31,9 @@
 //! 7. **Plan** the migrations within budget and free room, each with its
 //!    mechanism ([`mechanism::Chooser`]), and record them for step 4.
 
+pub mod burst;
 pub mod mechanism;
+pub mod scout;
 pub mod thrash;
 
 use std::collections::HashSet;
@@ -37,6 +43,7 @@ use super::hotness::ClockHand;
 use super::types::*;
 use super::{Policy, PolicyKind};
 use mechanism::{Chooser, PageFacts, Reason};
+use scout::Scout;
 use thrash::{PageHistory, Thrash};
 
 /// Tick period: 20 ms (between Colloid's 10 ms quantum and Memtis's 500 ms).
@@ -86,6 +93,8 @@ pub const REQUEST_BYTES: f64 = 64.0;
 
 const TRACKED: u8 = 1;
 const DEMOTED_BEFORE: u8 = 2;
+/// Sampled in a burst and not after its promotion ([`burst`]).
+const BURSTY: u8 = 4;
 
 /// The mode `adaptive` is in, as reports and the live line show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -139,6 +148,8 @@ pub struct AdaptiveStats {
     pub throttled_ticks: u64,
     /// Samples dropped by the profiling budget.
     pub samples_dropped: u64,
+    /// Slower-tier pages the scout found touched.
+    pub scout_hits: u64,
 }
 
 /// The `adaptive` policy.
@@ -147,6 +158,8 @@ pub struct Adaptive {
     heat: Vec<u16>,
     hits: Vec<u16>,
     last_move: Vec<u32>,
+    /// Tick the page was last first sampled (its heat rose from zero).
+    since: Vec<u32>,
     aborts: Vec<u8>,
     writes: Vec<u8>,
     flags: Vec<u8>,
@@ -160,6 +173,11 @@ pub struct Adaptive {
     rate_pages: f64,
     rate_carry: f64,
     profile: IntervalBudget,
+    /// Samples kept by the last [`Self::ingest`] (they use the budget first).
+    kept: u64,
+    /// Profiling time per tick, ns of modeled (scaled) work.
+    profile_ns: f64,
+    scout: Scout,
     search: ShiftSearch,
     thrash: Thrash,
     chooser: Chooser,
@@ -170,6 +188,10 @@ pub struct Adaptive {
     phase_window: (u64, u64),
     mode: Mode,
     why: String,
+    /// Pattern-change detection on (tests switch it off as a negative control).
+    phase_detection: bool,
+    /// Balance mode on (tests switch it off as a negative control).
+    balancing: bool,
     /// What it did, by reason.
     pub stats: AdaptiveStats,
 }
@@ -236,6 +258,7 @@ impl Adaptive {
             heat: vec![0; n],
             hits: vec![0; n],
             last_move: vec![0; n],
+            since: vec![0; n],
             aborts: vec![0; n],
             writes: vec![0; n],
             flags: vec![0; n],
@@ -252,6 +275,9 @@ impl Adaptive {
             rate_pages: config.mb_to_pages_f64(rate),
             rate_carry: 0.0,
             profile: IntervalBudget::new(samples_per_tick),
+            kept: 0,
+            profile_ns: tick_ns as f64 * PROFILE_OVERHEAD / scale,
+            scout: Scout::new(config.accessed_test_cost_ns),
             search: ShiftSearch::default(),
             thrash: Thrash::default(),
             chooser: Chooser::default(),
@@ -261,6 +287,8 @@ impl Adaptive {
             phase_window: (0, 0),
             mode: Mode::Warming,
             why: "no samples yet".into(),
+            phase_detection: true,
+            balancing: true,
             stats: AdaptiveStats::default(),
         }
     }
@@ -268,6 +296,31 @@ impl Adaptive {
     /// Negative control for tests: never throttle.
     pub fn without_thrash_control(mut self) -> Self {
         self.thrash.enabled = false;
+        self
+    }
+
+    /// Negative control for tests: no pattern-change detection.
+    pub fn without_phase_detection(mut self) -> Self {
+        self.phase_detection = false;
+        self
+    }
+
+    /// Negative control for tests: no `balance` mode (a slower tier 0 is
+    /// treated as no latency signal: pack).
+    pub fn without_balance(mut self) -> Self {
+        self.balancing = false;
+        self
+    }
+
+    /// Negative control for tests: no streaming-page detection.
+    pub fn without_burst_detection(mut self) -> Self {
+        self.thrash.bursts.enabled = false;
+        self
+    }
+
+    /// Negative control for tests: no accessed-bit scout.
+    pub fn without_scout(mut self) -> Self {
+        self.scout.enabled = false;
         self
     }
 
@@ -317,12 +370,14 @@ impl Adaptive {
             if self.flags[i] & TRACKED == 0 {
                 self.flags[i] |= TRACKED;
                 self.tracked.push(s.page);
+                self.since[i] = self.tick_no as u32;
             }
             self.heat[i] = self.heat[i].saturating_add(1);
             if self.heat[i] >= COOL_AT {
                 self.cool();
             }
         }
+        self.kept = kept as u64;
         self.phase_window.0 += kept as u64;
         self.phase_window.1 += slow as u64;
         let (n, k) = self.phase_window;
@@ -383,11 +438,14 @@ impl Adaptive {
     /// baseline; a jump is a new pattern: the throttle is lifted and the
     /// old heat cooled twice so the new hot set outranks the old one.
     fn detect_phase(&mut self, slow_share: Option<f64>) {
-        let Some(s) = slow_share else { return };
+        let Some(s) = slow_share.filter(|_| self.phase_detection) else {
+            return;
+        };
         let base = *self.slow_share_base.get_or_insert(s);
         let sigma = (base * (1.0 - base) / PHASE_WINDOW_SAMPLES as f64).sqrt();
         if s > base + PHASE_JUMP.max(PHASE_SIGMAS * sigma) {
             self.thrash.reset();
+            self.flags.iter_mut().for_each(|f| *f &= !BURSTY);
             self.cool();
             self.cool();
             self.stats.phase_changes += 1;
@@ -400,6 +458,38 @@ impl Adaptive {
         } else {
             self.slow_share_base = Some(0.8 * base + 0.2 * s);
         }
+    }
+
+    /// Step 1b: with free room in a faster tier, the scout spends the
+    /// budget the samples left on accessed-bit tests of slower pages; a page
+    /// found touched gains one heat, as a sample would give it. Returns the
+    /// pages found.
+    fn scout(&mut self, tiers: &[TierStatus], view: &mut dyn MemoryView) -> u64 {
+        let n = tiers.len().min(self.reserve.len());
+        let room = (0..n.saturating_sub(1))
+            .find(|&t| tiers[t].free_pages > 2 * self.reserve[t])
+            .map(|t| t as TierId);
+        let left = self.profile_ns - self.kept as f64 * SAMPLE_COST_NS;
+        let mut found = Vec::new();
+        let heat = &self.heat;
+        self.scout.run(
+            left,
+            room,
+            view,
+            |p| heat.get(p as usize).is_some_and(|&h| h > 0),
+            &mut found,
+        );
+        for &p in &found {
+            let i = p as usize;
+            self.heat[i] = self.heat[i].saturating_add(1);
+            if self.flags[i] & TRACKED == 0 {
+                self.flags[i] |= TRACKED;
+                self.tracked.push(p);
+                self.since[i] = self.tick_no as u32;
+            }
+        }
+        self.stats.scout_hits += found.len() as u64;
+        found.len() as u64
     }
 
     /// Step 5: each tier's heat threshold by cumulative capacity.
@@ -467,8 +557,10 @@ impl Adaptive {
             LatencyVerdict::Balanced
         } else if l_d < l_a {
             LatencyVerdict::Promote(dp)
-        } else {
+        } else if self.balancing {
             LatencyVerdict::Demote(dp)
+        } else {
+            LatencyVerdict::NoSignal
         }
     }
 
@@ -506,7 +598,15 @@ impl Adaptive {
             if to > from {
                 self.flags[i] |= DEMOTED_BEFORE;
             }
-            self.thrash.record(p, to < from, tick);
+            // Step 4's burst test: the hits its sampled rate promises, at
+            // the rate's lower bound (the first sample starts the clock;
+            // Poisson, two standard errors), so that the few samples of a
+            // lukewarm page promise nothing.
+            let age = tick.saturating_sub(u64::from(self.since[i])).max(1);
+            let after_first = f64::from(self.heat[i].saturating_sub(1));
+            let low = (after_first - 2.0 * after_first.sqrt()).max(0.0);
+            let expected = low / age as f64 * f64::from(thrash::EVAL_TICKS);
+            self.thrash.record(p, to < from, tick, expected as f32);
         }
         if matches!(mech, Mechanism::Transactional { .. }) {
             let written = plan.written;
@@ -644,6 +744,11 @@ impl Adaptive {
         let mut promoted = 0u64;
         // Room first: per destination, the cold pages to push down.
         let n = self.caps.len();
+        // A tier near its reserve got its free pages by displacing others
+        // (this tick or the last ones): promotions into it displace.
+        let tight: Vec<bool> = (0..n)
+            .map(|t| plan.budget.free(t as TierId) <= 2 * self.reserve[t])
+            .collect();
         for dst in 0..n.saturating_sub(1) {
             let dst = dst as TierId;
             let want = cands
@@ -659,11 +764,22 @@ impl Adaptive {
                 continue; // no skew: promote into free room only
             }
             // Only pages clearly hotter than the threshold displace others.
+            // and none of a stream's ([`burst`]).
+            let stream = !self.thrash.bursts.displacing_allowed();
+            let flags = &self.flags;
             let strong = cands
                 .iter()
-                .filter(|c| c.2 == dst && c.0 >= th.saturating_mul(DISPLACE_FACTOR))
+                .filter(|c| {
+                    c.2 == dst
+                        && c.0 >= th.saturating_mul(DISPLACE_FACTOR)
+                        && !stream
+                        && flags[c.1 as usize] & BURSTY == 0
+                })
                 .count() as u64;
-            let need = need.min(strong + self.reserve[usize::from(dst)]);
+            // Room for the strong ones and the reserve, less what is free.
+            let need = need.min(
+                (strong + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst)),
+            );
             if self.demote_cold(plan, dst, need, th, view) > 0 {
                 plan.displaced[usize::from(dst)] = true;
             }
@@ -686,6 +802,13 @@ impl Adaptive {
                 continue;
             }
             if plan.displaced[usize::from(dst)] && h < th.saturating_mul(DISPLACE_FACTOR) {
+                continue;
+            }
+            let displacing = plan.displaced[usize::from(dst)] || tight[usize::from(dst)];
+            if displacing
+                && (self.flags[p as usize] & BURSTY != 0
+                    || !self.thrash.bursts.displacing_allowed())
+            {
                 continue;
             }
             if dst == 0 {
@@ -791,6 +914,8 @@ impl Policy for Adaptive {
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
             sample_period: SAMPLE_PERIOD,
+            // The scout's tests (step 1b).
+            accessed_bits: true,
             ..TrackerRequest::none()
         }
     }
@@ -807,6 +932,7 @@ impl Policy for Adaptive {
         self.learn_outcomes(obs.tpm_outcomes, view);
         let phase_before = self.stats.phase_changes;
         self.detect_phase(slow_share);
+        let scouted = self.scout(obs.tiers, view);
         // Step 4.
         let gap = match (
             obs.tiers.first().and_then(|t| t.loaded_latency_ns),
@@ -817,6 +943,11 @@ impl Policy for Adaptive {
         };
         let mut thrash = std::mem::take(&mut self.thrash);
         thrash.evaluate(tick, &*self, SAMPLE_PERIOD as f64 * gap);
+        for p in thrash.bursts.found.drain(..) {
+            if let Some(f) = self.flags.get_mut(p as usize) {
+                *f |= BURSTY;
+            }
+        }
         self.thrash = thrash;
         let share = self.thrash.budget_share(tick);
         // The throttle scales the rate, fractions carried: a small budget
@@ -911,7 +1042,20 @@ impl Policy for Adaptive {
                 )
             }
         };
-        let what = format!("{what}{skew}");
+        let scouted = if scouted > 0 {
+            format!("; scout found {scouted} touched slower pages while a faster tier has room")
+        } else {
+            String::new()
+        };
+        let gated = if self.thrash.bursts.displacing_allowed() {
+            String::new()
+        } else {
+            format!(
+                "; {:.0}% of promotions were bursts (sampled, then untouched): a stream, promotions only fill free room",
+                self.thrash.bursts.share() * 100.0
+            )
+        };
+        let what = format!("{what}{skew}{gated}{scouted}");
         if self.thrash.level() > 0 {
             self.stats.throttled_ticks += 1;
             self.mode = Mode::Throttled;
@@ -977,9 +1121,9 @@ impl Policy for Adaptive {
 }
 
 /// Bytes `adaptive` keeps per guest page: heat and hits (2 + 2), last move
-/// tick (4), aborts, writes and flags (1 + 1 + 1), and the tracked list
-/// entry (8) for a tracked page.
-pub const BYTES_PER_PAGE: usize = 2 + 2 + 4 + 1 + 1 + 1;
+/// and first-sampled ticks (4 + 4), aborts, writes and flags (1 + 1 + 1),
+/// and the tracked list entry (8) for a tracked page.
+pub const BYTES_PER_PAGE: usize = 2 + 2 + 4 + 4 + 1 + 1 + 1;
 /// Extra bytes per tracked (recently sampled) page.
 pub const BYTES_PER_TRACKED_PAGE: usize = 8;
 

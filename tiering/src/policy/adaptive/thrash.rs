@@ -21,6 +21,8 @@
 
 use std::collections::VecDeque;
 
+use super::burst::Bursts;
+
 /// Ticks after a migration before its benefit is valued (0.5 s at the
 /// 20 ms tick): long enough for a hot page to be sampled several times.
 pub const EVAL_TICKS: u32 = 25;
@@ -65,6 +67,9 @@ struct Move {
     page: u64,
     promotion: bool,
     tick: u64,
+    /// Hits expected over [`EVAL_TICKS`] at its rate when it moved (for
+    /// [`Bursts`]).
+    expected: f32,
 }
 
 /// The thrash detector's state.
@@ -91,6 +96,8 @@ pub struct Thrash {
     pub last_ratio: Option<f64>,
     /// Whether throttling is enabled (tests disable it as a negative control).
     pub enabled: bool,
+    /// Streaming pages from what promotions returned ([`Bursts`]).
+    pub bursts: Bursts,
 }
 
 /// What [`Thrash::evaluate`] needs to know about one page.
@@ -118,13 +125,15 @@ impl Default for Thrash {
             window_start: 0,
             last_ratio: None,
             enabled: true,
+            bursts: Bursts::default(),
         }
     }
 }
 
 impl Thrash {
-    /// Step 1: remember a migration done at `tick`.
-    pub fn record(&mut self, page: u64, promotion: bool, tick: u64) {
+    /// Step 1: remember a migration done at `tick` of a page expected to
+    /// earn `expected` sampled hits over [`EVAL_TICKS`].
+    pub fn record(&mut self, page: u64, promotion: bool, tick: u64, expected: f32) {
         if self.moves.len() >= MAX_RECORDED {
             self.moves.pop_front();
         }
@@ -132,6 +141,7 @@ impl Thrash {
             page,
             promotion,
             tick,
+            expected,
         });
     }
 
@@ -154,6 +164,9 @@ impl Thrash {
                 self.window_displacing += 1.0;
             }
             let hits = f64::from(hist.hits_since_move(m.page));
+            if m.promotion {
+                self.bursts.valued(m.page, f64::from(m.expected), hits);
+            }
             self.window_gain += if m.promotion { hits } else { -hits };
             self.window_var += hits;
         }
@@ -161,6 +174,7 @@ impl Thrash {
             return;
         }
         self.window_start = tick;
+        self.bursts.close_window(tick);
         let w = EMA_WEIGHT;
         self.gain_ema = w * self.window_gain + (1.0 - w) * self.gain_ema;
         self.moves_ema = w * self.window_moves + (1.0 - w) * self.moves_ema;
@@ -201,6 +215,7 @@ impl Thrash {
 
     /// Forgets the throttle (the access pattern changed).
     pub fn reset(&mut self) {
+        self.bursts.reset();
         self.level = 0;
         self.var_ema = 0.0;
         self.gain_ema = 0.0;
@@ -267,7 +282,7 @@ mod tests {
         for _ in 0..6 {
             for p in 0..40 {
                 h.last[p as usize] = tick;
-                t.record(p, p < 20, tick);
+                t.record(p, p < 20, tick, 1.0);
             }
             tick += u64::from(EVAL_TICKS);
             t.evaluate(tick, &h, 1_000.0);
@@ -278,7 +293,7 @@ mod tests {
             for p in 0..40 {
                 h.last[p as usize] = tick;
                 h.hits[p as usize] = if p < 20 { 5 } else { 0 };
-                t.record(p, p < 20, tick);
+                t.record(p, p < 20, tick, 1.0);
             }
             tick += u64::from(EVAL_TICKS);
             t.evaluate(tick, &h, 1_000.0);
