@@ -54,19 +54,30 @@ impl TieredMemory {
         if let Err(e) = self.move_pairs(&pairs) {
             // Pages that moved are put back; one that cannot move back
             // stays parked, and the fault handler maps it back on its touch.
+            // Guest RAM decides which moved, not the parking slot: a slot
+            // that held a stale page (a failed discard) fails the move with
+            // EEXIST while the page stays in guest RAM, and reading the slot
+            // would tag a page the guest still has as parked (stuck: every
+            // unpark then fails with EEXIST). Such a slot is healed.
+            let resident = |a: usize| sys::resident(a, 1).map(|r| r[0]);
             for &p in &owned {
-                let parked = sys::resident(self.park_addr(p), 1)
-                    .map(|r| r[0])
-                    .unwrap_or(false);
-                if parked
-                    && self
-                        .uffd
-                        .move_range(self.guest_addr(p), self.park_addr(p), PAGE_SIZE, true)
-                        .is_err()
-                {
-                    self.release_page(p, tag, 0);
-                } else {
-                    self.release_page(p, 0, 0);
+                let (guest, park) = (self.guest_addr(p), self.park_addr(p));
+                match resident(guest) {
+                    Ok(true) => {
+                        if resident(park).unwrap_or(false) {
+                            self.heal_park_slot(p);
+                        }
+                        self.release_page(p, 0, 0);
+                    }
+                    _ => {
+                        if self.uffd.move_range(guest, park, PAGE_SIZE, true).is_err()
+                            && resident(park).unwrap_or(true)
+                        {
+                            self.release_page(p, tag, 0);
+                        } else {
+                            self.release_page(p, 0, 0);
+                        }
+                    }
                 }
             }
             return Err(e.into());
@@ -76,6 +87,16 @@ impl TieredMemory {
         }
         owned.extend(taken_over);
         Ok(owned)
+    }
+
+    /// Discards the stale page found in the parking slot of the owned,
+    /// unparked `page` (the page itself is in guest RAM, so the slot's copy
+    /// is no one's data), so the next park of `page` can use the slot.
+    fn heal_park_slot(&self, page: usize) {
+        self.counters.slot_heals.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = sys::discard(self.park_addr(page), PAGE_SIZE) {
+            tracing::warn!("discarding the stale parking slot of page {page}: {e}");
+        }
     }
 
     /// Maps back those of `pages` that are still parked by `parker` (the

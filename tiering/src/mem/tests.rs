@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::backing::Parker;
+use super::page_map;
 use super::*;
 use crate::vocab::TierId;
 
@@ -1326,4 +1328,41 @@ fn probe_setup_time_of_a_64g_guest() {
         drop(mem);
         eprintln!("drop: {:?}", t.elapsed());
     }
+}
+
+/// The soak's stuck parked pages (results §10): a parking slot that holds a
+/// stale page fails the park with EEXIST while the page stays in guest RAM.
+/// The failed park must leave the page unparked (guest RAM decides, not the
+/// slot) and heal the slot; reading the slot instead tagged the page parked
+/// while the guest had it, and every unpark after failed with EEXIST.
+#[test]
+fn a_park_into_a_stale_slot_leaves_the_page_unparked_and_heals_the_slot() {
+    let Some((mem, _log, _m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let page = 7;
+    // A page in the parking slot of page 7, which is in guest RAM (not
+    // parked). The parking area is registered with the userfaultfd, so the
+    // page is planted with `UFFDIO_ZEROPAGE` (a touch would fault).
+    mem.uffd.zero_page(mem.park_addr(page), PAGE_SIZE).unwrap();
+    assert!(mem.park_pages(&[page], Parker::Sampler).is_err());
+    assert_eq!(
+        mem.pages.load(page) & page_map::PARKED,
+        0,
+        "a page in guest RAM tagged parked"
+    );
+    mem.check_consistency().unwrap();
+    assert!(mem.stats().slot_heals > 0, "{:?}", mem.stats());
+    // The healed slot parks and unparks again.
+    assert_eq!(
+        mem.park_pages(&[page], Parker::Sampler).unwrap(),
+        vec![page]
+    );
+    assert_eq!(
+        mem.unpark_pages_settled(&[page], Parker::Sampler).unwrap(),
+        1
+    );
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
 }

@@ -112,7 +112,8 @@ impl TieredMemory {
             let mut owned = 0;
             for p in first..first + CHUNK_SLOTS {
                 match self.pages.try_acquire(p, false) {
-                    Some(w) if page_map::tier_of(w) == tier => owned += 1,
+                    // Parked since the scan above: not whole any more.
+                    Some(w) if page_map::tier_of(w) == tier && w & PARKED == 0 => owned += 1,
                     Some(_) => {
                         owned += 1;
                         break;
