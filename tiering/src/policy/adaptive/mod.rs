@@ -196,6 +196,20 @@ pub struct Adaptive {
     pub stats: AdaptiveStats,
 }
 
+/// How much hotter than `tier`'s threshold a page must be to displace
+/// pages out of it: [`DISPLACE_FACTOR`] into the fastest tier, where
+/// ping-pong is the costliest (thrashing bait); into a slower tier the
+/// rank alone (pages below its threshold make room for pages at or above
+/// it), or a full middle tier keeps its first-touch cold pages while warm
+/// ones wait in the slowest (MTM §6: the next buckets fill the next tier).
+fn displace_factor(tier: TierId) -> u16 {
+    if tier == 0 {
+        DISPLACE_FACTOR
+    } else {
+        1
+    }
+}
+
 /// Per-tier heat thresholds: pages of heat `>= th[t]` belong in tiers `<= t`.
 struct Ranking {
     th: Vec<u16>,
@@ -771,14 +785,41 @@ impl Adaptive {
                 .iter()
                 .filter(|c| {
                     c.2 == dst
-                        && c.0 >= th.saturating_mul(DISPLACE_FACTOR)
+                        && c.0 >= th.saturating_mul(displace_factor(dst))
                         && !stream
                         && flags[c.1 as usize] & BURSTY == 0
                 })
                 .count() as u64;
+            // Pages ranked for a faster tier that has no room fall back to
+            // this one (MTM §6: the next bucket goes to the next tier), and
+            // displace its pages below its threshold: they are hotter by
+            // rank, so no factor is needed for them.
+            let room_above: u64 = (0..usize::from(dst))
+                .map(|t| {
+                    plan.budget
+                        .free(t as TierId)
+                        .saturating_sub(self.reserve[t])
+                })
+                .sum();
+            let spill = if dst > 0 {
+                (cands
+                    .iter()
+                    .filter(|c| {
+                        c.2 < dst
+                            && view.tier_of(c.1) > dst
+                            && !stream
+                            && flags[c.1 as usize] & BURSTY == 0
+                    })
+                    .count() as u64)
+                    .saturating_sub(room_above)
+                    .min(plan.limit.saturating_sub(plan.moved) / 2)
+            } else {
+                0
+            };
             // Room for the strong ones and the reserve, less what is free.
-            let need = need.min(
-                (strong + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst)),
+            let need = (need + spill).min(
+                (strong + spill + self.reserve[usize::from(dst)])
+                    .saturating_sub(plan.budget.free(dst)),
             );
             if self.demote_cold(plan, dst, need, th, view) > 0 {
                 plan.displaced[usize::from(dst)] = true;
@@ -795,22 +836,36 @@ impl Adaptive {
             if src <= dst {
                 continue;
             }
-            let th = rank.th[usize::from(dst)];
-            let unit = self.unit_for(p, src, th, true, view);
+            // The target tier, else the fastest tier between it and the
+            // page's own that takes it (MTM §6).
+            let mut placed = None;
+            for d in dst..src {
+                let th = rank.th[usize::from(d)];
+                let unit = self.unit_for(p, src, th, true, view);
+                let pages = u64::from(unit.pages);
+                if plan.budget.free(d) < pages + self.reserve[usize::from(d)] / 2 {
+                    continue;
+                }
+                // Into the target only clearly hotter pages displace; a
+                // fallback page is hotter by rank than what it displaced.
+                let factor = if d == dst { displace_factor(d) } else { 1 };
+                if plan.displaced[usize::from(d)] && h < th.saturating_mul(factor) {
+                    continue;
+                }
+                let displacing = plan.displaced[usize::from(d)] || tight[usize::from(d)];
+                if displacing
+                    && (self.flags[p as usize] & BURSTY != 0
+                        || !self.thrash.bursts.displacing_allowed())
+                {
+                    continue;
+                }
+                placed = Some((d, th, unit));
+                break;
+            }
+            let Some((dst, th, unit)) = placed else {
+                continue;
+            };
             let pages = u64::from(unit.pages);
-            if plan.budget.free(dst) < pages + self.reserve[usize::from(dst)] / 2 {
-                continue;
-            }
-            if plan.displaced[usize::from(dst)] && h < th.saturating_mul(DISPLACE_FACTOR) {
-                continue;
-            }
-            let displacing = plan.displaced[usize::from(dst)] || tight[usize::from(dst)];
-            if displacing
-                && (self.flags[p as usize] & BURSTY != 0
-                    || !self.thrash.bursts.displacing_allowed())
-            {
-                continue;
-            }
             if dst == 0 {
                 let prob = f64::from(h) / total_heat;
                 if prob > share_left {
