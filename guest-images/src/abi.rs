@@ -260,8 +260,13 @@ pub struct EmulationHeader {
     /// measure (0: measure into `dram_ps` and charge against that) (VMM:
     /// `host-dram=`, or a comparison's first measurement).
     pub dram_fixed_ps: u64,
+    /// Access sampling: the guest looks up and charges one cache-missing
+    /// access in this many (a power of two up to 64), each for this many;
+    /// 0 or 1: every access (VMM: `sample=`). A vCPU whose workload pays
+    /// per operation charges every access regardless.
+    pub access_sample_period: u64,
     /// Reserved, zero.
-    pub _reserved: [u64; 9],
+    pub _reserved: [u64; 8],
     /// Per-vCPU counters (guest).
     pub vcpus: [EmulationVcpu; MAX_VCPUS],
 }

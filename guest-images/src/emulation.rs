@@ -37,13 +37,21 @@ pub const MAX_PREEMPTED_CYCLES: u64 = 100_000_000;
 /// set-sampling cache monitors do (Qureshi & Patt, UCP, MICRO 2006: 32 of
 /// 2048 sets estimate the miss ratio).
 pub const SAMPLED_SETS_MAX: u32 = 8192;
-/// Sampled lookups per tier over which the miss ratio is kept (the counts
-/// halve at this many): a few thousand accesses of the tier.
+/// Sampled lookups per tier the miss ratio averages over: each lookup
+/// moves the tier's ratio `1 / SAMPLE_WINDOW` of the way to its outcome
+/// (an exponential moving average; a few thousand accesses of the tier).
 pub const SAMPLE_WINDOW: u32 = 256;
+/// Fraction bits of the sampled miss ratio.
+const RATIO_BITS: u32 = 24;
 /// Lanes of 16 bits, each 1: broadcasts a tag to the four ways.
 const LANES_ONE: u64 = 0x0001_0001_0001_0001;
 /// The top bit of each 16-bit lane.
 const LANES_TOP: u64 = 0x8000_8000_8000_8000;
+/// Most accesses counted between two [`Charger::account`]s when no
+/// payment is near (e.g. every charge 0).
+const BUDGET_MAX: i64 = 1 << 16;
+/// Longest period of access sampling ([`Charger::set_access_sampling`]).
+pub const ACCESS_PERIOD_MAX: u32 = 64;
 
 /// A set-associative LRU model of one vCPU's last-level cache: one `u64`
 /// per set holding four 16-bit tags, most recently used first. A line's
@@ -135,15 +143,33 @@ pub struct Charger<'a> {
     /// Set sampling of the cache model: only lines with these low bits
     /// zero are looked up (one in `1 << sample_shift`); 0 = every line.
     sample_shift: u32,
-    /// Per tier, decayed counts of sampled lookups and of their misses.
-    sampled: [Cell<u32>; EMULATION_MAX_TIERS],
-    sampled_misses: [Cell<u32>; EMULATION_MAX_TIERS],
+    /// Per tier, the miss ratio of its sampled lookups (fixed point,
+    /// [`RATIO_BITS`]; 1 before the first).
+    miss_ratio: [Cell<u32>; EMULATION_MAX_TIERS],
     /// Per tier, the charge per access with sampling: the tier's charge
     /// times its sampled miss ratio (fixed point).
     expected: [Cell<u64>; EMULATION_MAX_TIERS],
     charge: [Cell<u64>; EMULATION_MAX_TIERS],
     threshold: Cell<u64>,
     debt: Cell<i64>,
+    /// Charged accesses not yet added to the debt, per tier and kind
+    /// (index `2 * tier + write`): the hot path only counts, and
+    /// [`Self::account`] multiplies by the tier's charge.
+    pending: [Cell<u64>; 2 * EMULATION_MAX_TIERS],
+    /// Accesses left before the debt could reach the threshold (at the
+    /// dearest tier's charge): [`Self::account`] runs when it reaches 0,
+    /// so a payment starts at the access it would start at if every access
+    /// added to the debt itself.
+    budget: Cell<i64>,
+    /// The dearest charge per access the budget was computed with.
+    budget_rate: Cell<u64>,
+    /// Access sampling ([`Self::set_access_sampling`]): a line is looked
+    /// up when `(line + 1) x salt <= pick_limit`, and charged `weight` accesses;
+    /// `rng` draws the salts.
+    weight: Cell<u64>,
+    pick_limit: Cell<u64>,
+    salt: Cell<u64>,
+    rng: Cell<u64>,
     clock: fn() -> u64,
     accesses: [Cell<u64>; EMULATION_MAX_TIERS],
     writes: [Cell<u64>; EMULATION_MAX_TIERS],
@@ -196,12 +222,18 @@ impl<'a> Charger<'a> {
             map_pages,
             cache,
             sample_shift,
-            sampled: Default::default(),
-            sampled_misses: Default::default(),
+            miss_ratio: core::array::from_fn(|_| Cell::new(1 << RATIO_BITS)),
             expected: Default::default(),
             charge: Default::default(),
             threshold: Cell::new(0),
             debt: Cell::new(0),
+            pending: Default::default(),
+            budget: Cell::new(0),
+            budget_rate: Cell::new(0),
+            weight: Cell::new(1),
+            pick_limit: Cell::new(u64::MAX),
+            salt: Cell::new(1),
+            rng: Cell::new(0x9e37_79b9_7f4a_7c15),
             clock,
             accesses: Default::default(),
             writes: Default::default(),
@@ -215,8 +247,10 @@ impl<'a> Charger<'a> {
     }
 
     /// Sets each tier's charge (fixed point, [`charge_fixed`]) and the debt
-    /// at which [`Self::access`] pays (fixed point).
+    /// at which [`Self::access`] pays (fixed point). Accesses counted
+    /// before are charged at the charges they were made under.
     pub fn set_charges(&self, charges: [u64; EMULATION_MAX_TIERS], threshold: u64) {
+        self.flush_pending();
         for (c, v) in self.charge.iter().zip(charges) {
             c.set(v);
         }
@@ -224,6 +258,7 @@ impl<'a> Charger<'a> {
             self.update_expected(t);
         }
         self.threshold.set(threshold.min(i64::MAX as u64 >> 1));
+        self.account();
     }
 
     /// The tier the map gives for the page holding `addr` (0 outside the map).
@@ -248,43 +283,133 @@ impl<'a> Charger<'a> {
     /// looked up; every access of a tier is charged the tier's charge times
     /// the miss ratio its sampled lookups show (the expected charge), and
     /// the counters count each sampled hit and miss `2^shift` times.
+    ///
+    /// The hot path looks the tier up and counts the access; the charge is
+    /// added to the debt in [`Self::account`], before the debt could reach
+    /// the threshold, at every [`Self::settle`] and before the counters
+    /// are read.
     #[inline(always)]
     pub fn access(&self, addr: u64, write: bool) {
-        if self.sample_shift > 0 {
-            return self.access_sampled(addr, write);
-        }
-        if let Some(c) = &self.cache {
-            if c.touch(addr / CACHE_LINE) {
-                self.hits.set(self.hits.get() + 1);
-                return;
-            }
-        }
-        let tier = self.tier_of(addr);
-        self.accesses[tier].set(self.accesses[tier].get() + 1);
-        if write {
-            self.writes[tier].set(self.writes[tier].get() + 1);
-        }
-        self.charge_access(self.charge[tier].get());
-    }
-
-    /// [`Self::access`] with set sampling.
-    #[inline(always)]
-    fn access_sampled(&self, addr: u64, write: bool) {
-        let tier = self.tier_of(addr);
         let line = addr / CACHE_LINE;
-        if line & ((1 << self.sample_shift) - 1) == 0 {
+        if self.sample_shift == 0 {
             if let Some(c) = &self.cache {
-                self.sample(tier, c.touch(line >> self.sample_shift), write);
+                if c.touch(line) {
+                    self.hits.set(self.hits.get() + 1);
+                    return;
+                }
             }
+        } else if line & ((1 << self.sample_shift) - 1) == 0 {
+            self.sample(self.tier_of(addr), line, write);
         }
-        self.charge_access(self.expected[tier].get());
+        // Access sampling: only lines the current hash picks are looked up
+        // (all of them when every access is charged), each charged for
+        // `weight` accesses. No store on the path of the others.
+        if (line + 1).wrapping_mul(self.salt.get()) > self.pick_limit.get() {
+            return;
+        }
+        self.count(self.tier_of(addr), write, self.weight.get());
     }
 
-    /// One sampled lookup of `tier`: counts it (scaled) and updates the
-    /// tier's expected charge.
+    /// Charges one access in `period` (a power of two, at most
+    /// [`ACCESS_PERIOD_MAX`]; 1 charges every access): an access is looked
+    /// up when a multiplicative hash of its line, `(line + 1) x salt` with
+    /// a random odd `salt`, falls in the lowest `1 / period` of its range,
+    /// and is then charged `period` accesses. For a random odd salt every
+    /// line is picked with probability `1 / period` (the product is a
+    /// uniform odd number shifted left by the trailing zeros of `line + 1`,
+    /// fewer than 58), so every access's expected charge is its own,
+    /// whatever the access pattern; the salt is redrawn at every
+    /// [`Self::account`] and [`Self::counters`], so a line is not picked or
+    /// skipped for long.
+    pub fn set_access_sampling(&self, period: u32) {
+        let p = period.clamp(1, ACCESS_PERIOD_MAX).next_power_of_two();
+        self.weight.set(u64::from(p));
+        self.pick_limit.set(if p == 1 {
+            u64::MAX
+        } else {
+            u64::MAX / u64::from(p)
+        });
+        self.redraw_salt();
+    }
+
+    /// A new random odd salt for access sampling (xorshift64, Marsaglia
+    /// 2003).
+    fn redraw_salt(&self) {
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        self.salt.set(x | 1);
+    }
+
+    /// Whether one access in several is charged ([`Self::set_access_sampling`]).
+    pub fn samples_accesses(&self) -> bool {
+        self.weight.get() > 1
+    }
+
+    /// [`Self::access`] of `lines` consecutive cache lines from `addr`
+    /// (`addr`, `addr + 64`, ...): one tier lookup per page they span.
+    /// Charges and counters are those of `lines` calls of
+    /// [`Self::access`], except that a payment due within the span starts
+    /// at its end.
+    #[inline]
+    pub fn access_span(&self, addr: u64, lines: u64, write: bool) {
+        if lines == 1 {
+            return self.access(addr, write);
+        }
+        if self.sample_shift == 0 && self.cache.is_some() {
+            // An exact model looks every line up.
+            for i in 0..lines {
+                self.access(addr.wrapping_add(i * CACHE_LINE), write);
+            }
+            return;
+        }
+        let (mut a, mut left) = (addr, lines);
+        while left > 0 {
+            let in_page = ((a | 0xfff) - a) / CACHE_LINE + 1;
+            let n = left.min(in_page);
+            let tier = self.tier_of(a);
+            if self.sample_shift > 0 {
+                let step = 1u64 << self.sample_shift;
+                let first = a / CACHE_LINE;
+                let mut l = first.next_multiple_of(step);
+                while l < first + n {
+                    self.sample(tier, l, write);
+                    l += step;
+                }
+            }
+            self.count(tier, write, n);
+            a = a.wrapping_add(n * CACHE_LINE);
+            left -= n;
+        }
+    }
+
+    /// Counts `n` charged accesses of `tier`; accounts them once the
+    /// budget is spent.
+    #[inline(always)]
+    fn count(&self, tier: usize, write: bool, n: u64) {
+        let p = &self.pending[2 * tier + usize::from(write)];
+        p.set(p.get() + n);
+        let b = self.budget.get() - n as i64;
+        self.budget.set(b);
+        if b <= 0 {
+            self.account();
+        }
+    }
+
+    /// One sampled lookup of `line` (of `tier`): counts it (scaled) and
+    /// updates the tier's expected charge.
     #[cold]
     #[inline(never)]
-    fn sample(&self, tier: usize, hit: bool, write: bool) {
+    fn sample(&self, tier: usize, line: u64, write: bool) {
+        let Some(c) = &self.cache else {
+            return;
+        };
+        // Accesses counted but not yet accounted are charged at the
+        // expected charge this lookup moves by at most 1/256: not flushed
+        // first (it is the hot cold path of spans).
+        let hit = c.touch(line >> self.sample_shift);
         let scale = 1u64 << self.sample_shift;
         if hit {
             self.hits.set(self.hits.get() + scale);
@@ -294,45 +419,87 @@ impl<'a> Charger<'a> {
                 self.writes[tier].set(self.writes[tier].get() + scale);
             }
         }
-        let (n, m) = (&self.sampled[tier], &self.sampled_misses[tier]);
-        n.set(n.get() + 1);
-        m.set(m.get() + u32::from(!hit));
-        if n.get() >= SAMPLE_WINDOW {
-            n.set(n.get() / 2);
-            m.set(m.get() / 2);
-        }
+        let r = &self.miss_ratio[tier];
+        let target = i64::from(!hit) << RATIO_BITS;
+        let step = (target - i64::from(r.get())) >> SAMPLE_WINDOW.trailing_zeros();
+        r.set((i64::from(r.get()) + step) as u32);
         self.update_expected(tier);
+        // The budget stays safe while no charge exceeds the one it was
+        // computed with.
+        if self.expected[tier].get() > self.budget_rate.get() {
+            self.rebudget();
+        }
     }
 
     /// The expected charge per access of `tier`: its charge times its
     /// sampled miss ratio (the full charge before any sample).
     fn update_expected(&self, tier: usize) {
-        let (n, m) = (self.sampled[tier].get(), self.sampled_misses[tier].get());
-        let c = self.charge[tier].get();
-        let e = if n == 0 {
-            c
-        } else {
-            u64::try_from(u128::from(c) * u128::from(m) / u128::from(n)).unwrap_or(c)
-        };
-        self.expected[tier].set(e);
+        let c = u128::from(self.charge[tier].get());
+        let e = (c * u128::from(self.miss_ratio[tier].get())) >> RATIO_BITS;
+        self.expected[tier].set(e as u64);
     }
 
-    /// Adds charge `c` (fixed point) to the debt, paying past the threshold.
+    /// Adds the counted accesses' charges to the debt (and, without a
+    /// sampled model, to the access counters).
+    fn flush_pending(&self) {
+        for t in 0..EMULATION_MAX_TIERS {
+            self.flush_tier(t);
+        }
+    }
+
+    /// [`Self::flush_pending`] of one tier.
     #[inline(always)]
-    fn charge_access(&self, c: u64) {
+    fn flush_tier(&self, t: usize) {
+        let (r, w) = (self.pending[2 * t].get(), self.pending[2 * t + 1].get());
+        let n = r + w;
+        if n == 0 {
+            return;
+        }
+        self.pending[2 * t].set(0);
+        self.pending[2 * t + 1].set(0);
+        if self.sample_shift == 0 {
+            self.accesses[t].set(self.accesses[t].get() + n);
+            self.writes[t].set(self.writes[t].get() + w);
+        }
+        let c = n.saturating_mul(self.expected[t].get());
         self.charged.set(self.charged.get().wrapping_add(c));
-        let debt = self.debt.get().saturating_add(c as i64);
-        self.debt.set(debt);
-        if debt >= self.threshold.get() as i64 {
+        let c = i64::try_from(c).unwrap_or(i64::MAX);
+        self.debt.set(self.debt.get().saturating_add(c));
+    }
+
+    /// Adds what was counted to the debt and pays past the threshold.
+    #[cold]
+    #[inline(never)]
+    fn account(&self) {
+        self.flush_pending();
+        self.redraw_salt();
+        if self.debt.get() >= self.threshold.get() as i64 {
             self.pay();
         }
+        self.rebudget();
+    }
+
+    /// Accesses at the dearest tier's charge the debt can take before it
+    /// reaches the threshold (at least 1, at most [`BUDGET_MAX`]).
+    fn rebudget(&self) {
+        let dearest = self.expected.iter().map(Cell::get).max().unwrap_or(0);
+        self.budget_rate.set(dearest);
+        let room = (self.threshold.get() as i64).saturating_sub(self.debt.get());
+        let b = match (room, dearest) {
+            (..=0, _) => 1,
+            (_, 0) => BUDGET_MAX,
+            (r, d) => (r as u64).div_ceil(d).min(BUDGET_MAX as u64) as i64,
+        };
+        self.budget.set(b);
     }
 
     /// Pays whatever is owed now (kv: at the end of every operation).
     #[inline(always)]
     pub fn settle(&self) {
+        self.flush_pending();
         if self.debt.get() >= 1 << FRAC_BITS {
             self.pay();
+            self.rebudget();
         }
     }
 
@@ -351,7 +518,7 @@ impl<'a> Charger<'a> {
     /// is credited against the next charges, up to one threshold.
     #[cold]
     #[inline(never)]
-    pub fn pay(&self) {
+    fn pay(&self) {
         let debt = self.debt.get();
         if debt <= 0 {
             return;
@@ -384,8 +551,11 @@ impl<'a> Charger<'a> {
         self.debt.set(left.max(credit_floor));
     }
 
-    /// The counters as the ABI publishes them.
+    /// The counters as the ABI publishes them (what was counted is
+    /// charged first).
     pub fn counters(&self) -> EmulationVcpu {
+        self.flush_pending();
+        self.redraw_salt();
         let mut v = EmulationVcpu::default();
         for t in 0..EMULATION_MAX_TIERS {
             v.accesses[t] = self.accesses[t].get();
@@ -401,6 +571,7 @@ impl<'a> Charger<'a> {
 
     /// The debt not yet paid, fixed point (tests).
     pub fn debt(&self) -> i64 {
+        self.flush_pending();
         self.debt.get()
     }
 }
@@ -631,6 +802,123 @@ mod tests {
             "sampled {big} vs exact {want}"
         );
         assert!(misses > n * 9 / 10);
+    }
+
+    /// A map of `pages` pages where every page `p` with `p % 8 == 0` is on
+    /// tier 1 (slow), the others on tier 0.
+    fn every_eighth_page_slow(pages: u64) -> Vec<AtomicU64> {
+        let map = zeroed((pages / 32) as usize);
+        for p in (0..pages).step_by(8) {
+            let w = &map[(p / 32) as usize];
+            w.store(crate::abi::tier_map_set(w.load(Relaxed), p, 1), Relaxed);
+        }
+        map
+    }
+
+    #[test]
+    fn access_sampling_charges_each_access_its_own_in_expectation() {
+        let map = every_eighth_page_slow(1024);
+        let charge = 300u64 << FRAC_BITS;
+        let n = 3_200_000u64;
+        // A pattern with the sampling period's own period: one line on
+        // each of pages 0..8 in turn, so every eighth access is slow. A
+        // sampler with a fixed phase or a fixed hash would charge all or
+        // none of them.
+        let periodic = |p: u64| (p % 8) * 4096 + 64;
+        // And a random pattern over all 1024 pages.
+        let mut x = 7;
+        let random = |_: u64| lcg(&mut x, 1024 * 64) * 64;
+        for (name, mut addr) in [
+            (
+                "periodic",
+                std::boxed::Box::new(periodic) as std::boxed::Box<dyn FnMut(u64) -> u64>,
+            ),
+            ("random", std::boxed::Box::new(random)),
+            // Line 0 too is picked one time in eight.
+            (
+                "periodic from line 0",
+                std::boxed::Box::new(|p: u64| (p % 8) * 4096),
+            ),
+        ] {
+            let ch = Charger::new(&map, 1024, None, fake_clock);
+            ch.set_charges([0, charge, 0, 0], u64::MAX);
+            ch.set_access_sampling(8);
+            assert!(ch.samples_accesses());
+            let mut slow = 0u64;
+            for i in 0..n {
+                let a = addr(i);
+                slow += u64::from(ch.tier_of(a) == 1);
+                ch.access(a, false);
+                if i % 64 == 63 {
+                    // The runtime reads the counters every few hundred
+                    // operations, which redraws the salt.
+                    ch.counters();
+                }
+            }
+            let v = ch.counters();
+            let want = slow * 300;
+            let got = v.charged_cycles;
+            assert!(
+                (got as f64 / want as f64 - 1.0).abs() < 0.04,
+                "{name}: sampled charge {got}, every access {want}"
+            );
+            // The counters estimate the accesses and are consistent with the
+            // charge.
+            assert_eq!(v.charged_cycles, v.accesses[1] * 300, "{name}");
+            let all = v.accesses[0] + v.accesses[1];
+            assert!((all as f64 / n as f64 - 1.0).abs() < 0.04, "{name}: {all}");
+        }
+        // Back to every access: exact.
+        let ch = Charger::new(&map, 1024, None, fake_clock);
+        ch.set_charges([0, charge, 0, 0], u64::MAX);
+        ch.set_access_sampling(8);
+        ch.set_access_sampling(1);
+        for i in 0..800 {
+            ch.access(periodic(i), false);
+        }
+        assert_eq!(ch.counters().accesses, [700, 100, 0, 0]);
+    }
+
+    #[test]
+    fn a_span_is_charged_as_its_lines() {
+        let map = every_eighth_page_slow(64);
+        let charge = [100 << FRAC_BITS, 300 << FRAC_BITS, 0, 0];
+        // 100 lines from the middle of page 6 to page 8: across two page
+        // boundaries, the last page slow.
+        let (addr, lines) = (6 * 4096 + 40 * 64, 100u64);
+        let by_line = Charger::new(&map, 64, None, fake_clock);
+        by_line.set_charges(charge, 5000 << FRAC_BITS);
+        for i in 0..lines {
+            by_line.access(addr + 64 * i, true);
+        }
+        let span = Charger::new(&map, 64, None, fake_clock);
+        span.set_charges(charge, 5000 << FRAC_BITS);
+        span.access_span(addr, lines, true);
+        let (a, b) = (by_line.counters(), span.counters());
+        assert_eq!(b.accesses, a.accesses);
+        assert_eq!(
+            b.accesses,
+            [88, 12, 0, 0],
+            "24 lines on page 6, 64 on 7, 12 on 8"
+        );
+        assert_eq!(b.writes, a.writes);
+        assert_eq!(b.charged_cycles, a.charged_cycles);
+        assert_eq!(
+            b.payments, 1,
+            "the span pays where a page ends past the threshold"
+        );
+        // With an exact cache model every line is looked up: a span seen
+        // twice hits the second time.
+        let sets = zeroed(256);
+        let ch = Charger::new(&map, 64, CacheModel::new(&sets), fake_clock);
+        ch.set_charges(charge, u64::MAX);
+        ch.access_span(addr, lines, false);
+        ch.access_span(addr, lines, false);
+        let v = ch.counters();
+        assert_eq!(
+            (v.accesses[0] + v.accesses[1], v.cache_hits),
+            (lines, lines)
+        );
     }
 
     #[test]

@@ -123,6 +123,8 @@ impl GuestEmulation {
         };
         e.refresh();
         e.set_gap();
+        e.charger
+            .set_access_sampling(u32::try_from(hread!(h, access_sample_period)).unwrap_or(1));
         Some(e)
     }
 

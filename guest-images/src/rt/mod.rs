@@ -133,8 +133,17 @@ impl Charge for GuestEnv {
         }
     }
     #[inline(always)]
+    fn access_span(&self, addr: usize, lines: usize, write: bool) {
+        if let Some(e) = &self.emu {
+            e.charger().access_span(addr as u64, lines as u64, write);
+        }
+    }
+    #[inline(always)]
     fn settle(&self) {
         if let Some(e) = &self.emu {
+            if e.charger().samples_accesses() {
+                e.charger().set_access_sampling(1);
+            }
             e.charger().settle();
         }
     }

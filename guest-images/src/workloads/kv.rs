@@ -454,13 +454,25 @@ impl<'a> KvTable<'a> {
         let home = fmix64(key) & self.mask;
         for probe in 0..=self.mask {
             let b = (((home + probe) & self.mask) as usize) * BUCKET_WORDS;
-            c.access(addr_of(&self.buckets[b]), false);
+            // The bucket is read first and reported after (the hook's
+            // contract), so its charging does not delay the read.
+            let mut found = None;
             for s in 0..BUCKET_SLOTS as usize {
                 match self.buckets[b + 2 * s].load(Relaxed) {
-                    0 => return None,
-                    t if t == tag => return Some(&self.buckets[b + 2 * s + 1]),
+                    0 => {
+                        found = Some(None);
+                        break;
+                    }
+                    t if t == tag => {
+                        found = Some(Some(&self.buckets[b + 2 * s + 1]));
+                        break;
+                    }
                     _ => {}
                 }
+            }
+            c.access(addr_of(&self.buckets[b]), false);
+            if let Some(slot) = found {
+                return slot;
             }
         }
         None

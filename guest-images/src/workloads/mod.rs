@@ -41,6 +41,19 @@ pub trait Charge {
     /// holding address `addr` (use [`addr_of`]).
     #[inline(always)]
     fn access(&self, _addr: usize, _write: bool) {}
+    /// The workload just read or wrote `lines` consecutive cache lines,
+    /// the first holding `addr` (the next `addr + 64`, ...): the same as
+    /// that many [`Self::access`] calls, which an implementation may charge
+    /// at once (one tier lookup per page).
+    #[inline(always)]
+    fn access_span(&self, addr: usize, lines: usize, write: bool) {
+        for i in 0..lines {
+            self.access(
+                addr.wrapping_add(i * crate::abi::CACHE_LINE as usize),
+                write,
+            );
+        }
+    }
     /// Pays any emulated latency owed now, so that it lands in the
     /// operation being timed (kv: at the end of every operation).
     #[inline(always)]
@@ -59,8 +72,8 @@ pub fn addr_of<T>(x: &T) -> usize {
 /// Reports every cache line of `words` to `c` as accessed.
 #[inline(always)]
 pub fn access_lines<C: Charge + ?Sized>(c: &C, words: &[AtomicU64], write: bool) {
-    for line in words.chunks(LINE_WORDS) {
-        c.access(addr_of(&line[0]), write);
+    if let Some(first) = words.first() {
+        c.access_span(addr_of(first), words.len().div_ceil(LINE_WORDS), write);
     }
 }
 

@@ -144,7 +144,7 @@ pub struct VmFlags {
     pub fast_schedule: Option<String>,
     /// Emulate tier latency in the guest (docs/emulation.md): a preset
     /// (nomad-a, the default; colloid; mtm-pm) and/or fast=LAT,slow=LAT,
-    /// fast-bw=GB/s,slow-bw=GB/s,antagonist=TIER:UTIL,queue-k=K,llc=SIZE|0,pay=LAT,
+    /// fast-bw=GB/s,slow-bw=GB/s,antagonist=TIER:UTIL,queue-k=K,llc=SIZE|0,pay=LAT,sample=N,
     /// e.g. --emulate-latency fast=80ns,slow=250ns.
     #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "", help_heading = "Tiering")]
     pub emulate_latency: Option<String>,

@@ -13,6 +13,11 @@ use crate::units::{format_size, parse_size};
 pub const DEFAULT_PRESET: &str = "nomad-a";
 /// Debt at which a vCPU pays, ns (issue 12: "e.g. 1 us").
 pub const DEFAULT_PAY_NS: f64 = 1_000.0;
+/// Default access-sampling period (`sample=`): one cache-missing access in
+/// 8 is looked up and charged 8 times (measured: docs/results.md §9).
+pub const DEFAULT_SAMPLE_PERIOD: u32 = 8;
+/// Longest access-sampling period (the guest's `ACCESS_PERIOD_MAX`).
+pub const MAX_SAMPLE_PERIOD: u32 = tiervm_guest::emulation::ACCESS_PERIOD_MAX;
 /// Cache model size when the host does not say (`/sys/.../cache`).
 pub const FALLBACK_LLC_BYTES: u64 = 32 << 20;
 /// Smallest and largest cache model (a power of two in between).
@@ -85,6 +90,9 @@ pub struct EmulationConfig {
     pub llc_from_host: bool,
     /// Debt at which a vCPU pays, ns.
     pub pay_ns: f64,
+    /// Access sampling: one cache-missing access in this many is looked up
+    /// and charged this many times (1: every access; docs/emulation.md).
+    pub sample_period: u32,
     /// Host DRAM latency to charge against, ns, instead of the guest's
     /// boot measurement (`host-dram=`; `compare` sets its first run's
     /// measurement for the others, so every policy is charged alike).
@@ -101,7 +109,7 @@ pub enum EmulationConfigError {
         item: String,
     },
     /// An unknown key.
-    #[error("--emulate-latency: unknown key '{key}': use fast, slow, fast-bw, slow-bw, antagonist, queue-k, llc, pay or host-dram")]
+    #[error("--emulate-latency: unknown key '{key}': use fast, slow, fast-bw, slow-bw, antagonist, queue-k, llc, pay, sample or host-dram")]
     UnknownKey {
         /// The key.
         key: String,
@@ -133,6 +141,9 @@ pub enum EmulationConfigError {
     /// A cache model size out of range.
     #[error("--emulate-latency llc={0}: give 0 (no cache model) or a power of two from {min} to {max}, e.g. llc=32M", min = format_size(LLC_RANGE.0), max = format_size(LLC_RANGE.1))]
     BadLlc(String),
+    /// An access-sampling period that is not a power of two up to 64.
+    #[error("--emulate-latency sample={0}: give a power of two from 1 (charge every access) to 64, e.g. sample=8")]
+    BadSample(String),
     /// A payment threshold out of range.
     #[error("--emulate-latency pay={0}: give a threshold from 100ns to 1ms, e.g. pay=1us")]
     BadPay(String),
@@ -230,6 +241,7 @@ impl EmulationConfig {
             llc_bytes: model_size(host.unwrap_or(FALLBACK_LLC_BYTES)),
             llc_from_host: host.is_some(),
             pay_ns: DEFAULT_PAY_NS,
+            sample_period: DEFAULT_SAMPLE_PERIOD,
             host_dram_ns: None,
         }
     }
@@ -237,6 +249,7 @@ impl EmulationConfig {
     /// Parses `SPEC`: comma-separated items, each a preset name (first) or
     /// `key=value` (`fast=`, `slow=` latency; `fast-bw=`, `slow-bw=` GB/s;
     /// `antagonist=TIER:UTIL`; `queue-k=`; `llc=SIZE|0`; `pay=LATENCY`;
+    /// `sample=N`;
     /// `host-dram=LATENCY`).
     /// An empty spec is the default preset.
     pub fn parse(spec: &str) -> Result<Self, EmulationConfigError> {
@@ -313,6 +326,13 @@ impl EmulationConfig {
                 }
                 self.llc_bytes = b;
                 self.llc_from_host = false;
+            }
+            "sample" => {
+                self.sample_period = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|p| p.is_power_of_two() && *p <= MAX_SAMPLE_PERIOD)
+                    .ok_or_else(|| EmulationConfigError::BadSample(value.into()))?;
             }
             "host-dram" => {
                 self.host_dram_ns = Some(parse_latency_ns(value).ok_or_else(bad_lat)?);

@@ -155,7 +155,8 @@ impl EmulationRegion {
             guest_state: 0,
             chase_hops: 0,
             dram_fixed_ps: cfg.host_dram_ns.map_or(0, ps),
-            _reserved: [0; 9],
+            access_sample_period: u64::from(cfg.sample_period),
+            _reserved: [0; 8],
             vcpus: [EmulationVcpu::default(); MAX_VCPUS],
         };
         // SAFETY: the mapping is fresh, ours, at least EMULATION_HEADER_SIZE
