@@ -676,6 +676,7 @@ impl Engine {
                 req.sample_period
             };
             req.dirty_log |= t.dirty_log;
+            req.hardware_samples |= t.hardware_samples;
             req.accessed_bits |= t.accessed_bits;
         }
         Ok(req)

@@ -345,6 +345,9 @@ impl Policy for Colloid {
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
             sample_period: SAMPLE_PERIOD,
+            // Colloid on HeMem and Memtis samples with PEBS (Colloid §2.3
+            // in the digest: the HeMem and MEMTIS integrations).
+            hardware_samples: true,
             ..TrackerRequest::none()
         }
     }

@@ -111,6 +111,8 @@ impl Policy for Memtis {
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
             sample_period: SAMPLE_PERIOD,
+            // PEBS (Memtis §4.1).
+            hardware_samples: true,
             ..TrackerRequest::none()
         }
     }

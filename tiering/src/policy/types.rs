@@ -148,6 +148,13 @@ pub struct TrackerRequest {
     pub hint_scan_pages_per_sec: f64,
     /// Take one access sample every this many accesses (0 = no sampling).
     pub sample_period: u64,
+    /// The samples stand for the CPU's PEBS sampling, as in the policy's
+    /// paper (Memtis; Colloid on HeMem/Memtis): the simulator then applies
+    /// the platform's PEBS blind spots (`Scenario::pebs_blind_to_slow_loads`).
+    /// Live samples come from hint faults and have none; the live engine
+    /// ignores this.
+    #[serde(default)]
+    pub hardware_samples: bool,
     /// Report dirty pages at each tick.
     pub dirty_log: bool,
     /// [`MemoryView::test_and_clear_accessed`] must see every access since
@@ -164,6 +171,7 @@ impl TrackerRequest {
             hint_fault_tiers: Vec::new(),
             hint_scan_pages_per_sec: 0.0,
             sample_period: 0,
+            hardware_samples: false,
             dirty_log: false,
             accessed_bits: false,
         }

@@ -21,6 +21,7 @@ use std::time::Instant;
 use tiervm_guest::gen::Rng;
 
 use super::model::{CostModel, TierModel};
+use super::pebs::PebsFilter;
 use super::report::{
     EventCounts, ModeChange, ModeTicks, SimReport, TierTraffic, TimelineBucket, MAX_MODE_CHANGES,
 };
@@ -281,6 +282,9 @@ struct Sim {
     scan_cursor: u64,
     scan_carry: f64,
     sample_countdown: u64,
+    /// PEBS' blind spot, when the platform has one and the policy's
+    /// samples stand for PEBS.
+    pebs: Option<PebsFilter>,
     samples: Vec<AccessSample>,
     outcomes: Vec<TpmOutcome>,
     dirty: Vec<u64>,
@@ -468,6 +472,10 @@ impl Sim {
             stream: start.stream,
             rng: Rng::for_stream(scn.seed, 0),
             sample_countdown: trackers.sample_period,
+            pebs: (scn.pebs_blind_to_slow_loads
+                && trackers.hardware_samples
+                && trackers.sample_period > 0)
+                .then(|| PebsFilter::new(start.scale)),
             trackers,
             hint_mask,
             scan_cursor: 0,
@@ -643,7 +651,14 @@ impl Sim {
             fl |= DIRTY;
         }
         self.map.flags[pi] = fl | ACCESSED;
-        if self.sample_countdown > 0 {
+        // PEBS counts only the events it can see (one sample per
+        // `sample_period` of them).
+        if self.sample_countdown > 0
+            && self
+                .pebs
+                .as_ref()
+                .is_none_or(|f| f.sees(a.page, t, a.write))
+        {
             self.sample_countdown -= 1;
             if self.sample_countdown == 0 {
                 self.sample_countdown = self.trackers.sample_period;

@@ -12,6 +12,7 @@
 
 pub mod engine;
 pub mod model;
+pub mod pebs;
 pub mod report;
 pub mod scenario;
 pub mod setup;

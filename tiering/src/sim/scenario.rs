@@ -53,6 +53,14 @@ pub struct Scenario {
     /// as when the pages were demoted before the run (Nomad's Redis cases).
     #[serde(default)]
     pub start_in_slow_tier: bool,
+    /// The CPU's PEBS cannot sample loads served by the slower tiers: on
+    /// Nomad's CXL platforms (A and B) an LLC miss to CXL is an uncore
+    /// event, so Memtis samples only stores and loads that miss the STLB
+    /// (Nomad §4, baselines; /work/shared/reference/nomad-matryoshka.md
+    /// §2). Applies to policies whose samples stand for PEBS
+    /// (`TrackerRequest::hardware_samples`).
+    #[serde(default)]
+    pub pebs_blind_to_slow_loads: bool,
 }
 
 fn tier(name: &str, gib: f64, ns: f64, gbps: f64) -> TierModel {
@@ -95,6 +103,7 @@ fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec) -> 
         promote_rate_limit_mbps: None,
         phase_fraction: 0.25,
         start_in_slow_tier: false,
+        pebs_blind_to_slow_loads: true,
     }
 }
 
@@ -131,6 +140,7 @@ fn colloid(level: u32) -> Scenario {
         promote_rate_limit_mbps: None,
         phase_fraction: 0.25,
         start_in_slow_tier: false,
+        pebs_blind_to_slow_loads: false,
     }
 }
 
@@ -157,6 +167,7 @@ fn mtm_4tier() -> Scenario {
         promote_rate_limit_mbps: Some(20.0),
         phase_fraction: 0.25,
         start_in_slow_tier: false,
+        pebs_blind_to_slow_loads: false,
     }
 }
 

@@ -593,6 +593,12 @@ fn tables(
         (c.fault_ns + c.stop_and_copy_ns()) / 1e3,
         c.tpm_page_ns() / 1e3
     );
+    if scn.pebs_blind_to_slow_loads {
+        let _ = writeln!(
+            out,
+            "PEBS sampling (memtis, colloid) is blind to slow-tier loads that hit the STLB (modeled: CXL platform, Nomad §4)"
+        );
+    }
     out.push_str(&sim::report::table(reports));
     let sim_acc: u64 = reports.iter().map(|r| r.simulated_accesses).sum();
     let cpu_s: f64 = reports.iter().map(|r| r.wall_s).sum();
