@@ -14,7 +14,9 @@ SECS=${1:-6}
 REP=${2:-3}
 OUT=${3:-target/live-compare-emulated}
 C=(compare --duration "${SECS}s" --repeat "$REP" --quiet --placement slow-first --policy-interval mtm=2s)
-S=(sim --duration "$SECS" --threads 1 --scale 1 --start-slow)
+# Live samples come from hint faults, which see every page: the model's PEBS
+# blind spot (Nomad's CXL platform) is off next to a live run.
+S=(sim --duration "$SECS" --threads 1 --scale 1 --start-slow --pebs-sees-all)
 NOMAD=nomad-a,llc=256K
 run() { # name, then the compare arguments
   local name=$1

@@ -87,6 +87,11 @@ pub struct SimArgs {
     /// --placement slow-first`), to match a live comparison.
     #[arg(long)]
     pub start_slow: bool,
+    /// Let PEBS-sampled policies (memtis, colloid) see every access even on
+    /// a platform where PEBS is blind to slow-tier loads: to match a live
+    /// run, whose samples come from hint faults, not PEBS.
+    #[arg(long)]
+    pub pebs_sees_all: bool,
     /// Tier the antagonist loads.
     #[arg(long)]
     pub antagonist_tier: Option<u8>,
@@ -286,6 +291,9 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     }
     if a.start_slow {
         scn.start_in_slow_tier = true;
+    }
+    if a.pebs_sees_all {
+        scn.pebs_blind_to_slow_loads = false;
     }
     if let Some(v) = a.antagonist {
         let tier = a
