@@ -154,6 +154,7 @@ fn structs() -> Vec<(&'static str, &'static str, u64, Vec<Field>)> {
                 "cache_model_stride" => cache_model_stride, "chase_gpa" => chase_gpa,
                 "chase_bytes" => chase_bytes, "dram_ps" => dram_ps, "guest_state" => guest_state,
                 "chase_hops" => chase_hops, "dram_fixed_ps" => dram_fixed_ps,
+                "access_sample_period" => access_sample_period,
                 "reserved" => _reserved, "vcpus" => vcpus),
         ),
         (

@@ -180,7 +180,8 @@ struct tiervm_emulation_header {
     uint64_t guest_state;        /* offset 160: TIERVM_EMU_GUEST_* (guest) */
     uint64_t chase_hops;         /* offset 168: loads the measurement timed (guest) */
     uint64_t dram_fixed_ps;      /* offset 176: charge against this, do not measure (VMM) */
-    uint64_t reserved[9];        /* offset 184 */
+    uint64_t access_sample_period; /* offset 184: charge one cache-missing access in this many, each for this many; 0 or 1: every access (VMM) */
+    uint64_t reserved[8];        /* offset 192 */
     struct tiervm_emulation_vcpu vcpus[TIERVM_MAX_VCPUS]; /* offset 256 (guest) */
 };
 
