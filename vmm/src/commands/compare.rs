@@ -450,6 +450,10 @@ pub struct Setup {
     /// slower than the fast tier, the host's latency plus the tiers'
     /// differences), ns.
     pub emulated_costs_ns: Option<Vec<f64>>,
+    /// With emulation and a cache model smaller than this host's LLC: what
+    /// that does to the comparison ([`EmulationConfig::cache_model_caveat`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emulation_caveat: Option<String>,
 }
 
 /// Everything `results.json` holds.
@@ -625,6 +629,9 @@ pub fn format_human(res: &CompareResults) -> String {
             out,
             "  Tier latency is EMULATED in the guest: {label} ({dram}); placement changes what an access costs, as modeled (docs/emulation.md: no memory-level parallelism or prefetching of a real link)."
         );
+        if let Some(c) = &s.emulation_caveat {
+            let _ = writeln!(out, "  CAVEAT: {c}.");
+        }
     } else if s.emulated_tiers {
         let _ = writeln!(
             out,
@@ -1093,6 +1100,10 @@ fn results(
             .and_then(|e| e.host_dram_ns)
             .or_else(|| runs.iter().find_map(measured_dram)),
         emulated_costs_ns: None,
+        emulation_caveat: first
+            .emulation
+            .as_ref()
+            .and_then(|e| e.cache_model_caveat(crate::emulation::config::host_llc_bytes())),
     };
     let setup = Setup {
         emulated_costs_ns: first
@@ -1377,6 +1388,7 @@ mod tests {
                 emulated_latency: None,
                 host_dram_ns: None,
                 emulated_costs_ns: None,
+                emulation_caveat: None,
             },
             policies: vec![PolicyArg::Static],
             interrupted_by: None,

@@ -370,6 +370,24 @@ impl EmulationConfig {
         s
     }
 
+    /// The cache model is smaller than this host's last-level cache
+    /// (`host_llc`, bytes; a scaled model, e.g. `llc=256K` for a scaled
+    /// working set): then an access that misses the model but hits the
+    /// host's cache is charged as if it had cost host DRAM, so for data
+    /// that fits the host's cache the fast tier runs faster than emulated
+    /// and a promotion can gain more than the tiers' gap (docs/results.md
+    /// §9). `None` when the model is the host's size (or there is none).
+    pub fn cache_model_caveat(&self, host_llc: Option<u64>) -> Option<String> {
+        let host = host_llc?;
+        (self.llc_bytes > 0 && self.llc_bytes < host).then(|| {
+            format!(
+                "cache model {} is smaller than this host's {} LLC: an access that misses the model but hits the host's cache is charged as if it cost host DRAM, so data that fits the host's cache runs faster than emulated on the fast tier and promotions can gain more than the tiers' gap",
+                format_size(self.llc_bytes),
+                format_size(host)
+            )
+        })
+    }
+
     /// What a cache-missing access costs on a host whose DRAM latency is
     /// `dram_ns`, per tier, unloaded: the host's latency plus the charge
     /// (`tiervm_guest::emulation::charge_base_ps`). Equal to the tiers'
@@ -419,6 +437,34 @@ mod tests {
         assert_eq!(c.label(), "emulated latency: fast 150 ns, slow 407 ns");
         assert!(c.llc_bytes.is_power_of_two());
         assert_eq!(c.pay_ns, 1000.0);
+    }
+
+    #[test]
+    fn a_model_below_the_host_llc_carries_a_caveat_and_sample_parses() {
+        let scaled = EmulationConfig::parse("llc=256K").unwrap();
+        let c = scaled.cache_model_caveat(Some(32 << 20)).unwrap();
+        assert!(c.contains("256K") && c.contains("32M"), "{c}");
+        // The host's size, no model, or an unknown host: nothing to say.
+        let full = EmulationConfig::parse("llc=32M").unwrap();
+        assert_eq!(full.cache_model_caveat(Some(32 << 20)), None);
+        assert_eq!(
+            EmulationConfig::parse("llc=0")
+                .unwrap()
+                .cache_model_caveat(Some(32 << 20)),
+            None
+        );
+        assert_eq!(scaled.cache_model_caveat(None), None);
+        assert_eq!(scaled.sample_period, DEFAULT_SAMPLE_PERIOD);
+        assert_eq!(EmulationConfig::parse("sample=1").unwrap().sample_period, 1);
+        for bad in ["sample=3", "sample=0", "sample=128", "sample=x"] {
+            assert!(
+                matches!(
+                    EmulationConfig::parse(bad),
+                    Err(EmulationConfigError::BadSample(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

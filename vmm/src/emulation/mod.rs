@@ -375,6 +375,10 @@ pub struct EmulationReport {
     pub thread_failed: bool,
     /// Migration traffic each tier served, bytes (loaded-latency input).
     pub migration_bytes: Vec<u64>,
+    /// A cache model smaller than this host's LLC, and what that does
+    /// ([`EmulationConfig::cache_model_caveat`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caveat: Option<String>,
 }
 
 impl EmulationReport {
@@ -407,6 +411,7 @@ impl EmulationReport {
         let all = charged.saturating_add(t.cache_hits);
         Self {
             label: cfg.label(),
+            caveat: cfg.cache_model_caveat(config::host_llc_bytes()),
             config: cfg.clone(),
             host_dram_ns,
             host_dram_hops: region.chase_hops(),
@@ -478,6 +483,9 @@ impl EmulationReport {
             self.label,
             costs.join(", ")
         );
+        if let Some(c) = &self.caveat {
+            s.push_str(&format!("             CAVEAT: {c}\n"));
+        }
         let acc: Vec<String> = self
             .config
             .tiers
