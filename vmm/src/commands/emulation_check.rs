@@ -521,12 +521,15 @@ fn verdicts(v: &[VariantResult]) -> Vec<CheckVerdict> {
 
 fn human(res: &CheckResults) -> String {
     let mut s = String::new();
-    let dram = res
-        .host_dram_ns
-        .map_or("not measured".to_string(), |d| format!("{d:.0} ns"));
+    let dram = res.host_dram_ns.map_or(
+        "not measured (the overhead runs charge against host-dram=100ns)".to_string(),
+        |d| {
+            format!("{d:.0} ns, measured in the first run's guest and charged against in every run")
+        },
+    );
     let _ = writeln!(
         s,
-        "tiervm emulation-check: {} (linearity and cache checks; host DRAM {dram}, measured in the first run's guest and charged against in every run); {} run(s) of {:.1} s per variant, interleaved, 1 vCPU; medians (verdicts on time: each variant's fastest run)",
+        "tiervm emulation-check: {} (linearity and cache checks; host DRAM {dram}); {} run(s) of {:.1} s per variant, interleaved, 1 vCPU; medians (verdicts on time: each variant's fastest run)",
         res.latency,
         res.repeat,
         res.duration_s
