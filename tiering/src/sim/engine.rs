@@ -295,6 +295,10 @@ struct Sim {
     lat_scaled: Vec<f64>,
     mix: Vec<f64>,
     mig_bytes_q: Vec<f64>,
+    /// This quantum's migration bytes out of / into each tier (the two
+    /// directions of a full-duplex link).
+    mig_out_q: Vec<f64>,
+    mig_in_q: Vec<f64>,
     pending_stall_slots: f64,
     now: u64,
     raw: Raw,
@@ -311,6 +315,8 @@ struct Sim {
     tot_mig_bytes: Vec<f64>,
     tot_ant_bytes: Vec<f64>,
     access_bytes: f64,
+    /// Bytes an access reads (a line; `access_bytes` adds the write-backs).
+    line_bytes: f64,
     tiers_model: Vec<TierModel>,
     quantum_ns: u64,
     mig_u: Vec<f64>,
@@ -489,6 +495,8 @@ impl Sim {
             lat_scaled: vec![0.0; n],
             mix,
             mig_bytes_q: vec![0.0; n],
+            mig_out_q: vec![0.0; n],
+            mig_in_q: vec![0.0; n],
             pending_stall_slots: 0.0,
             now: 0,
             raw: Raw::default(),
@@ -512,6 +520,7 @@ impl Sim {
             tot_mig_bytes: vec![0.0; n],
             tot_ant_bytes: vec![0.0; n],
             access_bytes: scn.access_bytes * (1.0 + start.write_share),
+            line_bytes: scn.access_bytes,
             tiers_model: scn.tiers.clone(),
             quantum_ns: MIN_QUANTUM_NS,
             mig_u: vec![0.0; n],
@@ -558,9 +567,16 @@ impl Sim {
     fn solve_latency(&mut self) {
         let n = self.cap.len();
         let q_s = self.quantum_ns as f64 / 1e9;
+        let per_s = |bytes: f64| bytes * self.scale / q_s;
         for t in 0..n {
-            self.mig_u[t] = self.mig_bytes_q[t] * self.scale / q_s / (self.bw[t] * 1e9);
+            self.mig_u[t] = per_s(self.mig_bytes_q[t]) / (self.bw[t] * 1e9);
         }
+        // A full-duplex link's two directions: reads and migrations out of
+        // the tier, write-backs and migrations into it.
+        let read_bytes = self.line_bytes;
+        let write_bytes = self.access_bytes - self.line_bytes;
+        let mig_out: Vec<f64> = self.mig_out_q.iter().map(|&b| per_s(b)).collect();
+        let mig_in: Vec<f64> = self.mig_in_q.iter().map(|&b| per_s(b)).collect();
         for _ in 0..12 {
             let lbar: f64 = (0..n)
                 .map(|t| self.mix[t] * self.lat[t])
@@ -568,9 +584,14 @@ impl Sim {
                 .max(1.0);
             let rate = self.threads * self.mlp / lbar * 1e9; // accesses per second
             for t in 0..n {
-                let u = rate * self.mix[t] * self.access_bytes / (self.bw[t] * 1e9)
-                    + self.ant_u[t]
-                    + self.mig_u[t];
+                let bw = self.bw[t] * 1e9;
+                let app = rate * self.mix[t];
+                let traffic_u = if self.tiers_model[t].full_duplex {
+                    (app * read_bytes + mig_out[t]).max(app * write_bytes + mig_in[t]) / bw
+                } else {
+                    app * self.access_bytes / bw + self.mig_u[t]
+                };
+                let u = traffic_u + self.ant_u[t];
                 let target = self.tiers_model[t].loaded_ns(u);
                 self.lat[t] = 0.5 * self.lat[t] + 0.5 * target;
             }
@@ -582,6 +603,8 @@ impl Sim {
         self.now = q_start;
         self.solve_latency();
         self.mig_bytes_q.iter_mut().for_each(|b| *b = 0.0);
+        self.mig_out_q.iter_mut().for_each(|b| *b = 0.0);
+        self.mig_in_q.iter_mut().for_each(|b| *b = 0.0);
         for (l, &lat) in self.lat_scaled.iter_mut().zip(&self.lat) {
             *l = lat * self.scale;
         }
@@ -907,6 +930,8 @@ impl Sim {
             let copy = PAGE_BYTES as f64;
             self.mig_bytes_q[usize::from(from)] += copy;
             self.mig_bytes_q[usize::from(to)] += copy;
+            self.mig_out_q[usize::from(from)] += copy;
+            self.mig_in_q[usize::from(to)] += copy;
             match mech {
                 Mechanism::Transactional { keep_shadow } => {
                     self.used[usize::from(to)] += 1; // reserved until commit/abort

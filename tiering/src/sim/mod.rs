@@ -160,6 +160,31 @@ mod tests {
     }
 
     #[test]
+    fn a_full_duplex_link_carries_reads_and_write_backs_in_separate_directions() {
+        // Colloid's GUPS is 1:1 read/update: over UPI (75 GB/s per
+        // direction) the reads and the write-backs each load one direction,
+        // so the remote tier is half as loaded as when they share it.
+        let duplex = quick("colloid-gups-3x");
+        assert!(duplex.tiers[1].full_duplex && !duplex.tiers[0].full_duplex);
+        let mut shared = duplex.clone();
+        shared.tiers[1].full_duplex = false;
+        let (d, s) = (
+            run(&duplex, PolicyKind::Static).unwrap(),
+            run(&shared, PolicyKind::Static).unwrap(),
+        );
+        let remote = |r: &SimReport| r.tiers[1].avg_loaded_latency_ns;
+        assert!(
+            remote(&d) < remote(&s) * 0.95,
+            "remote latency {} (duplex) vs {} (shared)",
+            remote(&d),
+            remote(&s)
+        );
+        assert!(d.throughput_maps > s.throughput_maps);
+        // The local tier (a memory bus) is unchanged in kind.
+        assert!(!shared.tiers[0].full_duplex);
+    }
+
+    #[test]
     fn engine_never_has_to_refuse_a_decision() {
         for name in ["nomad-medium-wo", "colloid-gups-3x"] {
             let scn = quick(name);

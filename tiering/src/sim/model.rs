@@ -20,6 +20,14 @@ pub struct TierModel {
     pub bandwidth_gbps: f64,
     /// Queueing coefficient `k` of `L(u) = L0 * (1 + k * u / (1 - u))`.
     pub queue_k: f64,
+    /// The tier sits behind a full-duplex link whose bandwidth is
+    /// `bandwidth_gbps` in each direction (a remote socket over UPI:
+    /// Colloid's testbed, "UPI 75 GB/s per direction"): reads and
+    /// migrations out of the tier use one direction, write-backs and
+    /// migrations into it the other, and the busier direction sets the
+    /// utilization. Otherwise both share the bandwidth (a memory bus).
+    #[serde(default)]
+    pub full_duplex: bool,
 }
 
 impl TierModel {
@@ -158,6 +166,7 @@ mod tests {
             unloaded_ns: 70.0,
             bandwidth_gbps: 205.0,
             queue_k: COLLOID_QUEUE_K,
+            full_duplex: false,
         };
         assert!((t.loaded_ns(0.0) - 70.0).abs() < 1e-9);
         let r = t.loaded_ns(0.51) / 70.0;

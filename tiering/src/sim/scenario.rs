@@ -70,6 +70,7 @@ fn tier(name: &str, gib: f64, ns: f64, gbps: f64) -> TierModel {
         unloaded_ns: ns,
         bandwidth_gbps: gbps,
         queue_k: DEFAULT_QUEUE_K,
+        full_duplex: false,
     }
 }
 
@@ -126,7 +127,15 @@ fn colloid(level: u32) -> Scenario {
             "Colloid §5.1 GUPS: 72 GB, 24 GB hot at 90%, 1:1 read/update, 15 threads; antagonist {level}x ({:.0}% of local bandwidth)",
             utilization * 100.0
         ),
-        tiers: vec![tier("local", 32.0, 70.0, 205.0), tier("remote", 96.0, 135.0, 75.0)],
+        // The remote socket's memory is reached over UPI, 75 GB/s in each
+        // direction (Colloid §5 testbed).
+        tiers: vec![
+            tier("local", 32.0, 70.0, 205.0),
+            TierModel {
+                full_duplex: true,
+                ..tier("remote", 96.0, 135.0, 75.0)
+            },
+        ],
         workload: WorkloadSpec::Gups { size_gib: 72.0, hot_gib: 24.0, hot_prob: 0.9 },
         write_ratio: 1.0,
         threads: 15,

@@ -411,6 +411,9 @@ impl EmulationConfig {
                 unloaded_ns: t.latency_ns,
                 bandwidth_gbps: t.bandwidth_gbps,
                 queue_k: self.queue_k,
+                // The emulation's loaded latency counts both directions
+                // against one bandwidth (docs/emulation.md).
+                full_duplex: false,
             })
             .collect()
     }
