@@ -493,9 +493,15 @@ impl<'a> Charger<'a> {
         self.budget.set(b);
     }
 
-    /// Pays whatever is owed now (kv: at the end of every operation).
+    /// Pays whatever is owed now (kv: at the end of every operation). A
+    /// vCPU that settles pays per operation, so from then on every access
+    /// is charged (access sampling would make each operation's charge
+    /// lumpy, and its latency percentiles wrong).
     #[inline(always)]
     pub fn settle(&self) {
+        if self.samples_accesses() {
+            self.set_access_sampling(1);
+        }
         self.flush_pending();
         if self.debt.get() >= 1 << FRAC_BITS {
             self.pay();

@@ -141,9 +141,6 @@ impl Charge for GuestEnv {
     #[inline(always)]
     fn settle(&self) {
         if let Some(e) = &self.emu {
-            if e.charger().samples_accesses() {
-                e.charger().set_access_sampling(1);
-            }
             e.charger().settle();
         }
     }

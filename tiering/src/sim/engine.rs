@@ -294,9 +294,8 @@ struct Sim {
     /// `lat` times the scale: slot-ns one access to each tier spends.
     lat_scaled: Vec<f64>,
     mix: Vec<f64>,
-    mig_bytes_q: Vec<f64>,
     /// This quantum's migration bytes out of / into each tier (the two
-    /// directions of a full-duplex link).
+    /// directions of a full-duplex link; their sum is the tier's traffic).
     mig_out_q: Vec<f64>,
     mig_in_q: Vec<f64>,
     pending_stall_slots: f64,
@@ -494,7 +493,6 @@ impl Sim {
             lat: scn.tiers.iter().map(|t| t.unloaded_ns).collect(),
             lat_scaled: vec![0.0; n],
             mix,
-            mig_bytes_q: vec![0.0; n],
             mig_out_q: vec![0.0; n],
             mig_in_q: vec![0.0; n],
             pending_stall_slots: 0.0,
@@ -567,16 +565,15 @@ impl Sim {
     fn solve_latency(&mut self) {
         let n = self.cap.len();
         let q_s = self.quantum_ns as f64 / 1e9;
-        let per_s = |bytes: f64| bytes * self.scale / q_s;
+        let scale = self.scale;
+        let per_s = |bytes: f64| bytes * scale / q_s;
         for t in 0..n {
-            self.mig_u[t] = per_s(self.mig_bytes_q[t]) / (self.bw[t] * 1e9);
+            self.mig_u[t] = per_s(self.mig_out_q[t] + self.mig_in_q[t]) / (self.bw[t] * 1e9);
         }
         // A full-duplex link's two directions: reads and migrations out of
         // the tier, write-backs and migrations into it.
         let read_bytes = self.line_bytes;
         let write_bytes = self.access_bytes - self.line_bytes;
-        let mig_out: Vec<f64> = self.mig_out_q.iter().map(|&b| per_s(b)).collect();
-        let mig_in: Vec<f64> = self.mig_in_q.iter().map(|&b| per_s(b)).collect();
         for _ in 0..12 {
             let lbar: f64 = (0..n)
                 .map(|t| self.mix[t] * self.lat[t])
@@ -587,7 +584,8 @@ impl Sim {
                 let bw = self.bw[t] * 1e9;
                 let app = rate * self.mix[t];
                 let traffic_u = if self.tiers_model[t].full_duplex {
-                    (app * read_bytes + mig_out[t]).max(app * write_bytes + mig_in[t]) / bw
+                    let out = app * read_bytes + per_s(self.mig_out_q[t]);
+                    out.max(app * write_bytes + per_s(self.mig_in_q[t])) / bw
                 } else {
                     app * self.access_bytes / bw + self.mig_u[t]
                 };
@@ -602,7 +600,6 @@ impl Sim {
     fn begin_quantum(&mut self, q_start: u64) {
         self.now = q_start;
         self.solve_latency();
-        self.mig_bytes_q.iter_mut().for_each(|b| *b = 0.0);
         self.mig_out_q.iter_mut().for_each(|b| *b = 0.0);
         self.mig_in_q.iter_mut().for_each(|b| *b = 0.0);
         for (l, &lat) in self.lat_scaled.iter_mut().zip(&self.lat) {
@@ -803,7 +800,7 @@ impl Sim {
     /// Adds the quantum's migration copies to the run totals.
     fn account_migration_traffic(&mut self) {
         for t in 0..self.cap.len() {
-            self.tot_mig_bytes[t] += self.mig_bytes_q[t] * self.scale;
+            self.tot_mig_bytes[t] += (self.mig_out_q[t] + self.mig_in_q[t]) * self.scale;
         }
     }
 
@@ -928,8 +925,6 @@ impl Sim {
                 continue;
             }
             let copy = PAGE_BYTES as f64;
-            self.mig_bytes_q[usize::from(from)] += copy;
-            self.mig_bytes_q[usize::from(to)] += copy;
             self.mig_out_q[usize::from(from)] += copy;
             self.mig_in_q[usize::from(to)] += copy;
             match mech {

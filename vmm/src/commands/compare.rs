@@ -1024,6 +1024,12 @@ fn measured_dram(record: &RunRecord) -> Option<f64> {
     record.report.as_ref()?.emulation.as_ref()?.host_dram_ns
 }
 
+/// The caveat a run's emulation report carries (a cache model smaller than
+/// this host's LLC), the same for every run of a comparison.
+fn emulation_caveat(record: &RunRecord) -> Option<String> {
+    record.report.as_ref()?.emulation.as_ref()?.caveat.clone()
+}
+
 /// With latency emulation, the first measurement of the host's DRAM latency
 /// becomes every later run's (`host-dram=`), so that all policies are
 /// charged alike whatever the host's noise at each boot.
@@ -1100,10 +1106,7 @@ fn results(
             .and_then(|e| e.host_dram_ns)
             .or_else(|| runs.iter().find_map(measured_dram)),
         emulated_costs_ns: None,
-        emulation_caveat: first
-            .emulation
-            .as_ref()
-            .and_then(|e| e.cache_model_caveat(crate::emulation::config::host_llc_bytes())),
+        emulation_caveat: runs.iter().find_map(emulation_caveat),
     };
     let setup = Setup {
         emulated_costs_ns: first
