@@ -779,11 +779,19 @@ impl TieredMemory {
     /// path left it out): puts back the copy it finds (parking slot, then
     /// shadow slot) and releases the page; with no copy anywhere, stops the
     /// VM and keeps the page owned (a touch waits while the VM stops).
+    ///
+    /// The caller saw the hole before it owned the page; a mover may have
+    /// filled it in between (take, unmap, fill, release), so the hole is
+    /// checked again under ownership, and a filled page is just released.
     pub(crate) fn recover_hole(&self, page: usize) {
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        if present(self.guest_addr(page)) {
+            self.release_page(page, 0, 0);
+            return;
+        }
         self.counters
             .unexpected_faults
             .fetch_add(1, Ordering::Relaxed);
-        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
         for (src, clear) in [
             (self.park_addr(page), page_map::PARKED | page_map::PROBE),
             (self.shadow_addr(page), page_map::SHADOW_BITS),

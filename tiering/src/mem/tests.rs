@@ -781,6 +781,33 @@ fn a_write_while_a_shadowed_page_is_owned_invalidates_its_shadow() {
     mem.check_consistency().unwrap();
 }
 
+/// The fault handler saw a hole in guest RAM, then took the page; a mover
+/// had filled it in between (take, unmap, fill, release: here a promotion
+/// that keeps a shadow). Recovery must see the page is back and release it,
+/// not stop the VM and leave the page owned (the flake of
+/// `concurrent_writer_loses_nothing_with_dirty_check`: a page left
+/// `BUSY|WAITER|DIRTY_SEEN` after the run).
+#[test]
+fn recovering_a_hole_a_mover_filled_meanwhile_just_releases_the_page() {
+    let Some((mem, _log, m, _faults)) = setup(64, 32, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    m.promote(&[page_unit(3)], Mechanism::TPM).unwrap();
+    assert_ne!(
+        mem.pages.load(3) & page_map::SHADOW,
+        0,
+        "promoted with a shadow"
+    );
+    assert!(mem.pages.try_acquire(3, false).is_some());
+    mem.recover_hole(3);
+    assert_eq!(mem.fatal_error(), None);
+    assert_eq!(mem.pages.load(3) & page_map::BUSY, 0, "released");
+    assert_eq!(mem.stats().unexpected_faults, 0);
+    assert_eq!(word(&mem, 3).load(Ordering::SeqCst), 3000);
+    mem.check_consistency().unwrap();
+}
+
 #[test]
 fn reclaim_skips_shadows_the_caller_owns_instead_of_spinning() {
     let mut cfg = MemConfig::new(64 * PAGE_SIZE, 64);
