@@ -48,12 +48,22 @@ pub const TIMELINE_POINTS: usize = 40;
 /// On an allocation failure, shadows are freed up to this many times the
 /// request (Nomad §3.2).
 pub const SHADOW_RECLAIM_FACTOR: u64 = 10;
+/// The hint-fault scanner walks address space in ranges of this size
+/// (Linux `task_numa_work` aligns its ranges to `HPAGE_SIZE`).
+pub const SCAN_RANGE_BYTES: u64 = 2 << 20;
+/// The scanner's virtual budget in multiples of its scan budget: ranges
+/// in which it changes no PTE cost only this one (Linux `task_numa_work`:
+/// `virtpages = pages * 8`).
+pub const SCAN_VIRTUAL_FACTOR: f64 = 8.0;
 
 const ACCESSED: u8 = 1;
 const DIRTY: u8 = 2;
 const PROTECTED: u8 = 4;
 const IN_TPM: u8 = 8;
 const TPM_ABORT: u8 = 16;
+/// A stop-and-copy migration holds the page (unmapped) until
+/// `ModeledPages::locked_until`.
+const LOCKED: u8 = 32;
 const NO_SHADOW: u8 = u8::MAX;
 
 /// The state of every modeled page: the simulator's [`MemoryView`].
@@ -62,6 +72,9 @@ struct ModeledPages {
     flags: Vec<u8>,
     shadow: Vec<TierId>,
     scan_time: Vec<u64>,
+    /// When the stop-and-copy migration holding a `LOCKED` page maps it
+    /// again (modeled ns).
+    locked_until: Vec<u64>,
 }
 
 impl MemoryView for ModeledPages {
@@ -109,6 +122,7 @@ struct Raw {
     shadows_reclaimed: u64,
     hint_faults: u64,
     sync_promotions: u64,
+    page_lock_waits: u64,
     rejected: u64,
 }
 
@@ -120,6 +134,8 @@ struct StallCosts {
     ipi_others: f64,
     /// A stop-and-copy migration in the fault path.
     sync_migration: f64,
+    /// A thread waiting on a page, per modeled ns of the wait.
+    wait_per_ns: f64,
 }
 
 /// The clock of a quantum: when it starts and how fast its budget of
@@ -281,6 +297,7 @@ struct Sim {
     hint_mask: u64,
     scan_cursor: u64,
     scan_carry: f64,
+    scan_virt_carry: f64,
     sample_countdown: u64,
     /// PEBS' blind spot, when the platform has one and the policy's
     /// samples stand for PEBS.
@@ -472,6 +489,7 @@ impl Sim {
                 flags: vec![0; pages as usize],
                 shadow: vec![NO_SHADOW; pages as usize],
                 scan_time: vec![0; pages as usize],
+                locked_until: vec![0; pages as usize],
             },
             shadow_fifo: VecDeque::new(),
             stream: start.stream,
@@ -485,6 +503,7 @@ impl Sim {
             hint_mask,
             scan_cursor: 0,
             scan_carry: 0.0,
+            scan_virt_carry: 0.0,
             samples: Vec::new(),
             outcomes: Vec::new(),
             dirty: Vec::new(),
@@ -532,6 +551,7 @@ impl Sim {
             fault: s * self.costs.fault_ns * self.mlp,
             ipi_others: s * (self.threads - 1.0).max(0.0) * self.mlp * self.costs.ipi_receive_ns,
             sync_migration: s * self.costs.stop_and_copy_ns() * self.mlp,
+            wait_per_ns: s * self.mlp,
         }
     }
 
@@ -647,8 +667,21 @@ impl Sim {
         let mut fl = self.map.flags[pi];
         let mut t = self.map.tier[pi];
         let mut stall = 0.0;
-        if fl & (PROTECTED | IN_TPM) != 0 || (a.write && self.map.shadow[pi] != NO_SHADOW) {
+        if fl & (PROTECTED | IN_TPM | LOCKED) != 0 || (a.write && self.map.shadow[pi] != NO_SHADOW)
+        {
             let now = now();
+            if fl & LOCKED != 0 {
+                // Matryoshka §2.2: a thread touching a page that a
+                // stop-and-copy migration holds (locked, unmapped) busy-waits
+                // until it is mapped again.
+                let until = self.map.locked_until[pi];
+                if now < until {
+                    stall += (until - now) as f64 * costs.wait_per_ns;
+                    self.raw.page_lock_waits += 1;
+                }
+                fl &= !LOCKED;
+                self.map.flags[pi] = fl;
+            }
             if fl & PROTECTED != 0 {
                 stall += self.hint_fault(a, t, now, policy, costs);
                 t = self.map.tier[pi];
@@ -874,6 +907,7 @@ impl Sim {
             shadows_reclaimed: c(r.shadows_reclaimed),
             hint_faults: c(r.hint_faults),
             sync_promotions: c(r.sync_promotions),
+            page_lock_waits: c(r.page_lock_waits),
             rejected: c(r.rejected),
         }
     }
@@ -943,6 +977,10 @@ impl Sim {
                 }
                 _ => {
                     self.move_page(pi, from, to);
+                    // Held from now until its copy is mapped (the
+                    // faulting thread itself pays this as its stall).
+                    self.map.flags[pi] |= LOCKED;
+                    self.map.locked_until[pi] = self.now + self.costs.stop_and_copy_ns() as u64;
                     stall_slots += ipi;
                 }
             }
@@ -1030,23 +1068,54 @@ impl Sim {
         }
     }
 
+    /// Protects the next pages for hint faults, as Linux's NUMA-balancing
+    /// scanner does in memory-tiering mode (`task_numa_work`,
+    /// kernel/sched/fair.c; TPP, Nomad):
+    /// 1. the address space is walked in 2 MiB ranges ([`SCAN_RANGE_BYTES`])
+    ///    from where the last walk stopped, wrapping at the end;
+    /// 2. in a range, the pages of the tracked tiers that are not protected
+    ///    yet are protected (top-tier pages are skipped: `change_prot_numa`
+    ///    changes no PTE there);
+    /// 3. a range in which some PTE changed costs its whole length of the
+    ///    scan budget (`pages -= (end - start) >> PAGE_SHIFT` when
+    ///    `nr_pte_updates`); every range costs its length of the virtual
+    ///    budget, [`SCAN_VIRTUAL_FACTOR`] times the scan budget, so address
+    ///    space with nothing to protect is crossed 8x faster;
+    /// 4. the walk stops when either budget is spent; what is over- or
+    ///    under-spent carries to the next quantum.
     fn scan_hint(&mut self) {
-        if self.hint_mask == 0 {
+        let n = self.map.tier.len() as u64;
+        if self.hint_mask == 0 || n == 0 {
             return;
         }
-        let n = self.map.tier.len() as u64;
-        let want = self.trackers.hint_scan_pages_per_sec * (self.quantum_ns as f64 / 1e9)
-            / self.scale
-            + self.scan_carry;
-        let whole = want.floor();
-        self.scan_carry = want - whole;
-        for _ in 0..(whole as u64).min(n) {
-            let p = self.scan_cursor as usize;
-            self.scan_cursor = (self.scan_cursor + 1) % n;
-            if self.hint_mask & (1 << self.map.tier[p]) != 0 && self.map.flags[p] & PROTECTED == 0 {
-                self.map.flags[p] |= PROTECTED;
-                self.map.scan_time[p] = self.now;
+        let per_quantum =
+            self.trackers.hint_scan_pages_per_sec * (self.quantum_ns as f64 / 1e9) / self.scale;
+        let range = ((SCAN_RANGE_BYTES / PAGE_BYTES) as f64 / self.scale).max(1.0) as u64;
+        let mut pages_left = per_quantum + self.scan_carry;
+        let mut virt_left = SCAN_VIRTUAL_FACTOR * per_quantum + self.scan_virt_carry;
+        while pages_left > 0.0 && virt_left > 0.0 {
+            let start = self.scan_cursor;
+            let end = (start + range).min(n);
+            let mut changed = false;
+            for p in start as usize..end as usize {
+                if self.hint_mask & (1 << self.map.tier[p]) != 0
+                    && self.map.flags[p] & PROTECTED == 0
+                {
+                    self.map.flags[p] |= PROTECTED;
+                    self.map.scan_time[p] = self.now;
+                    changed = true;
+                }
             }
+            let len = (end - start) as f64;
+            if changed {
+                pages_left -= len;
+            }
+            virt_left -= len;
+            self.scan_cursor = if end >= n { 0 } else { end };
         }
+        // A budget that ran out carries its overdraft; the other one is
+        // not saved up (Linux starts each period afresh).
+        self.scan_carry = pages_left.min(0.0);
+        self.scan_virt_carry = virt_left.min(0.0);
     }
 }

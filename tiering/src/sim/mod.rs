@@ -184,6 +184,42 @@ mod tests {
         assert!(!shared.tiers[0].full_duplex);
     }
 
+    /// Linux's scanner skips top-tier pages and crosses address space in
+    /// which it protects nothing on its 8x virtual budget: nomad-medium's
+    /// first 16 GB are fast, so the walk reaches the slow pages after ~8 s
+    /// (at 256 MB/s it would take 64 s, and TPP would promote nothing in
+    /// the first 30 s).
+    #[test]
+    fn the_scanner_crosses_fast_address_space_on_its_virtual_budget() {
+        let r = run(&quick("nomad-medium-ro"), PolicyKind::Tpp).unwrap();
+        assert!(
+            r.counters.promotions > 0.0 && r.in_progress_maps > 0.0,
+            "{:?}",
+            r.counters
+        );
+    }
+
+    /// Matryoshka §2.2: other threads touching a page that a stop-and-copy
+    /// migration holds wait until it is mapped again. A small uniform
+    /// buffer (every page hot) under TPP makes them meet; static never
+    /// migrates, so nothing waits.
+    #[test]
+    fn threads_wait_on_a_page_a_stop_and_copy_migration_holds() {
+        let mut scn = builtin("stress-uniform-3x").expect("built-in");
+        scn.duration_s = 10.0;
+        scn.workload = workload::WorkloadSpec::Gups {
+            size_gib: 0.25,
+            hot_gib: 0.25,
+            hot_prob: 1.0,
+        };
+        scn.tiers[0].capacity_gib = 0.0625;
+        let tpp = run(&scn, PolicyKind::Tpp).unwrap();
+        assert!(tpp.counters.sync_promotions > 0.0, "{:?}", tpp.counters);
+        assert!(tpp.counters.page_lock_waits > 0.0, "{:?}", tpp.counters);
+        let st = run(&scn, PolicyKind::Static).unwrap();
+        assert_eq!(st.counters.page_lock_waits, 0.0);
+    }
+
     #[test]
     fn engine_never_has_to_refuse_a_decision() {
         for name in ["nomad-medium-wo", "colloid-gups-3x"] {

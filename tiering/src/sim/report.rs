@@ -83,6 +83,10 @@ pub struct EventCounts {
     pub hint_faults: f64,
     /// Promotions done in the fault path.
     pub sync_promotions: f64,
+    /// Accesses that waited for a page a stop-and-copy migration held
+    /// (other threads busy-waiting on it, Matryoshka §2.2).
+    #[serde(default)]
+    pub page_lock_waits: f64,
     /// Decisions the engine refused (destination full): should stay 0.
     pub rejected: f64,
 }
