@@ -45,7 +45,8 @@ run gups-1x gups --mem 256M --fast 64M --arg size=144M --arg hot_size=48M --emul
 sim gups-1x colloid-gups-1x --size-gib 0.140625 --hot-gib 0.046875 --tier-capacity-gib 0.0625,0.25
 # Nomad's Redis case 1 (YCSB-A, every page demoted first), kv scaled.
 run kv kv --mem 512M --fast 64M --arg records=100000 --arg workload=a --emulate-latency "$NOMAD"
-sim kv kv-ycsb-a --records 100000 --value-size 1024 --tier-capacity-gib 0.0625,0.5
+# The kv image does no protocol work: no Redis CPU time per request.
+sim kv kv-ycsb-a --records 100000 --value-size 1024 --tier-capacity-gib 0.0625,0.5 --compute-ns-per-op 0
 # Nomad's PageRank (2^26 vertices x 20, fast:RSS 16:22) scaled 1/256.
 run pagerank pagerank --mem 512M --fast 20M --arg scale=18 --arg degree=20 --arg iterations=0 --emulate-latency "$NOMAD"
 sim pagerank pagerank-u --graph-scale 18 --degree 20 --tier-capacity-gib 0.01953125,0.5

@@ -197,7 +197,8 @@ impl RunClock {
             .map(|t| t.unloaded_ns)
             .fold(f64::INFINITY, f64::min)
             .max(1.0);
-        let sim_rate = sim.threads * sim.mlp / fastest * 1e9 / sim.scale;
+        let sim_rate =
+            sim.threads * sim.mlp / (fastest + sim.mlp * sim.compute_ns) * 1e9 / sim.scale;
         let quantum_ns = ((ACCESSES_PER_QUANTUM / sim_rate * 1e9 / MIN_QUANTUM_NS as f64).floor()
             as u64
             * MIN_QUANTUM_NS)
@@ -283,6 +284,11 @@ struct Sim {
     scale: f64,
     threads: f64,
     mlp: f64,
+    /// CPU time per access besides the access, ns (the scenario's per
+    /// operation, spread over the operation's accesses).
+    compute_ns: f64,
+    /// `compute_ns` in slot-ns: a thread computing holds its `mlp` slots.
+    compute_slots: f64,
     costs: CostModel,
     bw: Vec<f64>,
     ant_u: Vec<f64>,
@@ -478,6 +484,8 @@ impl Sim {
             scale: start.scale,
             threads: f64::from(scn.threads),
             mlp: scn.mlp,
+            compute_ns: scn.compute_ns_per_op / start.accesses_per_op,
+            compute_slots: scn.compute_ns_per_op / start.accesses_per_op * scn.mlp * start.scale,
             costs: scn.costs.clone(),
             bw: scn.tiers.iter().map(|t| t.bandwidth_gbps).collect(),
             ant_u,
@@ -599,7 +607,9 @@ impl Sim {
                 .map(|t| self.mix[t] * self.lat[t])
                 .sum::<f64>()
                 .max(1.0);
-            let rate = self.threads * self.mlp / lbar * 1e9; // accesses per second
+            // Accesses per second: each thread keeps `mlp` in flight and
+            // computes between them.
+            let rate = self.threads * self.mlp / (lbar + self.mlp * self.compute_ns) * 1e9;
             for t in 0..n {
                 let bw = self.bw[t] * 1e9;
                 let app = rate * self.mix[t];
@@ -645,7 +655,7 @@ impl Sim {
             tally.accesses[ti] += 1;
             tally.latency[ti] += self.lat[ti];
             tally.lines[ti] += if a.write { 2.0 } else { 1.0 };
-            slots -= self.lat_scaled[ti] + stall;
+            slots -= self.lat_scaled[ti] + self.compute_slots + stall;
             throughput.accesses += 1;
         }
         slots

@@ -39,6 +39,9 @@ pub enum ScenarioError {
     /// No threads or no memory-level parallelism.
     #[error("threads and mlp must be positive")]
     Parallelism,
+    /// Compute time negative, not finite or above 1 s.
+    #[error("compute time per operation must be in [0, 1e9] ns")]
+    Compute,
     /// Write ratio outside [0, 1].
     #[error("write ratio must be in [0, 1]")]
     WriteRatio,
@@ -218,6 +221,28 @@ mod tests {
         assert!(tpp.counters.page_lock_waits > 0.0, "{:?}", tpp.counters);
         let st = run(&scn, PolicyKind::Static).unwrap();
         assert_eq!(st.counters.page_lock_waits, 0.0);
+    }
+
+    /// Redis spends ~8 us of CPU per request against ~1 us of memory
+    /// accesses, so placement buys little (Nomad §4.3: no migrating system
+    /// beats "no migration" on Redis); without that CPU time the same
+    /// store gains 1.5x and more from promotion.
+    #[test]
+    fn cpu_time_per_request_bounds_what_placement_buys() {
+        let redis = quick("kv-ycsb-a");
+        assert!(redis.compute_ns_per_op > 0.0);
+        let mut bare = redis.clone();
+        bare.compute_ns_per_op = 0.0;
+        let gain = |s: &Scenario| {
+            run(s, PolicyKind::Nomad).unwrap().throughput_maps
+                / run(s, PolicyKind::Static).unwrap().throughput_maps
+        };
+        let (with, without) = (gain(&redis), gain(&bare));
+        assert!(with < 1.1, "with Redis' CPU time: {with}");
+        assert!(without > 1.5, "memory alone: {without}");
+        let mut bad = redis;
+        bad.compute_ns_per_op = -1.0;
+        assert!(run(&bad, PolicyKind::Static).is_err());
     }
 
     #[test]

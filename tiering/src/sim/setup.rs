@@ -58,6 +58,8 @@ pub(super) struct InitialState {
     pub pages: u64,
     /// Share of accesses that write (they add a write-back to the traffic).
     pub write_share: f64,
+    /// Accesses per operation of the workload (1 but for kv's requests).
+    pub accesses_per_op: f64,
     /// Capacity of each tier, modeled pages.
     pub cap: Vec<u64>,
     /// Each page's tier.
@@ -81,6 +83,9 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
     }
     if scn.threads == 0 || !(scn.mlp.is_finite() && scn.mlp > 0.0) {
         return Err(ScenarioError::Parallelism);
+    }
+    if !(scn.compute_ns_per_op.is_finite() && (0.0..=1e9).contains(&scn.compute_ns_per_op)) {
+        return Err(ScenarioError::Compute);
     }
     if !(0.0..=1.0).contains(&scn.write_ratio) {
         return Err(ScenarioError::WriteRatio);
@@ -128,6 +133,10 @@ pub(super) fn initial_state(
         Some(Stream::Pagerank(g)) => g.write_fraction(),
         _ => scn.write_ratio.clamp(0.0, 1.0),
     };
+    let accesses_per_op = match &guest_stream {
+        Some(Stream::Kv(k)) => k.accesses_per_op(4096).max(1.0),
+        _ => 1.0,
+    };
     let cap: Vec<u64> = scn
         .tiers
         .iter()
@@ -153,6 +162,7 @@ pub(super) fn initial_state(
         scale,
         pages,
         write_share,
+        accesses_per_op,
         cap,
         tier,
         used,

@@ -554,6 +554,21 @@ impl KvStream {
         writes as f64 / all.max(1) as f64
     }
 
+    /// Accesses per operation (request), averaged over `ops` operations
+    /// of a private generator (to spread a request's CPU time over its
+    /// accesses).
+    pub fn accesses_per_op(&self, ops: u32) -> f64 {
+        let mut rng = Rng::new(0x5EED);
+        let mut out = [tiervm_guest::workloads::Access {
+            addr: 0,
+            write: false,
+        }; KV_MAX_ACCESSES];
+        let all: usize = (0..ops)
+            .map(|_| self.pattern.next_op(&mut rng, &mut out))
+            .sum();
+        all as f64 / f64::from(ops.max(1))
+    }
+
     fn refill(&mut self, rng: &mut Rng) {
         // KvOps::next: the key, then the mix's coin.
         let key = self.zipf.next(rng);

@@ -80,6 +80,11 @@ pub struct SimArgs {
     /// Outstanding requests per thread.
     #[arg(long)]
     pub mlp: Option<f64>,
+    /// CPU time per operation besides its memory accesses, ns (an
+    /// operation is one access; in kv, one request). kv-ycsb-* default
+    /// to Redis' 8000.
+    #[arg(long, value_name = "NS")]
+    pub compute_ns_per_op: Option<f64>,
     /// Antagonist load on its tier as a fraction of its bandwidth (0 = none).
     #[arg(long)]
     pub antagonist: Option<f64>,
@@ -288,6 +293,9 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     }
     if let Some(v) = a.mlp {
         scn.mlp = v;
+    }
+    if let Some(v) = a.compute_ns_per_op {
+        scn.compute_ns_per_op = v;
     }
     if a.start_slow {
         scn.start_in_slow_tier = true;
