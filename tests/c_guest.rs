@@ -139,7 +139,7 @@ fn structs() -> Vec<(&'static str, &'static str, u64, Vec<Field>)> {
                 "accesses" => accesses, "writes" => writes, "cache_hits" => cache_hits,
                 "charged_cycles" => charged_cycles, "paid_cycles" => paid_cycles,
                 "payments" => payments, "preempted_cycles" => preempted_cycles,
-                "reserved" => _reserved),
+                "host_cache_hits" => host_cache_hits, "reserved" => _reserved),
         ),
         (
             "EmulationHeader",
@@ -155,6 +155,10 @@ fn structs() -> Vec<(&'static str, &'static str, u64, Vec<Field>)> {
                 "chase_bytes" => chase_bytes, "dram_ps" => dram_ps, "guest_state" => guest_state,
                 "chase_hops" => chase_hops, "dram_fixed_ps" => dram_fixed_ps,
                 "access_sample_period" => access_sample_period,
+                "host_cache_bytes" => host_cache_bytes,
+                "host_cache_model_gpa" => host_cache_model_gpa,
+                "host_cache_model_stride" => host_cache_model_stride,
+                "llc_hit_ps" => llc_hit_ps,
                 "reserved" => _reserved, "vcpus" => vcpus),
         ),
         (

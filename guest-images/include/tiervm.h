@@ -153,7 +153,8 @@ struct tiervm_emulation_vcpu {
     uint64_t paid_cycles;    /* offset 80: TSC cycles spent paying it */
     uint64_t payments;       /* offset 88: payments */
     uint64_t preempted_cycles; /* offset 96: host preemption during payments (not paid) */
-    uint64_t reserved[3];    /* offset 104 */
+    uint64_t host_cache_hits; /* offset 104: charged accesses the host LLC model says hit */
+    uint64_t reserved[2];    /* offset 112 */
 };
 
 /* At boot_info.emulation_gpa. The tier map at tier_map_gpa has 2 bits per
@@ -181,7 +182,11 @@ struct tiervm_emulation_header {
     uint64_t chase_hops;         /* offset 168: loads the measurement timed (guest) */
     uint64_t dram_fixed_ps;      /* offset 176: charge against this, do not measure (VMM) */
     uint64_t access_sample_period; /* offset 184: charge one cache-missing access in this many, each for this many; 0 or 1: every access (VMM) */
-    uint64_t reserved[8];        /* offset 192 */
+    uint64_t host_cache_bytes;   /* offset 192: host LLC to model besides a smaller cache model, 0 = none (VMM) */
+    uint64_t host_cache_model_gpa;    /* offset 200: per-vCPU host LLC models, zeroed (VMM) */
+    uint64_t host_cache_model_stride; /* offset 208: bytes per vCPU's host model (VMM) */
+    uint64_t llc_hit_ps;         /* offset 216: measured host LLC hit latency (guest) */
+    uint64_t reserved[4];        /* offset 224 */
     struct tiervm_emulation_vcpu vcpus[TIERVM_MAX_VCPUS]; /* offset 256 (guest) */
 };
 

@@ -202,8 +202,13 @@ pub struct EmulationVcpu {
     pub payments: u64,
     /// TSC cycles the host took the vCPU away during payments (not paid).
     pub preempted_cycles: u64,
+    /// Of the charged accesses, those a model of the host's own LLC says
+    /// it served (charged the host's DRAM minus LLC hit latency on top;
+    /// only with `EmulationHeader::host_cache_bytes`), estimated from
+    /// sampled sets.
+    pub host_cache_hits: u64,
     /// Reserved, zero.
-    pub _reserved: [u64; 3],
+    pub _reserved: [u64; 2],
 }
 
 /// The latency-emulation region's header, at [`BootInfo::emulation_gpa`].
@@ -265,8 +270,21 @@ pub struct EmulationHeader {
     /// 0 or 1: every access (VMM: `sample=`). A vCPU whose workload pays
     /// per operation charges every access regardless.
     pub access_sample_period: u64,
+    /// The host's LLC in bytes, a power of two, when the cache model is
+    /// smaller (0: no host model). The guest then keeps a set-sampled model
+    /// of it per vCPU and charges a cache-model miss that hits the host's
+    /// LLC the host's DRAM minus LLC hit latency on top (VMM).
+    pub host_cache_bytes: u64,
+    /// Guest-physical address of the per-vCPU host LLC models, zeroed (VMM).
+    pub host_cache_model_gpa: u64,
+    /// Bytes of one vCPU's host LLC model (at most 64 KiB: its sampled
+    /// sets) (VMM).
+    pub host_cache_model_stride: u64,
+    /// Host LLC hit latency the guest measured at boot, picoseconds (guest;
+    /// only with `host_cache_bytes`).
+    pub llc_hit_ps: u64,
     /// Reserved, zero.
-    pub _reserved: [u64; 8],
+    pub _reserved: [u64; 4],
     /// Per-vCPU counters (guest).
     pub vcpus: [EmulationVcpu; MAX_VCPUS],
 }

@@ -146,6 +146,20 @@ pub struct Charger<'a> {
     /// Per tier, the miss ratio of its sampled lookups (fixed point,
     /// [`RATIO_BITS`]; 1 before the first).
     miss_ratio: [Cell<u32>; EMULATION_MAX_TIERS],
+    /// A set-sampled model of the host's own LLC, when the cache model is
+    /// smaller than it ([`Self::with_host_cache`]): of the accesses the
+    /// model misses, those the host's cache serves cost this host less
+    /// than its DRAM latency, and are charged the difference on top.
+    host: Option<CacheModel<'a>>,
+    /// Lines with these low bits zero are looked up in `host`.
+    host_shift: u32,
+    /// Per tier, of the sampled model misses, the share the host's LLC
+    /// model missed too (fixed point, [`RATIO_BITS`]; 1 before the first).
+    host_miss_ratio: [Cell<u32>; EMULATION_MAX_TIERS],
+    /// What a model miss that hits the host's LLC is charged on top:
+    /// host DRAM latency minus LLC hit latency (fixed point).
+    host_hit_extra: u64,
+    host_hits: Cell<u64>,
     /// Per tier, the charge per access with sampling: the tier's charge
     /// times its sampled miss ratio (fixed point).
     expected: [Cell<u64>; EMULATION_MAX_TIERS],
@@ -223,6 +237,11 @@ impl<'a> Charger<'a> {
             cache,
             sample_shift,
             miss_ratio: core::array::from_fn(|_| Cell::new(1 << RATIO_BITS)),
+            host: None,
+            host_shift: 0,
+            host_miss_ratio: core::array::from_fn(|_| Cell::new(1 << RATIO_BITS)),
+            host_hit_extra: 0,
+            host_hits: Cell::new(0),
             expected: Default::default(),
             charge: Default::default(),
             threshold: Cell::new(0),
@@ -244,6 +263,43 @@ impl<'a> Charger<'a> {
             payments: Cell::new(0),
             gap: Cell::new(0),
         }
+    }
+
+    /// Adds a model of the host's own LLC, of `host_sets` sets (a power of
+    /// two, `host_bytes / 256`), set-sampled like the cache model over the
+    /// first sets of `sets` (at most [`SAMPLED_SETS_MAX`]). Use it when the
+    /// cache model is smaller than the host's LLC (a scaled model for a
+    /// scaled working set): an access the model misses may still hit the
+    /// host's cache, and then costs this host its LLC hit latency, not its
+    /// DRAM latency. Such accesses are charged `extra` (fixed point, host
+    /// DRAM minus LLC hit latency, [`charge_fixed`]) on top of their tier's
+    /// charge, in expectation: per tier, the share of the model's misses
+    /// that the host model hits, over the sampled sets. Ignored (the
+    /// charger is returned unchanged) for a host model not larger than the
+    /// cache model or without a cache model.
+    pub fn with_host_cache(mut self, sets: &'a [AtomicU64], host_sets: u64, extra: u64) -> Self {
+        let Some(cache) = &self.cache else {
+            return self;
+        };
+        let cache_sets_log2 = cache.set_bits + self.sample_shift;
+        let usable = (sets.len() as u64).min(u64::from(SAMPLED_SETS_MAX));
+        if !host_sets.is_power_of_two()
+            || usable == 0
+            || host_sets.trailing_zeros() <= cache_sets_log2
+        {
+            return self;
+        }
+        let used = (1u64 << (63 - usable.leading_zeros())).min(host_sets);
+        let Some(m) = CacheModel::new(&sets[..used as usize]) else {
+            return self;
+        };
+        self.host_shift = host_sets.trailing_zeros() - used.trailing_zeros();
+        self.host = Some(m);
+        self.host_hit_extra = extra;
+        for t in 0..EMULATION_MAX_TIERS {
+            self.update_expected(t);
+        }
+        self
     }
 
     /// Sets each tier's charge (fixed point, [`charge_fixed`]) and the debt
@@ -293,7 +349,11 @@ impl<'a> Charger<'a> {
         let line = addr / CACHE_LINE;
         if self.sample_shift == 0 {
             if let Some(c) = &self.cache {
-                if c.touch(line) {
+                let hit = c.touch(line);
+                if self.host.is_some() && line & ((1 << self.host_shift) - 1) == 0 {
+                    self.host_lookup(addr, line, hit);
+                }
+                if hit {
                     self.hits.set(self.hits.get() + 1);
                     return;
                 }
@@ -410,6 +470,11 @@ impl<'a> Charger<'a> {
         // expected charge this lookup moves by at most 1/256: not flushed
         // first (it is the hot cold path of spans).
         let hit = c.touch(line >> self.sample_shift);
+        // Host-sampled lines are a subset of the sampled ones (the host
+        // model is the larger).
+        if self.host.is_some() && line & ((1 << self.host_shift) - 1) == 0 {
+            self.host_touch(tier, line, hit);
+        }
         let scale = 1u64 << self.sample_shift;
         if hit {
             self.hits.set(self.hits.get() + scale);
@@ -433,10 +498,53 @@ impl<'a> Charger<'a> {
 
     /// The expected charge per access of `tier`: its charge times its
     /// sampled miss ratio (the full charge before any sample).
+    /// With a host LLC model, a model miss that hits the host's cache
+    /// costs [`Self::host_hit_extra`] more: the charge is `charge + extra x
+    /// (1 - host miss ratio)`, times the model's miss ratio.
     fn update_expected(&self, tier: usize) {
-        let c = u128::from(self.charge[tier].get());
+        let one = 1u128 << RATIO_BITS;
+        let host_hit = one - u128::from(self.host_miss_ratio[tier].get()).min(one);
+        let extra = if self.host.is_some() {
+            (u128::from(self.host_hit_extra) * host_hit) >> RATIO_BITS
+        } else {
+            0
+        };
+        let c = u128::from(self.charge[tier].get()) + extra;
         let e = (c * u128::from(self.miss_ratio[tier].get())) >> RATIO_BITS;
-        self.expected[tier].set(e as u64);
+        self.expected[tier].set(u64::try_from(e).unwrap_or(u64::MAX >> 2));
+    }
+
+    /// [`Self::host_touch`] from the exact path, which knows the line but
+    /// not yet its tier.
+    #[cold]
+    #[inline(never)]
+    fn host_lookup(&self, addr: u64, line: u64, model_hit: bool) {
+        let tier = if model_hit { 0 } else { self.tier_of(addr) };
+        self.host_touch(tier, line, model_hit);
+    }
+
+    /// Looks a host-sampled line up in the host LLC model; for a model
+    /// miss, moves its tier's host miss ratio towards the outcome.
+    fn host_touch(&self, tier: usize, line: u64, model_hit: bool) {
+        let Some(h) = &self.host else {
+            return;
+        };
+        let host_hit = h.touch(line >> self.host_shift);
+        if model_hit {
+            return;
+        }
+        if host_hit {
+            self.host_hits
+                .set(self.host_hits.get() + (1u64 << self.host_shift));
+        }
+        let r = &self.host_miss_ratio[tier];
+        let target = i64::from(!host_hit) << RATIO_BITS;
+        let step = (target - i64::from(r.get())) >> SAMPLE_WINDOW.trailing_zeros();
+        r.set((i64::from(r.get()) + step) as u32);
+        self.update_expected(tier);
+        if self.expected[tier].get() > self.budget_rate.get() {
+            self.rebudget();
+        }
     }
 
     /// Adds the counted accesses' charges to the debt (and, without a
@@ -568,6 +676,7 @@ impl<'a> Charger<'a> {
             v.writes[t] = self.writes[t].get();
         }
         v.cache_hits = self.hits.get();
+        v.host_cache_hits = self.host_hits.get();
         v.charged_cycles = self.charged.get() >> FRAC_BITS;
         v.paid_cycles = self.paid.get();
         v.preempted_cycles = self.preempted.get();
@@ -736,6 +845,64 @@ mod tests {
         assert_eq!(v.accesses[3], 16, "only the cold misses");
         assert_eq!(v.cache_hits, 144);
         assert_eq!(v.charged_cycles, 16 * 500);
+    }
+
+    /// A 16 KiB cache model on a host with an 8 MiB LLC (2^15 sets, its
+    /// model sampled one set in four): charged accesses per tier-3 access
+    /// over the second half of `accesses` random accesses to `lines` lines,
+    /// and the host model's hit share among them.
+    fn charge_with_host_model(lines: u64, host: bool) -> (f64, f64) {
+        let map = zeroed(1024);
+        for w in &map {
+            w.store(!0, Relaxed);
+        }
+        let (sets, host_sets) = (zeroed(64), zeroed(8192));
+        let mut ch = Charger::new(&map, 32 * 1024, CacheModel::new(&sets), fake_clock);
+        if host {
+            ch = ch.with_host_cache(&host_sets, 1 << 15, 300 << FRAC_BITS);
+            assert_eq!(ch.host_shift, 2);
+        }
+        ch.set_charges([0, 0, 0, 500 << FRAC_BITS], u64::MAX);
+        let mut x = 1;
+        for _ in 0..300_000 {
+            ch.access(lcg(&mut x, lines) * 64, false);
+        }
+        let a = ch.counters();
+        for _ in 0..300_000 {
+            ch.access(lcg(&mut x, lines) * 64, false);
+        }
+        let b = ch.counters();
+        let n = (b.accesses[3] - a.accesses[3]) as f64;
+        (
+            (b.charged_cycles - a.charged_cycles) as f64 / n,
+            (b.host_cache_hits - a.host_cache_hits) as f64 / n,
+        )
+    }
+
+    /// A scaled cache model: a working set that misses the model but fits
+    /// the host's LLC is charged the host's DRAM - LLC hit difference on
+    /// top of the tier's charge (what its accesses cost this host less);
+    /// one beyond both is charged about the tier's charge alone.
+    #[test]
+    fn a_host_llc_model_charges_what_the_host_cache_saved() {
+        // 1 MiB: misses the 16 KiB model, fits the 8 MiB host LLC.
+        let (fits, hit) = charge_with_host_model(1 << 14, true);
+        assert!(hit > 0.95, "host hit share {hit}");
+        assert!((fits - 800.0).abs() < 0.03 * 800.0, "{fits}");
+        // Without the host model: the tier's charge only.
+        let (plain, hit) = charge_with_host_model(1 << 14, false);
+        assert_eq!(hit, 0.0);
+        assert!((plain - 500.0).abs() < 0.01 * 500.0, "{plain}");
+        // 64 MiB: the host LLC holds an eighth of it.
+        let (big, hit) = charge_with_host_model(1 << 20, true);
+        assert!(hit < 0.2, "host hit share {hit}");
+        let want = 500.0 + 300.0 * hit;
+        assert!((big - want).abs() < 0.03 * want, "{big} vs {want}");
+        // A host model not larger than the cache model is refused.
+        let (map, sets, host_sets) = (zeroed(1), zeroed(64), zeroed(64));
+        let ch = Charger::new(&map, 32, CacheModel::new(&sets), fake_clock)
+            .with_host_cache(&host_sets, 64, 1);
+        assert!(ch.host.is_none());
     }
 
     /// A model of 2^15 sets (8 MiB) is sampled one set in four.

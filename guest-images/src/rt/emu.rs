@@ -24,6 +24,8 @@ const PREEMPTION_GAP_US: u64 = 20;
 const CHASE_PASSES: u32 = 2;
 /// Bounds on a plausible DRAM latency measurement, ps (10 ns .. 10 us).
 const DRAM_PS_RANGE: core::ops::RangeInclusive<u64> = 10_000..=10_000_000;
+/// Bounds on a plausible LLC hit latency measurement, ps (1 ns .. 200 ns).
+const LLC_PS_RANGE: core::ops::RangeInclusive<u64> = 1_000..=200_000;
 
 /// One vCPU's emulation state.
 pub(crate) struct GuestEmulation {
@@ -72,13 +74,17 @@ impl GuestEmulation {
             return None;
         }
         if vcpu == 0 {
+            hwrite!(h, EMU_GUEST_MEASURING, guest_state);
             // With a fixed host DRAM latency (`host-dram=`, a comparison's
-            // later runs) nothing is measured.
+            // later runs) DRAM is not measured.
             if hread!(h, dram_fixed_ps) == 0 {
                 measure_dram(h, boot.tsc_khz.max(1));
-            } else {
-                hwrite!(h, EMU_GUEST_CHARGING, guest_state);
             }
+            if hread!(h, host_cache_bytes) != 0 {
+                measure_llc_hit(h, boot.tsc_khz.max(1));
+            }
+            core::sync::atomic::fence(Ordering::Release);
+            hwrite!(h, EMU_GUEST_CHARGING, guest_state);
         } else {
             while hread!(h, guest_state) != EMU_GUEST_CHARGING {
                 core::hint::spin_loop();
@@ -105,20 +111,37 @@ impl GuestEmulation {
             CacheModel::new(sets)
         };
         let i = (vcpu as usize).min(MAX_VCPUS - 1);
+        let tsc_khz = boot.tsc_khz.max(1);
+        let dram_ps = match hread!(h, dram_fixed_ps) {
+            0 => hread!(h, dram_ps),
+            fixed => fixed,
+        };
+        let mut charger = Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc_ordered);
+        let (host_bytes, host_stride) = (
+            hread!(h, host_cache_bytes),
+            hread!(h, host_cache_model_stride),
+        );
+        let llc_ps = hread!(h, llc_hit_ps);
+        if host_bytes != 0 && host_stride != 0 && llc_ps != 0 && dram_ps > llc_ps {
+            let at = hread!(h, host_cache_model_gpa) + u64::from(vcpu) * host_stride;
+            // SAFETY: the VMM reserved `host_cache_model_stride` zeroed bytes
+            // per vCPU at `host_cache_model_gpa`; only this vCPU touches its
+            // own array.
+            let sets = unsafe {
+                core::slice::from_raw_parts(at as *const AtomicU64, (host_stride / 8) as usize)
+            };
+            let host_sets = host_bytes / abi::CACHE_LINE / abi::CACHE_MODEL_WAYS;
+            charger =
+                charger.with_host_cache(sets, host_sets, charge_fixed(dram_ps, llc_ps, tsc_khz));
+        }
         let e = Self {
             header: h,
             // SAFETY: in bounds of the header's vCPU slots.
             slot: unsafe { core::ptr::addr_of_mut!((*h).vcpus[i]) },
-            charger: Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc_ordered),
+            charger,
             generation: Cell::new(u64::MAX),
-            base_ps: charge_base_ps(
-                match hread!(h, dram_fixed_ps) {
-                    0 => hread!(h, dram_ps),
-                    fixed => fixed,
-                },
-                hread!(h, unloaded_ps[0]),
-            ),
-            tsc_khz: boot.tsc_khz.max(1),
+            base_ps: charge_base_ps(dram_ps, hread!(h, unloaded_ps[0])),
+            tsc_khz,
             tier_count,
         };
         e.refresh();
@@ -169,9 +192,8 @@ impl GuestEmulation {
 
 /// vCPU 0 at boot: times dependent loads over the chase buffer (every line
 /// once, in an order no prefetcher follows, larger than the caches) and
-/// publishes the mean as the host DRAM latency; then lets the others go.
+/// publishes the mean as the host DRAM latency.
 fn measure_dram(h: *mut EmulationHeader, tsc_khz: u64) {
-    hwrite!(h, EMU_GUEST_MEASURING, guest_state);
     let words = (hread!(h, chase_bytes) / 8) as usize;
     // SAFETY: the VMM reserved `chase_bytes` at `chase_gpa` for this
     // measurement; nothing else uses it while vCPU 0 measures.
@@ -198,6 +220,36 @@ fn measure_dram(h: *mut EmulationHeader, tsc_khz: u64) {
     let ps = if DRAM_PS_RANGE.contains(&ps) { ps } else { 0 };
     hwrite!(h, ps, dram_ps);
     hwrite!(h, lines * u64::from(CHASE_PASSES), chase_hops);
-    core::sync::atomic::fence(Ordering::Release);
-    hwrite!(h, EMU_GUEST_CHARGING, guest_state);
+}
+
+/// vCPU 0 at boot, when the VMM asks for a host LLC model: times dependent
+/// loads over a quarter of the host's LLC (the start of the chase buffer),
+/// after one pass that brings it into the cache, and publishes the fastest
+/// pass as the host's LLC hit latency (0 if implausible: no host model).
+fn measure_llc_hit(h: *mut EmulationHeader, tsc_khz: u64) {
+    let bytes = (hread!(h, host_cache_bytes) / 4).min(hread!(h, chase_bytes));
+    // SAFETY: as in `measure_dram`: the VMM's chase buffer, `chase_bytes`
+    // long, used by vCPU 0 alone while it measures.
+    let buf = unsafe {
+        core::slice::from_raw_parts(
+            hread!(h, chase_gpa) as *const AtomicU64,
+            (bytes / 8) as usize,
+        )
+    };
+    let lines = build_chase(buf);
+    let mut ps = u64::MAX;
+    if lines > 0 {
+        core::hint::black_box(chase(buf, lines));
+        for _ in 0..CHASE_PASSES {
+            let t0 = rdtsc();
+            let end = chase(buf, lines);
+            let cycles = rdtsc().wrapping_sub(t0);
+            core::hint::black_box(end);
+            let pass =
+                u128::from(cycles) * 1_000_000_000 / (u128::from(lines) * u128::from(tsc_khz));
+            ps = ps.min(u64::try_from(pass).unwrap_or(u64::MAX));
+        }
+    }
+    let ps = if LLC_PS_RANGE.contains(&ps) { ps } else { 0 };
+    hwrite!(h, ps, llc_hit_ps);
 }

@@ -454,6 +454,10 @@ pub struct Setup {
     /// that does to the comparison ([`EmulationConfig::cache_model_caveat`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub emulation_caveat: Option<String>,
+    /// What the first run's host LLC model did, when the cache model is
+    /// smaller than the host's LLC (`EmulationReport::host_cache`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emulation_host_cache: Option<String>,
 }
 
 /// Everything `results.json` holds.
@@ -631,6 +635,9 @@ pub fn format_human(res: &CompareResults) -> String {
         );
         if let Some(c) = &s.emulation_caveat {
             let _ = writeln!(out, "  CAVEAT: {c}.");
+        }
+        if let Some(h) = &s.emulation_host_cache {
+            let _ = writeln!(out, "  First run's {h}.");
         }
     } else if s.emulated_tiers {
         let _ = writeln!(
@@ -1107,6 +1114,17 @@ fn results(
             .or_else(|| runs.iter().find_map(measured_dram)),
         emulated_costs_ns: None,
         emulation_caveat: runs.iter().find_map(emulation_caveat),
+        emulation_host_cache: runs.iter().find_map(|r| {
+            Some(
+                r.report
+                    .as_ref()?
+                    .emulation
+                    .as_ref()?
+                    .host_cache
+                    .as_ref()?
+                    .human(),
+            )
+        }),
     };
     let setup = Setup {
         emulated_costs_ns: first
@@ -1392,6 +1410,7 @@ mod tests {
                 host_dram_ns: None,
                 emulated_costs_ns: None,
                 emulation_caveat: None,
+                emulation_host_cache: None,
             },
             policies: vec![PolicyArg::Static],
             interrupted_by: None,

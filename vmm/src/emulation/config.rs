@@ -97,6 +97,10 @@ pub struct EmulationConfig {
     /// boot measurement (`host-dram=`; `compare` sets its first run's
     /// measurement for the others, so every policy is charged alike).
     pub host_dram_ns: Option<f64>,
+    /// Keep a second, set-sampled model of the host's own LLC when the
+    /// cache model is smaller than it (`host-cache=on|off`, on by default;
+    /// docs/emulation.md, "Scaled cache models").
+    pub host_cache: bool,
 }
 
 /// A `--emulate-latency` value that cannot be used; each message names the fix.
@@ -109,7 +113,7 @@ pub enum EmulationConfigError {
         item: String,
     },
     /// An unknown key.
-    #[error("--emulate-latency: unknown key '{key}': use fast, slow, fast-bw, slow-bw, antagonist, queue-k, llc, pay, sample or host-dram")]
+    #[error("--emulate-latency: unknown key '{key}': use fast, slow, fast-bw, slow-bw, antagonist, queue-k, llc, pay, sample, host-dram or host-cache")]
     UnknownKey {
         /// The key.
         key: String,
@@ -144,6 +148,11 @@ pub enum EmulationConfigError {
     /// An access-sampling period that is not a power of two up to 64.
     #[error("--emulate-latency sample={0}: give a power of two from 1 (charge every access) to 64, e.g. sample=8")]
     BadSample(String),
+    /// A `host-cache=` that is neither on nor off.
+    #[error(
+        "--emulate-latency host-cache={0}: write host-cache=on (the default) or host-cache=off"
+    )]
+    BadHostCache(String),
     /// A payment threshold out of range.
     #[error("--emulate-latency pay={0}: give a threshold from 100ns to 1ms, e.g. pay=1us")]
     BadPay(String),
@@ -243,6 +252,7 @@ impl EmulationConfig {
             pay_ns: DEFAULT_PAY_NS,
             sample_period: DEFAULT_SAMPLE_PERIOD,
             host_dram_ns: None,
+            host_cache: true,
         }
     }
 
@@ -250,7 +260,7 @@ impl EmulationConfig {
     /// `key=value` (`fast=`, `slow=` latency; `fast-bw=`, `slow-bw=` GB/s;
     /// `antagonist=TIER:UTIL`; `queue-k=`; `llc=SIZE|0`; `pay=LATENCY`;
     /// `sample=N`;
-    /// `host-dram=LATENCY`).
+    /// `host-dram=LATENCY`; `host-cache=on|off`).
     /// An empty spec is the default preset.
     pub fn parse(spec: &str) -> Result<Self, EmulationConfigError> {
         let default = PRESETS
@@ -334,6 +344,13 @@ impl EmulationConfig {
                     .filter(|p| p.is_power_of_two() && *p <= MAX_SAMPLE_PERIOD)
                     .ok_or_else(|| EmulationConfigError::BadSample(value.into()))?;
             }
+            "host-cache" => {
+                self.host_cache = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(EmulationConfigError::BadHostCache(value.into())),
+                };
+            }
             "host-dram" => {
                 self.host_dram_ns = Some(parse_latency_ns(value).ok_or_else(bad_lat)?);
             }
@@ -372,20 +389,31 @@ impl EmulationConfig {
 
     /// The cache model is smaller than this host's last-level cache
     /// (`host_llc`, bytes; a scaled model, e.g. `llc=256K` for a scaled
-    /// working set): then an access that misses the model but hits the
-    /// host's cache is charged as if it had cost host DRAM, so for data
-    /// that fits the host's cache the fast tier runs faster than emulated
-    /// and a promotion can gain more than the tiers' gap (docs/results.md
-    /// §9). `None` when the model is the host's size (or there is none).
+    /// working set) and `host-cache=off`: then an access that misses the
+    /// model but hits the host's cache is charged as if it had cost host
+    /// DRAM, so for data that fits the host's cache the fast tier runs
+    /// faster than emulated and a promotion can gain more than the tiers'
+    /// gap (docs/results.md §9). `None` when the model is the host's size,
+    /// there is none, or the host LLC model corrects the charge.
     pub fn cache_model_caveat(&self, host_llc: Option<u64>) -> Option<String> {
         let host = host_llc?;
-        (self.llc_bytes > 0 && self.llc_bytes < host).then(|| {
+        (!self.host_cache && self.llc_bytes > 0 && self.llc_bytes < host).then(|| {
             format!(
                 "cache model {} is smaller than this host's {} LLC: an access that misses the model but hits the host's cache is charged as if it cost host DRAM, so data that fits the host's cache runs faster than emulated on the fast tier and promotions can gain more than the tiers' gap",
                 format_size(self.llc_bytes),
                 format_size(host)
             )
         })
+    }
+
+    /// The host LLC model the guest keeps (bytes: the host's LLC rounded
+    /// down to a power of two), when `host-cache` is on and the cache model
+    /// is smaller than that. Then an access the cache model misses but the
+    /// host's cache serves is charged the host's DRAM minus LLC hit
+    /// latency on top, so it costs what a cache-missing access costs.
+    pub fn host_cache_model_bytes(&self, host_llc: Option<u64>) -> Option<u64> {
+        let host = model_size(host_llc?);
+        (self.host_cache && self.llc_bytes > 0 && self.llc_bytes < host).then_some(host)
     }
 
     /// What a cache-missing access costs on a host whose DRAM latency is
@@ -445,8 +473,26 @@ mod tests {
     #[test]
     fn a_model_below_the_host_llc_carries_a_caveat_and_sample_parses() {
         let scaled = EmulationConfig::parse("llc=256K").unwrap();
-        let c = scaled.cache_model_caveat(Some(32 << 20)).unwrap();
+        // With the host LLC model (the default) there is nothing to warn
+        // about: the model corrects the charge.
+        assert_eq!(scaled.cache_model_caveat(Some(32 << 20)), None);
+        assert_eq!(
+            scaled.host_cache_model_bytes(Some(32 << 20)),
+            Some(32 << 20)
+        );
+        assert_eq!(
+            scaled.host_cache_model_bytes(Some(36 << 20)),
+            Some(32 << 20)
+        );
+        assert_eq!(scaled.host_cache_model_bytes(None), None);
+        let off = EmulationConfig::parse("llc=256K,host-cache=off").unwrap();
+        assert_eq!(off.host_cache_model_bytes(Some(32 << 20)), None);
+        let c = off.cache_model_caveat(Some(32 << 20)).unwrap();
         assert!(c.contains("256K") && c.contains("32M"), "{c}");
+        assert!(matches!(
+            EmulationConfig::parse("host-cache=maybe"),
+            Err(EmulationConfigError::BadHostCache(_))
+        ));
         // The host's size, no model, or an unknown host: nothing to say.
         let full = EmulationConfig::parse("llc=32M").unwrap();
         assert_eq!(full.cache_model_caveat(Some(32 << 20)), None);

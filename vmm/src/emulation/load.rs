@@ -32,6 +32,8 @@ pub struct Totals {
     pub writes: [u64; EMULATION_MAX_TIERS],
     /// Cache-model hits.
     pub cache_hits: u64,
+    /// Charged accesses the host LLC model says the host's cache served.
+    pub host_cache_hits: u64,
     /// Charged, TSC cycles.
     pub charged_cycles: u64,
     /// Paid, TSC cycles.
@@ -52,6 +54,7 @@ impl Totals {
                 t.writes[i] = t.writes[i].saturating_add(v.writes[i]);
             }
             t.cache_hits = t.cache_hits.saturating_add(v.cache_hits);
+            t.host_cache_hits = t.host_cache_hits.saturating_add(v.host_cache_hits);
             t.charged_cycles = t.charged_cycles.saturating_add(v.charged_cycles);
             t.paid_cycles = t.paid_cycles.saturating_add(v.paid_cycles);
             t.preempted_cycles = t.preempted_cycles.saturating_add(v.preempted_cycles);

@@ -80,8 +80,15 @@ impl std::fmt::Debug for Emulation {
 /// The region's layout for `cfg` above `ram_size` bytes of RAM and `vcpus`
 /// vCPUs on this host.
 pub fn layout_for(cfg: &EmulationConfig, ram_size: u64, vcpus: u32) -> RegionLayout {
-    let host_llc = config::host_llc_bytes().unwrap_or(config::FALLBACK_LLC_BYTES);
-    RegionLayout::new(ram_size, vcpus, cfg.llc_bytes, chase_bytes_for(host_llc))
+    let host = config::host_llc_bytes();
+    let host_llc = host.unwrap_or(config::FALLBACK_LLC_BYTES);
+    RegionLayout::new(
+        ram_size,
+        vcpus,
+        cfg.llc_bytes,
+        chase_bytes_for(host_llc),
+        cfg.host_cache_model_bytes(host).unwrap_or(0),
+    )
 }
 
 impl Emulation {
@@ -375,10 +382,52 @@ pub struct EmulationReport {
     pub thread_failed: bool,
     /// Migration traffic each tier served, bytes (loaded-latency input).
     pub migration_bytes: Vec<u64>,
-    /// A cache model smaller than this host's LLC, and what that does
-    /// ([`EmulationConfig::cache_model_caveat`]).
+    /// A cache model smaller than this host's LLC without the host LLC
+    /// model, and what that does ([`EmulationConfig::cache_model_caveat`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caveat: Option<String>,
+    /// The model of the host's own LLC the guest kept besides a smaller
+    /// cache model (`host-cache=`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_cache: Option<HostCacheReport>,
+}
+
+impl HostCacheReport {
+    /// One line for the summaries.
+    pub fn human(&self) -> String {
+        let size = crate::units::format_size(self.bytes);
+        match (self.applied, self.llc_hit_ns) {
+            (true, Some(l)) => format!(
+                "host LLC model {size} (LLC hit {l:.0} ns measured): {:.1}% of the charged accesses hit the host's cache and were charged the host's DRAM minus LLC hit latency on top",
+                self.host_cache_hit_pct
+            ),
+            (_, Some(l)) => format!(
+                "host LLC model {size} not used: the LLC hit latency measured ({l:.0} ns) is not below the host DRAM latency charged against"
+            ),
+            (_, None) => format!("host LLC model {size} not used: the LLC hit latency was not measured"),
+        }
+    }
+}
+
+/// What the host LLC model did (a cache model smaller than the host's LLC:
+/// docs/emulation.md, "Scaled cache models").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HostCacheReport {
+    /// The modeled host LLC, bytes.
+    pub bytes: u64,
+    /// The host's LLC hit latency the guest measured at boot, ns (`null`:
+    /// not measured, so the model was not used).
+    pub llc_hit_ns: Option<f64>,
+    /// Whether the guest used the model: the LLC hit latency was measured
+    /// and is below the host DRAM latency charged against (else an LLC hit
+    /// saves nothing to charge back).
+    pub applied: bool,
+    /// Charged accesses the model says the host's cache served: each was
+    /// charged the host's DRAM minus LLC hit latency on top (estimated from
+    /// sampled sets).
+    pub host_cache_hits: u64,
+    /// Of the charged accesses, percent.
+    pub host_cache_hit_pct: f64,
 }
 
 impl EmulationReport {
@@ -409,9 +458,29 @@ impl EmulationReport {
         let ms = |cycles: u64| cycles as f64 / tsc_khz.max(1) as f64;
         let charged: u64 = t.accesses.iter().fold(0u64, |a, b| a.saturating_add(*b));
         let all = charged.saturating_add(t.cache_hits);
+        let host_cache = (region.layout().host_cache_bytes != 0).then(|| {
+            let llc_ps = region.llc_hit_ps();
+            let llc_hit_ns = (1_000..=200_000)
+                .contains(&llc_ps)
+                .then_some(llc_ps as f64 / 1e3);
+            HostCacheReport {
+                bytes: region.layout().host_cache_bytes,
+                llc_hit_ns,
+                applied: matches!((llc_hit_ns, used), (Some(l), Some(d)) if l < d),
+                host_cache_hits: t.host_cache_hits,
+                // An estimate from sampled sets: it can pass 100 by a few
+                // percent on patterns that favour the sampled lines.
+                host_cache_hit_pct: if charged == 0 {
+                    0.0
+                } else {
+                    (100.0 * t.host_cache_hits as f64 / charged as f64).min(100.0)
+                },
+            }
+        });
         Self {
             label: cfg.label(),
             caveat: cfg.cache_model_caveat(config::host_llc_bytes()),
+            host_cache,
             config: cfg.clone(),
             host_dram_ns,
             host_dram_hops: region.chase_hops(),
@@ -485,6 +554,9 @@ impl EmulationReport {
         );
         if let Some(c) = &self.caveat {
             s.push_str(&format!("             CAVEAT: {c}\n"));
+        }
+        if let Some(h) = &self.host_cache {
+            s.push_str(&format!("             {}\n", h.human()));
         }
         let acc: Vec<String> = self
             .config

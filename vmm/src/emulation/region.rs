@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!  base (2 MiB aligned, = end of RAM)
-//!  | header (16 KiB) | tier map | cache models (vCPUs x stride) | .. | chase buffer (2 MiB aligned) |
+//!  | header (16 KiB) | tier map | cache models (vCPUs x stride) | host LLC models | .. | chase buffer (2 MiB aligned) |
 //! ```
 //!
 //! The guest writes parts of it at any time: everything the VMM reads back
@@ -43,6 +43,13 @@ pub struct RegionLayout {
     pub cache_off: u64,
     /// Bytes of one vCPU's cache model (0: no model).
     pub cache_stride: u64,
+    /// The host's LLC the guest models besides its cache model, bytes (0:
+    /// none).
+    pub host_cache_bytes: u64,
+    /// Offset of vCPU 0's host LLC model.
+    pub host_cache_off: u64,
+    /// Bytes of one vCPU's host LLC model: its sampled sets (0: none).
+    pub host_cache_stride: u64,
     /// Offset of the chase buffer (2 MiB aligned).
     pub chase_off: u64,
     /// Bytes of the chase buffer.
@@ -64,16 +71,27 @@ pub fn chase_bytes_for(host_llc: u64) -> u64 {
 }
 
 impl RegionLayout {
-    /// The layout above `ram_size` bytes of RAM for `vcpus` vCPUs.
-    pub fn new(ram_size: u64, vcpus: u32, llc_bytes: u64, chase_bytes: u64) -> Self {
+    /// The layout above `ram_size` bytes of RAM for `vcpus` vCPUs, with a
+    /// cache model of `llc_bytes` and, if `host_cache_bytes` is not 0, a
+    /// model of the host's LLC of that size (only its sampled sets).
+    pub fn new(
+        ram_size: u64,
+        vcpus: u32,
+        llc_bytes: u64,
+        chase_bytes: u64,
+        host_cache_bytes: u64,
+    ) -> Self {
         let page = 4096;
         let ram_pages = ram_size / page;
         let map_off = EMULATION_HEADER_SIZE;
         let map_bytes = tier_map_bytes(ram_pages);
         let cache_off = (map_off + map_bytes).next_multiple_of(page);
         let cache_stride = cache_model_bytes(llc_bytes);
-        let chase_off =
-            (cache_off + u64::from(vcpus) * cache_stride).next_multiple_of(GUEST_LARGE_PAGE);
+        let host_cache_off = (cache_off + u64::from(vcpus) * cache_stride).next_multiple_of(page);
+        let host_cache_stride = cache_model_bytes(host_cache_bytes)
+            .min(u64::from(tiervm_guest::emulation::SAMPLED_SETS_MAX) * 8);
+        let chase_off = (host_cache_off + u64::from(vcpus) * host_cache_stride)
+            .next_multiple_of(GUEST_LARGE_PAGE);
         let len = (chase_off + chase_bytes).next_multiple_of(GUEST_LARGE_PAGE);
         Self {
             base: ram_size.next_multiple_of(GUEST_LARGE_PAGE),
@@ -83,6 +101,13 @@ impl RegionLayout {
             map_bytes,
             cache_off,
             cache_stride,
+            host_cache_bytes: if host_cache_stride == 0 {
+                0
+            } else {
+                host_cache_bytes
+            },
+            host_cache_off,
+            host_cache_stride,
             chase_off,
             chase_bytes,
         }
@@ -156,7 +181,11 @@ impl EmulationRegion {
             chase_hops: 0,
             dram_fixed_ps: cfg.host_dram_ns.map_or(0, ps),
             access_sample_period: u64::from(cfg.sample_period),
-            _reserved: [0; 8],
+            host_cache_bytes: layout.host_cache_bytes,
+            host_cache_model_gpa: layout.base + layout.host_cache_off,
+            host_cache_model_stride: layout.host_cache_stride,
+            llc_hit_ps: 0,
+            _reserved: [0; 4],
             vcpus: [EmulationVcpu::default(); MAX_VCPUS],
         };
         // SAFETY: the mapping is fresh, ours, at least EMULATION_HEADER_SIZE
@@ -232,6 +261,7 @@ impl EmulationRegion {
         v.paid_cycles = f(core::mem::offset_of!(EmulationVcpu, paid_cycles));
         v.payments = f(core::mem::offset_of!(EmulationVcpu, payments));
         v.preempted_cycles = f(core::mem::offset_of!(EmulationVcpu, preempted_cycles));
+        v.host_cache_hits = f(core::mem::offset_of!(EmulationVcpu, host_cache_hits));
         v
     }
 
@@ -239,6 +269,12 @@ impl EmulationRegion {
     /// guest does not charge; untrusted).
     pub fn dram_ps(&self) -> u64 {
         self.word(off!(dram_ps)).load(Ordering::Acquire)
+    }
+
+    /// The host LLC hit latency the guest measured, ps (0: not measured;
+    /// untrusted).
+    pub fn llc_hit_ps(&self) -> u64 {
+        self.word(off!(llc_hit_ps)).load(Ordering::Acquire)
     }
 
     /// Dependent loads the guest's measurement timed (untrusted).
@@ -265,7 +301,7 @@ mod tests {
 
     #[test]
     fn layout_is_aligned_and_above_ram() {
-        let l = RegionLayout::new(1 << 30, 2, 32 << 20, 64 << 20);
+        let l = RegionLayout::new(1 << 30, 2, 32 << 20, 64 << 20, 0);
         assert_eq!(l.base, 1 << 30);
         assert_eq!(l.ram_pages, 262_144);
         assert_eq!(l.map_bytes, 262_144 / 32 * 8);
@@ -279,12 +315,24 @@ mod tests {
         assert_eq!(chase_bytes_for(32 << 20), 64 << 20);
         assert_eq!(chase_bytes_for(48 << 20), 128 << 20);
         assert_eq!(chase_bytes_for(1 << 40), 512 << 20);
+        assert_eq!((l.host_cache_bytes, l.host_cache_stride), (0, 0));
+        // A 256 KiB model on a 32 MiB host: the host model's 8192 sampled
+        // sets (64 KiB) per vCPU, between the models and the chase buffer.
+        let h = RegionLayout::new(1 << 30, 2, 256 << 10, 64 << 20, 32 << 20);
+        assert_eq!(h.cache_stride, 8 << 10);
+        assert_eq!(
+            (h.host_cache_bytes, h.host_cache_stride),
+            (32 << 20, 64 << 10)
+        );
+        assert_eq!(h.host_cache_off % 4096, 0);
+        assert!(h.host_cache_off >= h.cache_off + 2 * h.cache_stride);
+        assert!(h.chase_off >= h.host_cache_off + 2 * h.host_cache_stride);
     }
 
     #[test]
     fn header_is_written_and_loaded_latency_republished() {
         let cfg = EmulationConfig::parse("fast=80ns,slow=250ns").unwrap();
-        let l = RegionLayout::new(64 << 20, 1, cfg.llc_bytes, 64 << 20);
+        let l = RegionLayout::new(64 << 20, 1, cfg.llc_bytes, 64 << 20, 0);
         let r = EmulationRegion::new(l, &cfg, 2).unwrap();
         // SAFETY: test: reading the header the region just wrote.
         let h = unsafe { (r.host_addr() as *const EmulationHeader).read_volatile() };

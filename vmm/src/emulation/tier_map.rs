@@ -113,7 +113,7 @@ mod tests {
 
     fn map(pages: u64) -> TierMap {
         let cfg = EmulationConfig::parse("llc=0").unwrap();
-        let l = RegionLayout::new(pages * 4096, 1, 0, 64 << 20);
+        let l = RegionLayout::new(pages * 4096, 1, 0, 64 << 20, 0);
         TierMap::new(Arc::new(EmulationRegion::new(l, &cfg, 2).unwrap()))
     }
 
