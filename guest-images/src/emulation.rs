@@ -136,13 +136,35 @@ pub fn charge_base_ps(dram_ps: u64, fastest_unloaded_ps: u64) -> u64 {
 /// One vCPU's charging state: the tier map, the cache model, the per-tier
 /// charges, the debt and the counters it publishes. Not shared: each vCPU
 /// has its own (interior mutability through `Cell`).
+///
+/// Laid out in order, cache-line aligned: what every access reads comes
+/// first (one line: the map, the access-sampling state, the budget), then
+/// the pending counts (the next line), then what only the cold paths use.
+#[repr(C, align(64))]
 pub struct Charger<'a> {
     map: &'a [AtomicU64],
     map_pages: u64,
-    cache: Option<CacheModel<'a>>,
+    /// Access sampling ([`Self::set_access_sampling`]): a line is looked
+    /// up when `(line + 1) x salt <= pick_limit`, and charged `weight` accesses;
+    /// `rng` draws the salts.
+    salt: Cell<u64>,
+    pick_limit: Cell<u64>,
+    weight: Cell<u64>,
+    /// Accesses left before the debt could reach the threshold (at the
+    /// dearest tier's charge): [`Self::account`] runs when it reaches 0,
+    /// so a payment starts at the access it would start at if every access
+    /// added to the debt itself.
+    budget: Cell<i64>,
     /// Set sampling of the cache model: only lines with these low bits
     /// zero are looked up (one in `1 << sample_shift`); 0 = every line.
     sample_shift: u32,
+    /// Lines with these low bits zero are looked up in `host`.
+    host_shift: u32,
+    /// Charged accesses not yet added to the debt, per tier and kind
+    /// (index `2 * tier + write`): the hot path only counts, and
+    /// [`Self::account`] multiplies by the tier's charge.
+    pending: [Cell<u64>; 2 * EMULATION_MAX_TIERS],
+    cache: Option<CacheModel<'a>>,
     /// Per tier, the miss ratio of its sampled lookups (fixed point,
     /// [`RATIO_BITS`]; 1 before the first).
     miss_ratio: [Cell<u32>; EMULATION_MAX_TIERS],
@@ -151,8 +173,6 @@ pub struct Charger<'a> {
     /// model misses, those the host's cache serves cost this host less
     /// than its DRAM latency, and are charged the difference on top.
     host: Option<CacheModel<'a>>,
-    /// Lines with these low bits zero are looked up in `host`.
-    host_shift: u32,
     /// Per tier, of the sampled model misses, the share the host's LLC
     /// model missed too (fixed point, [`RATIO_BITS`]; 1 before the first).
     host_miss_ratio: [Cell<u32>; EMULATION_MAX_TIERS],
@@ -166,23 +186,8 @@ pub struct Charger<'a> {
     charge: [Cell<u64>; EMULATION_MAX_TIERS],
     threshold: Cell<u64>,
     debt: Cell<i64>,
-    /// Charged accesses not yet added to the debt, per tier and kind
-    /// (index `2 * tier + write`): the hot path only counts, and
-    /// [`Self::account`] multiplies by the tier's charge.
-    pending: [Cell<u64>; 2 * EMULATION_MAX_TIERS],
-    /// Accesses left before the debt could reach the threshold (at the
-    /// dearest tier's charge): [`Self::account`] runs when it reaches 0,
-    /// so a payment starts at the access it would start at if every access
-    /// added to the debt itself.
-    budget: Cell<i64>,
     /// The dearest charge per access the budget was computed with.
     budget_rate: Cell<u64>,
-    /// Access sampling ([`Self::set_access_sampling`]): a line is looked
-    /// up when `(line + 1) x salt <= pick_limit`, and charged `weight` accesses;
-    /// `rng` draws the salts.
-    weight: Cell<u64>,
-    pick_limit: Cell<u64>,
-    salt: Cell<u64>,
     rng: Cell<u64>,
     clock: fn() -> u64,
     accesses: [Cell<u64>; EMULATION_MAX_TIERS],
@@ -194,6 +199,9 @@ pub struct Charger<'a> {
     payments: Cell<u64>,
     gap: Cell<u64>,
 }
+
+// What every access reads fits the first cache line.
+const _: () = assert!(core::mem::offset_of!(Charger<'static>, pending) == 64);
 
 impl core::fmt::Debug for Charger<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
