@@ -287,8 +287,6 @@ struct Sim {
     /// CPU time per access besides the access, ns (the scenario's per
     /// operation, spread over the operation's accesses).
     compute_ns: f64,
-    /// `compute_ns` in slot-ns: a thread computing holds its `mlp` slots.
-    compute_slots: f64,
     costs: CostModel,
     bw: Vec<f64>,
     ant_u: Vec<f64>,
@@ -485,7 +483,6 @@ impl Sim {
             threads: f64::from(scn.threads),
             mlp: scn.mlp,
             compute_ns: scn.compute_ns_per_op / start.accesses_per_op,
-            compute_slots: scn.compute_ns_per_op / start.accesses_per_op * scn.mlp * start.scale,
             costs: scn.costs.clone(),
             bw: scn.tiers.iter().map(|t| t.bandwidth_gbps).collect(),
             ant_u,
@@ -648,6 +645,8 @@ impl Sim {
         throughput: &mut Throughput,
     ) -> f64 {
         let mut slots = quantum.budget;
+        // A thread computing holds its `mlp` request slots.
+        let compute_slots = self.compute_ns * self.mlp * self.scale;
         while slots > 0.0 {
             let a = self.stream.next(&mut self.rng);
             let (t, stall) = self.access(a, || quantum.now(slots), policy, costs);
@@ -655,7 +654,7 @@ impl Sim {
             tally.accesses[ti] += 1;
             tally.latency[ti] += self.lat[ti];
             tally.lines[ti] += if a.write { 2.0 } else { 1.0 };
-            slots -= self.lat_scaled[ti] + self.compute_slots + stall;
+            slots -= self.lat_scaled[ti] + compute_slots + stall;
             throughput.accesses += 1;
         }
         slots
