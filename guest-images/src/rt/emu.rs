@@ -199,11 +199,42 @@ fn measure_dram(h: *mut EmulationHeader, tsc_khz: u64) {
     // measurement; nothing else uses it while vCPU 0 measures.
     let buf =
         unsafe { core::slice::from_raw_parts(hread!(h, chase_gpa) as *const AtomicU64, words) };
+    // The buffer is twice the LLC, so no pass hits lines of the previous.
+    let (ps, lines) = fastest_chase_ps(buf, tsc_khz);
+    // An implausible measurement charges the full tier latency (as if the
+    // host's DRAM cost nothing) rather than a wrong difference.
+    let ps = if DRAM_PS_RANGE.contains(&ps) { ps } else { 0 };
+    hwrite!(h, ps, dram_ps);
+    hwrite!(h, lines * u64::from(CHASE_PASSES), chase_hops);
+}
+
+/// vCPU 0 at boot, when the VMM asks for a host LLC model: times dependent
+/// loads over a quarter of the host's LLC (the start of the chase buffer),
+/// which linking it brought into the cache, and publishes the fastest pass
+/// as the host's LLC hit latency (0 if implausible: no host model).
+fn measure_llc_hit(h: *mut EmulationHeader, tsc_khz: u64) {
+    let bytes = (hread!(h, host_cache_bytes) / 4).min(hread!(h, chase_bytes));
+    // SAFETY: as in `measure_dram`: the VMM's chase buffer, `chase_bytes`
+    // long, used by vCPU 0 alone while it measures.
+    let buf = unsafe {
+        core::slice::from_raw_parts(
+            hread!(h, chase_gpa) as *const AtomicU64,
+            (bytes / 8) as usize,
+        )
+    };
+    // Linking the cycle writes every line: the passes find them cached.
+    let (ps, _) = fastest_chase_ps(buf, tsc_khz);
+    let ps = if LLC_PS_RANGE.contains(&ps) { ps } else { 0 };
+    hwrite!(h, ps, llc_hit_ps);
+}
+
+/// Links `buf` into one chase cycle and times [`CHASE_PASSES`] passes over
+/// it (each line once per pass): the fastest pass's picoseconds per load,
+/// the one least disturbed by the host (`u64::MAX` for an empty buffer),
+/// and the lines per pass.
+fn fastest_chase_ps(buf: &[AtomicU64], tsc_khz: u64) -> (u64, u64) {
     let lines = build_chase(buf);
     let mut ps = u64::MAX;
-    // Two passes over the whole cycle (each line once per pass, the buffer
-    // twice the LLC, so no pass hits lines of the previous): the faster is
-    // the one least disturbed by the host.
     for _ in 0..CHASE_PASSES {
         if lines == 0 {
             break;
@@ -215,41 +246,5 @@ fn measure_dram(h: *mut EmulationHeader, tsc_khz: u64) {
         let pass = u128::from(cycles) * 1_000_000_000 / (u128::from(lines) * u128::from(tsc_khz));
         ps = ps.min(u64::try_from(pass).unwrap_or(u64::MAX));
     }
-    // An implausible measurement charges the full tier latency (as if the
-    // host's DRAM cost nothing) rather than a wrong difference.
-    let ps = if DRAM_PS_RANGE.contains(&ps) { ps } else { 0 };
-    hwrite!(h, ps, dram_ps);
-    hwrite!(h, lines * u64::from(CHASE_PASSES), chase_hops);
-}
-
-/// vCPU 0 at boot, when the VMM asks for a host LLC model: times dependent
-/// loads over a quarter of the host's LLC (the start of the chase buffer),
-/// after one pass that brings it into the cache, and publishes the fastest
-/// pass as the host's LLC hit latency (0 if implausible: no host model).
-fn measure_llc_hit(h: *mut EmulationHeader, tsc_khz: u64) {
-    let bytes = (hread!(h, host_cache_bytes) / 4).min(hread!(h, chase_bytes));
-    // SAFETY: as in `measure_dram`: the VMM's chase buffer, `chase_bytes`
-    // long, used by vCPU 0 alone while it measures.
-    let buf = unsafe {
-        core::slice::from_raw_parts(
-            hread!(h, chase_gpa) as *const AtomicU64,
-            (bytes / 8) as usize,
-        )
-    };
-    let lines = build_chase(buf);
-    let mut ps = u64::MAX;
-    if lines > 0 {
-        core::hint::black_box(chase(buf, lines));
-        for _ in 0..CHASE_PASSES {
-            let t0 = rdtsc();
-            let end = chase(buf, lines);
-            let cycles = rdtsc().wrapping_sub(t0);
-            core::hint::black_box(end);
-            let pass =
-                u128::from(cycles) * 1_000_000_000 / (u128::from(lines) * u128::from(tsc_khz));
-            ps = ps.min(u64::try_from(pass).unwrap_or(u64::MAX));
-        }
-    }
-    let ps = if LLC_PS_RANGE.contains(&ps) { ps } else { 0 };
-    hwrite!(h, ps, llc_hit_ps);
+    (ps, lines)
 }
