@@ -80,6 +80,47 @@ fn accesses_are_charged_on_their_pages_tier() {
     );
 }
 
+/// A cache model smaller than the host's LLC comes with a model of the
+/// host's LLC (docs/emulation.md, "Scaled cache models"): the guest
+/// measures the LLC hit latency at boot and the report says what the model
+/// did; with `host-cache=off` the run carries the caveat instead. (Fails if
+/// the VMM does not reserve the model or the guest does not measure.)
+#[test]
+fn a_scaled_cache_model_comes_with_a_host_llc_model() {
+    if !kvm_available("a_scaled_cache_model_comes_with_a_host_llc_model") {
+        return;
+    }
+    let host = vmm::emulation::config::host_llc_bytes();
+    let mut on = zipf(PlacementArg::SlowFirst, 16 << 20, PolicyArg::Static, 2);
+    on.emulate_latency = Some("fast=200ns,slow=600ns,llc=64K".into());
+    let mut off = on.clone();
+    off.emulate_latency = Some("fast=200ns,slow=600ns,llc=64K,host-cache=off".into());
+    let (r, _) = run(&on);
+    let e = r.emulation.as_ref().expect("an emulation report");
+    let (r_off, _) = run(&off);
+    let e_off = r_off.emulation.as_ref().expect("an emulation report");
+    assert!(e_off.host_cache.is_none(), "{e_off:?}");
+    match host {
+        // sysfs gives no LLC size: nothing to model, nothing to warn about.
+        None => {
+            println!("this host's sysfs gives no LLC size: no host LLC model to check");
+            assert!(e.host_cache.is_none() && e_off.caveat.is_none());
+        }
+        Some(bytes) if bytes > 64 << 10 => {
+            let h = e.host_cache.as_ref().expect("a host LLC model");
+            assert_eq!(h.bytes, 1 << (63 - bytes.leading_zeros()), "{h:?}");
+            let llc = h
+                .llc_hit_ns
+                .expect("the guest measured the LLC hit latency");
+            assert!((1.0..=200.0).contains(&llc), "{h:?}");
+            assert!(h.host_cache_hit_pct <= 100.0);
+            assert!(e.caveat.is_none(), "{e:?}");
+            assert!(e_off.caveat.as_ref().is_some_and(|c| c.contains("64K")));
+        }
+        Some(_) => assert!(e.host_cache.is_none()),
+    }
+}
+
 /// Promotions reach the guest's map before the promoted page is mapped:
 /// with every page starting slow, chaos promotions (transactional, 5000
 /// pages/s) make accesses fast. Colloid reads the emulation's
