@@ -1,9 +1,11 @@
 //! Cost of latency emulation's per-access path in the guest runtime
-//! (`tiervm_guest::emulation`), on the host: the tier-map lookup alone, and
-//! with the cache model (32 MiB, 4-way) missing and hitting. No charge is
-//! paid (charges 0), so this is what every workload access pays on top of
-//! the access itself. The live, side-by-side overhead on whole workloads is
-//! `tiervm emulation-check --checks overhead` (docs/results.md §6).
+//! (`tiervm_guest::emulation`), on the host: the tier-map lookup alone,
+//! with the cache model (32 MiB, 4-way, set-sampled) missing and hitting,
+//! the default path (access sampling one in 8), and the loop alone. No
+//! charge is paid (charges 0), so this is what every workload access pays
+//! on top of the access itself. The live, side-by-side overhead on whole
+//! workloads is `tiervm emulation-check --checks overhead` (docs/results.md
+//! §9).
 //!
 //! Run: `cargo bench -p tiervm-benches --bench emulation`.
 
@@ -12,7 +14,7 @@ use std::sync::atomic::AtomicU64;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tiervm_guest::abi::tier_map_set;
-use tiervm_guest::emulation::{CacheModel, Charger};
+use tiervm_guest::emulation::{CacheModel, Charger, FRAC_BITS};
 use tiervm_guest::gen::Rng;
 
 /// Guest pages the map covers (1 GiB).
@@ -34,6 +36,14 @@ fn addresses(bytes: u64, seed: u64) -> Vec<u64> {
     (0..N).map(|_| rng.below(bytes / 64) * 64).collect()
 }
 
+/// Charges 0 and a 1 us threshold at 2.6 GHz, as a run with both tiers at
+/// DRAM latency has (without a threshold the charger would account after
+/// every access).
+fn ready(ch: Charger<'_>) -> Charger<'_> {
+    ch.set_charges([0; 4], 2_600 << FRAC_BITS);
+    ch
+}
+
 fn bench(c: &mut Criterion) {
     // A map with every other page slow.
     let map = zeroed((PAGES / 32) as usize);
@@ -49,7 +59,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(N as u64));
     let wide = addresses(PAGES * 4096, 1);
     let hot = addresses(256 << 10, 2);
-    let lookup = Charger::new(&map, PAGES, None, clock);
+    let lookup = ready(Charger::new(&map, PAGES, None, clock));
     g.bench_function("tier lookup (no cache model)", |b| {
         b.iter(|| {
             for &a in &wide {
@@ -57,7 +67,7 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
-    let model = Charger::new(&map, PAGES, CacheModel::new(&sets), clock);
+    let model = ready(Charger::new(&map, PAGES, CacheModel::new(&sets), clock));
     g.bench_function("cache model miss + tier lookup (1 GiB random)", |b| {
         b.iter(|| {
             for &a in &wide {
@@ -72,9 +82,32 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+    // What a default run pays per access: the sampled 32 MiB model and
+    // access sampling one in 8 (`sample=8`).
+    let dflt = ready(Charger::new(&map, PAGES, CacheModel::new(&sets), clock));
+    dflt.set_access_sampling(8);
+    g.bench_function(
+        "default path: sampled model, sample=8 (1 GiB random)",
+        |b| {
+            b.iter(|| {
+                for &a in &wide {
+                    dflt.access(black_box(a), false);
+                }
+            })
+        },
+    );
+    // The loop alone, to subtract.
+    g.bench_function("loop without a charger (1 GiB random)", |b| {
+        b.iter(|| {
+            for &a in &wide {
+                black_box(a);
+            }
+        })
+    });
     g.finish();
     black_box(lookup.counters());
     black_box(model.counters());
+    black_box(dflt.counters());
 }
 
 criterion_group!(benches, bench);
