@@ -730,11 +730,12 @@ pub fn build_chase(buf: &[AtomicU64]) -> u64 {
     lines
 }
 
-/// Follows the chase for `hops` dependent loads from word 0; returns where
+/// Follows the chase for `hops` dependent loads from word `from` (0: the
+/// start; a previous chase's end to go on along the cycle); returns where
 /// it ended (so the loads cannot be optimised away).
 #[inline(never)]
-pub fn chase(buf: &[AtomicU64], hops: u64) -> u64 {
-    let mut i = 0u64;
+pub fn chase(buf: &[AtomicU64], from: u64, hops: u64) -> u64 {
+    let mut i = from;
     for _ in 0..hops {
         i = buf.get(i as usize).map_or(0, |w| w.load(Relaxed));
     }
@@ -1149,7 +1150,11 @@ mod tests {
             i = buf[i as usize].load(Relaxed);
         }
         assert_eq!(i, 0, "a single cycle");
-        assert_eq!(chase(&buf, 1024), 0);
+        assert_eq!(chase(&buf, 0, 1024), 0);
+        // Going on from where a chase ended visits the rest of the cycle.
+        let half = chase(&buf, 0, 512);
+        assert_ne!(half, 0);
+        assert_eq!(chase(&buf, half, 512), 0);
         assert_eq!(chase_lines(7), 0);
     }
 

@@ -22,6 +22,10 @@ use super::{rdtsc, rdtsc_ordered};
 const PREEMPTION_GAP_US: u64 = 20;
 /// Passes of the boot measurement (the fastest counts).
 const CHASE_PASSES: u32 = 2;
+/// Most loads one pass times: 2^21 lines (128 MiB of a larger buffer),
+/// ~0.3 s at DRAM latency, so that a 512 MiB buffer (a host with a 300 MiB
+/// LLC) does not take seconds of a run's time.
+const CHASE_PASS_HOPS: u64 = 1 << 21;
 /// Bounds on a plausible DRAM latency measurement, ps (10 ns .. 10 us).
 const DRAM_PS_RANGE: core::ops::RangeInclusive<u64> = 10_000..=10_000_000;
 /// Bounds on a plausible LLC hit latency measurement, ps (1 ns .. 200 ns).
@@ -200,12 +204,12 @@ fn measure_dram(h: *mut EmulationHeader, tsc_khz: u64) {
     let buf =
         unsafe { core::slice::from_raw_parts(hread!(h, chase_gpa) as *const AtomicU64, words) };
     // The buffer is twice the LLC, so no pass hits lines of the previous.
-    let (ps, lines) = fastest_chase_ps(buf, tsc_khz);
+    let (ps, hops) = fastest_chase_ps(buf, tsc_khz);
     // An implausible measurement charges the full tier latency (as if the
     // host's DRAM cost nothing) rather than a wrong difference.
     let ps = if DRAM_PS_RANGE.contains(&ps) { ps } else { 0 };
     hwrite!(h, ps, dram_ps);
-    hwrite!(h, lines * u64::from(CHASE_PASSES), chase_hops);
+    hwrite!(h, hops, chase_hops);
 }
 
 /// vCPU 0 at boot, when the VMM asks for a host LLC model: times dependent
@@ -228,23 +232,26 @@ fn measure_llc_hit(h: *mut EmulationHeader, tsc_khz: u64) {
     hwrite!(h, ps, llc_hit_ps);
 }
 
-/// Links `buf` into one chase cycle and times [`CHASE_PASSES`] passes over
-/// it (each line once per pass): the fastest pass's picoseconds per load,
-/// the one least disturbed by the host (`u64::MAX` for an empty buffer),
-/// and the lines per pass.
+/// Links `buf` into one chase cycle and times [`CHASE_PASSES`] passes along
+/// it, each over the whole cycle or [`CHASE_PASS_HOPS`] lines, whichever
+/// is fewer, the next going on where the last ended (so a pass over part of
+/// a large buffer never revisits the lines of the one before): the fastest
+/// pass's picoseconds per load, the one least disturbed by the host
+/// (`u64::MAX` for an empty buffer), and the loads timed.
 fn fastest_chase_ps(buf: &[AtomicU64], tsc_khz: u64) -> (u64, u64) {
     let lines = build_chase(buf);
-    let mut ps = u64::MAX;
+    let hops = lines.min(CHASE_PASS_HOPS);
+    let (mut ps, mut at) = (u64::MAX, 0);
     for _ in 0..CHASE_PASSES {
-        if lines == 0 {
+        if hops == 0 {
             break;
         }
         let t0 = rdtsc();
-        let end = chase(buf, lines);
+        at = chase(buf, at, hops);
         let cycles = rdtsc().wrapping_sub(t0);
-        core::hint::black_box(end);
-        let pass = u128::from(cycles) * 1_000_000_000 / (u128::from(lines) * u128::from(tsc_khz));
+        core::hint::black_box(at);
+        let pass = u128::from(cycles) * 1_000_000_000 / (u128::from(hops) * u128::from(tsc_khz));
         ps = ps.min(u64::try_from(pass).unwrap_or(u64::MAX));
     }
-    (ps, lines)
+    (ps, hops * u64::from(CHASE_PASSES))
 }
