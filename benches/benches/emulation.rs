@@ -59,28 +59,22 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(N as u64));
     let wide = addresses(PAGES * 4096, 1);
     let hot = addresses(256 << 10, 2);
+    // Every access of `addrs` through `ch`.
+    let accesses = |ch: &Charger<'_>, addrs: &[u64]| {
+        for &a in addrs {
+            ch.access(black_box(a), false);
+        }
+    };
     let lookup = ready(Charger::new(&map, PAGES, None, clock));
     g.bench_function("tier lookup (no cache model)", |b| {
-        b.iter(|| {
-            for &a in &wide {
-                lookup.access(black_box(a), false);
-            }
-        })
+        b.iter(|| accesses(&lookup, &wide))
     });
     let model = ready(Charger::new(&map, PAGES, CacheModel::new(&sets), clock));
     g.bench_function("cache model miss + tier lookup (1 GiB random)", |b| {
-        b.iter(|| {
-            for &a in &wide {
-                model.access(black_box(a), false);
-            }
-        })
+        b.iter(|| accesses(&model, &wide))
     });
     g.bench_function("cache model hit (256 KiB hot set)", |b| {
-        b.iter(|| {
-            for &a in &hot {
-                model.access(black_box(a), false);
-            }
-        })
+        b.iter(|| accesses(&model, &hot))
     });
     // What a default run pays per access: the sampled 32 MiB model and
     // access sampling one in 8 (`sample=8`).
@@ -88,13 +82,7 @@ fn bench(c: &mut Criterion) {
     dflt.set_access_sampling(8);
     g.bench_function(
         "default path: sampled model, sample=8 (1 GiB random)",
-        |b| {
-            b.iter(|| {
-                for &a in &wide {
-                    dflt.access(black_box(a), false);
-                }
-            })
-        },
+        |b| b.iter(|| accesses(&dflt, &wide)),
     );
     // The loop alone, to subtract.
     g.bench_function("loop without a charger (1 GiB random)", |b| {

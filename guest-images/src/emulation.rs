@@ -115,6 +115,18 @@ impl<'a> CacheModel<'a> {
     }
 }
 
+/// Plausible host LLC hit latencies, ps (1 ns .. 200 ns): a boot
+/// measurement outside is not used (guest) and not reported (VMM).
+pub const LLC_HIT_PS_RANGE: core::ops::RangeInclusive<u64> = 1_000..=200_000;
+
+/// Moves a miss ratio (fixed point, [`RATIO_BITS`]) `1 / SAMPLE_WINDOW`
+/// of the way towards one lookup's outcome (an exponential moving average).
+fn ratio_towards(ratio: &Cell<u32>, missed: bool) {
+    let target = i64::from(missed) << RATIO_BITS;
+    let step = (target - i64::from(ratio.get())) >> SAMPLE_WINDOW.trailing_zeros();
+    ratio.set((i64::from(ratio.get()) + step) as u32);
+}
+
 /// A tier's charge per access in fixed-point TSC cycles (`<< FRAC_BITS`):
 /// `max(0, latency - dram)` picoseconds at `tsc_khz`.
 pub fn charge_fixed(latency_ps: u64, dram_ps: u64, tsc_khz: u64) -> u64 {
@@ -492,23 +504,24 @@ impl<'a> Charger<'a> {
                 self.writes[tier].set(self.writes[tier].get() + scale);
             }
         }
-        let r = &self.miss_ratio[tier];
-        let target = i64::from(!hit) << RATIO_BITS;
-        let step = (target - i64::from(r.get())) >> SAMPLE_WINDOW.trailing_zeros();
-        r.set((i64::from(r.get()) + step) as u32);
+        ratio_towards(&self.miss_ratio[tier], !hit);
+        self.refresh_expected(tier);
+    }
+
+    /// [`Self::update_expected`] after a ratio of `tier` moved; the budget
+    /// stays safe while no charge exceeds the one it was computed with.
+    fn refresh_expected(&self, tier: usize) {
         self.update_expected(tier);
-        // The budget stays safe while no charge exceeds the one it was
-        // computed with.
         if self.expected[tier].get() > self.budget_rate.get() {
             self.rebudget();
         }
     }
 
     /// The expected charge per access of `tier`: its charge times its
-    /// sampled miss ratio (the full charge before any sample).
-    /// With a host LLC model, a model miss that hits the host's cache
-    /// costs [`Self::host_hit_extra`] more: the charge is `charge + extra x
-    /// (1 - host miss ratio)`, times the model's miss ratio.
+    /// sampled miss ratio (the full charge before any sample). With a host
+    /// LLC model, a model miss that hits the host's cache costs
+    /// [`Self::host_hit_extra`] more: the charge is `charge + extra x (1 -
+    /// host miss ratio)`, times the model's miss ratio.
     fn update_expected(&self, tier: usize) {
         let one = 1u128 << RATIO_BITS;
         let host_hit = one - u128::from(self.host_miss_ratio[tier].get()).min(one);
@@ -545,14 +558,8 @@ impl<'a> Charger<'a> {
             self.host_hits
                 .set(self.host_hits.get() + (1u64 << self.host_shift));
         }
-        let r = &self.host_miss_ratio[tier];
-        let target = i64::from(!host_hit) << RATIO_BITS;
-        let step = (target - i64::from(r.get())) >> SAMPLE_WINDOW.trailing_zeros();
-        r.set((i64::from(r.get()) + step) as u32);
-        self.update_expected(tier);
-        if self.expected[tier].get() > self.budget_rate.get() {
-            self.rebudget();
-        }
+        ratio_towards(&self.host_miss_ratio[tier], !host_hit);
+        self.refresh_expected(tier);
     }
 
     /// Adds the counted accesses' charges to the debt (and, without a

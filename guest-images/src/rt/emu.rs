@@ -13,6 +13,7 @@ use crate::abi::{
 };
 use crate::emulation::{
     build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger, FRAC_BITS,
+    LLC_HIT_PS_RANGE,
 };
 
 use super::{rdtsc, rdtsc_ordered};
@@ -28,8 +29,6 @@ const CHASE_PASSES: u32 = 2;
 const CHASE_PASS_HOPS: u64 = 1 << 21;
 /// Bounds on a plausible DRAM latency measurement, ps (10 ns .. 10 us).
 const DRAM_PS_RANGE: core::ops::RangeInclusive<u64> = 10_000..=10_000_000;
-/// Bounds on a plausible LLC hit latency measurement, ps (1 ns .. 200 ns).
-const LLC_PS_RANGE: core::ops::RangeInclusive<u64> = 1_000..=200_000;
 
 /// One vCPU's emulation state.
 pub(crate) struct GuestEmulation {
@@ -228,7 +227,11 @@ fn measure_llc_hit(h: *mut EmulationHeader, tsc_khz: u64) {
     };
     // Linking the cycle writes every line: the passes find them cached.
     let (ps, _) = fastest_chase_ps(buf, tsc_khz);
-    let ps = if LLC_PS_RANGE.contains(&ps) { ps } else { 0 };
+    let ps = if LLC_HIT_PS_RANGE.contains(&ps) {
+        ps
+    } else {
+        0
+    };
     hwrite!(h, ps, llc_hit_ps);
 }
 

@@ -127,15 +127,15 @@ pub(super) fn initial_state(
         _ => gib_pages(scn.workload.footprint_gib()).max(1),
     };
     // Writes add a write-back to the bandwidth model: the guest workloads'
-    // own write share, else the scenario's.
-    let write_share = match &guest_stream {
-        Some(Stream::Kv(k)) => k.write_fraction(4096),
-        Some(Stream::Pagerank(g)) => g.write_fraction(),
-        _ => scn.write_ratio.clamp(0.0, 1.0),
-    };
-    let accesses_per_op = match &guest_stream {
-        Some(Stream::Kv(k)) => k.accesses_per_op(4096).max(1.0),
-        _ => 1.0,
+    // own write share, else the scenario's. An operation is one access but
+    // in kv, whose requests take several.
+    let (write_share, accesses_per_op) = match &guest_stream {
+        Some(Stream::Kv(k)) => {
+            let (writes, per_op) = k.op_shape(4096);
+            (writes, per_op.max(1.0))
+        }
+        Some(Stream::Pagerank(g)) => (g.write_fraction(), 1.0),
+        _ => (scn.write_ratio.clamp(0.0, 1.0), 1.0),
     };
     let cap: Vec<u64> = scn
         .tiers

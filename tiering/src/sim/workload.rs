@@ -537,9 +537,10 @@ impl KvStream {
         (self.pattern.layout().bytes / PAGE_SIZE).max(1)
     }
 
-    /// Fraction of accesses that write, estimated over `ops` operations
-    /// of a private generator (for the bandwidth model).
-    pub fn write_fraction(&self, ops: u32) -> f64 {
+    /// The fraction of accesses that write (for the bandwidth model) and
+    /// the accesses per operation (to spread a request's CPU time over its
+    /// accesses), estimated over `ops` operations of a private generator.
+    pub fn op_shape(&self, ops: u32) -> (f64, f64) {
         let mut rng = Rng::new(0x5EED);
         let mut out = [tiervm_guest::workloads::Access {
             addr: 0,
@@ -551,22 +552,10 @@ impl KvStream {
             all += n;
             writes += out[..n].iter().filter(|a| a.write).count();
         }
-        writes as f64 / all.max(1) as f64
-    }
-
-    /// Accesses per operation (request), averaged over `ops` operations
-    /// of a private generator (to spread a request's CPU time over its
-    /// accesses).
-    pub fn accesses_per_op(&self, ops: u32) -> f64 {
-        let mut rng = Rng::new(0x5EED);
-        let mut out = [tiervm_guest::workloads::Access {
-            addr: 0,
-            write: false,
-        }; KV_MAX_ACCESSES];
-        let all: usize = (0..ops)
-            .map(|_| self.pattern.next_op(&mut rng, &mut out))
-            .sum();
-        all as f64 / f64::from(ops.max(1))
+        (
+            writes as f64 / all.max(1) as f64,
+            all as f64 / f64::from(ops.max(1)),
+        )
     }
 
     fn refill(&mut self, rng: &mut Rng) {

@@ -1031,10 +1031,15 @@ fn measured_dram(record: &RunRecord) -> Option<f64> {
     record.report.as_ref()?.emulation.as_ref()?.host_dram_ns
 }
 
+/// A run's emulation report, if it had one.
+fn emulation_of(record: &RunRecord) -> Option<&crate::emulation::EmulationReport> {
+    record.report.as_ref()?.emulation.as_ref()
+}
+
 /// The caveat a run's emulation report carries (a cache model smaller than
 /// this host's LLC), the same for every run of a comparison.
 fn emulation_caveat(record: &RunRecord) -> Option<String> {
-    record.report.as_ref()?.emulation.as_ref()?.caveat.clone()
+    emulation_of(record)?.caveat.clone()
 }
 
 /// With latency emulation, the first measurement of the host's DRAM latency
@@ -1114,17 +1119,9 @@ fn results(
             .or_else(|| runs.iter().find_map(measured_dram)),
         emulated_costs_ns: None,
         emulation_caveat: runs.iter().find_map(emulation_caveat),
-        emulation_host_cache: runs.iter().find_map(|r| {
-            Some(
-                r.report
-                    .as_ref()?
-                    .emulation
-                    .as_ref()?
-                    .host_cache
-                    .as_ref()?
-                    .human(),
-            )
-        }),
+        emulation_host_cache: runs
+            .iter()
+            .find_map(|r| Some(emulation_of(r)?.host_cache.as_ref()?.human())),
     };
     let setup = Setup {
         emulated_costs_ns: first

@@ -460,7 +460,7 @@ impl EmulationReport {
         let all = charged.saturating_add(t.cache_hits);
         let host_cache = (region.layout().host_cache_bytes != 0).then(|| {
             let llc_ps = region.llc_hit_ps();
-            let llc_hit_ns = (1_000..=200_000)
+            let llc_hit_ns = tiervm_guest::emulation::LLC_HIT_PS_RANGE
                 .contains(&llc_ps)
                 .then_some(llc_ps as f64 / 1e3);
             HostCacheReport {
