@@ -158,7 +158,7 @@ fn structs() -> Vec<(&'static str, &'static str, u64, Vec<Field>)> {
                 "host_cache_bytes" => host_cache_bytes,
                 "host_cache_model_gpa" => host_cache_model_gpa,
                 "host_cache_model_stride" => host_cache_model_stride,
-                "llc_hit_ps" => llc_hit_ps,
+                "llc_hit_ps" => llc_hit_ps, "ab_phase_ops" => ab_phase_ops,
                 "reserved" => _reserved, "vcpus" => vcpus),
         ),
         (

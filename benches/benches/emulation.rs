@@ -1,7 +1,9 @@
 //! Cost of latency emulation's per-access path in the guest runtime
-//! (`tiervm_guest::emulation`), on the host: the tier-map lookup alone,
-//! with the cache model (32 MiB, 4-way, set-sampled) missing and hitting,
-//! the default path (access sampling one in 8), and the loop alone. No
+//! (`tiervm_guest::emulation`), on the host: every access charged (the
+//! path of workloads that pay per operation, kv): the tier-map lookup
+//! alone, with the cache model (32 MiB, 4-way, set-sampled) missing and
+//! hitting; the default path (set sampling alone) with a 32 MiB and a
+//! 256 MiB model; and the loop alone. No
 //! charge is paid (charges 0), so this is what every workload access pays
 //! on top of the access itself. The live, side-by-side overhead on whole
 //! workloads is `tiervm emulation-check --checks overhead` (docs/results.md
@@ -70,19 +72,29 @@ fn bench(c: &mut Criterion) {
         b.iter(|| accesses(&lookup, &wide))
     });
     let model = ready(Charger::new(&map, PAGES, CacheModel::new(&sets), clock));
-    g.bench_function("cache model miss + tier lookup (1 GiB random)", |b| {
-        b.iter(|| accesses(&model, &wide))
-    });
-    g.bench_function("cache model hit (256 KiB hot set)", |b| {
-        b.iter(|| accesses(&model, &hot))
-    });
-    // What a default run pays per access: the sampled 32 MiB model and
-    // access sampling one in 8 (`sample=8`).
+    g.bench_function(
+        "every access charged: sampled 32 MiB model + tier lookup (1 GiB random)",
+        |b| b.iter(|| accesses(&model, &wide)),
+    );
+    g.bench_function(
+        "every access charged: 256 KiB hot set hitting the model",
+        |b| b.iter(|| accesses(&model, &hot)),
+    );
+    // What a default run pays per access: the sampled model charging by
+    // set sampling alone (`sample=8`, the default): a 32 MiB LLC's model
+    // looks one line in 16 up, a 256 MiB one's one in 128.
     let dflt = ready(Charger::new(&map, PAGES, CacheModel::new(&sets), clock));
     dflt.set_access_sampling(8);
     g.bench_function(
-        "default path: sampled model, sample=8 (1 GiB random)",
+        "default path: 32 MiB model, set sampling alone (1 GiB random)",
         |b| b.iter(|| accesses(&dflt, &wide)),
+    );
+    let big_sets = zeroed((256 << 20) / 256);
+    let big = ready(Charger::new(&map, PAGES, CacheModel::new(&big_sets), clock));
+    big.set_access_sampling(8);
+    g.bench_function(
+        "default path: 256 MiB model, set sampling alone (1 GiB random)",
+        |b| b.iter(|| accesses(&big, &wide)),
     );
     // The loop alone, to subtract.
     g.bench_function("loop without a charger (1 GiB random)", |b| {
@@ -96,6 +108,7 @@ fn bench(c: &mut Criterion) {
     black_box(lookup.counters());
     black_box(model.counters());
     black_box(dflt.counters());
+    black_box(big.counters());
 }
 
 criterion_group!(benches, bench);

@@ -186,7 +186,8 @@ struct tiervm_emulation_header {
     uint64_t host_cache_model_gpa;    /* offset 200: per-vCPU host LLC models, zeroed (VMM) */
     uint64_t host_cache_model_stride; /* offset 208: bytes per vCPU's host model (VMM) */
     uint64_t llc_hit_ps;         /* offset 216: measured host LLC hit latency (guest) */
-    uint64_t reserved[4];        /* offset 224 */
+    uint64_t ab_phase_ops;       /* offset 224: switch charging on/off every this many ops, 0 = never (VMM) */
+    uint64_t reserved[3];        /* offset 232 */
     struct tiervm_emulation_vcpu vcpus[TIERVM_MAX_VCPUS]; /* offset 256 (guest) */
 };
 

@@ -283,8 +283,14 @@ pub struct EmulationHeader {
     /// Host LLC hit latency the guest measured at boot, picoseconds (guest;
     /// only with `host_cache_bytes`).
     pub llc_hit_ps: u64,
+    /// Charging on and off within the run (`ab=on`): the guest switches
+    /// charging on and off every this many operations per vCPU and reports
+    /// each half's operations and TSC cycles as result metrics
+    /// (`emu_ab_on_ops`, `emu_ab_on_cycles`, `emu_ab_off_ops`,
+    /// `emu_ab_off_cycles`); 0: charge throughout (VMM).
+    pub ab_phase_ops: u64,
     /// Reserved, zero.
-    pub _reserved: [u64; 4],
+    pub _reserved: [u64; 3],
     /// Per-vCPU counters (guest).
     pub vcpus: [EmulationVcpu; MAX_VCPUS],
 }

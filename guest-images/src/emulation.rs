@@ -52,6 +52,26 @@ const LANES_TOP: u64 = 0x8000_8000_8000_8000;
 const BUDGET_MAX: i64 = 1 << 16;
 /// Longest period of access sampling ([`Charger::set_access_sampling`]).
 pub const ACCESS_PERIOD_MAX: u32 = 64;
+/// Multiplier of the line hash that picks a sampled model's sets (and the
+/// set and tag within them): `line x LINE_HASH` (mod 2^64), a bijection
+/// whose top bits depend on every bit of the line (Fibonacci hashing,
+/// Knuth TAOCP vol. 3 §6.4; 2^64 / the golden ratio, made odd). The
+/// sampled lines are the ones whose hash has its top bits zero, so no
+/// alignment of a workload's structures (every page's first line, a
+/// power-of-two stride) lines up with them, as it would with the line's
+/// low bits; hardware LLCs hash addresses to slices and sets likewise.
+pub const LINE_HASH: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The line a sampled model of `2^set_bits` sets looks up for a line whose
+/// hash `h` has its top `drop` bits zero: the next `set_bits` bits of the
+/// hash are its set, the 15 after them its tag ([`CacheModel::touch`]).
+#[inline(always)]
+fn hashed_line(h: u64, drop: u32, set_bits: u32) -> u64 {
+    let y = h.checked_shl(drop).unwrap_or(0);
+    let set = y.checked_shr(64 - set_bits).unwrap_or(0);
+    let tag = (y >> (64 - set_bits.min(49) - 15)) & 0x7fff;
+    set | (tag << set_bits)
+}
 
 /// A set-associative LRU model of one vCPU's last-level cache: one `u64`
 /// per set holding four 16-bit tags, most recently used first. A line's
@@ -167,11 +187,13 @@ pub struct Charger<'a> {
     /// so a payment starts at the access it would start at if every access
     /// added to the debt itself.
     budget: Cell<i64>,
-    /// Set sampling of the cache model: only lines with these low bits
-    /// zero are looked up (one in `1 << sample_shift`); 0 = every line.
+    /// Set sampling of the cache model: only lines whose hash
+    /// ([`LINE_HASH`]) has these top bits zero are looked up (one in
+    /// `1 << sample_shift`); 0 = every line, by its low bits.
     sample_shift: u32,
-    /// Lines with these low bits zero are looked up in `host`.
-    host_shift: u32,
+    /// Charge by set sampling alone ([`Self::set_access_sampling`]): an
+    /// access whose line is not sampled costs the hash and one compare.
+    sets_only: Cell<bool>,
     /// Charged accesses not yet added to the debt, per tier and kind
     /// (index `2 * tier + write`): the hot path only counts, and
     /// [`Self::account`] multiplies by the tier's charge.
@@ -192,6 +214,12 @@ pub struct Charger<'a> {
     /// host DRAM latency minus LLC hit latency (fixed point).
     host_hit_extra: u64,
     host_hits: Cell<u64>,
+    /// Lines whose hash has these top bits zero (or, with an exact model,
+    /// whose line has these low bits zero) are looked up in `host`.
+    host_shift: u32,
+    /// Per tier, what a model miss is charged: the tier's charge plus the
+    /// host-LLC extra times its hit share (fixed point).
+    miss_charge: [Cell<u64>; EMULATION_MAX_TIERS],
     /// Per tier, the charge per access with sampling: the tier's charge
     /// times its sampled miss ratio (fixed point).
     expected: [Cell<u64>; EMULATION_MAX_TIERS],
@@ -256,6 +284,8 @@ impl<'a> Charger<'a> {
             map_pages,
             cache,
             sample_shift,
+            sets_only: Cell::new(false),
+            miss_charge: Default::default(),
             miss_ratio: core::array::from_fn(|_| Cell::new(1 << RATIO_BITS)),
             host: None,
             host_shift: 0,
@@ -356,17 +386,29 @@ impl<'a> Charger<'a> {
     /// the debt passes the threshold.
     ///
     /// With a sampled model (`sample_shift > 0`) one line in `2^shift` is
-    /// looked up; every access of a tier is charged the tier's charge times
-    /// the miss ratio its sampled lookups show (the expected charge), and
-    /// the counters count each sampled hit and miss `2^shift` times.
+    /// looked up (those whose hash has its top `shift` bits zero). When
+    /// every access is charged (settling workloads), every access of a tier
+    /// is charged the tier's charge times the miss ratio its sampled
+    /// lookups show (the expected charge), looking its tier up; otherwise
+    /// (`sets_only`, the default) only a sampled line's miss is charged,
+    /// `2^shift` times (set sampling's estimate), and an access to any
+    /// other line costs a multiply and a compare. The counters count each
+    /// sampled hit and miss `2^shift` times.
     ///
-    /// The hot path looks the tier up and counts the access; the charge is
-    /// added to the debt in [`Self::account`], before the debt could reach
-    /// the threshold, at every [`Self::settle`] and before the counters
-    /// are read.
+    /// The every-access path looks the tier up and counts the access; the
+    /// charge is added to the debt in [`Self::account`], before the debt
+    /// could reach the threshold, at every [`Self::settle`] and before the
+    /// counters are read.
     #[inline(always)]
     pub fn access(&self, addr: u64, write: bool) {
         let line = addr / CACHE_LINE;
+        if self.sets_only.get() {
+            let h = line.wrapping_mul(LINE_HASH);
+            if h >> (64 - self.sample_shift) == 0 {
+                self.sample(addr, h, write);
+            }
+            return;
+        }
         if self.sample_shift == 0 {
             if let Some(c) = &self.cache {
                 let hit = c.touch(line);
@@ -378,8 +420,11 @@ impl<'a> Charger<'a> {
                     return;
                 }
             }
-        } else if line & ((1 << self.sample_shift) - 1) == 0 {
-            self.sample(self.tier_of(addr), line, write);
+        } else {
+            let h = line.wrapping_mul(LINE_HASH);
+            if h >> (64 - self.sample_shift) == 0 {
+                self.sample(addr, h, write);
+            }
         }
         // Access sampling: only lines the current hash picks are looked up
         // (all of them when every access is charged), each charged for
@@ -401,6 +446,11 @@ impl<'a> Charger<'a> {
     /// whatever the access pattern; the salt is redrawn at every
     /// [`Self::account`] and [`Self::counters`], so a line is not picked or
     /// skipped for long.
+    ///
+    /// With a set-sampled model a period above 1 charges by set sampling
+    /// alone (`sets_only`, [`Self::access`]), which needs no access
+    /// sampling: a miss of a sampled line stands for the `2^shift` lines of
+    /// its kind, whatever the access pattern.
     pub fn set_access_sampling(&self, period: u32) {
         let p = period.clamp(1, ACCESS_PERIOD_MAX).next_power_of_two();
         self.weight.set(u64::from(p));
@@ -410,6 +460,10 @@ impl<'a> Charger<'a> {
             u64::MAX / u64::from(p)
         });
         self.redraw_salt();
+        // A set-sampled model charges by itself: only its sampled misses.
+        self.flush_pending();
+        self.sets_only
+            .set(p > 1 && self.sample_shift > 0 && self.cache.is_some());
     }
 
     /// A new random odd salt for access sampling (xorshift64, Marsaglia
@@ -435,11 +489,9 @@ impl<'a> Charger<'a> {
     /// at its end.
     #[inline]
     pub fn access_span(&self, addr: u64, lines: u64, write: bool) {
-        if lines == 1 {
-            return self.access(addr, write);
-        }
-        if self.sample_shift == 0 && self.cache.is_some() {
-            // An exact model looks every line up.
+        if lines == 1 || self.sets_only.get() || (self.sample_shift == 0 && self.cache.is_some()) {
+            // Set sampling alone hashes every line; an exact model looks
+            // every line up.
             for i in 0..lines {
                 self.access(addr.wrapping_add(i * CACHE_LINE), write);
             }
@@ -449,17 +501,16 @@ impl<'a> Charger<'a> {
         while left > 0 {
             let in_page = ((a | 0xfff) - a) / CACHE_LINE + 1;
             let n = left.min(in_page);
-            let tier = self.tier_of(a);
             if self.sample_shift > 0 {
-                let step = 1u64 << self.sample_shift;
                 let first = a / CACHE_LINE;
-                let mut l = first.next_multiple_of(step);
-                while l < first + n {
-                    self.sample(tier, l, write);
-                    l += step;
+                for l in first..first + n {
+                    let h = l.wrapping_mul(LINE_HASH);
+                    if h >> (64 - self.sample_shift) == 0 {
+                        self.sample(l * CACHE_LINE, h, write);
+                    }
                 }
             }
-            self.count(tier, write, n);
+            self.count(self.tier_of(a), write, n);
             a = a.wrapping_add(n * CACHE_LINE);
             left -= n;
         }
@@ -478,22 +529,28 @@ impl<'a> Charger<'a> {
         }
     }
 
-    /// One sampled lookup of `line` (of `tier`): counts it (scaled) and
-    /// updates the tier's expected charge.
+    /// One sampled lookup of the line at `addr`, whose hash is `h`: counts
+    /// it (scaled), updates its tier's expected charge and, charging by set
+    /// sampling alone, charges a miss `2^shift` times its tier's miss
+    /// charge.
     #[cold]
     #[inline(never)]
-    fn sample(&self, tier: usize, line: u64, write: bool) {
+    fn sample(&self, addr: u64, h: u64, write: bool) {
         let Some(c) = &self.cache else {
             return;
         };
+        let tier = self.tier_of(addr);
         // Accesses counted but not yet accounted are charged at the
         // expected charge this lookup moves by at most 1/256: not flushed
         // first (it is the hot cold path of spans).
-        let hit = c.touch(line >> self.sample_shift);
+        let hit = c.touch(hashed_line(h, self.sample_shift, c.set_bits));
         // Host-sampled lines are a subset of the sampled ones (the host
-        // model is the larger).
-        if self.host.is_some() && line & ((1 << self.host_shift) - 1) == 0 {
-            self.host_touch(tier, line, hit);
+        // model is the larger: more of the hash's top bits are zero).
+        if let Some(hm) = &self.host {
+            if h.checked_shr(64 - self.host_shift).unwrap_or(0) == 0 {
+                let l = hashed_line(h, self.host_shift, hm.set_bits);
+                self.host_touch(tier, l, hit);
+            }
         }
         let scale = 1u64 << self.sample_shift;
         if hit {
@@ -506,6 +563,15 @@ impl<'a> Charger<'a> {
         }
         ratio_towards(&self.miss_ratio[tier], !hit);
         self.refresh_expected(tier);
+        if !hit && self.sets_only.get() {
+            let c = scale.saturating_mul(self.miss_charge[tier].get());
+            self.charged.set(self.charged.get().wrapping_add(c));
+            let c = i64::try_from(c).unwrap_or(i64::MAX);
+            self.debt.set(self.debt.get().saturating_add(c));
+            if self.debt.get() >= self.threshold.get() as i64 {
+                self.pay();
+            }
+        }
     }
 
     /// [`Self::update_expected`] after a ratio of `tier` moved; the budget
@@ -531,6 +597,7 @@ impl<'a> Charger<'a> {
             0
         };
         let c = u128::from(self.charge[tier].get()) + extra;
+        self.miss_charge[tier].set(u64::try_from(c).unwrap_or(u64::MAX >> 2));
         let e = (c * u128::from(self.miss_ratio[tier].get())) >> RATIO_BITS;
         self.expected[tier].set(u64::try_from(e).unwrap_or(u64::MAX >> 2));
     }
@@ -541,16 +608,17 @@ impl<'a> Charger<'a> {
     #[inline(never)]
     fn host_lookup(&self, addr: u64, line: u64, model_hit: bool) {
         let tier = if model_hit { 0 } else { self.tier_of(addr) };
-        self.host_touch(tier, line, model_hit);
+        self.host_touch(tier, line >> self.host_shift, model_hit);
     }
 
-    /// Looks a host-sampled line up in the host LLC model; for a model
-    /// miss, moves its tier's host miss ratio towards the outcome.
+    /// Looks a host-sampled line up in the host LLC model (`line` as that
+    /// model indexes it); for a model miss, moves its tier's host miss
+    /// ratio towards the outcome.
     fn host_touch(&self, tier: usize, line: u64, model_hit: bool) {
         let Some(h) = &self.host else {
             return;
         };
-        let host_hit = h.touch(line >> self.host_shift);
+        let host_hit = h.touch(line);
         if model_hit {
             return;
         }
@@ -703,6 +771,70 @@ impl<'a> Charger<'a> {
     pub fn debt(&self) -> i64 {
         self.flush_pending();
         self.debt.get()
+    }
+}
+
+/// Charging switched on and off within one run (`ab=on`,
+/// [`crate::abi::EmulationHeader::ab_phase_ops`]): what emulation costs a
+/// workload, measured side by side in one VM. Between runs, where the host
+/// placed a guest's memory and what else the host ran move op times by
+/// more than the cost being measured; phases of a few thousand operations,
+/// alternating, see the same host. Charging starts on; every `phase_ops`
+/// operations it flips, and the phase's operations and TSC cycles are
+/// added to its half.
+#[derive(Debug)]
+pub struct ChargingAb {
+    phase_ops: u64,
+    charging: Cell<bool>,
+    /// Operations and TSC at the start of the current phase (`None` before
+    /// the first publication).
+    start: Cell<Option<(u64, u64)>>,
+    on: Cell<(u64, u64)>,
+    off: Cell<(u64, u64)>,
+}
+
+impl ChargingAb {
+    /// Phases of `phase_ops` operations (at least 1), charging first.
+    pub fn new(phase_ops: u64) -> Self {
+        Self {
+            phase_ops: phase_ops.max(1),
+            charging: Cell::new(true),
+            start: Cell::new(None),
+            on: Cell::new((0, 0)),
+            off: Cell::new((0, 0)),
+        }
+    }
+
+    /// Whether the current phase charges.
+    #[inline(always)]
+    pub fn charging(&self) -> bool {
+        self.charging.get()
+    }
+
+    /// At a publication of the op counter: `ops` operations done, TSC
+    /// `now`. Ends the phase once it has run `phase_ops` operations and
+    /// returns whether the next one charges.
+    pub fn at(&self, ops: u64, now: u64) -> bool {
+        let Some((ops0, t0)) = self.start.get() else {
+            self.start.set(Some((ops, now)));
+            return self.charging.get();
+        };
+        let n = ops.saturating_sub(ops0);
+        if n < self.phase_ops {
+            return self.charging.get();
+        }
+        let half = if self.charging.get() { &self.on } else { &self.off };
+        let (o, c) = half.get();
+        half.set((o + n, c.wrapping_add(now.wrapping_sub(t0))));
+        self.start.set(Some((ops, now)));
+        self.charging.set(!self.charging.get());
+        self.charging.get()
+    }
+
+    /// Operations and TSC cycles of the completed charging phases, then of
+    /// the completed phases without charging.
+    pub fn halves(&self) -> ((u64, u64), (u64, u64)) {
+        (self.on.get(), self.off.get())
     }
 }
 
@@ -991,6 +1123,103 @@ mod tests {
             "sampled {big} vs exact {want}"
         );
         assert!(misses > n * 9 / 10);
+    }
+
+    /// Charging by set sampling alone (`sets_only`, access sampling on):
+    /// only sampled lines are looked up, and a miss of one is charged for
+    /// the `2^shift` lines it stands for.
+    #[test]
+    fn set_sampling_alone_charges_the_misses_of_every_kind_of_line() {
+        let map = every_eighth_page_slow(1 << 15);
+        let charge = 500u64;
+        fn sampled<'a>(map: &'a [AtomicU64], sets: &'a [AtomicU64]) -> Charger<'a> {
+            let ch = Charger::new(map, 1 << 15, CacheModel::new(sets), fake_clock);
+            assert_eq!(ch.sample_shift, 2);
+            ch.set_charges([0, 500 << FRAC_BITS, 0, 0], u64::MAX);
+            ch.set_access_sampling(8);
+            assert!(ch.sets_only.get());
+            ch
+        }
+        let n = 2_000_000u64;
+        // A cache-resident set (a quarter of the 8 MiB model): after the
+        // cold misses, free.
+        let sets = zeroed(1 << 15);
+        let ch = sampled(&map, &sets);
+        let mut x = 1;
+        for _ in 0..n {
+            ch.access(lcg(&mut x, 32 * 1024) * 64, false);
+        }
+        let warm = ch.counters().charged_cycles;
+        for _ in 0..n {
+            ch.access(lcg(&mut x, 32 * 1024) * 64, false);
+        }
+        let hot = ch.counters().charged_cycles - warm;
+        assert!(hot < n * 500 / 8 / 50, "a cache-resident set charged {hot}");
+        // Each kind of line is charged its own misses (against the full,
+        // unsampled model of the same size): random lines over 16x the model, and
+        // every page's first line only (a stride a low-bits set sampling
+        // would pick every time: all multiples of 64 have their low bits
+        // zero).
+        for (name, stride) in [("random", 1u64), ("page-first lines", 64)] {
+            let sets = zeroed(1 << 15);
+            let ch = sampled(&map, &sets);
+            let exact_sets = zeroed(1 << 15);
+            let exact = CacheModel::new(&exact_sets).unwrap();
+            let (mut slow_misses, mut misses) = (0u64, 0u64);
+            for _ in 0..n {
+                let line = lcg(&mut x, 2 << 20) * stride % (1 << 27);
+                let addr = line * 64;
+                ch.access(addr, false);
+                // The full model, indexed by the same hash.
+                if !exact.touch(hashed_line(line.wrapping_mul(LINE_HASH), 0, 15)) {
+                    misses += 1;
+                    slow_misses += u64::from(ch.tier_of(addr) == 1);
+                }
+            }
+            let v = ch.counters();
+            let want = (slow_misses * charge) as f64;
+            let got = v.charged_cycles as f64;
+            assert!(
+                (got / want - 1.0).abs() < 0.05,
+                "{name}: charged {got}, exact model's slow misses {want}"
+            );
+            let counted = (v.accesses[0] + v.accesses[1]) as f64;
+            assert!(
+                (counted / misses as f64 - 1.0).abs() < 0.05,
+                "{name}: {counted} counted misses, {misses} exact"
+            );
+        }
+        // Settling goes back to every access, at the expected charge.
+        let sets = zeroed(1 << 15);
+        let ch = sampled(&map, &sets);
+        ch.settle();
+        assert!(!ch.sets_only.get() && !ch.samples_accesses());
+    }
+
+    #[test]
+    fn charging_alternates_by_phase_and_each_half_gets_its_own_time() {
+        let ab = ChargingAb::new(1000);
+        assert!(ab.charging());
+        // Publications every 256 operations; charging phases take 3
+        // cycles per operation, the others 1.
+        let (mut ops, mut now) = (0u64, 0u64);
+        let mut flips = 0;
+        for _ in 0..4000 {
+            let was = ab.charging();
+            now += 256 * if was { 3 } else { 1 };
+            ops += 256;
+            if ab.at(ops, now) != was {
+                flips += 1;
+            }
+        }
+        assert!(flips > 100, "{flips} flips");
+        let ((on_ops, on_c), (off_ops, off_c)) = ab.halves();
+        assert!(on_ops > 0 && off_ops > 0);
+        assert!(on_ops.abs_diff(off_ops) <= 1024, "{on_ops} vs {off_ops}");
+        // The first publication only starts the first phase.
+        assert_eq!(on_ops + off_ops + 256 + (ops - 256) % 1024, ops);
+        assert_eq!(on_c, 3 * on_ops, "charging phases' own time");
+        assert_eq!(off_c, off_ops, "the other phases' own time");
     }
 
     /// A map of `pages` pages where every page `p` with `p % 8 == 0` is on

@@ -469,7 +469,7 @@ fn finish(
         t_s: end.duration_since(run_start).as_secs_f64(),
         ops: snap.total_ops(),
     });
-    let emulation = vm.take_emulation().map(Emulation::finish);
+    let emulation = vm.take_emulation().map(|e| e.finish(&snap.metrics));
     let tiering = match vm.take_tiered() {
         Some(t) => Some(t.finish(None)?),
         None => None,

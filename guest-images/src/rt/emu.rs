@@ -12,7 +12,7 @@ use crate::abi::{
     EMU_GUEST_MEASURING, MAX_VCPUS,
 };
 use crate::emulation::{
-    build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger, FRAC_BITS,
+    build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger, ChargingAb, FRAC_BITS,
     LLC_HIT_PS_RANGE,
 };
 
@@ -40,7 +40,13 @@ pub(crate) struct GuestEmulation {
     base_ps: u64,
     tsc_khz: u64,
     tier_count: usize,
+    /// Charging on and off within the run (`ab=on`).
+    ab: Option<ChargingAb>,
 }
+
+/// The halves of `ab=on`, summed over vCPUs: operations and TSC cycles
+/// charging, then not charging.
+static AB_HALVES: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
 /// Reads a field of the header the VMM may write concurrently.
 macro_rules! hread {
@@ -146,6 +152,10 @@ impl GuestEmulation {
             base_ps: charge_base_ps(dram_ps, hread!(h, unloaded_ps[0])),
             tsc_khz,
             tier_count,
+            ab: match hread!(h, ab_phase_ops) {
+                0 => None,
+                n => Some(ChargingAb::new(n)),
+            },
         };
         e.refresh();
         e.set_gap();
@@ -161,12 +171,41 @@ impl GuestEmulation {
     }
 
     /// Publishes the counters and picks up new loaded latencies (every few
-    /// hundred operations).
-    pub(crate) fn sync(&self) {
+    /// hundred operations, `ops` done so far). Returns whether the vCPU
+    /// charges until the next publication (`ab=on` switches it off and on).
+    pub(crate) fn sync(&self, ops: u64) -> bool {
+        self.publish();
+        self.ab.as_ref().is_none_or(|ab| ab.at(ops, rdtsc()))
+    }
+
+    /// Publishes the counters and picks up new loaded latencies.
+    pub(crate) fn publish(&self) {
         let c = self.charger.counters();
         // SAFETY: this vCPU's own slot of the header.
         unsafe { self.slot.write_volatile(c) };
         self.refresh();
+    }
+
+    /// Adds this vCPU's `ab=on` halves to the run's (at its end).
+    pub(crate) fn add_ab_halves(&self) {
+        if let Some(ab) = &self.ab {
+            let ((on_ops, on_c), (off_ops, off_c)) = ab.halves();
+            for (a, v) in AB_HALVES.iter().zip([on_ops, on_c, off_ops, off_c]) {
+                a.fetch_add(v, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Whether `ab=on` ran, and the run's halves as result metrics.
+    pub(crate) fn ab_metrics(&self) -> Option<[(&'static str, f64); 4]> {
+        self.ab.as_ref()?;
+        let v = |i: usize| AB_HALVES[i].load(Ordering::Acquire) as f64;
+        Some([
+            ("emu_ab_on_ops", v(0)),
+            ("emu_ab_on_cycles", v(1)),
+            ("emu_ab_off_ops", v(2)),
+            ("emu_ab_off_cycles", v(3)),
+        ])
     }
 
     /// Recomputes the charges when the VMM published new loaded latencies.

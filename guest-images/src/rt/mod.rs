@@ -6,6 +6,7 @@
 //! stack, IOPL 3 (so `in`/`out` work), no IDT (any exception is a triple
 //! fault the VMM reports as a crash).
 
+use core::cell::Cell;
 use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -114,6 +115,9 @@ pub struct GuestEnv {
     spec: &'static ImageSpec,
     /// Latency emulation, when the VMM published a region.
     emu: Option<emu::GuestEmulation>,
+    /// Whether workload accesses are charged now: with emulation, except
+    /// in the off phases of `ab=on` (the one test on every access).
+    charging: Cell<bool>,
 }
 
 impl GuestEnv {
@@ -128,20 +132,26 @@ impl GuestEnv {
 impl Charge for GuestEnv {
     #[inline(always)]
     fn access(&self, addr: usize, write: bool) {
-        if let Some(e) = &self.emu {
-            e.charger().access(addr as u64, write);
+        if self.charging.get() {
+            if let Some(e) = &self.emu {
+                e.charger().access(addr as u64, write);
+            }
         }
     }
     #[inline(always)]
     fn access_span(&self, addr: usize, lines: usize, write: bool) {
-        if let Some(e) = &self.emu {
-            e.charger().access_span(addr as u64, lines as u64, write);
+        if self.charging.get() {
+            if let Some(e) = &self.emu {
+                e.charger().access_span(addr as u64, lines as u64, write);
+            }
         }
     }
     #[inline(always)]
     fn settle(&self) {
-        if let Some(e) = &self.emu {
-            e.charger().settle();
+        if self.charging.get() {
+            if let Some(e) = &self.emu {
+                e.charger().settle();
+            }
         }
     }
 }
@@ -168,7 +178,7 @@ impl Env for GuestEnv {
         // SAFETY: our own slot of the status page.
         unsafe { core::ptr::addr_of_mut!((*self.slot()).ops).write_volatile(ops) }
         if let Some(e) = &self.emu {
-            e.sync();
+            self.charging.set(e.sync(ops));
         }
     }
     fn set_phase(&self, phase: Phase) {
@@ -249,10 +259,13 @@ extern "C" fn rt_main(vcpu: u64, boot: *const BootInfo) -> ! {
         // SAFETY: provided by the image! macro in the same binary.
         spec: unsafe { __tiervm_spec() },
         emu: None,
+        charging: Cell::new(false),
     };
     env.set_phase(Phase::Boot);
+    let emu = emu::GuestEmulation::attach(boot, vcpu as u32);
     let env = GuestEnv {
-        emu: emu::GuestEmulation::attach(boot, vcpu as u32),
+        charging: Cell::new(emu.is_some()),
+        emu,
         ..env
     };
     let words = ((boot.heap_end - boot.heap_start) / 8) as usize;
@@ -264,7 +277,8 @@ extern "C" fn rt_main(vcpu: u64, boot: *const BootInfo) -> ! {
     let code = unsafe { __tiervm_workload(&env, mem) };
     if let Some(e) = &env.emu {
         e.charger().settle();
-        e.sync();
+        e.publish();
+        e.add_ab_halves();
     }
     let _ = EXIT_SUM.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
         Some(s.saturating_add(code))
@@ -275,6 +289,11 @@ extern "C" fn rt_main(vcpu: u64, boot: *const BootInfo) -> ! {
     }
     while FINISHED.load(Ordering::Acquire) < env.vcpus() {
         core::hint::spin_loop();
+    }
+    if let Some(m) = env.emu.as_ref().and_then(|e| e.ab_metrics()) {
+        for (name, value) in m {
+            env.metric(name, value);
+        }
     }
     env.set_phase(Phase::Done);
     exit(EXIT_SUM.load(Ordering::Acquire))

@@ -101,6 +101,12 @@ pub struct EmulationConfig {
     /// cache model is smaller than it (`host-cache=on|off`, on by default;
     /// docs/emulation.md, "Scaled cache models").
     pub host_cache: bool,
+    /// Switch charging off and on within the run (`ab=on`; off by
+    /// default): measures what emulation costs the workload side by side in
+    /// one VM ([`super::region::AB_PHASE_OPS`], docs/emulation.md). The
+    /// off halves are not charged, so such a run's op time is not the
+    /// emulated one.
+    pub ab: bool,
 }
 
 /// A `--emulate-latency` value that cannot be used; each message names the fix.
@@ -113,7 +119,7 @@ pub enum EmulationConfigError {
         item: String,
     },
     /// An unknown key.
-    #[error("--emulate-latency: unknown key '{key}': use fast, slow, fast-bw, slow-bw, antagonist, queue-k, llc, pay, sample, host-dram or host-cache")]
+    #[error("--emulate-latency: unknown key '{key}': use fast, slow, fast-bw, slow-bw, antagonist, queue-k, llc, pay, sample, host-dram, host-cache or ab")]
     UnknownKey {
         /// The key.
         key: String,
@@ -153,6 +159,9 @@ pub enum EmulationConfigError {
         "--emulate-latency host-cache={0}: write host-cache=on (the default) or host-cache=off"
     )]
     BadHostCache(String),
+    /// An `ab=` that is neither on nor off.
+    #[error("--emulate-latency ab={0}: write ab=on (charging switched off and on within the run, to measure what emulation costs) or ab=off (the default)")]
+    BadAb(String),
     /// A payment threshold out of range.
     #[error("--emulate-latency pay={0}: give a threshold from 100ns to 1ms, e.g. pay=1us")]
     BadPay(String),
@@ -253,6 +262,7 @@ impl EmulationConfig {
             sample_period: DEFAULT_SAMPLE_PERIOD,
             host_dram_ns: None,
             host_cache: true,
+            ab: false,
         }
     }
 
@@ -351,6 +361,13 @@ impl EmulationConfig {
                     _ => return Err(EmulationConfigError::BadHostCache(value.into())),
                 };
             }
+            "ab" => {
+                self.ab = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(EmulationConfigError::BadAb(value.into())),
+                };
+            }
             "host-dram" => {
                 self.host_dram_ns = Some(parse_latency_ns(value).ok_or_else(bad_lat)?);
             }
@@ -383,6 +400,9 @@ impl EmulationConfig {
                 t.antagonist * 100.0,
                 t.name
             ));
+        }
+        if self.ab {
+            s.push_str(" (ab=on: charging switched off and on within the run)");
         }
         s
     }
@@ -492,6 +512,13 @@ mod tests {
         assert!(matches!(
             EmulationConfig::parse("host-cache=maybe"),
             Err(EmulationConfigError::BadHostCache(_))
+        ));
+        assert!(EmulationConfig::parse("ab=on").unwrap().ab);
+        assert!(EmulationConfig::parse("ab=on").unwrap().label().contains("ab=on"));
+        assert!(!EmulationConfig::parse("nomad-a").unwrap().ab);
+        assert!(matches!(
+            EmulationConfig::parse("ab=1"),
+            Err(EmulationConfigError::BadAb(_))
         ));
         // The host's size, no model, or an unknown host: nothing to say.
         let full = EmulationConfig::parse("llc=32M").unwrap();

@@ -177,8 +177,9 @@ impl Emulation {
         }
     }
 
-    /// Stops the thread and reports (the guest's final counters).
-    pub fn finish(mut self) -> EmulationReport {
+    /// Stops the thread and reports (the guest's final counters, and the
+    /// `ab=on` halves among its result metrics).
+    pub fn finish(mut self, guest_metrics: &std::collections::BTreeMap<String, f64>) -> EmulationReport {
         self.stop();
         let totals = Totals::sum((0..self.vcpus).map(|i| self.region.vcpu_counters(i)));
         let mut report = EmulationReport::new(
@@ -191,6 +192,9 @@ impl Emulation {
             self.tsc_khz,
         );
         report.thread_failed = self.thread_failed;
+        if self.cfg.ab {
+            report.ab = ChargingAbReport::from_metrics(guest_metrics, self.tsc_khz);
+        }
         report
     }
 }
@@ -390,6 +394,53 @@ pub struct EmulationReport {
     /// cache model (`host-cache=`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_cache: Option<HostCacheReport>,
+    /// `ab=on`: op time with and without charging, in alternating phases
+    /// of one run (measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ab: Option<ChargingAbReport>,
+}
+
+/// What `ab=on` measured: the run's completed phases with charging and
+/// without, summed over vCPUs (docs/emulation.md, "Overhead").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ChargingAbReport {
+    /// Operations in the phases that charged.
+    pub on_ops: u64,
+    /// Operations in the phases that did not.
+    pub off_ops: u64,
+    /// vCPU time per operation charging, ns (measured).
+    pub on_ns_per_op: f64,
+    /// vCPU time per operation not charging, ns (measured).
+    pub off_ns_per_op: f64,
+    /// `on_ns_per_op / off_ns_per_op`: what charging costs (1.0 = nothing).
+    pub ratio: f64,
+}
+
+impl ChargingAbReport {
+    /// The halves the guest posted as result metrics (`emu_ab_*`), with
+    /// the TSC at `tsc_khz`; `None` without both halves.
+    pub fn from_metrics(m: &std::collections::BTreeMap<String, f64>, tsc_khz: u64) -> Option<Self> {
+        let get = |k: &str| m.get(k).copied().filter(|v| v.is_finite() && *v > 0.0);
+        let (on_ops, on_c) = (get("emu_ab_on_ops")?, get("emu_ab_on_cycles")?);
+        let (off_ops, off_c) = (get("emu_ab_off_ops")?, get("emu_ab_off_cycles")?);
+        let ns = |cycles: f64, ops: f64| cycles / (tsc_khz.max(1) as f64 / 1e6) / ops;
+        let (on, off) = (ns(on_c, on_ops), ns(off_c, off_ops));
+        Some(Self {
+            on_ops: on_ops as u64,
+            off_ops: off_ops as u64,
+            on_ns_per_op: on,
+            off_ns_per_op: off,
+            ratio: on / off,
+        })
+    }
+
+    /// One line for the summaries.
+    pub fn human(&self) -> String {
+        format!(
+            "ab=on: {:.1} ns/op charging vs {:.1} ns/op not (x{:.3}), in alternating phases of one run ({} + {} ops, measured)",
+            self.on_ns_per_op, self.off_ns_per_op, self.ratio, self.on_ops, self.off_ops
+        )
+    }
 }
 
 impl HostCacheReport {
@@ -481,6 +532,7 @@ impl EmulationReport {
             label: cfg.label(),
             caveat: cfg.cache_model_caveat(config::host_llc_bytes()),
             host_cache,
+            ab: None,
             config: cfg.clone(),
             host_dram_ns,
             host_dram_hops: region.chase_hops(),
