@@ -174,8 +174,12 @@ pub fn charge_base_ps(dram_ps: u64, fastest_unloaded_ps: u64) -> u64 {
 /// the pending counts (the next line), then what only the cold paths use.
 #[repr(C, align(64))]
 pub struct Charger<'a> {
+    /// The tier map's words covering the map's pages (32 per word; a page
+    /// beyond them, or never placed, reads tier 0).
     map: &'a [AtomicU64],
-    map_pages: u64,
+    /// Set sampling: a line whose hash ([`LINE_HASH`]) is below this is
+    /// looked up (`2^(64 - sample_shift)`; unused with `sample_shift` 0).
+    sample_limit: u64,
     /// Access sampling ([`Self::set_access_sampling`]): a line is looked
     /// up when `(line + 1) x salt <= pick_limit`, and charged `weight` accesses;
     /// `rng` draws the salts.
@@ -246,7 +250,7 @@ const _: () = assert!(core::mem::offset_of!(Charger<'static>, pending) == 64);
 impl core::fmt::Debug for Charger<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Charger")
-            .field("map_pages", &self.map_pages)
+            .field("map_words", &self.map.len())
             .field("cache", &self.cache)
             .field("debt", &self.debt.get())
             .finish_non_exhaustive()
@@ -263,7 +267,10 @@ impl<'a> Charger<'a> {
         cache: Option<CacheModel<'a>>,
         clock: fn() -> u64,
     ) -> Self {
-        let map_pages = map_pages.min(map.len() as u64 * crate::abi::TIER_MAP_PAGES_PER_WORD);
+        // The words of the map's pages: a page of the last word beyond them
+        // is never placed, so reads 0 like any page beyond the map.
+        let words = map_pages.div_ceil(crate::abi::TIER_MAP_PAGES_PER_WORD);
+        let map = &map[..usize::try_from(words).map_or(map.len(), |w| w.min(map.len()))];
         // Sample the sets of a model larger than SAMPLED_SETS_MAX, keeping
         // its set index and tags, over the first sets of its array.
         let (cache, sample_shift) = match cache {
@@ -281,7 +288,7 @@ impl<'a> Charger<'a> {
         };
         Self {
             map,
-            map_pages,
+            sample_limit: 1u64.checked_shl(64 - sample_shift).unwrap_or(0),
             cache,
             sample_shift,
             sets_only: Cell::new(false),
@@ -371,9 +378,6 @@ impl<'a> Charger<'a> {
     #[inline(always)]
     pub fn tier_of(&self, addr: u64) -> usize {
         let page = addr >> 12;
-        if page >= self.map_pages {
-            return 0;
-        }
         let word = self
             .map
             .get((page / crate::abi::TIER_MAP_PAGES_PER_WORD) as usize)
@@ -404,7 +408,7 @@ impl<'a> Charger<'a> {
         let line = addr / CACHE_LINE;
         if self.sets_only.get() {
             let h = line.wrapping_mul(LINE_HASH);
-            if h >> (64 - self.sample_shift) == 0 {
+            if h < self.sample_limit {
                 self.sample(addr, h, write);
             }
             return;
@@ -422,7 +426,7 @@ impl<'a> Charger<'a> {
             }
         } else {
             let h = line.wrapping_mul(LINE_HASH);
-            if h >> (64 - self.sample_shift) == 0 {
+            if h < self.sample_limit {
                 self.sample(addr, h, write);
             }
         }
@@ -489,9 +493,20 @@ impl<'a> Charger<'a> {
     /// at its end.
     #[inline]
     pub fn access_span(&self, addr: u64, lines: u64, write: bool) {
-        if lines == 1 || self.sets_only.get() || (self.sample_shift == 0 && self.cache.is_some()) {
-            // Set sampling alone hashes every line; an exact model looks
-            // every line up.
+        if self.sets_only.get() {
+            // Set sampling alone: the hashes of consecutive lines are
+            // `LINE_HASH` apart.
+            let mut h = (addr / CACHE_LINE).wrapping_mul(LINE_HASH);
+            for i in 0..lines {
+                if h < self.sample_limit {
+                    self.sample(addr.wrapping_add(i * CACHE_LINE), h, write);
+                }
+                h = h.wrapping_add(LINE_HASH);
+            }
+            return;
+        }
+        if lines == 1 || (self.sample_shift == 0 && self.cache.is_some()) {
+            // An exact model looks every line up.
             for i in 0..lines {
                 self.access(addr.wrapping_add(i * CACHE_LINE), write);
             }
@@ -503,11 +518,12 @@ impl<'a> Charger<'a> {
             let n = left.min(in_page);
             if self.sample_shift > 0 {
                 let first = a / CACHE_LINE;
+                let mut h = first.wrapping_mul(LINE_HASH);
                 for l in first..first + n {
-                    let h = l.wrapping_mul(LINE_HASH);
-                    if h >> (64 - self.sample_shift) == 0 {
+                    if h < self.sample_limit {
                         self.sample(l * CACHE_LINE, h, write);
                     }
+                    h = h.wrapping_add(LINE_HASH);
                 }
             }
             self.count(self.tier_of(a), write, n);
@@ -791,6 +807,52 @@ pub struct ChargingAb {
     start: Cell<Option<(u64, u64)>>,
     on: Cell<(u64, u64)>,
     off: Cell<(u64, u64)>,
+    /// The last charging phase's cycles per operation (fixed point
+    /// [`AB_FRAC_BITS`]), for the pair it forms with the next phase.
+    last_on: Cell<Option<u64>>,
+    /// Per pair of adjacent phases (charging, then not), the ratio of their
+    /// times per operation, binned ([`ab_ratio_bin`]): noise on a shared
+    /// host comes in bursts that slow a few phases a lot, and the median
+    /// pair is unmoved by them where sums are not.
+    pairs: [Cell<u32>; AB_BINS],
+}
+
+/// Fraction bits of an `ab=on` phase's cycles per operation.
+const AB_FRAC_BITS: u32 = 20;
+/// Bins of `ab=on` pair ratios: 0.5 to 1.5 in steps of 0.25%, the first
+/// and last also holding everything beyond.
+pub const AB_BINS: usize = 400;
+/// Width of an `ab=on` ratio bin.
+pub const AB_BIN_WIDTH: f64 = 0.0025;
+/// The ratio of the lowest `ab=on` bin.
+pub const AB_BIN_LOW: f64 = 0.5;
+
+/// The bin of an `ab=on` pair ratio `on / off` (cycles per operation,
+/// fixed point).
+pub fn ab_ratio_bin(on: u64, off: u64) -> usize {
+    if off == 0 {
+        return AB_BINS - 1;
+    }
+    // (ratio - 0.5) / 0.0025 = (400 on - 200 off) / off
+    let x = (400 * u128::from(on)).saturating_sub(200 * u128::from(off)) / u128::from(off);
+    usize::try_from(x).unwrap_or(AB_BINS - 1).min(AB_BINS - 1)
+}
+
+/// The median ratio of binned `ab=on` pairs (the middle of its bin), and
+/// how many pairs there were; `None` without pairs.
+pub fn ab_median_ratio(bins: &[u64]) -> Option<(f64, u64)> {
+    let n: u64 = bins.iter().sum();
+    if n == 0 {
+        return None;
+    }
+    let mut seen = 0;
+    for (i, b) in bins.iter().enumerate() {
+        seen += b;
+        if 2 * seen >= n {
+            return Some((AB_BIN_LOW + (i as f64 + 0.5) * AB_BIN_WIDTH, n));
+        }
+    }
+    None
 }
 
 impl ChargingAb {
@@ -802,6 +864,8 @@ impl ChargingAb {
             start: Cell::new(None),
             on: Cell::new((0, 0)),
             off: Cell::new((0, 0)),
+            last_on: Cell::new(None),
+            pairs: core::array::from_fn(|_| Cell::new(0)),
         }
     }
 
@@ -823,9 +887,22 @@ impl ChargingAb {
         if n < self.phase_ops {
             return self.charging.get();
         }
-        let half = if self.charging.get() { &self.on } else { &self.off };
+        let half = if self.charging.get() {
+            &self.on
+        } else {
+            &self.off
+        };
         let (o, c) = half.get();
-        half.set((o + n, c.wrapping_add(now.wrapping_sub(t0))));
+        let cycles = now.wrapping_sub(t0);
+        half.set((o + n, c.wrapping_add(cycles)));
+        let per_op =
+            u64::try_from((u128::from(cycles) << AB_FRAC_BITS) / u128::from(n)).unwrap_or(u64::MAX);
+        if self.charging.get() {
+            self.last_on.set(Some(per_op));
+        } else if let Some(on) = self.last_on.take() {
+            let b = &self.pairs[ab_ratio_bin(on, per_op)];
+            b.set(b.get().saturating_add(1));
+        }
         self.start.set(Some((ops, now)));
         self.charging.set(!self.charging.get());
         self.charging.get()
@@ -835,6 +912,11 @@ impl ChargingAb {
     /// the completed phases without charging.
     pub fn halves(&self) -> ((u64, u64), (u64, u64)) {
         (self.on.get(), self.off.get())
+    }
+
+    /// Completed pairs per ratio bin ([`ab_ratio_bin`]).
+    pub fn pair_bins(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pairs.iter().map(Cell::get)
     }
 }
 
@@ -1220,6 +1302,25 @@ mod tests {
         assert_eq!(on_ops + off_ops + 256 + (ops - 256) % 1024, ops);
         assert_eq!(on_c, 3 * on_ops, "charging phases' own time");
         assert_eq!(off_c, off_ops, "the other phases' own time");
+        // Every pair is 3x: the median is 3 clamped to the last bin, 1.4988.
+        let bins: std::vec::Vec<u64> = ab.pair_bins().map(u64::from).collect();
+        let (m, n) = ab_median_ratio(&bins).unwrap();
+        assert!(n >= 490, "{n} pairs");
+        assert!((m - 1.49875).abs() < 1e-9, "{m}");
+        // A pair 4% slower charging lands in the 1.04 bin; the median of
+        // pairs ignores a burst that slows a few phases tenfold.
+        assert!(
+            (AB_BIN_LOW + (ab_ratio_bin(1040, 1000) as f64 + 0.5) * AB_BIN_WIDTH - 1.04).abs()
+                < 0.002
+        );
+        let mut bins = std::vec![0u64; AB_BINS];
+        bins[ab_ratio_bin(1040, 1000)] += 90;
+        bins[ab_ratio_bin(10_400, 1000)] += 5;
+        bins[ab_ratio_bin(1040, 10_000)] += 5;
+        let (m, n) = ab_median_ratio(&bins).unwrap();
+        assert_eq!(n, 100);
+        assert!((m - 1.04).abs() < 0.002, "{m}");
+        assert_eq!(ab_median_ratio(&[0; 4]), None);
     }
 
     /// A map of `pages` pages where every page `p` with `p % 8 == 0` is on

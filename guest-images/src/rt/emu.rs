@@ -12,8 +12,8 @@ use crate::abi::{
     EMU_GUEST_MEASURING, MAX_VCPUS,
 };
 use crate::emulation::{
-    build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger, ChargingAb, FRAC_BITS,
-    LLC_HIT_PS_RANGE,
+    ab_median_ratio, build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger,
+    ChargingAb, AB_BINS, FRAC_BITS, LLC_HIT_PS_RANGE,
 };
 
 use super::{rdtsc, rdtsc_ordered};
@@ -47,6 +47,8 @@ pub(crate) struct GuestEmulation {
 /// The halves of `ab=on`, summed over vCPUs: operations and TSC cycles
 /// charging, then not charging.
 static AB_HALVES: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// The `ab=on` pairs per ratio bin, summed over vCPUs.
+static AB_PAIRS: [AtomicU64; AB_BINS] = [const { AtomicU64::new(0) }; AB_BINS];
 
 /// Reads a field of the header the VMM may write concurrently.
 macro_rules! hread {
@@ -193,18 +195,28 @@ impl GuestEmulation {
             for (a, v) in AB_HALVES.iter().zip([on_ops, on_c, off_ops, off_c]) {
                 a.fetch_add(v, Ordering::AcqRel);
             }
+            for (a, v) in AB_PAIRS.iter().zip(ab.pair_bins()) {
+                a.fetch_add(u64::from(v), Ordering::AcqRel);
+            }
         }
     }
 
     /// Whether `ab=on` ran, and the run's halves as result metrics.
-    pub(crate) fn ab_metrics(&self) -> Option<[(&'static str, f64); 4]> {
+    pub(crate) fn ab_metrics(&self) -> Option<[(&'static str, f64); 6]> {
         self.ab.as_ref()?;
         let v = |i: usize| AB_HALVES[i].load(Ordering::Acquire) as f64;
+        let mut bins = [0u64; AB_BINS];
+        for (b, a) in bins.iter_mut().zip(&AB_PAIRS) {
+            *b = a.load(Ordering::Acquire);
+        }
+        let (median, pairs) = ab_median_ratio(&bins).unwrap_or((0.0, 0));
         Some([
             ("emu_ab_on_ops", v(0)),
             ("emu_ab_on_cycles", v(1)),
             ("emu_ab_off_ops", v(2)),
             ("emu_ab_off_cycles", v(3)),
+            ("emu_ab_pair_median", median),
+            ("emu_ab_pairs", pairs as f64),
         ])
     }
 

@@ -514,7 +514,10 @@ mod tests {
             Err(EmulationConfigError::BadHostCache(_))
         ));
         assert!(EmulationConfig::parse("ab=on").unwrap().ab);
-        assert!(EmulationConfig::parse("ab=on").unwrap().label().contains("ab=on"));
+        assert!(EmulationConfig::parse("ab=on")
+            .unwrap()
+            .label()
+            .contains("ab=on"));
         assert!(!EmulationConfig::parse("nomad-a").unwrap().ab);
         assert!(matches!(
             EmulationConfig::parse("ab=1"),

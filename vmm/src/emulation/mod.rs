@@ -179,7 +179,10 @@ impl Emulation {
 
     /// Stops the thread and reports (the guest's final counters, and the
     /// `ab=on` halves among its result metrics).
-    pub fn finish(mut self, guest_metrics: &std::collections::BTreeMap<String, f64>) -> EmulationReport {
+    pub fn finish(
+        mut self,
+        guest_metrics: &std::collections::BTreeMap<String, f64>,
+    ) -> EmulationReport {
         self.stop();
         let totals = Totals::sum((0..self.vcpus).map(|i| self.region.vcpu_counters(i)));
         let mut report = EmulationReport::new(
@@ -412,8 +415,14 @@ pub struct ChargingAbReport {
     pub on_ns_per_op: f64,
     /// vCPU time per operation not charging, ns (measured).
     pub off_ns_per_op: f64,
-    /// `on_ns_per_op / off_ns_per_op`: what charging costs (1.0 = nothing).
+    /// `on_ns_per_op / off_ns_per_op` over the whole run.
     pub ratio: f64,
+    /// Pairs of adjacent phases (charging, then not) the run completed.
+    pub pairs: u64,
+    /// The median over those pairs of their time-per-operation ratio
+    /// (within 0.25%): what charging costs (1.0 = nothing), unmoved by
+    /// bursts of host noise that slow a few phases (`null`: no pair).
+    pub pair_median_ratio: Option<f64>,
 }
 
 impl ChargingAbReport {
@@ -425,20 +434,29 @@ impl ChargingAbReport {
         let (off_ops, off_c) = (get("emu_ab_off_ops")?, get("emu_ab_off_cycles")?);
         let ns = |cycles: f64, ops: f64| cycles / (tsc_khz.max(1) as f64 / 1e6) / ops;
         let (on, off) = (ns(on_c, on_ops), ns(off_c, off_ops));
+        let pairs = get("emu_ab_pairs").unwrap_or(0.0) as u64;
         Some(Self {
             on_ops: on_ops as u64,
             off_ops: off_ops as u64,
             on_ns_per_op: on,
             off_ns_per_op: off,
             ratio: on / off,
+            pairs,
+            pair_median_ratio: get("emu_ab_pair_median").filter(|_| pairs > 0),
         })
     }
 
     /// One line for the summaries.
     pub fn human(&self) -> String {
         format!(
-            "ab=on: {:.1} ns/op charging vs {:.1} ns/op not (x{:.3}), in alternating phases of one run ({} + {} ops, measured)",
-            self.on_ns_per_op, self.off_ns_per_op, self.ratio, self.on_ops, self.off_ops
+            "ab=on: {:.1} ns/op charging vs {:.1} ns/op not (x{:.3}; median of {} adjacent phase pairs x{}), in alternating phases of one run ({} + {} ops, measured)",
+            self.on_ns_per_op,
+            self.off_ns_per_op,
+            self.ratio,
+            self.pairs,
+            self.pair_median_ratio.map_or("-".into(), |m| format!("{m:.3}")),
+            self.on_ops,
+            self.off_ops
         )
     }
 }
