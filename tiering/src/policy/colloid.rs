@@ -622,6 +622,66 @@ mod tests {
         assert!(p0 > 0.99, "{p0}");
     }
 
+    /// HeMem counts a sample for the 2 MiB page it falls in and moves
+    /// whole 2 MiB pages: samples spread over distinct 4 KiB pages of one
+    /// huge page add up, and the base promotes that huge page (after
+    /// demoting a cold one to make room) as one 512-page unit.
+    #[test]
+    fn hemem_grain_counts_and_moves_2m_pages() {
+        let mut cfg = PolicyConfig::new(2048, vec![1028, 2048]);
+        cfg.huge_pages = true;
+        let g = Grain::for_config(&cfg);
+        assert_eq!((g.unit_pages, g.sample_period, g.huge), (512, 5003, true));
+        assert_eq!(g.cools_at, HEMEM_COOLING_THRESHOLD + 1);
+        // Scaled: one modeled page is 2 or 16 real huge pages' worth; the
+        // period gives a tracked page one real 2 MiB page's samples.
+        for (scale, unit, period) in [(256.0, 2, 20), (512.0, 1, 10), (8192.0, 1, 10)] {
+            let g = Grain::for_config(&PolicyConfig {
+                scale,
+                ..cfg.clone()
+            });
+            assert_eq!(
+                (g.unit_pages, g.sample_period),
+                (unit, period),
+                "scale {scale}"
+            );
+        }
+        let four_k = Grain::for_config(&PolicyConfig::new(2048, vec![1028, 2048]));
+        assert_eq!(
+            (four_k.unit_pages, four_k.sample_period),
+            (1, SAMPLE_PERIOD)
+        );
+
+        let mut c = Colloid::base(&cfg);
+        let t = c.trackers();
+        assert!(t.huge_pages && t.sample_period == HEMEM_SAMPLE_PERIOD);
+        // Huge pages 0 and 1 fill the default tier but for its free
+        // reserve (4 pages); 2 and 3 are alternate.
+        let mut v = VecView::two_tier(2048, 1024);
+        let mut st = v.status(&[1028, 2048]);
+        st[0].request_rate = Some(0.0);
+        st[1].request_rate = Some(1e9);
+        let sample = |page| AccessSample {
+            page,
+            tier: 0,
+            write: true,
+        };
+        // Nine samples on nine 4 KiB pages of huge page 0, eight on eight
+        // of huge page 3: no 4 KiB page has more than one.
+        let mut samples: Vec<AccessSample> = (0..9).map(|i| sample(i * 50)).collect();
+        samples.extend((0..8).map(|i| sample(1536 + i * 60)));
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        let moved: Vec<(Unit, TierId)> = d.migrations.iter().map(|m| (m.unit, m.to)).collect();
+        assert_eq!(
+            moved,
+            vec![(Unit::run(512, 512), 1), (Unit::run(1536, 512), 0)],
+            "demote cold huge page 1, promote huge page 3"
+        );
+        assert!(d.migrations.iter().all(|m| m.unit.is_huge()));
+        v.apply(&d.migrations);
+        assert_eq!(v.tier_of(1536 + 511), 0);
+    }
+
     #[test]
     fn find_pages_respects_shift_and_probabilities() {
         let cfg = PolicyConfig::new(100, vec![50, 100]);
