@@ -72,7 +72,7 @@ pub const HEMEM_SAMPLE_PERIOD: u64 = 5003;
 /// heat, and its counts are one of them. Either way the tracked page must
 /// see the samples a real HeMem page sees (512 real pages' accesses, one
 /// in [`HEMEM_SAMPLE_PERIOD`]), so the modeled period is
-/// `unit_pages * 5003 / 512` (about 10 at scale >= 512, 5003 live).
+/// `unit_pages * 5003 / 512` (about 10 at scale >= 512, 5003 at scale 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grain {
     /// Modeled pages per tracked page (1..=512).
