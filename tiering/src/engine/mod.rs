@@ -678,6 +678,7 @@ impl Engine {
             req.dirty_log |= t.dirty_log;
             req.hardware_samples |= t.hardware_samples;
             req.accessed_bits |= t.accessed_bits;
+            req.huge_pages |= t.huge_pages;
         }
         Ok(req)
     }

@@ -20,6 +20,12 @@
 //! into a full default tier first demotes a cold page to make room, and
 //! the default tier keeps a small free reserve. Only tiers 0 and 1 take
 //! part (the paper evaluates two tiers).
+//!
+//! The tracker's page is HeMem's when the platform maps 2 MiB pages
+//! ([`PolicyConfig::huge_pages`], the Colloid scenarios): HeMem samples,
+//! counts and migrates 2 MiB pages ([`HEMEM_PAGE_PAGES`]) at its own PEBS
+//! period ([`HEMEM_SAMPLE_PERIOD`]); see [`Grain`]. Otherwise it tracks
+//! 4 KiB pages with a 199-access period.
 
 use std::collections::HashSet;
 
@@ -38,12 +44,82 @@ pub const STATIC_LIMIT_MB: f64 = 100.0;
 /// Bytes per request (one cache line) for the dynamic limit.
 pub const REQUEST_BYTES: f64 = 64.0;
 /// HeMem `PEBS_COOLING_THRESHOLD` (cuhk-mass/hemem pebs.h): counts halve
-/// when a page reaches it.
+/// when a page reaches it (4 KiB tracking).
 pub const COOLING_THRESHOLD: u16 = 10;
-/// FindPages frequency bins over `[0, COOLING_THRESHOLD]` (Colloid §4.1).
+/// `PEBS_COOLING_THRESHOLD` of the HeMem Colloid evaluated (webglider/hemem
+/// sosp24ae pebs.h): counts halve when a 2 MiB page's count exceeds it.
+pub const HEMEM_COOLING_THRESHOLD: u16 = 18;
+/// FindPages frequency bins over `[0, cooling threshold]` (Colloid §4.1).
 pub const FIND_BINS: usize = 5;
-/// Access sampling period (modeled PEBS stand-in; same as Memtis's 199).
+/// Access sampling period (modeled PEBS stand-in; same as Memtis's 199),
+/// for 4 KiB tracking.
 pub const SAMPLE_PERIOD: u64 = 199;
+/// HeMem's page in 4 KiB pages: 2 MiB (`PAGE_SIZE = HUGEPAGE_SIZE`, hemem.h
+/// of the HeMem Colloid evaluated, webglider/hemem branch sosp24ae).
+pub const HEMEM_PAGE_PAGES: u64 = PAGES_PER_2M as u64;
+/// HeMem's PEBS sample period (`SAMPLE_PERIOD` 5003, pebs.h of the same
+/// HeMem): one load in 5003 is sampled, and its sample counts for the
+/// 2 MiB page it falls in.
+pub const HEMEM_SAMPLE_PERIOD: u64 = 5003;
+
+/// What the tracker counts and moves: a tracked page of `unit_pages`
+/// modeled pages, sampled once per `sample_period` modeled accesses, its
+/// counts halved when one reaches `cools_at`.
+///
+/// A modeled page stands for `scale` real 4 KiB pages with one real page's
+/// access rate. A 2 MiB HeMem page is `512 / scale` modeled pages; at
+/// scale >= 512 one modeled page holds `scale / 512` HeMem pages of equal
+/// heat, and its counts are one of them. Either way the tracked page must
+/// see the samples a real HeMem page sees (512 real pages' accesses, one
+/// in [`HEMEM_SAMPLE_PERIOD`]), so the modeled period is
+/// `unit_pages * 5003 / 512` (about 10 at scale >= 512, 5003 at scale 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grain {
+    /// Modeled pages per tracked page (1..=512).
+    pub unit_pages: u64,
+    /// Engine sample period (modeled accesses per sample).
+    pub sample_period: u64,
+    /// The tracked page is a 2 MiB mapping (HeMem).
+    pub huge: bool,
+    /// The cooling threshold (FindPages' bins span `[0, cooling_threshold]`).
+    pub cooling_threshold: u16,
+    /// Counts halve when one reaches this.
+    pub cools_at: u16,
+}
+
+impl Grain {
+    /// The grain for `config`: HeMem's 2 MiB pages if the platform maps
+    /// them, else 4 KiB pages.
+    pub fn for_config(config: &PolicyConfig) -> Self {
+        if !config.huge_pages {
+            return Self {
+                unit_pages: 1,
+                sample_period: SAMPLE_PERIOD,
+                huge: false,
+                cooling_threshold: COOLING_THRESHOLD,
+                cools_at: COOLING_THRESHOLD,
+            };
+        }
+        let scale = if config.scale.is_finite() && config.scale >= 1.0 {
+            config.scale
+        } else {
+            1.0
+        };
+        let unit_pages =
+            ((HEMEM_PAGE_PAGES as f64 / scale).round() as u64).clamp(1, HEMEM_PAGE_PAGES);
+        let sample_period = ((unit_pages * HEMEM_SAMPLE_PERIOD) as f64 / HEMEM_PAGE_PAGES as f64)
+            .round()
+            .max(1.0) as u64;
+        Self {
+            unit_pages,
+            sample_period,
+            huge: true,
+            cooling_threshold: HEMEM_COOLING_THRESHOLD,
+            // pebs.c: `if (page->accesses[j] > PEBS_COOLING_THRESHOLD)`.
+            cools_at: HEMEM_COOLING_THRESHOLD + 1,
+        }
+    }
+}
 /// Free pages kept in the default tier (fraction; as Memtis/TPP's 0.4%).
 pub const FREE_RESERVE_FRACTION: f64 = 0.004;
 
@@ -91,9 +167,13 @@ impl ShiftSearch {
 #[derive(Clone, Debug)]
 pub struct Colloid {
     search: ShiftSearch,
+    /// Sample counts per tracked page (index: first modeled page / grain).
     counts: SampleCounts,
+    /// Tracked pages with a count, by index.
     tracked: Vec<u64>,
     is_tracked: Vec<bool>,
+    grain: Grain,
+    pages: u64,
     hand: ClockHand,
     scale: f64,
     static_limit_pages: u64,
@@ -119,6 +199,7 @@ struct Shift {
 struct Moves<'a> {
     budget: &'a mut FreeBudget,
     out: &'a mut Decisions,
+    /// Tracked pages (indices) already moved this quantum.
     chosen: &'a mut HashSet<u64>,
 }
 
@@ -174,6 +255,36 @@ impl Colloid {
         limit
     }
 
+    /// The tracked page holding modeled page `page`.
+    fn unit_of(&self, page: u64) -> u64 {
+        page / self.grain.unit_pages
+    }
+
+    /// The modeled pages of tracked page `unit` (the last one may be short).
+    fn unit_run(&self, unit: u64) -> Unit {
+        let start = unit * self.grain.unit_pages;
+        let len = self.grain.unit_pages.min(self.pages.saturating_sub(start));
+        Unit::run(start, len as u32)
+    }
+
+    /// The migration of tracked page `unit` to `to` (background stop-and-copy).
+    fn migration(&self, unit: u64, to: TierId) -> Migration {
+        Migration {
+            unit: self.unit_run(unit),
+            to,
+            mechanism: Mechanism::StopAndCopy,
+            urgency: Urgency::Background,
+        }
+    }
+
+    /// Modeled pages of `unit` in `tier` (what moving it takes from `tier`).
+    fn pages_in(&self, view: &dyn MemoryView, unit: u64, tier: TierId) -> u64 {
+        let run = self.unit_run(unit);
+        (run.page..run.end())
+            .filter(|&p| view.tier_of(p) == tier)
+            .count() as u64
+    }
+
     /// Step 4: up to `limit` pages of the source tier, from the highest
     /// frequency bin down, each only if its access probability fits in
     /// what is left of the shift (promotions first make room in the
@@ -187,41 +298,39 @@ impl Colloid {
     ) {
         let total_count = self.counts.total().max(1) as f64;
         let mut bins: Vec<Vec<u64>> = vec![Vec::new(); FIND_BINS];
-        for &pg in &self.tracked {
-            if view.tier_of(pg) == shift.src {
-                bins[Self::freq_bin(self.counts.count(pg))].push(pg);
+        for &u in &self.tracked {
+            if view.tier_of(self.unit_run(u).page) == shift.src && !moves.chosen.contains(&u) {
+                bins[self.freq_bin(self.counts.count(u))].push(u);
             }
         }
         let mut remaining = shift.dp;
         let mut moved = 0u64;
         'bins: for bin in bins.iter_mut().rev() {
             bin.sort_unstable();
-            for &pg in bin.iter() {
+            for &u in bin.iter() {
                 if moved >= limit {
                     break 'bins;
                 }
-                let prob = f64::from(self.counts.count(pg)) / total_count;
+                let prob = f64::from(self.counts.count(u)) / total_count;
                 if prob > remaining {
                     continue;
                 }
-                if shift.promote
-                    && moves.budget.free(0) <= self.reserve
-                    && self.cold_demotions(view, 1, moves.budget, moves.out, moves.chosen) == 0
-                {
+                let n = self.pages_in(view, u, shift.src);
+                if shift.promote {
+                    while moves.budget.free(0) < self.reserve + n {
+                        if self.cold_demotions(view, 1, moves) == 0 {
+                            break 'bins;
+                        }
+                    }
+                }
+                if !moves.budget.take(shift.dst, n) {
                     break 'bins;
                 }
-                if !moves.budget.take(shift.dst, 1) {
-                    break 'bins;
-                }
-                moves.budget.release(shift.src, 1);
+                moves.budget.release(shift.src, n);
+                moves.chosen.insert(u);
                 remaining -= prob;
-                moved += 1;
-                moves.out.migrations.push(Migration {
-                    unit: Unit::page(pg),
-                    to: shift.dst,
-                    mechanism: Mechanism::StopAndCopy,
-                    urgency: Urgency::Background,
-                });
+                moved += n;
+                moves.out.migrations.push(self.migration(u, shift.dst));
             }
         }
     }
@@ -229,11 +338,15 @@ impl Colloid {
     /// Colloid for `config`.
     pub fn new(config: &PolicyConfig) -> Self {
         let fast = config.tier_capacity_pages.first().copied().unwrap_or(0);
+        let grain = Grain::for_config(config);
+        let units = config.pages.div_ceil(grain.unit_pages);
         Self {
             search: ShiftSearch::default(),
-            counts: SampleCounts::new(config.pages),
+            counts: SampleCounts::new(units),
             tracked: Vec::new(),
-            is_tracked: vec![false; config.pages as usize],
+            is_tracked: vec![false; units as usize],
+            grain,
+            pages: config.pages,
             hand: ClockHand::default(),
             scale: if config.scale > 0.0 && config.scale.is_finite() {
                 config.scale
@@ -270,16 +383,27 @@ impl Colloid {
         self.last_dp
     }
 
+    /// What the tracker counts and moves.
+    pub fn grain(&self) -> Grain {
+        self.grain
+    }
+
+    /// Marks tracked page `unit` as having a count.
+    fn track(&mut self, unit: u64) {
+        if let Some(t) = self.is_tracked.get_mut(unit as usize) {
+            if !*t {
+                *t = true;
+                self.tracked.push(unit);
+            }
+        }
+    }
+
     fn ingest(&mut self, samples: &[AccessSample]) {
         for s in samples {
-            self.counts.add(s.page);
-            if let Some(t) = self.is_tracked.get_mut(s.page as usize) {
-                if !*t {
-                    *t = true;
-                    self.tracked.push(s.page);
-                }
-            }
-            if self.counts.count(s.page) >= COOLING_THRESHOLD {
+            let u = self.unit_of(s.page);
+            self.counts.add(u);
+            self.track(u);
+            if self.counts.count(u) >= self.grain.cools_at {
                 self.counts.cool();
                 let counts = &self.counts;
                 let is_tracked = &mut self.is_tracked;
@@ -294,40 +418,43 @@ impl Colloid {
         }
     }
 
-    fn freq_bin(count: u16) -> usize {
-        (usize::from(count.min(COOLING_THRESHOLD)) * FIND_BINS
-            / (usize::from(COOLING_THRESHOLD) + 1))
-            .min(FIND_BINS - 1)
+    fn freq_bin(&self, count: u16) -> usize {
+        let th = self.grain.cooling_threshold;
+        (usize::from(count.min(th)) * FIND_BINS / (usize::from(th) + 1)).min(FIND_BINS - 1)
     }
 
+    /// Demotes up to `want` tracked pages of the default tier that have no
+    /// count (cold), found by a CLOCK hand; returns how many.
     fn cold_demotions(
         &mut self,
         view: &mut dyn MemoryView,
         want: u64,
-        budget: &mut FreeBudget,
-        out: &mut Decisions,
-        chosen: &mut HashSet<u64>,
+        moves: &mut Moves<'_>,
     ) -> u64 {
-        let counts = &self.counts;
         let max_scan = view.pages();
-        // The hand may wrap within one tick: never pick a page twice.
-        let cold = self.hand.find(view, 0, want, max_scan, |p, _| {
-            counts.count(p) == 0 && !chosen.contains(&p)
-        });
         let mut n = 0;
-        for p in cold {
-            if !budget.take(1, 1) {
+        while n < want {
+            let counts = &self.counts;
+            let chosen = &*moves.chosen;
+            let unit_pages = self.grain.unit_pages;
+            // The hand may wrap within one tick: never pick a page twice
+            // (nor a second modeled page of a tracked page already taken).
+            let cold = self.hand.find(view, 0, 1, max_scan, |p, _| {
+                let u = p / unit_pages;
+                counts.count(u) == 0 && !chosen.contains(&u)
+            });
+            let Some(&p) = cold.first() else {
+                break;
+            };
+            let u = self.unit_of(p);
+            let pages = self.pages_in(view, u, 0);
+            if !moves.budget.take(1, pages) {
                 break;
             }
-            chosen.insert(p);
-            budget.release(0, 1);
+            moves.chosen.insert(u);
+            moves.budget.release(0, pages);
             n += 1;
-            out.migrations.push(Migration {
-                unit: Unit::page(p),
-                to: 1,
-                mechanism: Mechanism::StopAndCopy,
-                urgency: Urgency::Background,
-            });
+            moves.out.migrations.push(self.migration(u, 1));
         }
         n
     }
@@ -344,10 +471,11 @@ impl Policy for Colloid {
 
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
-            sample_period: SAMPLE_PERIOD,
+            sample_period: self.grain.sample_period,
             // Colloid on HeMem and Memtis samples with PEBS (Colloid §2.3
             // in the digest: the HeMem and MEMTIS integrations).
             hardware_samples: true,
+            huge_pages: self.grain.huge,
             ..TrackerRequest::none()
         }
     }
@@ -368,42 +496,41 @@ impl Policy for Colloid {
         }
         let mut budget = FreeBudget::from_tiers(obs.tiers);
         let mut chosen = HashSet::new();
+        let mut moves = Moves {
+            budget: &mut budget,
+            out: &mut out,
+            chosen: &mut chosen,
+        };
         // Base system: keep a small free reserve in the default tier.
-        if budget.free(0) < self.reserve && budget.free(1) > 0 {
-            let want = self.reserve - budget.free(0);
-            self.cold_demotions(view, want, &mut budget, &mut out, &mut chosen);
+        if moves.budget.free(0) < self.reserve && moves.budget.free(1) > 0 {
+            while moves.budget.free(0) < self.reserve {
+                if self.cold_demotions(view, 1, &mut moves) == 0 {
+                    break;
+                }
+            }
         }
         let Some(shift) = self.shift(obs.tiers) else {
             return out;
         };
-        let room = budget.free(shift.dst) > if shift.promote { self.reserve } else { 0 };
-        if !(room || shift.promote && budget.free(1) > 0) {
+        let room = moves.budget.free(shift.dst) > if shift.promote { self.reserve } else { 0 };
+        if !(room || shift.promote && moves.budget.free(1) > 0) {
             return out; // nowhere to move pages to
         }
         let limit = self.page_limit(&shift);
         if limit == 0 {
             return out;
         }
-        let mut moves = Moves {
-            budget: &mut budget,
-            out: &mut out,
-            chosen: &mut chosen,
-        };
         self.move_pages(view, &shift, limit, &mut moves);
         out
     }
 
     fn export_state(&self) -> PolicyState {
-        let mut hot_pages: Vec<(u64, f32)> = self
-            .tracked
-            .iter()
-            .map(|&p| {
-                (
-                    p,
-                    f32::from(self.counts.count(p)) / f32::from(COOLING_THRESHOLD),
-                )
-            })
-            .collect();
+        let mut hot_pages: Vec<(u64, f32)> = Vec::new();
+        for &u in &self.tracked {
+            let heat = f32::from(self.counts.count(u)) / f32::from(self.grain.cooling_threshold);
+            let run = self.unit_run(u);
+            hot_pages.extend((run.page..run.end()).map(|p| (p, heat)));
+        }
         hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         PolicyState {
             from: PolicyKind::Colloid,
@@ -414,17 +541,13 @@ impl Policy for Colloid {
 
     fn import_state(&mut self, state: &PolicyState) {
         for &(p, heat) in &state.hot_pages {
-            let c = (heat.clamp(0.0, 1.0) * f32::from(COOLING_THRESHOLD - 1)).round() as u16;
-            if c == 0 {
+            let c = (heat.clamp(0.0, 1.0) * f32::from(self.grain.cools_at - 1)).round() as u16;
+            let u = self.unit_of(p);
+            if c == 0 || u >= self.counts.pages() || self.counts.count(u) >= c {
                 continue;
             }
-            self.counts.set(p, c);
-            if let Some(t) = self.is_tracked.get_mut(p as usize) {
-                if !*t {
-                    *t = true;
-                    self.tracked.push(p);
-                }
-            }
+            self.counts.set(u, c);
+            self.track(u);
         }
     }
 }
@@ -497,6 +620,66 @@ mod tests {
         // No contention at all: everything goes to the default tier.
         let p0 = run(&mut s, p3, 0.0, 40);
         assert!(p0 > 0.99, "{p0}");
+    }
+
+    /// HeMem counts a sample for the 2 MiB page it falls in and moves
+    /// whole 2 MiB pages: samples spread over distinct 4 KiB pages of one
+    /// huge page add up, and the base promotes that huge page (after
+    /// demoting a cold one to make room) as one 512-page unit.
+    #[test]
+    fn hemem_grain_counts_and_moves_2m_pages() {
+        let mut cfg = PolicyConfig::new(2048, vec![1028, 2048]);
+        cfg.huge_pages = true;
+        let g = Grain::for_config(&cfg);
+        assert_eq!((g.unit_pages, g.sample_period, g.huge), (512, 5003, true));
+        assert_eq!(g.cools_at, HEMEM_COOLING_THRESHOLD + 1);
+        // Scaled: one modeled page is 2 or 16 real huge pages' worth; the
+        // period gives a tracked page one real 2 MiB page's samples.
+        for (scale, unit, period) in [(256.0, 2, 20), (512.0, 1, 10), (8192.0, 1, 10)] {
+            let g = Grain::for_config(&PolicyConfig {
+                scale,
+                ..cfg.clone()
+            });
+            assert_eq!(
+                (g.unit_pages, g.sample_period),
+                (unit, period),
+                "scale {scale}"
+            );
+        }
+        let four_k = Grain::for_config(&PolicyConfig::new(2048, vec![1028, 2048]));
+        assert_eq!(
+            (four_k.unit_pages, four_k.sample_period),
+            (1, SAMPLE_PERIOD)
+        );
+
+        let mut c = Colloid::base(&cfg);
+        let t = c.trackers();
+        assert!(t.huge_pages && t.sample_period == HEMEM_SAMPLE_PERIOD);
+        // Huge pages 0 and 1 fill the default tier but for its free
+        // reserve (4 pages); 2 and 3 are alternate.
+        let mut v = VecView::two_tier(2048, 1024);
+        let mut st = v.status(&[1028, 2048]);
+        st[0].request_rate = Some(0.0);
+        st[1].request_rate = Some(1e9);
+        let sample = |page| AccessSample {
+            page,
+            tier: 0,
+            write: true,
+        };
+        // Nine samples on nine 4 KiB pages of huge page 0, eight on eight
+        // of huge page 3: no 4 KiB page has more than one.
+        let mut samples: Vec<AccessSample> = (0..9).map(|i| sample(i * 50)).collect();
+        samples.extend((0..8).map(|i| sample(1536 + i * 60)));
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        let moved: Vec<(Unit, TierId)> = d.migrations.iter().map(|m| (m.unit, m.to)).collect();
+        assert_eq!(
+            moved,
+            vec![(Unit::run(512, 512), 1), (Unit::run(1536, 512), 0)],
+            "demote cold huge page 1, promote huge page 3"
+        );
+        assert!(d.migrations.iter().all(|m| m.unit.is_huge()));
+        v.apply(&d.migrations);
+        assert_eq!(v.tier_of(1536 + 511), 0);
     }
 
     #[test]

@@ -114,6 +114,7 @@ impl Policy for Nomad {
             hardware_samples: false,
             dirty_log: false,
             accessed_bits: false,
+            huge_pages: false,
         }
     }
 

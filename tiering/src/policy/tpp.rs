@@ -344,6 +344,7 @@ impl Policy for Tpp {
             hardware_samples: false,
             dirty_log: false,
             accessed_bits: false,
+            huge_pages: false,
         }
     }
 

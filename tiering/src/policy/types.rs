@@ -162,6 +162,12 @@ pub struct TrackerRequest {
     /// page tracking, each tested page is armed as a probe that hint-faults
     /// once on its next touch.
     pub accessed_bits: bool,
+    /// The policy maps and migrates 2 MiB pages ([`PolicyConfig::huge_pages`]):
+    /// the simulator charges one TLB shootdown per 2 MiB moved (not per
+    /// 4 KiB) and holds the page for a 2 MiB copy. Live, the policy's
+    /// migrations are 512-page units and the engine ignores this.
+    #[serde(default)]
+    pub huge_pages: bool,
 }
 
 impl TrackerRequest {
@@ -174,6 +180,7 @@ impl TrackerRequest {
             hardware_samples: false,
             dirty_log: false,
             accessed_bits: false,
+            huge_pages: false,
         }
     }
 }
@@ -218,6 +225,15 @@ pub struct PolicyConfig {
     /// page touched (live: one hint fault). Policies that budget their
     /// profiling (MTM's Eq. 1) use it instead of their assumed cost.
     pub accessed_test_cost_ns: Option<f64>,
+    /// The system under test maps the workload's memory with 2 MiB pages
+    /// and tracks and migrates those where its paper does: HeMem, the base
+    /// of Colloid's evaluation, manages 2 MiB pages (`PAGE_SIZE =
+    /// HUGEPAGE_SIZE`, hemem.h; Colloid §5). Policies modeling such a
+    /// system (`colloid`, `colloid-base`) then count samples and move pages
+    /// per 2 MiB; the others ignore it. Off (4 KiB) unless a scenario sets
+    /// it; the live engine leaves it off.
+    #[serde(default)]
+    pub huge_pages: bool,
 }
 
 impl PolicyConfig {
@@ -230,6 +246,7 @@ impl PolicyConfig {
             promote_rate_limit_mbps: None,
             interval_ns: None,
             accessed_test_cost_ns: None,
+            huge_pages: false,
         }
     }
 

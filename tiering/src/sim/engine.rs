@@ -31,7 +31,7 @@ use super::workload::PageAccess;
 use super::SimError;
 use crate::policy::{
     AccessSample, HintFault, Mechanism, MemoryView, Migration, Observations, Policy, PolicyKind,
-    TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGE_BYTES,
+    TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGES_PER_2M, PAGE_BYTES,
 };
 
 pub use super::setup::{SimPlacement, INITIAL_FREE_FRACTION};
@@ -936,7 +936,18 @@ impl Sim {
             self.raw.rejected += u64::from(m.unit.pages);
             return 0.0;
         }
-        let ipi = self.scale * self.threads * self.mlp * self.costs.ipi_receive_ns;
+        // One shootdown per mapping moved: a modeled page stands for
+        // `scale` 4 KiB mappings, or `scale / 512` 2 MiB ones when the
+        // policy maps huge pages (HeMem), each held for a 2 MiB copy.
+        let (mappings, hold_ns) = if self.trackers.huge_pages {
+            (
+                self.scale / f64::from(PAGES_PER_2M),
+                self.costs.stop_and_copy_2m_ns(),
+            )
+        } else {
+            (self.scale, self.costs.stop_and_copy_ns())
+        };
+        let ipi = mappings * self.threads * self.mlp * self.costs.ipi_receive_ns;
         let end = (m.unit.page + u64::from(m.unit.pages)).min(self.map.tier.len() as u64);
         for p in m.unit.page..end {
             let pi = p as usize;
@@ -989,7 +1000,7 @@ impl Sim {
                     // Held from now until its copy is mapped (the
                     // faulting thread itself pays this as its stall).
                     self.map.flags[pi] |= LOCKED;
-                    self.map.locked_until[pi] = self.now + self.costs.stop_and_copy_ns() as u64;
+                    self.map.locked_until[pi] = self.now + hold_ns as u64;
                     stall_slots += ipi;
                 }
             }

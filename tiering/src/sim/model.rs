@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::vocab::PAGES_PER_2M;
+
 /// Utilization above which the queueing term stops growing (keeps the model finite).
 pub const MAX_UTILIZATION: f64 = 0.95;
 
@@ -132,6 +134,12 @@ impl CostModel {
     /// A stop-and-copy migration as seen by the thread doing it.
     pub fn stop_and_copy_ns(&self) -> f64 {
         self.migrate_setup_ns + self.shootdown_ns + self.copy_ns()
+    }
+
+    /// A stop-and-copy migration of one 2 MiB page (HeMem's page): one
+    /// setup and one shootdown for the whole mapping, a 2 MiB copy.
+    pub fn stop_and_copy_2m_ns(&self) -> f64 {
+        self.migrate_setup_ns + self.shootdown_ns + self.copy_ns() * f64::from(PAGES_PER_2M)
     }
 
     /// One page's share of a batched transactional migration (kpromote).

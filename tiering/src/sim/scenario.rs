@@ -67,6 +67,14 @@ pub struct Scenario {
     /// back, as in the micro-benchmarks.
     #[serde(default)]
     pub compute_ns_per_op: f64,
+    /// The system under test maps memory with 2 MiB pages where its paper
+    /// does: Colloid's evaluation runs on HeMem, which manages 2 MiB pages
+    /// (`PAGE_SIZE = HUGEPAGE_SIZE`, hemem.h; Colloid §5), so `colloid`
+    /// and `colloid-base` sample, count and migrate 2 MiB pages
+    /// ([`crate::policy::PolicyConfig::huge_pages`]). The other policies
+    /// keep 4 KiB pages.
+    #[serde(default)]
+    pub huge_pages: bool,
 }
 
 /// CPU time of one Redis request in the server thread, ns: Redis serves
@@ -119,6 +127,7 @@ fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec) -> 
         start_in_slow_tier: false,
         pebs_blind_to_slow_loads: true,
         compute_ns_per_op: 0.0,
+        huge_pages: false,
     }
 }
 
@@ -165,6 +174,7 @@ fn colloid(level: u32) -> Scenario {
         start_in_slow_tier: false,
         pebs_blind_to_slow_loads: false,
         compute_ns_per_op: 0.0,
+        huge_pages: true,
     }
 }
 
@@ -193,6 +203,7 @@ fn mtm_4tier() -> Scenario {
         start_in_slow_tier: false,
         pebs_blind_to_slow_loads: false,
         compute_ns_per_op: 0.0,
+        huge_pages: false,
     }
 }
 

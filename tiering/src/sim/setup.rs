@@ -179,6 +179,7 @@ pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfi
         promote_rate_limit_mbps: scn.promote_rate_limit_mbps,
         interval_ns: None,
         accessed_test_cost_ns: None,
+        huge_pages: scn.huge_pages,
     }
 }
 

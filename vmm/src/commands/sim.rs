@@ -97,6 +97,11 @@ pub struct SimArgs {
     /// run, whose samples come from hint faults, not PEBS.
     #[arg(long)]
     pub pebs_sees_all: bool,
+    /// Track and migrate 4 KiB pages even where the scenario's system maps
+    /// 2 MiB pages (colloid and colloid-base on HeMem in the colloid-gups
+    /// scenarios): the model before HeMem's 2 MiB pages.
+    #[arg(long)]
+    pub small_pages: bool,
     /// Tier the antagonist loads.
     #[arg(long)]
     pub antagonist_tier: Option<u8>,
@@ -302,6 +307,9 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     }
     if a.pebs_sees_all {
         scn.pebs_blind_to_slow_loads = false;
+    }
+    if a.small_pages {
+        scn.huge_pages = false;
     }
     if let Some(v) = a.antagonist {
         let tier = a
@@ -613,6 +621,12 @@ fn tables(
         let _ = writeln!(
             out,
             "PEBS sampling (memtis, colloid) is blind to slow-tier loads that hit the STLB (modeled: CXL platform, Nomad §4)"
+        );
+    }
+    if scn.huge_pages {
+        let _ = writeln!(
+            out,
+            "colloid and colloid-base sample, count and migrate HeMem's 2 MiB pages (Colloid §5; --small-pages: 4 KiB)"
         );
     }
     out.push_str(&sim::report::table(reports));
