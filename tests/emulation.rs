@@ -121,6 +121,32 @@ fn a_scaled_cache_model_comes_with_a_host_llc_model() {
     }
 }
 
+/// `ab=on` switches charging off and on within the run and reports each
+/// half: with every page slow (+500 ns per access, every access charged),
+/// the charging phases are far slower than the others, pair by pair.
+/// (Fails if the off phases still charge, or the halves are not posted.)
+#[test]
+fn ab_on_times_charging_and_not_in_one_run() {
+    if !kvm_available("ab_on_times_charging_and_not_in_one_run") {
+        return;
+    }
+    let mut req = zipf(PlacementArg::SlowFirst, 16 << 20, PolicyArg::Static, 2);
+    req.emulate_latency = Some("fast=200ns,slow=600ns,llc=0,host-dram=100ns,ab=on".into());
+    let (r, _) = run(&req);
+    let e = r.emulation.as_ref().expect("an emulation report");
+    assert!(e.label.contains("ab=on"), "{}", e.label);
+    let ab = e.ab.as_ref().expect("both halves reported");
+    assert!(ab.pairs >= 5 && ab.on_ops > 0 && ab.off_ops > 0, "{ab:?}");
+    // zipf over 16 MiB costs tens of ns per operation; charging adds ~500,
+    // beyond the pair bins (up to 1.5).
+    let m = ab.pair_median_ratio.expect("a median pair");
+    assert!(m > 1.49 && ab.pair_median_at_bin_edge && ab.ratio > 2.0, "{ab:?}");
+    assert!(ab.on_ns_per_op - ab.off_ns_per_op > 250.0, "{ab:?}");
+    // Without `ab=on` there is no such report.
+    let (r, _) = run(&zipf(PlacementArg::SlowFirst, 16 << 20, PolicyArg::Static, 1));
+    assert!(r.emulation.as_ref().unwrap().ab.is_none());
+}
+
 /// Promotions reach the guest's map before the promoted page is mapped:
 /// with every page starting slow, chaos promotions (transactional, 5000
 /// pages/s) make accesses fast. Colloid reads the emulation's

@@ -423,6 +423,10 @@ pub struct ChargingAbReport {
     /// (within 0.25%): what charging costs (1.0 = nothing), unmoved by
     /// bursts of host noise that slow a few phases (`null`: no pair).
     pub pair_median_ratio: Option<f64>,
+    /// The median pair landed in the first or last bin (ratios below 0.5025
+    /// or from 1.4975 on are binned there): the true median is that far or
+    /// beyond, not the value given.
+    pub pair_median_at_bin_edge: bool,
 }
 
 impl ChargingAbReport {
@@ -435,6 +439,12 @@ impl ChargingAbReport {
         let ns = |cycles: f64, ops: f64| cycles / (tsc_khz.max(1) as f64 / 1e6) / ops;
         let (on, off) = (ns(on_c, on_ops), ns(off_c, off_ops));
         let pairs = get("emu_ab_pairs").unwrap_or(0.0) as u64;
+        let median = get("emu_ab_pair_median").filter(|_| pairs > 0);
+        use tiervm_guest::emulation::{AB_BINS, AB_BIN_LOW, AB_BIN_WIDTH};
+        let edge = |i: usize| AB_BIN_LOW + (i as f64 + 0.5) * AB_BIN_WIDTH;
+        let at_edge = median.is_some_and(|m| {
+            (m - edge(0)).abs() < AB_BIN_WIDTH / 4.0 || (m - edge(AB_BINS - 1)).abs() < AB_BIN_WIDTH / 4.0
+        });
         Some(Self {
             on_ops: on_ops as u64,
             off_ops: off_ops as u64,
@@ -442,7 +452,8 @@ impl ChargingAbReport {
             off_ns_per_op: off,
             ratio: on / off,
             pairs,
-            pair_median_ratio: get("emu_ab_pair_median").filter(|_| pairs > 0),
+            pair_median_ratio: median,
+            pair_median_at_bin_edge: at_edge,
         })
     }
 
@@ -454,7 +465,12 @@ impl ChargingAbReport {
             self.off_ns_per_op,
             self.ratio,
             self.pairs,
-            self.pair_median_ratio.map_or("-".into(), |m| format!("{m:.3}")),
+            match (self.pair_median_ratio, self.pair_median_at_bin_edge) {
+                (None, _) => "-".into(),
+                (Some(m), true) if m > 1.0 => "1.50 or more".into(),
+                (Some(_), true) => "0.50 or less".into(),
+                (Some(m), false) => format!("{m:.3}"),
+            },
             self.on_ops,
             self.off_ops
         )
@@ -627,6 +643,9 @@ impl EmulationReport {
         }
         if let Some(h) = &self.host_cache {
             s.push_str(&format!("             {}\n", h.human()));
+        }
+        if let Some(a) = &self.ab {
+            s.push_str(&format!("             {}\n", a.human()));
         }
         let acc: Vec<String> = self
             .config
