@@ -140,10 +140,18 @@ fn ab_on_times_charging_and_not_in_one_run() {
     // zipf over 16 MiB costs tens of ns per operation; charging adds ~500,
     // beyond the pair bins (up to 1.5).
     let m = ab.pair_median_ratio.expect("a median pair");
-    assert!(m > 1.49 && ab.pair_median_at_bin_edge && ab.ratio > 2.0, "{ab:?}");
+    assert!(
+        m > 1.49 && ab.pair_median_at_bin_edge && ab.ratio > 2.0,
+        "{ab:?}"
+    );
     assert!(ab.on_ns_per_op - ab.off_ns_per_op > 250.0, "{ab:?}");
     // Without `ab=on` there is no such report.
-    let (r, _) = run(&zipf(PlacementArg::SlowFirst, 16 << 20, PolicyArg::Static, 1));
+    let (r, _) = run(&zipf(
+        PlacementArg::SlowFirst,
+        16 << 20,
+        PolicyArg::Static,
+        1,
+    ));
     assert!(r.emulation.as_ref().unwrap().ab.is_none());
 }
 

@@ -181,7 +181,7 @@ struct tiervm_emulation_header {
     uint64_t guest_state;        /* offset 160: TIERVM_EMU_GUEST_* (guest) */
     uint64_t chase_hops;         /* offset 168: loads the measurement timed (guest) */
     uint64_t dram_fixed_ps;      /* offset 176: charge against this, do not measure (VMM) */
-    uint64_t access_sample_period; /* offset 184: charge one cache-missing access in this many, each for this many; 0 or 1: every access (VMM) */
+    uint64_t access_sample_period; /* offset 184: 0 or 1: charge every access; above 1: set sampling alone (sampled model) or one access in this many (VMM) */
     uint64_t host_cache_bytes;   /* offset 192: host LLC to model besides a smaller cache model, 0 = none (VMM) */
     uint64_t host_cache_model_gpa;    /* offset 200: per-vCPU host LLC models, zeroed (VMM) */
     uint64_t host_cache_model_stride; /* offset 208: bytes per vCPU's host model (VMM) */

@@ -265,9 +265,10 @@ pub struct EmulationHeader {
     /// measure (0: measure into `dram_ps` and charge against that) (VMM:
     /// `host-dram=`, or a comparison's first measurement).
     pub dram_fixed_ps: u64,
-    /// Access sampling: the guest looks up and charges one cache-missing
-    /// access in this many (a power of two up to 64), each for this many;
-    /// 0 or 1: every access (VMM: `sample=`). A vCPU whose workload pays
+    /// 0 or 1: every access is charged (VMM: `sample=`). Above 1 (a power
+    /// of two up to 64): a set-sampled cache model charges by set sampling
+    /// alone; without one, the guest looks up and charges one cache-missing
+    /// access in this many, each for this many. A vCPU whose workload pays
     /// per operation charges every access regardless.
     pub access_sample_period: u64,
     /// The host's LLC in bytes, a power of two, when the cache model is

@@ -13,8 +13,9 @@ use crate::units::{format_size, parse_size};
 pub const DEFAULT_PRESET: &str = "nomad-a";
 /// Debt at which a vCPU pays, ns (issue 12: "e.g. 1 us").
 pub const DEFAULT_PAY_NS: f64 = 1_000.0;
-/// Default access-sampling period (`sample=`): one cache-missing access in
-/// 8 is looked up and charged 8 times (measured: docs/results.md §9).
+/// Default `sample=`: above 1, so a set-sampled cache model charges by set
+/// sampling alone, and without one, one cache-missing access in 8 is
+/// looked up and charged 8 times (measured: docs/results.md §9).
 pub const DEFAULT_SAMPLE_PERIOD: u32 = 8;
 /// Longest access-sampling period (the guest's `ACCESS_PERIOD_MAX`).
 pub const MAX_SAMPLE_PERIOD: u32 = tiervm_guest::emulation::ACCESS_PERIOD_MAX;

@@ -443,7 +443,8 @@ impl ChargingAbReport {
         use tiervm_guest::emulation::{AB_BINS, AB_BIN_LOW, AB_BIN_WIDTH};
         let edge = |i: usize| AB_BIN_LOW + (i as f64 + 0.5) * AB_BIN_WIDTH;
         let at_edge = median.is_some_and(|m| {
-            (m - edge(0)).abs() < AB_BIN_WIDTH / 4.0 || (m - edge(AB_BINS - 1)).abs() < AB_BIN_WIDTH / 4.0
+            (m - edge(0)).abs() < AB_BIN_WIDTH / 4.0
+                || (m - edge(AB_BINS - 1)).abs() < AB_BIN_WIDTH / 4.0
         });
         Some(Self {
             on_ops: on_ops as u64,
