@@ -496,12 +496,16 @@ impl<'a> Charger<'a> {
         if self.sets_only.get() {
             // Set sampling alone: the hashes of consecutive lines are
             // `LINE_HASH` apart.
+            // The first line outside the loop: most spans are one line.
             let mut h = (addr / CACHE_LINE).wrapping_mul(LINE_HASH);
-            for i in 0..lines {
+            if h < self.sample_limit && lines > 0 {
+                self.sample(addr, h, write);
+            }
+            for i in 1..lines {
+                h = h.wrapping_add(LINE_HASH);
                 if h < self.sample_limit {
                     self.sample(addr.wrapping_add(i * CACHE_LINE), h, write);
                 }
-                h = h.wrapping_add(LINE_HASH);
             }
             return;
         }
