@@ -21,13 +21,22 @@
 //! the default tier keeps a small free reserve. Only tiers 0 and 1 take
 //! part (the paper evaluates two tiers).
 //!
+//! `colloid-base` ([`Colloid::base`]) is HeMem's own placement, the
+//! baseline of Colloid's evaluation, on the same tracker: a page is hot
+//! once its count reaches the grain's hot threshold (HeMem's
+//! `HOT_READ_THRESHOLD`); each quantum hot alternate-tier pages are
+//! promoted in the order they became hot, into a free default-tier page or
+//! in place of a demoted default-tier page below the threshold, until none
+//! is left, the hot list is empty or [`HEMEM_MIGRATE_RATE_MB`] is reached
+//! (see [`Colloid::base`]).
+//!
 //! The tracker's page is HeMem's when the platform maps 2 MiB pages
 //! ([`PolicyConfig::huge_pages`], the Colloid scenarios): HeMem samples,
 //! counts and migrates 2 MiB pages ([`HEMEM_PAGE_PAGES`]) at its own PEBS
 //! period ([`HEMEM_SAMPLE_PERIOD`]); see [`Grain`]. Otherwise it tracks
 //! 4 KiB pages with a 199-access period.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use super::hotness::{ClockHand, SampleCounts};
 use super::types::*;
@@ -49,6 +58,23 @@ pub const COOLING_THRESHOLD: u16 = 10;
 /// `PEBS_COOLING_THRESHOLD` of the HeMem Colloid evaluated (webglider/hemem
 /// sosp24ae pebs.h): counts halve when a 2 MiB page's count exceeds it.
 pub const HEMEM_COOLING_THRESHOLD: u16 = 18;
+/// HeMem's hot threshold for 4 KiB tracking: `HOT_READ_THRESHOLD` (4, as
+/// `HOT_WRITE_THRESHOLD`) in cuhk-mass/hemem pebs.h, the HeMem whose
+/// [`COOLING_THRESHOLD`] the 4 KiB grain uses. A page with this many
+/// samples is hot (`colloid-base` promotes it); below it, cold.
+pub const HOT_THRESHOLD: u16 = 4;
+/// `HOT_READ_THRESHOLD` of the HeMem Colloid evaluated (webglider/hemem
+/// pebs.h, branch sosp24ae, and branch baseline-sosp24ae, the HeMem the
+/// artifact runs as its baseline): a 2 MiB page with 8 sampled loads is
+/// hot (pebs.c `pebs_scan_thread`: `accesses[DRAMREAD] +
+/// accesses[NVMREAD] >= HOT_READ_THRESHOLD` makes a hot request, below it
+/// a cold one).
+pub const HEMEM_HOT_THRESHOLD: u16 = 8;
+/// HeMem's per-quantum promotion limit: `PEBS_KSWAPD_MIGRATE_RATE`, 10 GB
+/// per `PEBS_KSWAPD_INTERVAL` (10 ms) of promoted pages (pebs.h of
+/// webglider/hemem sosp24ae and baseline-sosp24ae, and of cuhk-mass/hemem;
+/// pebs.c `pebs_policy_thread` counts only promotions against it).
+pub const HEMEM_MIGRATE_RATE_MB: f64 = 10.0 * 1024.0;
 /// FindPages frequency bins over `[0, cooling threshold]` (Colloid §4.1).
 pub const FIND_BINS: usize = 5;
 /// Access sampling period (modeled PEBS stand-in; same as Memtis's 199),
@@ -85,6 +111,9 @@ pub struct Grain {
     pub cooling_threshold: u16,
     /// Counts halve when one reaches this.
     pub cools_at: u16,
+    /// HeMem's hot threshold: a page with this count or more is hot
+    /// (`colloid-base` promotes only hot pages and demotes only cold ones).
+    pub hot_threshold: u16,
 }
 
 impl Grain {
@@ -98,6 +127,7 @@ impl Grain {
                 huge: false,
                 cooling_threshold: COOLING_THRESHOLD,
                 cools_at: COOLING_THRESHOLD,
+                hot_threshold: HOT_THRESHOLD,
             };
         }
         let scale = if config.scale.is_finite() && config.scale >= 1.0 {
@@ -117,6 +147,7 @@ impl Grain {
             cooling_threshold: HEMEM_COOLING_THRESHOLD,
             // pebs.c: `if (page->accesses[j] > PEBS_COOLING_THRESHOLD)`.
             cools_at: HEMEM_COOLING_THRESHOLD + 1,
+            hot_threshold: HEMEM_HOT_THRESHOLD,
         }
     }
 }
@@ -182,6 +213,14 @@ pub struct Colloid {
     last_dp: f64,
     base_only: bool,
     limit_carry: f64,
+    /// `colloid-base`: HeMem's `page->hot` per tracked page (on a hot list).
+    hot: Vec<bool>,
+    /// `colloid-base`: HeMem's hot requests in arrival order (its
+    /// `nvm_hot_list`; entries that cooled or sit in the default tier are
+    /// dropped when reached, as `pebs_policy_thread` does).
+    hot_queue: VecDeque<u64>,
+    /// `colloid-base`: [`HEMEM_MIGRATE_RATE_MB`] in modeled pages.
+    hemem_limit_pages: u64,
 }
 
 /// The quantum's shift: move `dp` of the requests (at `total_rate`
@@ -213,8 +252,8 @@ impl Colloid {
             a.request_rate.unwrap_or(1.0).max(0.0),
         );
         let (l_d, l_a, r_d, r_a) = match (d.loaded_latency_ns, a.loaded_latency_ns) {
-            (Some(ld), Some(la)) if !self.base_only => (ld, la, rates.0, rates.1),
-            // Base system, or no latency source: pack the default tier.
+            (Some(ld), Some(la)) => (ld, la, rates.0, rates.1),
+            // No latency source: pack the default tier.
             _ => (0.0, 1.0, rates.0, rates.1),
         };
         let total = r_d + r_a;
@@ -318,7 +357,7 @@ impl Colloid {
                 let n = self.pages_in(view, u, shift.src);
                 if shift.promote {
                     while moves.budget.free(0) < self.reserve + n {
-                        if self.cold_demotions(view, 1, moves) == 0 {
+                        if self.cold_demotions(view, 1, 1, moves) == 0 {
                             break 'bins;
                         }
                     }
@@ -359,17 +398,42 @@ impl Colloid {
             last_dp: 0.0,
             base_only: false,
             limit_carry: 0.0,
+            hot: Vec::new(),
+            hot_queue: VecDeque::new(),
+            hemem_limit_pages: config.mb_to_pages(HEMEM_MIGRATE_RATE_MB),
         }
     }
 
-    /// The base system alone (`colloid-base`): the same tracker and
-    /// FindPages, but latencies ignored, so it packs the hottest pages into
-    /// the default tier like HeMem. The reference Colloid's gains are
-    /// measured against.
+    /// The base system alone (`colloid-base`): HeMem's own placement on
+    /// the same tracker, the baseline Colloid's gains are measured against
+    /// (webglider/hemem branch baseline-sosp24ae, the HeMem the Colloid
+    /// artifact runs as its baseline, whose pebs.c placement is also
+    /// sosp24ae's without `COLLOID`):
+    /// - `pebs_scan_thread`: a sample that brings a page's count to the
+    ///   grain's hot threshold makes it hot (a hot request, queued in
+    ///   arrival order); a page below the threshold is cold. Counts halve
+    ///   when one passes the cooling threshold;
+    /// - `pebs_policy_thread`, every 10 ms: take the hot alternate-tier
+    ///   pages in order; drop one that has cooled; promote the others into
+    ///   a free default-tier page, or else first demote a cold default-tier
+    ///   page (count below the threshold); when the default tier has no
+    ///   cold page left, requeue the page and stop (hot pages are never
+    ///   demoted); at most [`HEMEM_MIGRATE_RATE_MB`] of promotions per
+    ///   quantum.
+    ///
+    /// No loaded latencies, no free reserve, no demotion otherwise.
+    /// Deviations: hot/cold is read from the current (eagerly halved)
+    /// count, without the lag of HeMem's request rings and its partial
+    /// cooling of 8192 list entries per quantum; the cold page demoted is
+    /// the next one a CLOCK hand finds, not the oldest on HeMem's
+    /// `dram_cold_list`; every sample counts (HeMem samples loads only: in
+    /// a read-modify-write such as GUPS's update the load is sampled).
     pub fn base(config: &PolicyConfig) -> Self {
+        let c = Self::new(config);
         Self {
             base_only: true,
-            ..Self::new(config)
+            hot: vec![false; c.is_tracked.len()],
+            ..c
         }
     }
 
@@ -403,11 +467,23 @@ impl Colloid {
             let u = self.unit_of(s.page);
             self.counts.add(u);
             self.track(u);
+            if self.base_only {
+                self.hot_or_cold_request(u);
+            }
             if self.counts.count(u) >= self.grain.cools_at {
                 self.counts.cool();
                 let counts = &self.counts;
                 let is_tracked = &mut self.is_tracked;
+                let hot = &mut self.hot;
+                let hot_threshold = self.grain.hot_threshold;
                 self.tracked.retain(|&p| {
+                    // HeMem's cooling (`partial_cool`): a hot page halved
+                    // below the threshold goes to the cold list.
+                    if counts.count(p) < hot_threshold {
+                        if let Some(h) = hot.get_mut(p as usize) {
+                            *h = false;
+                        }
+                    }
                     let keep = counts.count(p) > 0;
                     if !keep {
                         is_tracked[p as usize] = false;
@@ -418,17 +494,75 @@ impl Colloid {
         }
     }
 
+    /// HeMem's `pebs_scan_thread` after counting a sample of `unit`: a
+    /// page at or above the hot threshold that is not hot yet becomes hot
+    /// and joins the hot list; one below it stops being hot.
+    fn hot_or_cold_request(&mut self, unit: u64) {
+        let is_hot = self.counts.count(unit) >= self.grain.hot_threshold;
+        let Some(h) = self.hot.get_mut(unit as usize) else {
+            return;
+        };
+        if is_hot && !*h {
+            *h = true;
+            self.hot_queue.push_back(unit);
+        } else if !is_hot {
+            *h = false;
+        }
+    }
+
+    /// HeMem's placement for one quantum (`colloid-base`; see
+    /// [`Colloid::base`]).
+    fn hemem_placement(&mut self, view: &mut dyn MemoryView, moves: &mut Moves<'_>) {
+        let th = self.grain.hot_threshold;
+        let mut promoted = 0u64;
+        while promoted < self.hemem_limit_pages {
+            let Some(u) = self.hot_queue.pop_front() else {
+                break;
+            };
+            if self.counts.count(u) < th {
+                // "it has been cooled, need to move it into the cold list"
+                self.hot[u as usize] = false;
+                continue;
+            }
+            let n = self.pages_in(view, u, 1);
+            if n == 0 || moves.chosen.contains(&u) {
+                continue; // in the default tier: on its hot list, not this one
+            }
+            // A free default-tier page, or a cold one moved down first.
+            while moves.budget.free(0) < n {
+                if self.cold_demotions(view, 1, th, moves) == 0 {
+                    // "all dram pages are hot, so put it back in list we
+                    // got it from" (`enqueue_fifo`: at the list's far end)
+                    // and stop until the next quantum.
+                    self.hot_queue.push_back(u);
+                    return;
+                }
+            }
+            if !moves.budget.take(0, n) {
+                self.hot_queue.push_back(u);
+                return;
+            }
+            moves.budget.release(1, n);
+            moves.chosen.insert(u);
+            promoted += n;
+            moves.out.migrations.push(self.migration(u, 0));
+        }
+    }
+
     fn freq_bin(&self, count: u16) -> usize {
         let th = self.grain.cooling_threshold;
         (usize::from(count.min(th)) * FIND_BINS / (usize::from(th) + 1)).min(FIND_BINS - 1)
     }
 
-    /// Demotes up to `want` tracked pages of the default tier that have no
-    /// count (cold), found by a CLOCK hand; returns how many.
+    /// Demotes up to `want` tracked pages of the default tier whose count
+    /// is below `below` (cold: `colloid` makes room with pages that have
+    /// no count, `colloid-base` with pages under HeMem's hot threshold),
+    /// found by a CLOCK hand; returns how many.
     fn cold_demotions(
         &mut self,
         view: &mut dyn MemoryView,
         want: u64,
+        below: u16,
         moves: &mut Moves<'_>,
     ) -> u64 {
         let max_scan = view.pages();
@@ -441,7 +575,7 @@ impl Colloid {
             // (nor a second modeled page of a tracked page already taken).
             let cold = self.hand.find(view, 0, 1, max_scan, |p, _| {
                 let u = p / unit_pages;
-                counts.count(u) == 0 && !chosen.contains(&u)
+                counts.count(u) < below && !chosen.contains(&u)
             });
             let Some(&p) = cold.first() else {
                 break;
@@ -484,7 +618,8 @@ impl Policy for Colloid {
         self.quantum_ns
     }
 
-    /// Each quantum: 1. keep the default tier's free reserve; 2. compute
+    /// Each quantum (`colloid-base`: HeMem's placement instead, see
+    /// [`Colloid::base`]): 1. keep the default tier's free reserve; 2. compute
     /// the shift of request share between the tiers; 3. turn it into a
     /// page limit; 4. move the pages whose access probability fits the
     /// shift, most frequently accessed first.
@@ -501,10 +636,14 @@ impl Policy for Colloid {
             out: &mut out,
             chosen: &mut chosen,
         };
+        if self.base_only {
+            self.hemem_placement(view, &mut moves);
+            return out;
+        }
         // Base system: keep a small free reserve in the default tier.
         if moves.budget.free(0) < self.reserve && moves.budget.free(1) > 0 {
             while moves.budget.free(0) < self.reserve {
-                if self.cold_demotions(view, 1, &mut moves) == 0 {
+                if self.cold_demotions(view, 1, 1, &mut moves) == 0 {
                     break;
                 }
             }
@@ -680,6 +819,79 @@ mod tests {
         assert!(d.migrations.iter().all(|m| m.unit.is_huge()));
         v.apply(&d.migrations);
         assert_eq!(v.tier_of(1536 + 511), 0);
+    }
+
+    /// HeMem's placement (`colloid-base`): a page is hot at
+    /// `HOT_READ_THRESHOLD` samples. Only hot alternate-tier pages are
+    /// promoted (one a sample short is not), only default-tier pages below
+    /// the threshold are demoted to make room, and once the default tier
+    /// holds only hot pages nothing moves.
+    #[test]
+    fn hemem_base_promotes_hot_pages_and_demotes_only_cold_ones() {
+        let mut cfg = PolicyConfig::new(8, vec![4, 8]);
+        cfg.huge_pages = true;
+        // Scale 512: one modeled page is one HeMem 2 MiB page.
+        cfg.scale = 512.0;
+        let mut c = Colloid::base(&cfg);
+        assert_eq!(c.grain().unit_pages, 1);
+        assert_eq!(c.grain().hot_threshold, HEMEM_HOT_THRESHOLD);
+        assert_eq!(HEMEM_HOT_THRESHOLD, 8);
+        assert_eq!(
+            Grain::for_config(&PolicyConfig::new(8, vec![4, 8])).hot_threshold,
+            HOT_THRESHOLD
+        );
+        // Default tier full: pages 0-3; alternate: 4-7.
+        let mut v = VecView::two_tier(8, 4);
+        let st = v.status(&[4, 8]);
+        let samples = |counts: &[(u64, usize)]| -> Vec<AccessSample> {
+            counts
+                .iter()
+                .flat_map(|&(page, n)| {
+                    std::iter::repeat_n(
+                        AccessSample {
+                            page,
+                            tier: u8::from(page >= 4),
+                            write: false,
+                        },
+                        n,
+                    )
+                })
+                .collect()
+        };
+        let moved = |d: &Decisions| -> Vec<(u64, TierId)> {
+            d.migrations.iter().map(|m| (m.unit.page, m.to)).collect()
+        };
+        // Default tier: 0 and 2 hot (8, 9 samples), 1 warm (7, one short of
+        // the threshold), 3 unseen. Alternate: 4 hot (8), 5 warm (7), 6
+        // and 7 unseen. No count passes 18: no cooling.
+        let s1 = samples(&[(0, 8), (1, 7), (2, 9), (4, 8), (5, 7)]);
+        let d = c.tick(&obs(0, &st, &s1), &mut v);
+        assert_eq!(
+            moved(&d),
+            vec![(1, 1), (4, 0)],
+            "the hot page 4 replaces the first cold page the CLOCK hand finds \
+             (1: below the threshold, 0 is hot); page 5 is not hot, so it \
+             does not take cold page 3"
+        );
+        v.apply(&d.migrations);
+        // Page 6 becomes hot, then page 5 (one more sample): 6 replaces the
+        // last cold default-tier page (3); 5 finds only hot pages (0, 2, 4,
+        // 6) and stays, as no hot page is demoted.
+        let st = v.status(&[4, 8]);
+        let d = c.tick(&obs(10_000_000, &st, &samples(&[(6, 8), (5, 1)])), &mut v);
+        assert_eq!(moved(&d), vec![(3, 1), (6, 0)]);
+        v.apply(&d.migrations);
+        // Page 2 passes 18: a cooling halves every count and all but page
+        // 2 fall below the threshold (cold, demotable; 5 is no longer
+        // promotable). Page 5 gets back to 8 and replaces a default-tier
+        // page that cooled (4: the hand resumes after page 3).
+        let st = v.status(&[4, 8]);
+        let d = c.tick(&obs(20_000_000, &st, &samples(&[(2, 10), (5, 4)])), &mut v);
+        assert_eq!(
+            (0..8).map(|p| c.counts.count(p)).collect::<Vec<_>>(),
+            vec![4, 3, 9, 0, 4, 8, 4, 0]
+        );
+        assert_eq!(moved(&d), vec![(4, 1), (5, 0)]);
     }
 
     #[test]
