@@ -288,7 +288,9 @@ pub struct EmulationHeader {
     /// charging on and off every this many operations per vCPU and reports
     /// each half's operations and TSC cycles as result metrics
     /// (`emu_ab_on_ops`, `emu_ab_on_cycles`, `emu_ab_off_ops`,
-    /// `emu_ab_off_cycles`); 0: charge throughout (VMM).
+    /// `emu_ab_off_cycles`), with the median over adjacent phase pairs of
+    /// their op-time ratio (`emu_ab_pair_median`, `emu_ab_pairs`); 0: charge
+    /// throughout (VMM).
     pub ab_phase_ops: u64,
     /// Reserved, zero.
     pub _reserved: [u64; 3],

@@ -495,8 +495,8 @@ impl<'a> Charger<'a> {
     pub fn access_span(&self, addr: u64, lines: u64, write: bool) {
         if self.sets_only.get() {
             // Set sampling alone: the hashes of consecutive lines are
-            // `LINE_HASH` apart.
-            // The first line outside the loop: most spans are one line.
+            // `LINE_HASH` apart; the first line is tested before the loop
+            // (most spans are one line).
             let mut h = (addr / CACHE_LINE).wrapping_mul(LINE_HASH);
             if h < self.sample_limit && lines > 0 {
                 self.sample(addr, h, write);
