@@ -9,14 +9,17 @@
 //! 2. mode = promotion if `L_D < L_A`, else demotion;
 //! 3. `dp` = [`ShiftSearch::compute_shift`] (binary search with watermarks);
 //! 4. FindPages: hottest pages first (5 equal frequency bins over
-//!    `[0, COOLING_THRESHOLD]`), each page's access probability
+//!    `[0, cooling threshold]`, the grain's [`Grain::cooling_threshold`]),
+//!    each page's access probability
 //!    `count / total` must fit in the remaining `dp`, at most
 //!    `min(dp * (R_D + R_A) * quantum * 64 B, M)` bytes, and never more than
 //!    the destination has free;
 //! 5. migrate (background stop-and-copy).
 //!
 //! The base tracker counts sampled accesses per page and halves all counts
-//! when one reaches [`COOLING_THRESHOLD`] (HeMem). As in HeMem, a promotion
+//! when one passes the grain's cooling threshold (HeMem's
+//! `PEBS_COOLING_THRESHOLD`: [`COOLING_THRESHOLD`] for 4 KiB pages,
+//! [`HEMEM_COOLING_THRESHOLD`] for 2 MiB ones). As in HeMem, a promotion
 //! into a full default tier first demotes a cold page to make room, and
 //! the default tier keeps a small free reserve. Only tiers 0 and 1 take
 //! part (the paper evaluates two tiers).
@@ -32,7 +35,7 @@
 //!
 //! The tracker's page is HeMem's when the platform maps 2 MiB pages
 //! ([`PolicyConfig::huge_pages`], the Colloid scenarios): HeMem samples,
-//! counts and migrates 2 MiB pages ([`HEMEM_PAGE_PAGES`]) at its own PEBS
+//! counts and migrates 2 MiB pages ([`PAGES_PER_2M`]) at its own PEBS
 //! period ([`HEMEM_SAMPLE_PERIOD`]); see [`Grain`]. Otherwise it tracks
 //! 4 KiB pages with a 199-access period.
 
@@ -80,9 +83,6 @@ pub const FIND_BINS: usize = 5;
 /// Access sampling period (modeled PEBS stand-in; same as Memtis's 199),
 /// for 4 KiB tracking.
 pub const SAMPLE_PERIOD: u64 = 199;
-/// HeMem's page in 4 KiB pages: 2 MiB (`PAGE_SIZE = HUGEPAGE_SIZE`, hemem.h
-/// of the HeMem Colloid evaluated, webglider/hemem branch sosp24ae).
-pub const HEMEM_PAGE_PAGES: u64 = PAGES_PER_2M as u64;
 /// HeMem's PEBS sample period (`SAMPLE_PERIOD` 5003, pebs.h of the same
 /// HeMem): one load in 5003 is sampled, and its sample counts for the
 /// 2 MiB page it falls in.
@@ -135,9 +135,11 @@ impl Grain {
         } else {
             1.0
         };
-        let unit_pages =
-            ((HEMEM_PAGE_PAGES as f64 / scale).round() as u64).clamp(1, HEMEM_PAGE_PAGES);
-        let sample_period = ((unit_pages * HEMEM_SAMPLE_PERIOD) as f64 / HEMEM_PAGE_PAGES as f64)
+        // HeMem's page: 2 MiB (`PAGE_SIZE = HUGEPAGE_SIZE`, hemem.h of the
+        // HeMem Colloid evaluated, webglider/hemem branch sosp24ae).
+        let hemem_page = u64::from(PAGES_PER_2M);
+        let unit_pages = ((hemem_page as f64 / scale).round() as u64).clamp(1, hemem_page);
+        let sample_period = ((unit_pages * HEMEM_SAMPLE_PERIOD) as f64 / hemem_page as f64)
             .round()
             .max(1.0) as u64;
         Self {
@@ -215,10 +217,15 @@ pub struct Colloid {
     limit_carry: f64,
     /// `colloid-base`: HeMem's `page->hot` per tracked page (on a hot list).
     hot: Vec<bool>,
-    /// `colloid-base`: HeMem's hot requests in arrival order (its
-    /// `nvm_hot_list`; entries that cooled or sit in the default tier are
-    /// dropped when reached, as `pebs_policy_thread` does).
+    /// `colloid-base`: HeMem's hot requests in the order the pages became
+    /// hot (its `nvm_hot_list`; entries that sit in the default tier are
+    /// dropped when reached, as `pebs_policy_thread` does). HeMem's lists
+    /// are intrusive, so a page is on one at most once: see `queued`.
     hot_queue: VecDeque<u64>,
+    /// `colloid-base`: the tracked page is in `hot_queue`. A page that
+    /// cools leaves the queue (HeMem moves it to a cold list), so one that
+    /// heats again is queued once, at the back.
+    queued: Vec<bool>,
     /// `colloid-base`: [`HEMEM_MIGRATE_RATE_MB`] in modeled pages.
     hemem_limit_pages: u64,
 }
@@ -336,17 +343,31 @@ impl Colloid {
         moves: &mut Moves<'_>,
     ) {
         let total_count = self.counts.total().max(1) as f64;
-        let mut bins: Vec<Vec<u64>> = vec![Vec::new(); FIND_BINS];
+        // (tracked page, its modeled pages in the source tier): a 2 MiB
+        // page split across the tiers is a candidate if any of it is in
+        // the source tier, as in `hemem_placement` (the view does not
+        // change during a tick).
+        let mut bins: Vec<Vec<(u64, u64)>> = vec![Vec::new(); FIND_BINS];
         for &u in &self.tracked {
-            if view.tier_of(self.unit_run(u).page) == shift.src && !moves.chosen.contains(&u) {
-                bins[self.freq_bin(self.counts.count(u))].push(u);
+            if moves.chosen.contains(&u) {
+                continue;
+            }
+            let n = self.pages_in(view, u, shift.src);
+            if n > 0 {
+                bins[self.freq_bin(self.counts.count(u))].push((u, n));
             }
         }
         let mut remaining = shift.dp;
         let mut moved = 0u64;
         'bins: for bin in bins.iter_mut().rev() {
             bin.sort_unstable();
-            for &u in bin.iter() {
+            for &(u, n) in bin.iter() {
+                // Tested before a page is added, so the last page may pass
+                // the limit by up to one tracked page less a modeled page:
+                // Colloid's HeMem (pebs.c, `for(migrated_bytes = 0;
+                // migrated_bytes < migrate_limit;)`) moves a whole 2 MiB
+                // page while under the limit, also when the limit is below
+                // 2 MiB.
                 if moved >= limit {
                     break 'bins;
                 }
@@ -354,13 +375,8 @@ impl Colloid {
                 if prob > remaining {
                     continue;
                 }
-                let n = self.pages_in(view, u, shift.src);
-                if shift.promote {
-                    while moves.budget.free(0) < self.reserve + n {
-                        if self.cold_demotions(view, 1, 1, moves) == 0 {
-                            break 'bins;
-                        }
-                    }
+                if shift.promote && !self.make_room(view, self.reserve + n, 1, moves) {
+                    break 'bins;
                 }
                 if !moves.budget.take(shift.dst, n) {
                     break 'bins;
@@ -400,6 +416,7 @@ impl Colloid {
             limit_carry: 0.0,
             hot: Vec::new(),
             hot_queue: VecDeque::new(),
+            queued: Vec::new(),
             hemem_limit_pages: config.mb_to_pages(HEMEM_MIGRATE_RATE_MB),
         }
     }
@@ -409,22 +426,32 @@ impl Colloid {
     /// (webglider/hemem branch baseline-sosp24ae, the HeMem the Colloid
     /// artifact runs as its baseline, whose pebs.c placement is also
     /// sosp24ae's without `COLLOID`):
-    /// - `pebs_scan_thread`: a sample that brings a page's count to the
-    ///   grain's hot threshold makes it hot (a hot request, queued in
-    ///   arrival order); a page below the threshold is cold. Counts halve
-    ///   when one passes the cooling threshold;
-    /// - `pebs_policy_thread`, every 10 ms: take the hot alternate-tier
-    ///   pages in order; drop one that has cooled; promote the others into
-    ///   a free default-tier page, or else first demote a cold default-tier
-    ///   page (count below the threshold); when the default tier has no
-    ///   cold page left, requeue the page and stop (hot pages are never
-    ///   demoted); at most [`HEMEM_MIGRATE_RATE_MB`] of promotions per
-    ///   quantum.
+    /// 1. `pebs_scan_thread`, per sample: a sample that brings a page's
+    ///    count to the grain's hot threshold makes it hot (a hot request,
+    ///    queued once, in the order pages become hot); a page below the
+    ///    threshold is cold;
+    /// 2. cooling: counts halve when one passes the cooling threshold;
+    ///    hot pages halved below the hot threshold become cold and leave
+    ///    the hot queue;
+    /// 3. `pebs_policy_thread`, every 10 ms: take the hot queue's pages in
+    ///    order, skipping those already in the default tier;
+    /// 4. promote each into a free default-tier page, or else first demote
+    ///    a cold default-tier page (count below the hot threshold);
+    /// 5. when the default tier has no cold page left, requeue the page at
+    ///    the back and stop until the next quantum (hot pages are never
+    ///    demoted); stop also after [`HEMEM_MIGRATE_RATE_MB`] of promotions
+    ///    in the quantum.
     ///
     /// No loaded latencies, no free reserve, no demotion otherwise.
     /// Deviations: hot/cold is read from the current (eagerly halved)
     /// count, without the lag of HeMem's request rings and its partial
-    /// cooling of 8192 list entries per quantum; the cold page demoted is
+    /// cooling of 8192 list entries per quantum; one combined count per
+    /// page, where HeMem keeps one per tier the sampled load came from
+    /// (`accesses[DRAMREAD]`, `accesses[NVMREAD]`): hotness is their sum
+    /// in both, but HeMem cools when the sampled tier's count passes the
+    /// cooling threshold and this tracker when the sum does (sooner for a
+    /// page sampled in both tiers, i.e. one that just moved, or a 2 MiB
+    /// page split across them); the cold page demoted is
     /// the next one a CLOCK hand finds, not the oldest on HeMem's
     /// `dram_cold_list`; every sample counts (HeMem samples loads only: in
     /// a read-modify-write such as GUPS's update the load is sampled).
@@ -433,6 +460,7 @@ impl Colloid {
         Self {
             base_only: true,
             hot: vec![false; c.is_tracked.len()],
+            queued: vec![false; c.is_tracked.len()],
             ..c
         }
     }
@@ -486,12 +514,69 @@ impl Colloid {
                     }
                     let keep = counts.count(p) > 0;
                     if !keep {
-                        is_tracked[p as usize] = false;
+                        if let Some(t) = is_tracked.get_mut(p as usize) {
+                            *t = false;
+                        }
                     }
                     keep
                 });
+                if self.base_only {
+                    self.drop_cooled_from_queue();
+                }
             }
         }
+    }
+
+    /// After a cooling: pages no longer hot leave the hot queue (HeMem's
+    /// `partial_cool` moves them from the hot list to the cold list).
+    fn drop_cooled_from_queue(&mut self) {
+        let (hot, queued) = (&self.hot, &mut self.queued);
+        self.hot_queue.retain(|&u| {
+            let keep = hot.get(u as usize).copied().unwrap_or(false);
+            if !keep {
+                if let Some(q) = queued.get_mut(u as usize) {
+                    *q = false;
+                }
+            }
+            keep
+        });
+    }
+
+    /// Puts tracked page `unit` at the back of the hot queue unless it is
+    /// already in it.
+    fn enqueue_hot(&mut self, unit: u64) {
+        if let Some(q) = self.queued.get_mut(unit as usize) {
+            if !*q {
+                *q = true;
+                self.hot_queue.push_back(unit);
+            }
+        }
+    }
+
+    /// Takes the first page off the hot queue.
+    fn dequeue_hot(&mut self) -> Option<u64> {
+        let u = self.hot_queue.pop_front()?;
+        if let Some(q) = self.queued.get_mut(u as usize) {
+            *q = false;
+        }
+        Some(u)
+    }
+
+    /// Demotes cold default-tier pages (count below `below`) until the
+    /// default tier has `need` free pages; false if it runs out of them.
+    fn make_room(
+        &mut self,
+        view: &mut dyn MemoryView,
+        need: u64,
+        below: u16,
+        moves: &mut Moves<'_>,
+    ) -> bool {
+        while moves.budget.free(0) < need {
+            if self.cold_demotions(view, 1, below, moves) == 0 {
+                return false;
+            }
+        }
+        true
     }
 
     /// HeMem's `pebs_scan_thread` after counting a sample of `unit`: a
@@ -504,7 +589,7 @@ impl Colloid {
         };
         if is_hot && !*h {
             *h = true;
-            self.hot_queue.push_back(unit);
+            self.enqueue_hot(unit);
         } else if !is_hot {
             *h = false;
         }
@@ -516,30 +601,27 @@ impl Colloid {
         let th = self.grain.hot_threshold;
         let mut promoted = 0u64;
         while promoted < self.hemem_limit_pages {
-            let Some(u) = self.hot_queue.pop_front() else {
+            let Some(u) = self.dequeue_hot() else {
                 break;
             };
             if self.counts.count(u) < th {
                 // "it has been cooled, need to move it into the cold list"
-                self.hot[u as usize] = false;
+                // (cooling already takes cooled pages off the queue).
+                if let Some(h) = self.hot.get_mut(u as usize) {
+                    *h = false;
+                }
                 continue;
             }
             let n = self.pages_in(view, u, 1);
             if n == 0 || moves.chosen.contains(&u) {
                 continue; // in the default tier: on its hot list, not this one
             }
-            // A free default-tier page, or a cold one moved down first.
-            while moves.budget.free(0) < n {
-                if self.cold_demotions(view, 1, th, moves) == 0 {
-                    // "all dram pages are hot, so put it back in list we
-                    // got it from" (`enqueue_fifo`: at the list's far end)
-                    // and stop until the next quantum.
-                    self.hot_queue.push_back(u);
-                    return;
-                }
-            }
-            if !moves.budget.take(0, n) {
-                self.hot_queue.push_back(u);
+            // A free default-tier page, or a cold one moved down first. If
+            // there is no cold page left: "all dram pages are hot, so put
+            // it back in list we got it from" (`enqueue_fifo`: at the
+            // list's far end) and stop until the next quantum.
+            if !(self.make_room(view, n, th, moves) && moves.budget.take(0, n)) {
+                self.enqueue_hot(u);
                 return;
             }
             moves.budget.release(1, n);
@@ -582,7 +664,9 @@ impl Colloid {
             };
             let u = self.unit_of(p);
             let pages = self.pages_in(view, u, 0);
-            if !moves.budget.take(1, pages) {
+            // A page past the policy's last (a view larger than `pages`)
+            // has no modeled pages here: nothing found.
+            if pages == 0 || !moves.budget.take(1, pages) {
                 break;
             }
             moves.chosen.insert(u);
@@ -642,11 +726,7 @@ impl Policy for Colloid {
         }
         // Base system: keep a small free reserve in the default tier.
         if moves.budget.free(0) < self.reserve && moves.budget.free(1) > 0 {
-            while moves.budget.free(0) < self.reserve {
-                if self.cold_demotions(view, 1, 1, &mut moves) == 0 {
-                    break;
-                }
-            }
+            self.make_room(view, self.reserve, 1, &mut moves);
         }
         let Some(shift) = self.shift(obs.tiers) else {
             return out;
@@ -892,6 +972,137 @@ mod tests {
             vec![4, 3, 9, 0, 4, 8, 4, 0]
         );
         assert_eq!(moved(&d), vec![(4, 1), (5, 0)]);
+    }
+
+    /// One HeMem 2 MiB page per modeled page (scale 512), 8 pages, the
+    /// default tier holding 0-3.
+    fn base_8_pages() -> Colloid {
+        let mut cfg = PolicyConfig::new(8, vec![4, 8]);
+        cfg.huge_pages = true;
+        cfg.scale = 512.0;
+        let c = Colloid::base(&cfg);
+        assert_eq!(c.grain().unit_pages, 1);
+        c
+    }
+
+    fn repeat_samples(page: u64, n: usize) -> Vec<AccessSample> {
+        let s = AccessSample {
+            page,
+            tier: u8::from(page >= 4),
+            write: false,
+        };
+        vec![s; n]
+    }
+
+    /// HeMem's lists are intrusive: a page is on the hot list once. A hot
+    /// page that cools leaves it; when it heats again it is queued once,
+    /// at the back, and promoted in the order it became hot again, not
+    /// from its old place.
+    #[test]
+    fn hemem_hot_queue_holds_each_page_once_in_reheat_order() {
+        let mut c = base_8_pages();
+        // 4 and 5 hot (8 samples each); 6 hot at 8 and its 19th sample
+        // passes 18: a cooling halves 4 and 5 to 4 (cold), 6 to 9 (hot).
+        c.ingest(&repeat_samples(4, 8));
+        c.ingest(&repeat_samples(5, 8));
+        c.ingest(&repeat_samples(6, 19));
+        assert_eq!(
+            (4..7).map(|p| c.counts.count(p)).collect::<Vec<_>>(),
+            vec![4, 4, 9]
+        );
+        assert_eq!(Vec::from(c.hot_queue.clone()), vec![6]);
+        // 5 heats again, then 4.
+        c.ingest(&repeat_samples(5, 4));
+        c.ingest(&repeat_samples(4, 4));
+        assert_eq!(Vec::from(c.hot_queue.clone()), vec![6, 5, 4]);
+        // Heat and cool cycles never grow the queue past one entry a page.
+        for round in 0..20 {
+            c.ingest(&repeat_samples(7, 19 + round % 3));
+            c.ingest(&repeat_samples(4, 8));
+            c.ingest(&repeat_samples(5, 8));
+            assert!(c.hot_queue.len() <= 8, "{:?}", c.hot_queue);
+            let mut seen = c.hot_queue.iter().copied().collect::<Vec<_>>();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), c.hot_queue.len(), "{:?}", c.hot_queue);
+        }
+        // Promotions follow the queue: the order the pages became hot.
+        let mut c = base_8_pages();
+        c.ingest(&repeat_samples(4, 8));
+        c.ingest(&repeat_samples(5, 8));
+        c.ingest(&repeat_samples(6, 19));
+        c.ingest(&repeat_samples(5, 4));
+        c.ingest(&repeat_samples(4, 4));
+        let mut v = VecView::two_tier(8, 4);
+        let st = v.status(&[4, 8]);
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let promoted: Vec<u64> = d
+            .migrations
+            .iter()
+            .filter(|m| m.to == 0)
+            .map(|m| m.unit.page)
+            .collect();
+        assert_eq!(promoted, vec![6, 5, 4]);
+    }
+
+    /// A view with more pages than the policy was configured for: a cold
+    /// default-tier page past the policy's last has no modeled pages in
+    /// it, and must not count as room made (an empty migration).
+    #[test]
+    fn hemem_base_ignores_pages_past_its_own() {
+        let mut c = base_8_pages();
+        // Pages 0-3 (hot) and 8-15 (past the policy's 8) in the default
+        // tier, which is over its capacity of 4; 4-7 alternate.
+        let mut v = VecView::two_tier(16, 4);
+        for p in 8..16 {
+            v.tier[p] = 0;
+        }
+        let st = v.status(&[4, 8]);
+        let mut samples = Vec::new();
+        for p in 0..5 {
+            samples.extend(repeat_samples(p, 8));
+        }
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert!(
+            d.migrations.iter().all(|m| m.unit.pages > 0),
+            "{:?}",
+            d.migrations
+        );
+        assert!(d.migrations.is_empty(), "{:?}", d.migrations);
+        assert_eq!(Vec::from(c.hot_queue.clone()), vec![4], "requeued");
+    }
+
+    /// A 2 MiB page split across the tiers whose first 4 KiB page is
+    /// already in the default tier is still a promotion candidate
+    /// (`move_pages` and `hemem_placement` agree: any of it in the source
+    /// tier).
+    #[test]
+    fn colloid_promotes_a_split_2m_page_whose_first_page_is_in_the_default_tier() {
+        let mut cfg = PolicyConfig::new(2048, vec![2048, 2048]);
+        cfg.huge_pages = true;
+        let mut c = Colloid::new(&cfg);
+        assert_eq!(c.grain().unit_pages, 512);
+        // Huge pages 0-1 in the default tier, 2-3 alternate, but huge page
+        // 2's first 4 KiB page sits in the default tier.
+        let mut v = VecView::two_tier(2048, 1024);
+        v.tier[1024] = 0;
+        let mut st = v.status(&[2048, 2048]);
+        st[0].loaded_latency_ns = Some(80.0);
+        st[1].loaded_latency_ns = Some(200.0);
+        st[0].request_rate = Some(1e8);
+        st[1].request_rate = Some(9e8);
+        // Huge page 2: 4 of 10 samples (probability 0.4, within the shift
+        // of 0.45); the other 6 on huge page 0, already in the default tier.
+        let samples: Vec<AccessSample> = (0..10)
+            .map(|i| AccessSample {
+                page: if i < 4 { 1024 + 100 + i } else { i },
+                tier: u8::from(i < 4),
+                write: false,
+            })
+            .collect();
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        let moved: Vec<(Unit, TierId)> = d.migrations.iter().map(|m| (m.unit, m.to)).collect();
+        assert_eq!(moved, vec![(Unit::run(1024, 512), 0)]);
     }
 
     #[test]

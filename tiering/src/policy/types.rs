@@ -164,8 +164,9 @@ pub struct TrackerRequest {
     pub accessed_bits: bool,
     /// The policy maps and migrates 2 MiB pages ([`PolicyConfig::huge_pages`]):
     /// the simulator charges one TLB shootdown per 2 MiB moved (not per
-    /// 4 KiB) and holds the page for a 2 MiB copy. Live, the policy's
-    /// migrations are 512-page units and the engine ignores this.
+    /// 4 KiB) and holds the page for a 2 MiB copy. Live, the engine's
+    /// [`PolicyConfig::huge_pages`] is off, so no policy asks for this (and
+    /// the live engine does not act on it).
     #[serde(default)]
     pub huge_pages: bool,
 }

@@ -131,15 +131,21 @@ impl CostModel {
         4096.0 / self.copy_gbps.max(1e-3)
     }
 
-    /// A stop-and-copy migration as seen by the thread doing it.
+    /// A stop-and-copy migration of one 4 KiB page as seen by the thread
+    /// doing it.
     pub fn stop_and_copy_ns(&self) -> f64 {
-        self.migrate_setup_ns + self.shootdown_ns + self.copy_ns()
+        self.stop_and_copy_pages_ns(1)
     }
 
-    /// A stop-and-copy migration of one 2 MiB page (HeMem's page): one
-    /// setup and one shootdown for the whole mapping, a 2 MiB copy.
+    /// A stop-and-copy migration of one mapping of `pages` 4 KiB pages:
+    /// one setup and one shootdown for the mapping, a copy of all of it.
+    pub fn stop_and_copy_pages_ns(&self, pages: u32) -> f64 {
+        self.migrate_setup_ns + self.shootdown_ns + self.copy_ns() * f64::from(pages)
+    }
+
+    /// A stop-and-copy migration of one 2 MiB page (HeMem's page).
     pub fn stop_and_copy_2m_ns(&self) -> f64 {
-        self.migrate_setup_ns + self.shootdown_ns + self.copy_ns() * f64::from(PAGES_PER_2M)
+        self.stop_and_copy_pages_ns(PAGES_PER_2M)
     }
 
     /// One page's share of a batched transactional migration (kpromote).

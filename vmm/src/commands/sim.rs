@@ -623,7 +623,10 @@ fn tables(
             "PEBS sampling (memtis, colloid) is blind to slow-tier loads that hit the STLB (modeled: CXL platform, Nomad §4)"
         );
     }
-    if scn.huge_pages {
+    let colloid_ran = reports.iter().any(|r| {
+        r.policy == PolicyKind::Colloid.name() || r.policy == PolicyKind::ColloidBase.name()
+    });
+    if scn.huge_pages && colloid_ran {
         let _ = writeln!(
             out,
             "colloid and colloid-base sample, count and migrate HeMem's 2 MiB pages (Colloid §5; --small-pages: 4 KiB)"
@@ -701,6 +704,22 @@ mod tests {
         let mut scn = sim::builtin("nomad-medium-ro").unwrap();
         apply_overrides(&mut scn, &cli.sim).unwrap();
         scn
+    }
+
+    /// The 2 MiB note is printed only when a policy it concerns ran.
+    #[test]
+    fn hemem_2m_note_only_with_colloid() {
+        let cli = Cli::parse_from(["sim", "colloid-gups-0x", "--duration", "0.5"]);
+        let mut scn = sim::builtin("colloid-gups-0x").unwrap();
+        apply_overrides(&mut scn, &cli.sim).unwrap();
+        assert!(scn.huge_pages);
+        let note = "HeMem's 2 MiB pages";
+        let static_run = sim::run(&scn, PolicyKind::Static).unwrap();
+        let out = tables(&cli.sim, &scn, std::slice::from_ref(&static_run), 0.0, 1);
+        assert!(!out.contains(note), "{out}");
+        let base = sim::run(&scn, PolicyKind::ColloidBase).unwrap();
+        let out = tables(&cli.sim, &scn, &[static_run, base], 0.0, 1);
+        assert!(out.contains(note), "{out}");
     }
 
     /// `--costs measured` puts the live unit costs into the model, and they
