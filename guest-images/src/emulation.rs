@@ -842,6 +842,11 @@ pub fn ab_ratio_bin(on: u64, off: u64) -> usize {
     usize::try_from(x).unwrap_or(AB_BINS - 1).min(AB_BINS - 1)
 }
 
+/// The ratio an `ab=on` bin stands for (its middle).
+pub fn ab_bin_ratio(bin: usize) -> f64 {
+    AB_BIN_LOW + (bin as f64 + 0.5) * AB_BIN_WIDTH
+}
+
 /// The median ratio of binned `ab=on` pairs (the middle of its bin), and
 /// how many pairs there were; `None` without pairs.
 pub fn ab_median_ratio(bins: &[u64]) -> Option<(f64, u64)> {
@@ -853,7 +858,7 @@ pub fn ab_median_ratio(bins: &[u64]) -> Option<(f64, u64)> {
     for (i, b) in bins.iter().enumerate() {
         seen += b;
         if 2 * seen >= n {
-            return Some((AB_BIN_LOW + (i as f64 + 0.5) * AB_BIN_WIDTH, n));
+            return Some((ab_bin_ratio(i), n));
         }
     }
     None
@@ -1139,8 +1144,13 @@ mod tests {
         assert!(ch.host.is_none());
     }
 
-    /// A model of 2^15 sets (8 MiB) is sampled one set in four.
-    fn sampled_charger<'a>(map: &'a [AtomicU64], sets: &'a [AtomicU64]) -> Charger<'a> {
+    /// A model of 2^15 sets (8 MiB) is sampled one set in four; `charges`
+    /// per tier (cycles).
+    fn sampled_charger<'a>(
+        map: &'a [AtomicU64],
+        sets: &'a [AtomicU64],
+        charges: [u64; 4],
+    ) -> Charger<'a> {
         let ch = Charger::new(
             map,
             map.len() as u64 * 32,
@@ -1148,8 +1158,21 @@ mod tests {
             fake_clock,
         );
         assert_eq!(ch.sample_shift, 2);
-        ch.set_charges([0, 0, 0, 500 << FRAC_BITS], u64::MAX);
+        ch.set_charges(charges.map(|c| c << FRAC_BITS), u64::MAX);
         ch
+    }
+
+    /// The charge of `n` random accesses to `lines` lines after `n` more
+    /// that warm the model (cycles).
+    fn charged_after_warming(ch: &Charger<'_>, x: &mut u64, lines: u64, n: u64) -> u64 {
+        for _ in 0..n {
+            ch.access(lcg(x, lines) * 64, false);
+        }
+        let warm = ch.counters().charged_cycles;
+        for _ in 0..n {
+            ch.access(lcg(x, lines) * 64, false);
+        }
+        ch.counters().charged_cycles - warm
     }
 
     /// A pseudo-random line of `lines` (an LCG walk).
@@ -1170,17 +1193,10 @@ mod tests {
         let sets = zeroed(1 << 15);
         // A hot set of a quarter of the model, touched at random: after the
         // cold misses, free.
-        let ch = sampled_charger(&map, &sets);
+        let ch = sampled_charger(&map, &sets, [0, 0, 0, 500]);
         let mut x = 1;
         let n = 2_000_000u64;
-        for _ in 0..n {
-            ch.access(lcg(&mut x, 32 * 1024) * 64, false);
-        }
-        let warm = ch.counters().charged_cycles;
-        for _ in 0..n {
-            ch.access(lcg(&mut x, 32 * 1024) * 64, false);
-        }
-        let hot = ch.counters().charged_cycles - warm;
+        let hot = charged_after_warming(&ch, &mut x, 32 * 1024, n);
         assert!(
             hot < n * 500 / 50,
             "a cache-resident set charged {hot} of {}",
@@ -1191,7 +1207,7 @@ mod tests {
         // Sixteen times the model, at random: almost every access misses,
         // and the sampled charge is the exact model's within 3%.
         let sets2 = zeroed(1 << 15);
-        let ch = sampled_charger(&map, &sets2);
+        let ch = sampled_charger(&map, &sets2, [0, 0, 0, 500]);
         let exact_sets = zeroed(1 << 15);
         let model = CacheModel::new(&exact_sets).unwrap();
         let mut misses = 0u64;
@@ -1219,9 +1235,7 @@ mod tests {
         let map = every_eighth_page_slow(1 << 15);
         let charge = 500u64;
         fn sampled<'a>(map: &'a [AtomicU64], sets: &'a [AtomicU64]) -> Charger<'a> {
-            let ch = Charger::new(map, 1 << 15, CacheModel::new(sets), fake_clock);
-            assert_eq!(ch.sample_shift, 2);
-            ch.set_charges([0, 500 << FRAC_BITS, 0, 0], u64::MAX);
+            let ch = sampled_charger(map, sets, [0, 500, 0, 0]);
             ch.set_access_sampling(8);
             assert!(ch.sets_only.get());
             ch
@@ -1232,14 +1246,7 @@ mod tests {
         let sets = zeroed(1 << 15);
         let ch = sampled(&map, &sets);
         let mut x = 1;
-        for _ in 0..n {
-            ch.access(lcg(&mut x, 32 * 1024) * 64, false);
-        }
-        let warm = ch.counters().charged_cycles;
-        for _ in 0..n {
-            ch.access(lcg(&mut x, 32 * 1024) * 64, false);
-        }
-        let hot = ch.counters().charged_cycles - warm;
+        let hot = charged_after_warming(&ch, &mut x, 32 * 1024, n);
         assert!(hot < n * 500 / 8 / 50, "a cache-resident set charged {hot}");
         // Each kind of line is charged its own misses (against the full,
         // unsampled model of the same size): random lines over 16x the model, and
@@ -1313,10 +1320,7 @@ mod tests {
         assert!((m - 1.49875).abs() < 1e-9, "{m}");
         // A pair 4% slower charging lands in the 1.04 bin; the median of
         // pairs ignores a burst that slows a few phases tenfold.
-        assert!(
-            (AB_BIN_LOW + (ab_ratio_bin(1040, 1000) as f64 + 0.5) * AB_BIN_WIDTH - 1.04).abs()
-                < 0.002
-        );
+        assert!((ab_bin_ratio(ab_ratio_bin(1040, 1000)) - 1.04).abs() < 0.002);
         let mut bins = std::vec![0u64; AB_BINS];
         bins[ab_ratio_bin(1040, 1000)] += 90;
         bins[ab_ratio_bin(10_400, 1000)] += 5;

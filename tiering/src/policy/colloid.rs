@@ -1042,13 +1042,7 @@ mod tests {
         let mut v = VecView::two_tier(8, 4);
         let st = v.status(&[4, 8]);
         let d = c.tick(&obs(0, &st, &[]), &mut v);
-        let promoted: Vec<u64> = d
-            .migrations
-            .iter()
-            .filter(|m| m.to == 0)
-            .map(|m| m.unit.page)
-            .collect();
-        assert_eq!(promoted, vec![6, 5, 4]);
+        assert_eq!(pages_moved_to(&d, 0), vec![6, 5, 4]);
     }
 
     /// A view with more pages than the policy was configured for: a cold

@@ -254,18 +254,8 @@ mod tests {
         samples.push(sample(3, 0));
         let st = v.status(&caps);
         let d = m.tick(&obs(0, &st, &samples), &mut v);
-        let promoted: Vec<u64> = d
-            .migrations
-            .iter()
-            .filter(|x| x.to == 0)
-            .map(|x| x.unit.page)
-            .collect();
-        let demoted: Vec<u64> = d
-            .migrations
-            .iter()
-            .filter(|x| x.to == 1)
-            .map(|x| x.unit.page)
-            .collect();
+        let promoted = pages_moved_to(&d, 0);
+        let demoted = pages_moved_to(&d, 1);
         assert_eq!(promoted, vec![51, 50], "hottest first");
         assert!(!demoted.contains(&3), "sampled page 3 is not cold");
         assert_eq!(demoted.len(), 3, "two promotions plus a one-page reserve");

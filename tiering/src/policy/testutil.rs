@@ -84,3 +84,12 @@ pub fn obs<'a>(
         dirty: &[],
     }
 }
+
+/// The first pages of the units `d` moves to `tier`, in order.
+pub fn pages_moved_to(d: &Decisions, tier: TierId) -> Vec<u64> {
+    d.migrations
+        .iter()
+        .filter(|m| m.to == tier)
+        .map(|m| m.unit.page)
+        .collect()
+}

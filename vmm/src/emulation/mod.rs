@@ -440,8 +440,7 @@ impl ChargingAbReport {
         let (on, off) = (ns(on_c, on_ops), ns(off_c, off_ops));
         let pairs = get("emu_ab_pairs").unwrap_or(0.0) as u64;
         let median = get("emu_ab_pair_median").filter(|_| pairs > 0);
-        use tiervm_guest::emulation::{AB_BINS, AB_BIN_LOW, AB_BIN_WIDTH};
-        let edge = |i: usize| AB_BIN_LOW + (i as f64 + 0.5) * AB_BIN_WIDTH;
+        use tiervm_guest::emulation::{ab_bin_ratio as edge, AB_BINS, AB_BIN_WIDTH};
         let at_edge = median.is_some_and(|m| {
             (m - edge(0)).abs() < AB_BIN_WIDTH / 4.0
                 || (m - edge(AB_BINS - 1)).abs() < AB_BIN_WIDTH / 4.0
