@@ -233,11 +233,16 @@ const SERVE_READER: &[Syscall] = &[
 ];
 
 /// `tiervm serve`'s report collector: asks the ended VM's worker for its
-/// report and to exit, writes the report file.
+/// report and to exit, writes the report file. It may hold the last
+/// reference to an ended VM's channel and then closes its descriptor, and
+/// std checks a descriptor is open before closing it (`fcntl(F_GETFD)`,
+/// debug builds), as for the readers: a debug service in a fresh-clone CI
+/// run ended on this call from this thread (2026-11-26).
 const SERVE_REPORTS: &[Syscall] = &[
     sys(libc::SYS_sendto, "sendto"),
     sys(libc::SYS_openat, "openat"),
     sys(libc::SYS_close, "close"),
+    sys(libc::SYS_fcntl, "fcntl"),
 ];
 
 /// Whether `role` may open files (then no call is refused with EACCES).
