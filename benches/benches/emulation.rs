@@ -96,6 +96,39 @@ fn bench(c: &mut Criterion) {
         "default path: 256 MiB model, set sampling alone (1 GiB random)",
         |b| b.iter(|| accesses(&big, &wide)),
     );
+    // What kv pays per operation (it settles, so every access is charged):
+    // a bucket line, a 1 KiB value (16 lines, one span), the slot's meta
+    // line, then the settle; 256 MiB model (the host's LLC here), with
+    // the host-LLC model off. Element = one operation.
+    let kv_sets = zeroed((256 << 20) / 256);
+    let kv = ready(Charger::new(&map, PAGES, CacheModel::new(&kv_sets), clock));
+    kv.set_access_sampling(8);
+    let values = addresses(PAGES * 4096 / 2, 3);
+    g.throughput(Throughput::Elements(N as u64 / 4));
+    g.bench_function(
+        "kv operation: bucket + 16-line value + meta, settled",
+        |b| {
+            b.iter(|| {
+                for i in (0..N).step_by(4) {
+                    kv.access(black_box(wide[i]), false);
+                    let v = values[i] & !1023;
+                    kv.access_span(black_box(PAGES * 2048 + v), 16, i & 4 == 0);
+                    kv.access(black_box(wide[i + 1]), i & 4 == 0);
+                    kv.settle();
+                }
+            })
+        },
+    );
+    g.bench_function("kv operation: the loop alone", |b| {
+        b.iter(|| {
+            for i in (0..N).step_by(4) {
+                black_box(wide[i]);
+                black_box(PAGES * 2048 + (values[i] & !1023));
+                black_box(wide[i + 1]);
+            }
+        })
+    });
+    g.throughput(Throughput::Elements(N as u64));
     // The loop alone, to subtract.
     g.bench_function("loop without a charger (1 GiB random)", |b| {
         b.iter(|| {
@@ -109,6 +142,7 @@ fn bench(c: &mut Criterion) {
     black_box(model.counters());
     black_box(dflt.counters());
     black_box(big.counters());
+    black_box(kv.counters());
 }
 
 criterion_group!(benches, bench);

@@ -50,17 +50,28 @@ const LANES_TOP: u64 = 0x8000_8000_8000_8000;
 /// Most accesses counted between two [`Charger::account`]s when no
 /// payment is near (e.g. every charge 0).
 const BUDGET_MAX: i64 = 1 << 16;
+/// The largest charge per access (fixed point: 2^30 TSC cycles, ~0.4 s at
+/// 2.6 GHz, far above any tier's): [`Charger::accrue`] adds at most a
+/// page's 64 lines of it to a debt below the threshold without overflow.
+const CHARGE_MAX: u64 = 1 << (30 + FRAC_BITS);
 /// Longest period of access sampling ([`Charger::set_access_sampling`]).
 pub const ACCESS_PERIOD_MAX: u32 = 64;
-/// Multiplier of the line hash that picks a sampled model's sets (and the
-/// set and tag within them): `line x LINE_HASH` (mod 2^64), a bijection
-/// whose top bits depend on every bit of the line (Fibonacci hashing,
-/// Knuth TAOCP vol. 3 §6.4; 2^64 / the golden ratio, made odd). The
-/// sampled lines are the ones whose hash has its top bits zero, so no
-/// alignment of a workload's structures (every page's first line, a
-/// power-of-two stride) lines up with them, as it would with the line's
-/// low bits; hardware LLCs hash addresses to slices and sets likewise.
+/// Multiplier of the hash that picks a sampled model's lines (and the set
+/// and tag they take in it): `block x LINE_HASH` (mod 2^64), a bijection
+/// whose top bits depend on every bit of the block (Fibonacci hashing,
+/// Knuth TAOCP vol. 3 §6.4; 2^64 / the golden ratio, made odd), for
+/// blocks of `2^`[`SAMPLE_BLOCK_BITS`] lines; the line's offset in its
+/// block picks which of the block's lines a sampled block samples
+/// ([`Charger::sampled_hash`]). So no alignment of a workload's
+/// structures (every page's first line, a power-of-two stride) lines up
+/// with the sampled lines, as it would with the line's low bits (hardware
+/// LLCs hash addresses to slices and sets likewise), and a span of
+/// consecutive lines is tested a block at a time, not a line at a time.
 pub const LINE_HASH: u64 = 0x9e37_79b9_7f4a_7c15;
+/// Lines of a set-sampling block (16 lines, 1 KiB; log2): a model
+/// sampling one line in 16 or fewer samples at most one line of a block,
+/// so a kv value's 16-line span costs one or two hashes, not 16.
+pub const SAMPLE_BLOCK_BITS: u32 = 4;
 
 /// The line a sampled model of `2^set_bits` sets looks up for a line whose
 /// hash `h` has its top `drop` bits zero: the next `set_bits` bits of the
@@ -71,6 +82,80 @@ fn hashed_line(h: u64, drop: u32, set_bits: u32) -> u64 {
     let set = y.checked_shr(64 - set_bits).unwrap_or(0);
     let tag = (y >> (64 - set_bits.min(49) - 15)) & 0x7fff;
     set | (tag << set_bits)
+}
+
+/// The hash a sampled model looks `line` up by, if `line` is sampled
+/// (`limit` = `2^(64 - sample_shift)`): the line rotated right by
+/// [`SAMPLE_BLOCK_BITS`] (its block below, its offset in the block in the
+/// top 4 bits) times [`LINE_HASH`], when the result is below `limit`. The
+/// result is the block's hash (`block x LINE_HASH`) with `offset x
+/// LINE_HASH (mod 16)` added to its top 4 bits, a bijection of the offset
+/// (the multiplier is odd), and the block's lower 60 bits. So:
+///
+/// 1. with `sample_shift >= 4`, a block is sampled when its hash has bits
+///    `64 - sample_shift..60` zero, and of its lines the one whose offset
+///    cancels the hash's top 4 bits;
+/// 2. with `sample_shift < 4`, every block is, and of its lines the
+///    `2^(4 - sample_shift)` whose offsets clear the top `sample_shift`
+///    bits.
+///
+/// Either way each line is sampled with probability `2^-sample_shift`, and
+/// the result has its top `sample_shift` bits zero: [`Charger`]'s sample
+/// takes the set and tag from the bits below them (two sampled lines of a
+/// block differ there), and the host model samples the lines whose result
+/// has more top bits zero. A rotate and a multiply.
+#[inline(always)]
+pub fn sampled_hash(line: u64, limit: u64) -> Option<u64> {
+    let h = line.rotate_right(SAMPLE_BLOCK_BITS).wrapping_mul(LINE_HASH);
+    (h < limit).then_some(h)
+}
+
+/// The inverse of [`LINE_HASH`] modulo 16 (`LINE_HASH = 5 (mod 16)`, and
+/// `5 x 13 = 65 = 1 (mod 16)`).
+const LINE_HASH_INV_MOD16: u64 = 13;
+const _: () = assert!((LINE_HASH & 15) * LINE_HASH_INV_MOD16 % 16 == 1);
+
+/// Calls `f(line, hash)` for every sampled line ([`sampled_hash`]) among
+/// `lines` consecutive lines from `first`, block by block (one test per
+/// block rather than one per line): the hashes of consecutive blocks are
+/// `LINE_HASH` apart, a block holds sampled lines when its hash without
+/// the top 4 bits is below `limit`, and a line whose offset is `o` has
+/// the top 4 bits `top + o x LINE_HASH (mod 16)` (`top` the block's), so
+/// the offsets that give a top `v` (the `v` below `16 >> sample_shift`
+/// are sampled) are `(v - top) x LINE_HASH^-1 (mod 16)`.
+#[inline(always)]
+pub fn for_sampled_lines(
+    first: u64,
+    lines: u64,
+    sample_shift: u32,
+    limit: u64,
+    mut f: impl FnMut(u64, u64),
+) {
+    if lines == 0 || sample_shift == 0 {
+        return;
+    }
+    const LOW: u64 = u64::MAX >> SAMPLE_BLOCK_BITS;
+    let last = first.saturating_add(lines - 1);
+    let (mut block, last_block) = (first >> SAMPLE_BLOCK_BITS, last >> SAMPLE_BLOCK_BITS);
+    let per_block = (1u64 << SAMPLE_BLOCK_BITS) >> sample_shift.min(SAMPLE_BLOCK_BITS);
+    let mut hb = block.wrapping_mul(LINE_HASH);
+    loop {
+        if hb & LOW < limit {
+            let top = hb >> (64 - SAMPLE_BLOCK_BITS);
+            for v in 0..per_block {
+                let o = (v.wrapping_sub(top).wrapping_mul(LINE_HASH_INV_MOD16)) & 15;
+                let line = (block << SAMPLE_BLOCK_BITS) | o;
+                if (first..=last).contains(&line) {
+                    f(line, (hb & LOW) | (v << (64 - SAMPLE_BLOCK_BITS)));
+                }
+            }
+        }
+        if block >= last_block {
+            return;
+        }
+        block += 1;
+        hb = hb.wrapping_add(LINE_HASH);
+    }
 }
 
 /// A set-associative LRU model of one vCPU's last-level cache: one `u64`
@@ -177,8 +262,8 @@ pub struct Charger<'a> {
     /// The tier map's words covering the map's pages (32 per word; a page
     /// beyond them, or never placed, reads tier 0).
     map: &'a [AtomicU64],
-    /// Set sampling: a line whose hash ([`LINE_HASH`]) is below this is
-    /// looked up (`2^(64 - sample_shift)`; unused with `sample_shift` 0).
+    /// Set sampling: a line whose hash ([`Self::sampled_hash`]) is below
+    /// this is looked up (`2^(64 - sample_shift)`; 0 with `sample_shift` 0).
     sample_limit: u64,
     /// Access sampling ([`Self::set_access_sampling`]): a line is looked
     /// up when `(line + 1) x salt <= pick_limit`, and charged `weight` accesses;
@@ -390,7 +475,7 @@ impl<'a> Charger<'a> {
     /// the debt passes the threshold.
     ///
     /// With a sampled model (`sample_shift > 0`) one line in `2^shift` is
-    /// looked up (those whose hash has its top `shift` bits zero). When
+    /// looked up ([`Self::sampled_hash`]). When
     /// every access is charged (settling workloads), every access of a tier
     /// is charged the tier's charge times the miss ratio its sampled
     /// lookups show (the expected charge), looking its tier up; otherwise
@@ -407,8 +492,7 @@ impl<'a> Charger<'a> {
     pub fn access(&self, addr: u64, write: bool) {
         let line = addr / CACHE_LINE;
         if self.sets_only.get() {
-            let h = line.wrapping_mul(LINE_HASH);
-            if h < self.sample_limit {
+            if let Some(h) = self.sampled_hash(line) {
                 self.sample(addr, h, write);
             }
             return;
@@ -425,10 +509,15 @@ impl<'a> Charger<'a> {
                 }
             }
         } else {
-            let h = line.wrapping_mul(LINE_HASH);
-            if h < self.sample_limit {
+            // A sampled model charging every access (settling workloads,
+            // `sample=1`): no access sampling (a period above 1 charges by
+            // set sampling alone), so each access adds its tier's expected
+            // charge to the debt itself.
+            if let Some(h) = self.sampled_hash(line) {
                 self.sample(addr, h, write);
             }
+            self.accrue(self.tier_of(addr), 1);
+            return;
         }
         // Access sampling: only lines the current hash picks are looked up
         // (all of them when every access is charged), each charged for
@@ -494,19 +583,7 @@ impl<'a> Charger<'a> {
     #[inline]
     pub fn access_span(&self, addr: u64, lines: u64, write: bool) {
         if self.sets_only.get() {
-            // Set sampling alone: the hashes of consecutive lines are
-            // `LINE_HASH` apart; the first line is tested before the loop
-            // (most spans are one line).
-            let mut h = (addr / CACHE_LINE).wrapping_mul(LINE_HASH);
-            if h < self.sample_limit && lines > 0 {
-                self.sample(addr, h, write);
-            }
-            for i in 1..lines {
-                h = h.wrapping_add(LINE_HASH);
-                if h < self.sample_limit {
-                    self.sample(addr.wrapping_add(i * CACHE_LINE), h, write);
-                }
-            }
+            self.sample_span(addr, lines, write);
             return;
         }
         if lines == 1 || (self.sample_shift == 0 && self.cache.is_some()) {
@@ -516,24 +593,47 @@ impl<'a> Charger<'a> {
             }
             return;
         }
+        if self.sample_shift > 0 {
+            self.sample_span(addr, lines, write);
+        }
         let (mut a, mut left) = (addr, lines);
         while left > 0 {
             let in_page = ((a | 0xfff) - a) / CACHE_LINE + 1;
             let n = left.min(in_page);
             if self.sample_shift > 0 {
-                let first = a / CACHE_LINE;
-                let mut h = first.wrapping_mul(LINE_HASH);
-                for l in first..first + n {
-                    if h < self.sample_limit {
-                        self.sample(l * CACHE_LINE, h, write);
-                    }
-                    h = h.wrapping_add(LINE_HASH);
-                }
+                self.accrue(self.tier_of(a), n);
+            } else {
+                self.count(self.tier_of(a), write, n);
             }
-            self.count(self.tier_of(a), write, n);
             a = a.wrapping_add(n * CACHE_LINE);
             left -= n;
         }
+    }
+
+    /// [`sampled_hash`] with this charger's limit.
+    #[inline(always)]
+    fn sampled_hash(&self, line: u64) -> Option<u64> {
+        sampled_hash(line, self.sample_limit)
+    }
+
+    /// [`Self::sample`]s the sampled lines among `lines` consecutive ones
+    /// from `addr` ([`for_sampled_lines`]).
+    #[inline(always)]
+    fn sample_span(&self, addr: u64, lines: u64, write: bool) {
+        let first = addr / CACHE_LINE;
+        if lines == 1 {
+            if let Some(h) = self.sampled_hash(first) {
+                self.sample(addr, h, write);
+            }
+            return;
+        }
+        for_sampled_lines(
+            first,
+            lines,
+            self.sample_shift,
+            self.sample_limit,
+            |line, h| self.sample(line * CACHE_LINE, h, write),
+        );
     }
 
     /// Counts `n` charged accesses of `tier`; accounts them once the
@@ -546,6 +646,26 @@ impl<'a> Charger<'a> {
         self.budget.set(b);
         if b <= 0 {
             self.account();
+        }
+    }
+
+    /// Adds `n` accesses of `tier` at its expected charge to the debt
+    /// and pays past the threshold: the path of a sampled model charging
+    /// every access, whose access counters [`Self::sample`] keeps (so
+    /// nothing is left pending for [`Self::settle`] to flush).
+    ///
+    /// `n` is at most a page's lines (64) and a charge at most
+    /// [`CHARGE_MAX`], so the product fits 2^46, and the debt, below
+    /// the threshold (at most `i64::MAX / 2`) before, cannot overflow.
+    #[inline(always)]
+    fn accrue(&self, tier: usize, n: u64) {
+        debug_assert!(n <= 4096 / CACHE_LINE);
+        let c = n.min(4096 / CACHE_LINE) * self.expected[tier].get();
+        self.charged.set(self.charged.get().wrapping_add(c));
+        let d = self.debt.get().wrapping_add(c as i64);
+        self.debt.set(d);
+        if d >= self.threshold.get() as i64 {
+            self.pay();
         }
     }
 
@@ -617,9 +737,9 @@ impl<'a> Charger<'a> {
             0
         };
         let c = u128::from(self.charge[tier].get()) + extra;
-        self.miss_charge[tier].set(u64::try_from(c).unwrap_or(u64::MAX >> 2));
+        self.miss_charge[tier].set(u64::try_from(c).map_or(CHARGE_MAX, |c| c.min(CHARGE_MAX)));
         let e = (c * u128::from(self.miss_ratio[tier].get())) >> RATIO_BITS;
-        self.expected[tier].set(u64::try_from(e).unwrap_or(u64::MAX >> 2));
+        self.expected[tier].set(u64::try_from(e).map_or(CHARGE_MAX, |e| e.min(CHARGE_MAX)));
     }
 
     /// [`Self::host_touch`] from the exact path, which knows the line but
@@ -713,7 +833,11 @@ impl<'a> Charger<'a> {
         if self.samples_accesses() {
             self.set_access_sampling(1);
         }
-        self.flush_pending();
+        // With a sampled model every access was added to the debt as it
+        // was made ([`Self::accrue`]): nothing is pending.
+        if self.sample_shift == 0 {
+            self.flush_pending();
+        }
         if self.debt.get() >= 1 << FRAC_BITS {
             self.pay();
             self.rebudget();
@@ -1230,6 +1354,34 @@ mod tests {
     /// Charging by set sampling alone (`sets_only`, access sampling on):
     /// only sampled lines are looked up, and a miss of one is charged for
     /// the `2^shift` lines it stands for.
+    #[test]
+    fn a_span_samples_exactly_the_lines_sampled_one_by_one() {
+        let mut x = 7u64;
+        for shift in 1..=9u32 {
+            let limit = 1u64 << (64 - shift);
+            let (mut sampled, mut all) = (0u64, 0u64);
+            for _ in 0..2000 {
+                let first = lcg(&mut x, 1 << 40);
+                let lines = 1 + lcg(&mut x, 100);
+                let mut by_span = Vec::new();
+                for_sampled_lines(first, lines, shift, limit, |l, h| by_span.push((l, h)));
+                by_span.sort_unstable();
+                let one_by_one: Vec<(u64, u64)> = (first..first + lines)
+                    .filter_map(|l| sampled_hash(l, limit).map(|h| (l, h)))
+                    .collect();
+                assert_eq!(by_span, one_by_one, "shift {shift}, span {first}+{lines}");
+                sampled += one_by_one.len() as u64;
+                all += lines;
+            }
+            // One line in 2^shift, within 15% (~100k lines per shift).
+            let rate = sampled as f64 * f64::from(1u32 << shift) / all as f64;
+            assert!(
+                (0.85..1.15).contains(&rate),
+                "shift {shift}: rate x 2^shift {rate}"
+            );
+        }
+    }
+
     #[test]
     fn set_sampling_alone_charges_the_misses_of_every_kind_of_line() {
         let map = every_eighth_page_slow(1 << 15);
