@@ -969,7 +969,9 @@ impl Sim {
                     if self.costs.shadow_remap_ns > 0.0 {
                         // Unmapped while its shadow is mapped in.
                         self.map.flags[pi] |= LOCKED;
-                        self.map.locked_until[pi] = self.now + self.costs.shadow_remap_ns as u64;
+                        // `as` saturates, so any finite or infinite setting is safe.
+                        self.map.locked_until[pi] =
+                            self.now.saturating_add(self.costs.shadow_remap_ns as u64);
                     }
                     continue;
                 }
@@ -1097,7 +1099,10 @@ impl Sim {
         }
         if put_back_ns > 0.0 {
             // The mover puts the aborted pages back before it copies more.
-            self.tpm_end_ns = self.tpm_end_ns.max(self.now) + put_back_ns as u64;
+            self.tpm_end_ns = self
+                .tpm_end_ns
+                .max(self.now)
+                .saturating_add(put_back_ns as u64);
         }
     }
 
