@@ -92,6 +92,12 @@ fn memcheck_under_tpm_chaos_loses_nothing() {
         "a write-heavy guest must abort some transactions: {m:?}"
     );
     assert!(m.shadow_demotions > 0, "{m:?}");
+    // The mechanisms' own time is measured (the simulator's unit costs).
+    assert!(
+        m.tpm_abort_ms > 0.0 && m.tpm_aborted_pages >= m.tpm_aborts,
+        "{m:?}"
+    );
+    assert!(m.shadow_demotion_ms > 0.0, "{m:?}");
     assert!(m.promotions > 0 && m.demotions > 0, "{m:?}");
     check_accounting(&r);
 }

@@ -721,6 +721,7 @@ impl Migrator {
         first_err: &mut Option<io::Error>,
     ) {
         let mem = &*self.mem;
+        let start = Instant::now();
         let pairs: Vec<_> = t
             .run
             .pages()
@@ -736,7 +737,12 @@ impl Migrator {
             return;
         }
         self.finish_aborted(t, to, out);
-        mem.counters.tpm_aborts.fetch_add(1, Ordering::Relaxed);
+        let c = &mem.counters;
+        c.tpm_abort_ns
+            .fetch_add(elapsed_ns(start), Ordering::Relaxed);
+        c.tpm_aborted_pages
+            .fetch_add(t.run.len as u64, Ordering::Relaxed);
+        c.tpm_aborts.fetch_add(1, Ordering::Relaxed);
         out.aborted += 1;
         out.aborted_pages += t.run.len;
         let attempts = attempts + 1;
@@ -940,6 +946,7 @@ impl Migrator {
             return Ok(());
         }
         let mem = &*self.mem;
+        let start = Instant::now();
         let skip = self.skip_dirty_check.load(Ordering::Relaxed);
         // 1. Unmap every page into its parking slot.
         self.park_runs(runs)?;
@@ -957,6 +964,8 @@ impl Migrator {
         // 4. Dispose of the old pages and release the pages on `to`.
         let moved = self.dispose_parked(runs, to);
         let c = &mem.counters;
+        c.shadow_demotion_ns
+            .fetch_add(elapsed_ns(start), Ordering::Relaxed);
         c.shadow_demotions
             .fetch_add((moved - copied) as u64, Ordering::Relaxed);
         c.shadow_demotions_copied
@@ -1060,6 +1069,12 @@ impl Migrator {
         }
         moved
     }
+}
+
+/// Nanoseconds since `start` (saturating; a mechanism's time for the
+/// counters).
+fn elapsed_ns(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Shadow demotion step 2: copies each parked page that was written since

@@ -43,6 +43,13 @@ pub struct MemStats {
     pub tpm_commits: u64,
     /// Aborted transactions (the unit was written during the copy).
     pub tpm_aborts: u64,
+    /// Pages of those aborted transactions.
+    pub tpm_aborted_pages: u64,
+    /// Mover time spent putting aborted transactions back (the old pages
+    /// moved back into guest RAM, the staging pages and the reservation
+    /// given back), ms. The copy, arming and harvest an aborted transaction
+    /// shares with the committed ones are not in it.
+    pub tpm_abort_ms: f64,
     /// Transactions retried from the back-off queue.
     pub tpm_retries: u64,
     /// Aborted units dropped after the last retry.
@@ -55,6 +62,10 @@ pub struct MemStats {
     pub shadow_demotions: u64,
     /// Demotions of shadowed pages that were written meanwhile (copied into the shadow).
     pub shadow_demotions_copied: u64,
+    /// Mover time spent in completed shadow demotions (park, harvest, copy of
+    /// the written pages, shadows mapped in, old pages freed), ms: over
+    /// `shadow_demotions + shadow_demotions_copied` pages.
+    pub shadow_demotion_ms: f64,
     /// Shadows freed on the first write after promotion.
     pub shadow_invalidations: u64,
     /// Shadows reclaimed under slow-tier pressure (oldest first).
@@ -120,12 +131,15 @@ pub struct Counters {
     pub(crate) demotions: AtomicU64,
     pub(crate) tpm_commits: AtomicU64,
     pub(crate) tpm_aborts: AtomicU64,
+    pub(crate) tpm_aborted_pages: AtomicU64,
+    pub(crate) tpm_abort_ns: AtomicU64,
     pub(crate) tpm_retries: AtomicU64,
     pub(crate) tpm_gave_up: AtomicU64,
     pub(crate) stop_copy: AtomicU64,
     pub(crate) kernel_move_pages: AtomicU64,
     pub(crate) shadow_demotions: AtomicU64,
     pub(crate) shadow_demotions_copied: AtomicU64,
+    pub(crate) shadow_demotion_ns: AtomicU64,
     pub(crate) shadow_invalidations: AtomicU64,
     pub(crate) shadow_reclaims: AtomicU64,
     pub(crate) skipped_no_space: AtomicU64,
@@ -160,12 +174,15 @@ impl Counters {
             demotions: g(&self.demotions),
             tpm_commits: g(&self.tpm_commits),
             tpm_aborts: g(&self.tpm_aborts),
+            tpm_aborted_pages: g(&self.tpm_aborted_pages),
+            tpm_abort_ms: g(&self.tpm_abort_ns) as f64 / 1e6,
             tpm_retries: g(&self.tpm_retries),
             tpm_gave_up: g(&self.tpm_gave_up),
             stop_copy: g(&self.stop_copy),
             kernel_move_pages: g(&self.kernel_move_pages),
             shadow_demotions: g(&self.shadow_demotions),
             shadow_demotions_copied: g(&self.shadow_demotions_copied),
+            shadow_demotion_ms: g(&self.shadow_demotion_ns) as f64 / 1e6,
             shadow_invalidations: g(&self.shadow_invalidations),
             shadow_reclaims: g(&self.shadow_reclaims),
             shadow_pages: 0,

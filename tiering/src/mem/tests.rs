@@ -164,6 +164,10 @@ fn every_mechanism_moves_pages_and_keeps_contents() {
     // Demote TPM-promoted pages: clean shadows are remapped without a copy.
     let o = m.demote(&[run_unit(0, 10)], Mechanism::TPM).unwrap();
     assert_eq!(o.shadow_demoted, 10);
+    // The mover's time in them is measured; nothing aborted, nothing timed there.
+    let st = mem.stats();
+    assert!(st.shadow_demotion_ms > 0.0, "{st:?}");
+    assert_eq!((st.tpm_aborted_pages, st.tpm_abort_ms), (0, 0.0), "{st:?}");
     // Demote stop-copy promoted pages: a real copy.
     let o = m.demote(&[run_unit(601, 100)], Mechanism::TPM).unwrap();
     assert_eq!(o.migrated, 100);
@@ -300,6 +304,9 @@ fn concurrent_writer_loses_nothing_with_dirty_check() {
         "concurrent writes must abort some transactions: {st:?}"
     );
     assert!(st.tpm_commits > 0, "{st:?}");
+    // Every abort is timed and its pages counted (single-page units here).
+    assert!(st.tpm_abort_ms > 0.0, "{st:?}");
+    assert_eq!(st.tpm_aborted_pages, st.tpm_aborts, "{st:?}");
     mem.check_consistency().unwrap();
 }
 

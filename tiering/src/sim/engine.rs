@@ -966,6 +966,13 @@ impl Sim {
                     self.raw.shadow_demotions += 1;
                     self.raw.demotions += 1;
                     stall_slots += ipi;
+                    if self.costs.shadow_remap_ns > 0.0 {
+                        // Unmapped while its shadow is mapped in.
+                        self.map.flags[pi] |= LOCKED;
+                        // `as` saturates, so any finite or infinite setting is safe.
+                        self.map.locked_until[pi] =
+                            self.now.saturating_add(self.costs.shadow_remap_ns as u64);
+                    }
                     continue;
                 }
                 self.raw.shadow_misses += 1;
@@ -1060,13 +1067,17 @@ impl Sim {
     }
 
     fn complete_tpm(&mut self) {
+        let mut put_back_ns = 0.0;
         for f in std::mem::take(&mut self.tpm) {
             let pi = f.page as usize;
             let aborted = self.map.flags[pi] & TPM_ABORT != 0;
             self.map.flags[pi] &= !(IN_TPM | TPM_ABORT);
             self.used[usize::from(f.to)] -= 1;
             if aborted || self.map.tier[pi] != f.from {
-                self.raw.tpm_aborts += u64::from(aborted);
+                if aborted {
+                    self.raw.tpm_aborts += 1;
+                    put_back_ns += self.costs.tpm_abort_ns;
+                }
                 self.outcomes.push(TpmOutcome {
                     page: f.page,
                     committed: false,
@@ -1085,6 +1096,13 @@ impl Sim {
                 page: f.page,
                 committed: true,
             });
+        }
+        if put_back_ns > 0.0 {
+            // The mover puts the aborted pages back before it copies more.
+            self.tpm_end_ns = self
+                .tpm_end_ns
+                .max(self.now)
+                .saturating_add(put_back_ns as u64);
         }
     }
 

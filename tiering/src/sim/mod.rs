@@ -223,6 +223,69 @@ mod tests {
         assert_eq!(st.counters.page_lock_waits, 0.0);
     }
 
+    /// A small, uniformly hot buffer (every page hot) three times the fast
+    /// tier: nomad keeps promoting and demoting pages that are in use.
+    fn hot_buffer(size_gib: f64, fast_gib: f64, write_ratio: f64) -> Scenario {
+        let mut scn = builtin("stress-uniform-3x").expect("built-in");
+        scn.workload = workload::WorkloadSpec::Gups {
+            size_gib,
+            hot_gib: size_gib,
+            hot_prob: 1.0,
+        };
+        scn.tiers[0].capacity_gib = fast_gib;
+        scn.write_ratio = write_ratio;
+        scn.costs = model::CostModel::measured();
+        scn
+    }
+
+    /// The measured set's shadow-remap cost is charged: a remapped page is
+    /// held (unmapped) that long, so threads touching it wait. Without the
+    /// charge (the field zeroed) the same run waits far less.
+    #[test]
+    fn the_measured_shadow_remap_cost_holds_the_page() {
+        let mut scn = hot_buffer(0.25, 0.0625, 0.0);
+        scn.duration_s = 10.0;
+        assert_eq!(scn.costs.shadow_remap_ns, model::MEASURED_SHADOW_REMAP_NS);
+        let mut free = scn.clone();
+        free.costs.shadow_remap_ns = 0.0;
+        let (charged, free) = (
+            run(&scn, PolicyKind::Nomad).unwrap(),
+            run(&free, PolicyKind::Nomad).unwrap(),
+        );
+        assert!(free.counters.shadow_demotions > 0.0, "{:?}", free.counters);
+        assert!(
+            charged.counters.page_lock_waits > 10.0 * free.counters.page_lock_waits.max(1.0),
+            "charged {:?} free {:?}",
+            charged.counters,
+            free.counters
+        );
+        assert!(charged.throughput_maps < free.throughput_maps);
+    }
+
+    /// The measured set's TPM abort cost is charged: the mover puts aborted
+    /// pages back before it copies more, so a write-hot buffer whose
+    /// transactions often abort commits fewer of them in the same time.
+    #[test]
+    fn the_measured_tpm_abort_cost_delays_the_mover() {
+        let mut scn = hot_buffer(0.01, 0.004, 0.5);
+        scn.duration_s = 1.0;
+        scn.scale = 1.0;
+        assert_eq!(scn.costs.tpm_abort_ns, model::MEASURED_TPM_ABORT_NS);
+        let mut free = scn.clone();
+        free.costs.tpm_abort_ns = 0.0;
+        let (charged, free) = (
+            run(&scn, PolicyKind::Nomad).unwrap(),
+            run(&free, PolicyKind::Nomad).unwrap(),
+        );
+        assert!(free.counters.tpm_aborts > 0.0, "{:?}", free.counters);
+        assert!(
+            charged.counters.tpm_commits < free.counters.tpm_commits,
+            "charged {:?} free {:?}",
+            charged.counters,
+            free.counters
+        );
+    }
+
     /// Redis spends ~8 us of CPU per request against ~1 us of memory
     /// accesses, so placement buys little (Nomad §4.3: no migrating system
     /// beats "no migration" on Redis); without that CPU time the same

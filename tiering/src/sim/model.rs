@@ -68,6 +68,23 @@ pub const MEASURED_SYNC_PROMOTION_NS: f64 = 30_800.0;
 /// side: `cargo bench -p tiervm-benches --bench mechanisms` on a quiet host
 /// (docs/results.md §2, run 3: 4.9 us per page).
 pub const MEASURED_TPM_PAGE_NS: f64 = 4_900.0;
+/// Putting one page of an aborted transactional migration back, engine
+/// side (the old page moved back into guest RAM, its staging page and
+/// reservation released; the wasted copy is [`MEASURED_TPM_PAGE_NS`]'s),
+/// measured by the live engine's own timer: `tpm_abort_ms /
+/// tpm_aborted_pages` of chaos TPM runs (zipf write_ratio=0.5, 4 KiB units,
+/// 10k pages/s; a nomad run aborts only a page or two), pooled over 18
+/// aborted pages: 3.8 us. Development host (KVM under PVM, one NUMA node,
+/// load ~4 on 2 cores), `python3 benches/scripts/calibrate_sim.py --runs 3`
+/// (docs/results.md §9).
+pub const MEASURED_TPM_ABORT_NS: f64 = 3_800.0;
+/// Demoting one page by remapping its shadow instead of copying it, engine
+/// side (the page parked, one dirty-log harvest for the batch, the shadow
+/// mapped in, the old page freed), measured by the live engine's own
+/// timer: `shadow_demotion_ms / (shadow_demotions + shadow_demotions_copied)`
+/// of the same chaos runs (a short nomad run shadow-demotes no page), pooled
+/// over 627 pages: 213 us. Same host and command as [`MEASURED_TPM_ABORT_NS`].
+pub const MEASURED_SHADOW_REMAP_NS: f64 = 213_000.0;
 
 /// Modeled mechanism costs in ns. The defaults are plausible bare-metal x86
 /// values (the papers give none); [`CostModel::measured`] takes them from
@@ -86,6 +103,18 @@ pub struct CostModel {
     /// Single-thread page copy bandwidth in GB/s (Nomad Table 1 platform A:
     /// 1-thread slow-tier read 4.5 GB/s).
     pub copy_gbps: f64,
+    /// Mover time to put one page of an aborted transactional migration back,
+    /// on top of its wasted copy ([`Self::tpm_page_ns`], paid already): it
+    /// delays the transactional migrations queued behind it. 0 by default
+    /// (the default model charges an abort only its copy).
+    #[serde(default)]
+    pub tpm_abort_ns: f64,
+    /// Time to demote one page by remapping its clean shadow (no copy): the
+    /// page stays unmapped that long, and a thread touching it waits for the
+    /// rest of it (as for a stop-and-copy). 0 by default (the default model
+    /// charges a remap only its IPIs).
+    #[serde(default)]
+    pub shadow_remap_ns: f64,
 }
 
 impl Default for CostModel {
@@ -96,6 +125,8 @@ impl Default for CostModel {
             ipi_receive_ns: 500.0,
             migrate_setup_ns: 2_000.0,
             copy_gbps: 4.5,
+            tpm_abort_ns: 0.0,
+            shadow_remap_ns: 0.0,
         }
     }
 }
@@ -111,8 +142,11 @@ impl CostModel {
     ///    [`MEASURED_SYNC_PROMOTION_NS`] = fault + setup + copy + the rest
     ///    (the invalidation, mapping back, waking the vCPU), which the
     ///    model calls the shootdown;
-    /// 4. the IPI cost to other threads is not measured (one-vCPU runs)
-    ///    and stays the default.
+    /// 4. putting an aborted page back costs the mover
+    ///    [`MEASURED_TPM_ABORT_NS`];
+    /// 5. a shadow remap holds the page for [`MEASURED_SHADOW_REMAP_NS`];
+    /// 6. the IPI cost to other threads is not measured (see
+    ///    docs/simulator.md) and stays the default.
     pub fn measured() -> Self {
         let d = Self::default();
         let copy = 4096.0 / d.copy_gbps;
@@ -122,6 +156,8 @@ impl CostModel {
             shootdown_ns: (MEASURED_SYNC_PROMOTION_NS - MEASURED_HINT_FAULT_NS - setup - copy)
                 .max(0.0),
             migrate_setup_ns: setup,
+            tpm_abort_ns: MEASURED_TPM_ABORT_NS,
+            shadow_remap_ns: MEASURED_SHADOW_REMAP_NS,
             ..d
         }
     }
@@ -169,6 +205,8 @@ mod tests {
             m.fault_ns + m.stop_and_copy_ns(),
             MEASURED_SYNC_PROMOTION_NS
         ));
+        assert!(close(m.tpm_abort_ns, MEASURED_TPM_ABORT_NS));
+        assert!(close(m.shadow_remap_ns, MEASURED_SHADOW_REMAP_NS));
         assert_ne!(m, CostModel::default());
     }
 

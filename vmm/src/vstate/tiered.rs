@@ -150,6 +150,10 @@ pub struct MigrationReport {
     pub tpm_commits: u64,
     /// Aborted transactions (page written during the copy).
     pub tpm_aborts: u64,
+    /// Pages of the aborted transactions.
+    pub tpm_aborted_pages: u64,
+    /// Mover time putting aborted transactions back, ms.
+    pub tpm_abort_ms: f64,
     /// Aborted transactions retried.
     pub tpm_retries: u64,
     /// Aborted units dropped after the last retry.
@@ -162,6 +166,8 @@ pub struct MigrationReport {
     pub shadow_demotions: u64,
     /// Demotions of shadowed pages written meanwhile (copied into the shadow).
     pub shadow_demotions_copied: u64,
+    /// Mover time in shadow demotions (both kinds), ms.
+    pub shadow_demotion_ms: f64,
     /// Shadows dropped because the page was written after promotion.
     pub shadow_invalidations: u64,
     /// Shadows kept after a dirty bit because the page still equals its
@@ -242,12 +248,15 @@ impl TieringReport {
             demotions: s.demotions,
             tpm_commits: s.tpm_commits,
             tpm_aborts: s.tpm_aborts,
+            tpm_aborted_pages: s.tpm_aborted_pages,
+            tpm_abort_ms: s.tpm_abort_ms,
             tpm_retries: s.tpm_retries,
             tpm_gave_up: s.tpm_gave_up,
             stop_copy: s.stop_copy,
             kernel_move_pages: s.kernel_move_pages,
             shadow_demotions: s.shadow_demotions,
             shadow_demotions_copied: s.shadow_demotions_copied,
+            shadow_demotion_ms: s.shadow_demotion_ms,
             shadow_invalidations: s.shadow_invalidations,
             shadow_revalidations: s.shadow_revalidations,
             shadow_reclaims: s.shadow_reclaims,
