@@ -297,6 +297,7 @@ fn best_pair(
     max_diff: u64,
 ) -> Option<(usize, usize, u64)> {
     let mut best: Option<(usize, usize, u64)> = None;
+    let max_diff = i64::try_from(max_diff).unwrap_or(i64::MAX);
     let mut j = 0;
     for (i, t) in top.iter().enumerate() {
         let Some(t) = t else {
@@ -308,7 +309,7 @@ fn best_pair(
                 continue;
             };
             let diff = i64::from(t.count) - i64::from(b.count);
-            if diff <= max_diff as i64 {
+            if diff <= max_diff {
                 if diff > 0 && best.is_none_or(|(_, _, d)| diff as u64 > d) {
                     best = Some((i, j, diff as u64));
                 }
