@@ -1415,6 +1415,38 @@ mod tests {
         st
     }
 
+    /// `best_pair`: the largest positive difference within the bound, the
+    /// first pair found on a tie, taken (`None`) entries skipped.
+    #[test]
+    fn best_pair_takes_the_largest_difference_within_the_bound() {
+        let side = |count: u16, unit: u64| {
+            Some(PairSide {
+                count,
+                unit: Some(unit),
+                pages: 1,
+            })
+        };
+        let zero = Some(PairSide {
+            count: 0,
+            unit: None,
+            pages: 0,
+        });
+        let top = [side(1, 10), side(5, 11), None, side(9, 12)];
+        let bottom = [zero, side(3, 20), None, side(4, 21)];
+        // Within 4: 5 - 3 = 2 (5 - 0 and 9 - 4 exceed 4; 1 - 0 = 1 is less).
+        assert_eq!(best_pair(&top, &bottom, 4), Some((1, 1, 2)));
+        // Within 5: 5 - 0 = 5, found before 9 - 4 = 5.
+        assert_eq!(best_pair(&top, &bottom, 5), Some((1, 0, 5)));
+        // Within 100: 9 - 0.
+        assert_eq!(best_pair(&top, &bottom, 100), Some((3, 0, 9)));
+        assert_eq!(best_pair(&top, &bottom, 0), None);
+        // No positive difference: nothing.
+        assert_eq!(
+            best_pair(&[side(3, 1)], &[side(3, 2), side(7, 3)], 10),
+            None
+        );
+    }
+
     /// The public HeMem+Colloid code (webglider/hemem sosp24ae, pebs.c
     /// scan-and-sort) promotes an alternate-tier page only in place of a
     /// default-tier page with a lower count. With `L_D < L_A` and a
