@@ -8,21 +8,28 @@
 //!    `p = R_D / (R_D + R_A)`;
 //! 2. mode = promotion if `L_D < L_A`, else demotion;
 //! 3. `dp` = [`ShiftSearch::compute_shift`] (binary search with watermarks);
-//! 4. FindPages: hottest pages first (5 equal frequency bins over
-//!    `[0, cooling threshold]`, the grain's [`Grain::cooling_threshold`]),
-//!    each page's access probability
-//!    `count / total` must fit in the remaining `dp`, at most
-//!    `min(dp * (R_D + R_A) * quantum * 64 B, M)` bytes, and never more than
-//!    the destination has free;
+//! 4. FindPages, at most `min(dp * (R_D + R_A) * quantum * 64 B, M)` bytes,
+//!    never more than the destination has free, with each page's access
+//!    probability `count / total`:
+//!    - on HeMem's 2 MiB pages ([`Grain::huge`]), as the public
+//!      HeMem+Colloid code does: scan-and-sort and page-pair swaps, each
+//!      swap the pair with the largest probability difference that fits
+//!      in the remaining `dp` (see [`Colloid::swap_pages`]);
+//!    - on 4 KiB pages, as the paper describes Colloid on HeMem (§4.1):
+//!      hottest pages first (5 equal frequency bins over
+//!      `[0, cooling threshold]`, the grain's [`Grain::cooling_threshold`]),
+//!      each page's probability must fit in the remaining `dp`
+//!      (see [`Colloid::move_pages`]);
 //! 5. migrate (background stop-and-copy).
 //!
 //! The base tracker counts sampled accesses per page and halves all counts
 //! when one passes the grain's cooling threshold (HeMem's
 //! `PEBS_COOLING_THRESHOLD`: [`COOLING_THRESHOLD`] for 4 KiB pages,
-//! [`HEMEM_COOLING_THRESHOLD`] for 2 MiB ones). As in HeMem, a promotion
+//! [`HEMEM_COOLING_THRESHOLD`] for 2 MiB ones). On 4 KiB pages a promotion
 //! into a full default tier first demotes a cold page to make room, and
-//! the default tier keeps a small free reserve. Only tiers 0 and 1 take
-//! part (the paper evaluates two tiers).
+//! the default tier keeps a small free reserve; on 2 MiB pages the pair
+//! swaps do both, and there is no reserve (the public code keeps none).
+//! Only tiers 0 and 1 take part (the paper evaluates two tiers).
 //!
 //! `colloid-base` ([`Colloid::base`]) is HeMem's own placement, the
 //! baseline of Colloid's evaluation, on the same tracker: a page is hot
@@ -51,9 +58,13 @@ pub const QUANTUM_NS: u64 = 10_000_000;
 pub const EPSILON: f64 = 0.01;
 /// Latency balance tolerance `delta` (Colloid §5, evaluation value).
 pub const DELTA: f64 = 0.05;
-/// Static per-quantum migration limit M: 50 x 2 MB (Colloid HeMem code).
+/// Static per-quantum migration limit M: 50 x 2 MB (webglider/hemem
+/// branch sosp24ae, pebs.c `pebs_policy_thread`: `migrate_limit = (50 *
+/// PAGE_SIZE)`, with `PAGE_SIZE` 2 MiB).
 pub const STATIC_LIMIT_MB: f64 = 100.0;
-/// Bytes per request (one cache line) for the dynamic limit.
+/// Bytes per request (one cache line) for the dynamic limit (same pebs.c:
+/// `dlimit = target_delta * (inserts_local + inserts_remote) *
+/// NUM_CHA_BOXES * 64`).
 pub const REQUEST_BYTES: f64 = 64.0;
 /// HeMem `PEBS_COOLING_THRESHOLD` (cuhk-mass/hemem pebs.h): counts halve
 /// when a page reaches it (4 KiB tracking). HeMem halves when a count
@@ -81,7 +92,10 @@ pub const HEMEM_HOT_THRESHOLD: u16 = 8;
 /// webglider/hemem sosp24ae and baseline-sosp24ae, and of cuhk-mass/hemem;
 /// pebs.c `pebs_policy_thread` counts only promotions against it).
 pub const HEMEM_MIGRATE_RATE_MB: f64 = 10.0 * 1024.0;
-/// FindPages frequency bins over `[0, cooling threshold]` (Colloid §4.1).
+/// FindPages frequency bins over `[0, cooling threshold]` (Colloid §4.1),
+/// for 4 KiB tracking ([`Colloid::move_pages`]). The public code on 2 MiB
+/// pages has no bins (`HISTOGRAM` off, `SCAN_AND_SORT` on: pebs.h of
+/// webglider/hemem sosp24ae).
 pub const FIND_BINS: usize = 5;
 /// Access sampling period (modeled PEBS stand-in; same as Memtis's 199),
 /// for 4 KiB tracking.
@@ -247,6 +261,66 @@ struct Shift {
     dst: TierId,
 }
 
+/// One side of a page pair in the scan-and-sort search
+/// ([`Colloid::swap_pages`]): a tracked page with a count, or, with `unit`
+/// `None`, the tier's pages with count 0 (pebs.c lists every mapped page,
+/// so a tier holding an unsampled page offers count 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PairSide {
+    /// Sampled accesses (HeMem's cooled `accesses`, the sort key).
+    count: u16,
+    /// The tracked page, or `None` for the tier's count-0 pages.
+    unit: Option<u64>,
+    /// Its modeled pages in this side's tier.
+    pages: u64,
+}
+
+/// The pair with the largest count difference `top - bottom` that is
+/// positive and at most `max_diff`, as (index in `top`, index in
+/// `bottom`, difference); `None` when no pair fits.
+///
+/// Both sides are sorted by ascending count; taken entries are `None`
+/// (pebs.c sets a moved page's entry to `NULL`). As pebs.c's two-pointer
+/// scan (webglider/hemem sosp24ae, `pebs_policy_thread`, "Find best pair
+/// of pages using two pointers"):
+/// 1. for each `top` entry, coldest first, advance the `bottom` pointer
+///    past entries the `top` entry exceeds by more than `max_diff` (the
+///    pointer never moves back: a hotter `top` entry exceeds them too);
+/// 2. the entry it stops at is the coldest `bottom` entry within
+///    `max_diff`, so the largest difference for this `top` entry; keep it
+///    if positive and larger than the best so far (the first pair found
+///    wins a tie);
+/// 3. the best over all `top` entries is the pair.
+fn best_pair(
+    top: &[Option<PairSide>],
+    bottom: &[Option<PairSide>],
+    max_diff: u64,
+) -> Option<(usize, usize, u64)> {
+    let mut best: Option<(usize, usize, u64)> = None;
+    let max_diff = i64::try_from(max_diff).unwrap_or(i64::MAX);
+    let mut j = 0;
+    for (i, t) in top.iter().enumerate() {
+        let Some(t) = t else {
+            continue;
+        };
+        while let Some(b) = bottom.get(j) {
+            let Some(b) = b else {
+                j += 1;
+                continue;
+            };
+            let diff = i64::from(t.count) - i64::from(b.count);
+            if diff <= max_diff {
+                if diff > 0 && best.is_none_or(|(_, _, d)| diff as u64 > d) {
+                    best = Some((i, j, diff as u64));
+                }
+                break;
+            }
+            j += 1;
+        }
+    }
+    best
+}
+
 /// The decisions of one quantum being built.
 struct Moves<'a> {
     budget: &'a mut FreeBudget,
@@ -298,6 +372,11 @@ impl Colloid {
                 / PAGE_BYTES as f64
                 / self.scale
                 + self.limit_carry;
+        if dyn_pages < 0.0 {
+            // Still paying off an earlier quantum's excess (`swap_pages`).
+            self.limit_carry = dyn_pages;
+            return 0;
+        }
         let limit = (dyn_pages.floor() as u64).min(self.static_limit_pages);
         self.limit_carry = if limit < self.static_limit_pages {
             dyn_pages - dyn_pages.floor()
@@ -393,6 +472,199 @@ impl Colloid {
                 moved += n;
                 moves.out.migrations.push(self.migration(u, shift.dst));
             }
+        }
+    }
+
+    /// Records migration of tracked page `unit` (`pages` of its modeled
+    /// pages) from `from` to `to`; false, and nothing recorded, if `to`
+    /// has no room for them.
+    fn move_unit(
+        &self,
+        unit: u64,
+        pages: u64,
+        from: TierId,
+        to: TierId,
+        moves: &mut Moves<'_>,
+    ) -> bool {
+        if !moves.budget.take(to, pages) {
+            return false;
+        }
+        moves.budget.release(from, pages);
+        moves.chosen.insert(unit);
+        moves.out.migrations.push(self.migration(unit, to));
+        true
+    }
+
+    /// Step 4 on HeMem's 2 MiB pages: the public HeMem+Colloid code's
+    /// FindPages (webglider/hemem branch sosp24ae, pebs.c
+    /// `pebs_policy_thread` under `SCAN_AND_SORT`; `COLLOID_BINSEARCH` is
+    /// off there, so only the page search follows it, not its `dp`).
+    /// Moves pages until `limit` modeled pages have moved, counting both
+    /// directions (a swap is two pages):
+    /// 1. scan: every tracked page of the source tier is a `top`
+    ///    candidate, every other tracked page of the destination tier a
+    ///    `bottom` one, with its count; the destination's pages with count
+    ///    0 are one more `bottom` candidate (pebs.c lists all mapped pages
+    ///    of both tiers, sampled or not). Sort both by count;
+    /// 2. the remaining shift in counts is `dp * total count`
+    ///    (`target_delta`, probabilities `count / total`);
+    /// 3. while under the limit: pick the pair with the largest count
+    ///    difference `top - bottom` that is positive and fits in the
+    ///    remaining shift ([`best_pair`]); stop if there is none;
+    /// 4. promotion (`top` alternate, `bottom` default): a count-0 `bottom`
+    ///    takes the `top` page into free default-tier space if there is
+    ///    any, else is demoted first (pebs.c: "No point in swapping 0 freq
+    ///    page if there are free pages"; here [`Colloid::make_room`]
+    ///    demotes a count-0 page the CLOCK hand finds); any other `bottom`
+    ///    page is demoted, then the `top` page promoted in its place;
+    /// 5. demotion (`top` default, `bottom` alternate): the `top` page is
+    ///    demoted; the `bottom` page, unless count 0, promoted in its place
+    ///    ("No point in moving 0 freq page");
+    /// 6. the moved pages leave the candidates; the pair's difference
+    ///    comes off the remaining shift.
+    ///
+    /// So with `L_D < L_A` an alternate-tier page is promoted only in place
+    /// of a default-tier page with a lower count: an unsampled page is
+    /// never promoted, and a default tier whose pages all have higher
+    /// counts than every alternate-tier page takes nothing. Deviations:
+    /// the pebs.c loop may pass its byte limit by up to one pair per
+    /// quantum; here the excess is carried into the next quanta's limit,
+    /// so the modeled rate is the dynamic limit's (a modeled page can be
+    /// many HeMem pages). Ties in count are broken by tracked page index
+    /// (pebs.c: `qsort`'s order).
+    fn swap_pages(
+        &mut self,
+        view: &mut dyn MemoryView,
+        shift: &Shift,
+        tiers: &[TierStatus],
+        limit: u64,
+        moves: &mut Moves<'_>,
+    ) {
+        let total = self.counts.total();
+        if total == 0 {
+            return; // pebs.c: "total_accesses=0 exit"
+        }
+        // Step 1.
+        let mut top = Vec::new();
+        let mut bottom = Vec::new();
+        let mut counted_in_dst = 0u64;
+        for &u in &self.tracked {
+            let count = self.counts.count(u);
+            if count == 0 || moves.chosen.contains(&u) {
+                continue;
+            }
+            let in_dst = self.pages_in(view, u, shift.dst);
+            counted_in_dst += in_dst;
+            let in_src = self.pages_in(view, u, shift.src);
+            // A 2 MiB page split across the tiers is a candidate to move
+            // (as in `move_pages`), not to make room.
+            let (side, pages) = if in_src > 0 {
+                (&mut top, in_src)
+            } else {
+                (&mut bottom, in_dst)
+            };
+            if pages > 0 {
+                side.push(Some(PairSide {
+                    count,
+                    unit: Some(u),
+                    pages,
+                }));
+            }
+        }
+        // The destination's pages with count 0: its resident pages less
+        // those of counted tracked pages.
+        let resident = tiers.get(usize::from(shift.dst)).map_or(0, |t| {
+            t.capacity_pages
+                .saturating_sub(t.free_pages)
+                .saturating_sub(t.shadow_pages)
+        });
+        let mut zero_pages = resident.saturating_sub(counted_in_dst);
+        if zero_pages > 0 {
+            bottom.push(Some(PairSide {
+                count: 0,
+                unit: None,
+                pages: 0,
+            }));
+        }
+        top.sort_unstable();
+        bottom.sort_unstable();
+        // Step 2.
+        let mut remaining = (shift.dp * total as f64).floor().max(0.0) as u64;
+        let mut moved = 0u64;
+        // Step 3.
+        while moved < limit {
+            let Some((i, j, diff)) = best_pair(&top, &bottom, remaining) else {
+                break;
+            };
+            let (Some(Some(t)), Some(Some(b))) = (top.get(i).copied(), bottom.get(j).copied())
+            else {
+                break;
+            };
+            let Some(tu) = t.unit else {
+                break; // `top` holds tracked pages only
+            };
+            if shift.promote {
+                // Step 4.
+                match b.unit {
+                    None => {
+                        let before = moves.out.migrations.len();
+                        let room = self.make_room(view, t.pages, 1, moves);
+                        let demoted: u64 = moves
+                            .out
+                            .migrations
+                            .get(before..)
+                            .map_or(0, |m| m.iter().map(|m| u64::from(m.unit.pages)).sum());
+                        moved += demoted;
+                        zero_pages = zero_pages.saturating_sub(demoted);
+                        if !room || zero_pages == 0 {
+                            // No count-0 page left in the default tier.
+                            if let Some(e) = bottom.get_mut(j) {
+                                *e = None;
+                            }
+                        }
+                        if !room {
+                            continue;
+                        }
+                    }
+                    Some(bu) => {
+                        if !self.move_unit(bu, b.pages, 0, 1, moves) {
+                            break;
+                        }
+                        moved += b.pages;
+                        if let Some(e) = bottom.get_mut(j) {
+                            *e = None;
+                        }
+                    }
+                }
+                if !self.move_unit(tu, t.pages, 1, 0, moves) {
+                    break;
+                }
+                moved += t.pages;
+            } else {
+                // Step 5.
+                if !self.move_unit(tu, t.pages, 0, 1, moves) {
+                    break;
+                }
+                moved += t.pages;
+                if let Some(bu) = b.unit {
+                    if !self.move_unit(bu, b.pages, 1, 0, moves) {
+                        break;
+                    }
+                    moved += b.pages;
+                    if let Some(e) = bottom.get_mut(j) {
+                        *e = None;
+                    }
+                }
+            }
+            // Step 6.
+            if let Some(e) = top.get_mut(i) {
+                *e = None;
+            }
+            remaining -= diff;
+        }
+        // The excess over the limit comes off the next quanta's limits.
+        if moved > limit {
+            self.limit_carry -= (moved - limit) as f64;
         }
     }
 
@@ -709,10 +981,12 @@ impl Policy for Colloid {
     }
 
     /// Each quantum (`colloid-base`: HeMem's placement instead, see
-    /// [`Colloid::base`]): 1. keep the default tier's free reserve; 2. compute
-    /// the shift of request share between the tiers; 3. turn it into a
-    /// page limit; 4. move the pages whose access probability fits the
-    /// shift, most frequently accessed first.
+    /// [`Colloid::base`]): 1. on 4 KiB pages, keep the default tier's free
+    /// reserve; 2. compute the shift of request share between the tiers;
+    /// 3. turn it into a page limit; 4. move pages whose access
+    /// probability fits the shift: on 2 MiB pages by page-pair swaps
+    /// ([`Colloid::swap_pages`]), on 4 KiB pages most frequently accessed
+    /// first ([`Colloid::move_pages`]).
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         self.ingest(obs.samples);
         let mut out = Decisions::none();
@@ -728,6 +1002,17 @@ impl Policy for Colloid {
         };
         if self.base_only {
             self.hemem_placement(view, &mut moves);
+            return out;
+        }
+        if self.grain.huge {
+            // The public HeMem+Colloid code keeps no free reserve.
+            let Some(shift) = self.shift(obs.tiers) else {
+                return out;
+            };
+            let limit = self.page_limit(&shift);
+            if limit > 0 {
+                self.swap_pages(view, &shift, obs.tiers, limit, &mut moves);
+            }
             return out;
         }
         // Base system: keep a small free reserve in the default tier.
@@ -1103,6 +1388,137 @@ mod tests {
         let d = c.tick(&obs(0, &st, &samples), &mut v);
         let moved: Vec<(Unit, TierId)> = d.migrations.iter().map(|m| (m.unit, m.to)).collect();
         assert_eq!(moved, vec![(Unit::run(1024, 512), 0)]);
+    }
+
+    /// Colloid on HeMem's 2 MiB pages, one per modeled page (scale 512),
+    /// over `fast` default-tier and 8 alternate-tier pages, with `counts`
+    /// samples per page (all counts below the cooling threshold).
+    fn colloid_2m_with_counts(pages: u64, fast: u64, counts: &[(u64, usize)]) -> Colloid {
+        let mut cfg = PolicyConfig::new(pages, vec![fast, 8]);
+        cfg.huge_pages = true;
+        cfg.scale = 512.0;
+        let mut c = Colloid::new(&cfg);
+        assert_eq!(c.grain().unit_pages, 1);
+        for &(p, n) in counts {
+            c.ingest(&repeat_samples(p, n));
+        }
+        c
+    }
+
+    /// Tier status for a view, with latencies and request rates.
+    fn loaded(v: &VecView, caps: &[u64], lat: (f64, f64), rates: (f64, f64)) -> Vec<TierStatus> {
+        let mut st = v.status(caps);
+        st[0].loaded_latency_ns = Some(lat.0);
+        st[1].loaded_latency_ns = Some(lat.1);
+        st[0].request_rate = Some(rates.0);
+        st[1].request_rate = Some(rates.1);
+        st
+    }
+
+    /// `best_pair`: the largest positive difference within the bound, the
+    /// first pair found on a tie, taken (`None`) entries skipped.
+    #[test]
+    fn best_pair_takes_the_largest_difference_within_the_bound() {
+        let side = |count: u16, unit: u64| {
+            Some(PairSide {
+                count,
+                unit: Some(unit),
+                pages: 1,
+            })
+        };
+        let zero = Some(PairSide {
+            count: 0,
+            unit: None,
+            pages: 0,
+        });
+        let top = [side(1, 10), side(5, 11), None, side(9, 12)];
+        let bottom = [zero, side(3, 20), None, side(4, 21)];
+        // Within 4: 5 - 3 = 2 (5 - 0 and 9 - 4 exceed 4; 1 - 0 = 1 is less).
+        assert_eq!(best_pair(&top, &bottom, 4), Some((1, 1, 2)));
+        // Within 5: 5 - 0 = 5, found before 9 - 4 = 5.
+        assert_eq!(best_pair(&top, &bottom, 5), Some((1, 0, 5)));
+        // Within 100: 9 - 0.
+        assert_eq!(best_pair(&top, &bottom, 100), Some((3, 0, 9)));
+        assert_eq!(best_pair(&top, &bottom, 0), None);
+        // No positive difference: nothing.
+        assert_eq!(
+            best_pair(&[side(3, 1)], &[side(3, 2), side(7, 3)], 10),
+            None
+        );
+    }
+
+    /// The public HeMem+Colloid code (webglider/hemem sosp24ae, pebs.c
+    /// scan-and-sort) promotes an alternate-tier page only in place of a
+    /// default-tier page with a lower count. With `L_D < L_A` and a
+    /// default tier whose pages are all hotter than every alternate-tier
+    /// page, nothing moves, even into the default tier's free space (the
+    /// bin search promoted sampled page 4 into it).
+    #[test]
+    fn colloid_2m_promotes_nothing_when_every_default_page_is_hotter() {
+        // Default tier: pages 0-3 (counts 5, 6, 7, 5) and 2 free pages;
+        // alternate: 4 (3), 5 (1), 6 and 7 unsampled.
+        let mut c = colloid_2m_with_counts(8, 6, &[(0, 5), (1, 6), (2, 7), (3, 5), (4, 3), (5, 1)]);
+        let mut v = VecView::two_tier(8, 4);
+        let st = loaded(&v, &[6, 8], (80.0, 200.0), (7e8, 3e8));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert!(c.last_shift() > 0.1, "promotion mode with room to shift");
+        assert!(d.migrations.is_empty(), "{:?}", d.migrations);
+    }
+
+    /// Each swap takes the pair with the largest count difference that
+    /// fits in the remaining shift, demoting a sampled default-tier page
+    /// (the bin search demoted only unsampled ones, so it moved nothing
+    /// here), and the shift it used is gone for the next pair.
+    #[test]
+    fn colloid_2m_swaps_the_pair_with_the_largest_difference_within_the_shift() {
+        // Default tier full: 0-3 (counts 9, 2, 8, 8); alternate: 4 (7),
+        // 5 (4), 6 (1). Total 39.
+        let counts = [(0, 9), (1, 2), (2, 8), (3, 8), (4, 7), (5, 4), (6, 1)];
+        let mut c = colloid_2m_with_counts(8, 4, &counts);
+        let mut v = VecView::two_tier(8, 4);
+        // p = 0.77, L_D < L_A: dp = (1 - p) / 2 = 0.115, 4 counts of 39.
+        let st = loaded(&v, &[4, 8], (80.0, 200.0), (7.7e8, 2.3e8));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert!((c.last_shift() - 0.115).abs() < 1e-9);
+        // 4 - 2 = 2 is the largest difference within 4 (7 - 2 = 5 is not):
+        // page 1 goes down, page 5 up. 2 counts are left, and no other
+        // alternate page beats a default one by 1-2 (7 vs 8, 1 vs 8).
+        let moved: Vec<(u64, TierId)> = d.migrations.iter().map(|m| (m.unit.page, m.to)).collect();
+        assert_eq!(moved, vec![(1, 1), (5, 0)]);
+
+        // Demotion mode (L_D > L_A): a default-tier page goes down in
+        // exchange for the coldest alternate page within the shift; paired
+        // with an unsampled one (7), it goes down alone.
+        let mut c = colloid_2m_with_counts(8, 4, &counts);
+        let mut v = VecView::two_tier(8, 4);
+        // p = 0.77: dp = 0.77 / 2 = 0.385, 15 counts of 39.
+        let st = loaded(&v, &[4, 8], (300.0, 140.0), (7.7e8, 2.3e8));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert!((c.last_shift() - 0.385).abs() < 1e-9);
+        let moved: Vec<(u64, TierId)> = d.migrations.iter().map(|m| (m.unit.page, m.to)).collect();
+        // Page 0 with a count-0 page: 9 - 0 = 9 first (page 2 or 3 with
+        // one: 8); 6 left: page 2 for page 5, 8 - 4 = 4 (8 - 1 = 7 and
+        // 8 - 0 exceed 6); 2 left: page 1 with a count-0 page, 2 - 0 = 2
+        // (page 3 for page 4 would be 1); 0 left.
+        assert_eq!(moved, vec![(0, 1), (2, 1), (5, 0), (1, 1)]);
+    }
+
+    /// Paired with a count-0 default-tier page, an alternate-tier page goes
+    /// into free default-tier space without a swap; when there is no free
+    /// space left, a count-0 page is demoted first.
+    #[test]
+    fn colloid_2m_fills_free_space_then_swaps_out_unsampled_pages() {
+        // Default tier: 0-3 (0 and 1 unsampled, 2 and 3 at 9) and one
+        // free page; alternate: 4 (5), 5 (4).
+        let mut c = colloid_2m_with_counts(8, 5, &[(2, 9), (3, 9), (4, 5), (5, 4)]);
+        let mut v = VecView::two_tier(8, 4);
+        // p = 0.3: dp = 0.35, 9 counts of 27.
+        let st = loaded(&v, &[5, 8], (80.0, 200.0), (3e8, 7e8));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let moved: Vec<(u64, TierId)> = d.migrations.iter().map(|m| (m.unit.page, m.to)).collect();
+        // Page 4 (5 - 0) into the free page; 4 left: page 5 (4 - 0) in
+        // place of unsampled page 0.
+        assert_eq!(moved, vec![(4, 0), (0, 1), (5, 0)]);
     }
 
     #[test]
