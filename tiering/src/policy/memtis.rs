@@ -1,7 +1,9 @@
 //! `memtis`: Memtis (SOSP'23), 4 KiB pages only.
 //!
 //! - Access samples (PEBS in Memtis; sampled accesses here) feed per-page
-//!   counts and a log2 histogram ([`super::hotness::SampleCounts`]).
+//!   counts and a log2 histogram ([`super::hotness::SampleCounts`]). Loads
+//!   are sampled one in [`SAMPLE_PERIOD`], stores one in
+//!   [`STORE_SAMPLE_PERIOD`] (two PEBS events with their own periods).
 //! - Cooling halves every count each [`COOLING_PERIOD_SAMPLES`] samples
 //!   (Memtis-Default) or [`QUICK_COOL_PERIOD_SAMPLES`] (Memtis-QuickCool).
 //! - The hot threshold is the lowest histogram bin such that every page at
@@ -15,8 +17,15 @@ use super::hotness::{bin_of, ClockHand, SampleCounts};
 use super::types::*;
 use super::{Policy, PolicyKind};
 
-/// `htmm_sample_period` = 199 (memtis mempolicy.c defaults).
+/// `htmm_sample_period` = 199 (memtis mempolicy.c defaults): the period
+/// of the load events (LLC misses).
 pub const SAMPLE_PERIOD: u64 = 199;
+/// `htmm_inst_sample_period` = 100,007 (memtis mempolicy.c defaults; Nomad's
+/// Memtis scripts set the same): the period of `ALL_STORES`, which
+/// htmm_sampler.c `__perf_event_open` opens with it instead of
+/// `htmm_sample_period`. One store in 100,007 is sampled, against one
+/// LLC-missing load in 199.
+pub const STORE_SAMPLE_PERIOD: u64 = 100_007;
 /// `htmm_cooling_period` = 2,000,000 samples (Memtis-Default).
 pub const COOLING_PERIOD_SAMPLES: u64 = 2_000_000;
 /// Memtis-QuickCool: 2,000 samples (Nomad §4, Memtis-QuickCool).
@@ -111,6 +120,7 @@ impl Policy for Memtis {
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
             sample_period: SAMPLE_PERIOD,
+            store_sample_period: STORE_SAMPLE_PERIOD,
             // PEBS (Memtis §4.1).
             hardware_samples: true,
             ..TrackerRequest::none()

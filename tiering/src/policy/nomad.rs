@@ -111,6 +111,7 @@ impl Policy for Nomad {
                 / PAGE_BYTES as f64
                 / (SCAN_PERIOD_MIN_NS as f64 / 1e9),
             sample_period: 0,
+            store_sample_period: 0,
             hardware_samples: false,
             dirty_log: false,
             accessed_bits: false,

@@ -341,6 +341,7 @@ impl Policy for Tpp {
             hint_fault_tiers: (1..self.tiers).map(|t| t as TierId).collect(),
             hint_scan_pages_per_sec: self.scan_pages_per_sec,
             sample_period: 0,
+            store_sample_period: 0,
             hardware_samples: false,
             dirty_log: false,
             accessed_bits: false,

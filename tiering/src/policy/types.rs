@@ -148,6 +148,13 @@ pub struct TrackerRequest {
     pub hint_scan_pages_per_sec: f64,
     /// Take one access sample every this many accesses (0 = no sampling).
     pub sample_period: u64,
+    /// With `hardware_samples`, stores are a PEBS event of their own,
+    /// sampled once every this many stores, while `sample_period` counts
+    /// loads (Memtis opens `ALL_STORES` with `htmm_inst_sample_period`).
+    /// 0: a store counts toward `sample_period` like a load. The live
+    /// engine, whose samples come from hint faults, ignores this.
+    #[serde(default)]
+    pub store_sample_period: u64,
     /// The samples stand for the CPU's PEBS sampling, as in the policy's
     /// paper (Memtis; Colloid on HeMem/Memtis): the simulator then applies
     /// the platform's PEBS blind spots (`Scenario::pebs_blind_to_slow_loads`).
@@ -178,6 +185,7 @@ impl TrackerRequest {
             hint_fault_tiers: Vec::new(),
             hint_scan_pages_per_sec: 0.0,
             sample_period: 0,
+            store_sample_period: 0,
             hardware_samples: false,
             dirty_log: false,
             accessed_bits: false,

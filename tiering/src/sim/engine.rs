@@ -21,7 +21,7 @@ use std::time::Instant;
 use tiervm_guest::gen::Rng;
 
 use super::model::{CostModel, TierModel};
-use super::pebs::PebsFilter;
+use super::pebs;
 use super::report::{
     EventCounts, ModeChange, ModeTicks, SimReport, TierTraffic, TimelineBucket, MAX_MODE_CHANGES,
 };
@@ -303,9 +303,14 @@ struct Sim {
     scan_carry: f64,
     scan_virt_carry: f64,
     sample_countdown: u64,
-    /// PEBS' blind spot, when the platform has one and the policy's
-    /// samples stand for PEBS.
-    pebs: Option<PebsFilter>,
+    /// Stores left to the next store sample, when stores have a period of
+    /// their own (`TrackerRequest::store_sample_period`).
+    store_countdown: u64,
+    /// The workload's writes are stores alone (`Scenario::pebs_writes_are_stores`).
+    writes_are_stores: bool,
+    /// The platform's PEBS cannot sample slow-tier loads and the policy's
+    /// samples stand for PEBS ([`pebs::sees`]).
+    pebs_blind: bool,
     samples: Vec<AccessSample>,
     outcomes: Vec<TpmOutcome>,
     dirty: Vec<u64>,
@@ -500,10 +505,9 @@ impl Sim {
             stream: start.stream,
             rng: Rng::for_stream(scn.seed, 0),
             sample_countdown: trackers.sample_period,
-            pebs: (scn.pebs_blind_to_slow_loads
-                && trackers.hardware_samples
-                && trackers.sample_period > 0)
-                .then(|| PebsFilter::new(start.scale)),
+            store_countdown: trackers.store_sample_period,
+            writes_are_stores: scn.pebs_writes_are_stores,
+            pebs_blind: scn.pebs_blind_to_slow_loads && trackers.hardware_samples,
             trackers,
             hint_mask,
             scan_cursor: 0,
@@ -713,23 +717,49 @@ impl Sim {
             fl |= DIRTY;
         }
         self.map.flags[pi] = fl | ACCESSED;
-        // PEBS counts only the events it can see (one sample per
-        // `sample_period` of them).
-        if self.sample_countdown > 0
-            && self
-                .pebs
-                .as_ref()
-                .is_none_or(|f| f.sees(a.page, t, a.write))
-        {
-            self.sample_countdown -= 1;
-            if self.sample_countdown == 0 {
-                self.sample_countdown = self.trackers.sample_period;
-                self.samples.push(AccessSample {
-                    page: a.page,
-                    tier: t,
-                    write: a.write,
-                });
+        // Sampling, as PEBS counts events: only those it can see, one
+        // sample per period of them.
+        //   1. Stores with a period of their own (Memtis' `ALL_STORES`): a
+        //      write is a store event on `store_sample_period`, and also a
+        //      load event unless the workload's writes are stores alone
+        //      (a read-modify-write loads the line first).
+        //   2. Otherwise every access is one event on `sample_period`.
+        //   A load event from a slow tier is invisible on a platform whose
+        //   PEBS is blind to slow-tier loads (`sim::pebs`).
+        let blind = self.pebs_blind;
+        let visible = |write: bool| !blind || pebs::sees(t, write);
+        let sample = AccessSample {
+            page: a.page,
+            tier: t,
+            write: a.write,
+        };
+        if self.trackers.store_sample_period > 0 {
+            if a.write {
+                count_event(
+                    &mut self.store_countdown,
+                    self.trackers.store_sample_period,
+                    &mut self.samples,
+                    sample,
+                );
             }
+            if (!a.write || !self.writes_are_stores) && visible(false) {
+                count_event(
+                    &mut self.sample_countdown,
+                    self.trackers.sample_period,
+                    &mut self.samples,
+                    AccessSample {
+                        write: false,
+                        ..sample
+                    },
+                );
+            }
+        } else if visible(a.write) {
+            count_event(
+                &mut self.sample_countdown,
+                self.trackers.sample_period,
+                &mut self.samples,
+                sample,
+            );
         }
         (t, stall)
     }
@@ -1155,5 +1185,24 @@ impl Sim {
         // not saved up (Linux starts each period afresh).
         self.scan_carry = pages_left.min(0.0);
         self.scan_virt_carry = virt_left.min(0.0);
+    }
+}
+
+/// One sampled-event occurrence on `countdown` (events left to the next
+/// sample; 0 = this event is not sampled): when it runs out, `sample` is
+/// taken and the countdown restarts at `period`.
+fn count_event(
+    countdown: &mut u64,
+    period: u64,
+    samples: &mut Vec<AccessSample>,
+    sample: AccessSample,
+) {
+    if *countdown == 0 {
+        return;
+    }
+    *countdown -= 1;
+    if *countdown == 0 {
+        *countdown = period;
+        samples.push(sample);
     }
 }

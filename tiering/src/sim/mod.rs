@@ -202,6 +202,47 @@ mod tests {
         );
     }
 
+    /// On Nomad's CXL platform the Memtis Nomad ran samples no slow-tier
+    /// load (sim::pebs): on a read-only run nothing in the slow tier ever
+    /// gets a sample, so Memtis promotes nothing (Nomad Table 2: 15.9K, 0
+    /// and 0 read promotions against TPP's millions). The same run with
+    /// PEBS seeing every access promotes (Memtis-Default; at this test's
+    /// coarse scale QuickCool's 2,000-sample period cools every sample).
+    #[test]
+    fn memtis_promotes_nothing_on_a_read_only_cxl_run() {
+        let blind = quick("nomad-small-ro");
+        assert!(blind.pebs_blind_to_slow_loads && blind.write_ratio == 0.0);
+        let mut sees_all = blind.clone();
+        sees_all.pebs_blind_to_slow_loads = false;
+        for p in [PolicyKind::Memtis, PolicyKind::MemtisQuickcool] {
+            let r = run(&blind, p).unwrap();
+            assert_eq!(r.counters.promotions, 0.0, "{p}: {:?}", r.counters);
+        }
+        let all = run(&sees_all, PolicyKind::Memtis).unwrap();
+        assert!(all.counters.promotions > 0.0, "{:?}", all.counters);
+    }
+
+    /// Memtis opens `ALL_STORES` with a period of 100,007 and its load
+    /// events with 199 (`STORE_SAMPLE_PERIOD`, `SAMPLE_PERIOD`): the same
+    /// run as pure stores gets ~500x fewer samples than as loads, and
+    /// Memtis promotes far less. A read-modify-write loads the line first,
+    /// so it is sampled like a read. PEBS sees every load here, so only
+    /// the event kinds differ.
+    #[test]
+    fn memtis_samples_stores_far_more_rarely_than_loads() {
+        let mut wo = quick("nomad-small-wo");
+        wo.pebs_blind_to_slow_loads = false;
+        assert!(wo.pebs_writes_are_stores && wo.write_ratio == 1.0);
+        let mut ro = wo.clone();
+        ro.write_ratio = 0.0;
+        let mut rmw = wo.clone();
+        rmw.pebs_writes_are_stores = false;
+        let promoted = |s: &Scenario| run(s, PolicyKind::Memtis).unwrap().counters.promotions;
+        let (r, w, m) = (promoted(&ro), promoted(&wo), promoted(&rmw));
+        assert!(r > 0.0 && w * 10.0 < r, "reads {r} stores {w}");
+        assert!(m * 2.0 > r, "reads {r} read-modify-writes {m}");
+    }
+
     /// Matryoshka §2.2: other threads touching a page that a stop-and-copy
     /// migration holds wait until it is mapped again. A small uniform
     /// buffer (every page hot) under TPP makes them meet; static never

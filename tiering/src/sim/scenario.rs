@@ -55,12 +55,21 @@ pub struct Scenario {
     pub start_in_slow_tier: bool,
     /// The CPU's PEBS cannot sample loads served by the slower tiers: on
     /// Nomad's CXL platforms (A and B) an LLC miss to CXL is an uncore
-    /// event, so Memtis samples only stores and loads that miss the STLB
-    /// (Nomad §4, baselines; /work/shared/reference/nomad-matryoshka.md
-    /// §2). Applies to policies whose samples stand for PEBS
+    /// event (Nomad §4, baselines), and the Memtis Nomad ran opens no
+    /// TLB-miss event, so it samples only stores and fast-tier loads
+    /// ([`super::pebs`]). Applies to policies whose samples stand for PEBS
     /// (`TrackerRequest::hardware_samples`).
     #[serde(default)]
     pub pebs_blind_to_slow_loads: bool,
+    /// The workload's writes are stores alone, with no load of the line
+    /// first: Nomad's micro-benchmark writes a page with one `memcpy` from
+    /// a buffer (Nomad artifact, `src/userspace_programs/tpp/memory_access.cc`,
+    /// `-work=0` in the Memtis write scripts). Otherwise a write is a
+    /// read-modify-write (GUPS' update), whose load PEBS counts like any
+    /// load. Matters only to a policy that samples stores apart
+    /// (`TrackerRequest::store_sample_period`: Memtis).
+    #[serde(default)]
+    pub pebs_writes_are_stores: bool,
     /// CPU time an operation spends besides its memory accesses, ns per
     /// thread. An operation is one access, except in `kv`, where it is a
     /// request (a bucket and its value). 0: every access goes back to
@@ -126,6 +135,7 @@ fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec) -> 
         phase_fraction: 0.25,
         start_in_slow_tier: false,
         pebs_blind_to_slow_loads: true,
+        pebs_writes_are_stores: false,
         compute_ns_per_op: 0.0,
         huge_pages: false,
     }
@@ -134,6 +144,7 @@ fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec) -> 
 fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenario {
     Scenario {
         write_ratio,
+        pebs_writes_are_stores: true,
         ..nomad_platform_a_run(
             name.into(),
             format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A"),
@@ -173,6 +184,7 @@ fn colloid(level: u32) -> Scenario {
         phase_fraction: 0.25,
         start_in_slow_tier: false,
         pebs_blind_to_slow_loads: false,
+        pebs_writes_are_stores: false,
         compute_ns_per_op: 0.0,
         huge_pages: true,
     }
@@ -202,6 +214,7 @@ fn mtm_4tier() -> Scenario {
         phase_fraction: 0.25,
         start_in_slow_tier: false,
         pebs_blind_to_slow_loads: false,
+        pebs_writes_are_stores: false,
         compute_ns_per_op: 0.0,
         huge_pages: false,
     }

@@ -638,7 +638,7 @@ fn tables(
     if scn.pebs_blind_to_slow_loads {
         let _ = writeln!(
             out,
-            "PEBS sampling (memtis, colloid) is blind to slow-tier loads that hit the STLB (modeled: CXL platform, Nomad §4)"
+            "PEBS sampling (memtis, colloid) sees stores and fast-tier loads, no slow-tier load (CXL platform: Nomad §4; events of Nomad's Memtis, htmm_sampler.c)"
         );
     }
     let colloid_ran = reports.iter().any(|r| {

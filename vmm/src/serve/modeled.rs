@@ -192,6 +192,7 @@ pub fn default_mix() -> Vec<Scenario> {
         // The VMs' policies run in tiervm, sampling through hint faults:
         // the platform's PEBS blind spot (a kernel Memtis's) does not apply.
         pebs_blind_to_slow_loads: false,
+        pebs_writes_are_stores: false,
         ..base.clone()
     };
     vec![
