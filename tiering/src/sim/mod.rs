@@ -7,10 +7,12 @@
 //!
 //! - [`scenario`]: built-in scenarios named after the seeds' experiments.
 //! - [`workload`]: access streams over the shared guest generators.
+//! - [`gap`]: where GAPBS's build leaves PageRank's arrays (first touch).
 //! - [`engine`]: the simulation loop ([`run`], [`run_with`]).
 //! - [`report`]: per-policy results ([`SimReport`]), a comparison table, JSON.
 
 pub mod engine;
+pub mod gap;
 pub mod model;
 pub mod pebs;
 pub mod report;
@@ -472,6 +474,43 @@ mod tests {
         let tpp = end_share(&run(&kv, PolicyKind::Tpp).unwrap());
         assert!(st < 0.01, "static fast share {st}");
         assert!(tpp > st + 0.2, "tpp fast share {tpp}");
+    }
+
+    /// `pagerank-u` starts where GAPBS's build leaves pages: the scores,
+    /// contributions and both indexes in the fast tier (reusing the
+    /// builder's freed memory), part of the in-neighbors in the slow one,
+    /// and the fast tier's free room net of the out-neighbors GAP keeps.
+    /// Static placement then serves nearly every access (the gathers) fast.
+    #[test]
+    fn pagerank_starts_as_gaps_build_leaves_it() {
+        let scn = builtin("pagerank-u").expect("built-in");
+        let start = setup::initial_state(&scn, SimPlacement::FirstTouch).unwrap();
+        let setup::Stream::Pagerank(g) = &start.stream else {
+            panic!("pagerank stream");
+        };
+        let l = g.layout();
+        let page = |b: u64| (b / crate::policy::PAGE_BYTES) as usize;
+        let fast_share = |from: u64, to: u64| {
+            let t = &start.tier[page(from)..page(to)];
+            t.iter().filter(|&&t| t == 0).count() as f64 / t.len() as f64
+        };
+        assert_eq!(fast_share(l.contrib_off, l.bytes), 1.0);
+        assert_eq!(fast_share(l.scores_off, l.contrib_off), 1.0);
+        assert_eq!(fast_share(l.offsets_off, l.neighbors_off), 1.0);
+        let nb = fast_share(l.neighbors_off, l.scores_off);
+        assert!((0.5..1.0).contains(&nb), "neighbors fast {nb}");
+        // The out-neighbors (5 GiB) hold fast memory outside the layout.
+        let out_pages = (5u64 << 30) as f64 / 4096.0 / start.scale;
+        let fast_cap =
+            (scn.tiers[0].capacity_gib * (1u64 << 30) as f64 / 4096.0 / start.scale).round();
+        assert!((fast_cap - out_pages - start.cap[0] as f64).abs() <= 1.0);
+        assert!(start.used[0] < start.cap[0]);
+        let mut short = scn.clone();
+        short.duration_s = 5.0;
+        let r = run(&short, PolicyKind::Static).unwrap();
+        let total: f64 = r.tiers.iter().map(|t| t.accesses).sum();
+        let fast = r.tiers[0].accesses / total;
+        assert!(fast > 0.95, "static fast share of accesses {fast}");
     }
 
     #[test]

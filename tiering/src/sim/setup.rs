@@ -3,6 +3,7 @@
 
 use tiervm_guest::gen::Rng;
 
+use super::gap;
 use super::scenario::Scenario;
 use super::workload::{
     AccessStream, GaussianHotStream, GupsStream, KvStream, MovingHotStream, PageAccess,
@@ -137,12 +138,24 @@ pub(super) fn initial_state(
         Some(Stream::Pagerank(g)) => (g.write_fraction(), 1.0),
         _ => (scn.write_ratio.clamp(0.0, 1.0), 1.0),
     };
-    let cap: Vec<u64> = scn
+    let mut cap: Vec<u64> = scn
         .tiers
         .iter()
         .map(|t| gib_pages(t.capacity_gib))
         .collect();
-    let fill: Vec<u64> = cap
+    // PageRank placed as GAPBS's build leaves it (first touch, freed
+    // memory reused): which pages start fast, and the fast memory held by
+    // GAP's arrays outside the modeled layout.
+    let gap = match (&guest_stream, placement) {
+        (Some(Stream::Pagerank(g)), SimPlacement::FirstTouch) if !scn.start_in_slow_tier => {
+            gap_fast_pages(scn, g, scale)
+        }
+        _ => None,
+    };
+    if let (Some((_, outside)), Some(c0)) = (&gap, cap.first_mut()) {
+        *c0 = c0.saturating_sub(*outside);
+    }
+    let mut fill: Vec<u64> = cap
         .iter()
         .map(|&c| c - ((c as f64 * INITIAL_FREE_FRACTION).ceil() as u64).min(c))
         .collect();
@@ -156,7 +169,15 @@ pub(super) fn initial_state(
         Some(g) => g,
         None => synthetic_stream(scn, scale, pages)?,
     };
-    let order = placement_order(placement, &stream, pages, fill[0]);
+    let order = match &gap {
+        Some((fast, _)) => {
+            let n_fast = fast.iter().filter(|&&f| f).count() as u64;
+            fill[0] = fill[0].min(n_fast);
+            let pick = |want: bool| (0..pages).filter(move |&p| fast[p as usize] == want);
+            pick(true).chain(pick(false)).collect()
+        }
+        None => placement_order(placement, &stream, pages, fill[0]),
+    };
     let (tier, used) = fill_tiers(&order, &fill, pages, scn.start_in_slow_tier);
     Ok(InitialState {
         scale,
@@ -258,6 +279,60 @@ fn synthetic_stream(scn: &Scenario, scale: f64, pages: u64) -> Result<Stream, Sc
             ))
         }
     })
+}
+
+/// The pages of a PageRank stream that start in the fast tier after
+/// GAPBS's build ([`gap::replay`] on the real graph and fast tier), and
+/// the modeled pages the resident arrays outside the layout hold there:
+/// 1. replay GAPBS's allocations at the scenario's real size, giving each
+///    array's fast share;
+/// 2. an array's pages were first written by `threads` threads, each in
+///    order through an equal contiguous block (OpenMP `parallel for`
+///    without a schedule clause, as in `GenIndex` and `SquishCSR`'s copy,
+///    gapbs `src/graph.h:245`, `src/builder.h:162`; [inferred] the static
+///    schedule is libgomp's default), so the fast share of each block
+///    is its first pages;
+/// 3. the fast bytes outside the layout become modeled pages.
+///
+/// `None` unless the workload is PageRank.
+fn gap_fast_pages(scn: &Scenario, g: &PagerankStream, scale: f64) -> Option<(Vec<bool>, u64)> {
+    let WorkloadSpec::Pagerank {
+        scale: log_v,
+        degree,
+        ..
+    } = scn.workload
+    else {
+        return None;
+    };
+    let n = 2f64.powi(log_v.min(63) as i32);
+    let fast_bytes = scn.tiers.first()?.capacity_gib * (1u64 << 30) as f64;
+    let r = gap::replay(n, n * degree as f64, fast_bytes);
+    let l = g.layout();
+    let pg = |b: u64| b / PAGE_BYTES;
+    let arrays = [
+        (l.offsets_off, l.out_degree_off, r.shares.offsets),
+        (l.out_degree_off, l.neighbors_off, r.shares.out_degree),
+        (l.neighbors_off, l.scores_off, r.shares.neighbors),
+        (l.scores_off, l.contrib_off, r.shares.scores),
+        (l.contrib_off, l.bytes, r.shares.contrib),
+    ];
+    let mut fast = vec![false; g.pages() as usize];
+    let threads = u64::from(scn.threads.max(1));
+    for (from, to, share) in arrays {
+        let (from, to) = (pg(from), pg(to).min(g.pages()));
+        let len = to.saturating_sub(from);
+        for b in 0..threads {
+            let (s, e) = (from + len * b / threads, from + len * (b + 1) / threads);
+            let k = ((e - s) as f64 * share.clamp(0.0, 1.0)).round() as u64;
+            for p in s..s + k {
+                if let Some(f) = fast.get_mut(p as usize) {
+                    *f = true;
+                }
+            }
+        }
+    }
+    let outside = (r.fast_bytes_outside / PAGE_BYTES as f64 / scale).round() as u64;
+    Some((fast, outside))
 }
 
 /// The order in which pages take the free slots of the tiers: address

@@ -7,8 +7,11 @@ use serde::{Deserialize, Serialize};
 use tiervm_guest::gen::{Rng, Zipf};
 use tiervm_guest::workloads::gups::{GupsParams, GupsPattern};
 use tiervm_guest::workloads::kv::{KvOps, KvParams, KvPattern, Mix, KV_MAX_ACCESSES};
-use tiervm_guest::workloads::pagerank::{build_single, GraphKind, PagerankParams, PagerankPattern};
+use tiervm_guest::workloads::pagerank::{
+    build_single, GraphKind, PagerankParams, PagerankPattern, PrLayout,
+};
 use tiervm_guest::workloads::zipf::{ZipfParams, ZipfPattern};
+use tiervm_guest::workloads::Access;
 use tiervm_guest::workloads::PAGE_SIZE;
 
 use super::ScenarioError;
@@ -605,17 +608,67 @@ impl AccessStream for KvStream {
 /// packed accesses); larger graphs need a larger simulator scale.
 pub const PAGERANK_MAX_TRACE: u64 = 1 << 28;
 
+/// Bytes of a cache line: the unit the memory serves.
+pub const CACHE_LINE: u64 = 64;
+
 /// The `pagerank` workload: one iteration of
 /// `tiervm_guest::workloads::pagerank::PagerankPattern` over a graph built
 /// with the guest's `build_single` (same generator and seed), precomputed
 /// once as packed pages (`page << 1 | write`, 4 bytes each) and replayed
 /// iteration after iteration. The pattern draws nothing from the run's
 /// random stream: PageRank's accesses depend only on the graph.
+///
+/// The guest's pattern names every 4- or 8-byte element it touches, but
+/// memory serves 64-byte lines: an element in the line the same array
+/// touched last is in the cache, so the trace keeps one access per line
+/// of such a run ([`line_accesses`]). The in-neighbors (16 ids a line)
+/// and the per-vertex arrays then cost a line each per 16 (or 8)
+/// elements, while every contribution gather, at a random vertex, stays
+/// an access of its own.
 #[derive(Clone, Debug)]
 pub struct PagerankStream {
     trace: Vec<u32>,
     pos: usize,
     pages: u64,
+    layout: PrLayout,
+}
+
+/// The accesses of `pattern` that reach memory, as packed pages
+/// (`page << 1 | write`):
+/// 1. each access is assigned to its array of `l` (offsets, out-degrees,
+///    neighbors, scores, contributions);
+/// 2. an access to the same 64-byte line as the previous access to that
+///    array hits the cache and is dropped; if it writes, the access that
+///    brought the line in is marked as writing (the line is written back);
+/// 3. any other access is kept and becomes its array's last line.
+pub fn line_accesses(l: &PrLayout, pattern: impl Iterator<Item = Access>) -> Vec<u32> {
+    let bounds = [
+        l.out_degree_off,
+        l.neighbors_off,
+        l.scores_off,
+        l.contrib_off,
+    ];
+    let mut last: [Option<(u64, usize)>; 5] = [None; 5];
+    let mut trace = Vec::new();
+    for a in pattern {
+        let array = bounds.iter().take_while(|&&b| a.addr >= b).count();
+        let line = a.addr / CACHE_LINE;
+        let packed = ((a.addr / PAGE_SIZE) << 1 | u64::from(a.write)) as u32;
+        match last[array] {
+            Some((l, at)) if l == line => {
+                if a.write {
+                    if let Some(t) = trace.get_mut(at) {
+                        *t |= 1;
+                    }
+                }
+            }
+            _ => {
+                last[array] = Some((line, trace.len()));
+                trace.push(packed);
+            }
+        }
+    }
+    trace
 }
 
 impl PagerankStream {
@@ -636,8 +689,7 @@ impl PagerankStream {
             return Err(ScenarioError::PagerankBuild);
         }
         let pattern = PagerankPattern::new(p, &data).ok_or(ScenarioError::PagerankLayout)?;
-        let mut trace = Vec::with_capacity(per_iteration as usize);
-        trace.extend(pattern.map(|a| ((a.addr / PAGE_SIZE) << 1 | u64::from(a.write)) as u32));
+        let mut trace = line_accesses(&layout, pattern);
         if trace.is_empty() {
             trace.push(0);
         }
@@ -645,7 +697,13 @@ impl PagerankStream {
             trace,
             pos: 0,
             pages,
+            layout,
         })
+    }
+
+    /// Where the arrays live (bytes; a page is `PAGE_SIZE` of them).
+    pub fn layout(&self) -> PrLayout {
+        self.layout
     }
 
     /// Modeled pages: the layout's size.
@@ -902,17 +960,18 @@ mod tests {
         let l = p.layout();
         assert_eq!(s.pages(), l.bytes / PAGE_SIZE);
         let per = s.accesses_per_iteration();
-        assert_eq!(per as u64, 7 * l.vertices + 2 * l.edges);
-        // Against the guest's own iterator over the same graph.
+        // Against the guest's own iterator over the same graph, one access
+        // per line an array moves to.
         let data: Vec<AtomicU64> = (0..l.bytes / 8).map(|_| AtomicU64::new(0)).collect();
         assert!(build_single(&p, 3, &data));
-        let guest: Vec<PageAccess> = PagerankPattern::new(&p, &data)
-            .unwrap()
+        let guest: Vec<PageAccess> = line_accesses(&l, PagerankPattern::new(&p, &data).unwrap())
+            .into_iter()
             .map(|a| PageAccess {
-                page: a.addr / PAGE_SIZE,
-                write: a.write,
+                page: u64::from(a >> 1),
+                write: a & 1 != 0,
             })
             .collect();
+        assert_eq!(per, guest.len());
         let mut rng = Rng::new(1);
         let mine: Vec<PageAccess> = (0..per).map(|_| s.next_access(&mut rng)).collect();
         assert_eq!(mine, guest);
@@ -934,6 +993,39 @@ mod tests {
         assert_eq!(again.trace, s.trace);
         let other = PagerankStream::new(&p, 4).unwrap();
         assert_ne!(other.trace, s.trace);
+    }
+
+    /// Memory serves lines: of the guest's `7 n + 2 E` element accesses
+    /// only the line changes of each array and the contribution gathers
+    /// remain, the gathers about `E` of them; a score read and its write
+    /// are one line, written back.
+    #[test]
+    fn pagerank_trace_counts_lines_not_elements() {
+        let p = PagerankParams {
+            graph: GraphKind::Uniform,
+            scale: 14,
+            degree: 20,
+            iterations: 0,
+        };
+        let s = PagerankStream::new(&p, 1).unwrap();
+        let l = p.layout();
+        let (n, e) = (l.vertices as f64, l.edges as f64);
+        let per = s.accesses_per_iteration() as f64;
+        // Gathers (E, less the rare repeat of a line) plus neighbors (E/16,
+        // plus a line split per vertex at most), offsets (n/8), out-degrees
+        // (n/8), scores (2 x n/16), contributions written (n/16).
+        assert!(per < e + e / 16.0 + n * 1.6, "{per} vs E {e}");
+        assert!(per > 0.95 * e, "{per} vs E {e}");
+        let contrib_page = l.contrib_off / PAGE_SIZE;
+        let gathers = s
+            .trace
+            .iter()
+            .filter(|&&a| a & 1 == 0 && u64::from(a >> 1) >= contrib_page)
+            .count() as f64;
+        assert!(gathers > 0.95 * e, "{gathers}");
+        // Writes: the contributions and the scores, one per line each.
+        let writes = s.trace.iter().filter(|&&a| a & 1 != 0).count() as f64;
+        assert!((writes - 2.0 * n / 16.0).abs() < 8.0, "{writes}");
     }
 
     #[test]

@@ -413,7 +413,8 @@ fn override_workload(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError>
 }
 
 /// A kv or pagerank workload changed by flags says so in its description
-/// (and pagerank keeps Nomad's fast:RSS ratio for the new graph; an
+/// (and pagerank scales Nomad's 16 GB fast tier with GAPBS's build peak
+/// for the new graph, `pagerank_fast_tier_gib`; an
 /// explicit --tier-capacity-gib still wins).
 fn relabel_guest_workload(scn: &mut Scenario, a: &SimArgs) {
     use tiering::sim::workload::WorkloadSpec as W;

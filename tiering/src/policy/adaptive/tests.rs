@@ -389,7 +389,16 @@ fn the_scout_fills_free_room_faster_than_samples() {
 /// Streams: PageRank's CSR edges are streamed through a fast tier too small
 /// for them; without the burst detector adaptive keeps promoting the page
 /// the stream just left and demoting the one it reaches next.
+///
+/// Ignored since `pagerank-u` starts where GAPBS's build leaves its pages
+/// and its trace counts cache lines (one access per 16 neighbor ids, not
+/// one per id): the contributions start fast, and an edge page gets 64
+/// accesses a pass instead of 1024, so no promotion looks like a burst.
+/// With the fast tier at 1-4.73 GiB and every page starting slow, the
+/// detector changed nothing (same throughput and promotions with and
+/// without it). The test needs a scenario whose stream is still a burst.
 #[test]
+#[ignore = "pagerank-u no longer streams through a small fast tier (see doc comment)"]
 fn a_stream_stops_displacing_promotions() {
     let scn = quick("pagerank-u", 100.0, 256.0);
     let on = run(&scn, Adaptive::new);
