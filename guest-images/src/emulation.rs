@@ -30,13 +30,15 @@ pub const FRAC_BITS: u32 = 10;
 /// Preemption one payment excludes at most (~40 ms at 2.6 GHz), so a
 /// clock that always jumps cannot stall a vCPU.
 pub const MAX_PREEMPTED_CYCLES: u64 = 100_000_000;
-/// Sets a cache model looks up at most (64 KiB of tags, which stays in the
-/// L2 of the vCPU's core): a larger model (a 32 MiB LLC has 128 Ki sets,
-/// 1 MiB of tags per vCPU, which missed the L2 on random workloads and
-/// cost 16-25% of their op time) samples one set in `sets / 8192`, as
-/// set-sampling cache monitors do (Qureshi & Patt, UCP, MICRO 2006: 32 of
-/// 2048 sets estimate the miss ratio).
-pub const SAMPLED_SETS_MAX: u32 = 8192;
+/// Sets a cache model looks up at most (32 KiB of tags per model): a
+/// larger model (a 32 MiB LLC has 128 Ki sets, 1 MiB of tags per vCPU,
+/// which missed the L2 on random workloads and cost 16-25% of their op
+/// time) samples one set in `sets / 4096`, as set-sampling cache monitors
+/// do (Qureshi & Patt, UCP, MICRO 2006: 32 of 2048 sets estimate the miss
+/// ratio). 8192 until 2026-11-26: halving it halved the sampled lookups,
+/// each one or two cache misses under a random workload, and took gups'
+/// in-run overhead from 1.049-1.056 to 1.044-1.046 (docs/results.md §9).
+pub const SAMPLED_SETS_MAX: u32 = 4096;
 /// Sampled lookups per tier the miss ratio averages over: each lookup
 /// moves the tier's ratio `1 / SAMPLE_WINDOW` of the way to its outcome
 /// (an exponential moving average; a few thousand accesses of the tier).
@@ -1210,7 +1212,7 @@ mod tests {
         assert_eq!(v.charged_cycles, 16 * 500);
     }
 
-    /// A 16 KiB cache model on a host with an 8 MiB LLC (2^15 sets, its
+    /// A 16 KiB cache model on a host with a 4 MiB LLC (4 x `SAMPLED_SETS_MAX` sets, its
     /// model sampled one set in four): charged accesses per tier-3 access
     /// over the second half of `accesses` random accesses to `lines` lines,
     /// and the host model's hit share among them.
@@ -1219,10 +1221,14 @@ mod tests {
         for w in &map {
             w.store(!0, Relaxed);
         }
-        let (sets, host_sets) = (zeroed(64), zeroed(8192));
+        let (sets, host_sets) = (zeroed(64), zeroed(SAMPLED_SETS_MAX as usize));
         let mut ch = Charger::new(&map, 32 * 1024, CacheModel::new(&sets), fake_clock);
         if host {
-            ch = ch.with_host_cache(&host_sets, 1 << 15, 300 << FRAC_BITS);
+            ch = ch.with_host_cache(
+                &host_sets,
+                u64::from(SAMPLED_SETS_MAX) * 4,
+                300 << FRAC_BITS,
+            );
             assert_eq!(ch.host_shift, 2);
         }
         ch.set_charges([0, 0, 0, 500 << FRAC_BITS], u64::MAX);
@@ -1248,7 +1254,7 @@ mod tests {
     /// one beyond both is charged about the tier's charge alone.
     #[test]
     fn a_host_llc_model_charges_what_the_host_cache_saved() {
-        // 1 MiB: misses the 16 KiB model, fits the 8 MiB host LLC.
+        // 1 MiB: misses the 16 KiB model, fits the 4 MiB host LLC.
         let (fits, hit) = charge_with_host_model(1 << 14, true);
         assert!(hit > 0.95, "host hit share {hit}");
         assert!((fits - 800.0).abs() < 0.03 * 800.0, "{fits}");
@@ -1268,7 +1274,7 @@ mod tests {
         assert!(ch.host.is_none());
     }
 
-    /// A model of 2^15 sets (8 MiB) is sampled one set in four; `charges`
+    /// A model of 4 x `SAMPLED_SETS_MAX` sets (4 MiB) is sampled one set in four; `charges`
     /// per tier (cycles).
     fn sampled_charger<'a>(
         map: &'a [AtomicU64],
@@ -1314,7 +1320,7 @@ mod tests {
         for w in &map {
             w.store(!0, Relaxed);
         }
-        let sets = zeroed(1 << 15);
+        let sets = zeroed(SAMPLED_SETS_MAX as usize * 4);
         // A hot set of a quarter of the model, touched at random: after the
         // cold misses, free.
         let ch = sampled_charger(&map, &sets, [0, 0, 0, 500]);
@@ -1330,9 +1336,9 @@ mod tests {
         assert!(hit > n, "sampled hits are counted scaled: {hit}");
         // Sixteen times the model, at random: almost every access misses,
         // and the sampled charge is the exact model's within 3%.
-        let sets2 = zeroed(1 << 15);
+        let sets2 = zeroed(SAMPLED_SETS_MAX as usize * 4);
         let ch = sampled_charger(&map, &sets2, [0, 0, 0, 500]);
-        let exact_sets = zeroed(1 << 15);
+        let exact_sets = zeroed(SAMPLED_SETS_MAX as usize * 4);
         let model = CacheModel::new(&exact_sets).unwrap();
         let mut misses = 0u64;
         for _ in 0..n {
@@ -1393,9 +1399,9 @@ mod tests {
             ch
         }
         let n = 2_000_000u64;
-        // A cache-resident set (a quarter of the 8 MiB model): after the
+        // A cache-resident set (half the 4 MiB model): after the
         // cold misses, free.
-        let sets = zeroed(1 << 15);
+        let sets = zeroed(SAMPLED_SETS_MAX as usize * 4);
         let ch = sampled(&map, &sets);
         let mut x = 1;
         let hot = charged_after_warming(&ch, &mut x, 32 * 1024, n);
@@ -1406,9 +1412,9 @@ mod tests {
         // would pick every time: all multiples of 64 have their low bits
         // zero).
         for (name, stride) in [("random", 1u64), ("page-first lines", 64)] {
-            let sets = zeroed(1 << 15);
+            let sets = zeroed(SAMPLED_SETS_MAX as usize * 4);
             let ch = sampled(&map, &sets);
-            let exact_sets = zeroed(1 << 15);
+            let exact_sets = zeroed(SAMPLED_SETS_MAX as usize * 4);
             let exact = CacheModel::new(&exact_sets).unwrap();
             let (mut slow_misses, mut misses) = (0u64, 0u64);
             for _ in 0..n {
@@ -1435,7 +1441,7 @@ mod tests {
             );
         }
         // Settling goes back to every access, at the expected charge.
-        let sets = zeroed(1 << 15);
+        let sets = zeroed(SAMPLED_SETS_MAX as usize * 4);
         let ch = sampled(&map, &sets);
         ch.settle();
         assert!(!ch.sets_only.get() && !ch.samples_accesses());

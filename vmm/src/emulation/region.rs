@@ -322,13 +322,13 @@ mod tests {
         assert_eq!(chase_bytes_for(48 << 20), 128 << 20);
         assert_eq!(chase_bytes_for(1 << 40), 512 << 20);
         assert_eq!((l.host_cache_bytes, l.host_cache_stride), (0, 0));
-        // A 256 KiB model on a 32 MiB host: the host model's 8192 sampled
-        // sets (64 KiB) per vCPU, between the models and the chase buffer.
+        // A 256 KiB model on a 32 MiB host: the host model's 4096 sampled
+        // sets (32 KiB) per vCPU, between the models and the chase buffer.
         let h = RegionLayout::new(1 << 30, 2, 256 << 10, 64 << 20, 32 << 20);
         assert_eq!(h.cache_stride, 8 << 10);
         assert_eq!(
             (h.host_cache_bytes, h.host_cache_stride),
-            (32 << 20, 64 << 10)
+            (32 << 20, 32 << 10)
         );
         assert_eq!(h.host_cache_off % 4096, 0);
         assert!(h.host_cache_off >= h.cache_off + 2 * h.cache_stride);
