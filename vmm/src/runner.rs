@@ -419,6 +419,14 @@ fn watch(
                     w.reason = Some(StopReason::Forced);
                     return w;
                 }
+                // Asserted again at every poll of the grace: the guest may
+                // have overwritten the flag (it is untrusted), and a
+                // migration that loses writes (`--test-skip-dirty-check`'s
+                // negative control) may have put the page back as it was.
+                if let Some(t) = vm.tiered() {
+                    t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
+                }
+                status::request_stop(vm.ram().memory());
             }
         }
     }
