@@ -200,9 +200,9 @@ memcheck memcheck-stop-copy-2m stop-copy 2m 50 8s
 # nested SVM's dirty log is what keeps the runs above clean and that
 # memcheck would see a loss in this host. On one vCPU: without the check a
 # shadow demotion puts back every page written since its promotion, the
-# runtime's own included, and on two vCPUs a lost write to the barrier's
-# counter left both waiting, so the guest never reported (three CI runs on
-# 2026-11-26 ended "forced" with no metrics).
+# runtime's own included; on two vCPUs three CI runs on 2026-11-26 ended
+# "forced" with no metrics (most likely a lost write to the barrier's
+# counter left both vCPUs waiting; not confirmed).
 out=/tmp/negative-control
 run_tiervm "$out" ${MEMCHECK/--vcpus 2/--vcpus 1} --chaos-rate 5000 --mechanism tpm --chaos-unit 4k --duration 10s --test-skip-dirty-check
 lost=$(jq -r '.guest_metrics.mismatched_pages // "none"' "$out.json" 2>/dev/null)
