@@ -1393,6 +1393,11 @@ mod tests {
     /// Colloid on HeMem's 2 MiB pages, one per modeled page (scale 512),
     /// over `fast` default-tier and 8 alternate-tier pages, with `counts`
     /// samples per page (all counts below the cooling threshold).
+    /// Each migration of `d` as (page, destination tier).
+    fn moves(d: &Decisions) -> Vec<(u64, TierId)> {
+        d.migrations.iter().map(|m| (m.unit.page, m.to)).collect()
+    }
+
     fn colloid_2m_with_counts(pages: u64, fast: u64, counts: &[(u64, usize)]) -> Colloid {
         let mut cfg = PolicyConfig::new(pages, vec![fast, 8]);
         cfg.huge_pages = true;
@@ -1483,7 +1488,7 @@ mod tests {
         // 4 - 2 = 2 is the largest difference within 4 (7 - 2 = 5 is not):
         // page 1 goes down, page 5 up. 2 counts are left, and no other
         // alternate page beats a default one by 1-2 (7 vs 8, 1 vs 8).
-        let moved: Vec<(u64, TierId)> = d.migrations.iter().map(|m| (m.unit.page, m.to)).collect();
+        let moved = moves(&d);
         assert_eq!(moved, vec![(1, 1), (5, 0)]);
 
         // Demotion mode (L_D > L_A): a default-tier page goes down in
@@ -1495,7 +1500,7 @@ mod tests {
         let st = loaded(&v, &[4, 8], (300.0, 140.0), (7.7e8, 2.3e8));
         let d = c.tick(&obs(0, &st, &[]), &mut v);
         assert!((c.last_shift() - 0.385).abs() < 1e-9);
-        let moved: Vec<(u64, TierId)> = d.migrations.iter().map(|m| (m.unit.page, m.to)).collect();
+        let moved = moves(&d);
         // Page 0 with a count-0 page: 9 - 0 = 9 first (page 2 or 3 with
         // one: 8); 6 left: page 2 for page 5, 8 - 4 = 4 (8 - 1 = 7 and
         // 8 - 0 exceed 6); 2 left: page 1 with a count-0 page, 2 - 0 = 2
@@ -1515,7 +1520,7 @@ mod tests {
         // p = 0.3: dp = 0.35, 9 counts of 27.
         let st = loaded(&v, &[5, 8], (80.0, 200.0), (3e8, 7e8));
         let d = c.tick(&obs(0, &st, &[]), &mut v);
-        let moved: Vec<(u64, TierId)> = d.migrations.iter().map(|m| (m.unit.page, m.to)).collect();
+        let moved = moves(&d);
         // Page 4 (5 - 0) into the free page; 4 left: page 5 (4 - 0) in
         // place of unsampled page 0.
         assert_eq!(moved, vec![(4, 0), (0, 1), (5, 0)]);

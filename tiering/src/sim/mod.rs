@@ -281,6 +281,19 @@ mod tests {
         scn
     }
 
+    /// Nomad on `scn`, and on a copy whose costs `zero` leaves one out.
+    fn charged_and_free(
+        scn: &Scenario,
+        zero: impl Fn(&mut model::CostModel),
+    ) -> (SimReport, SimReport) {
+        let mut free = scn.clone();
+        zero(&mut free.costs);
+        (
+            run(scn, PolicyKind::Nomad).unwrap(),
+            run(&free, PolicyKind::Nomad).unwrap(),
+        )
+    }
+
     /// The measured set's shadow-remap cost is charged: a remapped page is
     /// held (unmapped) that long, so threads touching it wait. Without the
     /// charge (the field zeroed) the same run waits far less.
@@ -289,12 +302,7 @@ mod tests {
         let mut scn = hot_buffer(0.25, 0.0625, 0.0);
         scn.duration_s = 10.0;
         assert_eq!(scn.costs.shadow_remap_ns, model::MEASURED_SHADOW_REMAP_NS);
-        let mut free = scn.clone();
-        free.costs.shadow_remap_ns = 0.0;
-        let (charged, free) = (
-            run(&scn, PolicyKind::Nomad).unwrap(),
-            run(&free, PolicyKind::Nomad).unwrap(),
-        );
+        let (charged, free) = charged_and_free(&scn, |c| c.shadow_remap_ns = 0.0);
         assert!(free.counters.shadow_demotions > 0.0, "{:?}", free.counters);
         assert!(
             charged.counters.page_lock_waits > 10.0 * free.counters.page_lock_waits.max(1.0),
@@ -314,12 +322,7 @@ mod tests {
         scn.duration_s = 1.0;
         scn.scale = 1.0;
         assert_eq!(scn.costs.tpm_abort_ns, model::MEASURED_TPM_ABORT_NS);
-        let mut free = scn.clone();
-        free.costs.tpm_abort_ns = 0.0;
-        let (charged, free) = (
-            run(&scn, PolicyKind::Nomad).unwrap(),
-            run(&free, PolicyKind::Nomad).unwrap(),
-        );
+        let (charged, free) = charged_and_free(&scn, |c| c.tpm_abort_ns = 0.0);
         assert!(free.counters.tpm_aborts > 0.0, "{:?}", free.counters);
         assert!(
             charged.counters.tpm_commits < free.counters.tpm_commits,
