@@ -31,6 +31,12 @@ pub enum ImageError {
         /// The path.
         name: String,
     },
+    /// A file of no bytes (or a procfs/sysfs file, which says 0).
+    #[error("image '{name}' is empty (0 bytes): give the path of a static x86_64 ELF")]
+    Empty {
+        /// The path.
+        name: String,
+    },
     /// Larger than [`MAX_IMAGE_BYTES`].
     #[error("image '{name}' is {bytes} bytes, more than the {MAX_IMAGE_BYTES} byte limit: strip it or give a smaller image")]
     TooLarge {
@@ -252,31 +258,62 @@ impl Image {
                 bytes: bytes.into(),
             });
         }
-        let path = Path::new(name_or_path);
         let name = || name_or_path.to_string();
-        let meta = std::fs::metadata(path).map_err(|source| ImageError::NotFound {
-            name: name(),
-            source,
-        })?;
-        if !meta.is_file() {
-            return Err(ImageError::NotAFile { name: name() });
-        }
-        if meta.len() > MAX_IMAGE_BYTES {
-            return Err(ImageError::TooLarge {
-                name: name(),
-                bytes: meta.len(),
-            });
-        }
-        let bytes = std::fs::read(path).map_err(|source| ImageError::Read {
-            name: name(),
-            source,
-        })?;
+        let bytes = read_image_file(Path::new(name_or_path), &name)?;
         Ok(Self {
             name: name_or_path.to_string(),
             spec: None,
             bytes: bytes.into(),
         })
     }
+}
+
+/// Reads an image file, bounded: opened without blocking (a FIFO or a
+/// procfs file such as `/proc/kmsg` would otherwise block the reader for
+/// ever), checked on the open descriptor (no race with a rename), and read
+/// no further than [`MAX_IMAGE_BYTES`] whatever the size it reports.
+fn read_image_file(path: &Path, name: &dyn Fn() -> String) -> Result<Vec<u8>, ImageError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|source| ImageError::NotFound {
+            name: name(),
+            source,
+        })?;
+    let meta = file.metadata().map_err(|source| ImageError::Read {
+        name: name(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(ImageError::NotAFile { name: name() });
+    }
+    if meta.len() == 0 {
+        // procfs and sysfs files say 0 bytes; so does an empty file.
+        return Err(ImageError::Empty { name: name() });
+    }
+    if meta.len() > MAX_IMAGE_BYTES {
+        return Err(ImageError::TooLarge {
+            name: name(),
+            bytes: meta.len(),
+        });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_IMAGE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| ImageError::Read {
+            name: name(),
+            source,
+        })?;
+    if bytes.len() as u64 > MAX_IMAGE_BYTES {
+        return Err(ImageError::TooLarge {
+            name: name(),
+            bytes: bytes.len() as u64,
+        });
+    }
+    Ok(bytes)
 }
 
 /// A loadable segment of an image.
@@ -548,5 +585,30 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn files_that_would_block_or_say_zero_bytes_are_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("tiervm-image-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A FIFO with no writer: a blocking open or read would wait for ever.
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let empty = dir.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        let cases = [
+            (fifo.to_str().unwrap(), "not a regular file"),
+            (empty.to_str().unwrap(), "is empty"),
+            // procfs says 0 bytes (and /proc/kmsg's read blocks).
+            ("/proc/self/status", "is empty"),
+        ];
+        for (path, want) in cases {
+            let e = Image::resolve(path).expect_err(path);
+            let msg = describe(e);
+            assert!(msg.contains(want), "{path}: {msg}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

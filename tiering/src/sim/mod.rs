@@ -38,8 +38,12 @@ pub enum ScenarioError {
     /// Duration out of range.
     #[error("duration must be in (0, 1e6] seconds")]
     Duration,
-    /// No threads or no memory-level parallelism.
-    #[error("threads and mlp must be positive")]
+    /// Threads or memory-level parallelism out of range.
+    #[error(
+        "threads must be in 1..={} and mlp in (0, {}]",
+        setup::MAX_THREADS,
+        setup::MAX_MLP
+    )]
     Parallelism,
     /// Compute time negative, not finite or above 1 s.
     #[error("compute time per operation must be in [0, 1e9] ns")]

@@ -72,6 +72,11 @@ pub(super) struct InitialState {
 }
 
 /// Checks every scenario parameter the loop relies on.
+/// Most modeled threads: the work per quantum grows with threads x mlp.
+pub const MAX_THREADS: u32 = 4096;
+/// Most requests in flight per thread.
+pub const MAX_MLP: f64 = 1024.0;
+
 pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
     if scn.tiers.is_empty() || scn.tiers.len() > 64 {
         return Err(ScenarioError::TierCount);
@@ -82,7 +87,11 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
     if !(scn.duration_s.is_finite() && scn.duration_s > 0.0 && scn.duration_s <= 1e6) {
         return Err(ScenarioError::Duration);
     }
-    if scn.threads == 0 || !(scn.mlp.is_finite() && scn.mlp > 0.0) {
+    let parallelism_ok = (1..=MAX_THREADS).contains(&scn.threads)
+        && scn.mlp.is_finite()
+        && scn.mlp > 0.0
+        && scn.mlp <= MAX_MLP;
+    if !parallelism_ok {
         return Err(ScenarioError::Parallelism);
     }
     if !(scn.compute_ns_per_op.is_finite() && (0.0..=1e9).contains(&scn.compute_ns_per_op)) {

@@ -72,8 +72,8 @@ pub struct EmulationCheckArgs {
     /// Length of each run.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub duration: Duration,
-    /// Runs per variant (interleaved).
-    #[arg(long, default_value_t = 3)]
+    /// Runs per variant (interleaved), 1 to 1000.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeat: u32,
     /// Emulated tiers of the linearity and cache checks (an --emulate-latency SPEC).
     #[arg(long, default_value = "nomad-a")]

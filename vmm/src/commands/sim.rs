@@ -475,23 +475,29 @@ fn list() -> String {
     s
 }
 
-/// Runs jobs over at most `jobs` threads, keeping the input order.
+/// Runs jobs over at most `jobs` threads (no more than there are items),
+/// keeping the input order. The calling thread works too, so the jobs run
+/// even when the system refuses to start another thread.
 fn parallel<T: Send, R: Send>(items: Vec<T>, jobs: usize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let jobs = jobs.max(1);
+    let jobs = jobs.clamp(1, items.len().max(1));
     let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
     let queue = std::sync::Mutex::new(items.into_iter().enumerate().collect::<Vec<_>>());
     let results = std::sync::Mutex::new(&mut slots);
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let next = queue.lock().map(|mut q| q.pop()).unwrap_or(None);
-                let Some((i, item)) = next else { break };
-                let r = f(item);
-                if let Ok(mut out) = results.lock() {
-                    out[i] = Some(r);
-                }
-            });
+    let work = || loop {
+        let next = queue.lock().map(|mut q| q.pop()).unwrap_or(None);
+        let Some((i, item)) = next else { break };
+        let r = f(item);
+        if let Ok(mut out) = results.lock() {
+            out[i] = Some(r);
         }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..jobs {
+            if std::thread::Builder::new().spawn_scoped(s, work).is_err() {
+                break;
+            }
+        }
+        work();
     });
     slots.into_iter().flatten().collect()
 }
@@ -521,15 +527,20 @@ pub fn run(args: &SimArgs) -> crate::error::Result<i32> {
             .collect::<Result<_, _>>()
             .map_err(SimCmdError::from)?
     };
-    let jobs = args.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
     let mut work: Vec<(PolicyKind, Option<f64>)> = policies.iter().map(|&p| (p, None)).collect();
     if args.sweep_static {
         work.extend((0..=10).map(|i| (PolicyKind::Static, Some(f64::from(i) / 10.0))));
     }
+    // One thread per run at most (what `parallel` starts; the summary line
+    // says this number).
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+        .clamp(1, work.len().max(1));
     let wall = std::time::Instant::now();
     let results: Vec<Result<SimReport, sim::SimError>> =
         parallel(work.clone(), jobs, |(p, share)| match share {

@@ -539,4 +539,35 @@ mod tests {
         let (st, _) = call(&app, "GET", "/v1/host", Vec::new()).unwrap();
         assert_eq!(st, 200, "reads still work while the VMs stop");
     }
+
+    #[test]
+    fn host_paths_are_not_images_without_an_image_dir() {
+        let (app, _host) = app();
+        for image in ["/proc/kmsg", "/etc/passwd", "../zipf", "."] {
+            let body = format!(r#"{{"image":"{image}"}}"#).into_bytes();
+            let (st, body) = call(&app, "POST", "/v1/vms", body).unwrap();
+            let e: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(st, 400, "{image}: {e}");
+            assert!(
+                e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not a built-in image"),
+                "{e}"
+            );
+            assert!(e["fix"].as_str().unwrap().contains("image_dir"), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_plain_file_names_reach_the_image_dir() {
+        let mut cfg = super::super::config::ServeConfig::for_tests();
+        cfg.image_dir = Some("/srv/images".into());
+        let host = Host::new(cfg);
+        assert_eq!(host.image_of("zipf").unwrap(), "zipf");
+        assert_eq!(host.image_of("mine.elf").unwrap(), "/srv/images/mine.elf");
+        for bad in ["", ".", "..", "../x", "/proc/kmsg", "a/b", "a\0b"] {
+            assert!(host.image_of(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

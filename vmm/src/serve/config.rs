@@ -4,6 +4,7 @@
 //! ```toml
 //! socket = "/run/tiervm/api.sock"
 //! state_dir = "/var/lib/tiervm"
+//! image_dir = "/var/lib/tiervm/images"  # image files clients may name (optional)
 //! metrics_listen = "127.0.0.1:9464"   # GET /metrics over TCP too (optional)
 //! fast_node = 0
 //! slow_node = 1
@@ -76,6 +77,9 @@ pub struct ServeFile {
     pub socket: Option<PathBuf>,
     /// Where reports and VM logs go.
     pub state_dir: Option<PathBuf>,
+    /// The directory of image files clients may name (by file name); without
+    /// it the service runs built-in images only.
+    pub image_dir: Option<PathBuf>,
     /// A TCP address that serves `GET /metrics` only (Prometheus cannot
     /// scrape a Unix socket), e.g. "127.0.0.1:9464".
     pub metrics_listen: Option<String>,
@@ -180,6 +184,9 @@ pub struct ServeConfig {
     pub socket: PathBuf,
     /// Where reports and VM logs go.
     pub state_dir: PathBuf,
+    /// The directory of image files clients may name; `None`: built-in
+    /// images only.
+    pub image_dir: Option<PathBuf>,
     /// TCP address serving `GET /metrics` only.
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Host node of the fast tier.
@@ -570,6 +577,7 @@ impl ServeConfig {
                 .clone()
                 .or(file.state_dir.clone())
                 .unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
+            image_dir: file.image_dir.clone(),
             fast_node,
             slow_node,
             fast_pool,
@@ -594,6 +602,7 @@ impl ServeConfig {
         Self {
             socket: std::env::temp_dir().join("tiervm-test-unused.sock"),
             state_dir: std::env::temp_dir().join("tiervm-test-state"),
+            image_dir: None,
             metrics_listen: None,
             fast_node: 0,
             slow_node: 0,

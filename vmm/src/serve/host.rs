@@ -277,7 +277,11 @@ fn aligned(what: &str, bytes: u64) -> Result<u64, ApiError> {
             format!("{what} {} is not a multiple of 2M", format_size(bytes)),
             format!(
                 "use e.g. {}",
-                format_size(bytes.div_ceil(SIZE_ALIGN) * SIZE_ALIGN)
+                format_size(
+                    bytes
+                        .checked_next_multiple_of(SIZE_ALIGN)
+                        .unwrap_or(bytes - bytes % SIZE_ALIGN)
+                )
             ),
         ))
     }
@@ -449,6 +453,38 @@ impl Host {
 
     // ---- VMs ----
 
+    /// What a request's `image` names: a built-in image, or a file in the
+    /// configured `image_dir` given by its file name. API clients are
+    /// untrusted, and the service may run as root: no other host path is
+    /// opened on their behalf.
+    pub(super) fn image_of(&self, name: &str) -> Result<String, ApiError> {
+        if crate::image::builtin_names().contains(&name) {
+            return Ok(name.to_string());
+        }
+        let builtins = crate::image::builtin_names().join(", ");
+        let Some(dir) = &self.cfg.image_dir else {
+            return Err(ApiError::bad_request(
+                format!("image '{name}' is not a built-in image ({builtins}), and this service has no image_dir"),
+                "name a built-in image, or set image_dir in the service's config file and name a file in it",
+            ));
+        };
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && !name.contains('/')
+            && !name.contains('\0');
+        if !plain {
+            return Err(ApiError::bad_request(
+                format!("image '{name}' is not a built-in image ({builtins}) nor a file name"),
+                format!(
+                    "name a built-in image or a file in {} (no '/')",
+                    dir.display()
+                ),
+            ));
+        }
+        Ok(dir.join(name).to_string_lossy().into_owned())
+    }
+
     /// `POST /v1/vms` (waits up to [`START_WAIT`] for the VM to start).
     pub fn create(self: &Arc<Self>, req: &CreateVm) -> Result<VmInfo, ApiError> {
         self.refuse_if_shutting_down()?;
@@ -487,9 +523,10 @@ impl Host {
                 .map_err(|e| ApiError::bad_request(e.to_string(), "e.g. \"60s\""))?
                 .as_secs_f64(),
         };
+        let image = self.image_of(&req.image)?;
         let mut spec = VmSpec {
             id: String::new(),
-            image: req.image.clone(),
+            image,
             args: req.args.clone(),
             mem_bytes: mem,
             vcpus: req.vcpus.unwrap_or(d.vcpus),

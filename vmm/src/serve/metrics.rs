@@ -47,6 +47,12 @@ impl Default for ApiMetrics {
 impl ApiMetrics {
     /// Records one request.
     pub fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        // A client may send any method name: only the standard ones get a
+        // label of their own, so clients cannot grow the series without end.
+        let method = match method {
+            "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS" => method,
+            _ => "other",
+        };
         let code = status.to_string();
         self.requests
             .with_label_values(&[method, route, code.as_str()])
@@ -385,4 +391,27 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
         .encode(&f.r.gather(), &mut out)
         .map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))?;
     String::from_utf8(out).map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::core::Collector;
+
+    #[test]
+    fn unknown_methods_share_one_label() {
+        let m = ApiMetrics::default();
+        for i in 0..100 {
+            m.observe(&format!("XXX{i}"), "/v1/host", 405, 0.001);
+        }
+        m.observe("GET", "/v1/host", 200, 0.001);
+        let series = m.requests.collect()[0].get_metric().len();
+        assert_eq!(series, 2, "one series for GET, one for every other method");
+        assert_eq!(
+            m.requests
+                .with_label_values(&["other", "/v1/host", "405"])
+                .get(),
+            100.0
+        );
+    }
 }

@@ -148,6 +148,8 @@ pub fn confine(role: tiering::threads::ThreadRole) {
 /// Runs the service until SIGTERM or SIGINT; returns the exit code.
 /// `seccomp`: its rebalancer, channel readers and report collector, and
 /// every VM's threads, install seccomp filters (docs/security.md).
+///
+/// Stopping waits at most the stop grace plus [`SHUTDOWN_SLACK`] for the VMs.
 pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     worker::limit_heap_arenas();
     if seccomp {
@@ -238,8 +240,24 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
         };
         wait_for_stop_signal().await;
         eprintln!("tiervm serve: stopping the VMs");
+        // On a thread of its own: the blocking pool may be full of
+        // requests, and shutdown must not queue behind them. `shutdown`
+        // bounds its own waits; this deadline covers the state lock too.
         let h = host.clone();
-        let _ = tokio::task::spawn_blocking(move || h.shutdown()).await;
+        let deadline = host.cfg.defaults.stop_grace + SHUTDOWN_SLACK;
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("serve-shutdown".into())
+            .spawn(move || {
+                h.shutdown();
+                let _ = done_tx.send(());
+            });
+        if spawned.is_err() || tokio::time::timeout(deadline, done_rx).await.is_err() {
+            eprintln!(
+                "tiervm serve: the VMs did not all stop within {} s; leaving the rest",
+                deadline.as_secs()
+            );
+        }
         server.abort();
         if let Some(m) = metrics_server {
             m.abort();
@@ -254,6 +272,10 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     eprintln!("tiervm serve: stopped");
     result
 }
+
+/// Time beyond the VMs' stop grace that stopping the service may take (the
+/// host's own shutdown allows 20 s of it).
+const SHUTDOWN_SLACK: Duration = Duration::from_secs(30);
 
 async fn wait_for_stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};

@@ -192,7 +192,7 @@ pub struct FastRequest {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVm {
-    /// A built-in image (zipf, gups, memcheck, kv, pagerank) or the path of a static x86_64 ELF.
+    /// A built-in image (zipf, gups, memcheck, kv, pagerank) or the file name of a static x86_64 ELF in the service's `image_dir`.
     pub image: String,
     /// Workload arguments `key=value` (`tiervm images` lists them).
     #[serde(default)]

@@ -324,9 +324,11 @@ impl TieredRam {
         let mem = Arc::new(TieredMemory::new(&cfg.mem).map_err(TieredRamError::Setup)?);
         mem.injector().set(&cfg.fault_plans);
         // SAFETY: the range is TieredMemory's guest mapping, which stays mapped
-        // for the life of `mem`; `TieredRam` keeps `mem` alive at least as
-        // long as `guest` (fields drop in order and `guest` is never handed
-        // out beyond the runner, which drops it first). vm-memory does not
+        // for the life of `mem`. Every holder of this region keeps `mem`
+        // alive longer: `TieredRam` drops `guest` before `mem` (field
+        // order), and its only clone, `GuestRam::tiered`'s, sits beside an
+        // `Arc` of `mem` dropped after it (even a vCPU thread left running
+        // past the kick timeout holds that `GuestRam`). vm-memory does not
         // unmap a raw region.
         let region = unsafe {
             MmapRegion::build_raw(
