@@ -52,7 +52,8 @@ pub struct RunReport {
     pub ops: u64,
     /// Operations per second while operations were counting.
     pub ops_per_sec: f64,
-    /// Throughput timeline, one point per sample.
+    /// Throughput timeline, one point per sample (per 2^k samples after
+    /// [`crate::status::MAX_TIMELINE_POINTS`] points: a long run is thinned).
     pub timeline: Vec<TimelinePoint>,
     /// Tiered runs: every tier's capacity, use and kernel-measured host
     /// memory, one point per sample (empty when untiered).

@@ -329,8 +329,7 @@ impl VcpuThreads {
 
 /// What watching the run produced.
 struct Watched {
-    timeline: Vec<TimelinePoint>,
-    tier_timeline: Vec<crate::status::TierTimelinePoint>,
+    timelines: status::Timelines,
     stop_requested_at: Option<Instant>,
     reason: Option<StopReason>,
     ab: Option<AbDriver>,
@@ -347,8 +346,7 @@ fn watch(
     run_start: Instant,
 ) -> Watched {
     let mut w = Watched {
-        timeline: Vec::new(),
-        tier_timeline: Vec::new(),
+        timelines: status::Timelines::default(),
         stop_requested_at: None,
         reason: None,
         ab: cfg
@@ -435,15 +433,20 @@ fn watch(
 /// One status sample at `t_s` seconds into the run.
 fn sample(cfg: &VmConfig, vm: &mut Vm, hooks: &mut dyn RunHooks, w: &mut Watched, t_s: f64) {
     let snap = status::read(vm.ram().memory(), cfg.vcpus);
-    w.timeline.push(TimelinePoint {
-        t_s,
-        ops: snap.total_ops(),
-    });
-    if let Some(t) = vm.tiered_mut() {
-        w.tier_timeline.push(crate::status::TierTimelinePoint {
+    let record = w.timelines.record_next();
+    if record {
+        w.timelines.push_ops(TimelinePoint {
             t_s,
-            tiers: t.tier_samples(),
+            ops: snap.total_ops(),
         });
+    }
+    if let Some(t) = vm.tiered_mut() {
+        if record {
+            w.timelines.push_tiers(crate::status::TierTimelinePoint {
+                t_s,
+                tiers: t.tier_samples(),
+            });
+        }
         t.drain_samples();
         if let Some(on) =
             w.ab.as_mut()
@@ -459,6 +462,7 @@ fn sample(cfg: &VmConfig, vm: &mut Vm, hooks: &mut dyn RunHooks, w: &mut Watched
         ops: snap.total_ops(),
         tiered: vm.tiered(),
     });
+    w.timelines.thin_if_full();
 }
 
 /// Step 5: the last status sample, tiering's report, and the run report.
@@ -473,7 +477,7 @@ fn finish(
 ) -> Result<RunReport> {
     let end = Instant::now();
     let snap = status::read(vm.ram().memory(), cfg.vcpus);
-    w.timeline.push(TimelinePoint {
+    w.timelines.ops.push(TimelinePoint {
         t_s: end.duration_since(run_start).as_secs_f64(),
         ops: snap.total_ops(),
     });
@@ -508,9 +512,9 @@ fn finish(
         exit_code: threads.exit_code(),
         stop_reason: reason,
         ops: snap.total_ops(),
-        ops_per_sec: status::ops_per_sec(&w.timeline),
-        timeline: w.timeline,
-        tier_timeline: w.tier_timeline,
+        ops_per_sec: status::ops_per_sec(&w.timelines.ops),
+        timeline: w.timelines.ops,
+        tier_timeline: w.timelines.tiers,
         vm_exits: shared.exits.load(Ordering::Relaxed),
         boot_ms: shared
             .booted_at

@@ -130,6 +130,106 @@ pub fn ops_per_sec(timeline: &[TimelinePoint]) -> f64 {
     b.ops.saturating_sub(a.ops) as f64 / dt
 }
 
+/// Most points a run's timelines keep: an hour at the default 100 ms
+/// sample. Beyond it [`Timelines`] drops every other point and halves its
+/// rate, so a report stays bounded (about 7 MB of JSON) however long the run,
+/// with evenly spaced points.
+pub const MAX_TIMELINE_POINTS: usize = 36_000;
+
+/// A run's throughput and per-tier timelines, bounded by
+/// [`MAX_TIMELINE_POINTS`].
+#[derive(Debug)]
+pub struct Timelines {
+    /// Throughput.
+    pub ops: Vec<TimelinePoint>,
+    /// Tiers (tiered runs).
+    pub tiers: Vec<TierTimelinePoint>,
+    /// Samples seen.
+    seen: u64,
+    /// The sample number of each point of `ops` and of `tiers`.
+    ops_seen: Vec<u64>,
+    tiers_seen: Vec<u64>,
+    /// One sample in `stride` is recorded.
+    stride: u64,
+    /// Most points kept (tests lower it).
+    max_points: usize,
+}
+
+impl Default for Timelines {
+    fn default() -> Self {
+        Self::with_max_points(MAX_TIMELINE_POINTS)
+    }
+}
+
+impl Timelines {
+    /// Timelines keeping at most `max_points` points each (at least 4).
+    pub fn with_max_points(max_points: usize) -> Self {
+        Self {
+            ops: Vec::new(),
+            tiers: Vec::new(),
+            seen: 0,
+            ops_seen: Vec::new(),
+            tiers_seen: Vec::new(),
+            stride: 1,
+            max_points: max_points.max(4),
+        }
+    }
+
+    /// Whether the next sample is recorded (call once per sample, then
+    /// push with [`Self::push_ops`] / [`Self::push_tiers`] when it says so).
+    pub fn record_next(&mut self) -> bool {
+        self.seen += 1;
+        self.seen % self.stride == 0
+    }
+
+    /// Records the throughput point of the current sample.
+    pub fn push_ops(&mut self, p: TimelinePoint) {
+        self.ops.push(p);
+        self.ops_seen.push(self.seen);
+    }
+
+    /// Records the tiers' point of the current sample.
+    pub fn push_tiers(&mut self, p: TierTimelinePoint) {
+        self.tiers.push(p);
+        self.tiers_seen.push(self.seen);
+    }
+
+    /// Halves both timelines when one is full: only the samples whose
+    /// number is a multiple of the doubled stride stay (so the points stay
+    /// evenly spaced), and the first that counted an operation
+    /// ([`ops_per_sec`] starts there); later samples are recorded half as
+    /// often.
+    pub fn thin_if_full(&mut self) {
+        if self.ops.len() <= self.max_points && self.tiers.len() <= self.max_points {
+            return;
+        }
+        self.stride = self.stride.saturating_mul(2);
+        let first_op = self.ops.iter().position(|p| p.ops > 0);
+        let keep: Vec<bool> = (self.ops_seen.iter().enumerate())
+            .map(|(i, n)| n % self.stride == 0 || Some(i) == first_op)
+            .collect();
+        retain_marked(&mut self.ops, &keep);
+        retain_marked(&mut self.ops_seen, &keep);
+        let keep: Vec<bool> = self
+            .tiers_seen
+            .iter()
+            .map(|n| n % self.stride == 0)
+            .collect();
+        retain_marked(&mut self.tiers, &keep);
+        retain_marked(&mut self.tiers_seen, &keep);
+    }
+}
+
+/// Keeps the items whose mark is true (an item without a mark stays).
+fn retain_marked<T>(v: &mut Vec<T>, keep: &[bool]) {
+    let mut i = 0;
+    v.retain(|_| {
+        let k = keep.get(i).copied().unwrap_or(true);
+        i += 1;
+        k
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +303,39 @@ mod tests {
         ];
         assert!((ops_per_sec(&tl) - 1000.0).abs() < 1e-6);
         assert_eq!(ops_per_sec(&[]), 0.0);
+    }
+
+    #[test]
+    fn long_runs_keep_bounded_evenly_spaced_timelines() {
+        let mut t = Timelines::with_max_points(100);
+        // 10,000 samples at 0.1 s, no operation in the first 3.
+        for i in 0..10_000u64 {
+            if t.record_next() {
+                t.push_ops(TimelinePoint {
+                    t_s: i as f64 * 0.1,
+                    ops: i.saturating_sub(3) * 50,
+                });
+                t.push_tiers(TierTimelinePoint {
+                    t_s: i as f64 * 0.1,
+                    tiers: Vec::new(),
+                });
+            }
+            t.thin_if_full();
+        }
+        assert!(t.ops.len() <= 100 && t.ops.len() >= 40, "{}", t.ops.len());
+        assert!(t.tiers.len() <= 100, "{}", t.tiers.len());
+        // The first point with an operation survives: the rate is exact.
+        let rate = ops_per_sec(&t.ops);
+        assert!((rate - 500.0).abs() < 1e-6, "{rate}");
+        // Points after the first operation are evenly spaced.
+        let first = t.ops.iter().position(|p| p.ops > 0).unwrap();
+        let gaps: Vec<f64> = t.ops[first + 1..]
+            .windows(2)
+            .map(|w| w[1].t_s - w[0].t_s)
+            .collect();
+        let (lo, hi) = gaps
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &g| (lo.min(g), hi.max(g)));
+        assert!(hi - lo < 1e-6, "gaps {lo}..{hi}");
     }
 }

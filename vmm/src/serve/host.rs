@@ -131,6 +131,43 @@ pub struct VmEntry {
 }
 
 impl VmEntry {
+    /// A VM just admitted: `share` is its fast (min, max, weight), `start`
+    /// the fast bytes it starts with.
+    fn starting(
+        id: String,
+        spec: VmSpec,
+        (min, max, weight): (u64, u64, f64),
+        start: u64,
+        policy: String,
+    ) -> Self {
+        Self {
+            id,
+            spec,
+            min,
+            max,
+            weight,
+            target: start,
+            applied: start,
+            state: VmState::Starting,
+            link: None,
+            pid: None,
+            stats: None,
+            report: None,
+            exit: None,
+            error: None,
+            stop_reason: None,
+            notes: Vec::new(),
+            policy_requested: policy.clone(),
+            policy,
+            policy_switches: 0,
+            last_resize: None,
+            last_grew: None,
+            created: Instant::now(),
+            finished_event: false,
+            ops_smooth: None,
+        }
+    }
+
     /// Takes a fresh statistics sample into the smoothed throughput.
     fn smooth_ops(&mut self) {
         let Some(st) = &self.stats else { return };
@@ -214,9 +251,30 @@ impl HostState {
     }
 
     fn find(&self, id: &str) -> Option<u64> {
-        self.vms.iter().find(|(_, v)| v.id == id).map(|(k, _)| *k)
+        // Ids are "vm-" and the key.
+        let key = id.strip_prefix("vm-")?.parse().ok()?;
+        self.vms.get(&key).filter(|v| v.id == id).map(|_| key)
+    }
+
+    /// Forgets the oldest ended VMs (their reports collected) beyond
+    /// `keep`; their logs and reports stay in the state directory.
+    fn forget_oldest_ended(&mut self, keep: usize) {
+        let forgettable = |v: &VmEntry| {
+            !v.state.active() && !(v.finished_event && v.report.is_none() && v.link.is_some())
+        };
+        let ended: Vec<u64> = (self.vms.iter())
+            .filter(|(_, v)| forgettable(v))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in ended.iter().take(ended.len().saturating_sub(keep)) {
+            self.vms.remove(k);
+        }
     }
 }
+
+/// Ended VMs the service keeps in memory (state, last stats, report) for
+/// GET; older ones are forgotten at the next create, their files kept.
+pub const MAX_ENDED_VMS_KEPT: usize = 256;
 
 fn fast_used(v: &VmEntry) -> u64 {
     v.stats
@@ -589,6 +647,7 @@ impl Host {
             let free = s.fast_pool.saturating_sub(s.fast_committed());
             let start = min.min(free / SIZE_ALIGN * SIZE_ALIGN);
             spec.fast_bytes = start;
+            s.forget_oldest_ended(MAX_ENDED_VMS_KEPT);
             let key = s.next_id;
             s.next_id += 1;
             let id = format!("vm-{key}");
@@ -596,32 +655,7 @@ impl Host {
             s.counters.created += 1;
             s.vms.insert(
                 key,
-                VmEntry {
-                    id: id.clone(),
-                    spec: spec.clone(),
-                    min,
-                    max,
-                    weight,
-                    target: start,
-                    applied: start,
-                    state: VmState::Starting,
-                    link: None,
-                    pid: None,
-                    stats: None,
-                    report: None,
-                    exit: None,
-                    error: None,
-                    stop_reason: None,
-                    notes: Vec::new(),
-                    policy_requested: policy.clone(),
-                    policy,
-                    policy_switches: 0,
-                    last_resize: None,
-                    last_grew: None,
-                    created: Instant::now(),
-                    finished_event: false,
-                    ops_smooth: None,
-                },
+                VmEntry::starting(id.clone(), spec.clone(), (min, max, weight), start, policy),
             );
             (key, id)
         };
@@ -844,7 +878,8 @@ impl Host {
         let key = self.key_of(id)?;
         let (state, link) = {
             let s = self.state();
-            let v = &s.vms[&key];
+            // Another DELETE may have removed it since.
+            let v = s.vms.get(&key).ok_or_else(|| not_found(id))?;
             (v.state, v.link.clone())
         };
         if !state.active() {
@@ -1242,5 +1277,58 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
         error: v.error.clone(),
         notes: v.notes.clone(),
         report_ready: v.report.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str, state: VmState) -> VmEntry {
+        let spec = VmSpec {
+            id: id.into(),
+            image: "zipf".into(),
+            args: Vec::new(),
+            mem_bytes: 64 << 20,
+            vcpus: 1,
+            seed: 1,
+            policy: "nomad".into(),
+            tracking: None,
+            fast_bytes: 0,
+            slow_bytes: 64 << 20,
+            fast_node: 0,
+            slow_node: 0,
+            duration_s: 0.0,
+            stop_grace_s: 1.0,
+            quantum_pages: 1,
+            curve_steps: 1,
+            profile_half_life_s: 1.0,
+            seccomp: false,
+        };
+        let mut v = VmEntry::starting(id.into(), spec, (0, 64 << 20, 1.0), 0, "nomad".into());
+        v.state = state;
+        v
+    }
+
+    #[test]
+    fn the_oldest_ended_vms_are_forgotten_and_running_ones_never() {
+        let host = Host::new(ServeConfig::for_tests());
+        let mut s = host.state();
+        for k in 1..=10u64 {
+            let st = if k % 3 == 0 {
+                VmState::Running
+            } else {
+                VmState::Stopped
+            };
+            s.vms.insert(k, entry(&format!("vm-{k}"), st));
+        }
+        s.forget_oldest_ended(3);
+        let left: Vec<u64> = s.vms.keys().copied().collect();
+        // Ended: 1, 2, 4, 5, 7, 8, 10; the newest 3 stay.
+        assert_eq!(left, vec![3, 6, 7, 8, 9, 10]);
+        assert_eq!(s.find("vm-7"), Some(7));
+        assert_eq!(s.find("vm-2"), None);
+        assert_eq!(s.find("vm-x"), None);
+        assert_eq!(s.find("7"), None);
     }
 }
