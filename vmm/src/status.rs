@@ -179,7 +179,7 @@ impl Timelines {
     /// push with [`Self::push_ops`] / [`Self::push_tiers`] when it says so).
     pub fn record_next(&mut self) -> bool {
         self.seen += 1;
-        self.seen % self.stride == 0
+        self.seen.is_multiple_of(self.stride)
     }
 
     /// Records the throughput point of the current sample.
@@ -206,7 +206,7 @@ impl Timelines {
         self.stride = self.stride.saturating_mul(2);
         let first_op = self.ops.iter().position(|p| p.ops > 0);
         let keep: Vec<bool> = (self.ops_seen.iter().enumerate())
-            .map(|(i, n)| n % self.stride == 0 || Some(i) == first_op)
+            .map(|(i, n)| n.is_multiple_of(self.stride) || Some(i) == first_op)
             .collect();
         retain_marked(&mut self.ops, &keep);
         retain_marked(&mut self.ops_seen, &keep);

@@ -259,9 +259,9 @@ impl HostState {
     /// Forgets the oldest ended VMs (their reports collected) beyond
     /// `keep`; their logs and reports stay in the state directory.
     fn forget_oldest_ended(&mut self, keep: usize) {
-        let forgettable = |v: &VmEntry| {
-            !v.state.active() && !(v.finished_event && v.report.is_none() && v.link.is_some())
-        };
+        let report_on_its_way =
+            |v: &VmEntry| v.finished_event && v.report.is_none() && v.link.is_some();
+        let forgettable = |v: &VmEntry| !v.state.active() && !report_on_its_way(v);
         let ended: Vec<u64> = (self.vms.iter())
             .filter(|(_, v)| forgettable(v))
             .map(|(&k, _)| k)
