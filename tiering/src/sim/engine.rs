@@ -369,6 +369,8 @@ struct Sim {
     modes: Modes,
     /// When the measured run began (after the benchmark's initialization).
     t0: u64,
+    /// Accesses the benchmark's initialization simulated.
+    init_accesses: u64,
 }
 
 /// The policy's modes over the run (policies with modes).
@@ -473,6 +475,8 @@ pub fn run_built(
     };
     let t0 = sim.t0;
     let mut throughput = Throughput::new(&clock);
+    // The simulator's work counts the initialization's accesses too.
+    throughput.accesses = sim.init_accesses;
     let mut tally = QuantumTally::new(sim.cap.len());
     let mut carry = 0.0f64;
     let mut first_phase_end = Raw::default();
@@ -605,6 +609,7 @@ impl Sim {
             mig_u: vec![0.0; n],
             modes: Modes::default(),
             t0: 0,
+            init_accesses: 0,
         }
     }
 
@@ -975,6 +980,7 @@ impl Sim {
         }
         self.tot_acc.iter_mut().for_each(|x| *x = 0);
         self.t0 = now;
+        self.init_accesses = scratch.accesses;
         counts
     }
 

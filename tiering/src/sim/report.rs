@@ -127,7 +127,8 @@ pub struct SimReport {
     pub tiers: Vec<TierTraffic>,
     /// Timeline.
     pub timeline: Vec<TimelineBucket>,
-    /// Simulated (scaled) accesses.
+    /// Simulated (scaled) accesses, the benchmark's initialization's
+    /// included (the simulator's work, not the measured throughput).
     pub simulated_accesses: u64,
     /// Wall-clock seconds the run took.
     pub wall_s: f64,
