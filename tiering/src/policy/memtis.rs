@@ -134,7 +134,7 @@ impl Memtis {
     /// Not modeled: the cooling `need_memcg_cooling` (l.1322-1330) adds
     /// each time the cgroup's usage has grown by `htmm_thres_cooling_alloc`
     /// (10 GB) since the last one, and the huge-page split branch of the
-    /// adaptation (l.1298-1304: 4 KiB pages are never split).
+    /// adaptation (l.1299-1306: 4 KiB pages are never split).
     fn ingest(&mut self, samples: &[AccessSample]) {
         let c = self.cooling_period_real;
         let a = ADAPTATION_PERIOD_SAMPLES;
@@ -170,12 +170,12 @@ impl Memtis {
 
     /// `__adjust_active_threshold` (htmm_core.c l.1225-1320):
     /// 1. the histogram's bin: the lowest bin such that every page at or
-    ///    above it fits in the fast tier less its reserve (l.1238-1247),
+    ///    above it fits in the fast tier less its reserve (l.1239-1246),
     ///    at least `htmm_thres_hot` (l.1265-1266);
     /// 2. after a cooling, the threshold drops by one if that bin is lower
     ///    and the threshold is above 1 (l.1271-1279), and `cooled` clears;
     /// 3. otherwise it rises to the bin if the bin is higher (l.1293-1297);
-    ///    it never falls here (the fall at l.1298-1304 needs a huge-page
+    ///    it never falls here (the fall at l.1299-1306 needs a huge-page
     ///    split).
     fn adjust_threshold(&mut self) {
         // Step 1.
