@@ -110,7 +110,7 @@ struct TpmInFlight {
 }
 
 /// Raw (modeled-unit) counters.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Raw {
     promotions: u64,
     demotions: u64,
@@ -124,6 +124,27 @@ struct Raw {
     sync_promotions: u64,
     page_lock_waits: u64,
     rejected: u64,
+}
+
+impl Raw {
+    /// The counts since `earlier`.
+    fn since(&self, earlier: &Raw) -> Raw {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        Raw {
+            promotions: d(self.promotions, earlier.promotions),
+            demotions: d(self.demotions, earlier.demotions),
+            shadow_demotions: d(self.shadow_demotions, earlier.shadow_demotions),
+            shadow_misses: d(self.shadow_misses, earlier.shadow_misses),
+            tpm_commits: d(self.tpm_commits, earlier.tpm_commits),
+            tpm_aborts: d(self.tpm_aborts, earlier.tpm_aborts),
+            shadow_write_faults: d(self.shadow_write_faults, earlier.shadow_write_faults),
+            shadows_reclaimed: d(self.shadows_reclaimed, earlier.shadows_reclaimed),
+            hint_faults: d(self.hint_faults, earlier.hint_faults),
+            sync_promotions: d(self.sync_promotions, earlier.sync_promotions),
+            page_lock_waits: d(self.page_lock_waits, earlier.page_lock_waits),
+            rejected: d(self.rejected, earlier.rejected),
+        }
+    }
 }
 
 /// What stalls cost the application, in request-slot nanoseconds.
@@ -346,6 +367,10 @@ struct Sim {
     quantum_ns: u64,
     mig_u: Vec<f64>,
     modes: Modes,
+    /// When the measured run began (after the benchmark's initialization).
+    t0: u64,
+    /// Accesses the benchmark's initialization simulated.
+    init_accesses: u64,
 }
 
 /// The policy's modes over the run (policies with modes).
@@ -431,11 +456,36 @@ pub fn run_built(
     sim.quantum_ns = clock.quantum_ns;
     let costs = sim.stall_costs();
     let slots_per_q = sim.threads * sim.mlp * clock.quantum_ns as f64;
+    // 3a. The benchmark's initialization, if any, before the measured run
+    //     and outside its throughput and counts.
+    let warmup = match (
+        &scn.bench_init,
+        setup::bench_init_stream(scn, sim.scale, sim.map.tier.len() as u64),
+    ) {
+        (Some(init), Some(stream)) => Some(sim.run_bench_init(
+            init,
+            stream,
+            scn.duration_s,
+            policy.as_mut(),
+            &mut clock,
+            &costs,
+            slots_per_q,
+        )),
+        _ => None,
+    };
+    let t0 = sim.t0;
     let mut throughput = Throughput::new(&clock);
+    // The simulator's work counts the initialization's accesses too.
+    throughput.accesses = sim.init_accesses;
     let mut tally = QuantumTally::new(sim.cap.len());
     let mut carry = 0.0f64;
+    let mut first_phase_end = Raw::default();
+    let mut last_phase_start = Raw::default();
     for q in 0..clock.quanta {
-        let q_start = q * clock.quantum_ns;
+        if q == clock.quanta - clock.phase_quanta {
+            last_phase_start = sim.raw.clone();
+        }
+        let q_start = t0 + q * clock.quantum_ns;
         sim.begin_quantum(q_start);
         let quantum = QuantumClock {
             start_ns: q_start,
@@ -453,14 +503,21 @@ pub fn run_built(
         );
         sim.now = q_start + clock.quantum_ns;
         sim.account_quantum(&tally, scn.access_bytes);
-        throughput.add_quantum(q, sim.now, &tally, &clock, sim.scale);
+        throughput.add_quantum(q, sim.now - t0, &tally, &clock, sim.scale);
         sim.run_mechanisms();
         if clock.tick_due(sim.now) {
             sim.tick_policy(policy.as_mut());
         }
         sim.account_migration_traffic();
+        if q + 1 == clock.phase_quanta {
+            first_phase_end = sim.raw.clone();
+        }
     }
-    Ok(sim.report(scn, &clock, throughput, started))
+    let mut report = sim.report(scn, &clock, throughput, started);
+    report.in_progress_counters = sim.counts_of(&first_phase_end);
+    report.stable_counters = sim.counts_of(&sim.raw.since(&last_phase_start));
+    report.warmup_counters = warmup;
+    Ok(report)
 }
 
 impl Sim {
@@ -551,6 +608,8 @@ impl Sim {
             quantum_ns: MIN_QUANTUM_NS,
             mig_u: vec![0.0; n],
             modes: Modes::default(),
+            t0: 0,
+            init_accesses: 0,
         }
     }
 
@@ -829,10 +888,100 @@ impl Sim {
     /// Completes the transactional migrations whose copy is over and
     /// protects the next pages for hint faults.
     fn run_mechanisms(&mut self) {
+        self.complete_due_tpm();
+        self.scan_hint();
+    }
+
+    /// Completes the transactional migrations whose copy is over.
+    fn complete_due_tpm(&mut self) {
         if !self.tpm.is_empty() && self.now >= self.tpm_end_ns {
             self.complete_tpm();
         }
-        self.scan_hint();
+    }
+
+    /// Step 3a: the benchmark's initialization
+    /// ([`super::scenario::BenchInit`]), before the measured run:
+    /// 1. the memset and the warm-up round (`stream`), served and sampled
+    ///    like the run's accesses, with the policy ticking as in the run;
+    ///    the warm-up lasts `warmup_fraction` of the measured `measured_s`
+    ///    from the end of the memset;
+    /// 2. the sleep: no thread runs, so no access, no stall charged and no
+    ///    hint-fault scan (Linux scans in the task's own context,
+    ///    `task_numa_work`), while the policy's ticks and migrations go on;
+    /// 3. the run's stream back, the counts and totals so far returned
+    ///    (real-equivalent) and cleared, the measured run starting at the
+    ///    clock's time (`t0`).
+    #[allow(clippy::too_many_arguments)]
+    fn run_bench_init(
+        &mut self,
+        init: &super::scenario::BenchInit,
+        stream: Stream,
+        measured_s: f64,
+        policy: &mut dyn Policy,
+        clock: &mut RunClock,
+        costs: &StallCosts,
+        slots_per_q: f64,
+    ) -> EventCounts {
+        let run_stream = std::mem::replace(&mut self.stream, stream);
+        let q_ns = clock.quantum_ns;
+        let warmup_ns = (measured_s * init.warmup_fraction * 1e9) as u64;
+        let mut scratch = Throughput::new(clock);
+        let mut tally = QuantumTally::new(self.cap.len());
+        let mut carry = 0.0f64;
+        let mut now = 0u64;
+        let mut warmup_end: Option<u64> = None;
+        // Step 1.
+        while warmup_end.is_none_or(|end| now < end) {
+            self.begin_quantum(now);
+            let quantum = QuantumClock {
+                start_ns: now,
+                budget: slots_per_q + carry - self.pending_stall_slots,
+                slot_rate: slots_per_q / q_ns as f64,
+            };
+            self.pending_stall_slots = 0.0;
+            tally.clear();
+            carry = self.serve_accesses(&quantum, policy, costs, &mut tally, &mut scratch);
+            now += q_ns;
+            self.now = now;
+            self.account_quantum(&tally, self.line_bytes);
+            self.run_mechanisms();
+            if clock.tick_due(now) {
+                self.tick_policy(policy);
+            }
+            self.account_migration_traffic();
+            if warmup_end.is_none() && matches!(&self.stream, Stream::Init(s) if s.memset_done()) {
+                warmup_end = Some(now + warmup_ns);
+            }
+        }
+        // Step 2.
+        let sleep_end = now + (init.sleep_s * 1e9) as u64;
+        while now < sleep_end {
+            self.begin_quantum(now);
+            now += q_ns;
+            self.now = now;
+            self.complete_due_tpm();
+            if clock.tick_due(now) {
+                self.tick_policy(policy);
+            }
+            self.account_migration_traffic();
+            self.pending_stall_slots = 0.0;
+        }
+        // Step 3.
+        self.stream = run_stream;
+        let counts = self.event_counts();
+        self.raw = Raw::default();
+        for v in [
+            &mut self.tot_lat,
+            &mut self.tot_bytes,
+            &mut self.tot_mig_bytes,
+            &mut self.tot_ant_bytes,
+        ] {
+            v.iter_mut().for_each(|x| *x = 0.0);
+        }
+        self.tot_acc.iter_mut().for_each(|x| *x = 0);
+        self.t0 = now;
+        self.init_accesses = scratch.accesses;
+        counts
     }
 
     /// Hands the tick's observations to the policy and carries out its
@@ -854,7 +1003,7 @@ impl Sim {
             dirty: &dirty,
         };
         let d = policy.tick(&obs, &mut self.map);
-        self.modes.record(self.now, policy);
+        self.modes.record(self.now.saturating_sub(self.t0), policy);
         let n = self.cap.len();
         for (t, k) in &d.reclaim_shadows {
             if usize::from(*t) < n {
@@ -908,6 +1057,9 @@ impl Sim {
                 0.0
             },
             counters: self.event_counts(),
+            in_progress_counters: EventCounts::default(),
+            stable_counters: EventCounts::default(),
+            warmup_counters: None,
             tiers: (0..self.cap.len())
                 .map(|t| TierTraffic {
                     name: scn.tiers[t].name.clone(),
@@ -933,7 +1085,11 @@ impl Sim {
     }
 
     fn event_counts(&self) -> EventCounts {
-        let r = &self.raw;
+        self.counts_of(&self.raw)
+    }
+
+    /// `r` in real-equivalent units.
+    fn counts_of(&self, r: &Raw) -> EventCounts {
         let c = |x: u64| x as f64 * self.scale;
         EventCounts {
             promotions: c(r.promotions),

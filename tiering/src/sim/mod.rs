@@ -60,6 +60,9 @@ pub enum ScenarioError {
     /// The antagonist's tier or load is out of range.
     #[error("antagonist tier must exist and its utilization be in [0, 1)")]
     Antagonist,
+    /// A benchmark initialization on a workload other than Zipf, or out of range.
+    #[error("bench_init needs a zipf workload, warmup_fraction in [0, 1] and sleep_s in [0, 1e6]")]
+    BenchInit,
     /// A guest workload's stream could not be built.
     #[error("kv/pagerank stream could not be built")]
     GuestStream,
@@ -206,6 +209,81 @@ mod tests {
             "{:?}",
             r.counters
         );
+    }
+
+    /// Nomad's micro-benchmark first memsets the whole heap, then writes
+    /// its warm-up trace (memory_access.cc l.327, 152, 387-388): every
+    /// page is written, each of its lines once and the pages in address
+    /// order, before the warm-up round's first Zipfian write; the warm-up
+    /// writes only the warm-up trace's pages, the first half of the RSS
+    /// for the 10G and 13.5G cases and the WSS itself for 27G.
+    #[test]
+    fn the_warm_up_writes_every_page_once_before_its_first_zipf_access() {
+        for (name, warm_lo, warm_hi) in [
+            ("nomad-small-ro", 0.0, 0.5),
+            ("nomad-medium-wo", 0.0, 0.5),
+            ("nomad-large-ro", 0.0, 1.0),
+        ] {
+            let scn = quick(name);
+            let pages =
+                (scn.workload.footprint_gib() * f64::from(1u32 << 18) / scn.scale).round() as u64;
+            let Some(setup::Stream::Init(mut init)) =
+                setup::bench_init_stream(&scn, scn.scale, pages)
+            else {
+                panic!("{name}: no initialization");
+            };
+            let lines = 4096 / 64;
+            let mut rng = tiervm_guest::gen::Rng::for_stream(1, 0);
+            for k in 0..pages * lines {
+                assert!(!init.memset_done(), "{name}: memset ended early at {k}");
+                let a = workload::AccessStream::next_access(&mut init, &mut rng);
+                assert!(a.write, "{name}: the memset writes");
+                assert_eq!(a.page, k / lines, "{name}: line {k} in address order");
+            }
+            assert!(init.memset_done());
+            let (lo, hi) = (
+                (pages as f64 * warm_lo) as u64,
+                (pages as f64 * warm_hi) as u64,
+            );
+            for _ in 0..10_000 {
+                let a = workload::AccessStream::next_access(&mut init, &mut rng);
+                assert!(a.write, "{name}: the warm-up writes (memcpy)");
+                assert!(
+                    (lo..hi).contains(&a.page),
+                    "{name}: page {} outside {lo}..{hi}",
+                    a.page
+                );
+            }
+        }
+        // Only the micro-benchmarks have it.
+        assert!(quick("colloid-gups-1x").bench_init.is_none());
+    }
+
+    /// The initialization runs before the measured run and is left out of
+    /// it: its stores reach Memtis (PEBS sees stores to CXL pages), whose
+    /// promotions then are in `warmup_counters`, not in `counters`, and
+    /// the measured run's length and throughput cover only the rounds.
+    #[test]
+    fn the_warm_up_is_left_out_of_the_measured_run() {
+        let scn = quick("nomad-large-ro");
+        let r = run(&scn, PolicyKind::Memtis).unwrap();
+        let w = r.warmup_counters.as_ref().expect("warm-up counts");
+        assert!(w.promotions > 0.0, "warm-up stores sampled: {w:?}");
+        assert_eq!(r.counters.promotions, 0.0, "{:?}", r.counters);
+        assert!(
+            (r.duration_s - scn.duration_s).abs() < 0.1,
+            "{}",
+            r.duration_s
+        );
+        assert!(r
+            .timeline
+            .first()
+            .is_some_and(|b| b.t_s <= scn.duration_s / 10.0));
+        let mut none = scn.clone();
+        none.bench_init = None;
+        let n = run(&none, PolicyKind::Memtis).unwrap();
+        assert!(n.warmup_counters.is_none());
+        assert_eq!(n.counters.promotions, 0.0);
     }
 
     /// On Nomad's CXL platform the Memtis Nomad ran samples no slow-tier

@@ -113,11 +113,22 @@ pub struct SimReport {
     pub avg_latency_ns: f64,
     /// Event counts.
     pub counters: EventCounts,
+    /// Event counts over the first phase ("in progress").
+    #[serde(default)]
+    pub in_progress_counters: EventCounts,
+    /// Event counts over the last phase ("stable").
+    #[serde(default)]
+    pub stable_counters: EventCounts,
+    /// Event counts of the benchmark's initialization (memset, warm-up
+    /// round, sleep), which `counters` leaves out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_counters: Option<EventCounts>,
     /// Per-tier traffic.
     pub tiers: Vec<TierTraffic>,
     /// Timeline.
     pub timeline: Vec<TimelineBucket>,
-    /// Simulated (scaled) accesses.
+    /// Simulated (scaled) accesses, the benchmark's initialization's
+    /// included (the simulator's work, not the measured throughput).
     pub simulated_accesses: u64,
     /// Wall-clock seconds the run took.
     pub wall_s: f64,

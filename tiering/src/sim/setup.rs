@@ -6,8 +6,8 @@ use tiervm_guest::gen::Rng;
 use super::gap;
 use super::scenario::Scenario;
 use super::workload::{
-    AccessStream, GaussianHotStream, GupsStream, KvStream, MovingHotStream, PageAccess,
-    PagerankStream, WorkloadSpec, ZipfStream,
+    AccessStream, BenchInitStream, GaussianHotStream, GupsStream, KvStream, MovingHotStream,
+    PageAccess, PagerankStream, WorkloadSpec, ZipfStream,
 };
 use super::{ScenarioError, SimError};
 use crate::policy::{PolicyConfig, TierId, PAGE_BYTES};
@@ -35,6 +35,8 @@ pub(super) enum Stream {
     Moving(MovingHotStream),
     Kv(Box<KvStream>),
     Pagerank(PagerankStream),
+    /// The micro-benchmark's memset and warm-up round ([`BenchInitStream`]).
+    Init(BenchInitStream),
 }
 
 impl Stream {
@@ -47,6 +49,7 @@ impl Stream {
             Self::Moving(s) => s.next_access(rng),
             Self::Kv(s) => s.next_access(rng),
             Self::Pagerank(s) => s.next_access(rng),
+            Self::Init(s) => s.next_access(rng),
         }
     }
 }
@@ -99,6 +102,15 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
     }
     if !(0.0..=1.0).contains(&scn.write_ratio) {
         return Err(ScenarioError::WriteRatio);
+    }
+    if let Some(init) = &scn.bench_init {
+        let zipf = matches!(scn.workload, WorkloadSpec::Zipf { .. });
+        let fraction_ok =
+            init.warmup_fraction.is_finite() && (0.0..=1.0).contains(&init.warmup_fraction);
+        let sleep_ok = init.sleep_s.is_finite() && (0.0..=1e6).contains(&init.sleep_s);
+        if !(zipf && fraction_ok && sleep_ok) {
+            return Err(ScenarioError::BenchInit);
+        }
     }
     for t in &scn.tiers {
         if !(t.capacity_gib > 0.0
@@ -199,6 +211,38 @@ pub(super) fn initial_state(
         stream,
     })
 }
+
+/// The stream of the micro-benchmark's memset and warm-up round
+/// ([`super::scenario::BenchInit`]) over the run's `pages` modeled pages, or
+/// `None` if the scenario has none. The warm-up trace's pages are the
+/// first `rss - wss` of the RSS (the measured trace's follow them), or the
+/// WSS itself when the two are equal (27G: the measured trace is the
+/// warm-up trace, the same pages with the same hotness).
+pub(super) fn bench_init_stream(scn: &Scenario, scale: f64, pages: u64) -> Option<Stream> {
+    scn.bench_init.as_ref()?;
+    let WorkloadSpec::Zipf {
+        rss_gib,
+        wss_gib,
+        theta,
+    } = scn.workload
+    else {
+        return None;
+    };
+    let wss = gib_to_pages(wss_gib.min(rss_gib), scale).clamp(1, pages);
+    let warmup = if pages > wss {
+        ZipfStream::new(0, pages - wss, theta, 1.0)
+    } else {
+        ZipfStream::new(0, wss, theta, 1.0)
+    };
+    Some(Stream::Init(BenchInitStream::new(
+        pages,
+        PAGE_BYTES / ZIPF_LINE_BYTES,
+        warmup,
+    )))
+}
+
+/// Bytes per access of the Zipf stream (a cache line; `ZipfStream::new`).
+const ZIPF_LINE_BYTES: u64 = 64;
 
 /// The policy configuration of a run.
 pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfig {

@@ -410,6 +410,52 @@ impl AccessStream for ZipfStream {
     }
 }
 
+/// Nomad's micro-benchmark before its measured rounds
+/// ([`super::scenario::BenchInit`]): first the `memset`, every line of
+/// every page once in address order, then the warm-up round's `memcpy`s,
+/// Zipfian over the warm-up trace's pages, every access a write.
+#[derive(Clone, Debug)]
+pub struct BenchInitStream {
+    next_line: u64,
+    memset_lines: u64,
+    lines_per_page: u64,
+    warmup: ZipfStream,
+}
+
+impl BenchInitStream {
+    /// The memset of `pages` pages of `lines_per_page` lines each, then
+    /// `warmup` (whose own write flag is ignored: every access writes).
+    pub fn new(pages: u64, lines_per_page: u64, warmup: ZipfStream) -> Self {
+        let lines_per_page = lines_per_page.max(1);
+        Self {
+            next_line: 0,
+            memset_lines: pages * lines_per_page,
+            lines_per_page,
+            warmup,
+        }
+    }
+
+    /// Whether the memset is over (the warm-up round has begun).
+    pub fn memset_done(&self) -> bool {
+        self.next_line >= self.memset_lines
+    }
+}
+
+impl AccessStream for BenchInitStream {
+    #[inline]
+    fn next_access(&mut self, rng: &mut Rng) -> PageAccess {
+        if self.next_line < self.memset_lines {
+            let page = self.next_line / self.lines_per_page;
+            self.next_line += 1;
+            return PageAccess { page, write: true };
+        }
+        PageAccess {
+            write: true,
+            ..self.warmup.next_access(rng)
+        }
+    }
+}
+
 /// GUPS: `tiervm_guest::workloads::gups::GupsPattern` over `n` modeled
 /// pages (its hot set, its draws). The guest always writes (read+update);
 /// a `write_ratio` below 1 draws the write flag afterwards.

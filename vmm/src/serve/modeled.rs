@@ -193,6 +193,8 @@ pub fn default_mix() -> Vec<Scenario> {
         // the platform's PEBS blind spot (a kernel Memtis's) does not apply.
         pebs_blind_to_slow_loads: false,
         pebs_writes_are_stores: false,
+        // No micro-benchmark warm-up: the VMs run their own workloads.
+        bench_init: None,
         ..base.clone()
     };
     vec![
