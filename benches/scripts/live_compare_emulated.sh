@@ -18,7 +18,9 @@ C=(compare --duration "${SECS}s" --repeat "$REP" --quiet --placement slow-first 
 # blind spot (Nomad's CXL platform) is off next to a live run. The live
 # engine tracks and moves 4 KiB pages: so does colloid in the model here
 # (--small-pages; the Colloid scenarios otherwise run HeMem's 2 MiB pages).
-S=(sim --duration "$SECS" --threads 1 --scale 1 --start-slow --pebs-sees-all --small-pages)
+# The zipf image has no memset / warm-up round / sleep before it counts
+# (the Nomad benchmark's initialization): --no-bench-init.
+S=(sim --duration "$SECS" --threads 1 --scale 1 --start-slow --pebs-sees-all --small-pages --no-bench-init)
 NOMAD=nomad-a,llc=256K
 run() { # name, then the compare arguments
   local name=$1

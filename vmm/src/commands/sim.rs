@@ -102,6 +102,11 @@ pub struct SimArgs {
     /// scenarios): the model before HeMem's 2 MiB pages.
     #[arg(long)]
     pub small_pages: bool,
+    /// Skip the benchmark's initialization before the measured run (the
+    /// Nomad micro-benchmarks' memset, warm-up round and sleep): to match a
+    /// live run of the zipf image, which has none.
+    #[arg(long)]
+    pub no_bench_init: bool,
     /// Tier the antagonist loads.
     #[arg(long)]
     pub antagonist_tier: Option<u8>,
@@ -318,6 +323,9 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     }
     if a.small_pages {
         scn.huge_pages = false;
+    }
+    if a.no_bench_init {
+        scn.bench_init = None;
     }
     if let Some(v) = a.antagonist {
         let tier = a
