@@ -997,7 +997,12 @@ impl Policy for Adaptive {
             _ => ASSUMED_GAP_NS,
         };
         let mut thrash = std::mem::take(&mut self.thrash);
-        thrash.evaluate(tick, &*self, SAMPLE_PERIOD as f64 * gap);
+        thrash.evaluate(
+            tick,
+            &*self,
+            SAMPLE_PERIOD as f64 * gap,
+            !obs.samples.is_empty(),
+        );
         for p in thrash.bursts.found.drain(..) {
             if let Some(f) = self.flags.get_mut(p as usize) {
                 *f |= BURSTY;

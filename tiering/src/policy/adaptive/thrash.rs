@@ -2,7 +2,9 @@
 //! whose return is measured, and the migration budget follows the return.
 //!
 //! 1. Each migration is recorded ([`Thrash::record`]) with the tick it ran.
-//! 2. [`EVAL_TICKS`] ticks later it is valued: a promotion earns the sampled
+//! 2. [`EVAL_TICKS`] sampled ticks later (ticks in which the guest made a
+//!    sampled access: an idle guest, e.g. a benchmark sleeping between
+//!    rounds, shows no return and so none is judged) it is valued: a promotion earns the sampled
 //!    accesses its page received in the faster tier since it moved, a
 //!    demotion is charged the sampled accesses its page received in the
 //!    slower tier (what the victim now costs). A page that moved again in
@@ -67,6 +69,8 @@ struct Move {
     page: u64,
     promotion: bool,
     tick: u64,
+    /// [`Thrash::sampled_ticks`] when it moved (its age counts those).
+    sampled_at: u64,
     /// Hits expected over [`EVAL_TICKS`] at its rate when it moved (for
     /// [`Bursts`]).
     expected: f32,
@@ -92,6 +96,8 @@ pub struct Thrash {
     window_displacing: f64,
     window_var: f64,
     window_start: u64,
+    /// Ticks so far in which the guest made a sampled access.
+    sampled_ticks: u64,
     /// Benefit / cost of the last window (for the explanation).
     pub last_ratio: Option<f64>,
     /// Whether throttling is enabled (tests disable it as a negative control).
@@ -123,6 +129,7 @@ impl Default for Thrash {
             window_displacing: 0.0,
             window_var: 0.0,
             window_start: 0,
+            sampled_ticks: 0,
             last_ratio: None,
             enabled: true,
             bursts: Bursts::default(),
@@ -141,16 +148,24 @@ impl Thrash {
             page,
             promotion,
             tick,
+            sampled_at: self.sampled_ticks,
             expected,
         });
     }
 
     /// Steps 2-4 at `tick`: values the migrations old enough, closes the
-    /// window every [`EVAL_TICKS`] and moves the throttle. `saved_ns` is
-    /// what one sampled access served fast instead of slow saves.
-    pub fn evaluate(&mut self, tick: u64, hist: &dyn PageHistory, saved_ns: f64) {
+    /// window every [`EVAL_TICKS`] sampled ticks and moves the throttle.
+    /// `saved_ns` is what one sampled access served fast instead of slow
+    /// saves; `sampled`: whether the guest made a sampled access this tick
+    /// (if not, nothing is valued: ages and windows count sampled ticks).
+    pub fn evaluate(&mut self, tick: u64, hist: &dyn PageHistory, saved_ns: f64, sampled: bool) {
+        if !sampled {
+            return;
+        }
+        self.sampled_ticks += 1;
+        let now = self.sampled_ticks;
         while let Some(m) = self.moves.front().copied() {
-            if tick < m.tick + u64::from(EVAL_TICKS) && self.moves.len() < MAX_RECORDED {
+            if now < m.sampled_at + u64::from(EVAL_TICKS) && self.moves.len() < MAX_RECORDED {
                 break;
             }
             self.moves.pop_front();
@@ -170,10 +185,10 @@ impl Thrash {
             self.window_gain += if m.promotion { hits } else { -hits };
             self.window_var += hits;
         }
-        if tick < self.window_start + u64::from(EVAL_TICKS) {
+        if now < self.window_start + u64::from(EVAL_TICKS) {
             return;
         }
-        self.window_start = tick;
+        self.window_start = now;
         self.bursts.close_window(tick);
         let w = EMA_WEIGHT;
         self.gain_ema = w * self.window_gain + (1.0 - w) * self.gain_ema;
@@ -269,36 +284,70 @@ mod tests {
         }
     }
 
+    /// `EVAL_TICKS` ticks, each with (`sampled`) or without a sampled access.
+    fn ticks(t: &mut Thrash, tick: &mut u64, h: &Hist, sampled: bool) {
+        for _ in 0..EVAL_TICKS {
+            *tick += 1;
+            t.evaluate(*tick, h, 1_000.0, sampled);
+        }
+    }
+
+    /// 20 promotions and 20 demotions at `tick`, promoted pages with
+    /// `promoted_hits` and victims with `victim_hits` by valuation time.
+    fn moves(t: &mut Thrash, tick: u64, h: &mut Hist, promoted_hits: u16, victim_hits: u16) {
+        for p in 0..40 {
+            h.last[p as usize] = tick;
+            h.hits[p as usize] = if p < 20 { promoted_hits } else { victim_hits };
+            t.record(p, p < 20, tick, 1.0);
+        }
+    }
+
     #[test]
     fn useless_migrations_throttle_and_useful_ones_recover() {
         let mut t = Thrash::default();
-        // 20 promotions and 20 demotions per window, promoted pages no
-        // hotter than the victims: no net gain.
         let mut h = Hist {
             last: vec![0; 40],
             hits: vec![1; 40],
         };
         let mut tick = 0;
+        // Promoted pages no hotter than the victims: no net gain.
         for _ in 0..6 {
-            for p in 0..40 {
-                h.last[p as usize] = tick;
-                t.record(p, p < 20, tick, 1.0);
-            }
-            tick += u64::from(EVAL_TICKS);
-            t.evaluate(tick, &h, 1_000.0);
+            moves(&mut t, tick, &mut h, 1, 1);
+            ticks(&mut t, &mut tick, &h, true);
         }
         assert!(t.level() >= 3, "level {}", t.level());
         // Now promoted pages are hot and victims cold.
         for _ in 0..12 {
-            for p in 0..40 {
-                h.last[p as usize] = tick;
-                h.hits[p as usize] = if p < 20 { 5 } else { 0 };
-                t.record(p, p < 20, tick, 1.0);
-            }
-            tick += u64::from(EVAL_TICKS);
-            t.evaluate(tick, &h, 1_000.0);
+            moves(&mut t, tick, &mut h, 5, 0);
+            ticks(&mut t, &mut tick, &h, true);
         }
         assert_eq!(t.level(), 0);
         assert!(t.last_ratio.unwrap() > RECOVER_RATIO);
+    }
+
+    #[test]
+    fn an_idle_guest_judges_no_migration() {
+        let mut t = Thrash::default();
+        let mut h = Hist {
+            last: vec![0; 40],
+            hits: vec![0; 40],
+        };
+        let mut tick = 0;
+        // Migrations, then the guest sleeps (no sampled access): nothing
+        // has earned anything yet, and nothing is judged for it.
+        for _ in 0..6 {
+            moves(&mut t, tick, &mut h, 0, 0);
+            ticks(&mut t, &mut tick, &h, false);
+        }
+        assert_eq!(t.level(), 0, "an idle window throttled");
+        assert_eq!(t.last_ratio, None);
+        // Awake, the promoted pages turn out hot: still no throttle.
+        for p in 0..20 {
+            h.hits[p] = 5;
+        }
+        ticks(&mut t, &mut tick, &h, true);
+        ticks(&mut t, &mut tick, &h, true);
+        assert_eq!(t.level(), 0);
+        assert!(t.last_ratio.unwrap() > RECOVER_RATIO, "{:?}", t.last_ratio);
     }
 }
