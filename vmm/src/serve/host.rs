@@ -272,6 +272,10 @@ impl HostState {
     }
 }
 
+/// Time a `PATCH .../fast` spends sending resizes itself before it leaves
+/// the rest to the rebalancer (each resize may wait up to its own timeout).
+const INLINE_RESIZE_BUDGET: Duration = Duration::from_secs(1);
+
 /// Ended VMs the service keeps in memory (state, last stats, report) for
 /// GET; older ones are forgotten at the next create, their files kept.
 pub const MAX_ENDED_VMS_KEPT: usize = 256;
@@ -959,8 +963,10 @@ impl Host {
             v.weight = weight;
         }
         self.wake_rebalancer();
-        // Apply the mandatory part at once (the rebalancer also runs now).
-        self.rebalance();
+        // Apply the mandatory part at once (the rebalancer also runs now),
+        // within the request's time: resizes not sent by then are the
+        // rebalancer's (the targets are set).
+        self.rebalance_until(Some(Instant::now() + INLINE_RESIZE_BUDGET));
         let s = self.state();
         let key = s.find(id).ok_or_else(|| not_found(id))?;
         Ok(info_of(&s.vms[&key], self.cfg.emulated).fast)
@@ -1029,7 +1035,7 @@ impl Host {
             let now = Instant::now();
             let woken = std::mem::take(&mut *lock(&self.wake.0));
             if woken || now >= next_round {
-                self.rebalance();
+                self.rebalance_until(None);
                 if now >= next_round {
                     next_round = now + self.cfg.period;
                 }
@@ -1059,8 +1065,10 @@ impl Host {
         }
     }
 
-    /// One division round: plan, then apply the capacity changes.
-    pub fn rebalance(&self) {
+    /// One division round: plan, then apply the capacity changes, sending
+    /// no resize after `deadline` (those stay pending: a VM whose target
+    /// differs from what it applied is resized at the next round).
+    pub fn rebalance_until(&self, deadline: Option<Instant>) {
         let (keys, plan, shares) = {
             let s = self.state();
             let now = Instant::now();
@@ -1101,6 +1109,9 @@ impl Host {
             }
         }
         for (key, link, target) in to_apply {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
             match link.request(
                 Command::SetCapacity {
                     tier: 0,
