@@ -96,7 +96,7 @@ pub enum CtlOp {
 /// `ctl create` flags.
 #[derive(Clone, Debug, Args)]
 pub struct CreateFlags {
-    /// Built-in image or ELF path.
+    /// Built-in image, or the file name of an image in the service's `image_dir`.
     pub image: String,
     /// Guest RAM, e.g. 1G.
     #[arg(long)]
