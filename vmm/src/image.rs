@@ -1,8 +1,6 @@
 //! Guest images: the built-in ones (embedded at build time) and ELF files
 //! given by path, validated before anything is loaded.
 
-use std::path::Path;
-
 use object::elf;
 use object::read::elf::{FileHeader, ProgramHeader};
 use object::Endianness;
@@ -258,8 +256,7 @@ impl Image {
                 bytes: bytes.into(),
             });
         }
-        let name = || name_or_path.to_string();
-        let bytes = read_image_file(Path::new(name_or_path), &name)?;
+        let bytes = read_image_file(name_or_path)?;
         Ok(Self {
             name: name_or_path.to_string(),
             spec: None,
@@ -272,9 +269,10 @@ impl Image {
 /// procfs file such as `/proc/kmsg` would otherwise block the reader for
 /// ever), checked on the open descriptor (no race with a rename), and read
 /// no further than [`MAX_IMAGE_BYTES`] whatever the size it reports.
-fn read_image_file(path: &Path, name: &dyn Fn() -> String) -> Result<Vec<u8>, ImageError> {
+fn read_image_file(path: &str) -> Result<Vec<u8>, ImageError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
+    let name = || path.to_string();
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)

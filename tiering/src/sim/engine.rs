@@ -109,6 +109,13 @@ struct TpmInFlight {
     keep_shadow: bool,
 }
 
+/// A quantum's request slots: its own and those carried from the last.
+#[derive(Clone, Copy)]
+struct Slots {
+    per_quantum: f64,
+    carry: f64,
+}
+
 /// Raw (modeled-unit) counters.
 #[derive(Clone, Default)]
 struct Raw {
@@ -486,29 +493,21 @@ pub fn run_built(
             last_phase_start = sim.raw.clone();
         }
         let q_start = t0 + q * clock.quantum_ns;
-        sim.begin_quantum(q_start);
-        let quantum = QuantumClock {
-            start_ns: q_start,
-            budget: slots_per_q + carry - sim.pending_stall_slots,
-            slot_rate: slots_per_q / clock.quantum_ns as f64,
+        let slots = Slots {
+            per_quantum: slots_per_q,
+            carry,
         };
-        sim.pending_stall_slots = 0.0;
-        tally.clear();
-        carry = sim.serve_accesses(
-            &quantum,
+        carry = sim.serve_quantum(
+            q_start,
+            &clock,
+            slots,
             policy.as_mut(),
             &costs,
             &mut tally,
             &mut throughput,
         );
-        sim.now = q_start + clock.quantum_ns;
-        sim.account_quantum(&tally, scn.access_bytes);
+        sim.end_quantum(&tally, scn.access_bytes, &mut clock, policy.as_mut());
         throughput.add_quantum(q, sim.now - t0, &tally, &clock, sim.scale);
-        sim.run_mechanisms();
-        if clock.tick_due(sim.now) {
-            sim.tick_policy(policy.as_mut());
-        }
-        sim.account_migration_traffic();
         if q + 1 == clock.phase_quanta {
             first_phase_end = sim.raw.clone();
         }
@@ -695,6 +694,52 @@ impl Sim {
         for (l, &lat) in self.lat_scaled.iter_mut().zip(&self.lat) {
             *l = lat * self.scale;
         }
+    }
+
+    /// One quantum's accesses, from `start` (the measured run's and the
+    /// benchmark initialization's): the quantum begins, accesses are served
+    /// with `slots` less the stalls pending from the last quantum, and the
+    /// clock moves to its end. Returns the slots carried to the next one.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_quantum(
+        &mut self,
+        start: u64,
+        clock: &RunClock,
+        slots: Slots,
+        policy: &mut dyn Policy,
+        costs: &StallCosts,
+        tally: &mut QuantumTally,
+        throughput: &mut Throughput,
+    ) -> f64 {
+        self.begin_quantum(start);
+        let quantum = QuantumClock {
+            start_ns: start,
+            budget: slots.per_quantum + slots.carry - self.pending_stall_slots,
+            slot_rate: slots.per_quantum / clock.quantum_ns as f64,
+        };
+        self.pending_stall_slots = 0.0;
+        tally.clear();
+        let carry = self.serve_accesses(&quantum, policy, costs, tally, throughput);
+        self.now = start + clock.quantum_ns;
+        carry
+    }
+
+    /// The rest of a served quantum: its traffic (`access_bytes` per
+    /// access), the mechanisms, the policy's tick when due, and the
+    /// migrations' traffic.
+    fn end_quantum(
+        &mut self,
+        tally: &QuantumTally,
+        access_bytes: f64,
+        clock: &mut RunClock,
+        policy: &mut dyn Policy,
+    ) {
+        self.account_quantum(tally, access_bytes);
+        self.run_mechanisms();
+        if clock.tick_due(self.now) {
+            self.tick_policy(policy);
+        }
+        self.account_migration_traffic();
     }
 
     /// Serves accesses until the quantum's request slots are spent; returns
@@ -932,23 +977,13 @@ impl Sim {
         let mut warmup_end: Option<u64> = None;
         // Step 1.
         while warmup_end.is_none_or(|end| now < end) {
-            self.begin_quantum(now);
-            let quantum = QuantumClock {
-                start_ns: now,
-                budget: slots_per_q + carry - self.pending_stall_slots,
-                slot_rate: slots_per_q / q_ns as f64,
+            let slots = Slots {
+                per_quantum: slots_per_q,
+                carry,
             };
-            self.pending_stall_slots = 0.0;
-            tally.clear();
-            carry = self.serve_accesses(&quantum, policy, costs, &mut tally, &mut scratch);
+            carry = self.serve_quantum(now, clock, slots, policy, costs, &mut tally, &mut scratch);
             now += q_ns;
-            self.now = now;
-            self.account_quantum(&tally, self.line_bytes);
-            self.run_mechanisms();
-            if clock.tick_due(now) {
-                self.tick_policy(policy);
-            }
-            self.account_migration_traffic();
+            self.end_quantum(&tally, self.line_bytes, clock, policy);
             if warmup_end.is_none() && matches!(&self.stream, Stream::Init(s) if s.memset_done()) {
                 warmup_end = Some(now + warmup_ns);
             }

@@ -520,10 +520,11 @@ impl Host {
     /// untrusted, and the service may run as root: no other host path is
     /// opened on their behalf.
     pub(super) fn image_of(&self, name: &str) -> Result<String, ApiError> {
-        if crate::image::builtin_names().contains(&name) {
+        let builtins = crate::image::builtin_names();
+        if builtins.contains(&name) {
             return Ok(name.to_string());
         }
-        let builtins = crate::image::builtin_names().join(", ");
+        let builtins = builtins.join(", ");
         let Some(dir) = &self.cfg.image_dir else {
             return Err(ApiError::bad_request(
                 format!("image '{name}' is not a built-in image ({builtins}), and this service has no image_dir"),

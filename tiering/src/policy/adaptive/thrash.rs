@@ -275,6 +275,15 @@ mod tests {
         last: Vec<u64>,
         hits: Vec<u16>,
     }
+    impl Hist {
+        /// 40 pages, none moved, each with `hits`.
+        fn new(hits: u16) -> Self {
+            Self {
+                last: vec![0; 40],
+                hits: vec![hits; 40],
+            }
+        }
+    }
     impl PageHistory for Hist {
         fn last_move_tick(&self, p: u64) -> u64 {
             self.last[p as usize]
@@ -305,10 +314,7 @@ mod tests {
     #[test]
     fn useless_migrations_throttle_and_useful_ones_recover() {
         let mut t = Thrash::default();
-        let mut h = Hist {
-            last: vec![0; 40],
-            hits: vec![1; 40],
-        };
+        let mut h = Hist::new(1);
         let mut tick = 0;
         // Promoted pages no hotter than the victims: no net gain.
         for _ in 0..6 {
@@ -328,10 +334,7 @@ mod tests {
     #[test]
     fn an_idle_guest_judges_no_migration() {
         let mut t = Thrash::default();
-        let mut h = Hist {
-            last: vec![0; 40],
-            hits: vec![0; 40],
-        };
+        let mut h = Hist::new(0);
         let mut tick = 0;
         // Migrations, then the guest sleeps (no sampled access): nothing
         // has earned anything yet, and nothing is judged for it.
