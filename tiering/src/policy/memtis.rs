@@ -1,9 +1,15 @@
-//! `memtis`: Memtis (SOSP'23), 4 KiB pages only.
+//! `memtis`: Memtis (SOSP'23).
 //!
+//! - Memtis tracks what the process maps: 2 MiB pages under transparent
+//!   huge pages, which every Memtis setup in the seeds enables (Nomad's
+//!   Memtis scripts: `thp_setting=always`), base pages otherwise
+//!   ([`Grain`]; [`PolicyConfig::transparent_huge_pages`]: the simulator
+//!   sets it, the live engine tracks 4 KiB pages).
 //! - Access samples (PEBS in Memtis; sampled accesses here) feed per-page
-//!   counts and a log2 histogram ([`super::hotness::SampleCounts`]). Loads
-//!   are sampled one in [`SAMPLE_PERIOD`], stores one in
-//!   [`STORE_SAMPLE_PERIOD`] (two PEBS events with their own periods).
+//!   counts and Memtis' log2 histogram ([`AccessCounts`]): a huge page's
+//!   count rises by one per sample, a base page's by 512. Loads are sampled
+//!   one in [`SAMPLE_PERIOD`], stores one in [`STORE_SAMPLE_PERIOD`] (two
+//!   PEBS events with their own periods).
 //! - Cooling halves every count each [`COOLING_PERIOD_SAMPLES`] samples
 //!   (Memtis-Default) or [`QUICK_COOL_PERIOD_SAMPLES`] (Memtis-QuickCool).
 //! - The hot threshold follows Memtis' own cadence ([`Memtis::ingest`]):
@@ -16,9 +22,13 @@
 //! - `kmigraterd` runs every [`INTERVAL_NS`]: it demotes cold pages (below
 //!   the threshold) from the fast tier to make room, and promotes sampled
 //!   hot pages from slower tiers, at most [`MAX_MIGRATION_RATE_MBPS`] worth
-//!   per interval, by (background) stop-and-copy.
+//!   per interval, by (background) stop-and-copy, a whole 2 MiB page at a
+//!   time under THP.
+//!
+//! Not modeled: Memtis' splitting of skewed huge pages (`check_split_huge_page`,
+//! the estimated base-page histogram `ebp_hotness_hg`), and its warm set.
 
-use super::hotness::{bin_of, ClockHand, SampleCounts};
+use super::hotness::ClockHand;
 use super::types::*;
 use super::{Policy, PolicyKind};
 
@@ -54,10 +64,167 @@ pub const MAX_MIGRATION_RATE_MBPS: f64 = 2048.0;
 /// the same 0.4% as TPP's promotion watermark.
 pub const FREE_RESERVE_FRACTION: f64 = 0.004;
 
+/// Histogram bins: [`bin_of`] is 0..=15.
+pub const BINS: usize = 16;
+
+/// What one sample adds to a base page's count: `HPAGE_PMD_NR` (512;
+/// htmm_core.c `update_base_page`, l.865), so that base and huge pages
+/// share one histogram. A huge page's count rises by one per sample
+/// (`update_huge_page`, l.921).
+pub const BASE_PAGE_SAMPLE_WEIGHT: u32 = PAGES_PER_2M;
+
+/// Memtis' bin of an access count, `get_idx` (htmm_core.c l.541-557):
+/// `floor(log2(count + 1))`, at most 15.
+#[inline]
+pub fn bin_of(count: u32) -> usize {
+    ((u64::from(count) + 1).ilog2() as usize).min(BINS - 1)
+}
+
+/// What Memtis counts and moves: one tracked page is `unit_pages` modeled
+/// pages, and a modeled sample adds `weight` to its count.
+///
+/// A modeled page stands for `scale` real 4 KiB pages with one real page's
+/// access rate, so a modeled sample is one real sample on each of them.
+/// Under THP a tracked page is one 2 MiB page: `512 / scale` modeled pages
+/// (at least 1; at scale >= 512 one modeled page holds `scale / 512` huge
+/// pages of equal heat and its count is one of theirs), and a modeled sample
+/// is `512 / unit_pages` real samples on it, each adding one. Without THP a
+/// tracked page is a modeled page, and its one real sample adds
+/// [`BASE_PAGE_SAMPLE_WEIGHT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grain {
+    /// Modeled pages per tracked page (1..=512).
+    pub unit_pages: u64,
+    /// Count added per modeled sample.
+    pub weight: u32,
+    /// The tracked page is a 2 MiB mapping.
+    pub huge: bool,
+}
+
+impl Grain {
+    /// The grain for `config`.
+    pub fn for_config(config: &PolicyConfig) -> Self {
+        if !config.transparent_huge_pages {
+            return Self {
+                unit_pages: 1,
+                weight: BASE_PAGE_SAMPLE_WEIGHT,
+                huge: false,
+            };
+        }
+        let scale = if config.scale.is_finite() && config.scale >= 1.0 {
+            config.scale
+        } else {
+            1.0
+        };
+        let huge = u64::from(PAGES_PER_2M);
+        let unit_pages = ((huge as f64 / scale).round() as u64).clamp(1, huge);
+        Self {
+            unit_pages,
+            weight: (huge / unit_pages) as u32,
+            huge: true,
+        }
+    }
+}
+
+/// Memtis' access counts per tracked page (`meta_page->total_accesses` or
+/// `pginfo->total_accesses`, 32 bits as in Memtis) and its histogram
+/// `hotness_hg`, in modeled pages (a huge page adds its 512 base pages,
+/// l.963-967).
+#[derive(Clone, Debug)]
+pub struct AccessCounts {
+    grain: Grain,
+    pages: u64,
+    counts: Vec<u32>,
+    hist: [u64; BINS],
+}
+
+impl AccessCounts {
+    /// All counts zero.
+    pub fn new(pages: u64, grain: Grain) -> Self {
+        let units = pages.div_ceil(grain.unit_pages);
+        let mut hist = [0; BINS];
+        hist[0] = pages;
+        Self {
+            grain,
+            pages,
+            counts: vec![0; units as usize],
+            hist,
+        }
+    }
+
+    /// Tracked pages.
+    pub fn units(&self) -> u64 {
+        self.counts.len() as u64
+    }
+
+    /// The tracked page holding modeled page `page`.
+    pub fn unit_of(&self, page: u64) -> u64 {
+        page / self.grain.unit_pages
+    }
+
+    /// The modeled pages of tracked page `unit`.
+    pub fn pages_of(&self, unit: u64) -> std::ops::Range<u64> {
+        let first = unit.saturating_mul(self.grain.unit_pages).min(self.pages);
+        first..first.saturating_add(self.grain.unit_pages).min(self.pages)
+    }
+
+    /// Count of tracked page `unit`.
+    pub fn count(&self, unit: u64) -> u32 {
+        self.counts.get(unit as usize).copied().unwrap_or(0)
+    }
+
+    /// Bin of tracked page `unit`.
+    pub fn bin(&self, unit: u64) -> usize {
+        bin_of(self.count(unit))
+    }
+
+    fn set(&mut self, unit: u64, count: u32) {
+        let len = self.pages_of(unit).count() as u64;
+        let Some(c) = self.counts.get_mut(unit as usize) else {
+            return;
+        };
+        self.hist[bin_of(*c)] -= len;
+        *c = count;
+        self.hist[bin_of(count)] += len;
+    }
+
+    /// One modeled sample of tracked page `unit` (ignored if out of range).
+    pub fn add(&mut self, unit: u64) {
+        let c = self.count(unit).saturating_add(self.grain.weight);
+        self.set(unit, c);
+    }
+
+    /// Halves every count (`__cooling`) and rebuilds the histogram.
+    pub fn cool(&mut self) {
+        for u in 0..self.units() {
+            let c = self.count(u) >> 1;
+            self.set(u, c);
+        }
+    }
+
+    /// `__adjust_active_threshold` step 1 (l.1239-1246): from the top bin
+    /// down, the bins whose pages all fit in `capacity` pages; the lowest
+    /// such bin (the top bin if even it does not fit), at least
+    /// [`HOT_THRESHOLD_MIN`].
+    pub fn hot_threshold_bin(&self, capacity: u64) -> usize {
+        let mut active = 0u64;
+        let mut idx = BINS;
+        for b in (0..BINS).rev() {
+            if active + self.hist[b] > capacity {
+                break;
+            }
+            active += self.hist[b];
+            idx = b;
+        }
+        idx.clamp(HOT_THRESHOLD_MIN, BINS - 1)
+    }
+}
+
 /// The `memtis` policy.
 #[derive(Clone, Debug)]
 pub struct Memtis {
-    counts: SampleCounts,
+    counts: AccessCounts,
+    /// Tracked pages sampled in a slower tier.
     candidates: Vec<u64>,
     is_candidate: Vec<bool>,
     hand: ClockHand,
@@ -86,10 +253,11 @@ impl Memtis {
             .promote_rate_limit_mbps
             .unwrap_or(MAX_MIGRATION_RATE_MBPS);
         let fast = config.tier_capacity_pages.first().copied().unwrap_or(0);
+        let counts = AccessCounts::new(config.pages, Grain::for_config(config));
         Self {
-            counts: SampleCounts::new(config.pages),
+            is_candidate: vec![false; counts.units() as usize],
+            counts,
             candidates: Vec::new(),
-            is_candidate: vec![false; config.pages as usize],
             hand: ClockHand::default(),
             fast_capacity: fast,
             reserve: ((fast as f64 * FREE_RESERVE_FRACTION).round() as u64).max(1),
@@ -110,16 +278,22 @@ impl Memtis {
         self.threshold_bin
     }
 
-    /// Count of a page.
-    pub fn count(&self, page: u64) -> u16 {
-        self.counts.count(page)
+    /// What Memtis tracks and moves.
+    pub fn grain(&self) -> Grain {
+        self.counts.grain
+    }
+
+    /// Count of the tracked page holding `page`.
+    pub fn count(&self, page: u64) -> u32 {
+        self.counts.count(self.counts.unit_of(page))
     }
 
     /// Takes the tick's samples one at a time, as Memtis' `update_pginfo`
     /// does (Nomad's copy of Memtis, `src/linux-5.15.19/mm/htmm_core.c`
     /// l.1332-1437, identical to github.com/cosmoss-jigu/memtis'
     /// `linux/mm/htmm_core.c`):
-    /// 1. the page's count rises (l.1366, `__update_pginfo`);
+    /// 1. the tracked page's count rises (l.1366, `__update_pginfo`:
+    ///    `update_huge_page` or `update_base_page`; [`Grain`]);
     /// 2. `nr_sampled` rises (l.1368/1374); one modeled sample stands for
     ///    `scale` real ones, so every real sample number it covers is
     ///    checked in order;
@@ -134,14 +308,15 @@ impl Memtis {
     /// Not modeled: the cooling `need_memcg_cooling` (l.1322-1330) adds
     /// each time the cgroup's usage has grown by `htmm_thres_cooling_alloc`
     /// (10 GB) since the last one, and the huge-page split branch of the
-    /// adaptation (l.1299-1306: 4 KiB pages are never split).
+    /// adaptation (l.1299-1306).
     fn ingest(&mut self, samples: &[AccessSample]) {
         let c = self.cooling_period_real;
         let a = ADAPTATION_PERIOD_SAMPLES;
         let step = gcd(c, a);
         for s in samples {
+            let unit = self.counts.unit_of(s.page);
             // Step 1.
-            self.counts.add(s.page);
+            self.counts.add(unit);
             // Step 2.
             let prev = self.real_samples;
             self.real_samples += self.sample_weight;
@@ -158,10 +333,10 @@ impl Memtis {
                 m += step;
             }
             if s.tier != 0 {
-                if let Some(c) = self.is_candidate.get_mut(s.page as usize) {
+                if let Some(c) = self.is_candidate.get_mut(unit as usize) {
                     if !*c {
                         *c = true;
-                        self.candidates.push(s.page);
+                        self.candidates.push(unit);
                     }
                 }
             }
@@ -181,8 +356,7 @@ impl Memtis {
         // Step 1.
         let idx_hot = self
             .counts
-            .hot_threshold_bin(self.fast_capacity.saturating_sub(self.reserve))
-            .max(HOT_THRESHOLD_MIN);
+            .hot_threshold_bin(self.fast_capacity.saturating_sub(self.reserve));
         if self.cooled {
             // Step 2.
             if idx_hot < self.threshold_bin && self.threshold_bin > 1 {
@@ -193,6 +367,17 @@ impl Memtis {
             // Step 3.
             self.threshold_bin = idx_hot;
         }
+    }
+
+    /// Pages of tracked page `unit` per tier (index = tier).
+    fn placement(&self, unit: u64, view: &dyn MemoryView) -> [u64; crate::vocab::MAX_TIERS] {
+        let mut per_tier = [0u64; crate::vocab::MAX_TIERS];
+        for p in self.counts.pages_of(unit) {
+            if let Some(n) = per_tier.get_mut(usize::from(view.tier_of(p))) {
+                *n += 1;
+            }
+        }
+        per_tier
     }
 }
 
@@ -219,6 +404,7 @@ impl Policy for Memtis {
             store_sample_period: STORE_SAMPLE_PERIOD,
             // PEBS (Memtis §4.1).
             hardware_samples: true,
+            huge_pages: self.counts.grain.huge,
             ..TrackerRequest::none()
         }
     }
@@ -227,71 +413,104 @@ impl Policy for Memtis {
         self.interval_ns
     }
 
+    /// kmigraterd's period, on tracked pages:
+    /// 1. sampled tracked pages with pages in slower tiers whose bin is at
+    ///    or above the threshold are hot, hottest first; the others keep
+    ///    their place in the list while their count is above zero;
+    /// 2. cold tracked pages (below the threshold) wholly in the fast tier
+    ///    are demoted to make room for the promotions and the reserve;
+    /// 3. hot ones are promoted whole, within the interval's budget.
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         self.ingest(obs.samples);
         let th = self.threshold_bin;
         let mut out = Decisions::none();
         let mut budget = FreeBudget::from_tiers(obs.tiers);
-        // Hot candidates in slower tiers, hottest first.
-        let mut hot: Vec<u64> = Vec::new();
+        // Step 1.
+        let mut hot: Vec<(u64, [u64; crate::vocab::MAX_TIERS])> = Vec::new();
         let mut keep: Vec<u64> = Vec::new();
-        for &p in &self.candidates {
-            if view.tier_of(p) == 0 {
-                self.is_candidate[p as usize] = false;
-            } else if bin_of(self.counts.count(p)) >= th {
-                hot.push(p);
-            } else if self.counts.count(p) > 0 {
-                keep.push(p);
+        for &u in &self.candidates {
+            let placed = self.placement(u, view);
+            let slow: u64 = placed[1..].iter().sum();
+            if slow == 0 {
+                self.is_candidate[u as usize] = false;
+            } else if self.counts.bin(u) >= th {
+                hot.push((u, placed));
+            } else if self.counts.count(u) > 0 {
+                keep.push(u);
             } else {
-                self.is_candidate[p as usize] = false;
+                self.is_candidate[u as usize] = false;
             }
         }
-        hot.sort_by_key(|&p| (std::cmp::Reverse(self.counts.count(p)), p));
+        hot.sort_by_key(|&(u, _)| (std::cmp::Reverse(self.counts.count(u)), u));
         let budget_pages = self.budget.next_interval();
-        let promote_n = (hot.len() as u64).min(budget_pages);
-        // Demote cold pages to make room for the promotions plus the reserve.
-        let need = (promote_n + self.reserve).saturating_sub(budget.free(0));
+        let mut want = 0u64;
+        for (_, placed) in &hot {
+            if want >= budget_pages {
+                break;
+            }
+            want += placed[1..].iter().sum::<u64>();
+        }
+        let want = want.min(budget_pages);
+        // Step 2.
+        let need = (want + self.reserve).saturating_sub(budget.free(0));
         let mut moved = 0u64;
         if need > 0 && self.tiers > 1 {
             let counts = &self.counts;
             let max_scan = view.pages();
-            let cold = self
+            let unit_pages = counts.grain.unit_pages;
+            // The hand stops at the first page of each cold tracked page.
+            let cold_units: Vec<u64> = self
                 .hand
-                .find(view, 0, need.min(budget_pages), max_scan, |p, _| {
-                    bin_of(counts.count(p)) < th
-                });
-            for p in cold {
+                .find(
+                    view,
+                    0,
+                    need.min(budget_pages).div_ceil(unit_pages),
+                    max_scan,
+                    |p, _| p.is_multiple_of(unit_pages) && counts.bin(counts.unit_of(p)) < th,
+                )
+                .into_iter()
+                .map(|p| counts.unit_of(p))
+                .collect();
+            for u in cold_units {
+                let placed = self.placement(u, view);
+                let len = placed[0];
                 let Some(dest) = (1..self.tiers)
                     .map(|d| d as TierId)
-                    .find(|&d| budget.take(d, 1))
+                    .find(|&d| budget.take(d, len))
                 else {
                     break;
                 };
-                budget.release(0, 1);
-                moved += 1;
+                budget.release(0, len);
+                moved += len;
+                let r = self.counts.pages_of(u);
                 out.migrations.push(Migration {
-                    unit: Unit::page(p),
+                    unit: Unit::run(r.start, (r.end - r.start) as u32),
                     to: dest,
                     mechanism: Mechanism::StopAndCopy,
                     urgency: Urgency::Background,
                 });
             }
         }
+        // Step 3.
         let mut promoted = 0u64;
-        for &p in &hot {
-            if promoted >= promote_n || moved + promoted >= 2 * budget_pages {
-                keep.push(p);
+        for (u, placed) in hot {
+            let len: u64 = placed[1..].iter().sum();
+            // A huge page may overshoot the budget by one (the first).
+            if (promoted > 0 && promoted + len > want)
+                || moved + promoted + len > 2 * budget_pages
+                || !budget.take(0, len)
+            {
+                keep.push(u);
                 continue;
             }
-            if !budget.take(0, 1) {
-                keep.push(p);
-                continue;
+            for (t, &n) in placed.iter().enumerate().skip(1) {
+                budget.release(t as TierId, n);
             }
-            budget.release(view.tier_of(p), 1);
-            self.is_candidate[p as usize] = false;
-            promoted += 1;
+            self.is_candidate[u as usize] = false;
+            promoted += len;
+            let r = self.counts.pages_of(u);
             out.migrations.push(Migration {
-                unit: Unit::page(p),
+                unit: Unit::run(r.start, (r.end - r.start) as u32),
                 to: 0,
                 mechanism: Mechanism::StopAndCopy,
                 urgency: Urgency::Background,
@@ -302,10 +521,13 @@ impl Policy for Memtis {
     }
 
     fn export_state(&self) -> PolicyState {
-        let max = f32::from((1u16 << (self.counts.max_bin().clamp(1, 16) - 1)).max(1));
-        let mut hot_pages: Vec<(u64, f32)> = (0..self.counts.pages())
-            .filter(|&p| self.counts.count(p) > 0)
-            .map(|p| (p, (f32::from(self.counts.count(p)) / max).min(1.0)))
+        let max = (1u64 << self.counts.hist.iter().rposition(|&n| n > 0).unwrap_or(0)) as f32;
+        let mut hot_pages: Vec<(u64, f32)> = (0..self.counts.units())
+            .filter(|&u| self.counts.count(u) > 0)
+            .flat_map(|u| {
+                let heat = (self.counts.count(u) as f32 / max).min(1.0);
+                self.counts.pages_of(u).map(move |p| (p, heat))
+            })
             .collect();
         hot_pages.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         PolicyState {
@@ -317,12 +539,17 @@ impl Policy for Memtis {
 
     fn import_state(&mut self, state: &PolicyState) {
         for &(p, heat) in &state.hot_pages {
-            self.counts
-                .set(p, (heat.clamp(0.0, 1.0) * 16.0).round() as u16);
-            if let Some(c) = self.is_candidate.get_mut(p as usize) {
+            let u = self.counts.unit_of(p);
+            // Sixteen samples' worth for the hottest page.
+            let samples = (heat.clamp(0.0, 1.0) * 16.0).round() as u32;
+            let c = samples.saturating_mul(self.counts.grain.weight);
+            if c > self.counts.count(u) {
+                self.counts.set(u, c);
+            }
+            if let Some(c) = self.is_candidate.get_mut(u as usize) {
                 if !*c {
                     *c = true;
-                    self.candidates.push(p);
+                    self.candidates.push(u);
                 }
             }
         }
@@ -367,32 +594,56 @@ mod tests {
         v.apply(&d.migrations);
         let st = v.status(&caps);
         m.tick(&obs(1, &st, &more), &mut v);
-        assert_eq!(m.count(51), 6, "cooling halves counts");
-        assert_eq!(m.count(50), 2, "cooling halves counts");
+        // A base page's sample counts 512 (update_base_page).
+        assert_eq!(
+            m.count(51),
+            6 * BASE_PAGE_SAMPLE_WEIGHT,
+            "cooling halves counts"
+        );
+        assert_eq!(
+            m.count(50),
+            2 * BASE_PAGE_SAMPLE_WEIGHT,
+            "cooling halves counts"
+        );
     }
 
-    /// Samples `from..to` (real sample numbers) of a skewed stream:
-    /// pages 20-24 take three in four, pages 30-89 the rest (`light`), or
-    /// pages 20-24 all of them (not `light`).
+    /// Samples `from..to` (real sample numbers) of a skewed stream over
+    /// huge pages: huge pages 20-24 take three in four, 30-89 the rest
+    /// (`light`), or 20-24 all of them (not `light`).
     fn skewed(from: usize, to: usize, light: bool) -> Vec<AccessSample> {
+        let huge = u64::from(PAGES_PER_2M);
         (from..to)
             .map(|i| {
                 if light && i % 4 == 0 {
-                    sample(30 + (i / 4 % 60) as u64, 1)
+                    sample((30 + (i / 4 % 60) as u64) * huge, 1)
                 } else {
-                    sample(20 + (i % 5) as u64, 1)
+                    sample((20 + (i % 5) as u64) * huge, 1)
                 }
             })
             .collect()
     }
 
+    /// 100 huge pages at scale 1 under THP, ten of them fit in the fast tier
+    /// (which holds the first ten): one sample adds one.
+    fn thp_config() -> (PolicyConfig, [u64; 2]) {
+        let huge = u64::from(PAGES_PER_2M);
+        let caps = [10 * huge, 100 * huge];
+        let mut cfg = PolicyConfig::new(100 * huge, caps.to_vec());
+        cfg.transparent_huge_pages = true;
+        (cfg, caps)
+    }
+
+    /// The histogram's bin for the fast tier less its reserve.
+    fn fit(m: &Memtis) -> usize {
+        m.counts.hot_threshold_bin(m.fast_capacity - m.reserve)
+    }
+
     #[test]
     fn threshold_rises_only_at_the_adaptation_period_and_drops_by_one_after_cooling() {
         // Scale 1 (a modeled sample is a real one), Memtis-Default.
-        let cfg = PolicyConfig::new(100, vec![10, 100]);
+        let (cfg, caps) = thp_config();
         let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
-        let mut v = VecView::two_tier(100, 10);
-        let caps = [10, 100];
+        let mut v = VecView::two_tier(cfg.pages, caps[0]);
         let mut k = 0;
         let mut tick = |m: &mut Memtis, s: &[AccessSample]| {
             let st = v.status(&caps);
@@ -402,15 +653,15 @@ mod tests {
         };
         let a = ADAPTATION_PERIOD_SAMPLES as usize;
         tick(&mut m, &skewed(0, a - 1, true));
-        let fit = m.counts.hot_threshold_bin(9);
-        assert!(fit > 2, "the histogram asks for a high threshold ({fit})");
+        let high = fit(&m);
+        assert!(high > 2, "the histogram asks for a high threshold ({high})");
         assert_eq!(
             m.threshold_bin(),
             HOT_THRESHOLD_MIN,
             "not before sample 100,000"
         );
         tick(&mut m, &skewed(a - 1, a, true));
-        assert_eq!(m.threshold_bin(), fit, "raised at sample 100,000");
+        assert_eq!(m.threshold_bin(), high, "raised at sample 100,000");
         // Up to the cooling at sample 2,000,000: the light pages keep
         // their counts, so the threshold stays.
         let c = COOLING_PERIOD_SAMPLES as usize;
@@ -418,31 +669,89 @@ mod tests {
             tick(&mut m, &skewed(from, from + a, false));
         }
         assert!(m.cooled, "sample 2,000,000 cooled");
-        let lower = m.counts.hot_threshold_bin(9);
-        assert!(lower < fit, "halved counts ask for less ({lower})");
-        assert_eq!(m.threshold_bin(), fit, "a cooling alone moves nothing");
+        let lower = fit(&m);
+        assert!(lower < high, "halved counts ask for less ({lower})");
+        assert_eq!(m.threshold_bin(), high, "a cooling alone moves nothing");
         // The next adaptation (2,100,000) after the cooling: down by one.
         tick(&mut m, &skewed(c, c + a, false));
         assert!(!m.cooled);
-        assert_eq!(m.threshold_bin(), fit - 1, "one step down after a cooling");
+        assert_eq!(m.threshold_bin(), high - 1, "one step down after a cooling");
     }
 
     #[test]
     fn quick_cool_never_adapts_its_threshold() {
         // 2,000 divides 100,000: every adaptation sample is a cooling
         // sample, which takes it (htmm_core.c l.1381, 1431).
-        let cfg = PolicyConfig::new(100, vec![10, 100]);
+        let (cfg, caps) = thp_config();
         let mut m = Memtis::new(&cfg, QUICK_COOL_PERIOD_SAMPLES);
-        let mut v = VecView::two_tier(100, 10);
-        let st = v.status(&[10, 100]);
+        let mut v = VecView::two_tier(cfg.pages, caps[0]);
+        let st = v.status(&caps);
         let s = skewed(0, 3 * ADAPTATION_PERIOD_SAMPLES as usize, true);
         m.tick(&obs(0, &st, &s), &mut v);
         assert_eq!(m.threshold_bin(), HOT_THRESHOLD_MIN);
         // The same samples under Memtis-Default raise it.
         let mut d = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
-        let mut v = VecView::two_tier(100, 10);
+        let mut v = VecView::two_tier(cfg.pages, caps[0]);
         d.tick(&obs(0, &st, &s), &mut v);
         assert!(d.threshold_bin() > HOT_THRESHOLD_MIN);
+    }
+
+    /// `get_idx`: floor(log2(count + 1)), at most 15.
+    #[test]
+    fn bins_are_memtis_get_idx() {
+        let cases = [
+            (0, 0),
+            (1, 1),
+            (2, 1),
+            (3, 2),
+            (511, 9),
+            (512, 9),
+            (32_767, 15),
+        ];
+        for (count, bin) in cases {
+            assert_eq!(bin_of(count), bin, "count {count}");
+        }
+        assert_eq!(bin_of(u32::MAX), 15);
+    }
+
+    /// Under THP at scale 256 a huge page is two modeled pages: a sample
+    /// on one adds 256 (the real samples of its 256 real pages), the pair
+    /// is promoted together, and the engine is asked to charge 2 MiB moves.
+    #[test]
+    fn under_thp_a_huge_page_is_counted_and_promoted_whole() {
+        let caps = [8, 64];
+        let mut cfg = PolicyConfig::new(64, caps.to_vec());
+        cfg.scale = 256.0;
+        cfg.transparent_huge_pages = true;
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        assert_eq!(
+            m.grain(),
+            Grain {
+                unit_pages: 2,
+                weight: 256,
+                huge: true
+            }
+        );
+        assert!(m.trackers().huge_pages);
+        let mut v = VecView::two_tier(64, 4); // pages 0-3 fast, room for 4
+        let st = v.status(&caps);
+        let d = m.tick(&obs(0, &st, &[sample(41, 1)]), &mut v);
+        assert_eq!(m.count(40), 256, "page 40 shares page 41's huge page");
+        let promoted: Vec<Unit> = d
+            .migrations
+            .iter()
+            .filter(|x| x.to == 0)
+            .map(|x| x.unit)
+            .collect();
+        assert_eq!(promoted, vec![Unit::run(40, 2)]);
+        // Without THP the same sample counts 512 for page 41 alone.
+        cfg.transparent_huge_pages = false;
+        let mut b = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        assert!(!b.trackers().huge_pages);
+        let mut v = VecView::two_tier(64, 4);
+        let d = b.tick(&obs(0, &st, &[sample(41, 1)]), &mut v);
+        assert_eq!((b.count(40), b.count(41)), (0, BASE_PAGE_SAMPLE_WEIGHT));
+        assert_eq!(pages_moved_to(&d, 0), vec![41]);
     }
 
     #[test]
@@ -453,6 +762,12 @@ mod tests {
         let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
         let mut v = VecView::two_tier(100, 10);
         let st = v.status(&[10, 100]);
+        let skewed = |from: usize, to: usize, light: bool| -> Vec<AccessSample> {
+            skewed(from, to, light)
+                .into_iter()
+                .map(|s| sample(s.page / u64::from(PAGES_PER_2M), s.tier))
+                .collect()
+        };
         m.tick(&obs(0, &st, &skewed(0, 99, true)), &mut v);
         assert!(m.counts.hot_threshold_bin(9) > HOT_THRESHOLD_MIN);
         assert_eq!(m.threshold_bin(), HOT_THRESHOLD_MIN);

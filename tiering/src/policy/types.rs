@@ -243,6 +243,14 @@ pub struct PolicyConfig {
     /// it; the live engine leaves it off.
     #[serde(default)]
     pub huge_pages: bool,
+    /// Transparent huge pages are on (`enabled = always`), as every Memtis
+    /// setup in the seeds runs them (Nomad's Memtis scripts set
+    /// `thp_setting=always`; Memtis is built around them): `memtis` and
+    /// `memtis-quickcool` then count samples and move pages per 2 MiB
+    /// ([`super::memtis::Grain`]); the others ignore it. The simulator sets
+    /// it; the live engine leaves it off (it tracks and moves 4 KiB pages).
+    #[serde(default)]
+    pub transparent_huge_pages: bool,
 }
 
 impl PolicyConfig {
@@ -256,6 +264,7 @@ impl PolicyConfig {
             interval_ns: None,
             accessed_test_cost_ns: None,
             huge_pages: false,
+            transparent_huge_pages: false,
         }
     }
 
