@@ -84,11 +84,24 @@ pub struct Scenario {
     /// keep 4 KiB pages.
     #[serde(default)]
     pub huge_pages: bool,
+    /// Transparent huge pages are on where the system under test runs
+    /// them: every Memtis setup in the seeds (Nomad's Memtis scripts set
+    /// `thp_setting=always`), so `memtis` and `memtis-quickcool` count and
+    /// move 2 MiB pages
+    /// ([`crate::policy::PolicyConfig::transparent_huge_pages`]). On by
+    /// default; `tiervm sim --small-pages` turns it off.
+    #[serde(default = "thp_default")]
+    pub transparent_huge_pages: bool,
     /// What the benchmark does before its measured rounds, run before the
     /// measured `duration_s` and left out of its throughput and counts
     /// (Nomad's micro-benchmark: [`BenchInit`]).
     #[serde(default)]
     pub bench_init: Option<BenchInit>,
+}
+
+/// [`Scenario::transparent_huge_pages`]' default: on.
+fn thp_default() -> bool {
+    true
 }
 
 /// Nomad's micro-benchmark before its measured rounds (Nomad artifact,
@@ -184,6 +197,7 @@ fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec) -> 
         pebs_writes_are_stores: false,
         compute_ns_per_op: 0.0,
         huge_pages: false,
+        transparent_huge_pages: true,
         bench_init: None,
     }
 }
@@ -235,6 +249,7 @@ fn colloid(level: u32) -> Scenario {
         pebs_writes_are_stores: false,
         compute_ns_per_op: 0.0,
         huge_pages: true,
+        transparent_huge_pages: true,
         bench_init: None,
     }
 }
@@ -266,6 +281,7 @@ fn mtm_4tier() -> Scenario {
         pebs_writes_are_stores: false,
         compute_ns_per_op: 0.0,
         huge_pages: false,
+        transparent_huge_pages: true,
         bench_init: None,
     }
 }

@@ -254,8 +254,7 @@ pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfi
         interval_ns: None,
         accessed_test_cost_ns: None,
         huge_pages: scn.huge_pages,
-        // The seeds' Memtis runs with THP on (PolicyConfig's doc).
-        transparent_huge_pages: true,
+        transparent_huge_pages: scn.transparent_huge_pages,
     }
 }
 

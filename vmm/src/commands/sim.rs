@@ -99,7 +99,8 @@ pub struct SimArgs {
     pub pebs_sees_all: bool,
     /// Track and migrate 4 KiB pages even where the scenario's system maps
     /// 2 MiB pages (colloid and colloid-base on HeMem in the colloid-gups
-    /// scenarios): the model before HeMem's 2 MiB pages.
+    /// scenarios; memtis and memtis-quickcool under THP in every scenario):
+    /// to match a live run, which tracks and moves 4 KiB pages.
     #[arg(long)]
     pub small_pages: bool,
     /// Skip the benchmark's initialization before the measured run (the
@@ -323,6 +324,7 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     }
     if a.small_pages {
         scn.huge_pages = false;
+        scn.transparent_huge_pages = false;
     }
     if a.no_bench_init {
         scn.bench_init = None;
