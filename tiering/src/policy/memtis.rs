@@ -80,49 +80,104 @@ pub fn bin_of(count: u32) -> usize {
     ((u64::from(count) + 1).ilog2() as usize).min(BINS - 1)
 }
 
-/// What Memtis counts and moves: one tracked page is `unit_pages` modeled
-/// pages, and a modeled sample adds `weight` to its count.
+/// Fixed-point scale of counts and of the real-sample clock: a modeled
+/// sample may stand for a fraction of a real one more or less.
+const FIXED_ONE: u64 = 1 << 10;
+
+/// The whole part of a fixed-point count.
+fn whole(fixed: u64) -> u32 {
+    u32::try_from(fixed / FIXED_ONE).unwrap_or(u32::MAX)
+}
+
+/// What Memtis counts and moves, and how the model samples for it: one
+/// tracked page is `unit_pages` modeled pages, sampled once per
+/// `load_period` (`store_period`) modeled load (store) events.
 ///
 /// A modeled page stands for `scale` real 4 KiB pages with one real page's
-/// access rate, so a modeled sample is one real sample on each of them.
-/// Under THP a tracked page is one 2 MiB page: `512 / scale` modeled pages
-/// (at least 1; at scale >= 512 one modeled page holds `scale / 512` huge
-/// pages of equal heat and its count is one of theirs), and a modeled sample
-/// is `512 / unit_pages` real samples on it, each adding one. Without THP a
-/// tracked page is a modeled page, and its one real sample adds
-/// [`BASE_PAGE_SAMPLE_WEIGHT`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// access rate. Without THP a tracked page is a modeled page, sampled at
+/// Memtis' own periods: a modeled sample is one real sample on each of its
+/// real pages, adding [`BASE_PAGE_SAMPLE_WEIGHT`] to its count. Under THP a
+/// tracked page is one 2 MiB page: `512 / scale` modeled pages (at least 1;
+/// at scale >= 512 one modeled page holds `scale / 512` huge pages of equal
+/// heat and its count is one of theirs). It must see the samples a real
+/// huge page sees, one by one (each adds one, and QuickCool cools every
+/// 2,000), not `scale` at once, so its periods are Memtis' times
+/// `unit_pages / 512` (at least 1): at scale 256 every load event and one
+/// store in 391 is sampled, each sample standing for 1.29 and 1.00 real
+/// ones ([`Grain::real_per_sample`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grain {
     /// Modeled pages per tracked page (1..=512).
     pub unit_pages: u64,
-    /// Count added per modeled sample.
-    pub weight: u32,
     /// The tracked page is a 2 MiB mapping.
     pub huge: bool,
+    /// Modeled load events per sample.
+    pub load_period: u64,
+    /// Modeled store events per sample.
+    pub store_period: u64,
+    /// Real pages per modeled page.
+    pub scale: f64,
 }
 
 impl Grain {
     /// The grain for `config`.
     pub fn for_config(config: &PolicyConfig) -> Self {
-        if !config.transparent_huge_pages {
-            return Self {
-                unit_pages: 1,
-                weight: BASE_PAGE_SAMPLE_WEIGHT,
-                huge: false,
-            };
-        }
         let scale = if config.scale.is_finite() && config.scale >= 1.0 {
             config.scale
         } else {
             1.0
         };
+        if !config.transparent_huge_pages {
+            return Self {
+                unit_pages: 1,
+                huge: false,
+                load_period: SAMPLE_PERIOD,
+                store_period: STORE_SAMPLE_PERIOD,
+                scale,
+            };
+        }
         let huge = u64::from(PAGES_PER_2M);
         let unit_pages = ((huge as f64 / scale).round() as u64).clamp(1, huge);
+        let period = |real: u64| ((real * unit_pages) as f64 / huge as f64).round().max(1.0) as u64;
         Self {
             unit_pages,
-            weight: (huge / unit_pages) as u32,
             huge: true,
+            load_period: period(SAMPLE_PERIOD),
+            store_period: period(STORE_SAMPLE_PERIOD),
+            scale,
         }
+    }
+
+    /// Real samples one modeled sample stands for: on its tracked page
+    /// (`512 x period / (Memtis' period x unit_pages)` under THP, 1 on a
+    /// base page), and in all (`scale x period / Memtis' period`, the
+    /// `nr_sampled` clock).
+    pub fn real_per_sample(&self, store: bool) -> (f64, f64) {
+        let (model, real) = if store {
+            (self.store_period, STORE_SAMPLE_PERIOD)
+        } else {
+            (self.load_period, SAMPLE_PERIOD)
+        };
+        let ratio = model as f64 / real as f64;
+        let on_page = if self.huge {
+            f64::from(PAGES_PER_2M) * ratio / self.unit_pages as f64
+        } else {
+            ratio
+        };
+        (on_page, self.scale * ratio)
+    }
+
+    /// What one modeled sample adds to its tracked page's count, and to
+    /// the real-sample clock, in [`FIXED_ONE`] units.
+    fn fixed_weights(&self, store: bool) -> (u64, u64) {
+        let (on_page, clock) = self.real_per_sample(store);
+        let per_real = if self.huge {
+            1.0
+        } else {
+            f64::from(BASE_PAGE_SAMPLE_WEIGHT)
+        };
+        let fixed = |x: f64| (x * FIXED_ONE as f64).round().max(1.0) as u64;
+        (fixed(on_page * per_real), fixed(clock))
     }
 }
 
@@ -134,7 +189,8 @@ impl Grain {
 pub struct AccessCounts {
     grain: Grain,
     pages: u64,
-    counts: Vec<u32>,
+    /// In [`FIXED_ONE`] units.
+    counts: Vec<u64>,
     hist: [u64; BINS],
 }
 
@@ -168,8 +224,12 @@ impl AccessCounts {
         first..first.saturating_add(self.grain.unit_pages).min(self.pages)
     }
 
-    /// Count of tracked page `unit`.
+    /// Count of tracked page `unit` (Memtis' integer count).
     pub fn count(&self, unit: u64) -> u32 {
+        whole(self.fixed(unit))
+    }
+
+    fn fixed(&self, unit: u64) -> u64 {
         self.counts.get(unit as usize).copied().unwrap_or(0)
     }
 
@@ -178,27 +238,29 @@ impl AccessCounts {
         bin_of(self.count(unit))
     }
 
-    fn set(&mut self, unit: u64, count: u32) {
+    fn set_fixed(&mut self, unit: u64, fixed: u64) {
         let len = self.pages_of(unit).count() as u64;
         let Some(c) = self.counts.get_mut(unit as usize) else {
             return;
         };
-        self.hist[bin_of(*c)] -= len;
-        *c = count;
-        self.hist[bin_of(count)] += len;
+        self.hist[bin_of(whole(*c))] -= len;
+        // 32-bit counts, as Memtis': saturate at u32::MAX.
+        *c = fixed.min(u64::from(u32::MAX) * FIXED_ONE);
+        self.hist[bin_of(whole(*c))] += len;
     }
 
-    /// One modeled sample of tracked page `unit` (ignored if out of range).
-    pub fn add(&mut self, unit: u64) {
-        let c = self.count(unit).saturating_add(self.grain.weight);
-        self.set(unit, c);
+    /// One modeled sample of tracked page `unit`, adding `fixed`
+    /// ([`FIXED_ONE`] units; ignored if out of range).
+    fn add(&mut self, unit: u64, fixed: u64) {
+        let c = self.fixed(unit).saturating_add(fixed);
+        self.set_fixed(unit, c);
     }
 
     /// Halves every count (`__cooling`) and rebuilds the histogram.
     pub fn cool(&mut self) {
         for u in 0..self.units() {
-            let c = self.count(u) >> 1;
-            self.set(u, c);
+            let c = self.fixed(u) >> 1;
+            self.set_fixed(u, c);
         }
     }
 
@@ -235,9 +297,10 @@ pub struct Memtis {
     tiers: usize,
     threshold_bin: usize,
     quick_cool: bool,
-    /// Real samples one modeled sample stands for (the scale).
-    sample_weight: u64,
-    /// `memcg->nr_sampled`, real-equivalent.
+    /// What a modeled (load, store) sample adds to its page's count and to
+    /// the real-sample clock ([`Grain::fixed_weights`]).
+    weights: [(u64, u64); 2],
+    /// `memcg->nr_sampled`, real-equivalent, in [`FIXED_ONE`] units.
     real_samples: u64,
     /// The cooling period in real samples.
     cooling_period_real: u64,
@@ -253,7 +316,8 @@ impl Memtis {
             .promote_rate_limit_mbps
             .unwrap_or(MAX_MIGRATION_RATE_MBPS);
         let fast = config.tier_capacity_pages.first().copied().unwrap_or(0);
-        let counts = AccessCounts::new(config.pages, Grain::for_config(config));
+        let grain = Grain::for_config(config);
+        let counts = AccessCounts::new(config.pages, grain);
         Self {
             is_candidate: vec![false; counts.units() as usize],
             counts,
@@ -266,7 +330,7 @@ impl Memtis {
             tiers: config.tiers(),
             threshold_bin: HOT_THRESHOLD_MIN,
             quick_cool: cooling_period_samples == QUICK_COOL_PERIOD_SAMPLES,
-            sample_weight: config.scale.round().max(1.0) as u64,
+            weights: [grain.fixed_weights(false), grain.fixed_weights(true)],
             real_samples: 0,
             cooling_period_real: cooling_period_samples.max(1),
             cooled: false,
@@ -315,13 +379,15 @@ impl Memtis {
         let step = gcd(c, a);
         for s in samples {
             let unit = self.counts.unit_of(s.page);
+            let (count, clock) = self.weights[usize::from(s.write)];
             // Step 1.
-            self.counts.add(unit);
+            self.counts.add(unit, count);
             // Step 2.
-            let prev = self.real_samples;
-            self.real_samples += self.sample_weight;
+            let prev = self.real_samples / FIXED_ONE;
+            self.real_samples += clock;
+            let now = self.real_samples / FIXED_ONE;
             let mut m = (prev / step + 1) * step;
-            while m <= self.real_samples {
+            while m <= now {
                 if m.is_multiple_of(c) {
                     // Step 3.
                     self.counts.cool();
@@ -400,8 +466,8 @@ impl Policy for Memtis {
 
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
-            sample_period: SAMPLE_PERIOD,
-            store_sample_period: STORE_SAMPLE_PERIOD,
+            sample_period: self.counts.grain.load_period,
+            store_sample_period: self.counts.grain.store_period,
             // PEBS (Memtis §4.1).
             hardware_samples: true,
             huge_pages: self.counts.grain.huge,
@@ -540,11 +606,11 @@ impl Policy for Memtis {
     fn import_state(&mut self, state: &PolicyState) {
         for &(p, heat) in &state.hot_pages {
             let u = self.counts.unit_of(p);
-            // Sixteen samples' worth for the hottest page.
-            let samples = (heat.clamp(0.0, 1.0) * 16.0).round() as u32;
-            let c = samples.saturating_mul(self.counts.grain.weight);
-            if c > self.counts.count(u) {
-                self.counts.set(u, c);
+            // Sixteen load samples' worth for the hottest page.
+            let samples = (heat.clamp(0.0, 1.0) * 16.0).round() as u64;
+            let c = samples.saturating_mul(self.weights[0].0);
+            if c > self.counts.fixed(u) {
+                self.counts.set_fixed(u, c);
             }
             if let Some(c) = self.is_candidate.get_mut(u as usize) {
                 if !*c {
@@ -714,9 +780,11 @@ mod tests {
         assert_eq!(bin_of(u32::MAX), 15);
     }
 
-    /// Under THP at scale 256 a huge page is two modeled pages: a sample
-    /// on one adds 256 (the real samples of its 256 real pages), the pair
-    /// is promoted together, and the engine is asked to charge 2 MiB moves.
+    /// Under THP at scale 256 a huge page is two modeled pages, sampled
+    /// at every load event (Memtis' 199 x 2 / 512, at least 1): a load
+    /// sample on one adds 1.29 real samples to the huge page (the rest is
+    /// kept as a fraction), the pair is promoted together, and the engine is
+    /// asked to charge 2 MiB moves.
     #[test]
     fn under_thp_a_huge_page_is_counted_and_promoted_whole() {
         let caps = [8, 64];
@@ -724,19 +792,21 @@ mod tests {
         cfg.scale = 256.0;
         cfg.transparent_huge_pages = true;
         let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let g = m.grain();
         assert_eq!(
-            m.grain(),
-            Grain {
-                unit_pages: 2,
-                weight: 256,
-                huge: true
-            }
+            (g.unit_pages, g.huge, g.load_period, g.store_period),
+            (2, true, 1, 391)
         );
-        assert!(m.trackers().huge_pages);
+        let (on_page, clock) = g.real_per_sample(false);
+        assert!((on_page - 512.0 / 398.0).abs() < 1e-9 && (clock - 256.0 / 199.0).abs() < 1e-9);
+        let t = m.trackers();
+        assert!(t.huge_pages && t.sample_period == 1 && t.store_sample_period == 391);
         let mut v = VecView::two_tier(64, 4); // pages 0-3 fast, room for 4
         let st = v.status(&caps);
         let d = m.tick(&obs(0, &st, &[sample(41, 1)]), &mut v);
-        assert_eq!(m.count(40), 256, "page 40 shares page 41's huge page");
+        assert_eq!(m.count(40), 1, "page 40 shares page 41's huge page");
+        m.tick(&obs(1, &st, &[sample(40, 1), sample(41, 1)]), &mut v);
+        assert_eq!(m.count(41), 3, "three samples of 1.29 real ones each");
         let promoted: Vec<Unit> = d
             .migrations
             .iter()
