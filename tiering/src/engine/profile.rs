@@ -19,6 +19,13 @@
 //! curve non-decreasing (a concave utility, which a greedy division
 //! maximizes). Shares are of all samples, so the
 //! sampling rate (which the hint-fault budget adapts per VM) cancels out.
+//!
+//! What a share is worth in absolute terms comes from [`AccessRate`]: the
+//! VM's sampled access rate as the host measures it. The hint-fault sampler
+//! parks every guest page in turn, and a page touched λ times a second
+//! faults with a weight of about λ, so the weights of one full pass sum to
+//! about the VM's accesses per second: `rate = weights / passes`. The
+//! guest cannot raise it without touching its memory.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -108,6 +115,76 @@ impl AccessProfile {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
+    }
+}
+
+/// The host's estimate of a VM's access rate (see the module docs): the
+/// hint-fault weights of the sampler's windows per full pass over guest
+/// memory, decayed like the profile (halved by [`AccessRate::halve`] when
+/// the profile is), so that a share of the profile's counts times the rate
+/// is accesses per second to those pages.
+///
+/// It is an index more than a count: a weight is `1 s / time to fault`,
+/// which for a page touched λ times a second averages about
+/// `λ (1 + ln(1000 / λ))` (the first touch of a window comes early by
+/// chance), capped at [`MAX_HINT_WEIGHT`] a page; pages touched less than
+/// once a window count little or nothing. The same holds for every VM, so
+/// rates compare across VMs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AccessRate {
+    /// The sampler's counts at the last update (`None`: none yet).
+    last: Option<(u64, u64, u64)>,
+    /// Decayed sum of weights.
+    weight: f64,
+    /// Decayed sum of squared weights (each halving quarters it: the
+    /// variance of a sum scaled by 1/2).
+    weight_sq: f64,
+    /// Decayed passes over guest memory.
+    passes: f64,
+}
+
+impl AccessRate {
+    /// Takes the sampler's counts so far (each only grows): pages scanned,
+    /// weighted hint faults and their squares, over `guest_pages` pages.
+    /// Counts that went backwards (a new sampler) restart the differences.
+    pub fn update(&mut self, guest_pages: u64, scanned: u64, weight: u64, weight_sq: u64) {
+        let now = (scanned, weight, weight_sq);
+        if let Some((s0, w0, q0)) = self.last {
+            if scanned >= s0 && weight >= w0 && weight_sq >= q0 && guest_pages > 0 {
+                self.passes += (scanned - s0) as f64 / guest_pages as f64;
+                self.weight += (weight - w0) as f64;
+                self.weight_sq += (weight_sq - q0) as f64;
+            }
+        }
+        self.last = Some(now);
+    }
+
+    /// Halves the memory (call it when the profile halves).
+    pub fn halve(&mut self) {
+        self.weight /= 2.0;
+        self.weight_sq /= 4.0;
+        self.passes /= 2.0;
+    }
+
+    /// Decayed passes of the sampler behind the estimate.
+    pub fn passes(&self) -> f64 {
+        self.passes
+    }
+
+    /// Sampled accesses per second and the estimate's standard error
+    /// (`sqrt(sum of squared weights) / passes`: each sampled page's
+    /// weight taken as an independent draw, which also covers which pages
+    /// the scan reached so far); `None` before the sampler covered any
+    /// memory.
+    pub fn estimate(&self) -> Option<(f64, f64)> {
+        if self.passes > 0.0 && self.passes.is_finite() {
+            Some((
+                self.weight / self.passes,
+                self.weight_sq.sqrt() / self.passes,
+            ))
+        } else {
+            None
+        }
     }
 }
 
@@ -247,6 +324,32 @@ mod tests {
         p.record(1);
         assert_eq!(p.snapshot(), vec![100, 1]);
         assert!((p.mean_weight() - 50.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_access_rate_is_weight_per_pass_and_survives_halving() {
+        let mut r = AccessRate::default();
+        assert_eq!(r.estimate(), None, "nothing scanned yet");
+        r.update(1000, 0, 0, 0);
+        assert_eq!(r.estimate(), None);
+        // Half a pass: 500 pages scanned, 10 faults of weight 100 each.
+        r.update(1000, 500, 1000, 100_000);
+        let (rate, se) = r.estimate().unwrap();
+        assert!((rate - 2000.0).abs() < 1e-9, "1000 weight / 0.5 pass");
+        assert!((se - 100_000f64.sqrt() / 0.5).abs() < 1e-9);
+        r.halve();
+        let (rate2, se2) = r.estimate().unwrap();
+        assert!((rate2 - rate).abs() < 1e-9, "halving keeps the rate");
+        assert!((se2 - se).abs() < 1e-9, "and its error");
+        // The next half pass is twice as hot: it counts for 2/3.
+        r.update(1000, 1000, 3000, 500_000);
+        let (rate3, _) = r.estimate().unwrap();
+        assert!((rate3 - (500.0 + 2000.0) / 0.75).abs() < 1e-9, "{rate3}");
+        // A new sampler (counts restart) is not a negative difference.
+        r.update(1000, 10, 10, 10);
+        assert_eq!(r.estimate().unwrap().0, rate3);
+        r.update(0, 20, 20, 20);
+        assert_eq!(r.estimate().unwrap().0, rate3, "no pages: ignored");
     }
 
     #[test]

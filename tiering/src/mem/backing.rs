@@ -639,6 +639,18 @@ impl TieredMemory {
         self.counters.scan_cycles.load(Ordering::Relaxed)
     }
 
+    /// What the hint-fault sampler covered and the weighted hint faults of
+    /// its windows, so far (`tiering::engine::profile::AccessRate`).
+    pub fn sampler_account(&self) -> super::SamplerAccount {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        super::SamplerAccount {
+            guest_pages: self.guest_pages as u64,
+            scanned_pages: g(&self.counters.scanned_pages),
+            hint_weight: g(&self.counters.sampler_hint_weight),
+            hint_weight_sq: g(&self.counters.sampler_hint_weight_sq),
+        }
+    }
+
     pub(crate) fn set_overhead_pct(&self, pct: f64) {
         self.overhead_pct_bits
             .store(pct.to_bits(), Ordering::Relaxed);

@@ -207,6 +207,18 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
         write: p.write,
     };
     mem.counters.hint_faults.fetch_add(1, Ordering::Relaxed);
+    if mem.pages.load(page) & PROBE == 0 {
+        // A sampler window's page (the sampler parks every page in turn):
+        // the host's measure of the guest's access rate. Probes park
+        // pages a policy picked, which would bias it.
+        let w = u64::from(crate::engine::profile::hint_weight(sample.ns_since_park));
+        mem.counters
+            .sampler_hint_weight
+            .fetch_add(w, Ordering::Relaxed);
+        mem.counters
+            .sampler_hint_weight_sq
+            .fetch_add(w * w, Ordering::Relaxed);
+    }
     match mem.fault_path_hook() {
         Some(hook) => {
             // The policy decides now; a promotion happens before the faulting

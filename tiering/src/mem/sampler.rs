@@ -57,6 +57,22 @@ impl Default for SamplerConfig {
     }
 }
 
+/// What the hint-fault sampler has seen so far, for an estimate of the
+/// guest's access rate that the host measures
+/// (`tiering::engine::profile::AccessRate`): every count only grows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplerAccount {
+    /// Guest pages (one pass of the sampler covers them all).
+    pub guest_pages: u64,
+    /// Pages the sampler's windows covered, all passes.
+    pub scanned_pages: u64,
+    /// Hint faults of sampler windows (accessed-bit probes left out), each
+    /// weighted by its time to fault (`engine::profile::hint_weight`).
+    pub hint_weight: u64,
+    /// The same weights squared, summed.
+    pub hint_weight_sq: u64,
+}
+
 /// What one sampler period did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SamplerTick {
@@ -185,6 +201,11 @@ impl HintSampler {
             };
             parked += got.len();
             self.window.extend(got);
+            // Every page of the run was looked at: parked, or skipped as
+            // never touched (no access to sample) or busy.
+            mem.counters
+                .scanned_pages
+                .fetch_add(run.len() as u64, Ordering::Relaxed);
             if start == self.cursor {
                 break;
             }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use tiering::engine::profile::{gain_curve, AccessProfile};
+use tiering::engine::profile::{gain_curve, AccessProfile, AccessRate};
 use tiering::mem::{ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
@@ -25,7 +25,8 @@ use crate::config::{VmConfig, VmRequest};
 use crate::error::{Error, Result};
 use crate::runner::{self, Console, RunHooks, SampleCtx};
 use crate::serve::protocol::{
-    encode, Command, FromWorker, Reply, TierNow, ToWorker, VmSpec, WorkerStats, MAX_LINE,
+    encode, Command, FromWorker, Reply, SampledAccesses, TierNow, ToWorker, VmSpec, WorkerStats,
+    MAX_LINE,
 };
 use crate::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
 
@@ -346,6 +347,8 @@ struct WorkerHooks {
     last_stats: Option<(Instant, f64, u64)>,
     last_halve: Instant,
     halve_cycles: u64,
+    /// The host's estimate of the VM's access rate (halved with the profile).
+    access_rate: AccessRate,
 }
 
 impl WorkerHooks {
@@ -364,6 +367,7 @@ impl WorkerHooks {
             last_stats: None,
             last_halve: Instant::now(),
             halve_cycles: 0,
+            access_rate: AccessRate::default(),
         }
     }
 
@@ -437,6 +441,21 @@ impl WorkerHooks {
             ),
             None => Default::default(),
         };
+        let account = mem.sampler_account();
+        self.access_rate.update(
+            account.guest_pages,
+            account.scanned_pages,
+            account.hint_weight,
+            account.hint_weight_sq,
+        );
+        let accesses = self
+            .access_rate
+            .estimate()
+            .map(|(per_sec, se)| SampledAccesses {
+                per_sec,
+                se,
+                passes: self.access_rate.passes(),
+            });
         if self.policy == PolicyKind::Static {
             // Static never promotes: more fast capacity buys it nothing.
             gain.grow.iter_mut().for_each(|g| *g = 0.0);
@@ -453,6 +472,7 @@ impl WorkerHooks {
             if let Some(p) = &self.profile {
                 p.halve();
             }
+            self.access_rate.halve();
             self.last_halve = now;
             self.halve_cycles = cycles;
         }
@@ -464,6 +484,7 @@ impl WorkerHooks {
             t_s: ctx.t_s,
             ops: ctx.ops,
             ops_per_sec,
+            accesses,
             policy: self.policy.name().to_string(),
             policy_error: self.policy_error.clone(),
             tiers,

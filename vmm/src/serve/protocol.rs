@@ -190,8 +190,13 @@ pub struct WorkerStats {
     pub t_s: f64,
     /// Guest operations so far.
     pub ops: u64,
-    /// Operations per second over the last second or so.
+    /// Operations per second over the last second or so, from the
+    /// guest's own counter (untrusted).
     pub ops_per_sec: f64,
+    /// The VM's sampled access rate as the host measures it (`None`
+    /// before the hint-fault sampler covered any memory, or without it).
+    #[serde(default)]
+    pub accesses: Option<SampledAccesses>,
     /// The policy running now.
     pub policy: String,
     /// Why the last policy switch failed (cleared by one that works).
@@ -207,6 +212,20 @@ pub struct WorkerStats {
     pub gain: GainCurve,
     /// Whether both tiers are one host node (latencies not real).
     pub emulated: bool,
+}
+
+/// A VM's access rate as the host measures it
+/// (`tiering::engine::profile::AccessRate`): the hint-fault weights of the
+/// sampler's windows per full pass over guest memory, decayed with the
+/// access profile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SampledAccesses {
+    /// Sampled accesses per second.
+    pub per_sec: f64,
+    /// Its standard error.
+    pub se: f64,
+    /// Decayed passes of the sampler behind it.
+    pub passes: f64,
 }
 
 /// Encodes one line (with its newline).
