@@ -20,12 +20,12 @@
 //! maximizes). Shares are of all samples, so the
 //! sampling rate (which the hint-fault budget adapts per VM) cancels out.
 //!
-//! What a share is worth in absolute terms comes from [`AccessRate`]: the
+//! What a share is worth in absolute terms comes from [`access_rate`]: the
 //! VM's sampled access rate as the host measures it. The hint-fault sampler
 //! parks every guest page in turn, and a page touched λ times a second
-//! faults with a weight of about λ, so the weights of one full pass sum to
-//! about the VM's accesses per second: `rate = weights / passes`. The
-//! guest cannot raise it without touching its memory.
+//! faults with a weight of about λ, so the latest weight of every page sums
+//! to about the VM's accesses per second. The guest cannot raise it without
+//! touching its memory.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -118,74 +118,61 @@ impl AccessProfile {
     }
 }
 
-/// The host's estimate of a VM's access rate (see the module docs): the
-/// hint-fault weights of the sampler's windows per full pass over guest
-/// memory, decayed like the profile (halved by [`AccessRate::halve`] when
-/// the profile is), so that a share of the profile's counts times the rate
-/// is accesses per second to those pages.
+/// A VM's access rate as the host measures it (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct AccessRate {
+    /// Sampled accesses per second.
+    pub per_sec: f64,
+    /// Its standard error.
+    pub se: f64,
+    /// Share of guest memory the sampler has covered (1 once it made a
+    /// full pass; below, the rate is extrapolated from what it covered).
+    pub coverage: f64,
+}
+
+/// The host's estimate of a VM's access rate from the hint-fault sampler's
+/// census (`tiering::mem::SamplerAccount`): `weight` is the sum over guest
+/// pages of the weight of each page's latest hint fault in a sampler
+/// window, `weight_sq` the sum of their squares, `scanned` the pages the
+/// sampler's windows covered so far, of `guest_pages`.
+///
+/// 1. A page touched λ times a second faults with a weight of about λ, so
+///    once the sampler made a full pass, `weight` (one sample per page,
+///    the latest) is the rate, whatever part of memory the scan is in now.
+/// 2. Its standard error is `sqrt(weight_sq)`: each page's weight taken as
+///    an independent draw.
+/// 3. Before the first full pass, the rate is extrapolated from the
+///    covered share `f`: `weight / f`, with the error `sqrt(weight_sq) / f`
+///    and, in quadrature, `rate x (1 - f)` for the part not seen (the scan
+///    goes through memory in order, and a hot region may lie ahead or
+///    behind).
 ///
 /// It is an index more than a count: a weight is `1 s / time to fault`,
 /// which for a page touched λ times a second averages about
 /// `λ (1 + ln(1000 / λ))` (the first touch of a window comes early by
-/// chance), capped at [`MAX_HINT_WEIGHT`] a page; pages touched less than
-/// once a window count little or nothing. The same holds for every VM, so
-/// rates compare across VMs.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AccessRate {
-    /// The sampler's counts at the last update (`None`: none yet).
-    last: Option<(u64, u64, u64)>,
-    /// Decayed sum of weights.
-    weight: f64,
-    /// Decayed sum of squared weights (each halving quarters it: the
-    /// variance of a sum scaled by 1/2).
-    weight_sq: f64,
-    /// Decayed passes over guest memory.
-    passes: f64,
-}
-
-impl AccessRate {
-    /// Takes the sampler's counts so far (each only grows): pages scanned,
-    /// weighted hint faults and their squares, over `guest_pages` pages.
-    /// Counts that went backwards (a new sampler) restart the differences.
-    pub fn update(&mut self, guest_pages: u64, scanned: u64, weight: u64, weight_sq: u64) {
-        let now = (scanned, weight, weight_sq);
-        if let Some((s0, w0, q0)) = self.last {
-            if scanned >= s0 && weight >= w0 && weight_sq >= q0 && guest_pages > 0 {
-                self.passes += (scanned - s0) as f64 / guest_pages as f64;
-                self.weight += (weight - w0) as f64;
-                self.weight_sq += (weight_sq - q0) as f64;
-            }
-        }
-        self.last = Some(now);
+/// chance), capped at [`MAX_HINT_WEIGHT`]; pages touched less than once a
+/// window count little or nothing, and a window's hint faults are served
+/// one at a time, so a VM whose pages all fault at once counts less than
+/// it touches. The same holds for every VM.
+///
+/// `None` before the sampler covered any memory.
+pub fn access_rate(
+    guest_pages: u64,
+    scanned: u64,
+    weight: u64,
+    weight_sq: u64,
+) -> Option<AccessRate> {
+    if guest_pages == 0 || scanned == 0 {
+        return None;
     }
-
-    /// Halves the memory (call it when the profile halves).
-    pub fn halve(&mut self) {
-        self.weight /= 2.0;
-        self.weight_sq /= 4.0;
-        self.passes /= 2.0;
-    }
-
-    /// Decayed passes of the sampler behind the estimate.
-    pub fn passes(&self) -> f64 {
-        self.passes
-    }
-
-    /// Sampled accesses per second and the estimate's standard error
-    /// (`sqrt(sum of squared weights) / passes`: each sampled page's
-    /// weight taken as an independent draw, which also covers which pages
-    /// the scan reached so far); `None` before the sampler covered any
-    /// memory.
-    pub fn estimate(&self) -> Option<(f64, f64)> {
-        if self.passes > 0.0 && self.passes.is_finite() {
-            Some((
-                self.weight / self.passes,
-                self.weight_sq.sqrt() / self.passes,
-            ))
-        } else {
-            None
-        }
-    }
+    let f = (scanned as f64 / guest_pages as f64).min(1.0);
+    let per_sec = weight as f64 / f;
+    let se = ((weight_sq as f64).sqrt() / f).hypot(per_sec * (1.0 - f));
+    Some(AccessRate {
+        per_sec,
+        se,
+        coverage: f,
+    })
 }
 
 /// Marginal gain of fast capacity for one VM (see the module docs).
@@ -327,29 +314,18 @@ mod tests {
     }
 
     #[test]
-    fn the_access_rate_is_weight_per_pass_and_survives_halving() {
-        let mut r = AccessRate::default();
-        assert_eq!(r.estimate(), None, "nothing scanned yet");
-        r.update(1000, 0, 0, 0);
-        assert_eq!(r.estimate(), None);
-        // Half a pass: 500 pages scanned, 10 faults of weight 100 each.
-        r.update(1000, 500, 1000, 100_000);
-        let (rate, se) = r.estimate().unwrap();
-        assert!((rate - 2000.0).abs() < 1e-9, "1000 weight / 0.5 pass");
-        assert!((se - 100_000f64.sqrt() / 0.5).abs() < 1e-9);
-        r.halve();
-        let (rate2, se2) = r.estimate().unwrap();
-        assert!((rate2 - rate).abs() < 1e-9, "halving keeps the rate");
-        assert!((se2 - se).abs() < 1e-9, "and its error");
-        // The next half pass is twice as hot: it counts for 2/3.
-        r.update(1000, 1000, 3000, 500_000);
-        let (rate3, _) = r.estimate().unwrap();
-        assert!((rate3 - (500.0 + 2000.0) / 0.75).abs() < 1e-9, "{rate3}");
-        // A new sampler (counts restart) is not a negative difference.
-        r.update(1000, 10, 10, 10);
-        assert_eq!(r.estimate().unwrap().0, rate3);
-        r.update(0, 20, 20, 20);
-        assert_eq!(r.estimate().unwrap().0, rate3, "no pages: ignored");
+    fn the_access_rate_is_the_census_once_the_sampler_covered_memory() {
+        assert_eq!(access_rate(1000, 0, 0, 0), None, "nothing scanned yet");
+        assert_eq!(access_rate(0, 10, 10, 10), None);
+        // A full pass (and more): the census is the rate.
+        let r = access_rate(1000, 2500, 5000, 1_000_000).unwrap();
+        assert_eq!((r.per_sec, r.se, r.coverage), (5000.0, 1000.0, 1.0));
+        // A quarter of memory covered: extrapolated, and uncertain by the
+        // three quarters not seen.
+        let r = access_rate(1000, 250, 500, 10_000).unwrap();
+        assert_eq!(r.per_sec, 2000.0);
+        assert!((r.se - 400f64.hypot(1500.0)).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.coverage, 0.25);
     }
 
     #[test]

@@ -211,13 +211,9 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
         // A sampler window's page (the sampler parks every page in turn):
         // the host's measure of the guest's access rate. Probes park
         // pages a policy picked, which would bias it.
-        let w = u64::from(crate::engine::profile::hint_weight(sample.ns_since_park));
-        mem.counters
-            .sampler_hint_weight
-            .fetch_add(w, Ordering::Relaxed);
-        mem.counters
-            .sampler_hint_weight_sq
-            .fetch_add(w * w, Ordering::Relaxed);
+        let w = crate::engine::profile::hint_weight(sample.ns_since_park);
+        mem.sampled_weights
+            .record(page, u16::try_from(w).unwrap_or(u16::MAX));
     }
     match mem.fault_path_hook() {
         Some(hook) => {

@@ -167,11 +167,6 @@ pub struct Counters {
     /// as never touched), all passes (not in the report;
     /// `TieredMemory::sampler_account`).
     pub(crate) scanned_pages: AtomicU64,
-    /// Hint faults of sampler windows (probes left out), each weighted by
-    /// its time to fault (`engine::profile::hint_weight`), summed.
-    pub(crate) sampler_hint_weight: AtomicU64,
-    /// The same weights squared, summed (their noise).
-    pub(crate) sampler_hint_weight_sq: AtomicU64,
 }
 
 impl Counters {

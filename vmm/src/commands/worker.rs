@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use tiering::engine::profile::{gain_curve, AccessProfile, AccessRate};
+use tiering::engine::profile::{access_rate, gain_curve, AccessProfile};
 use tiering::mem::{ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
@@ -25,8 +25,7 @@ use crate::config::{VmConfig, VmRequest};
 use crate::error::{Error, Result};
 use crate::runner::{self, Console, RunHooks, SampleCtx};
 use crate::serve::protocol::{
-    encode, Command, FromWorker, Reply, SampledAccesses, TierNow, ToWorker, VmSpec, WorkerStats,
-    MAX_LINE,
+    encode, Command, FromWorker, Reply, TierNow, ToWorker, VmSpec, WorkerStats, MAX_LINE,
 };
 use crate::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
 
@@ -347,8 +346,6 @@ struct WorkerHooks {
     last_stats: Option<(Instant, f64, u64)>,
     last_halve: Instant,
     halve_cycles: u64,
-    /// The host's estimate of the VM's access rate (halved with the profile).
-    access_rate: AccessRate,
 }
 
 impl WorkerHooks {
@@ -367,7 +364,6 @@ impl WorkerHooks {
             last_stats: None,
             last_halve: Instant::now(),
             halve_cycles: 0,
-            access_rate: AccessRate::default(),
         }
     }
 
@@ -442,20 +438,12 @@ impl WorkerHooks {
             None => Default::default(),
         };
         let account = mem.sampler_account();
-        self.access_rate.update(
+        let accesses = access_rate(
             account.guest_pages,
             account.scanned_pages,
-            account.hint_weight,
-            account.hint_weight_sq,
+            account.weight,
+            account.weight_sq,
         );
-        let accesses = self
-            .access_rate
-            .estimate()
-            .map(|(per_sec, se)| SampledAccesses {
-                per_sec,
-                se,
-                passes: self.access_rate.passes(),
-            });
         if self.policy == PolicyKind::Static {
             // Static never promotes: more fast capacity buys it nothing.
             gain.grow.iter_mut().for_each(|g| *g = 0.0);
@@ -472,7 +460,6 @@ impl WorkerHooks {
             if let Some(p) = &self.profile {
                 p.halve();
             }
-            self.access_rate.halve();
             self.last_halve = now;
             self.halve_cycles = cycles;
         }

@@ -24,9 +24,8 @@ const STATS_PERIOD: Duration = Duration::from_secs(1);
 const MIN_SAMPLES: f64 = 32.0;
 /// Time constant of a VM's smoothed guest-reported throughput, seconds: a
 /// shared host's ops/s vary several-fold from one second to the next. (The
-/// host-measured access rate needs no smoothing here: the worker's
-/// estimate spans the access profile's memory, a pass of the sampler or
-/// more.)
+/// host-measured access rate needs no smoothing: the worker's census holds
+/// one sample per page, a pass of the sampler.)
 const OPS_TAU_S: f64 = 20.0;
 /// Pages per step of the gain curves.
 const PAGE: u64 = tiering::mem::PAGE_SIZE as u64;
@@ -1362,10 +1361,10 @@ mod tests {
             t_s,
             ops: (ops_per_sec * t_s) as u64,
             ops_per_sec,
-            accesses: accesses.map(|per_sec| super::super::protocol::SampledAccesses {
+            accesses: accesses.map(|per_sec| tiering::engine::profile::AccessRate {
                 per_sec,
                 se: 0.01 * per_sec,
-                passes: 2.0,
+                coverage: 1.0,
             }),
             gain: tiering::engine::profile::GainCurve {
                 quantum_pages: 64 * M / PAGE,

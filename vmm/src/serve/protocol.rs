@@ -15,7 +15,7 @@
 //! going away never leaves a VM behind.
 
 use serde::{Deserialize, Serialize};
-use tiering::engine::profile::GainCurve;
+use tiering::engine::profile::{AccessRate, GainCurve};
 use tiering::mem::{MemStats, ResizeDriverReport};
 
 /// Longest line either side accepts (a report with a long timeline fits).
@@ -193,10 +193,11 @@ pub struct WorkerStats {
     /// Operations per second over the last second or so, from the
     /// guest's own counter (untrusted).
     pub ops_per_sec: f64,
-    /// The VM's sampled access rate as the host measures it (`None`
-    /// before the hint-fault sampler covered any memory, or without it).
+    /// The VM's sampled access rate as the host measures it
+    /// (`tiering::engine::profile::access_rate`; `None` before the
+    /// hint-fault sampler covered any memory, or without it).
     #[serde(default)]
-    pub accesses: Option<SampledAccesses>,
+    pub accesses: Option<AccessRate>,
     /// The policy running now.
     pub policy: String,
     /// Why the last policy switch failed (cleared by one that works).
@@ -212,20 +213,6 @@ pub struct WorkerStats {
     pub gain: GainCurve,
     /// Whether both tiers are one host node (latencies not real).
     pub emulated: bool,
-}
-
-/// A VM's access rate as the host measures it
-/// (`tiering::engine::profile::AccessRate`): the hint-fault weights of the
-/// sampler's windows per full pass over guest memory, decayed with the
-/// access profile.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SampledAccesses {
-    /// Sampled accesses per second.
-    pub per_sec: f64,
-    /// Its standard error.
-    pub se: f64,
-    /// Decayed passes of the sampler behind it.
-    pub passes: f64,
 }
 
 /// Encodes one line (with its newline).
