@@ -31,7 +31,8 @@
 //!    difference is significant: above `significance` standard errors of
 //!    the two estimates (the profile's sampling noise and the rate's;
 //!    two VMs whose gains are within noise of each other do not trade
-//!    quanta back and forth).
+//!    quanta back and forth); a quantum the donor loses nothing by (nothing
+//!    sampled in it) needs no test.
 //! 4. Steps 2 and 3 move at most `budget_bytes` per round (an exchange
 //!    counts twice: a demotion and a promotion) and leave alone VMs
 //!    resized within `dwell_s`.
@@ -324,7 +325,14 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         };
         let (loss, loss_se) = curves[s].down_se(t[s]);
         let value_se = curves[g].up_se(t[g]).1;
-        let noise = p.significance * value_se.hypot(loss_se);
+        // A donor whose quantum nothing was sampled in loses nothing for
+        // sure: there is no noise to beat (however uncertain the gain, it
+        // is not negative), only the floor above.
+        let noise = if loss == 0.0 && loss_se == 0.0 {
+            0.0
+        } else {
+            p.significance * value_se.hypot(loss_se)
+        };
         if value <= (1.0 + p.hysteresis) * loss || value - loss <= noise || budget < 2 * q {
             break;
         }
@@ -502,6 +510,24 @@ mod tests {
         b.rate_se = 0.2 * b.rate;
         let pl = plan(512 * M, &[a, b], &params());
         assert_eq!(pl.targets, vec![256 * M, 256 * M], "rate noise: no trade");
+    }
+
+    #[test]
+    fn a_quantum_worth_nothing_goes_to_an_uncertain_receiver() {
+        // b's gain is uncertain (its rate is extrapolated from a partial
+        // pass of the sampler), a's last quantum holds nothing sampled.
+        let a = share(0, 1024 * M, 256 * M);
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.1];
+        b.rate_se = 0.9 * b.rate;
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M], "a loses nothing");
+        // If a's quantum is worth something, b's noise must be beaten.
+        let mut a = a;
+        a.shrink = vec![0.01];
+        a.shrink_se = vec![0.001];
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "within b's noise");
     }
 
     #[test]
