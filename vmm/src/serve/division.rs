@@ -10,7 +10,7 @@
 //! (`tiering::engine::profile`); the value of a quantum is
 //! `weight x rate x share`, where `rate` is, by default
 //! ([`Valuation::HostAccesses`]), the VM's sampled access rate as the host
-//! measures it (`tiering::engine::profile::AccessRate`): weighted
+//! measures it (`tiering::engine::profile::access_rate`): weighted
 //! accesses per second served fast instead of slow. A guest cannot raise
 //! it without touching its memory; the operations per second a guest
 //! reports about itself are only read with [`Valuation::GuestOps`].
@@ -78,9 +78,9 @@ pub struct Share {
 /// share`, with `rate` one of these.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Valuation {
-    /// The VM's sampled access rate as the host measures it (hint-fault
-    /// weights per pass of the sampler over guest memory): a guest can
-    /// only raise it by touching its memory.
+    /// The VM's sampled access rate as the host measures it (the sum over
+    /// guest pages of the weight of each page's latest hint fault in a
+    /// sampler window): a guest can only raise it by touching its memory.
     #[default]
     HostAccesses,
     /// The operations per second the guest reports on its status page

@@ -4,7 +4,7 @@
 //! 1. Even split: each VM's scenario runs with `pool / n` of fast tier;
 //!    its modeled throughput (accesses per second) is the rate the division
 //!    values its quanta by (live, the service estimates it from hint-fault
-//!    samples, `tiering::engine::profile::AccessRate`; here it is exact).
+//!    samples, `tiering::engine::profile::access_rate`; here it is exact).
 //! 2. Each VM's access profile is a sample of its own access stream
 //!    (`tiering::sim::access_counts`), the counts a live engine collects;
 //!    the gain curves come from it exactly as in a live worker

@@ -332,8 +332,10 @@ pub struct GainInfo {
     pub last_quantum_share: f64,
     /// Weighted samples behind the estimate (decayed).
     pub samples: f64,
-    /// The VM's sampled accesses per second as the host measures them
-    /// (hint-fault weights per pass of the sampler over guest memory): by
+    /// The VM's sampled accesses per second as the host measures them (the
+    /// sum over guest pages of the weight of each page's latest hint fault
+    /// in a sampler window, extrapolated until the sampler covered all of
+    /// guest memory once): by
     /// default a quantum is worth `weight x accesses_per_sec x share`
     /// (`GET /v1/host`, `rebalance.value`). `None` before the sampler
     /// covered any memory, or with tracking off.
