@@ -193,9 +193,9 @@ impl VmEntry {
         (a.per_sec.is_finite() && a.se.is_finite()).then_some((a.per_sec, a.se))
     }
 
-    /// The smoothed guest-reported ops/s and its standard error (the variance of an
-    /// exponentially weighted mean of independent samples: `var a / (2 - a)`
-    /// with `a` = 1 s / [`OPS_TAU_S`]).
+    /// The smoothed guest-reported ops/s and its standard error (the
+    /// variance of an exponentially weighted mean of independent samples:
+    /// `var a / (2 - a)` with `a` = 1 s / [`OPS_TAU_S`]).
     fn ops_estimate(&self) -> (f64, f64) {
         match self.ops_smooth {
             Some((m, v, _)) => {
@@ -1203,15 +1203,11 @@ impl VmEntry {
 fn share_of(v: &VmEntry, now: Instant, value: Valuation) -> Share {
     let st = v.stats.as_ref();
     let gain = st.map(|s| &s.gain);
-    let (rate, rate_se) = match value {
+    let measured = match value {
         Valuation::HostAccesses => v.access_estimate(),
         Valuation::GuestOps => Some(v.ops_estimate()),
-    }
-    .map_or((0.0, 0.0), |(r, se)| (r.max(0.0), se.max(0.0)));
-    let rated = match value {
-        Valuation::HostAccesses => v.access_estimate().is_some(),
-        Valuation::GuestOps => true,
     };
+    let (rate, rate_se) = measured.map_or((0.0, 0.0), |(r, se)| (r.max(0.0), se.max(0.0)));
     Share {
         min: v.min,
         max: v.max,
@@ -1224,7 +1220,7 @@ fn share_of(v: &VmEntry, now: Instant, value: Valuation) -> Share {
         shrink: gain.map(|g| g.shrink.clone()).unwrap_or_default(),
         grow_se: gain.map(|g| g.grow_se.clone()).unwrap_or_default(),
         shrink_se: gain.map(|g| g.shrink_se.clone()).unwrap_or_default(),
-        informed: rated && gain.is_some_and(|g| g.samples >= MIN_SAMPLES),
+        informed: measured.is_some() && gain.is_some_and(|g| g.samples >= MIN_SAMPLES),
         since_resize_s: v.last_resize.map(|t| now.duration_since(t).as_secs_f64()),
         last_grew: v.last_grew,
     }
@@ -1351,8 +1347,8 @@ mod tests {
     const M: u64 = 1 << 20;
 
     /// A running VM whose worker reported `ops_per_sec` from its guest, and
-    /// a host-measured access rate (`None`: no sampler pass yet), with the
-    /// same gain curve as every other.
+    /// a host-measured access rate (`None`: the sampler covered nothing
+    /// yet), with the same gain curve as every other.
     fn running(id: &str, ops_per_sec: f64, accesses: Option<f64>) -> VmEntry {
         let mut v = entry(id, VmState::Running);
         v.spec.mem_bytes = 1 << 30;
