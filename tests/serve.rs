@@ -606,6 +606,18 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
     let (_, host) = svc.call("GET", "/v1/host", None);
     assert_eq!(host["pools"][0]["reserved_bytes"], 128 * M);
     assert_eq!(host["pools"][1]["reserved_bytes"], 640 * M);
+    // The division values capacity by what the host measures, not by the
+    // guests' own ops/s (docs/service.md, docs/security.md).
+    assert_eq!(host["rebalance"]["value"], "host-accesses", "{host}");
+    wait_for(
+        "vm-2's access rate measured by the host",
+        Duration::from_secs(30),
+        || {
+            let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[1]), None);
+            let rate = v["fast"]["gain"]["accesses_per_sec"].as_f64();
+            rate.is_none_or(|r| r <= 0.0).then(|| v["fast"].to_string())
+        },
+    );
 
     // A share changed live (tiervm ctl), watched in GET and /metrics.
     let out = common::tiervm()
@@ -689,6 +701,10 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
         "{text}"
     );
     assert!(text.contains("tiervm_vm_tier_resident_bytes{"), "{text}");
+    assert!(
+        text.contains("tiervm_vm_sampled_accesses_per_second{"),
+        "{text}"
+    );
 
     // SIGKILL one VM's process: it shows as crashed, its capacity returns.
     let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[2]), None);

@@ -13,7 +13,12 @@ division are real; throughput differences between tiers are not, so this
 run shows the mechanism, and the gain figure comes from the simulator
 (`tiervm sim --division-pool`, modeled).
 
+The division values a quantum by each VM's sampled access rate as the host
+measures it (`fast.gain.accesses_per_sec`); `--value guest-ops` runs it on
+the operations per second the guests report instead (`[division] value`).
+
 Usage: benches/scripts/serve_division_live.py [--duration 90] [--binary target/release/tiervm]
+       [--value host-accesses|guest-ops]
 """
 
 import argparse
@@ -48,14 +53,22 @@ def main():
     ap.add_argument("--duration", type=float, default=90)
     ap.add_argument("--binary", default="target/release/tiervm")
     ap.add_argument("--json")
+    ap.add_argument("--value", choices=["host-accesses", "guest-ops"],
+                    help="what the division values a quantum by (default: the service's, host-accesses)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="tiervm-division-")
     sock = os.path.join(work, "api.sock")
     log = open(os.path.join(work, "serve.log"), "w")
+    config = []
+    if a.value:
+        path = os.path.join(work, "serve.toml")
+        with open(path, "w") as f:
+            f.write(f'[division]\nvalue = "{a.value}"\n')
+        config = ["--config", path]
     svc = subprocess.Popen(
         [a.binary, "serve", "--socket", sock, "--state-dir", os.path.join(work, "state"),
          "--fast-pool", "192M", "--slow-pool", "1G", "--period", "2s", "--quantum", "16M",
-         "--max-move-rate", "16M", "--dwell", "4s"],
+         "--max-move-rate", "16M", "--dwell", "4s"] + config,
         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     while not os.path.exists(sock):
         time.sleep(0.05)
@@ -69,12 +82,14 @@ def main():
     timeline = []
     t0 = time.monotonic()
     budget = None
+    value = None
     while time.monotonic() - t0 < a.duration:
         time.sleep(1)
         st, h = api.call("GET", "/v1/host")
         _, vms = api.call("GET", "/v1/vms")
         pool = h["pools"][0]["capacity_bytes"]
         budget = h["rebalance"]["budget_bytes"]
+        value = h["rebalance"].get("value", "guest-ops")
         t = round(time.monotonic() - t0, 1)
         row = {"t_s": t, "moved_bytes": h["rebalance"]["moved_bytes"],
                "optional_bytes": h["rebalance"]["optional_bytes"],
@@ -86,6 +101,8 @@ def main():
             g = f.get("gain") or {}
             row["vms"][v["id"]] = {"target_mib": f["target_bytes"] // M, "used_mib": f["used_bytes"] // M,
                                    "ops_per_sec": round(v["ops_per_sec"]),
+                                   "accesses_per_sec": g.get("accesses_per_sec"),
+                                   "accesses_per_sec_se": g.get("accesses_per_sec_se"),
                                    "next_share": g.get("next_quantum_share"),
                                    "last_share": g.get("last_quantum_share")}
             if v["state"] == "running" and t > 10 and not (f["min_bytes"] <= f["target_bytes"] <= f["max_bytes"]):
@@ -118,7 +135,8 @@ def main():
         api.call("DELETE", f"/v1/vms/{i}")
     svc.send_signal(signal.SIGTERM)
     svc.wait(timeout=120)
-    print(f"fast pool 192M, budget {budget // M if budget else '?'}M per 2 s round, quantum 16M (tiers emulated)")
+    print(f"fast pool 192M, budget {budget // M if budget else '?'}M per 2 s round, quantum 16M (tiers emulated), "
+          f"valued by {value}")
     print("t_s   " + "  ".join(f"{i:>22}" for i in ids) + "   moved MiB (optional)")
     for row in timeline[::5] + ([timeline[-1]] if timeline else []):
         cells = "  ".join(
@@ -130,10 +148,13 @@ def main():
     last = timeline[-1] if timeline else {"vms": {}}
     print("final gain shares (next quantum / last quantum):",
           {i: (last["vms"].get(i, {}).get("next_share"), last["vms"].get(i, {}).get("last_share")) for i in ids})
+    print("final rates: guest-reported ops/s, host-measured accesses/s (+- se):",
+          {i: tuple(last["vms"].get(i, {}).get(k) for k in ("ops_per_sec", "accesses_per_sec", "accesses_per_sec_se"))
+           for i in ids})
     print("failures:", failures or "none")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"timeline": timeline, "failures": failures, "budget_bytes": budget,
+            json.dump({"timeline": timeline, "failures": failures, "budget_bytes": budget, "value": value,
                        "reversals": reversals, "unused_mib": unused}, f, indent=1)
     return 0 if not failures else 1
 

@@ -949,6 +949,8 @@ pub unsafe trait ZeroableAtomic {}
 unsafe impl ZeroableAtomic for std::sync::atomic::AtomicU64 {}
 // SAFETY: an AtomicU32 of all-zero bytes is the value 0 (same layout as u32).
 unsafe impl ZeroableAtomic for std::sync::atomic::AtomicU32 {}
+// SAFETY: an AtomicU16 of all-zero bytes is the value 0 (same layout as u16).
+unsafe impl ZeroableAtomic for std::sync::atomic::AtomicU16 {}
 // SAFETY: an AtomicU8 of all-zero bytes is the value 0 (same layout as u8).
 unsafe impl ZeroableAtomic for std::sync::atomic::AtomicU8 {}
 

@@ -19,6 +19,13 @@
 //! curve non-decreasing (a concave utility, which a greedy division
 //! maximizes). Shares are of all samples, so the
 //! sampling rate (which the hint-fault budget adapts per VM) cancels out.
+//!
+//! What a share is worth in absolute terms comes from [`access_rate`]: the
+//! VM's sampled access rate as the host measures it. The hint-fault sampler
+//! parks every guest page in turn, and a page touched λ times a second
+//! faults with a weight of about λ, so the latest weight of every page sums
+//! to about the VM's accesses per second. The guest cannot raise it without
+//! touching its memory.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -109,6 +116,63 @@ impl AccessProfile {
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
     }
+}
+
+/// A VM's access rate as the host measures it (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct AccessRate {
+    /// Sampled accesses per second.
+    pub per_sec: f64,
+    /// Its standard error.
+    pub se: f64,
+    /// Share of guest memory the sampler has covered (1 once it made a
+    /// full pass; below, the rate is extrapolated from what it covered).
+    pub coverage: f64,
+}
+
+/// The host's estimate of a VM's access rate from the hint-fault sampler's
+/// census (`tiering::mem::SamplerAccount`): `weight` is the sum over guest
+/// pages of the weight of each page's latest hint fault in a sampler
+/// window, `weight_sq` the sum of their squares, `scanned` the pages the
+/// sampler's windows covered so far, of `guest_pages`.
+///
+/// 1. A page touched λ times a second faults with a weight of about λ, so
+///    once the sampler made a full pass, `weight` (one sample per page,
+///    the latest) is the rate, whatever part of memory the scan is in now.
+/// 2. Its standard error is `sqrt(weight_sq)`: each page's weight taken as
+///    an independent draw.
+/// 3. Before the first full pass, the rate is extrapolated from the
+///    covered share `f`: `weight / f`, with the error `sqrt(weight_sq) / f`
+///    and, in quadrature, `rate x (1 - f)` for the part not seen (the scan
+///    goes through memory in order, and a hot region may lie ahead or
+///    behind).
+///
+/// It is an index more than a count: a weight is `1 s / time to fault`,
+/// which for a page touched λ times a second averages about
+/// `λ (1 + ln(1000 / λ))` (the first touch of a window comes early by
+/// chance), capped at [`MAX_HINT_WEIGHT`]; pages touched less than once a
+/// window count little or nothing, and a window's hint faults are served
+/// one at a time, so a VM whose pages all fault at once counts less than
+/// it touches. The same holds for every VM.
+///
+/// `None` before the sampler covered any memory.
+pub fn access_rate(
+    guest_pages: u64,
+    scanned: u64,
+    weight: u64,
+    weight_sq: u64,
+) -> Option<AccessRate> {
+    if guest_pages == 0 || scanned == 0 {
+        return None;
+    }
+    let f = (scanned as f64 / guest_pages as f64).min(1.0);
+    let per_sec = weight as f64 / f;
+    let se = ((weight_sq as f64).sqrt() / f).hypot(per_sec * (1.0 - f));
+    Some(AccessRate {
+        per_sec,
+        se,
+        coverage: f,
+    })
 }
 
 /// Marginal gain of fast capacity for one VM (see the module docs).
@@ -247,6 +311,21 @@ mod tests {
         p.record(1);
         assert_eq!(p.snapshot(), vec![100, 1]);
         assert!((p.mean_weight() - 50.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_access_rate_is_the_census_once_the_sampler_covered_memory() {
+        assert_eq!(access_rate(1000, 0, 0, 0), None, "nothing scanned yet");
+        assert_eq!(access_rate(0, 10, 10, 10), None);
+        // A full pass (and more): the census is the rate.
+        let r = access_rate(1000, 2500, 5000, 1_000_000).unwrap();
+        assert_eq!((r.per_sec, r.se, r.coverage), (5000.0, 1000.0, 1.0));
+        // A quarter of memory covered: extrapolated, and uncertain by the
+        // three quarters not seen.
+        let r = access_rate(1000, 250, 500, 10_000).unwrap();
+        assert_eq!(r.per_sec, 2000.0);
+        assert!((r.se - 400f64.hypot(1500.0)).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.coverage, 0.25);
     }
 
     #[test]

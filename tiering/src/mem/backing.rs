@@ -275,6 +275,8 @@ pub struct TieredMemory {
     pub(crate) release_event: EventFd,
     pub(crate) samples: Mutex<Vec<HintFaultRecord>>,
     pub(crate) park_epoch: Mutex<Instant>,
+    /// The latest weighted hint fault of every page in a sampler window.
+    pub(crate) sampled_weights: super::sampler::SampledWeights,
     overhead_pct_bits: AtomicU64,
     setup_time: Duration,
     fault_path_hook: HookSlot<FaultPathHook>,
@@ -420,6 +422,7 @@ impl TieredMemory {
             release_event: EventFd::new(EFD_NONBLOCK)?,
             samples: Mutex::new(Vec::new()),
             park_epoch: Mutex::new(Instant::now()),
+            sampled_weights: super::sampler::SampledWeights::new(n)?,
             overhead_pct_bits: AtomicU64::new(0),
             setup_time: t0.elapsed(),
             fault_path_hook: HookSlot::default(),
@@ -637,6 +640,18 @@ impl TieredMemory {
     /// measured in passes, `tiering::engine::profile`).
     pub fn scan_cycles(&self) -> u64 {
         self.counters.scan_cycles.load(Ordering::Relaxed)
+    }
+
+    /// What the hint-fault sampler covered and the census of its windows'
+    /// weighted hint faults (`tiering::engine::profile::access_rate`).
+    pub fn sampler_account(&self) -> super::SamplerAccount {
+        let (weight, weight_sq) = self.sampled_weights.sums();
+        super::SamplerAccount {
+            guest_pages: self.guest_pages as u64,
+            scanned_pages: self.counters.scanned_pages.load(Ordering::Relaxed),
+            weight,
+            weight_sq,
+        }
     }
 
     pub(crate) fn set_overhead_pct(&self, pct: f64) {

@@ -207,6 +207,14 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
         write: p.write,
     };
     mem.counters.hint_faults.fetch_add(1, Ordering::Relaxed);
+    if mem.pages.load(page) & PROBE == 0 {
+        // A sampler window's page (the sampler parks every page in turn):
+        // the host's measure of the guest's access rate. Probes park
+        // pages a policy picked, which would bias it.
+        let w = crate::engine::profile::hint_weight(sample.ns_since_park);
+        mem.sampled_weights
+            .record(page, u16::try_from(w).unwrap_or(u16::MAX));
+    }
     match mem.fault_path_hook() {
         Some(hook) => {
             // The policy decides now; a promotion happens before the faulting

@@ -86,7 +86,7 @@ pub use resize::{
     parse_capacity_schedule, CapacityScheduleError, CapacityStep, ResizeConfig, ResizeDriver,
     ResizeDriverReport, ResizeHandle, ResizeReport,
 };
-pub use sampler::{HintSampler, SamplerConfig, SamplerHandle, SamplerTick};
+pub use sampler::{HintSampler, SamplerAccount, SamplerConfig, SamplerHandle, SamplerTick};
 pub use stats::{MemStats, TierStats};
 
 /// One hint fault the fault handler recorded: the guest touched a parked

@@ -6,7 +6,7 @@
 //! vCPU time spent in hint faults) sizes the scan windows.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -54,6 +54,76 @@ impl Default for SamplerConfig {
             budget_pct: 2.0,
             vcpus: 1,
         }
+    }
+}
+
+/// What the hint-fault sampler has seen, for the host's estimate of the
+/// guest's access rate (`tiering::engine::profile::access_rate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplerAccount {
+    /// Guest pages (one pass of the sampler covers them all).
+    pub guest_pages: u64,
+    /// Pages the sampler's windows covered, all passes.
+    pub scanned_pages: u64,
+    /// Sum over guest pages of the weight of the page's latest hint fault
+    /// in a sampler window ([`SampledWeights`]).
+    pub weight: u64,
+    /// The same weights squared, summed.
+    pub weight_sq: u64,
+}
+
+/// The weight (`engine::profile::hint_weight`: about `1 s / time to
+/// fault`) of every guest page's latest hint fault in a sampler window (0:
+/// scanned and not touched in its window, or not scanned yet), and their
+/// sums: a census of the guest's accesses with one sample per page, which
+/// the sampler renews a window at a time. Accessed-bit probes are left
+/// out: they park pages a policy picked.
+#[derive(Debug)]
+pub(crate) struct SampledWeights {
+    last: Box<[AtomicU16]>,
+    sum: AtomicU64,
+    sum_sq: AtomicU64,
+}
+
+impl SampledWeights {
+    /// A census of `pages` pages, none sampled.
+    pub(crate) fn new(pages: usize) -> io::Result<Self> {
+        Ok(Self {
+            last: crate::sys::zeroed_atomics(pages)?,
+            sum: AtomicU64::new(0),
+            sum_sq: AtomicU64::new(0),
+        })
+    }
+
+    /// The sampler parks `page` again: its old sample leaves the census.
+    pub(crate) fn rescan(&self, page: usize) {
+        if let Some(c) = self.last.get(page) {
+            let old = u64::from(c.swap(0, Ordering::Relaxed));
+            // Subtracts only what a `record` added before its swap: the
+            // sums never go below the census, even in a race.
+            self.sum.fetch_sub(old, Ordering::Relaxed);
+            self.sum_sq.fetch_sub(old * old, Ordering::Relaxed);
+        }
+    }
+
+    /// A hint fault of a sampler window on `page`, weighing `weight`.
+    pub(crate) fn record(&self, page: usize, weight: u16) {
+        if let Some(c) = self.last.get(page) {
+            let w = u64::from(weight);
+            self.sum.fetch_add(w, Ordering::Relaxed);
+            self.sum_sq.fetch_add(w * w, Ordering::Relaxed);
+            let old = u64::from(c.swap(weight, Ordering::Relaxed));
+            self.sum.fetch_sub(old, Ordering::Relaxed);
+            self.sum_sq.fetch_sub(old * old, Ordering::Relaxed);
+        }
+    }
+
+    /// The sums of the weights and of their squares.
+    pub(crate) fn sums(&self) -> (u64, u64) {
+        (
+            self.sum.load(Ordering::Relaxed),
+            self.sum_sq.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -169,6 +239,9 @@ impl HintSampler {
                 self.cursor = 0;
                 mem.counters.scan_cycles.fetch_add(1, Ordering::Relaxed);
             }
+            for &p in &run {
+                mem.sampled_weights.rescan(p);
+            }
             let got = match mem.park_pages(&run, Parker::Sampler) {
                 Ok(got) => got,
                 Err(e) => {
@@ -185,6 +258,11 @@ impl HintSampler {
             };
             parked += got.len();
             self.window.extend(got);
+            // Every page of the run was looked at: parked, or skipped as
+            // never touched (no access to sample) or busy.
+            mem.counters
+                .scanned_pages
+                .fetch_add(run.len() as u64, Ordering::Relaxed);
             if start == self.cursor {
                 break;
             }
@@ -271,5 +349,29 @@ impl Drop for SamplerHandle {
         if let Some(j) = self.join.take() {
             let _ = j.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_census_holds_each_pages_latest_weight() {
+        let c = SampledWeights::new(4).unwrap();
+        c.record(1, 100);
+        c.record(2, 3);
+        assert_eq!(c.sums(), (103, 10_009));
+        // Faulted again in a later window: the new weight replaces the old.
+        c.record(1, 10);
+        assert_eq!(c.sums(), (13, 109));
+        // Scanned again and not touched: it leaves the census.
+        c.rescan(2);
+        c.rescan(3);
+        assert_eq!(c.sums(), (10, 100));
+        // Out-of-range pages are ignored.
+        c.record(9, 1000);
+        c.rescan(9);
+        assert_eq!(c.sums(), (10, 100));
     }
 }

@@ -163,6 +163,10 @@ pub struct Counters {
     /// Full passes of the hint-fault sampler over guest memory (not in the
     /// report; `TieredMemory::scan_cycles`).
     pub(crate) scan_cycles: AtomicU64,
+    /// Pages the hint-fault sampler's windows covered (parked or skipped
+    /// as never touched), all passes (not in the report;
+    /// `TieredMemory::sampler_account`).
+    pub(crate) scanned_pages: AtomicU64,
 }
 
 impl Counters {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use tiering::engine::profile::{gain_curve, AccessProfile};
+use tiering::engine::profile::{access_rate, gain_curve, AccessProfile};
 use tiering::mem::{ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
@@ -437,6 +437,13 @@ impl WorkerHooks {
             ),
             None => Default::default(),
         };
+        let account = mem.sampler_account();
+        let accesses = access_rate(
+            account.guest_pages,
+            account.scanned_pages,
+            account.weight,
+            account.weight_sq,
+        );
         if self.policy == PolicyKind::Static {
             // Static never promotes: more fast capacity buys it nothing.
             gain.grow.iter_mut().for_each(|g| *g = 0.0);
@@ -464,6 +471,7 @@ impl WorkerHooks {
             t_s: ctx.t_s,
             ops: ctx.ops,
             ops_per_sec,
+            accesses,
             policy: self.policy.name().to_string(),
             policy_error: self.policy_error.clone(),
             tiers,

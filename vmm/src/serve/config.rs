@@ -29,6 +29,7 @@
 //! min_share = 0.002
 //! max_move_rate = "256M"   # bytes per second moved by rebalancing
 //! dwell = "10s"
+//! value = "host-accesses" # or "guest-ops": the guest's own ops/s (trusted guests only)
 //!
 //! [limits]
 //! max_vms = 64
@@ -41,6 +42,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::division::Valuation;
 use crate::units::{format_size, parse_duration, parse_size};
 
 /// Sizes are multiples of this (the guest's large page).
@@ -142,6 +144,8 @@ pub struct DivisionFile {
     pub max_move_rate: Option<SizeValue>,
     /// Time a resized VM is left alone.
     pub dwell: Option<String>,
+    /// What a quantum is valued by: `host-accesses` or `guest-ops`.
+    pub value: Option<String>,
 }
 
 /// `[limits]`.
@@ -537,6 +541,16 @@ impl ServeConfig {
             Some(d) => d,
             None => duration("division.dwell", v.dwell.as_ref(), Duration::from_secs(10))?,
         };
+        let value = match v.value.as_deref() {
+            None => Valuation::default(),
+            Some(name) => Valuation::from_name(name).ok_or_else(|| ServeConfigError::BadValue {
+                key: "division.value".into(),
+                value: name.into(),
+                expected: "host-accesses (the VM's access rate measured by the host, the \
+                               default) or guest-ops (the operations per second the guest \
+                               reports: only for guests you trust)",
+            })?,
+        };
         let division = super::division::Params {
             quantum,
             hysteresis,
@@ -545,6 +559,7 @@ impl ServeConfig {
             dwell_s: dwell.as_secs_f64(),
             reverse_dwell_s: 3.0 * dwell.as_secs_f64(),
             significance,
+            value,
         };
         let l = &file.limits;
         let max_body = size("limits.max_body", l.max_body.as_ref())?.unwrap_or(64 << 10);
@@ -710,5 +725,35 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("slow_pool 3M is not a multiple of 2M"), "{e}");
+    }
+
+    #[test]
+    fn the_division_values_host_measured_accesses_unless_told_otherwise() {
+        let nodes = [(0, 4 * G)];
+        let c = build(
+            "fast_pool = \"1G\"\nslow_pool = \"1G\"",
+            &Overrides::default(),
+            &nodes,
+        )
+        .unwrap();
+        assert_eq!(c.division.value, Valuation::HostAccesses);
+        let c = build(
+            "fast_pool = \"1G\"\nslow_pool = \"1G\"\n[division]\nvalue = \"guest-ops\"",
+            &Overrides::default(),
+            &nodes,
+        )
+        .unwrap();
+        assert_eq!(c.division.value, Valuation::GuestOps);
+        let e = build(
+            "fast_pool = \"1G\"\nslow_pool = \"1G\"\n[division]\nvalue = \"ops\"",
+            &Overrides::default(),
+            &nodes,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("division.value = 'ops': give host-accesses (")
+                && e.contains("or guest-ops ("),
+            "{e}"
+        );
     }
 }

@@ -8,8 +8,12 @@
 //! what share of its accesses the next quantum of fast capacity would
 //! capture (grow curve) and the last quantum would lose (shrink curve)
 //! (`tiering::engine::profile`); the value of a quantum is
-//! `weight x ops/s x share`: weighted accesses per second served fast
-//! instead of slow.
+//! `weight x rate x share`, where `rate` is, by default
+//! ([`Valuation::HostAccesses`]), the VM's sampled access rate as the host
+//! measures it (`tiering::engine::profile::access_rate`): weighted
+//! accesses per second served fast instead of slow. A guest cannot raise
+//! it without touching its memory; the operations per second a guest
+//! reports about itself are only read with [`Valuation::GuestOps`].
 //!
 //! One round ([`plan`]):
 //! 1. Mandatory moves (not subject to hysteresis or the budget): VMs above
@@ -25,9 +29,10 @@
 //!    when it is worth `1 + hysteresis` times the loss, at least
 //!    `min_share` of the receiver's weighted throughput, and when the
 //!    difference is significant: above `significance` standard errors of
-//!    the two estimates (the profile's sampling noise and the throughput's;
+//!    the two estimates (the profile's sampling noise and the rate's;
 //!    two VMs whose gains are within noise of each other do not trade
-//!    quanta back and forth).
+//!    quanta back and forth); a quantum the donor loses nothing by (nothing
+//!    sampled in it) needs no test.
 //! 4. Steps 2 and 3 move at most `budget_bytes` per round (an exchange
 //!    counts twice: a demotion and a promotion) and leave alone VMs
 //!    resized within `dwell_s`.
@@ -47,10 +52,12 @@ pub struct Share {
     pub target: u64,
     /// Fast bytes in use now (converging towards a lower target).
     pub used: u64,
-    /// Operations per second (the VM's throughput).
-    pub ops_per_sec: f64,
-    /// Standard error of `ops_per_sec`.
-    pub ops_se: f64,
+    /// What a VM's accesses are worth per second ([`Valuation`]: its
+    /// sampled accesses per second as the host measures them, or the
+    /// operations per second its guest reports).
+    pub rate: f64,
+    /// Standard error of `rate`.
+    pub rate_se: f64,
     /// Share of accesses the k-th extra quantum would capture.
     pub grow: Vec<f64>,
     /// Share of accesses the k-th quantum given up would lose.
@@ -65,6 +72,39 @@ pub struct Share {
     pub since_resize_s: Option<f64>,
     /// Whether that change was a grow (`Some(true)`) or a shrink.
     pub last_grew: Option<bool>,
+}
+
+/// What the division values a VM's fast capacity by: `weight x rate x
+/// share`, with `rate` one of these.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Valuation {
+    /// The VM's sampled access rate as the host measures it (the sum over
+    /// guest pages of the weight of each page's latest hint fault in a
+    /// sampler window): a guest can only raise it by touching its memory.
+    #[default]
+    HostAccesses,
+    /// The operations per second the guest reports on its status page
+    /// (smoothed): the guest's own word, for operators who trust their
+    /// guests (one that inflates its counter draws spare capacity).
+    GuestOps,
+}
+
+impl Valuation {
+    /// Every valuation.
+    pub const ALL: [Self; 2] = [Self::HostAccesses, Self::GuestOps];
+
+    /// The name in the config file and the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HostAccesses => "host-accesses",
+            Self::GuestOps => "guest-ops",
+        }
+    }
+
+    /// The valuation called `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name() == name)
+    }
 }
 
 /// Settings of the division.
@@ -87,6 +127,9 @@ pub struct Params {
     /// An exchange's gain minus its loss must exceed this many standard
     /// errors of the difference (2: about 98% one-sided confidence).
     pub significance: f64,
+    /// What a quantum's share of accesses is multiplied by (the service
+    /// fills [`Share::rate`] with it).
+    pub value: Valuation,
 }
 
 impl Default for Params {
@@ -99,6 +142,7 @@ impl Default for Params {
             dwell_s: 10.0,
             reverse_dwell_s: 30.0,
             significance: 2.0,
+            value: Valuation::HostAccesses,
         }
     }
 }
@@ -164,7 +208,9 @@ impl Curve<'_> {
                 pick(&self.s.shrink_se, k, true),
             )
         };
-        // The product of two independent estimates (share x throughput).
+        // The product of two estimates (share x rate), taken as
+        // independent (conservative: the share's noise is part of the
+        // rate's).
         let value_se = (v * self.scale_se).hypot(se * self.scale);
         (v * self.scale, value_se)
     }
@@ -197,8 +243,8 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         .iter()
         .map(|s| Curve {
             s,
-            scale: s.weight.max(0.0) * s.ops_per_sec.max(0.0),
-            scale_se: s.weight.max(0.0) * s.ops_se.max(0.0),
+            scale: s.weight.max(0.0) * s.rate.max(0.0),
+            scale_se: s.weight.max(0.0) * s.rate_se.max(0.0),
             q,
         })
         .collect();
@@ -279,7 +325,14 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         };
         let (loss, loss_se) = curves[s].down_se(t[s]);
         let value_se = curves[g].up_se(t[g]).1;
-        let noise = p.significance * value_se.hypot(loss_se);
+        // A donor whose quantum nothing was sampled in loses nothing for
+        // sure: there is no noise to beat (however uncertain the gain, it
+        // is not negative), only the floor above.
+        let noise = if loss == 0.0 && loss_se == 0.0 {
+            0.0
+        } else {
+            p.significance * value_se.hypot(loss_se)
+        };
         if value <= (1.0 + p.hysteresis) * loss || value - loss <= noise || budget < 2 * q {
             break;
         }
@@ -375,7 +428,7 @@ mod tests {
             weight: 1.0,
             target,
             used: target,
-            ops_per_sec: 1e6,
+            rate: 1e6,
             informed: true,
             ..Share::default()
         }
@@ -453,14 +506,28 @@ mod tests {
         a.shrink_se = vec![0.002];
         let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
         assert_eq!(pl.targets, vec![192 * M, 320 * M], "significant: traded");
-        // The same shares, but b's throughput is uncertain by 20%.
-        b.ops_se = 0.2 * b.ops_per_sec;
+        // The same shares, but b's rate is uncertain by 20%.
+        b.rate_se = 0.2 * b.rate;
         let pl = plan(512 * M, &[a, b], &params());
-        assert_eq!(
-            pl.targets,
-            vec![256 * M, 256 * M],
-            "throughput noise: no trade"
-        );
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "rate noise: no trade");
+    }
+
+    #[test]
+    fn a_quantum_worth_nothing_goes_to_an_uncertain_receiver() {
+        // b's gain is uncertain (its rate is extrapolated from a partial
+        // pass of the sampler), a's last quantum holds nothing sampled.
+        let a = share(0, 1024 * M, 256 * M);
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.1];
+        b.rate_se = 0.9 * b.rate;
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M], "a loses nothing");
+        // If a's quantum is worth something, b's noise must be beaten.
+        let mut a = a;
+        a.shrink = vec![0.01];
+        a.shrink_se = vec![0.001];
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "within b's noise");
     }
 
     #[test]
@@ -524,7 +591,7 @@ mod tests {
                 mins += min;
                 shares.push(Share {
                     min, max, weight, target: target * q, used: target * q,
-                    ops_per_sec: ops, grow, shrink, informed, since_resize_s: None, last_grew: None,
+                    rate: ops, grow, shrink, informed, since_resize_s: None, last_grew: None,
                     ..Share::default()
                 });
             }

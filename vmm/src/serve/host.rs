@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::config::{check_pools, host_nodes, ServeConfig, SIZE_ALIGN};
-use super::division::{self, Share};
+use super::division::{self, Share, Valuation};
 use super::protocol::{Command, FromWorker, Reply, VmSpec, WorkerStats};
 use super::types::*;
 use super::worker::{ExitInfo, WorkerLink, WorkerLinkError};
@@ -22,8 +22,10 @@ const STATS_TIMEOUT: Duration = Duration::from_secs(2);
 const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// Decayed samples below which a VM's gain curve is not trusted.
 const MIN_SAMPLES: f64 = 32.0;
-/// Time constant of a VM's smoothed throughput, seconds: a shared host's
-/// ops/s vary several-fold from one second to the next.
+/// Time constant of a VM's smoothed guest-reported throughput, seconds: a
+/// shared host's ops/s vary several-fold from one second to the next. (The
+/// host-measured access rate needs no smoothing: the worker's census holds
+/// one sample per page, a pass of the sampler.)
 const OPS_TAU_S: f64 = 20.0;
 /// Pages per step of the gain curves.
 const PAGE: u64 = tiering::mem::PAGE_SIZE as u64;
@@ -183,9 +185,17 @@ impl VmEntry {
         });
     }
 
-    /// The smoothed ops/s and its standard error (the variance of an
-    /// exponentially weighted mean of independent samples: `var a / (2 - a)`
-    /// with `a` = 1 s / [`OPS_TAU_S`]).
+    /// The VM's sampled access rate as the host measures it, and its
+    /// standard error (the worker's estimate: `None` before its sampler
+    /// covered any memory).
+    fn access_estimate(&self) -> Option<(f64, f64)> {
+        let a = self.stats.as_ref()?.accesses?;
+        (a.per_sec.is_finite() && a.se.is_finite()).then_some((a.per_sec, a.se))
+    }
+
+    /// The smoothed guest-reported ops/s and its standard error (the
+    /// variance of an exponentially weighted mean of independent samples:
+    /// `var a / (2 - a)` with `a` = 1 s / [`OPS_TAU_S`]).
     fn ops_estimate(&self) -> (f64, f64) {
         match self.ops_smooth {
             Some((m, v, _)) => {
@@ -464,6 +474,7 @@ impl Host {
                 max_round_optional_bytes: s.counters.max_round_optional_bytes,
                 period_s: self.cfg.period.as_secs_f64(),
                 budget_bytes: self.cfg.division.budget_bytes,
+                value: self.cfg.division.value.name().into(),
             },
         }
     }
@@ -1077,7 +1088,7 @@ impl Host {
                 .vms
                 .iter()
                 .filter(|(_, v)| v.state.active())
-                .map(|(k, v)| (*k, share_of(v, now)))
+                .map(|(k, v)| (*k, share_of(v, now, self.cfg.division.value)))
                 .unzip();
             let plan = division::plan(s.fast_pool, &shares, &self.cfg.division);
             (keys, plan, shares)
@@ -1185,22 +1196,31 @@ impl VmEntry {
     }
 }
 
-fn share_of(v: &VmEntry, now: Instant) -> Share {
+/// What the division reads of a VM: its curves and, by `value`, the rate a
+/// share is multiplied by (the host-measured access rate, or the guest's
+/// own ops/s). Without a host-measured rate the VM is not valued (it keeps
+/// its min and shares free capacity nobody values).
+fn share_of(v: &VmEntry, now: Instant, value: Valuation) -> Share {
     let st = v.stats.as_ref();
     let gain = st.map(|s| &s.gain);
+    let measured = match value {
+        Valuation::HostAccesses => v.access_estimate(),
+        Valuation::GuestOps => Some(v.ops_estimate()),
+    };
+    let (rate, rate_se) = measured.map_or((0.0, 0.0), |(r, se)| (r.max(0.0), se.max(0.0)));
     Share {
         min: v.min,
         max: v.max,
         weight: v.weight,
         target: v.target,
         used: st.and_then(|s| s.tiers.first()).map_or(0, |t| t.used_bytes),
-        ops_per_sec: v.ops_estimate().0,
-        ops_se: v.ops_estimate().1,
+        rate,
+        rate_se,
         grow: gain.map(|g| g.grow.clone()).unwrap_or_default(),
         shrink: gain.map(|g| g.shrink.clone()).unwrap_or_default(),
         grow_se: gain.map(|g| g.grow_se.clone()).unwrap_or_default(),
         shrink_se: gain.map(|g| g.shrink_se.clone()).unwrap_or_default(),
-        informed: gain.is_some_and(|g| g.samples >= MIN_SAMPLES),
+        informed: measured.is_some() && gain.is_some_and(|g| g.samples >= MIN_SAMPLES),
         since_resize_s: v.last_resize.map(|t| now.duration_since(t).as_secs_f64()),
         last_grew: v.last_grew,
     }
@@ -1242,6 +1262,8 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
                     next_quantum_share: g.grow.first().copied().unwrap_or(0.0),
                     last_quantum_share: g.shrink.first().copied().unwrap_or(0.0),
                     samples: g.samples,
+                    accesses_per_sec: v.access_estimate().map(|a| a.0),
+                    accesses_per_sec_se: v.access_estimate().map(|a| a.1),
                 }),
         },
         tiers: if v.state.active() {
@@ -1320,6 +1342,116 @@ mod tests {
         let mut v = VmEntry::starting(id.into(), spec, (0, 64 << 20, 1.0), 0, "nomad".into());
         v.state = state;
         v
+    }
+
+    const M: u64 = 1 << 20;
+
+    /// A running VM whose worker reported `ops_per_sec` from its guest, and
+    /// a host-measured access rate (`None`: the sampler covered nothing
+    /// yet), with the same gain curve as every other.
+    fn running(id: &str, ops_per_sec: f64, accesses: Option<f64>) -> VmEntry {
+        let mut v = entry(id, VmState::Running);
+        v.spec.mem_bytes = 1 << 30;
+        v.max = 1 << 30;
+        let stats = |t_s: f64| WorkerStats {
+            t_s,
+            ops: (ops_per_sec * t_s) as u64,
+            ops_per_sec,
+            accesses: accesses.map(|per_sec| tiering::engine::profile::AccessRate {
+                per_sec,
+                se: 0.01 * per_sec,
+                coverage: 1.0,
+            }),
+            gain: tiering::engine::profile::GainCurve {
+                quantum_pages: 64 * M / PAGE,
+                grow: vec![0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.02, 0.01],
+                shrink: vec![0.4],
+                samples: 10_000.0,
+                grow_se: vec![0.001; 8],
+                shrink_se: vec![0.001],
+            },
+            ..WorkerStats::default()
+        };
+        // Polled for a minute: the smoothed ops/s settle.
+        for t in 1..=60 {
+            v.stats = Some(stats(f64::from(t)));
+            v.smooth_ops();
+        }
+        v
+    }
+
+    /// The fast targets one division round gives `vms` sharing `pool`.
+    fn divide(pool: u64, value: Valuation, vms: Vec<VmEntry>) -> Vec<u64> {
+        let mut cfg = ServeConfig::for_tests();
+        cfg.division.value = value;
+        let host = Host::new(cfg);
+        {
+            let mut s = host.state();
+            s.fast_pool = pool;
+            for (k, v) in vms.into_iter().enumerate() {
+                s.vms.insert(k as u64 + 1, v);
+            }
+        }
+        host.rebalance_until(None);
+        let s = host.state();
+        s.vms.values().map(|v| v.target).collect()
+    }
+
+    #[test]
+    fn a_guest_that_inflates_its_ops_counter_gets_no_more_fast_capacity() {
+        // Two identical VMs (the same accesses seen by the host, the same
+        // gain curves); one guest reports 100x the operations per second.
+        for inflated_first in [false, true] {
+            let honest = running("vm-1", 1_000.0, Some(50_000.0));
+            let inflated = running("vm-2", 100_000.0, Some(50_000.0));
+            let vms = if inflated_first {
+                vec![inflated, honest]
+            } else {
+                vec![honest, inflated]
+            };
+            let t = divide(512 * M, Valuation::HostAccesses, vms);
+            assert_eq!(
+                t,
+                vec![256 * M, 256 * M],
+                "the spare splits evenly (inflated first: {inflated_first})"
+            );
+        }
+    }
+
+    #[test]
+    fn guest_ops_valuation_believes_the_guest_and_host_accesses_follow_real_accesses() {
+        // The opt-in for trusted guests reads the counter: the inflated
+        // guest draws the spare (what `host-accesses` closes).
+        let t = divide(
+            512 * M,
+            Valuation::GuestOps,
+            vec![
+                running("vm-1", 1_000.0, Some(50_000.0)),
+                running("vm-2", 100_000.0, Some(50_000.0)),
+            ],
+        );
+        assert!(t[1] > t[0], "{t:?}");
+        // A VM that really accesses its memory 100x as often is worth more.
+        let t = divide(
+            512 * M,
+            Valuation::HostAccesses,
+            vec![
+                running("vm-1", 1_000.0, Some(500.0)),
+                running("vm-2", 1_000.0, Some(50_000.0)),
+            ],
+        );
+        assert!(t[1] > t[0], "{t:?}");
+        // No host-measured rate yet (no sampler pass): not valued, however
+        // much the guest reports; the other VM's accesses are.
+        let t = divide(
+            512 * M,
+            Valuation::HostAccesses,
+            vec![
+                running("vm-1", 1e9, None),
+                running("vm-2", 1_000.0, Some(50_000.0)),
+            ],
+        );
+        assert_eq!(t[1], 512 * M, "{t:?}");
     }
 
     #[test]

@@ -266,7 +266,14 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
     let ops_rate = f
         .gauges(
             "tiervm_vm_operations_per_second",
-            "Guest operations per second (throughput)",
+            "Guest operations per second as the guest reports them (its own counter)",
+            vm_l,
+        )
+        .map_err(metric_error)?;
+    let access_rate = f
+        .gauges(
+            "tiervm_vm_sampled_accesses_per_second",
+            "Sampled accesses per second of a VM as the host measures them (hint faults); the fast-tier division values capacity by it",
             vm_l,
         )
         .map_err(metric_error)?;
@@ -367,6 +374,9 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
                     }
                 }
                 set(&ops_rate, &[vm], st.ops_per_sec);
+                if let Some(a) = st.accesses {
+                    set(&access_rate, &[vm], a.per_sec);
+                }
             }
             let m = &st.mem;
             add(&ops, &[vm], st.ops as f64);

@@ -2,7 +2,9 @@
 //! simulator (`tiervm sim --division-pool`): every number here is MODELED.
 //!
 //! 1. Even split: each VM's scenario runs with `pool / n` of fast tier;
-//!    its modeled throughput is what the live service would read as ops/s.
+//!    its modeled throughput (accesses per second) is the rate the division
+//!    values its quanta by (live, the service estimates it from hint-fault
+//!    samples, `tiering::engine::profile::access_rate`; here it is exact).
 //! 2. Each VM's access profile is a sample of its own access stream
 //!    (`tiering::sim::access_counts`), the counts a live engine collects;
 //!    the gain curves come from it exactly as in a live worker
@@ -129,8 +131,10 @@ pub fn compare(
                     weight: 1.0,
                     target: *a,
                     used: *a,
-                    ops_per_sec: o * 1e6,
-                    ops_se: 0.0,
+                    // The modeled accesses per second: what the live
+                    // service's host-measured rate estimates.
+                    rate: o * 1e6,
+                    rate_se: 0.0,
                     grow: g.grow,
                     shrink: g.shrink,
                     grow_se: g.grow_se,

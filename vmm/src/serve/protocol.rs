@@ -15,7 +15,7 @@
 //! going away never leaves a VM behind.
 
 use serde::{Deserialize, Serialize};
-use tiering::engine::profile::GainCurve;
+use tiering::engine::profile::{AccessRate, GainCurve};
 use tiering::mem::{MemStats, ResizeDriverReport};
 
 /// Longest line either side accepts (a report with a long timeline fits).
@@ -190,8 +190,14 @@ pub struct WorkerStats {
     pub t_s: f64,
     /// Guest operations so far.
     pub ops: u64,
-    /// Operations per second over the last second or so.
+    /// Operations per second over the last second or so, from the
+    /// guest's own counter (untrusted).
     pub ops_per_sec: f64,
+    /// The VM's sampled access rate as the host measures it
+    /// (`tiering::engine::profile::access_rate`; `None` before the
+    /// hint-fault sampler covered any memory, or without it).
+    #[serde(default)]
+    pub accesses: Option<AccessRate>,
     /// The policy running now.
     pub policy: String,
     /// Why the last policy switch failed (cleared by one that works).

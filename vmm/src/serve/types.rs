@@ -289,6 +289,12 @@ pub struct RebalanceInfo {
     pub period_s: f64,
     /// Most bytes optional moves change per round.
     pub budget_bytes: u64,
+    /// What a quantum of fast capacity is valued by (`weight x rate x
+    /// share`): `host-accesses` (each VM's sampled access rate as the host
+    /// measures it, `fast.gain.accesses_per_sec`; the default) or
+    /// `guest-ops` (the operations per second each guest reports,
+    /// `ops_per_sec`: trusted guests only).
+    pub value: String,
 }
 
 /// A VM's fast-tier share: the request and where the VM stands.
@@ -312,8 +318,8 @@ pub struct FastInfo {
     pub converged: bool,
     /// What the division reads from the VM's access profile: the share of
     /// its sampled accesses the next quantum of fast capacity would
-    /// capture, and the last quantum would lose (`None` before the VM has
-    /// enough samples).
+    /// capture, and the last quantum would lose, and the VM's sampled
+    /// access rate (`None` before the VM has enough samples).
     pub gain: Option<GainInfo>,
 }
 
@@ -326,6 +332,16 @@ pub struct GainInfo {
     pub last_quantum_share: f64,
     /// Weighted samples behind the estimate (decayed).
     pub samples: f64,
+    /// The VM's sampled accesses per second as the host measures them (the
+    /// sum over guest pages of the weight of each page's latest hint fault
+    /// in a sampler window, extrapolated until the sampler covered all of
+    /// guest memory once): by
+    /// default a quantum is worth `weight x accesses_per_sec x share`
+    /// (`GET /v1/host`, `rebalance.value`). `None` before the sampler
+    /// covered any memory, or with tracking off.
+    pub accesses_per_sec: Option<f64>,
+    /// Standard error of `accesses_per_sec`.
+    pub accesses_per_sec_se: Option<f64>,
 }
 
 /// One tier of a VM.
@@ -407,7 +423,9 @@ pub struct VmInfo {
     pub uptime_s: f64,
     /// Guest operations so far.
     pub ops: u64,
-    /// Guest operations per second now (live throughput).
+    /// Guest operations per second now, as the guest reports them on its
+    /// status page (its own counter, not measured by the host: the fast-tier
+    /// division reads it only with `[division] value = "guest-ops"`).
     pub ops_per_sec: f64,
     /// Migration counters.
     pub migration: MigrationInfo,
