@@ -185,26 +185,35 @@ impl Grain {
 /// `pginfo->total_accesses`, 32 bits as in Memtis) and its histogram
 /// `hotness_hg`, in modeled pages (a huge page adds its 512 base pages,
 /// l.963-967).
+///
+/// A cooling halves every count. As Memtis does it lazily (a page's count
+/// is halved once per cooling it missed, when it is next looked at:
+/// `check_transhuge_cooling`, `check_base_cooling`), a cooling here only
+/// advances a clock, and each count is brought up to date when read; the
+/// histogram is built when the threshold needs it. The result is that of
+/// halving every count at once.
 #[derive(Clone, Debug)]
 pub struct AccessCounts {
     grain: Grain,
     pages: u64,
-    /// In [`FIXED_ONE`] units.
+    /// In [`FIXED_ONE`] units, as of `stamps`.
     counts: Vec<u64>,
-    hist: [u64; BINS],
+    /// The cooling clock each count was last brought up to.
+    stamps: Vec<u32>,
+    /// `memcg->cooling_clock`.
+    clock: u32,
 }
 
 impl AccessCounts {
     /// All counts zero.
     pub fn new(pages: u64, grain: Grain) -> Self {
-        let units = pages.div_ceil(grain.unit_pages);
-        let mut hist = [0; BINS];
-        hist[0] = pages;
+        let units = pages.div_ceil(grain.unit_pages) as usize;
         Self {
             grain,
             pages,
-            counts: vec![0; units as usize],
-            hist,
+            counts: vec![0; units],
+            stamps: vec![0; units],
+            clock: 0,
         }
     }
 
@@ -230,7 +239,12 @@ impl AccessCounts {
     }
 
     fn fixed(&self, unit: u64) -> u64 {
-        self.counts.get(unit as usize).copied().unwrap_or(0)
+        let u = unit as usize;
+        let (Some(&c), Some(&stamp)) = (self.counts.get(u), self.stamps.get(u)) else {
+            return 0;
+        };
+        // One halving per cooling missed.
+        c.checked_shr(self.clock.wrapping_sub(stamp)).unwrap_or(0)
     }
 
     /// Bin of tracked page `unit`.
@@ -239,14 +253,12 @@ impl AccessCounts {
     }
 
     fn set_fixed(&mut self, unit: u64, fixed: u64) {
-        let len = self.pages_of(unit).count() as u64;
-        let Some(c) = self.counts.get_mut(unit as usize) else {
-            return;
-        };
-        self.hist[bin_of(whole(*c))] -= len;
-        // 32-bit counts, as Memtis': saturate at u32::MAX.
-        *c = fixed.min(u64::from(u32::MAX) * FIXED_ONE);
-        self.hist[bin_of(whole(*c))] += len;
+        let u = unit as usize;
+        if let (Some(c), Some(stamp)) = (self.counts.get_mut(u), self.stamps.get_mut(u)) {
+            // 32-bit counts, as Memtis': saturate at u32::MAX.
+            *c = fixed.min(u64::from(u32::MAX) * FIXED_ONE);
+            *stamp = self.clock;
+        }
     }
 
     /// One modeled sample of tracked page `unit`, adding `fixed`
@@ -256,12 +268,18 @@ impl AccessCounts {
         self.set_fixed(unit, c);
     }
 
-    /// Halves every count (`__cooling`) and rebuilds the histogram.
+    /// Halves every count (`__cooling`).
     pub fn cool(&mut self) {
+        self.clock = self.clock.wrapping_add(1);
+    }
+
+    /// The histogram: modeled pages per bin.
+    pub fn histogram(&self) -> [u64; BINS] {
+        let mut hist = [0u64; BINS];
         for u in 0..self.units() {
-            let c = self.fixed(u) >> 1;
-            self.set_fixed(u, c);
+            hist[self.bin(u)] += self.pages_of(u).count() as u64;
         }
+        hist
     }
 
     /// `__adjust_active_threshold` step 1 (l.1239-1246): from the top bin
@@ -269,13 +287,14 @@ impl AccessCounts {
     /// such bin (the top bin if even it does not fit), at least
     /// [`HOT_THRESHOLD_MIN`].
     pub fn hot_threshold_bin(&self, capacity: u64) -> usize {
+        let hist = self.histogram();
         let mut active = 0u64;
         let mut idx = BINS;
         for b in (0..BINS).rev() {
-            if active + self.hist[b] > capacity {
+            if active + hist[b] > capacity {
                 break;
             }
-            active += self.hist[b];
+            active += hist[b];
             idx = b;
         }
         idx.clamp(HOT_THRESHOLD_MIN, BINS - 1)
@@ -587,7 +606,8 @@ impl Policy for Memtis {
     }
 
     fn export_state(&self) -> PolicyState {
-        let max = (1u64 << self.counts.hist.iter().rposition(|&n| n > 0).unwrap_or(0)) as f32;
+        let top = self.counts.histogram().iter().rposition(|&n| n > 0);
+        let max = (1u64 << top.unwrap_or(0)) as f32;
         let mut hot_pages: Vec<(u64, f32)> = (0..self.counts.units())
             .filter(|&u| self.counts.count(u) > 0)
             .flat_map(|u| {
