@@ -109,10 +109,19 @@ fn a_scaled_cache_model_comes_with_a_host_llc_model() {
         Some(bytes) if bytes > 64 << 10 => {
             let h = e.host_cache.as_ref().expect("a host LLC model");
             assert_eq!(h.bytes, 1 << (63 - bytes.leading_zeros()), "{h:?}");
-            let llc = h
-                .llc_hit_ns
-                .expect("the guest measured the LLC hit latency");
-            assert!((1.0..=200.0).contains(&llc), "{h:?}");
+            assert!(
+                h.llc_hit_measured,
+                "the guest measured the LLC hit latency: {h:?}"
+            );
+            match h.llc_hit_ns {
+                Some(llc) => assert!((1.0..=200.0).contains(&llc), "{h:?}"),
+                // A loaded host can slow every pass past 200 ns: measured,
+                // reported as implausible, not used.
+                None => {
+                    assert!(!h.applied, "{h:?}");
+                    println!("the boot LLC measurement was implausible on this host: {h:?}");
+                }
+            }
             assert!(h.host_cache_hit_pct <= 100.0);
             assert!(e.caveat.is_none(), "{e:?}");
             assert!(e_off.caveat.as_ref().is_some_and(|c| c.contains("64K")));

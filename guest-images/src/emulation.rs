@@ -226,6 +226,11 @@ impl<'a> CacheModel<'a> {
 /// measurement outside is not used (guest) and not reported (VMM).
 pub const LLC_HIT_PS_RANGE: core::ops::RangeInclusive<u64> = 1_000..=200_000;
 
+/// What the guest publishes as `llc_hit_ps` when its boot measurement fell
+/// outside [`LLC_HIT_PS_RANGE`] (a loaded host can slow every pass): the
+/// measurement ran, and is not used. 0 means it did not run.
+pub const LLC_HIT_IMPLAUSIBLE: u64 = u64::MAX;
+
 /// Moves a miss ratio (fixed point, [`RATIO_BITS`]) `1 / SAMPLE_WINDOW`
 /// of the way towards one lookup's outcome (an exponential moving average).
 fn ratio_towards(ratio: &Cell<u32>, missed: bool) {

@@ -13,7 +13,7 @@ use crate::abi::{
 };
 use crate::emulation::{
     ab_median_ratio, build_chase, charge_base_ps, charge_fixed, chase, CacheModel, Charger,
-    ChargingAb, AB_BINS, FRAC_BITS, LLC_HIT_PS_RANGE,
+    ChargingAb, AB_BINS, FRAC_BITS, LLC_HIT_IMPLAUSIBLE, LLC_HIT_PS_RANGE,
 };
 
 use super::{rdtsc, rdtsc_ordered};
@@ -133,7 +133,11 @@ impl GuestEmulation {
             hread!(h, host_cache_model_stride),
         );
         let llc_ps = hread!(h, llc_hit_ps);
-        if host_bytes != 0 && host_stride != 0 && llc_ps != 0 && dram_ps > llc_ps {
+        if host_bytes != 0
+            && host_stride != 0
+            && LLC_HIT_PS_RANGE.contains(&llc_ps)
+            && dram_ps > llc_ps
+        {
             let at = hread!(h, host_cache_model_gpa) + u64::from(vcpu) * host_stride;
             // SAFETY: the VMM reserved `host_cache_model_stride` zeroed bytes
             // per vCPU at `host_cache_model_gpa`; only this vCPU touches its
@@ -265,7 +269,8 @@ fn measure_dram(h: *mut EmulationHeader, tsc_khz: u64) {
 /// vCPU 0 at boot, when the VMM asks for a host LLC model: times dependent
 /// loads over a quarter of the host's LLC (the start of the chase buffer),
 /// which linking it brought into the cache, and publishes the fastest pass
-/// as the host's LLC hit latency (0 if implausible: no host model).
+/// as the host's LLC hit latency ([`LLC_HIT_IMPLAUSIBLE`] if implausible:
+/// no host model).
 fn measure_llc_hit(h: *mut EmulationHeader, tsc_khz: u64) {
     let bytes = (hread!(h, host_cache_bytes) / 4).min(hread!(h, chase_bytes));
     // SAFETY: as in `measure_dram`: the VMM's chase buffer, `chase_bytes`
@@ -281,7 +286,7 @@ fn measure_llc_hit(h: *mut EmulationHeader, tsc_khz: u64) {
     let ps = if LLC_HIT_PS_RANGE.contains(&ps) {
         ps
     } else {
-        0
+        LLC_HIT_IMPLAUSIBLE
     };
     hwrite!(h, ps, llc_hit_ps);
 }

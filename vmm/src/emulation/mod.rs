@@ -489,6 +489,7 @@ impl HostCacheReport {
             (_, Some(l)) => format!(
                 "host LLC model {size} not used: the LLC hit latency measured ({l:.0} ns) is not below the host DRAM latency charged against"
             ),
+            (_, None) if self.llc_hit_measured => format!("host LLC model {size} not used: the LLC hit latency measured at boot was implausible (outside 1-200 ns; a loaded host)"),
             (_, None) => format!("host LLC model {size} not used: the LLC hit latency was not measured"),
         }
     }
@@ -501,8 +502,11 @@ pub struct HostCacheReport {
     /// The modeled host LLC, bytes.
     pub bytes: u64,
     /// The host's LLC hit latency the guest measured at boot, ns (`null`:
-    /// not measured, so the model was not used).
+    /// not measured, or implausible, so the model was not used).
     pub llc_hit_ns: Option<f64>,
+    /// The guest ran the boot measurement (its result may still have been
+    /// implausible: `llc_hit_ns` null).
+    pub llc_hit_measured: bool,
     /// Whether the guest used the model: the LLC hit latency was measured
     /// and is below the host DRAM latency charged against (else an LLC hit
     /// saves nothing to charge back).
@@ -551,6 +555,7 @@ impl EmulationReport {
             HostCacheReport {
                 bytes: region.layout().host_cache_bytes,
                 llc_hit_ns,
+                llc_hit_measured: llc_ps != 0,
                 applied: matches!((llc_hit_ns, used), (Some(l), Some(d)) if l < d),
                 host_cache_hits: t.host_cache_hits,
                 // An estimate from sampled sets: it can pass 100 by a few
