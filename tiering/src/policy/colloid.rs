@@ -150,21 +150,11 @@ impl Grain {
                 hot_threshold: HOT_THRESHOLD,
             };
         }
-        let scale = if config.scale.is_finite() && config.scale >= 1.0 {
-            config.scale
-        } else {
-            1.0
-        };
         // HeMem's page: 2 MiB (`PAGE_SIZE = HUGEPAGE_SIZE`, hemem.h of the
         // HeMem Colloid evaluated, webglider/hemem branch sosp24ae).
-        let hemem_page = u64::from(PAGES_PER_2M);
-        let unit_pages = ((hemem_page as f64 / scale).round() as u64).clamp(1, hemem_page);
-        let sample_period = ((unit_pages * HEMEM_SAMPLE_PERIOD) as f64 / hemem_page as f64)
-            .round()
-            .max(1.0) as u64;
         Self {
-            unit_pages,
-            sample_period,
+            unit_pages: config.pages_per_2m(),
+            sample_period: config.huge_page_sample_period(HEMEM_SAMPLE_PERIOD),
             huge: true,
             cooling_threshold: HEMEM_COOLING_THRESHOLD,
             // pebs.c: `if (page->accesses[j] > PEBS_COOLING_THRESHOLD)`.

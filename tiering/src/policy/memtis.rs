@@ -122,11 +122,7 @@ pub struct Grain {
 impl Grain {
     /// The grain for `config`.
     pub fn for_config(config: &PolicyConfig) -> Self {
-        let scale = if config.scale.is_finite() && config.scale >= 1.0 {
-            config.scale
-        } else {
-            1.0
-        };
+        let scale = config.scale_at_least_one();
         if !config.transparent_huge_pages {
             return Self {
                 unit_pages: 1,
@@ -136,14 +132,11 @@ impl Grain {
                 scale,
             };
         }
-        let huge = u64::from(PAGES_PER_2M);
-        let unit_pages = ((huge as f64 / scale).round() as u64).clamp(1, huge);
-        let period = |real: u64| ((real * unit_pages) as f64 / huge as f64).round().max(1.0) as u64;
         Self {
-            unit_pages,
+            unit_pages: config.pages_per_2m(),
             huge: true,
-            load_period: period(SAMPLE_PERIOD),
-            store_period: period(STORE_SAMPLE_PERIOD),
+            load_period: config.huge_page_sample_period(SAMPLE_PERIOD),
+            store_period: config.huge_page_sample_period(STORE_SAMPLE_PERIOD),
             scale,
         }
     }

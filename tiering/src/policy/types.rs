@@ -273,6 +273,32 @@ impl PolicyConfig {
         self.tier_capacity_pages.len()
     }
 
+    /// Real pages per modeled page, at least 1 (a nonsense scale counts as 1).
+    pub fn scale_at_least_one(&self) -> f64 {
+        if self.scale.is_finite() && self.scale >= 1.0 {
+            self.scale
+        } else {
+            1.0
+        }
+    }
+
+    /// Modeled pages per 2 MiB page: `512 / scale`, 1..=512 (at scale >=
+    /// 512 one modeled page holds `scale / 512` 2 MiB pages of equal heat).
+    pub fn pages_per_2m(&self) -> u64 {
+        let huge = u64::from(PAGES_PER_2M);
+        ((huge as f64 / self.scale_at_least_one()).round() as u64).clamp(1, huge)
+    }
+
+    /// The modeled sample period that gives a tracked 2 MiB page the
+    /// samples a real one gets at `real_period`, one at a time: a modeled
+    /// page has one real page's access rate, so `real_period x
+    /// pages_per_2m / 512`, at least 1.
+    pub fn huge_page_sample_period(&self, real_period: u64) -> u64 {
+        ((real_period * self.pages_per_2m()) as f64 / f64::from(PAGES_PER_2M))
+            .round()
+            .max(1.0) as u64
+    }
+
     /// `real_pages` (a page count from a paper) in modeled pages (at least 1).
     pub fn scaled_pages(&self, real_pages: f64) -> u64 {
         let s = if self.scale.is_finite() && self.scale > 0.0 {
