@@ -233,17 +233,22 @@ impl TieredMemory {
                 self.release_page(page, 0, 0);
                 continue;
             }
-            match self
-                .uffd
-                .move_range(self.guest_addr(page), self.park_addr(page), PAGE_SIZE, true)
-            {
-                Ok(()) => {
-                    self.release_page(page, 0, PARKED | PROBE);
-                    n += 1;
-                }
-                Err(e) => {
-                    self.release_page(page, 0, 0);
+            // The same settlement as a touch's (`map_back_touched`): a
+            // failed move must not leave the page parked for good (the
+            // stress test found parked pages already back in guest RAM,
+            // whose every unpark then failed with EEXIST).
+            match self.map_back_touched(page) {
+                MapBack::Moved => n += 1,
+                MapBack::Lost(e) | MapBack::Stopped(e) => {
+                    tracing::error!(
+                        "unparking page {page}: {e}: no copy could be put back (recovered or \
+                         the VM stopped, see the fatal error)"
+                    );
                     first_err.get_or_insert(e);
+                }
+                other => {
+                    tracing::warn!("unparking page {page}: {other}");
+                    n += 1;
                 }
             }
         }
