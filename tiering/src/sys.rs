@@ -980,6 +980,17 @@ pub unsafe fn equal_volatile(a: *const u8, b: *const u8, len: usize) -> bool {
     (0..len / 8).all(|i| unsafe { a.add(i).read_volatile() == b.add(i).read_volatile() })
 }
 
+/// Whether `len` bytes (a multiple of 8) at `a` are all zero, read with
+/// volatile loads (another thread may write them).
+///
+/// # Safety
+/// `a` must be valid for reads of `len` bytes and 8-byte aligned.
+pub unsafe fn is_zero_volatile(a: *const u8, len: usize) -> bool {
+    let a = a as *const u64;
+    // SAFETY: the caller guarantees the pointer is valid and aligned for `len`.
+    (0..len / 8).all(|i| unsafe { a.add(i).read_volatile() == 0 })
+}
+
 /// Zeroes `len` bytes (a multiple of 8) with volatile stores.
 ///
 /// # Safety

@@ -23,6 +23,7 @@ use std::time::Instant;
 use super::backing::{lock, TieredMemory};
 use super::commit::CommitOutcome;
 use super::page_map::{BUSY, PARKED, POPULATED, PROBE};
+use super::park::MapBack;
 use super::HintFaultRecord;
 use crate::sys::{FaultEvent, PAGE_SIZE};
 
@@ -34,7 +35,7 @@ pub struct FaultHandler {
 }
 
 #[derive(Clone, Copy)]
-struct Pending {
+pub(super) struct Pending {
     arrival: Instant,
     thread_id: u32,
     write: bool,
@@ -140,6 +141,17 @@ fn handle_event(mem: &TieredMemory, ev: &FaultEvent, pending: &mut HashMap<usize
     }
 }
 
+/// [`handle_event`] for tests: serves one fault event as the handler
+/// thread would.
+#[cfg(test)]
+pub(super) fn handle_event_for_test(
+    mem: &TieredMemory,
+    ev: &FaultEvent,
+    pending: &mut HashMap<usize, Pending>,
+) {
+    handle_event(mem, ev, pending)
+}
+
 /// Resolves a fault on `page` if possible. Returns false when the page is
 /// still owned by a mover (the fault stays pending, `WAITER` set) or could
 /// not be committed yet (no tier has room right now; retried).
@@ -236,17 +248,14 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
         }
         None => lock(&mem.samples).push(sample),
     }
-    if let Err(e) = mem
-        .uffd
-        .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, true)
-    {
-        // The page stays parked (its content is safe in the parking slot);
-        // the next touch tries again.
-        tracing::error!("unparking page {page}: {e}");
-        mem.release_page(page, 0, 0);
-        return;
+    let outcome = mem.map_back_touched(page);
+    if !matches!(outcome, MapBack::Moved) {
+        tracing::error!("unparking touched page {page}: {outcome}");
     }
-    mem.release_page(page, 0, PARKED | PROBE);
+    // A move that filled the hole woke the toucher; every other outcome
+    // (the page was back already, a copy, a stop) needs the wake, or the
+    // toucher would wait for an event that never comes.
+    let _ = mem.uffd.wake(mem.guest_addr(page), PAGE_SIZE);
     let stall = p.arrival.elapsed().as_nanos() as u64;
     // A hint fault is tracking cost, not a migration stall: it is counted
     // apart (tracking overhead), so `guest_stall_ms` measures what the

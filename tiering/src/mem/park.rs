@@ -13,7 +13,63 @@ use std::time::Duration;
 use super::backing::{Parker, TieredMemory};
 use super::page_map::{self, on_tier, PARKED, PLACEMENT_BITS, POPULATED, PROBE};
 use super::pool::Holds;
-use crate::sys::{self, PAGE_SIZE};
+use crate::sys::{self, MoveError, PAGE_SIZE};
+
+/// What [`TieredMemory::map_back_touched`] did with a touched parked page.
+#[derive(Debug)]
+pub(crate) enum MapBack {
+    /// Moved back from its parking slot (the normal case).
+    Moved,
+    /// The move failed, but the page was in guest RAM already and its
+    /// parking slot empty: only the bookkeeping was updated.
+    AlreadyBack(MoveError),
+    /// Guest RAM and the parking slot held the same bytes: the parked
+    /// duplicate was freed.
+    Duplicate(MoveError),
+    /// Guest RAM held different, non-zero data: kept (newest), the parked
+    /// copy freed.
+    KeptGuestCopy(MoveError),
+    /// Guest RAM held a zero fill: replaced by the parked copy.
+    ParkedCopyWon(MoveError),
+    /// The parked copy could not be moved: copied into a fresh page.
+    Copied(MoveError),
+    /// No copy of the page was found (recovery or a stop followed).
+    Lost(MoveError),
+    /// Nothing could be put back: the VM is stopped.
+    Stopped(MoveError),
+}
+
+impl std::fmt::Display for MapBack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (done, e) = match self {
+            MapBack::Moved => return f.write_str("moved back"),
+            MapBack::AlreadyBack(e) => (
+                "the page was in guest RAM already and its parking slot empty; marked unparked",
+                e,
+            ),
+            MapBack::Duplicate(e) => (
+                "guest RAM and the parking slot held the same bytes; the parked duplicate was freed",
+                e,
+            ),
+            MapBack::KeptGuestCopy(e) => (
+                "guest RAM held different data (the newest, accessed since it appeared); kept it \
+                 and dropped the older parked copy",
+                e,
+            ),
+            MapBack::ParkedCopyWon(e) => (
+                "guest RAM held a zero fill; replaced it with the parked copy",
+                e,
+            ),
+            MapBack::Copied(e) => (
+                "copied the parked page into a fresh page and mapped that",
+                e,
+            ),
+            MapBack::Lost(e) => ("no copy of the page was found; recovering it", e),
+            MapBack::Stopped(e) => ("nothing could be put back; the VM is stopped", e),
+        };
+        write!(f, "{e}: {done}")
+    }
+}
 
 impl TieredMemory {
     /// Parks `pages` for hint faults on behalf of `parker` (runs of
@@ -51,7 +107,62 @@ impl TieredMemory {
             .iter()
             .map(|&p| (self.park_addr(p), self.guest_addr(p)))
             .collect();
-        if let Err(e) = self.move_pairs(&pairs) {
+        let mut moved = self.move_pairs(&pairs);
+        if let Err(e) = moved {
+            if e.errno == libc::EBUSY {
+                // EBUSY: the kernel refused to move a page it sees as shared
+                // or pinned (not `PageAnonExclusive`, or pinned for DMA);
+                // under KVM a page it holds for an access is pinned for
+                // microseconds. Nothing moved for that page and nothing is
+                // lost: retry the pages still in guest RAM one by one
+                // (bounded, `move_retrying`), and leave a page that stays
+                // busy unparked (skipped, like a page a mover owns) instead
+                // of failing the rest of the window.
+                self.counters
+                    .park_busy_retries
+                    .fetch_add(1, Ordering::Relaxed);
+                let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+                let mut parked = Vec::with_capacity(owned.len());
+                for &p in &owned {
+                    let (guest, park) = (self.guest_addr(p), self.park_addr(p));
+                    let in_park = if present(guest) {
+                        !present(park) && self.move_retrying(park, guest, PAGE_SIZE).is_ok()
+                    } else {
+                        present(park)
+                    };
+                    if in_park {
+                        parked.push(p);
+                    }
+                }
+                if parked.len() == owned.len() {
+                    moved = Ok(());
+                } else {
+                    let still: Vec<usize> = owned
+                        .iter()
+                        .copied()
+                        .filter(|p| !parked.contains(p))
+                        .collect();
+                    if still.iter().all(|&p| present(self.guest_addr(p))) {
+                        // The pages that stayed busy are in guest RAM: they
+                        // simply are not parked this time.
+                        tracing::debug!(
+                            "parking: {} of {} pages stayed busy ({e}); skipped",
+                            still.len(),
+                            owned.len()
+                        );
+                        for &p in &still {
+                            self.release_page(p, 0, 0);
+                        }
+                        for &p in &parked {
+                            self.release_page(p, tag, 0);
+                        }
+                        parked.extend(taken_over);
+                        return Ok(parked);
+                    }
+                }
+            }
+        }
+        if let Err(e) = moved {
             // Pages that moved are put back; one that cannot move back
             // stays parked, and the fault handler maps it back on its touch.
             // Guest RAM decides which moved, not the parking slot: a slot
@@ -122,17 +233,22 @@ impl TieredMemory {
                 self.release_page(page, 0, 0);
                 continue;
             }
-            match self
-                .uffd
-                .move_range(self.guest_addr(page), self.park_addr(page), PAGE_SIZE, true)
-            {
-                Ok(()) => {
-                    self.release_page(page, 0, PARKED | PROBE);
-                    n += 1;
-                }
-                Err(e) => {
-                    self.release_page(page, 0, 0);
+            // The same settlement as a touch's (`map_back_touched`): a
+            // failed move must not leave the page parked for good (the
+            // stress test found parked pages already back in guest RAM,
+            // whose every unpark then failed with EEXIST).
+            match self.map_back_touched(page) {
+                MapBack::Moved => n += 1,
+                MapBack::Lost(e) | MapBack::Stopped(e) => {
+                    tracing::error!(
+                        "unparking page {page}: {e}: no copy could be put back (recovered or \
+                         the VM stopped, see the fatal error)"
+                    );
                     first_err.get_or_insert(e);
+                }
+                other => {
+                    tracing::warn!("unparking page {page}: {other}");
+                    n += 1;
                 }
             }
         }
@@ -159,6 +275,128 @@ impl TieredMemory {
             n += self.unpark_pages(&retry, parker, &mut busy)?;
         }
         Ok(n)
+    }
+
+    /// Maps the owned, parked `page` back into guest RAM after a touch and
+    /// releases it unparked. Never leaves the page parked: a vCPU (or VMM
+    /// thread) waits on it. Every branch is bounded (transient move errors
+    /// are retried a few times, `move_retrying`), and the caller wakes the
+    /// guest address whatever happened. Returns what was done, for the log.
+    pub(crate) fn map_back_touched(&self, page: usize) -> MapBack {
+        let (guest, park) = (self.guest_addr(page), self.park_addr(page));
+        let err = match self.move_retrying(guest, park, PAGE_SIZE) {
+            Ok(()) => {
+                self.release_page(page, 0, PARKED | PROBE);
+                return MapBack::Moved;
+            }
+            Err(e) => e,
+        };
+        self.counters
+            .unpark_failures
+            .fetch_add(1, Ordering::Relaxed);
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        match (present(guest), present(park)) {
+            // The page is back in guest RAM already and its parking slot is
+            // empty: it is the only copy, so it holds the guest's data (seen
+            // when a move of another page brought it back, see
+            // `docs/mechanisms.md` §6). Only the bookkeeping is behind.
+            (true, false) => {
+                self.counters
+                    .unpark_conflicts
+                    .fetch_add(1, Ordering::Relaxed);
+                self.release_page(page, 0, PARKED | PROBE);
+                MapBack::AlreadyBack(err)
+            }
+            // Two copies. Which one is the guest's data:
+            // - equal bytes: either; the parked one is a duplicate, freed.
+            // - the guest RAM copy is all zeros and the parked one is not:
+            //   the guest RAM copy is a fresh fill (a zero page or a new
+            //   page a path mapped into the hole); nothing of the guest's is
+            //   in it that the parked copy lacks, except writes of zeros, so
+            //   the parked copy (the page's content when it was parked, and
+            //   no write can reach a parked page) is put back and the fill
+            //   freed.
+            // - both hold different non-zero data: the guest RAM copy has
+            //   been the page for every access since it appeared (no access
+            //   faults any more), so it holds the newest writes and is kept;
+            //   the parked copy is older. It is dropped with an error naming
+            //   the page, never silently.
+            (true, true) => {
+                self.counters
+                    .unpark_conflicts
+                    .fetch_add(1, Ordering::Relaxed);
+                let tier = page_map::tier_of(self.pages.load(page)).unwrap_or(0);
+                // SAFETY: both are page-aligned present pages of our mapping (residency
+                // checked just above; we own the page, so no mover unmaps either);
+                // volatile reads because a vCPU may write the guest RAM copy.
+                let (same, guest_zero) = unsafe {
+                    (
+                        sys::equal_volatile(guest as *const u8, park as *const u8, PAGE_SIZE),
+                        sys::is_zero_volatile(guest as *const u8, PAGE_SIZE),
+                    )
+                };
+                if same || !guest_zero {
+                    self.dispose(tier, &[park]);
+                    self.release_page(page, 0, PARKED | PROBE);
+                    return if same {
+                        MapBack::Duplicate(err)
+                    } else {
+                        MapBack::KeptGuestCopy(err)
+                    };
+                }
+                // The zero fill out, the parked copy in (the guest waits
+                // on the hole in between: we own the page).
+                self.dispose(tier, &[guest]);
+                match self.move_retrying(guest, park, PAGE_SIZE) {
+                    Ok(()) => {
+                        self.release_page(page, 0, PARKED | PROBE);
+                        MapBack::ParkedCopyWon(err)
+                    }
+                    Err(e) => self.copy_back_or_stop(page, e),
+                }
+            }
+            // Guest RAM still has the hole and the parked copy is there: the
+            // move kept failing (e.g. EBUSY: the parked page is pinned or
+            // shared right now). Copy it instead of moving it.
+            (false, true) => self.copy_back_or_stop(page, err),
+            // Neither: no copy to put back (a bookkeeping bug elsewhere).
+            (false, false) => {
+                self.release_page(page, 0, PARKED | PROBE);
+                if self.pages.try_acquire(page, false).is_some() {
+                    self.recover_hole(page);
+                }
+                MapBack::Lost(err)
+            }
+        }
+    }
+
+    /// The parked copy of the owned `page` cannot be moved into guest RAM:
+    /// copies it into a fresh page of its tier's pool, moves that in and
+    /// frees the parked one; if even that fails, stops the VM (the guest
+    /// must not run on a missing page) and keeps the page owned, so its
+    /// toucher waits only until the VM is stopped.
+    fn copy_back_or_stop(&self, page: usize, err: sys::MoveError) -> MapBack {
+        let (guest, park) = (self.guest_addr(page), self.park_addr(page));
+        let tier = page_map::tier_of(self.pages.load(page)).unwrap_or(0);
+        if let Some(staging) = self.reserve_staging(tier, 1, Holds::Cached) {
+            let dst = staging.addr(self, tier, 0);
+            // SAFETY: both are page-aligned pages of our mapping: the parked page is
+            // present in its parking slot (we own it) and the staging page is a reserved
+            // pool slot (a hole is allocated by the write); they do not overlap.
+            unsafe { sys::copy_volatile(dst as *mut u8, park as *const u8, PAGE_SIZE) };
+            if self.move_retrying(guest, dst, PAGE_SIZE).is_ok() {
+                self.release_staging(tier, &staging, Holds::Hole, false);
+                self.dispose(tier, &[park]);
+                self.release_page(page, 0, PARKED | PROBE);
+                return MapBack::Copied(err);
+            }
+            self.release_staging_checked(tier, &staging);
+        }
+        self.set_fatal(format!(
+            "guest page {page}: its parked copy could not be put back into guest RAM ({err}); \
+             the VM is stopped to avoid running on a missing page"
+        ));
+        MapBack::Stopped(err)
     }
 
     /// Promotes an owned, parked page to the fastest tier (stop-and-copy)

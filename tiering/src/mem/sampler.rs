@@ -251,7 +251,9 @@ impl HintSampler {
                     // guest never touches it (unparking skips pages the
                     // sampler does not hold parked). Seen in a 10-minute
                     // serve soak: UFFDIO_MOVE EBUSY left a page parked to
-                    // the end of the run.
+                    // the end of the run. EBUSY alone no longer gets here:
+                    // `park_pages` retries busy pages (bounded) and skips
+                    // those that stay busy (they are in guest RAM).
                     self.window.extend(run);
                     return Err(e);
                 }

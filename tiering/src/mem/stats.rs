@@ -167,6 +167,14 @@ pub struct Counters {
     /// as never touched), all passes (not in the report;
     /// `TieredMemory::sampler_account`).
     pub(crate) scanned_pages: AtomicU64,
+    /// The fault handler's moves of a touched parked page back into guest
+    /// RAM that failed (each retried or resolved; not in the report).
+    pub(crate) unpark_failures: AtomicU64,
+    /// Touched parked pages whose guest RAM slot was found mapped (EEXIST)
+    /// and resolved by comparing the two copies (not in the report).
+    pub(crate) unpark_conflicts: AtomicU64,
+    /// Park moves refused with EBUSY and retried (not in the report).
+    pub(crate) park_busy_retries: AtomicU64,
 }
 
 impl Counters {
