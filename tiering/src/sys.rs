@@ -322,6 +322,8 @@ impl Uffd {
             });
         }
         let mut done = 0usize;
+        // Consecutive EAGAIN / EINTR answers without progress.
+        let mut stalled = 0u32;
         while done < len {
             let mut mv = UffdioMove {
                 dst: (dst + done) as u64,
@@ -340,9 +342,15 @@ impl Uffd {
             let err = io::Error::last_os_error();
             if mv.moved > 0 {
                 done += mv.moved as usize;
+                stalled = 0;
                 continue;
             }
-            if err.raw_os_error() == Some(libc::EAGAIN) || err.raw_os_error() == Some(libc::EINTR) {
+            let transient = matches!(err.raw_os_error(), Some(libc::EAGAIN | libc::EINTR));
+            if transient && stalled < MOVE_TRANSIENT_RETRIES {
+                // Bounded: a range that stays busy is the caller's error to
+                // handle, not a spin for ever.
+                stalled += 1;
+                std::thread::yield_now();
                 continue;
             }
             return Err(MoveError {
@@ -455,6 +463,10 @@ impl Uffd {
         }
     }
 }
+
+/// Consecutive EAGAIN / EINTR answers (no page moved) a
+/// [`Uffd::move_range`] retries before it returns the error.
+pub const MOVE_TRANSIENT_RETRIES: u32 = 1000;
 
 /// A failed `UFFDIO_MOVE`: which range, how far it got, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
