@@ -1568,6 +1568,19 @@ fn stress_parking_against_every_mover() {
     }
 }
 
+/// Hands the fault handler the read fault the kernel would queue for a
+/// touch of `page`; the handler must finish with it (nothing pending).
+fn deliver_read_fault(mem: &Arc<TieredMemory>, page: usize) {
+    let ev = crate::sys::FaultEvent {
+        address: mem.guest_addr(page) as u64,
+        thread_id: 1,
+        write: false,
+    };
+    let mut pending = std::collections::HashMap::new();
+    super::fault::handle_event_for_test(mem, &ev, &mut pending);
+    assert!(pending.is_empty());
+}
+
 /// Touches `page` on a thread of its own (a vCPU) and returns the first
 /// word it reads; fails the test if the touch is not served within 20 s
 /// (the toucher was left waiting on its fault).
@@ -1600,14 +1613,7 @@ fn a_touched_parked_page_already_back_in_guest_ram_is_served() {
     // Make its touch reach the handler: the word says parked, so a touch
     // is what the handler sees as a hint fault (simulated with the event
     // the kernel would have queued).
-    let ev = crate::sys::FaultEvent {
-        address: mem.guest_addr(page) as u64,
-        thread_id: 1,
-        write: false,
-    };
-    let mut pending = std::collections::HashMap::new();
-    super::fault::handle_event_for_test(&mem, &ev, &mut pending);
-    assert!(pending.is_empty());
+    deliver_read_fault(&mem, page);
     assert_eq!(
         mem.pages.load(page) & page_map::PARKED,
         0,
@@ -1672,14 +1678,7 @@ fn a_parked_page_with_a_filled_guest_slot_keeps_the_right_copy() {
     // Page b's fill gets written (a write to the zero page allocates a page).
     word(&mem, b).store(77, Ordering::SeqCst);
     for (page, want) in [(a, a as u64 * 1000), (b, 77)] {
-        let ev = crate::sys::FaultEvent {
-            address: mem.guest_addr(page) as u64,
-            thread_id: 1,
-            write: false,
-        };
-        let mut pending = std::collections::HashMap::new();
-        super::fault::handle_event_for_test(&mem, &ev, &mut pending);
-        assert!(pending.is_empty());
+        deliver_read_fault(&mem, page);
         assert_eq!(mem.pages.load(page) & page_map::PARKED, 0, "page {page}");
         assert_eq!(
             touch_bounded(&mem, page, "the touch after"),

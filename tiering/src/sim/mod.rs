@@ -439,6 +439,19 @@ mod tests {
         assert!(run(&bad, PolicyKind::Static).is_err());
     }
 
+    /// The best steady-state throughput of static placements holding these
+    /// shares of the hot set in tier 0.
+    fn best_static_split(scn: &Scenario, hot_shares: &[f64]) -> f64 {
+        hot_shares
+            .iter()
+            .map(|&h| {
+                run_with(scn, PolicyKind::Static, SimPlacement::HotShare(h))
+                    .unwrap()
+                    .stable_maps
+            })
+            .fold(0.0, f64::max)
+    }
+
     /// Colloid §5: with no antagonist, MEMTIS is within 10.1% of the best
     /// static split. Memtis runs on 2 MiB pages (THP, as every seed's
     /// Memtis setup); the control tracks 4 KiB pages, where a hot page of
@@ -449,14 +462,7 @@ mod tests {
         let mut scn = builtin("colloid-gups-0x").expect("built-in");
         assert!(scn.transparent_huge_pages, "Memtis runs under THP");
         scn.duration_s = 60.0;
-        let best = [0.9, 1.0]
-            .into_iter()
-            .map(|h| {
-                run_with(&scn, PolicyKind::Static, SimPlacement::HotShare(h))
-                    .unwrap()
-                    .stable_maps
-            })
-            .fold(0.0, f64::max);
+        let best = best_static_split(&scn, &[0.9, 1.0]);
         let m = run(&scn, PolicyKind::Memtis).unwrap().stable_maps;
         assert!(
             m > best * (1.0 - 0.101),
@@ -486,14 +492,7 @@ mod tests {
             "Colloid's scenarios run HeMem's 2 MiB pages"
         );
         scn.duration_s = 60.0;
-        let best = [0.8, 0.9, 1.0]
-            .into_iter()
-            .map(|h| {
-                run_with(&scn, PolicyKind::Static, SimPlacement::HotShare(h))
-                    .unwrap()
-                    .stable_maps
-            })
-            .fold(0.0, f64::max);
+        let best = best_static_split(&scn, &[0.8, 0.9, 1.0]);
         let base = run(&scn, PolicyKind::ColloidBase).unwrap();
         let gap = 1.0 - base.stable_maps / best;
         assert!(
