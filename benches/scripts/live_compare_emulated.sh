@@ -19,8 +19,11 @@ C=(compare --duration "${SECS}s" --repeat "$REP" --quiet --placement slow-first 
 # engine tracks and moves 4 KiB pages: so does colloid in the model here
 # (--small-pages; the Colloid scenarios otherwise run HeMem's 2 MiB pages).
 # The zipf image has no memset / warm-up round / sleep before it counts
-# (the Nomad benchmark's initialization): --no-bench-init.
-S=(sim --duration "$SECS" --threads 1 --scale 1 --start-slow --pebs-sees-all --small-pages --no-bench-init)
+# (the Nomad benchmark's initialization): --no-bench-init. The guest is one
+# vCPU making 64-byte accesses, where the nomad-* scenarios model the
+# micro-benchmark's one thread copying whole 4 KiB pages: --threads 1 --mlp 1
+# --access-bytes 64.
+S=(sim --duration "$SECS" --threads 1 --mlp 1 --access-bytes 64 --scale 1 --start-slow --pebs-sees-all --small-pages --no-bench-init)
 NOMAD=nomad-a,llc=256K
 run() { # name, then the compare arguments
   local name=$1

@@ -34,8 +34,83 @@ pub const THRESHOLD_ADJUST_PERIOD_NS: u64 = 60_000_000_000;
 pub const RATE_LIMIT_WINDOW_NS: u64 = 1_000_000_000;
 /// `sysctl_numa_balancing_scan_size` = 256 MB per scan period.
 pub const SCAN_SIZE_MB: f64 = 256.0;
-/// `sysctl_numa_balancing_scan_period_min` = 1000 ms.
+/// `sysctl_numa_balancing_scan_period_min` = 1000 ms. Also
+/// `sysctl_numa_balancing_scan_delay`, the period a thread starts with
+/// (`init_numa_balancing`), so a policy's hint-scan rate is 256 MB per
+/// this period; the simulator then adapts it ([`ScanPeriod`]).
 pub const SCAN_PERIOD_MIN_NS: u64 = 1_000_000_000;
+/// `sysctl_numa_balancing_scan_period_max` = 60,000 ms.
+pub const SCAN_PERIOD_MAX_MS: u64 = 60_000;
+/// `MAX_SCAN_WINDOW` (fair.c): never scan more than 2560 MB/s of PTEs.
+pub const MAX_SCAN_WINDOW_MB: u64 = 2560;
+
+/// The NUMA-balancing scan period in memory-tiering mode, as Linux adapts
+/// it (kernel/sched/fair.c, 6.3 and 5.13 alike):
+/// 1. a thread starts at `sysctl_numa_balancing_scan_delay` (1000 ms);
+/// 2. once per pass over the address space (`numa_scan_seq`), at its
+///    next counted hint fault, `task_numa_placement` calls
+///    `update_task_scan_period` with the faults since the last call;
+/// 3. in tiering mode those faults are all private (a slow page's
+///    `last_cpupid` is -1 in 6.3, which counts only faults that promoted;
+///    in 5.13 every fault of a one-thread process matches its own pid) and
+///    none is local (the slow node has no CPU), so `local + shared == 0`
+///    and the period doubles, capped at `task_scan_max`;
+/// 4. `task_scan_max` = max(`task_scan_min`, `scan_period_max` / windows),
+///    `task_scan_min` = max(1000 ms / (`MAX_SCAN_WINDOW` / scan size),
+///    `scan_period_min` / windows), windows = RSS / 256 MB rounded up: one
+///    pass over the RSS per 60 s at most, at least 100 ms per 256 MB.
+///
+/// Not modeled: in 5.13 (tpp-lru, nomad) a multi-threaded process's faults
+/// on pages another thread faulted last count as shared, which lowers the
+/// period toward `task_scan_min`; and a failed promotion
+/// (`TNF_MIGRATE_FAIL`) doubles it too, which changes nothing once at the cap.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScanPeriod {
+    period_ms: u64,
+    max_ms: u64,
+    /// The pass (`numa_scan_seq`) the period was last updated in.
+    seq_seen: u64,
+}
+
+impl ScanPeriod {
+    /// The period of a process of `rss_bytes` resident bytes, at its start.
+    pub fn new(rss_bytes: f64) -> Self {
+        Self {
+            period_ms: SCAN_PERIOD_MIN_NS / 1_000_000,
+            max_ms: Self::task_scan_max_ms(rss_bytes),
+            seq_seen: 0,
+        }
+    }
+
+    /// `task_scan_max` for `rss_bytes` resident bytes (step 4).
+    pub fn task_scan_max_ms(rss_bytes: f64) -> u64 {
+        let scan_bytes = SCAN_SIZE_MB * 1024.0 * 1024.0;
+        let windows = ((rss_bytes / scan_bytes).ceil() as u64).max(1);
+        let floor = 1000 / (MAX_SCAN_WINDOW_MB / SCAN_SIZE_MB as u64);
+        let min = floor.max(SCAN_PERIOD_MIN_NS / 1_000_000 / windows);
+        min.max(SCAN_PERIOD_MAX_MS / windows)
+    }
+
+    /// A counted hint fault while the scanner is in pass `scan_seq`
+    /// (steps 2 and 3).
+    pub fn on_hint_fault(&mut self, scan_seq: u64) {
+        if scan_seq != self.seq_seen {
+            self.seq_seen = scan_seq;
+            self.period_ms = (self.period_ms * 2).min(self.max_ms);
+        }
+    }
+
+    /// The period now, ms.
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    /// How much faster than at the start the scanner runs now: a policy's
+    /// hint-scan rate, set for the starting period, times this.
+    pub fn rate_factor(&self) -> f64 {
+        (SCAN_PERIOD_MIN_NS / 1_000_000) as f64 / self.period_ms.max(1) as f64
+    }
+}
 /// `pgdat_free_space_enough`: free above the promotion watermark by
 /// max(1 GB, node/16) promotes without a hotness check.
 pub const FREE_ENOUGH_MIN_MB: f64 = 1024.0;
@@ -438,6 +513,39 @@ impl Policy for Tpp {
 mod tests {
     use super::super::testutil::*;
     use super::*;
+
+    #[test]
+    fn the_scan_period_caps_at_one_pass_over_the_rss_per_minute() {
+        let gib = |g: f64| g * (1u64 << 30) as f64;
+        // windows = RSS / 256 MB; task_scan_max = 60,000 ms / windows, at
+        // least task_scan_min (100 ms, or 1000 ms / windows).
+        assert_eq!(ScanPeriod::task_scan_max_ms(gib(27.0)), 555); // 108 windows
+        assert_eq!(ScanPeriod::task_scan_max_ms(gib(20.0)), 750); // 80
+        assert_eq!(ScanPeriod::task_scan_max_ms(gib(72.0)), 208); // 288
+        assert_eq!(ScanPeriod::task_scan_max_ms(gib(512.0)), 100); // floor
+        assert_eq!(ScanPeriod::task_scan_max_ms(0.0), 60_000); // one window
+    }
+
+    #[test]
+    fn the_scan_period_doubles_once_per_pass_up_to_its_cap() {
+        let mut p = ScanPeriod::new(1.5 * (1u64 << 30) as f64); // 6 windows: cap 10 s
+        assert_eq!(p.period_ms(), 1000);
+        assert!((p.rate_factor() - 1.0).abs() < 1e-12);
+        p.on_hint_fault(0); // no pass completed yet
+        assert_eq!(p.period_ms(), 1000);
+        p.on_hint_fault(1);
+        p.on_hint_fault(1); // the same pass: one update only
+        assert_eq!(p.period_ms(), 2000);
+        for seq in 2..10 {
+            p.on_hint_fault(seq);
+        }
+        assert_eq!(p.period_ms(), 10_000);
+        // A large RSS caps below the start: the first update speeds it up.
+        let mut big = ScanPeriod::new(27.0 * (1u64 << 30) as f64);
+        big.on_hint_fault(1);
+        assert_eq!(big.period_ms(), 555);
+        assert!((big.rate_factor() - 1000.0 / 555.0).abs() < 1e-12);
+    }
 
     fn fault(page: u64, ttf_ms: u64, now_ms: u64) -> HintFault {
         HintFault {

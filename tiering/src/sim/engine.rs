@@ -29,6 +29,7 @@ use super::scenario::Scenario;
 use super::setup::{self, InitialState, Stream};
 use super::workload::PageAccess;
 use super::SimError;
+use crate::policy::tpp::ScanPeriod;
 use crate::policy::{
     AccessSample, HintFault, Mechanism, MemoryView, Migration, Observations, Policy, PolicyKind,
     TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGES_PER_2M, PAGE_BYTES,
@@ -56,6 +57,9 @@ pub const SCAN_RANGE_BYTES: u64 = 2 << 20;
 /// `virtpages = pages * 8`).
 pub const SCAN_VIRTUAL_FACTOR: f64 = 8.0;
 
+/// The line PEBS counts a load or store event for.
+const PEBS_LINE_BYTES: f64 = 64.0;
+
 const ACCESSED: u8 = 1;
 const DIRTY: u8 = 2;
 const PROTECTED: u8 = 4;
@@ -75,6 +79,10 @@ struct ModeledPages {
     /// When the stop-and-copy migration holding a `LOCKED` page maps it
     /// again (modeled ns).
     locked_until: Vec<u64>,
+    /// When the transactional copy of an `IN_TPM` page begins (modeled ns):
+    /// the mover cleans its PTE, copies it and checks the PTE, page by page
+    /// ([`Self::in_tpm_copy`]).
+    tpm_copy_start: Vec<u64>,
 }
 
 impl MemoryView for ModeledPages {
@@ -327,6 +335,11 @@ struct Sim {
     rng: Rng,
     trackers: TrackerRequest,
     hint_mask: u64,
+    /// The scanner's period, adapted as Linux does ([`ScanPeriod`]).
+    scan_period: ScanPeriod,
+    /// Passes the scanner has completed over the address space
+    /// (`numa_scan_seq`).
+    scan_seq: u64,
     scan_cursor: u64,
     scan_carry: f64,
     scan_virt_carry: f64,
@@ -370,6 +383,9 @@ struct Sim {
     access_bytes: f64,
     /// Bytes an access reads (a line; `access_bytes` adds the write-backs).
     line_bytes: f64,
+    /// PEBS events one access makes: one per 64-byte line it moves (a
+    /// 4 KiB `memcpy` is 64 loads or stores).
+    events_per_access: u64,
     tiers_model: Vec<TierModel>,
     quantum_ns: u64,
     mig_u: Vec<f64>,
@@ -556,6 +572,7 @@ impl Sim {
                 shadow: vec![NO_SHADOW; pages as usize],
                 scan_time: vec![0; pages as usize],
                 locked_until: vec![0; pages as usize],
+                tpm_copy_start: vec![0; pages as usize],
             },
             shadow_fifo: VecDeque::new(),
             stream: start.stream,
@@ -566,6 +583,8 @@ impl Sim {
             pebs_blind: scn.pebs_blind_to_slow_loads && trackers.hardware_samples,
             trackers,
             hint_mask,
+            scan_period: ScanPeriod::new(pages as f64 * start.scale * PAGE_BYTES as f64),
+            scan_seq: 0,
             scan_cursor: 0,
             scan_carry: 0.0,
             scan_virt_carry: 0.0,
@@ -603,6 +622,7 @@ impl Sim {
             tot_ant_bytes: vec![0.0; n],
             access_bytes: scn.access_bytes * (1.0 + start.write_share),
             line_bytes: scn.access_bytes,
+            events_per_access: (scn.access_bytes / PEBS_LINE_BYTES).round().max(1.0) as u64,
             tiers_model: scn.tiers.clone(),
             quantum_ns: MIN_QUANTUM_NS,
             mig_u: vec![0.0; n],
@@ -810,7 +830,7 @@ impl Sim {
                 self.raw.shadow_write_faults += 1;
                 stall += costs.fault;
             }
-            if a.write && fl & IN_TPM != 0 && now < self.tpm_end_ns {
+            if a.write && fl & IN_TPM != 0 && self.in_tpm_copy(pi, now) {
                 fl |= TPM_ABORT;
             }
         }
@@ -842,6 +862,7 @@ impl Sim {
                 count_event(
                     &mut self.store_countdown,
                     self.trackers.store_sample_period,
+                    self.events_per_access,
                     &mut self.samples,
                     sample,
                 );
@@ -850,6 +871,7 @@ impl Sim {
                 count_event(
                     &mut self.sample_countdown,
                     self.trackers.sample_period,
+                    self.events_per_access,
                     &mut self.samples,
                     AccessSample {
                         write: false,
@@ -861,6 +883,7 @@ impl Sim {
             count_event(
                 &mut self.sample_countdown,
                 self.trackers.sample_period,
+                self.events_per_access,
                 &mut self.samples,
                 sample,
             );
@@ -883,6 +906,7 @@ impl Sim {
         let pi = a.page as usize;
         self.map.flags[pi] &= !PROTECTED;
         self.raw.hint_faults += 1;
+        self.scan_period.on_hint_fault(self.scan_seq);
         let mut stall = costs.fault;
         let fault = HintFault {
             page: a.page,
@@ -1219,8 +1243,11 @@ impl Sim {
                         to,
                         keep_shadow,
                     });
-                    self.tpm_end_ns =
-                        self.tpm_end_ns.max(self.now) + self.costs.tpm_page_ns() as u64;
+                    // The mover copies its batch page by page: this page's
+                    // copy begins when the one before it ends.
+                    let start = self.tpm_end_ns.max(self.now);
+                    self.map.tpm_copy_start[pi] = start;
+                    self.tpm_end_ns = start + self.costs.tpm_page_ns() as u64;
                     stall_slots += 2.0 * ipi;
                 }
                 _ => {
@@ -1234,6 +1261,16 @@ impl Sim {
             }
         }
         stall_slots
+    }
+
+    /// Whether `now` falls in the transactional copy of page `pi`, from
+    /// the cleaning of its PTE to the check of its dirty bit (Nomad's
+    /// `migrate_pages` moves a batch one page at a time: a write to a page
+    /// before its own copy begins is cleaned away, one after the check
+    /// finds the page moved).
+    fn in_tpm_copy(&self, pi: usize, now: u64) -> bool {
+        let start = self.map.tpm_copy_start[pi];
+        now >= start && now < start + self.costs.tpm_page_ns() as u64
     }
 
     fn move_page(&mut self, pi: usize, from: TierId, to: TierId) {
@@ -1341,14 +1378,21 @@ impl Sim {
     ///    budget, [`SCAN_VIRTUAL_FACTOR`] times the scan budget, so address
     ///    space with nothing to protect is crossed 8x faster;
     /// 4. the walk stops when either budget is spent; what is over- or
-    ///    under-spent carries to the next quantum.
+    ///    under-spent carries to the next quantum;
+    /// 5. the budget is the policy's scan rate times
+    ///    [`ScanPeriod::rate_factor`]: the period starts at 1000 ms and
+    ///    doubles, up to `task_scan_max`, at the first hint fault of each
+    ///    new pass (every hint fault counts here; in 6.3 only one that
+    ///    promotes does, and one comes within a pass).
     fn scan_hint(&mut self) {
         let n = self.map.tier.len() as u64;
         if self.hint_mask == 0 || n == 0 {
             return;
         }
-        let per_quantum =
-            self.trackers.hint_scan_pages_per_sec * (self.quantum_ns as f64 / 1e9) / self.scale;
+        let per_quantum = self.trackers.hint_scan_pages_per_sec
+            * self.scan_period.rate_factor()
+            * (self.quantum_ns as f64 / 1e9)
+            / self.scale;
         let range = ((SCAN_RANGE_BYTES / PAGE_BYTES) as f64 / self.scale).max(1.0) as u64;
         let mut pages_left = per_quantum + self.scan_carry;
         let mut virt_left = SCAN_VIRTUAL_FACTOR * per_quantum + self.scan_virt_carry;
@@ -1370,7 +1414,12 @@ impl Sim {
                 pages_left -= len;
             }
             virt_left -= len;
-            self.scan_cursor = if end >= n { 0 } else { end };
+            self.scan_cursor = if end >= n {
+                self.scan_seq += 1;
+                0
+            } else {
+                end
+            };
         }
         // A budget that ran out carries its overdraft; the other one is
         // not saved up (Linux starts each period afresh).
@@ -1379,21 +1428,50 @@ impl Sim {
     }
 }
 
-/// One sampled-event occurrence on `countdown` (events left to the next
-/// sample; 0 = this event is not sampled): when it runs out, `sample` is
-/// taken and the countdown restarts at `period`.
+/// `events` sampled-event occurrences on `countdown` (events left to the
+/// next sample; 0 = this event is not sampled): each time it runs out,
+/// `sample` is taken and the countdown restarts at `period`.
 fn count_event(
     countdown: &mut u64,
     period: u64,
+    events: u64,
     samples: &mut Vec<AccessSample>,
     sample: AccessSample,
 ) {
     if *countdown == 0 {
         return;
     }
-    *countdown -= 1;
-    if *countdown == 0 {
-        *countdown = period;
+    let mut left = events;
+    while left >= *countdown {
+        left -= *countdown;
+        *countdown = period.max(1);
         samples.push(sample);
+    }
+    *countdown -= left;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_access_of_many_lines_counts_one_event_per_line() {
+        let sample = AccessSample {
+            page: 7,
+            tier: 1,
+            write: false,
+        };
+        let mut samples = Vec::new();
+        let mut countdown = 3;
+        // A 4 KiB copy is 64 line events: one sample every 3 events.
+        count_event(&mut countdown, 3, 64, &mut samples, sample);
+        assert_eq!(samples.len(), 21);
+        assert_eq!(countdown, 2); // 64 = 21 x 3 + 1
+        count_event(&mut countdown, 3, 2, &mut samples, sample);
+        assert_eq!((samples.len(), countdown), (22, 3));
+        // Events that are not sampled (countdown 0) stay unsampled.
+        let mut off = 0;
+        count_event(&mut off, 3, 64, &mut samples, sample);
+        assert_eq!((samples.len(), off), (22, 0));
     }
 }

@@ -97,6 +97,9 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
     if !parallelism_ok {
         return Err(ScenarioError::Parallelism);
     }
+    if !(64.0..=PAGE_BYTES as f64).contains(&scn.access_bytes) {
+        return Err(ScenarioError::AccessBytes);
+    }
     if !(scn.compute_ns_per_op.is_finite() && (0.0..=1e9).contains(&scn.compute_ns_per_op)) {
         return Err(ScenarioError::Compute);
     }
@@ -236,13 +239,12 @@ pub(super) fn bench_init_stream(scn: &Scenario, scale: f64, pages: u64) -> Optio
     };
     Some(Stream::Init(BenchInitStream::new(
         pages,
-        PAGE_BYTES / ZIPF_LINE_BYTES,
+        // One access per `access_bytes` of each page (a 64-byte line, or
+        // the whole page when an access is a 4 KiB `memcpy`).
+        (PAGE_BYTES as f64 / scn.access_bytes).round().max(1.0) as u64,
         warmup,
     )))
 }
-
-/// Bytes per access of the Zipf stream (a cache line; `ZipfStream::new`).
-const ZIPF_LINE_BYTES: u64 = 64;
 
 /// The policy configuration of a run.
 pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfig {

@@ -77,9 +77,13 @@ pub struct SimArgs {
     /// Application threads.
     #[arg(long)]
     pub threads: Option<u32>,
-    /// Outstanding requests per thread.
+    /// Outstanding requests per thread, in accesses.
     #[arg(long)]
     pub mlp: Option<f64>,
+    /// Bytes one access moves: 64 (a line; the guest images) up to 4096
+    /// (a whole page: Nomad's micro-benchmark copies one per trace entry).
+    #[arg(long, value_name = "BYTES")]
+    pub access_bytes: Option<f64>,
     /// CPU time per operation besides its memory accesses, ns (an
     /// operation is one access; in kv, one request). kv-ycsb-* default
     /// to Redis' 8000.
@@ -312,6 +316,9 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     }
     if let Some(v) = a.mlp {
         scn.mlp = v;
+    }
+    if let Some(v) = a.access_bytes {
+        scn.access_bytes = v;
     }
     if let Some(v) = a.compute_ns_per_op {
         scn.compute_ns_per_op = v;
@@ -731,6 +738,10 @@ mod tests {
             "2",
             "--threads",
             "1",
+            "--mlp",
+            "1",
+            "--access-bytes",
+            "64",
             "--scale",
             "1",
             "--start-slow",

@@ -185,9 +185,17 @@ pub fn compare(
 /// large hot set), each 16 GiB.
 pub fn default_mix() -> Vec<Scenario> {
     use tiering::sim::workload::WorkloadSpec;
-    let Some(base) = sim::builtin("nomad-small-ro") else {
-        return Vec::new();
-    };
+    // A platform-A run of 16 threads making 64-byte accesses (not the
+    // one-thread, whole-page micro-benchmark).
+    let base = sim::scenario::nomad_platform_a_run(
+        String::new(),
+        String::new(),
+        WorkloadSpec::Zipf {
+            rss_gib: 16.0,
+            wss_gib: 2.0,
+            theta: 0.99,
+        },
+    );
     let vm = |name: &str, w: WorkloadSpec| Scenario {
         name: name.into(),
         about: format!("division mix: {name}"),
