@@ -335,8 +335,9 @@ struct Sim {
     rng: Rng,
     trackers: TrackerRequest,
     hint_mask: u64,
-    /// The scanner's period, adapted as Linux does ([`ScanPeriod`]).
-    scan_period: ScanPeriod,
+    /// The scanner's period, adapted as Linux does ([`ScanPeriod`]), unless
+    /// the scenario keeps it fixed (`Scenario::linux_scan_period`).
+    scan_period: Option<ScanPeriod>,
     /// Passes the scanner has completed over the address space
     /// (`numa_scan_seq`).
     scan_seq: u64,
@@ -583,7 +584,9 @@ impl Sim {
             pebs_blind: scn.pebs_blind_to_slow_loads && trackers.hardware_samples,
             trackers,
             hint_mask,
-            scan_period: ScanPeriod::new(pages as f64 * start.scale * PAGE_BYTES as f64),
+            scan_period: scn
+                .linux_scan_period
+                .then(|| ScanPeriod::new(pages as f64 * start.scale * PAGE_BYTES as f64)),
             scan_seq: 0,
             scan_cursor: 0,
             scan_carry: 0.0,
@@ -906,7 +909,9 @@ impl Sim {
         let pi = a.page as usize;
         self.map.flags[pi] &= !PROTECTED;
         self.raw.hint_faults += 1;
-        self.scan_period.on_hint_fault(self.scan_seq);
+        if let Some(p) = &mut self.scan_period {
+            p.on_hint_fault(self.scan_seq);
+        }
         let mut stall = costs.fault;
         let fault = HintFault {
             page: a.page,
@@ -1390,7 +1395,10 @@ impl Sim {
             return;
         }
         let per_quantum = self.trackers.hint_scan_pages_per_sec
-            * self.scan_period.rate_factor()
+            * self
+                .scan_period
+                .as_ref()
+                .map_or(1.0, ScanPeriod::rate_factor)
             * (self.quantum_ns as f64 / 1e9)
             / self.scale;
         let range = ((SCAN_RANGE_BYTES / PAGE_BYTES) as f64 / self.scale).max(1.0) as u64;

@@ -97,6 +97,18 @@ pub struct Scenario {
     /// (Nomad's micro-benchmark: [`BenchInit`]).
     #[serde(default)]
     pub bench_init: Option<BenchInit>,
+    /// The hint-fault scanner's period adapts as Linux's does
+    /// ([`crate::policy::tpp::ScanPeriod`]: it doubles once per pass, up to
+    /// `task_scan_max`), as in every kernel the seeds ran. Off: it keeps
+    /// its starting rate, as tiervm's live sampler does (`tiervm sim
+    /// --fixed-scan-rate`). On by default.
+    #[serde(default = "linux_scan_period_default")]
+    pub linux_scan_period: bool,
+}
+
+/// [`Scenario::linux_scan_period`]' default: on.
+fn linux_scan_period_default() -> bool {
+    true
 }
 
 /// [`Scenario::transparent_huge_pages`]' default: on.
@@ -227,6 +239,7 @@ pub fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec)
         huge_pages: false,
         transparent_huge_pages: true,
         bench_init: None,
+        linux_scan_period: true,
     }
 }
 
@@ -283,6 +296,7 @@ fn colloid(level: u32) -> Scenario {
         huge_pages: true,
         transparent_huge_pages: true,
         bench_init: None,
+        linux_scan_period: true,
     }
 }
 
@@ -315,6 +329,7 @@ fn mtm_4tier() -> Scenario {
         huge_pages: false,
         transparent_huge_pages: true,
         bench_init: None,
+        linux_scan_period: true,
     }
 }
 

@@ -112,6 +112,11 @@ pub struct SimArgs {
     /// live run of the zipf image, which has none.
     #[arg(long)]
     pub no_bench_init: bool,
+    /// Keep the hint-fault scanner at its starting rate (256 MB/s), as
+    /// tiervm's live sampler does, instead of adapting its period as
+    /// Linux does (`task_scan_max`): to match a live run.
+    #[arg(long)]
+    pub fixed_scan_rate: bool,
     /// Tier the antagonist loads.
     #[arg(long)]
     pub antagonist_tier: Option<u8>,
@@ -332,6 +337,9 @@ fn override_run(scn: &mut Scenario, a: &SimArgs) {
     if a.small_pages {
         scn.huge_pages = false;
         scn.transparent_huge_pages = false;
+    }
+    if a.fixed_scan_rate {
+        scn.linux_scan_period = false;
     }
     if a.no_bench_init {
         scn.bench_init = None;
@@ -742,6 +750,7 @@ mod tests {
             "1",
             "--access-bytes",
             "64",
+            "--fixed-scan-rate",
             "--scale",
             "1",
             "--start-slow",

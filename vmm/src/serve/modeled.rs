@@ -207,6 +207,8 @@ pub fn default_mix() -> Vec<Scenario> {
         pebs_writes_are_stores: false,
         // No micro-benchmark warm-up: the VMs run their own workloads.
         bench_init: None,
+        // tiervm's sampler scans at a fixed rate (Linux adapts its period).
+        linux_scan_period: false,
         // tiervm tracks and moves 4 KiB pages (a kernel Memtis's THP does
         // not apply either).
         transparent_huge_pages: false,
