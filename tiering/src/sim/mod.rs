@@ -424,6 +424,30 @@ mod tests {
         );
     }
 
+    /// Nomad's micro-benchmark runs its trace in one thread, one 4 KiB
+    /// `memcpy` per entry (its artifact's memory_access.cc), so a TPP
+    /// fault-path promotion stalls all of it (Matryoshka Fig. 2 puts ~30%
+    /// of TPP's in-progress time there). Modeled as 16 threads of 64-byte
+    /// accesses, as before, the same stalls were spread over 16 threads.
+    #[test]
+    fn a_fault_path_promotion_stalls_the_benchmarks_only_thread() {
+        let mut one = builtin("nomad-medium-ro").expect("built-in");
+        assert_eq!((one.threads, one.access_bytes), (1, 4096.0));
+        one.duration_s = 60.0;
+        one.scale = 256.0;
+        let mut sixteen = one.clone();
+        (sixteen.threads, sixteen.mlp, sixteen.access_bytes) = (16, 1.0, 64.0);
+        let stall_share = |s: &Scenario| {
+            let r = run(s, PolicyKind::Tpp).unwrap();
+            let ip = r.in_progress_counters;
+            let phase_ns = s.duration_s * s.phase_fraction * 1e9;
+            ip.sync_promotions * s.costs.stop_and_copy_ns() / (phase_ns * f64::from(s.threads))
+        };
+        // 3.7% against 1.3% on this code (60 s at scale 256).
+        let (a, b) = (stall_share(&one), stall_share(&sixteen));
+        assert!(a > 0.025 && a > 2.0 * b, "one thread {a:.4}, sixteen {b:.4}");
+    }
+
     /// Redis spends ~8 us of CPU per request against ~1 us of memory
     /// accesses, so placement buys little (Nomad §4.3: no migrating system
     /// beats "no migration" on Redis); without that CPU time the same
