@@ -445,7 +445,10 @@ mod tests {
         };
         // 3.7% against 1.3% on this code (60 s at scale 256).
         let (a, b) = (stall_share(&one), stall_share(&sixteen));
-        assert!(a > 0.025 && a > 2.0 * b, "one thread {a:.4}, sixteen {b:.4}");
+        assert!(
+            a > 0.025 && a > 2.0 * b,
+            "one thread {a:.4}, sixteen {b:.4}"
+        );
     }
 
     /// Redis spends ~8 us of CPU per request against ~1 us of memory
