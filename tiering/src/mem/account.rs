@@ -11,9 +11,15 @@
 //! demotes pages ([`super::TieredMemory::resize`]).
 //!
 //! Guest-page and shadow counts change in exactly one place,
-//! `TieredMemory::release_page`, from the old and new page-map words.
+//! `TieredMemory::release_page`, from the old and new page-map words. A
+//! release updates the word first and the counts after it, so two releases
+//! of one page in a row can apply their counts in the other order: a count
+//! may then dip one below its true value for that moment (below zero for
+//! an empty tier). The counts are signed for that reason and read as at
+//! least zero; every change is applied exactly once, so they settle on the
+//! true values.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -38,8 +44,9 @@ pub struct TierSpec {
 pub(crate) struct TierAccount {
     pub(crate) spec: TierSpec,
     capacity: AtomicU64,
-    guest: AtomicU64,
-    shadows: AtomicU64,
+    /// Signed: see the module docs (a transient dip below zero).
+    guest: AtomicI64,
+    shadows: AtomicI64,
     reserved: AtomicU64,
 }
 
@@ -48,8 +55,8 @@ impl TierAccount {
         Self {
             capacity: AtomicU64::new(spec.capacity_pages as u64),
             spec,
-            guest: AtomicU64::new(0),
-            shadows: AtomicU64::new(0),
+            guest: AtomicI64::new(0),
+            shadows: AtomicI64::new(0),
             reserved: AtomicU64::new(0),
         }
     }
@@ -58,10 +65,10 @@ impl TierAccount {
         self.capacity.load(Ordering::Acquire)
     }
     pub(crate) fn guest(&self) -> u64 {
-        self.guest.load(Ordering::Acquire)
+        at_least_zero(self.guest.load(Ordering::Acquire))
     }
     pub(crate) fn shadows(&self) -> u64 {
-        self.shadows.load(Ordering::Acquire)
+        at_least_zero(self.shadows.load(Ordering::Acquire))
     }
     pub(crate) fn reserved(&self) -> u64 {
         self.reserved.load(Ordering::Acquire)
@@ -120,13 +127,14 @@ impl TierAccount {
     }
 }
 
-fn add(a: &AtomicU64, delta: i64) {
-    if delta >= 0 {
-        a.fetch_add(delta as u64, Ordering::AcqRel);
-    } else {
-        let prev = a.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel);
-        debug_assert!(prev >= delta.unsigned_abs(), "page count below zero");
-    }
+fn add(a: &AtomicI64, delta: i64) {
+    a.fetch_add(delta, Ordering::AcqRel);
+}
+
+/// A signed count read as a page count: a transient dip below zero (module
+/// docs) reads as zero.
+fn at_least_zero(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
 }
 
 /// Applies the change of one page's word to the tiers' counts.
@@ -198,5 +206,29 @@ mod tests {
         // Shadow demotion.
         apply_word_change(&tiers, on_tier(0) | shadow_on(1), on_tier(1));
         assert_eq!((tiers[1].guest(), tiers[1].shadows()), (1, 0));
+    }
+
+    /// Two releases of one page, tier 1 -> 0 then 0 -> 1, whose count
+    /// updates land in the other order: tier 0 dips below zero for a
+    /// moment. It reads as 0 (not 2^64 - 1: no huge `used` or `excess`, no
+    /// `free` of 0 from a wrapped count) and the counts settle exactly.
+    #[test]
+    fn counts_applied_out_of_order_read_as_zero_and_settle() {
+        let tiers = [tier(10), tier(10)];
+        apply_word_change(&tiers, 0, on_tier(1));
+        apply_word_change(&tiers, on_tier(0), on_tier(1)); // the second release first
+        assert_eq!(tiers[0].guest(), 0);
+        assert_eq!(
+            (tiers[0].used(), tiers[0].excess(), tiers[0].free()),
+            (0, 0, 10)
+        );
+        assert_eq!(tiers[1].guest(), 2);
+        apply_word_change(&tiers, on_tier(1), on_tier(0)); // then the first
+        assert_eq!((tiers[0].guest(), tiers[1].guest()), (0, 1));
+        // Shadows the same way.
+        apply_word_change(&tiers, on_tier(0) | shadow_on(1), on_tier(0));
+        assert_eq!(tiers[1].shadows(), 0);
+        apply_word_change(&tiers, on_tier(0), on_tier(0) | shadow_on(1));
+        assert_eq!(tiers[1].shadows(), 0);
     }
 }

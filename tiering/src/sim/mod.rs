@@ -424,6 +424,32 @@ mod tests {
         );
     }
 
+    /// A micro-benchmark round is the trace's page copies (18M / 30M / 40M)
+    /// at static's modeled rate: the constants the scenarios' durations
+    /// come from must be what static does, or the model moved under them.
+    #[test]
+    fn a_round_is_the_traces_copies_at_statics_rate() {
+        for round in scenario::NOMAD_ROUNDS {
+            for (mode, write_only) in [("ro", false), ("wo", true)] {
+                let name = format!("nomad-{}-{mode}", round.size);
+                let scn = builtin(&name).expect("built-in");
+                let want = round.round_s(write_only);
+                assert!((scn.duration_s - 4.0 * want).abs() < 0.1, "{name}");
+                let r = run(&scn, PolicyKind::Static).unwrap();
+                let copies_per_s = r.throughput_maps * 1e6;
+                let rate = if write_only {
+                    round.static_rate_wo
+                } else {
+                    round.static_rate_ro
+                };
+                assert!(
+                    (copies_per_s / rate - 1.0).abs() < 0.02,
+                    "{name}: static makes {copies_per_s:.0} copies/s, the round assumes {rate:.0}"
+                );
+            }
+        }
+    }
+
     /// Nomad's micro-benchmark runs its trace in one thread, one 4 KiB
     /// `memcpy` per entry (its artifact's memory_access.cc), so a TPP
     /// fault-path promotion stalls all of it (Matryoshka Fig. 2 puts ~30%

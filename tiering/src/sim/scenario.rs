@@ -243,9 +243,64 @@ pub fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec)
     }
 }
 
-fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenario {
+/// One round of Nomad's micro-benchmark: the page copies of its trace
+/// (YCSB `operationcount` in the artifact's `workloada-10G`, `-13.5G` and
+/// `-27G`: 18M, 30M and 40M; the warm-up trace is as long) and static's
+/// modeled rate on that case (millions of copies per second, read-only and
+/// write-only; `sim::tests::a_round_is_the_traces_copies_at_statics_rate`
+/// checks it). The run is four rounds (`phase_fraction` 0.25: in progress
+/// = round 1, stable = round 4, as the artifact's README takes them), and
+/// the warm-up round one more, each as long as static takes for the round.
+pub const NOMAD_ROUNDS: [NomadRound; 3] = [
+    NomadRound {
+        size: "small",
+        copies: 18e6,
+        static_rate_ro: 1.465e6,
+        static_rate_wo: 1.317e6,
+    },
+    NomadRound {
+        size: "medium",
+        copies: 30e6,
+        static_rate_ro: 1.029e6,
+        static_rate_wo: 0.896e6,
+    },
+    NomadRound {
+        size: "large",
+        copies: 40e6,
+        static_rate_ro: 1.482e6,
+        static_rate_wo: 1.335e6,
+    },
+];
+
+/// See [`NOMAD_ROUNDS`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NomadRound {
+    /// `small`, `medium` or `large`.
+    pub size: &'static str,
+    /// Page copies per round.
+    pub copies: f64,
+    /// Static's modeled copies per second, read-only.
+    pub static_rate_ro: f64,
+    /// The same, write-only.
+    pub static_rate_wo: f64,
+}
+
+impl NomadRound {
+    /// Seconds static takes for one round.
+    pub fn round_s(&self, write_only: bool) -> f64 {
+        let rate = if write_only {
+            self.static_rate_wo
+        } else {
+            self.static_rate_ro
+        };
+        self.copies / rate
+    }
+}
+
+fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str, round_s: f64) -> Scenario {
     Scenario {
         write_ratio,
+        duration_s: (4.0 * round_s * 10.0).round() / 10.0,
         pebs_writes_are_stores: true,
         bench_init: Some(NOMAD_BENCH_INIT),
         threads: 1,
@@ -254,7 +309,7 @@ fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str) -> Scenar
         scale: NOMAD_SCALE,
         ..nomad_platform_a_run(
             name.into(),
-            format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A"),
+            format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A; one thread copying 4 KiB pages, 4 rounds of {round_s:.1} s (the trace's copies at static's rate)"),
             WorkloadSpec::Zipf { rss_gib: rss, wss_gib: wss, theta: 0.99 },
         )
     }
@@ -455,17 +510,22 @@ pub fn builtin_names() -> Vec<String> {
 /// All built-in scenarios.
 pub fn builtins() -> Vec<Scenario> {
     let mut v = Vec::new();
-    for (size, rss, wss) in [
+    for ((size, rss, wss), round) in [
         ("small", 20.0, 10.0),
         ("medium", 27.0, 13.5),
         ("large", 27.0, 27.0),
-    ] {
+    ]
+    .into_iter()
+    .zip(NOMAD_ROUNDS)
+    {
+        debug_assert_eq!(size, round.size);
         v.push(nomad(
             &format!("nomad-{size}-ro"),
             rss,
             wss,
             0.0,
             "read-only",
+            round.round_s(false),
         ));
         v.push(nomad(
             &format!("nomad-{size}-wo"),
@@ -473,6 +533,7 @@ pub fn builtins() -> Vec<Scenario> {
             wss,
             1.0,
             "write-only",
+            round.round_s(true),
         ));
     }
     for level in 0..=3 {
