@@ -111,6 +111,7 @@ impl ScanPeriod {
         (SCAN_PERIOD_MIN_NS / 1_000_000) as f64 / self.period_ms.max(1) as f64
     }
 }
+
 /// `pgdat_free_space_enough`: free above the promotion watermark by
 /// max(1 GB, node/16) promotes without a hotness check.
 pub const FREE_ENOUGH_MIN_MB: f64 = 1024.0;

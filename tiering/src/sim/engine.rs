@@ -1252,7 +1252,8 @@ impl Sim {
                     // copy begins when the one before it ends.
                     let start = self.tpm_end_ns.max(self.now);
                     self.map.tpm_copy_start[pi] = start;
-                    self.tpm_end_ns = start + self.costs.tpm_page_ns() as u64;
+                    // `as` saturates: any finite or infinite cost is safe.
+                    self.tpm_end_ns = start.saturating_add(self.costs.tpm_page_ns() as u64);
                     stall_slots += 2.0 * ipi;
                 }
                 _ => {
@@ -1275,7 +1276,7 @@ impl Sim {
     /// finds the page moved).
     fn in_tpm_copy(&self, pi: usize, now: u64) -> bool {
         let start = self.map.tpm_copy_start[pi];
-        now >= start && now < start + self.costs.tpm_page_ns() as u64
+        now >= start && now < start.saturating_add(self.costs.tpm_page_ns() as u64)
     }
 
     fn move_page(&mut self, pi: usize, from: TierId, to: TierId) {

@@ -169,7 +169,7 @@ pub const NOMAD_A_ONE_THREAD_MLP: f64 = 12.0 * (316.0 / 2.1) / NOMAD_ENTRY_BYTES
 
 /// Real pages per modeled page in the Nomad micro-benchmarks: one thread
 /// copying whole pages makes about 1-2M accesses a second, so at scale 64
-/// a 200 s run simulates 5-8M accesses per policy (the 16 threads of
+/// a run of four rounds simulates 1-3M accesses per policy (the 16 threads of
 /// 64-byte accesses modeled before made 60x more, hence scale 256 then);
 /// a finer grain keeps the PCQ's 20-fault look-back and the scanner's
 /// 2 MiB ranges closer to the real ones ("Scale matters for Nomad",
@@ -254,18 +254,24 @@ pub fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec)
 pub const NOMAD_ROUNDS: [NomadRound; 3] = [
     NomadRound {
         size: "small",
+        rss_gib: 20.0,
+        wss_gib: 10.0,
         copies: 18e6,
         static_rate_ro: 1.465e6,
         static_rate_wo: 1.317e6,
     },
     NomadRound {
         size: "medium",
+        rss_gib: 27.0,
+        wss_gib: 13.5,
         copies: 30e6,
         static_rate_ro: 1.029e6,
         static_rate_wo: 0.896e6,
     },
     NomadRound {
         size: "large",
+        rss_gib: 27.0,
+        wss_gib: 27.0,
         copies: 40e6,
         static_rate_ro: 1.482e6,
         static_rate_wo: 1.335e6,
@@ -277,6 +283,10 @@ pub const NOMAD_ROUNDS: [NomadRound; 3] = [
 pub struct NomadRound {
     /// `small`, `medium` or `large`.
     pub size: &'static str,
+    /// Resident set, GB (Nomad §4.1: 20 / 27 / 27).
+    pub rss_gib: f64,
+    /// Working set at the end of it, GB (10 / 13.5 / 27).
+    pub wss_gib: f64,
     /// Page copies per round.
     pub copies: f64,
     /// Static's modeled copies per second, read-only.
@@ -297,7 +307,15 @@ impl NomadRound {
     }
 }
 
-fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str, round_s: f64) -> Scenario {
+fn nomad(round: &NomadRound, write_only: bool) -> Scenario {
+    let (rss, wss) = (round.rss_gib, round.wss_gib);
+    let round_s = round.round_s(write_only);
+    let (suffix, mode, write_ratio) = if write_only {
+        ("wo", "write-only", 1.0)
+    } else {
+        ("ro", "read-only", 0.0)
+    };
+    let name = format!("nomad-{}-{suffix}", round.size);
     Scenario {
         write_ratio,
         duration_s: (4.0 * round_s * 10.0).round() / 10.0,
@@ -308,7 +326,7 @@ fn nomad(name: &str, rss: f64, wss: f64, write_ratio: f64, mode: &str, round_s: 
         access_bytes: NOMAD_ENTRY_BYTES,
         scale: NOMAD_SCALE,
         ..nomad_platform_a_run(
-            name.into(),
+            name,
             format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A; one thread copying 4 KiB pages, 4 rounds of {round_s:.1} s (the trace's copies at static's rate)"),
             WorkloadSpec::Zipf { rss_gib: rss, wss_gib: wss, theta: 0.99 },
         )
@@ -510,31 +528,9 @@ pub fn builtin_names() -> Vec<String> {
 /// All built-in scenarios.
 pub fn builtins() -> Vec<Scenario> {
     let mut v = Vec::new();
-    for ((size, rss, wss), round) in [
-        ("small", 20.0, 10.0),
-        ("medium", 27.0, 13.5),
-        ("large", 27.0, 27.0),
-    ]
-    .into_iter()
-    .zip(NOMAD_ROUNDS)
-    {
-        debug_assert_eq!(size, round.size);
-        v.push(nomad(
-            &format!("nomad-{size}-ro"),
-            rss,
-            wss,
-            0.0,
-            "read-only",
-            round.round_s(false),
-        ));
-        v.push(nomad(
-            &format!("nomad-{size}-wo"),
-            rss,
-            wss,
-            1.0,
-            "write-only",
-            round.round_s(true),
-        ));
+    for round in &NOMAD_ROUNDS {
+        v.push(nomad(round, false));
+        v.push(nomad(round, true));
     }
     for level in 0..=3 {
         v.push(colloid(level));
