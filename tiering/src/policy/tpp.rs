@@ -73,10 +73,13 @@ pub struct ScanPeriod {
 }
 
 impl ScanPeriod {
+    /// A thread's starting period, ms (`scan_delay`, step 1).
+    const START_MS: u64 = SCAN_PERIOD_MIN_NS / 1_000_000;
+
     /// The period of a process of `rss_bytes` resident bytes, at its start.
     pub fn new(rss_bytes: f64) -> Self {
         Self {
-            period_ms: SCAN_PERIOD_MIN_NS / 1_000_000,
+            period_ms: Self::START_MS,
             max_ms: Self::task_scan_max_ms(rss_bytes),
             seq_seen: 0,
         }
@@ -87,7 +90,7 @@ impl ScanPeriod {
         let scan_bytes = SCAN_SIZE_MB * 1024.0 * 1024.0;
         let windows = ((rss_bytes / scan_bytes).ceil() as u64).max(1);
         let floor = 1000 / (MAX_SCAN_WINDOW_MB / SCAN_SIZE_MB as u64);
-        let min = floor.max(SCAN_PERIOD_MIN_NS / 1_000_000 / windows);
+        let min = floor.max(SCAN_PERIOD_MIN_NS / 1_000_000 / windows); // scan_period_min
         min.max(SCAN_PERIOD_MAX_MS / windows)
     }
 
@@ -108,7 +111,7 @@ impl ScanPeriod {
     /// How much faster than at the start the scanner runs now: a policy's
     /// hint-scan rate, set for the starting period, times this.
     pub fn rate_factor(&self) -> f64 {
-        (SCAN_PERIOD_MIN_NS / 1_000_000) as f64 / self.period_ms.max(1) as f64
+        Self::START_MS as f64 / self.period_ms.max(1) as f64
     }
 }
 

@@ -730,26 +730,18 @@ mod tests {
     #[test]
     fn the_division_values_host_measured_accesses_unless_told_otherwise() {
         let nodes = [(0, 4 * G)];
-        let c = build(
-            "fast_pool = \"1G\"\nslow_pool = \"1G\"",
-            &Overrides::default(),
-            &nodes,
-        )
-        .unwrap();
+        let with = |division: &str| {
+            build(
+                &format!("fast_pool = \"1G\"\nslow_pool = \"1G\"{division}"),
+                &Overrides::default(),
+                &nodes,
+            )
+        };
+        let c = with("").unwrap();
         assert_eq!(c.division.value, Valuation::HostAccesses);
-        let c = build(
-            "fast_pool = \"1G\"\nslow_pool = \"1G\"\n[division]\nvalue = \"guest-ops\"",
-            &Overrides::default(),
-            &nodes,
-        )
-        .unwrap();
+        let c = with("\n[division]\nvalue = \"guest-ops\"").unwrap();
         assert_eq!(c.division.value, Valuation::GuestOps);
-        let e = build(
-            "fast_pool = \"1G\"\nslow_pool = \"1G\"\n[division]\nvalue = \"ops\"",
-            &Overrides::default(),
-            &nodes,
-        )
-        .unwrap_err();
+        let e = with("\n[division]\nvalue = \"ops\"").unwrap_err();
         assert!(
             e.contains("division.value = 'ops': give host-accesses (")
                 && e.contains("or guest-ops ("),

@@ -1258,12 +1258,15 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
             gain: st
                 .map(|s| &s.gain)
                 .filter(|g| g.samples >= MIN_SAMPLES)
-                .map(|g| GainInfo {
-                    next_quantum_share: g.grow.first().copied().unwrap_or(0.0),
-                    last_quantum_share: g.shrink.first().copied().unwrap_or(0.0),
-                    samples: g.samples,
-                    accesses_per_sec: v.access_estimate().map(|a| a.0),
-                    accesses_per_sec_se: v.access_estimate().map(|a| a.1),
+                .map(|g| {
+                    let accesses = v.access_estimate();
+                    GainInfo {
+                        next_quantum_share: g.grow.first().copied().unwrap_or(0.0),
+                        last_quantum_share: g.shrink.first().copied().unwrap_or(0.0),
+                        samples: g.samples,
+                        accesses_per_sec: accesses.map(|a| a.0),
+                        accesses_per_sec_se: accesses.map(|a| a.1),
+                    }
                 }),
         },
         tiers: if v.state.active() {
