@@ -23,8 +23,10 @@ C=(compare --duration "${SECS}s" --repeat "$REP" --quiet --placement slow-first 
 # vCPU making 64-byte accesses, where the nomad-* scenarios model the
 # micro-benchmark's one thread copying whole 4 KiB pages: --threads 1 --mlp 1
 # --access-bytes 64. tiervm's sampler scans at a fixed rate, where Linux adapts
-# its period: --fixed-scan-rate.
-S=(sim --duration "$SECS" --threads 1 --mlp 1 --access-bytes 64 --fixed-scan-rate --scale 1 --start-slow --pebs-sees-all --small-pages --no-bench-init)
+# its period: --fixed-scan-rate. The zipf image spreads its hot pages along
+# the WSS, where the nomad-* scenarios replay Nomad's traces (hottest pages
+# first): --scrambled-wss.
+S=(sim --duration "$SECS" --threads 1 --mlp 1 --access-bytes 64 --fixed-scan-rate --scrambled-wss --scale 1 --start-slow --pebs-sees-all --small-pages --no-bench-init)
 NOMAD=nomad-a,llc=256K
 run() { # name, then the compare arguments
   local name=$1

@@ -1,13 +1,19 @@
 //! `nomad`: Nomad (OSDI'24) over TPP's hotness signal.
 //!
-//! - Hint faults on slow-tier pages, gated by TPP's time-to-fault threshold
-//!   and rate limit ([`super::tpp`]).
-//! - A qualifying fault puts the page on the **promotion candidate queue**
-//!   (PCQ). On every fault the PCQ is scanned from the newest entry with a
-//!   look-back of [`PCQ_LOOKBACK`]: an entry that left the slow tier is
-//!   dropped; accessed and active -> moved to the **migration pending queue**
-//!   (MPQ, [`MPQ_LEN`] entries, no duplicates); accessed but inactive ->
-//!   `mark_page_accessed`; entries beyond the look-back are dropped.
+//! - Every hint fault on a slow-tier page goes to the module
+//!   (`queue_page_fault`; the kernel is the TPP patch on 5.13, whose
+//!   `should_numa_migrate_memory` has no threshold or rate limit in
+//!   tiering mode), which scans its **promotion candidate queue** (PCQ)
+//!   from the newest entry (`decide_queue_page`, nomad_module
+//!   async_promote_main.c at 0fafe0e) and then puts the page on it: an
+//!   entry that left the slow tier is dropped; accessed and active -> moved
+//!   to the **migration pending queue** (MPQ, [`MPQ_LEN`] entries, no
+//!   duplicates); accessed but inactive -> `mark_page_accessed`; not
+//!   accessed and beyond the look-back of [`PCQ_LOOKBACK`] -> dropped. The
+//!   module never clears the accessed bit (its `pte_mkold` is commented
+//!   out) and the fault left the PTE young, so every entry reads accessed:
+//!   a faulted page is marked at the next two faults (referenced, active)
+//!   and moved to the MPQ at the third.
 //! - `kpromote` drains the MPQ asynchronously (each tick) with transactional
 //!   migration, keeping the source page as a shadow. Aborted pages are
 //!   re-queued ("retried the next time TPM is rescheduled"). No reclaim
@@ -18,9 +24,7 @@
 
 use std::collections::VecDeque;
 
-use super::tpp::{
-    Kswapd, LruFlags, PromotionGate, SCAN_PERIOD_MIN_NS, SCAN_SIZE_MB, TICK_INTERVAL_NS,
-};
+use super::tpp::{Kswapd, LruFlags, SCAN_PERIOD_MIN_NS, SCAN_SIZE_MB, TICK_INTERVAL_NS};
 use super::types::*;
 use super::{Policy, PolicyKind};
 
@@ -32,7 +36,6 @@ pub const MPQ_LEN: usize = 512;
 /// The `nomad` policy.
 #[derive(Clone, Debug)]
 pub struct Nomad {
-    gate: PromotionGate,
     kswapd: Kswapd,
     flags: Vec<LruFlags>,
     queued: Vec<bool>,
@@ -46,8 +49,7 @@ impl Nomad {
     pub fn new(config: &PolicyConfig) -> Self {
         let n = config.pages as usize;
         Self {
-            gate: PromotionGate::new(config),
-            kswapd: Kswapd::new(config),
+            kswapd: Kswapd::with_demote_watermark(config),
             flags: vec![LruFlags::default(); n],
             queued: vec![false; n],
             pcq: VecDeque::new(),
@@ -81,18 +83,20 @@ impl Nomad {
     fn scan_pcq(&mut self, view: &mut dyn MemoryView) {
         let mut kept = VecDeque::with_capacity(self.pcq.len().min(PCQ_LOOKBACK));
         let entries: Vec<u64> = self.pcq.drain(..).collect();
-        for (i, page) in entries.into_iter().enumerate() {
-            if i >= PCQ_LOOKBACK || view.tier_of(page) == 0 {
-                continue; // stale or already promoted
+        for page in entries {
+            if view.tier_of(page) == 0 {
+                continue; // already promoted: its PTE points elsewhere
             }
-            if view.test_and_clear_accessed(page) {
-                let f = &mut self.flags[page as usize];
-                if f.active() {
-                    self.enqueue_mpq(page);
-                    continue;
-                }
-                f.mark_accessed();
+            // Every entry's PTE reads young: the fault made it so and the
+            // module never clears it (its `pte_mkold` is commented out). So
+            // the look-back, which drops only entries not accessed, drops
+            // none, and the accessed bit is not consulted.
+            let f = &mut self.flags[page as usize];
+            if f.active() {
+                self.enqueue_mpq(page);
+                continue;
             }
+            f.mark_accessed();
             kept.push_back(page);
         }
         self.pcq = kept;
@@ -132,14 +136,11 @@ impl Policy for Nomad {
         if fault.tier == 0 || tiers.is_empty() || fault.page >= self.flags.len() as u64 {
             return None;
         }
-        let wm = self.kswapd.watermarks[0];
-        if self.gate.check(fault, &tiers[0], &wm).is_some()
-            && !self.queued[fault.page as usize]
-            && !self.pcq.contains(&fault.page)
-        {
+        // The scan first, then the new entry (`list_add` after the loop).
+        self.scan_pcq(view);
+        if !self.queued[fault.page as usize] && !self.pcq.contains(&fault.page) {
             self.pcq.push_front(fault.page);
         }
-        self.scan_pcq(view);
         None
     }
 
@@ -249,22 +250,21 @@ mod tests {
     }
 
     #[test]
-    fn accessed_candidate_moves_to_mpq_and_promotes_with_tpm() {
+    fn a_faulted_page_reaches_the_mpq_three_faults_later_and_promotes_with_tpm() {
         let (mut n, mut v, st) = setup();
-        // Fault: joins the PCQ; its own access makes it referenced.
-        v.accessed[500] = true;
+        // No accessed bit is ever set here: the module reads every entry's
+        // PTE as young (the fault made it so; nothing clears it).
         assert_eq!(
             n.on_hint_fault(&fault(500, 1), &st, &mut v),
             None,
             "never in the fault path"
         );
-        v.accessed[500] = true; // accessed again: active
-        n.on_hint_fault(&fault(501, 2), &st, &mut v);
+        n.on_hint_fault(&fault(501, 2), &st, &mut v); // 500: referenced
+        n.on_hint_fault(&fault(502, 3), &st, &mut v); // 500: active
         assert!(n.mpq().next().is_none());
-        v.accessed[500] = true; // accessed and active: MPQ
-        n.on_hint_fault(&fault(502, 3), &st, &mut v);
+        n.on_hint_fault(&fault(503, 4), &st, &mut v); // 500: to the MPQ
         assert_eq!(n.mpq().collect::<Vec<_>>(), vec![500]);
-        let d = n.tick(&obs(4_000_000, &st, &[]), &mut v);
+        let d = n.tick(&obs(5_000_000, &st, &[]), &mut v);
         assert_eq!(d.migrations.len(), 1);
         assert_eq!(
             d.migrations[0].mechanism,
@@ -274,24 +274,17 @@ mod tests {
     }
 
     #[test]
-    fn lookback_drops_stale_candidates() {
+    fn every_faulted_page_is_queued_and_the_pcq_stays_short() {
         let (mut n, mut v, st) = setup();
-        n.on_hint_fault(&fault(500, 1), &st, &mut v);
-        // PCQ_LOOKBACK more faults push page 500 beyond the look-back.
-        for i in 0..PCQ_LOOKBACK as u64 {
-            n.on_hint_fault(&fault(600 + i, 2 + i), &st, &mut v);
+        let faults = 2 * PCQ_LOOKBACK as u64;
+        for i in 0..faults {
+            n.on_hint_fault(&fault(300 + i, 1 + i), &st, &mut v);
+            assert!(n.pcq().count() <= 3, "{:?}", n.pcq().collect::<Vec<_>>());
         }
-        assert!(
-            !n.pcq().any(|p| p == 500),
-            "stale candidate must be dropped"
-        );
-        assert_eq!(n.pcq().count(), PCQ_LOOKBACK);
-        // Even if now accessed repeatedly, it never reaches the MPQ.
-        for i in 0..5 {
-            v.accessed[500] = true;
-            n.on_hint_fault(&fault(700 + i, 30 + i), &st, &mut v);
-        }
-        assert!(!n.mpq().any(|p| p == 500));
+        // All but the last three faulted pages are on the MPQ, in order.
+        let want: Vec<u64> = (300..300 + faults - 3).collect();
+        assert_eq!(n.mpq().collect::<Vec<_>>(), want);
+        assert!(v.accessed.iter().all(|&a| !a));
     }
 
     #[test]

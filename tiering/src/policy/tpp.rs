@@ -8,10 +8,14 @@
 //!   16 steps so that candidates match the promotion rate limit; and the
 //!   promotion rate limit must not be exceeded.
 //! - Upstream 6.3 promotes at the first qualifying fault. The TPP patch the
-//!   Nomad paper ran as its baseline (TPP, ASPLOS'23; Nomad §2.2) promotes
-//!   only pages on the active LRU: a page becomes active at its second
-//!   reference, so it is promoted at its second qualifying hint fault. That
-//!   variant is `tpp-lru` ([`Tpp::with_active_lru_check`]).
+//!   Nomad paper ran as its baseline (TPP, ASPLOS'23; Nomad §2.2; the
+//!   artifact's `tpp.patch` on 5.13-rc6) has no threshold or rate limit
+//!   (`should_numa_migrate_memory` returns true for a slow-node page in
+//!   tiering mode) but promotes only pages on the active LRU: a fault on an
+//!   inactive page only `mark_page_accessed`s it (referenced, then active),
+//!   so a page is promoted at its third hint fault; and its kswapd keeps
+//!   [`DEMOTE_SCALE_FACTOR`] of the top tier free. That variant is
+//!   `tpp-lru` ([`Tpp::with_active_lru_check`]).
 //! - Promotion is synchronous, in the fault path, by stop-and-copy, and
 //!   needs free pages above the high watermark; otherwise kswapd is woken.
 //! - kswapd demotes cold pages (second-chance over accessed bits, Linux's
@@ -123,6 +127,14 @@ pub const FREE_ENOUGH_NODE_SHIFT: u32 = 4;
 /// `watermark_scale_factor` default 10 (per 10,000): the gap between the
 /// min, low, high and promo watermarks as a fraction of the tier.
 pub const WATERMARK_SCALE_FACTOR: f64 = 10.0 / 10_000.0;
+/// `demote_scale_factor` (per 10,000) of the TPP patch the Nomad paper ran
+/// (5.13, `tpp-lru`, and Nomad's kernel, built on it): kswapd keeps this
+/// fraction of the top tier free (`WMARK_DEMOTE`, at least twice the high
+/// watermark; `pgdat_toptier_balanced` wakes it below, `kswapd_shrink_node`
+/// reclaims up to it). The patch's default is 200; the artifact's
+/// `tpp_start_tiering.sh` and `nomad_start_tiering.sh` set 1000 (Nomad
+/// artifact at 0fafe0e, `src/testing_scripts/setup_system/`).
+pub const DEMOTE_SCALE_FACTOR: f64 = 1000.0 / 10_000.0;
 /// kswapd and bookkeeping tick.
 pub const TICK_INTERVAL_NS: u64 = 1_000_000;
 
@@ -188,6 +200,23 @@ pub(crate) struct Kswapd {
 }
 
 impl Kswapd {
+    /// The TPP patch's kswapd (5.13: `tpp-lru`, `nomad`): the top tier is
+    /// kept [`DEMOTE_SCALE_FACTOR`] free: kswapd wakes below that and
+    /// demotes up to it.
+    pub(crate) fn with_demote_watermark(config: &PolicyConfig) -> Self {
+        let mut k = Self::new(config);
+        if let (Some(w), Some(&cap)) =
+            (k.watermarks.first_mut(), config.tier_capacity_pages.first())
+        {
+            let demote = ((cap as f64 * DEMOTE_SCALE_FACTOR).round() as u64)
+                .max(2 * w.high)
+                .min(cap);
+            w.low = w.low.max(demote);
+            w.promo = w.promo.max(demote);
+        }
+        k
+    }
+
     pub(crate) fn new(config: &PolicyConfig) -> Self {
         Self {
             hand: ClockHand::default(),
@@ -396,6 +425,7 @@ impl Tpp {
     pub fn with_active_lru_check(config: &PolicyConfig) -> Self {
         Self {
             require_active: true,
+            kswapd: Kswapd::with_demote_watermark(config),
             ..Self::new(config)
         }
     }
@@ -442,13 +472,19 @@ impl Policy for Tpp {
             return None;
         }
         let wm = self.kswapd.watermarks[0];
-        let free_enough = self.gate.check(fault, &tiers[0], &wm)?;
-        if !free_enough && self.require_active {
+        if self.require_active {
+            // The TPP patch (5.13, do_numa_page): a slow page not on the
+            // active LRU is only `mark_page_accessed`; an active one is
+            // promoted, `should_numa_migrate_memory` returning true for any
+            // slow-node page in tiering mode (no hotness threshold or rate
+            // limit: those are 6.x's). A page is promoted at its third fault.
             let f = self.flags.get_mut(fault.page as usize)?;
-            f.mark_accessed();
             if !f.active() {
+                f.mark_accessed();
                 return None;
             }
+        } else {
+            self.gate.check(fault, &tiers[0], &wm)?;
         }
         // migrate_balanced_pgdat: room above the high watermark, else wake kswapd.
         if tiers[0].free_pages <= wm.high {
@@ -586,7 +622,7 @@ mod tests {
     }
 
     #[test]
-    fn lru_variant_promotes_on_second_fault_within_threshold() {
+    fn lru_variant_promotes_at_the_third_fault_without_a_threshold() {
         let cfg = PolicyConfig::new(1000, vec![100, 1000]);
         let (mut tpp, mut v, caps) = (
             Tpp::with_active_lru_check(&cfg),
@@ -594,14 +630,20 @@ mod tests {
             vec![100, 1000],
         );
         let st = v.status(&caps);
+        // 5 s from scan to fault: cold for 6.3's threshold, not for 5.13.
         assert_eq!(
-            tpp.on_hint_fault(&fault(500, 10, 1), &st, &mut v),
+            tpp.on_hint_fault(&fault(500, 5000, 1), &st, &mut v),
             None,
             "first fault only references"
         );
+        assert_eq!(
+            tpp.on_hint_fault(&fault(500, 5000, 2), &st, &mut v),
+            None,
+            "second fault only activates"
+        );
         let m = tpp
-            .on_hint_fault(&fault(500, 10, 2), &st, &mut v)
-            .expect("second fault promotes");
+            .on_hint_fault(&fault(500, 5000, 3), &st, &mut v)
+            .expect("third fault promotes");
         assert_eq!(
             (m.unit, m.to, m.urgency),
             (Unit::page(500), 0, Urgency::BeforeFaultingAccessResumes)
@@ -626,14 +668,17 @@ mod tests {
         let caps = [100, 1000];
         let st = v.status(&caps);
         tpp.on_hint_fault(&fault(600, 5, 1), &st, &mut v);
-        assert_eq!(tpp.on_hint_fault(&fault(600, 5, 2), &st, &mut v), None);
+        tpp.on_hint_fault(&fault(600, 5, 2), &st, &mut v);
+        assert_eq!(tpp.on_hint_fault(&fault(600, 5, 3), &st, &mut v), None);
         // Pages 0..50 were accessed recently: second chance; 50.. are cold.
         for p in 0..50 {
             v.accessed[p] = true;
         }
-        let d = tpp.tick(&obs(3_000_000, &st, &[]), &mut v);
-        let wm = Watermarks::for_capacity(100);
-        assert_eq!(d.migrations.len() as u64, wm.promo);
+        let d = tpp.tick(&obs(4_000_000, &st, &[]), &mut v);
+        // The TPP patch's kswapd frees the top tier up to WMARK_DEMOTE.
+        let demote = (100.0 * DEMOTE_SCALE_FACTOR).round() as u64;
+        assert!(demote > Watermarks::for_capacity(100).promo);
+        assert_eq!(d.migrations.len() as u64, demote);
         assert!(d
             .migrations
             .iter()

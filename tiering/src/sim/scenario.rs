@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::{CostModel, TierModel, DEFAULT_QUEUE_K};
-use super::workload::{PrGraph, WorkloadSpec, YcsbMix};
+use super::workload::{PrGraph, WorkloadSpec, YcsbMix, YcsbTrace};
 
 /// Extra load on one tier (Colloid's antagonist), as a fraction of that
 /// tier's peak bandwidth, present the whole run.
@@ -256,25 +256,28 @@ pub const NOMAD_ROUNDS: [NomadRound; 3] = [
         size: "small",
         rss_gib: 20.0,
         wss_gib: 10.0,
+        records: 2_700_000,
         copies: 18e6,
-        static_rate_ro: 1.465e6,
-        static_rate_wo: 1.317e6,
+        static_rate_ro: 2.026e6,
+        static_rate_wo: 1.696e6,
     },
     NomadRound {
         size: "medium",
         rss_gib: 27.0,
         wss_gib: 13.5,
+        records: 3_600_000,
         copies: 30e6,
-        static_rate_ro: 1.029e6,
-        static_rate_wo: 0.896e6,
+        static_rate_ro: 1.641e6,
+        static_rate_wo: 1.474e6,
     },
     NomadRound {
         size: "large",
         rss_gib: 27.0,
         wss_gib: 27.0,
+        records: 8_000_000,
         copies: 40e6,
-        static_rate_ro: 1.482e6,
-        static_rate_wo: 1.335e6,
+        static_rate_ro: 2.040e6,
+        static_rate_wo: 1.700e6,
     },
 ];
 
@@ -287,7 +290,9 @@ pub struct NomadRound {
     pub rss_gib: f64,
     /// Working set at the end of it, GB (10 / 13.5 / 27).
     pub wss_gib: f64,
-    /// Page copies per round.
+    /// YCSB `recordcount` of the trace (2.7M / 3.6M / 8M; [`YcsbTrace`]).
+    pub records: u64,
+    /// Page copies per round (YCSB `operationcount`).
     pub copies: f64,
     /// Static's modeled copies per second, read-only.
     pub static_rate_ro: f64,
@@ -328,7 +333,16 @@ fn nomad(round: &NomadRound, write_only: bool) -> Scenario {
         ..nomad_platform_a_run(
             name,
             format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A; one thread copying 4 KiB pages, 4 rounds of {round_s:.1} s (the trace's copies at static's rate)"),
-            WorkloadSpec::Zipf { rss_gib: rss, wss_gib: wss, theta: 0.99 },
+            WorkloadSpec::Zipf {
+                rss_gib: rss,
+                wss_gib: wss,
+                theta: 0.99,
+                ycsb_trace: Some(YcsbTrace {
+                    records: round.records,
+                    operations: round.copies as u64,
+                    hottest_first: true,
+                }),
+            },
         )
     }
 }
@@ -493,7 +507,7 @@ fn stress_scenarios() -> Vec<Scenario> {
         stress(
             "stress-zipf-2x",
             "stress: Zipf 0.99 reads over a WSS of 8 GiB, 2x a 4 GiB fast tier, 16 threads, platform A",
-            WorkloadSpec::Zipf { rss_gib: 8.0, wss_gib: 8.0, theta: 0.99 },
+            WorkloadSpec::Zipf { rss_gib: 8.0, wss_gib: 8.0, theta: 0.99, ycsb_trace: None },
             0.0,
         ),
         stress(

@@ -7,7 +7,7 @@ use super::gap;
 use super::scenario::Scenario;
 use super::workload::{
     AccessStream, BenchInitStream, GaussianHotStream, GupsStream, KvStream, MovingHotStream,
-    PageAccess, PagerankStream, WorkloadSpec, ZipfStream,
+    PageAccess, PagerankStream, WorkloadSpec, WssStream,
 };
 use super::{ScenarioError, SimError};
 use crate::policy::{PolicyConfig, TierId, PAGE_BYTES};
@@ -29,7 +29,7 @@ pub enum SimPlacement {
 
 /// The access stream of a run.
 pub(super) enum Stream {
-    Zipf(ZipfStream),
+    Zipf(WssStream),
     Gups(GupsStream),
     Gauss(GaussianHotStream),
     Moving(MovingHotStream),
@@ -227,16 +227,14 @@ pub(super) fn bench_init_stream(scn: &Scenario, scale: f64, pages: u64) -> Optio
         rss_gib,
         wss_gib,
         theta,
+        ref ycsb_trace,
     } = scn.workload
     else {
         return None;
     };
     let wss = gib_to_pages(wss_gib.min(rss_gib), scale).clamp(1, pages);
-    let warmup = if pages > wss {
-        ZipfStream::new(0, pages - wss, theta, 1.0)
-    } else {
-        ZipfStream::new(0, wss, theta, 1.0)
-    };
+    let warmup_pages = if pages > wss { pages - wss } else { wss };
+    let warmup = WssStream::new(0, warmup_pages, theta, ycsb_trace.as_ref(), 1.0);
     Some(Stream::Init(BenchInitStream::new(
         pages,
         // One access per `access_bytes` of each page (a 64-byte line, or
@@ -288,9 +286,16 @@ fn synthetic_stream(scn: &Scenario, scale: f64, pages: u64) -> Result<Stream, Sc
             rss_gib,
             wss_gib,
             theta,
+            ref ycsb_trace,
         } => {
             let wss = gib_pages(wss_gib.min(rss_gib)).clamp(1, pages);
-            Stream::Zipf(ZipfStream::new(pages - wss, wss, theta, scn.write_ratio))
+            Stream::Zipf(WssStream::new(
+                pages - wss,
+                wss,
+                theta,
+                ycsb_trace.as_ref(),
+                scn.write_ratio,
+            ))
         }
         WorkloadSpec::Gups {
             hot_gib, hot_prob, ..

@@ -117,6 +117,17 @@ pub struct SimArgs {
     /// Linux does (`task_scan_max`): to match a live run.
     #[arg(long)]
     pub fixed_scan_rate: bool,
+    /// Zipf: spread the WSS's hot pages along it, as the zipf guest image
+    /// does (a Zipf over the WSS's pages, YCSB-scrambled), instead of
+    /// Nomad's traces (YCSB's key distribution, hottest pages first): to
+    /// match a live run, or to run the papers' "uniformly distributed".
+    #[arg(long)]
+    pub scrambled_wss: bool,
+    /// Zipf on Nomad's traces: put the WSS's pages in a random order
+    /// (the papers' text: hot data "uniformly distributed along the WSS")
+    /// instead of the artifact's traces' hottest-first order.
+    #[arg(long)]
+    pub spread_hot_pages: bool,
     /// Tier the antagonist loads.
     #[arg(long)]
     pub antagonist_tier: Option<u8>,
@@ -372,10 +383,17 @@ fn override_workload(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError>
             rss_gib,
             wss_gib,
             theta,
+            ycsb_trace,
         } => {
             set(rss_gib, a.rss_gib);
             set(wss_gib, a.wss_gib);
             set(theta, a.theta);
+            if a.scrambled_wss {
+                *ycsb_trace = None;
+            }
+            if let (true, Some(t)) = (a.spread_hot_pages, ycsb_trace.as_mut()) {
+                t.hottest_first = false;
+            }
         }
         W::Gups {
             size_gib,

@@ -194,6 +194,7 @@ pub fn default_mix() -> Vec<Scenario> {
             rss_gib: 16.0,
             wss_gib: 2.0,
             theta: 0.99,
+            ycsb_trace: None,
         },
     );
     let vm = |name: &str, w: WorkloadSpec| Scenario {
@@ -221,6 +222,7 @@ pub fn default_mix() -> Vec<Scenario> {
                 rss_gib: 16.0,
                 wss_gib: 2.0,
                 theta: 0.99,
+                ycsb_trace: None,
             },
         ),
         vm(
@@ -229,6 +231,7 @@ pub fn default_mix() -> Vec<Scenario> {
                 rss_gib: 16.0,
                 wss_gib: 12.0,
                 theta: 0.99,
+                ycsb_trace: None,
             },
         ),
         vm(
