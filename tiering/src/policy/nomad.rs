@@ -24,7 +24,9 @@
 
 use std::collections::VecDeque;
 
-use super::tpp::{Kswapd, LruFlags, SCAN_PERIOD_MIN_NS, SCAN_SIZE_MB, TICK_INTERVAL_NS};
+use super::tpp::{
+    Kswapd, LruFlags, PromotionGate, SCAN_PERIOD_MIN_NS, SCAN_SIZE_MB, TICK_INTERVAL_NS,
+};
 use super::types::*;
 use super::{Policy, PolicyKind};
 
@@ -36,6 +38,8 @@ pub const MPQ_LEN: usize = 512;
 /// The `nomad` policy.
 #[derive(Clone, Debug)]
 pub struct Nomad {
+    /// A cap the scenario imposes ([`PromotionGate::imposed_cap`]).
+    cap: Option<PromotionGate>,
     kswapd: Kswapd,
     flags: Vec<LruFlags>,
     queued: Vec<bool>,
@@ -49,6 +53,7 @@ impl Nomad {
     pub fn new(config: &PolicyConfig) -> Self {
         let n = config.pages as usize;
         Self {
+            cap: PromotionGate::imposed_cap(config),
             kswapd: Kswapd::with_demote_watermark(config),
             flags: vec![LruFlags::default(); n],
             queued: vec![false; n],
@@ -138,7 +143,11 @@ impl Policy for Nomad {
         }
         // The scan first, then the new entry (`list_add` after the loop).
         self.scan_pcq(view);
-        if !self.queued[fault.page as usize] && !self.pcq.contains(&fault.page) {
+        let capped = match &mut self.cap {
+            Some(cap) => cap.rate_limited(fault.now_ns),
+            None => false,
+        };
+        if !capped && !self.queued[fault.page as usize] && !self.pcq.contains(&fault.page) {
             self.pcq.push_front(fault.page);
         }
         None
