@@ -297,6 +297,20 @@ mod tests {
     }
 
     #[test]
+    fn a_cap_the_scenario_imposes_limits_the_queued_pages() {
+        let mut cfg = PolicyConfig::new(1000, vec![100, 1000]);
+        cfg.promote_rate_limit_mbps = Some(0.004); // 1 page/s
+        let mut n = Nomad::new(&cfg);
+        let mut v = VecView::two_tier(1000, 90);
+        let st = v.status(&[100, 1000]);
+        // 40 faults in 40 ms: without the cap all but the last 3 queue.
+        for i in 0..40u64 {
+            n.on_hint_fault(&fault(300 + i, 1 + i), &st, &mut v);
+        }
+        assert!(n.mpq().count() <= 1, "{:?}", n.mpq().collect::<Vec<_>>());
+    }
+
+    #[test]
     fn aborted_tpm_is_retried_and_shadowed_pages_demote_by_remap() {
         let cfg = PolicyConfig::new(1000, vec![100, 1000]);
         let mut n = Nomad::new(&cfg);
