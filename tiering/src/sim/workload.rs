@@ -426,6 +426,9 @@ pub const YCSB_ITEM_COUNT: u64 = 10_000_000_000;
 /// place in the order); below, the counts' distribution is summed.
 const TRACE_EXACT_COUNT: f64 = 50.0;
 
+/// Head ranks given a run each; beyond, ranks share 1%-wide bins.
+const TRACE_EXACT_RANKS: u64 = 1 << 16;
+
 /// Largest per-record count the summed distribution tracks (Poisson(50)
 /// puts under 1e-12 above it).
 const TRACE_MAX_COUNT: usize = 160;
@@ -476,6 +479,12 @@ impl YcsbTrace {
     /// The records the trace touches, hottest first, as runs of `(records,
     /// accesses per record)`; their lengths sum to the pages of the WSS.
     fn sorted_counts(&self, theta: f64) -> Vec<(f64, f64)> {
+        // The guest generator's range ([`Zipf::new`]).
+        let theta = if theta.is_nan() {
+            0.99
+        } else {
+            theta.clamp(0.0, 0.9999)
+        };
         let n = self.records.max(1);
         let ops = self.operations as f64;
         let z_all = tiervm_guest::gen::zipf::zeta(YCSB_ITEM_COUNT, theta);
@@ -486,21 +495,35 @@ impl YcsbTrace {
         let mut runs = Vec::new();
         let mut rank = 1u64;
         while rank <= n && expected(rank as f64) > TRACE_EXACT_COUNT {
-            runs.push((1.0, expected(rank as f64)));
-            rank += 1;
+            // One run per rank at the head, then bins 1% wide (bounded work
+            // for any record count).
+            let last = if rank < TRACE_EXACT_RANKS {
+                rank
+            } else {
+                rank.saturating_add(rank / 100).min(n)
+            };
+            let mid = rank as f64 / 2.0 + last as f64 / 2.0;
+            runs.push(((last - rank + 1) as f64, expected(mid)));
+            match last.checked_add(1) {
+                Some(next) => rank = next,
+                None => break,
+            }
         }
         // The rest: sum each count's probability over bins of ranks whose
         // expectations differ by under 1%.
         let mut records_with = [0.0f64; TRACE_MAX_COUNT + 1];
         while rank <= n {
-            let last = (rank + rank / 100).min(n);
-            let mean = expected((rank + last) as f64 / 2.0);
+            let last = rank.saturating_add(rank / 100).min(n);
+            let mean = expected(rank as f64 / 2.0 + last as f64 / 2.0);
             let mut p = (-mean).exp();
             for (c, r) in records_with.iter_mut().enumerate().skip(1) {
                 p *= mean / c as f64;
                 *r += (last - rank + 1) as f64 * p;
             }
-            rank = last + 1;
+            match last.checked_add(1) {
+                Some(next) => rank = next,
+                None => break,
+            }
         }
         runs.extend(
             records_with
@@ -1183,6 +1206,30 @@ mod tests {
         let mut sorted = spread.clone();
         sorted.sort_by(|a, b| b.total_cmp(a));
         assert_eq!(sorted, shares);
+    }
+
+    #[test]
+    fn any_trace_parameters_give_shares_quickly() {
+        for (records, operations, theta) in [
+            (u64::MAX, u64::MAX, 0.99),
+            (1, 0, 0.99),
+            (0, 1, f64::NAN),
+            (1 << 40, 1 << 50, -3.0),
+            (1000, 1 << 40, 7.0),
+        ] {
+            let t = YcsbTrace {
+                records,
+                operations,
+                hottest_first: true,
+            };
+            let shares = t.page_shares(theta, 100);
+            assert_eq!(shares.len(), 100);
+            let sum: f64 = shares.iter().sum();
+            assert!(
+                (sum - 1.0).abs() < 1e-6,
+                "{records} {operations} {theta}: {sum}"
+            );
+        }
     }
 
     #[test]
