@@ -143,10 +143,7 @@ impl Policy for Nomad {
         }
         // The scan first, then the new entry (`list_add` after the loop).
         self.scan_pcq(view);
-        let capped = match &mut self.cap {
-            Some(cap) => cap.rate_limited(fault.now_ns),
-            None => false,
-        };
+        let capped = PromotionGate::over_imposed_cap(&mut self.cap, fault.now_ns);
         if !capped && !self.queued[fault.page as usize] && !self.pcq.contains(&fault.page) {
             self.pcq.push_front(fault.page);
         }
@@ -298,11 +295,7 @@ mod tests {
 
     #[test]
     fn a_cap_the_scenario_imposes_limits_the_queued_pages() {
-        let mut cfg = PolicyConfig::new(1000, vec![100, 1000]);
-        cfg.promote_rate_limit_mbps = Some(0.004); // 1 page/s
-        let mut n = Nomad::new(&cfg);
-        let mut v = VecView::two_tier(1000, 90);
-        let st = v.status(&[100, 1000]);
+        let (mut n, mut v, st) = one_page_per_second(Nomad::new);
         // 40 faults in 40 ms: without the cap all but the last 3 queue.
         for i in 0..40u64 {
             n.on_hint_fault(&fault(300 + i, 1 + i), &st, &mut v);

@@ -93,3 +93,16 @@ pub fn pages_moved_to(d: &Decisions, tier: TierId) -> Vec<u64> {
         .map(|m| m.unit.page)
         .collect()
 }
+
+/// A policy built by `build` for 1000 pages over tiers of 100 and 1000
+/// (90 fast pages used) with a promotion limit of one page per second, its
+/// view and the tiers' status.
+pub fn one_page_per_second<P>(
+    build: impl FnOnce(&PolicyConfig) -> P,
+) -> (P, VecView, Vec<TierStatus>) {
+    let mut cfg = PolicyConfig::new(1000, vec![100, 1000]);
+    cfg.promote_rate_limit_mbps = Some(0.004); // 1 page/s
+    let v = VecView::two_tier(1000, 90);
+    let st = v.status(&[100, 1000]);
+    (build(&cfg), v, st)
+}

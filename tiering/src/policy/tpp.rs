@@ -367,6 +367,12 @@ impl PromotionGate {
         config.promote_rate_limit_mbps.map(|_| Self::new(config))
     }
 
+    /// Whether a promotion at `now` is over `cap`, an [`Self::imposed_cap`]
+    /// (never without one).
+    pub(crate) fn over_imposed_cap(cap: &mut Option<Self>, now: u64) -> bool {
+        cap.as_mut().is_some_and(|c| c.rate_limited(now))
+    }
+
     /// `numa_promotion_rate_limit`: true if over the limit.
     pub(crate) fn rate_limited(&mut self, now: u64) -> bool {
         self.candidates += 1;
@@ -495,10 +501,8 @@ impl Policy for Tpp {
                 f.mark_accessed();
                 return None;
             }
-            if let Some(cap) = &mut self.cap {
-                if cap.rate_limited(fault.now_ns) {
-                    return None;
-                }
+            if PromotionGate::over_imposed_cap(&mut self.cap, fault.now_ns) {
+                return None;
             }
         } else {
             self.gate.check(fault, &tiers[0], &wm)?;
@@ -706,11 +710,7 @@ mod tests {
     fn threshold_adapts_towards_rate_limit() {
         // A tiny rate limit: far more candidates than the limit, so the
         // threshold drops by one step per adjust period.
-        let mut cfg = PolicyConfig::new(1000, vec![100, 1000]);
-        cfg.promote_rate_limit_mbps = Some(0.004); // 1 page/s
-        let mut tpp = Tpp::new(&cfg);
-        let mut v = VecView::two_tier(1000, 90);
-        let st = v.status(&[100, 1000]);
+        let (mut tpp, mut v, st) = one_page_per_second(Tpp::new);
         let mut now = 0;
         for i in 0..10_000u64 {
             now = i * 10; // ms

@@ -479,12 +479,8 @@ impl YcsbTrace {
     /// The records the trace touches, hottest first, as runs of `(records,
     /// accesses per record)`; their lengths sum to the pages of the WSS.
     fn sorted_counts(&self, theta: f64) -> Vec<(f64, f64)> {
-        // The guest generator's range ([`Zipf::new`]).
-        let theta = if theta.is_nan() {
-            0.99
-        } else {
-            theta.clamp(0.0, 0.9999)
-        };
+        // The guest generator's range of skews.
+        let theta = Zipf::new(1, theta, false).theta();
         let n = self.records.max(1);
         let ops = self.operations as f64;
         let z_all = tiervm_guest::gen::zipf::zeta(YCSB_ITEM_COUNT, theta);
@@ -493,32 +489,30 @@ impl YcsbTrace {
         let folded = ops * ((z_all - z_n) / z_all).max(0.0) / n as f64;
         let expected = |rank: f64| ops * rank.powf(-theta) / z_all + folded;
         let mut runs = Vec::new();
-        let mut rank = 1u64;
-        while rank <= n && expected(rank as f64) > TRACE_EXACT_COUNT {
-            // One run per rank at the head, then bins 1% wide (bounded work
-            // for any record count).
-            let last = if rank < TRACE_EXACT_RANKS {
-                rank
-            } else {
-                rank.saturating_add(rank / 100).min(n)
-            };
-            let mid = rank as f64 / 2.0 + last as f64 / 2.0;
-            runs.push(((last - rank + 1) as f64, expected(mid)));
-            match last.checked_add(1) {
-                Some(next) => rank = next,
-                None => break,
-            }
-        }
-        // The rest: sum each count's probability over bins of ranks whose
-        // expectations differ by under 1%.
         let mut records_with = [0.0f64; TRACE_MAX_COUNT + 1];
+        let mut rank = 1u64;
         while rank <= n {
-            let last = rank.saturating_add(rank / 100).min(n);
+            // Head ranks (expectation above the cut) are runs of their
+            // own, one rank each up to `TRACE_EXACT_RANKS`; every other
+            // bin is 1% of ranks wide (bounded work for any record count).
+            let head = expected(rank as f64) > TRACE_EXACT_COUNT;
+            let width = if head && rank < TRACE_EXACT_RANKS {
+                0
+            } else {
+                rank / 100
+            };
+            let last = rank.saturating_add(width).min(n);
+            let records = (last - rank + 1) as f64;
             let mean = expected(rank as f64 / 2.0 + last as f64 / 2.0);
-            let mut p = (-mean).exp();
-            for (c, r) in records_with.iter_mut().enumerate().skip(1) {
-                p *= mean / c as f64;
-                *r += (last - rank + 1) as f64 * p;
+            if head {
+                runs.push((records, mean));
+            } else {
+                // Sum each count's Poisson probability over the bin.
+                let mut p = (-mean).exp();
+                for (c, r) in records_with.iter_mut().enumerate().skip(1) {
+                    p *= mean / c as f64;
+                    *r += records * p;
+                }
             }
             match last.checked_add(1) {
                 Some(next) => rank = next,
