@@ -354,6 +354,13 @@ impl Mtm {
             reserve,
             cold_order: order.iter().rev().copied().collect(),
             cold_cursor: 0,
+            rank: {
+                let mut rank = vec![0; order.len()];
+                for (place, &i) in order.iter().enumerate() {
+                    rank[i] = place;
+                }
+                rank
+            },
             demoted_pages: 0,
             promoted_pages: 0,
             moved_regions: HashSet::new(),
@@ -430,6 +437,8 @@ struct Mover {
     /// Region indices coldest first, and the next one to demote.
     cold_order: Vec<usize>,
     cold_cursor: usize,
+    /// Each region's place in the ranking (0: hottest).
+    rank: Vec<usize>,
     demoted_pages: u64,
     promoted_pages: u64,
     moved_regions: HashSet<usize>,
@@ -447,6 +456,9 @@ impl Mover {
         view: &mut dyn MemoryView,
     ) {
         let dst = target[i];
+        if self.moved_regions.contains(&i) {
+            return; // demoted this interval to make room for a hotter one
+        }
         let (start, len) = (regions[i].start, regions[i].len);
         let mut to_move: Vec<u64> = (start..start + len)
             .filter(|&p| view.tier_of(p) > dst)
@@ -458,7 +470,7 @@ impl Mover {
         // (the rest follows next interval).
         to_move.truncate((self.budget_pages - self.promoted_pages) as usize);
         let need = to_move.len() as u64;
-        self.make_room(dst, need, regions, target, view);
+        self.make_room(dst, need, i, regions, view);
         if self.budget.free(dst) < need {
             return;
         }
@@ -485,13 +497,17 @@ impl Mover {
 
     /// Demotes the coldest regions in `dst` one step down (to the first
     /// slower tier with room) until `dst` has `need` pages free plus its
-    /// reserve, or the demotion budget is spent.
+    /// reserve, or the demotion budget is spent. Only regions ranked below
+    /// region `hot` give up their room (MTM §6: the lowest-ranked regions
+    /// of a full tier move down), whichever tier they target: a region too
+    /// large for the room left in a tier targets that tier, but its pages
+    /// beyond the room still make way for hotter regions.
     fn make_room(
         &mut self,
         dst: TierId,
         need: u64,
+        hot: usize,
         regions: &[Region],
-        target: &[TierId],
         view: &mut dyn MemoryView,
     ) {
         while self.budget.free(dst) < need + self.reserve[usize::from(dst)]
@@ -500,8 +516,11 @@ impl Mover {
             let Some(&c) = self.cold_order.get(self.cold_cursor) else {
                 break;
             };
+            if self.rank[c] <= self.rank[hot] {
+                break; // every region left is at least as hot as `hot`
+            }
             self.cold_cursor += 1;
-            if target[c] <= dst || self.moved_regions.contains(&c) {
+            if self.moved_regions.contains(&c) {
                 continue;
             }
             let (cs, cl) = (regions[c].start, regions[c].len);
@@ -703,6 +722,36 @@ mod tests {
         assert!(
             (0..4).all(|p| v.tier[p] == 1),
             "coldest region demoted: {:?}",
+            d.migrations
+        );
+    }
+
+    /// A region larger than the room left in tier 0 targets tier 0 (it
+    /// starts filling it), yet ranks below a hotter region on the slow
+    /// tier: it gives up its tier-0 pages to that region. (Under the rule
+    /// that only regions targeting a slower tier give up room, nothing
+    /// moved at all: MTM stayed stuck with the WSS on CXL.)
+    #[test]
+    fn a_region_too_large_for_the_fast_tier_makes_way_for_a_hotter_one() {
+        let mut m = mtm();
+        // Region A: pages 0..28 (lukewarm, 8 of them in tier 0); region B:
+        // pages 28..32 (hot, all slow). Tier 0 holds 8 pages, 7 above its
+        // reserve: B fits with room left, so A targets tier 0 too.
+        m.regions = vec![Region::new(0, 28, 1), Region::new(28, 4, 1)];
+        m.regions[0].whi = 0.5;
+        m.regions[1].whi = 3.0;
+        let mut v = VecView::two_tier(32, 8);
+        let st = v.status(&[8, 32]);
+        let d = m.migrate(&obs(0, &st, &[]), &mut v);
+        v.apply(&d.migrations);
+        assert!(
+            (28..32).all(|p| v.tier[p] == 0),
+            "hot region in tier 0: {:?}",
+            d.migrations
+        );
+        assert!(
+            (0..8).filter(|&p| v.tier[p] == 1).count() >= 4,
+            "the lukewarm region's tier-0 pages went down: {:?}",
             d.migrations
         );
     }
