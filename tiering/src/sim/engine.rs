@@ -142,23 +142,32 @@ struct Raw {
 }
 
 impl Raw {
+    /// Each count of `self` and `other` combined by `f`.
+    fn combine(&self, other: &Raw, f: impl Fn(u64, u64) -> u64) -> Raw {
+        Raw {
+            promotions: f(self.promotions, other.promotions),
+            demotions: f(self.demotions, other.demotions),
+            shadow_demotions: f(self.shadow_demotions, other.shadow_demotions),
+            shadow_misses: f(self.shadow_misses, other.shadow_misses),
+            tpm_commits: f(self.tpm_commits, other.tpm_commits),
+            tpm_aborts: f(self.tpm_aborts, other.tpm_aborts),
+            shadow_write_faults: f(self.shadow_write_faults, other.shadow_write_faults),
+            shadows_reclaimed: f(self.shadows_reclaimed, other.shadows_reclaimed),
+            hint_faults: f(self.hint_faults, other.hint_faults),
+            sync_promotions: f(self.sync_promotions, other.sync_promotions),
+            page_lock_waits: f(self.page_lock_waits, other.page_lock_waits),
+            rejected: f(self.rejected, other.rejected),
+        }
+    }
+
     /// The counts since `earlier`.
     fn since(&self, earlier: &Raw) -> Raw {
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        Raw {
-            promotions: d(self.promotions, earlier.promotions),
-            demotions: d(self.demotions, earlier.demotions),
-            shadow_demotions: d(self.shadow_demotions, earlier.shadow_demotions),
-            shadow_misses: d(self.shadow_misses, earlier.shadow_misses),
-            tpm_commits: d(self.tpm_commits, earlier.tpm_commits),
-            tpm_aborts: d(self.tpm_aborts, earlier.tpm_aborts),
-            shadow_write_faults: d(self.shadow_write_faults, earlier.shadow_write_faults),
-            shadows_reclaimed: d(self.shadows_reclaimed, earlier.shadows_reclaimed),
-            hint_faults: d(self.hint_faults, earlier.hint_faults),
-            sync_promotions: d(self.sync_promotions, earlier.sync_promotions),
-            page_lock_waits: d(self.page_lock_waits, earlier.page_lock_waits),
-            rejected: d(self.rejected, earlier.rejected),
-        }
+        self.combine(earlier, u64::saturating_sub)
+    }
+
+    /// The counts of both.
+    fn plus(&self, other: &Raw) -> Raw {
+        self.combine(other, u64::saturating_add)
     }
 }
 
@@ -505,11 +514,19 @@ pub fn run_built(
     let mut carry = 0.0f64;
     let mut first_phase_end = Raw::default();
     let mut last_phase_start = Raw::default();
+    // The sleeps between rounds, if run: their time is off the run's clock.
+    let between = scn
+        .bench_init
+        .as_ref()
+        .filter(|i| i.sleep_between_rounds && warmup.is_some())
+        .map(|i| i.sleep_s);
+    let mut slept_ns = 0u64;
+    let mut slept = Raw::default();
     for q in 0..clock.quanta {
         if q == clock.quanta - clock.phase_quanta {
             last_phase_start = sim.raw.clone();
         }
-        let q_start = t0 + q * clock.quantum_ns;
+        let q_start = t0 + slept_ns + q * clock.quantum_ns;
         let slots = Slots {
             per_quantum: slots_per_q,
             carry,
@@ -524,15 +541,27 @@ pub fn run_built(
             &mut throughput,
         );
         sim.end_quantum(&tally, scn.access_bytes, &mut clock, policy.as_mut());
-        throughput.add_quantum(q, sim.now - t0, &tally, &clock, sim.scale);
+        throughput.add_quantum(q, sim.now - t0 - slept_ns, &tally, &clock, sim.scale);
         if q + 1 == clock.phase_quanta {
             first_phase_end = sim.raw.clone();
+        }
+        let round_ends = clock.phase_quanta > 0 && (q + 1) % clock.phase_quanta == 0;
+        if let (Some(s), true) = (between, round_ends && q + 1 < clock.quanta) {
+            let before = sim.raw.clone();
+            let start = sim.now;
+            let end = sim.sleep(start, s, &mut clock, policy.as_mut());
+            slept_ns += end - start;
+            // A round's counts are read at its start and end (Table 2):
+            // the sleep's are in none of them, but reported on their own.
+            slept = slept.plus(&sim.raw.since(&before));
+            sim.raw = before;
         }
     }
     let mut report = sim.report(scn, &clock, throughput, started);
     report.in_progress_counters = sim.counts_of(&first_phase_end);
     report.stable_counters = sim.counts_of(&sim.raw.since(&last_phase_start));
     report.warmup_counters = warmup;
+    report.between_rounds_counters = between.map(|_| sim.counts_of(&slept));
     Ok(report)
 }
 
@@ -1018,18 +1047,7 @@ impl Sim {
             }
         }
         // Step 2.
-        let sleep_end = now + (init.sleep_s * 1e9) as u64;
-        while now < sleep_end {
-            self.begin_quantum(now);
-            now += q_ns;
-            self.now = now;
-            self.complete_due_tpm();
-            if clock.tick_due(now) {
-                self.tick_policy(policy);
-            }
-            self.account_migration_traffic();
-            self.pending_stall_slots = 0.0;
-        }
+        let now = self.sleep(now, init.sleep_s, clock, policy);
         // Step 3.
         self.stream = run_stream;
         let counts = self.event_counts();
@@ -1046,6 +1064,33 @@ impl Sim {
         self.t0 = now;
         self.init_accesses = scratch.accesses;
         counts
+    }
+
+    /// The benchmark sleeping `sleep_s` from `now`: no thread runs, so no
+    /// access, no stall charged and no hint-fault scan (Linux scans in the
+    /// task's own context, `task_numa_work`), while the policy's ticks and
+    /// migrations go on. Returns the clock at its end.
+    fn sleep(
+        &mut self,
+        mut now: u64,
+        sleep_s: f64,
+        clock: &mut RunClock,
+        policy: &mut dyn Policy,
+    ) -> u64 {
+        // `as` saturates: a NaN or negative length is no sleep.
+        let end = now.saturating_add((sleep_s * 1e9) as u64);
+        while now < end {
+            self.begin_quantum(now);
+            now += clock.quantum_ns;
+            self.now = now;
+            self.complete_due_tpm();
+            if clock.tick_due(now) {
+                self.tick_policy(policy);
+            }
+            self.account_migration_traffic();
+            self.pending_stall_slots = 0.0;
+        }
+        now
     }
 
     /// Hands the tick's observations to the policy and carries out its
@@ -1124,6 +1169,7 @@ impl Sim {
             in_progress_counters: EventCounts::default(),
             stable_counters: EventCounts::default(),
             warmup_counters: None,
+            between_rounds_counters: None,
             tiers: (0..self.cap.len())
                 .map(|t| TierTraffic {
                     name: scn.tiers[t].name.clone(),

@@ -291,6 +291,52 @@ mod tests {
         assert_eq!(n.counters.promotions, 0.0);
     }
 
+    /// The sleeps between rounds (memory_access.cc l.191-192), when run,
+    /// add no time to the rounds and none of their counts: static, which
+    /// never migrates, gives the same report but for the sleeps' own
+    /// (zero) counts, while a policy whose daemon works through the sleeps
+    /// (Memtis' kmigraterd) has counts there, reported apart.
+    #[test]
+    fn the_sleeps_between_rounds_are_left_out_of_the_rounds() {
+        let scn = quick("nomad-large-wo");
+        let mut slept = scn.clone();
+        slept
+            .bench_init
+            .as_mut()
+            .expect("nomad-* has the initialization")
+            .sleep_between_rounds = true;
+        let a = run(&scn, PolicyKind::Static).unwrap();
+        let b = run(&slept, PolicyKind::Static).unwrap();
+        let zero = b.between_rounds_counters.as_ref().expect("sleeps' counts");
+        assert_eq!(zero.promotions + zero.demotions, 0.0, "{zero:?}");
+        // The same rounds: throughput, phases, counts and clock. (Loaded
+        // latencies differ in the last digits: the idle tiers' queues
+        // drain during the sleeps.)
+        let same = |r: &SimReport| {
+            (
+                r.throughput_maps,
+                r.in_progress_maps,
+                r.stable_maps,
+                r.duration_s,
+                r.counters.clone(),
+                r.timeline.iter().map(|b| b.t_s).collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(
+            same(&a),
+            same(&b),
+            "static: the sleeps change nothing in the rounds"
+        );
+        assert!((a.avg_latency_ns / b.avg_latency_ns - 1.0).abs() < 1e-6);
+        let r = run(&slept, PolicyKind::Memtis).unwrap();
+        let c = r.between_rounds_counters.as_ref().expect("sleeps' counts");
+        assert!(c.promotions + c.demotions > 0.0, "{c:?}");
+        assert!(run(&scn, PolicyKind::Memtis)
+            .unwrap()
+            .between_rounds_counters
+            .is_none());
+    }
+
     /// On Nomad's CXL platform the Memtis Nomad ran samples no slow-tier
     /// load (sim::pebs): on a read-only run nothing in the slow tier ever
     /// gets a sample, so Memtis promotes nothing (Nomad Table 2: 15.9K, 0

@@ -123,6 +123,10 @@ pub struct SimReport {
     /// round, sleep), which `counters` leaves out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup_counters: Option<EventCounts>,
+    /// Event counts of the sleeps between the measured rounds, when run
+    /// (`BenchInit::sleep_between_rounds`), which `counters` leaves out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub between_rounds_counters: Option<EventCounts>,
     /// Per-tier traffic.
     pub tiers: Vec<TierTraffic>,
     /// Timeline.

@@ -138,8 +138,10 @@ fn thp_default() -> bool {
 /// round 1 and "stable" from round 4, and Table 2 subtracts counters read
 /// at each round's start and end (l.372, 446): the memset, the warm-up and
 /// the sleep are in neither. The simulator runs them before the measured
-/// run and leaves them out of its throughput, phases and counts. Not
-/// modeled: the 10 s sleeps between the measured rounds (l.191-192).
+/// run and leaves them out of its throughput, phases and counts. The
+/// program also sleeps as long after every measured round (l.191-192);
+/// the model runs those sleeps only with [`BenchInit::sleep_between_rounds`]
+/// (`tiervm sim --sleep-between-rounds`), off by default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BenchInit {
     /// The warm-up round's length as a fraction of the measured run: one
@@ -149,6 +151,12 @@ pub struct BenchInit {
     /// Modeled seconds of the sleep before the measured rounds (`-sleep=10`
     /// in nomad_run.sh, tpp_run.sh and the Memtis scripts).
     pub sleep_s: f64,
+    /// The same sleep after each measured round but the last (the rounds
+    /// are the run's phases, `phase_fraction` of it each): no access, the
+    /// policy's ticks and migrations go on, and neither the sleep's time
+    /// nor its counts are in the run's throughput, phases or counts.
+    #[serde(default)]
+    pub sleep_between_rounds: bool,
 }
 
 /// Bytes one access of Nomad's micro-benchmark moves: its trace runs in
@@ -181,6 +189,7 @@ pub const NOMAD_SCALE: f64 = 64.0;
 pub const NOMAD_BENCH_INIT: BenchInit = BenchInit {
     warmup_fraction: 0.25,
     sleep_s: 10.0,
+    sleep_between_rounds: false,
 };
 
 /// CPU time of one Redis request in the server thread, ns: Redis serves

@@ -128,6 +128,12 @@ pub struct SimArgs {
     /// instead of the artifact's traces' hottest-first order.
     #[arg(long)]
     pub spread_hot_pages: bool,
+    /// Nomad's micro-benchmarks: also sleep between the measured rounds,
+    /// as the benchmark does (10 s after each round; memory_access.cc
+    /// l.191-192): migrations go on, no access is made, and neither the
+    /// time nor the counts are in the rounds'.
+    #[arg(long)]
+    pub sleep_between_rounds: bool,
     /// Tier the antagonist loads.
     #[arg(long)]
     pub antagonist_tier: Option<u8>,
@@ -243,6 +249,9 @@ pub enum SimCmdError {
         /// Values given.
         got: usize,
     },
+    /// A flag about the benchmark's initialization on a scenario without one.
+    #[error("{0} needs a scenario with the benchmark's initialization (nomad-*), and no --no-bench-init")]
+    NoBenchInit(&'static str),
     /// `--kv-workload` is not a YCSB mix.
     #[error("--kv-workload must be a, b, c or f, got `{0}`")]
     KvWorkload(String),
@@ -287,6 +296,12 @@ fn set_list(dst: &mut [f64], src: &[f64], flag: &'static str) -> Result<(), SimC
 /// workload's parameters, the tiers, the rate limit and the mechanism costs.
 pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
     override_run(scn, a);
+    if a.sleep_between_rounds {
+        match scn.bench_init.as_mut() {
+            Some(init) => init.sleep_between_rounds = true,
+            None => return Err(SimCmdError::NoBenchInit("--sleep-between-rounds")),
+        }
+    }
     override_workload(scn, a)?;
     relabel_guest_workload(scn, a);
     override_tiers(scn, a)?;
@@ -782,6 +797,34 @@ mod tests {
         let mut scn = sim::builtin("nomad-medium-ro").unwrap();
         apply_overrides(&mut scn, &cli.sim).unwrap();
         scn
+    }
+
+    /// `--sleep-between-rounds` turns the sleeps on where the scenario has
+    /// the benchmark's initialization, and is refused, naming the fix,
+    /// where it has none.
+    #[test]
+    fn sleeps_between_rounds_need_the_benchmarks_initialization() {
+        let cli = Cli::parse_from(["sim", "nomad-small-ro", "--sleep-between-rounds"]);
+        let mut scn = sim::builtin("nomad-small-ro").unwrap();
+        apply_overrides(&mut scn, &cli.sim).unwrap();
+        assert!(scn.bench_init.as_ref().unwrap().sleep_between_rounds);
+        for args in [
+            &["sim", "colloid-gups-0x", "--sleep-between-rounds"][..],
+            &[
+                "sim",
+                "nomad-small-ro",
+                "--no-bench-init",
+                "--sleep-between-rounds",
+            ],
+        ] {
+            let cli = Cli::parse_from(args);
+            let mut scn = sim::builtin(args[1]).unwrap();
+            let err = apply_overrides(&mut scn, &cli.sim).unwrap_err().to_string();
+            assert!(
+                err.contains("needs a scenario with the benchmark's initialization"),
+                "{err}"
+            );
+        }
     }
 
     /// The 2 MiB note is printed only when a policy it concerns ran.
