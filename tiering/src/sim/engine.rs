@@ -547,14 +547,16 @@ pub fn run_built(
         }
         let round_ends = clock.phase_quanta > 0 && (q + 1) % clock.phase_quanta == 0;
         if let (Some(s), true) = (between, round_ends && q + 1 < clock.quanta) {
-            let before = sim.raw.clone();
+            let (before, mig_bytes) = (sim.raw.clone(), sim.tot_mig_bytes.clone());
             let start = sim.now;
             let end = sim.sleep(start, s, &mut clock, policy.as_mut());
             slept_ns += end - start;
             // A round's counts are read at its start and end (Table 2):
-            // the sleep's are in none of them, but reported on their own.
+            // the sleep's are in none of them (nor is its migration
+            // traffic in the tiers'), but reported on their own.
             slept = slept.plus(&sim.raw.since(&before));
             sim.raw = before;
+            sim.tot_mig_bytes = mig_bytes;
         }
     }
     let mut report = sim.report(scn, &clock, throughput, started);
