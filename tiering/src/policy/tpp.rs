@@ -374,7 +374,7 @@ impl PromotionGate {
     }
 
     /// `numa_promotion_rate_limit`: true if over the limit.
-    pub(crate) fn rate_limited(&mut self, now: u64) -> bool {
+    fn rate_limited(&mut self, now: u64) -> bool {
         self.candidates += 1;
         if now.saturating_sub(self.rl_start_ns) > RATE_LIMIT_WINDOW_NS {
             self.rl_start_ns = now;
