@@ -177,6 +177,33 @@ impl TieredMemory {
                 Some(_) => (page, 1),
             },
         };
+        self.commit_owned(page, first, count, false)
+    }
+
+    /// Commits 2 MiB chunk `chunk` ahead of the guest when every page of it
+    /// is still untouched and free (a sequential stream of first touches is
+    /// about to reach it, see `fault::CommitAhead`). Returns whether it did;
+    /// a chunk the guest touched meanwhile, or one with no room, is left to
+    /// the guest's own fault.
+    pub(crate) fn commit_ahead(&self, chunk: usize) -> bool {
+        let first = chunk.saturating_mul(CHUNK_SLOTS);
+        if first >= self.guest_pages || self.fatal_error().is_some() {
+            return false;
+        }
+        match self.acquire_untouched_chunk(first) {
+            Some((first, count)) => {
+                self.commit_owned(first, first, count, true) == CommitOutcome::Present
+                    && self.pages.load(first) & POPULATED != 0
+            }
+            None => false,
+        }
+    }
+
+    /// Commits the owned, untouched pages `[first, first+count)` (`page`,
+    /// one of them, names the fault in errors) on the first tier of the
+    /// placement order with room, and releases them. A commit `ahead` of
+    /// the guest is never made from the host reserve: it gives up instead.
+    fn commit_owned(&self, page: usize, first: usize, count: usize, ahead: bool) -> CommitOutcome {
         let unit = if count == CHUNK_SLOTS {
             first / CHUNK_SLOTS
         } else {
@@ -187,12 +214,17 @@ impl TieredMemory {
                 mem.release_page(p, 0, 0);
             }
         };
-        let Some(tier) = self.reserve_for_commit(unit, count) else {
+        let Some(tier) = self.reserve_for_commit(unit, count, !ahead) else {
             release_all(self);
             return CommitOutcome::NoRoom;
         };
         let node = self.node(tier);
         if let Err(e) = self.host_guard.admit(node, (count * PAGE_SIZE) as u64) {
+            if ahead {
+                self.tiers[usize::from(tier)].unreserve(count as u64);
+                release_all(self);
+                return CommitOutcome::NoRoom;
+            }
             // Stop the VM; keep serving this fault from the reserve so that
             // the faulting thread (a vCPU, the VMM) is not left hanging.
             self.set_fatal(e.to_string());
@@ -300,10 +332,10 @@ impl TieredMemory {
     }
 
     /// Reserves `count` pages on the first tier of the placement order with
-    /// room, reclaiming shadows once if none has.
-    fn reserve_for_commit(&self, unit: usize, count: usize) -> Option<TierId> {
+    /// room, reclaiming shadows once if none has (and `reclaim`).
+    fn reserve_for_commit(&self, unit: usize, count: usize, reclaim: bool) -> Option<TierId> {
         let order = self.placement_order(unit);
-        for round in 0..2 {
+        for round in 0..1 + usize::from(reclaim) {
             for &t in &order {
                 if self.tiers[usize::from(t)].try_reserve(count as u64) {
                     return Some(t);

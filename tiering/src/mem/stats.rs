@@ -99,6 +99,9 @@ pub struct MemStats {
     pub committed_pages: u64,
     /// First touches committed as a whole 2 MiB huge page.
     pub huge_commits: u64,
+    /// 2 MiB chunks committed ahead of a sequential stream of first
+    /// touches (`fault::CommitAhead`), before the guest reached them.
+    pub ahead_commits: u64,
     /// Pages committed after the host ran short of memory, while the VM stopped.
     pub emergency_commits: u64,
     /// Pool slots the bookkeeping called holes that held a page (healed).
@@ -153,6 +156,7 @@ pub struct Counters {
     pub(crate) harvests: AtomicU64,
     pub(crate) committed_pages: AtomicU64,
     pub(crate) huge_commits: AtomicU64,
+    pub(crate) ahead_commits: AtomicU64,
     pub(crate) emergency_commits: AtomicU64,
     pub(crate) slot_heals: AtomicU64,
     pub(crate) rollback_errors: AtomicU64,
@@ -211,6 +215,7 @@ impl Counters {
             populated_pages: 0,
             committed_pages: g(&self.committed_pages),
             huge_commits: g(&self.huge_commits),
+            ahead_commits: g(&self.ahead_commits),
             emergency_commits: g(&self.emergency_commits),
             slot_heals: g(&self.slot_heals),
             rollback_errors: g(&self.rollback_errors),
