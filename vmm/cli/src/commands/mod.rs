@@ -8,4 +8,3 @@ pub mod native;
 pub mod run;
 pub mod serve;
 pub mod sim;
-pub mod worker;

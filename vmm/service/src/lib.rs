@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod modeled;
 pub mod protocol;
 pub mod types;
+pub mod vm_process;
 pub mod worker;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
