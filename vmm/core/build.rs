@@ -12,7 +12,7 @@ const TARGET: &str = "x86_64-unknown-linux-gnu";
 fn main() {
     let manifest_dir =
         PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let guest_dir = manifest_dir.join("../guest-images");
+    let guest_dir = manifest_dir.join("../../guest-images");
     let guest_dir = guest_dir.canonicalize().unwrap_or(guest_dir);
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let target_dir = out_dir.join("guest-target");

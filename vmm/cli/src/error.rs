@@ -1,5 +1,5 @@
-//! The VMM's error type, the process exit codes it maps to, and the one
-//! place that turns an error chain into the line the user reads.
+//! The `tiervm` error type: every error a subcommand can end with, the
+//! process exit code it maps to, and the line the user reads.
 //!
 //! Every module has its own error enum (Cloud Hypervisor style): a caller
 //! can match on the cause, and a cause from below (an ioctl, a file, a
@@ -7,37 +7,31 @@
 //! string. [`Error`] only gathers them. [`Error::describe`] prints the chain
 //! as "what failed: why: fix".
 
-use std::error::Error as StdError;
-
 use thiserror::Error;
 
 use crate::commands::compare::CompareError;
 use crate::commands::info::InfoError;
 use crate::commands::native::NativeError;
 use crate::commands::sim::SimCmdError;
-use crate::config::{ConfigError, WorkloadArgError};
-use crate::emulation::EmulationError;
-use crate::image::ImageError;
-use crate::permissions::PermissionError;
-use crate::tiering_config::TieringConfigError;
-use crate::vstate::memory::MemoryError;
-use crate::vstate::tiered::TieredRamError;
-use crate::vstate::vcpu::VcpuError;
-use crate::vstate::vm::VmError;
+use vmm_core::config::{ConfigError, WorkloadArgError};
+use vmm_core::emulation::EmulationError;
+use vmm_core::image::ImageError;
+use vmm_core::permissions::PermissionError;
+use vmm_core::runner::RunError;
+use vmm_core::tiering_config::TieringConfigError;
+use vmm_core::vstate::memory::MemoryError;
+use vmm_core::vstate::tiered::TieredRamError;
+use vmm_core::vstate::vcpu::VcpuError;
+use vmm_core::vstate::vm::VmError;
 
-/// Exit code for bad user input (flags, images, arguments).
-pub const EXIT_USAGE: i32 = 2;
-/// Exit code when the guest crashed (triple fault, internal error).
-pub const EXIT_GUEST_CRASH: i32 = 3;
-/// Exit code for host-side failures (KVM or system calls failing).
-pub const EXIT_HOST: i32 = 1;
+pub use vmm_core::exit::{chain, EXIT_GUEST_CRASH, EXIT_HOST, EXIT_USAGE};
 
 /// Everything that can end a tiervm command early.
 #[derive(Debug, Error)]
 pub enum Error {
     /// The VM settings are invalid.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     /// The tiering settings are invalid.
     #[error(transparent)]
     TieringConfig(#[from] TieringConfigError),
@@ -76,16 +70,16 @@ pub enum Error {
     Output(#[from] OutputError),
     /// `tiervm serve`, its worker mode or `tiervm ctl` failed.
     #[error(transparent)]
-    Serve(#[from] crate::serve::ServeError),
+    Serve(#[from] vmm_service::ServeError),
     /// Latency emulation could not be set up.
     #[error(transparent)]
     Emulation(#[from] EmulationError),
     /// A seccomp filter could not be built or installed.
     #[error(transparent)]
-    Seccomp(#[from] crate::seccomp::SeccompError),
+    Seccomp(#[from] vmm_core::seccomp::SeccompError),
     /// The SIGINT/SIGTERM handlers could not be installed.
     #[error(transparent)]
-    Signals(#[from] crate::signals::SignalError),
+    Signals(#[from] vmm_core::signals::SignalError),
 }
 
 /// Writing a result (report, JSON, file) failed.
@@ -108,6 +102,38 @@ pub enum OutputError {
 impl From<WorkloadArgError> for Error {
     fn from(e: WorkloadArgError) -> Self {
         Self::Config(ConfigError::Arg(e))
+    }
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        match e {
+            ConfigError::Image(e) => Self::Image(e),
+            ConfigError::Tiering(e) => Self::TieringConfig(e),
+            e => Self::Config(e),
+        }
+    }
+}
+
+impl From<RunError> for Error {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Image(e) => Self::Image(e),
+            RunError::Memory(e) => Self::Memory(e),
+            RunError::Permission(e) => Self::Permission(e),
+            RunError::Vm(VmError::Tiered(e)) => Self::TieredRam(e),
+            RunError::Vm(e) => Self::Vm(e),
+            RunError::Vcpu(e) => Self::Vcpu(e),
+            RunError::TieredRam(e) => Self::TieredRam(e),
+            RunError::Emulation(e) => Self::Emulation(e),
+            RunError::Seccomp(e) => Self::Seccomp(e),
+        }
+    }
+}
+
+impl From<vmm_service::vm_process::WorkerError> for Error {
+    fn from(e: vmm_service::vm_process::WorkerError) -> Self {
+        Self::Serve(e.into())
     }
 }
 
@@ -159,21 +185,6 @@ impl Error {
         }
         line
     }
-}
-
-/// `err` and each of its sources, joined with ": ".
-pub fn chain(err: &(dyn StdError + 'static)) -> String {
-    let mut line = err.to_string();
-    let mut next = err.source();
-    while let Some(cause) = next {
-        let msg = cause.to_string();
-        if !msg.is_empty() {
-            line.push_str(": ");
-            line.push_str(&msg);
-        }
-        next = cause.source();
-    }
-    line
 }
 
 /// Result alias of the VMM.

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use vmm::commands::{compare, ctl, emulation_check, info, native, run, serve, sim, worker};
+use tiervm_cli::commands::{compare, ctl, emulation_check, info, native, run, serve, sim, worker};
 
 /// tiervm: a KVM VMM that places guest memory on fast and slow host tiers.
 #[derive(Parser, Debug)]
@@ -63,12 +63,12 @@ fn main() -> ExitCode {
         Command::Ctl(a) => ctl::run(a),
         Command::Worker(a) => worker::run(a, started),
         Command::EmulationCheck(a) => emulation_check::run(a, started),
-        Command::Images => vmm::output::stdout(&images_text()).map(|()| 0),
+        Command::Images => tiervm_cli::output::stdout(&images_text()).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            vmm::output::stderr_line(&format!("tiervm: error: {}", e.describe()));
+            tiervm_cli::output::stderr_line(&format!("tiervm: error: {}", e.describe()));
             ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1))
         }
     }

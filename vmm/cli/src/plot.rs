@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::progress::si;
-use crate::status::TimelinePoint;
+use vmm_core::status::TimelinePoint;
 
 /// Plot size in pixels.
 const SIZE: (u32, u32) = (960, 540);

@@ -528,7 +528,7 @@ mod tests {
     use super::*;
 
     fn describe(e: ImageError) -> String {
-        crate::error::Error::from(e).describe()
+        crate::exit::describe(&e, e.fix())
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod ab;
 pub mod config;
 pub mod devices;
 pub mod emulation;
+pub mod exit;
 pub mod image;
 pub mod kvm_dirty_log;
 pub mod permissions;

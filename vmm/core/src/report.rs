@@ -406,12 +406,12 @@ mod tests {
             "{}",
             bad.human()
         );
-        assert_eq!(crate::commands::run::exit_code_of(&bad), 1);
+        assert_eq!(crate::exit::code_of(&bad), 1);
         let good = memcheck_report(0.0);
         assert!(good
             .human()
             .contains("integrity  no page lost a write (0 of 4,096 pages)"));
-        assert_eq!(crate::commands::run::exit_code_of(&good), 0);
+        assert_eq!(crate::exit::code_of(&good), 0);
     }
 
     /// README and the guest ABI say what the code does (they once said the
@@ -419,8 +419,8 @@ mod tests {
     #[test]
     fn docs_state_the_memcheck_exit_code() {
         let promise = "tiervm exits 1 when any page lost a write";
-        assert!(include_str!("../../README.md").contains(promise));
-        assert!(include_str!("../../docs/guest-abi.md").contains(promise));
+        assert!(include_str!("../../../README.md").contains(promise));
+        assert!(include_str!("../../../docs/guest-abi.md").contains(promise));
     }
 
     use crate::vstate::tiered::TieringReport;

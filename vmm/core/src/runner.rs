@@ -22,15 +22,72 @@ use crate::ab::AbDriver;
 use crate::config::VmConfig;
 use crate::devices::serial::{ConsoleWriter, Sink};
 use crate::devices::PortBus;
-use crate::emulation::Emulation;
-use crate::error::Result;
+use crate::emulation::{Emulation, EmulationError};
 use crate::image::ImageError;
+use crate::permissions::PermissionError;
 use crate::report::{RunReport, StopReason};
+use crate::seccomp::SeccompError;
 use crate::status::{self, TimelinePoint};
-use crate::vstate::tiered::{TieredRam, TieringReport};
-use crate::vstate::vm::{GuestRam, Vcpu, Vm};
+use crate::vstate::memory::MemoryError;
+use crate::vstate::tiered::{TieredRam, TieredRamError, TieringReport};
+use crate::vstate::vm::{GuestRam, Vcpu, Vm, VmError};
 use crate::vstate::{memory, vcpu, vm};
 use tiervm_guest::abi::{STATUS_GPA, STATUS_STOP_OFFSET};
+
+/// Why a VM could not be built or run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The guest image cannot be loaded.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// Guest memory could not be set up or written.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// This process lacks a host permission the run needs.
+    #[error(transparent)]
+    Permission(#[from] PermissionError),
+    /// KVM or the VM failed.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// A vCPU could not be set up or failed while running.
+    #[error(transparent)]
+    Vcpu(#[from] vcpu::VcpuError),
+    /// Tiered guest RAM or one of its threads failed.
+    #[error(transparent)]
+    TieredRam(#[from] TieredRamError),
+    /// Latency emulation could not be set up.
+    #[error(transparent)]
+    Emulation(#[from] EmulationError),
+    /// A seccomp filter could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+}
+
+impl RunError {
+    /// Whether the user's input is at fault (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        match self {
+            Self::Image(_) => true,
+            Self::Memory(e) => e.is_usage(),
+            Self::TieredRam(e) => e.is_usage(),
+            Self::Vm(e) => e.is_usage(),
+            Self::Emulation(e) => matches!(e, EmulationError::TooLarge { .. }),
+            Self::Permission(_) | Self::Vcpu(_) | Self::Seccomp(_) => false,
+        }
+    }
+
+    /// What the user can do about it, when the message does not end with it.
+    pub fn fix(&self) -> Option<&'static str> {
+        match self {
+            Self::Image(e) => e.fix(),
+            Self::Vm(e) => e.fix(),
+            Self::Seccomp(e) => e.fix(),
+            _ => None,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, RunError>;
 
 /// How long vCPUs 1.. may keep running after vCPU 0 exited.
 const SECONDARY_GRACE: Duration = Duration::from_secs(1);

@@ -1,7 +1,6 @@
 //! Validated tiering settings of a VM (`--fast`, `--slow`, nodes, placement,
 //! policy, chaos), built from command-line flags.
 
-use clap::ValueEnum;
 use std::time::Duration;
 
 use tiering::engine::{
@@ -26,7 +25,8 @@ pub const MAX_CHAOS_RATE: f64 = 10_000_000.0;
 pub const MAX_CHAOS_WEIGHT: u32 = 1_000_000;
 
 /// Initial placement of guest pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum PlacementArg {
     /// Fill the fast tier first (Linux's default).
@@ -40,7 +40,8 @@ pub enum PlacementArg {
 }
 
 /// Who moves pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyArg {
     /// Untiered: plain anonymous RAM (THP), no tracking, no migration.
@@ -83,9 +84,18 @@ impl PolicyArg {
 
     /// The name `--policy` takes.
     pub fn name(self) -> String {
-        self.to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_else(|| format!("{self:?}").to_lowercase())
+        match self {
+            Self::None => "none",
+            Self::Static => "static",
+            Self::Chaos => "chaos",
+            Self::Tpp => "tpp",
+            Self::Nomad => "nomad",
+            Self::Memtis => "memtis",
+            Self::Colloid => "colloid",
+            Self::Mtm => "mtm",
+            Self::Adaptive => "adaptive",
+        }
+        .to_string()
     }
 }
 
@@ -108,7 +118,8 @@ impl PlacementArg {
 }
 
 /// Migration mechanism for chaos.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum MechanismArg {
     /// Transactional migration (copy while running, commit if clean).
@@ -128,14 +139,15 @@ impl MechanismArg {
 }
 
 /// Migration unit for chaos.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum UnitArg {
     /// One 4 KiB page.
-    #[value(name = "4k")]
+    #[cfg_attr(feature = "clap", value(name = "4k"))]
     #[serde(rename = "4k")]
     Page4k,
     /// A 2 MiB aligned run of 512 pages.
-    #[value(name = "2m")]
+    #[cfg_attr(feature = "clap", value(name = "2m"))]
     #[serde(rename = "2m")]
     Run2m,
 }
@@ -206,7 +218,8 @@ pub struct TieringRequest {
 }
 
 /// Access tracking.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum TrackingArg {
     /// No access tracking.
@@ -1106,7 +1119,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(nomad.sampler.is_some());
-        let e = |f: fn(&mut TieringRequest)| crate::error::chain(&v(f).unwrap_err());
+        let e = |f: fn(&mut TieringRequest)| crate::exit::chain(&v(f).unwrap_err());
         assert!(e(|r| {
             r.fast = Some(256 << 20);
             r.policy_interval = Some("mtm=fast".into());

@@ -516,7 +516,7 @@ mod tests {
         };
         let (_, doc) = router(st);
         let served = doc.to_pretty_json().unwrap() + "\n";
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
         if std::env::var_os("TIERVM_UPDATE_OPENAPI").is_some() {
             std::fs::write(&path, &served).unwrap();
         }

@@ -43,7 +43,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::division::Valuation;
-use crate::units::{format_size, parse_duration, parse_size};
+use vmm_core::units::{format_size, parse_duration, parse_size};
 
 /// Sizes are multiples of this (the guest's large page).
 pub const SIZE_ALIGN: u64 = 2 << 20;
@@ -652,7 +652,7 @@ mod tests {
 
     fn build(text: &str, flags: &Overrides, nodes: &[(u32, u64)]) -> Result<ServeConfig, String> {
         let f = ServeFile::parse(text, Path::new("t.toml")).map_err(|e| e.to_string())?;
-        ServeConfig::build(&f, flags, nodes, "tiervm".into()).map_err(|e| crate::error::chain(&e))
+        ServeConfig::build(&f, flags, nodes, "tiervm".into()).map_err(|e| vmm_core::exit::chain(&e))
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::division::{self, Share, Valuation};
 use super::protocol::{Command, FromWorker, Reply, VmSpec, WorkerStats};
 use super::types::*;
 use super::worker::{ExitInfo, WorkerLink, WorkerLinkError};
-use crate::units::format_size;
+use vmm_core::units::format_size;
 
 /// How long a stats request may take.
 const STATS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -324,7 +324,7 @@ fn link_error(id: &str, e: &WorkerLinkError) -> ApiError {
         WorkerLinkError::Refused(why) => {
             ApiError::conflict(format!("VM {id}: {why}"), "see GET /v1/vms/{id}")
         }
-        e => ApiError::worker(format!("VM {id}: {}", crate::error::chain(e))),
+        e => ApiError::worker(format!("VM {id}: {}", vmm_core::exit::chain(e))),
     }
 }
 
@@ -494,9 +494,9 @@ impl Host {
                 .map(|x| aligned("slow_pool", x.0))
                 .transpose()?
                 .unwrap_or(s.slow_pool);
-            let nodes = host_nodes().map_err(|e| ApiError::internal(crate::error::chain(&e)))?;
+            let nodes = host_nodes().map_err(|e| ApiError::internal(vmm_core::exit::chain(&e)))?;
             check_pools(fast, slow, self.cfg.fast_node, self.cfg.slow_node, &nodes)
-                .map_err(|e| ApiError::bad_request(crate::error::chain(&e), "lower the pool"))?;
+                .map_err(|e| ApiError::bad_request(vmm_core::exit::chain(&e), "lower the pool"))?;
             if fast < s.fast_reserved() {
                 return Err(ApiError::conflict(
                     format!(
@@ -531,7 +531,7 @@ impl Host {
     /// untrusted, and the service may run as root: no other host path is
     /// opened on their behalf.
     pub(super) fn image_of(&self, name: &str) -> Result<String, ApiError> {
-        let builtins = crate::image::builtin_names();
+        let builtins = vmm_core::image::builtin_names();
         if builtins.contains(&name) {
             return Ok(name.to_string());
         }
@@ -593,7 +593,7 @@ impl Host {
         }
         let duration_s = match &req.duration {
             None => 0.0,
-            Some(t) => crate::units::parse_duration(t)
+            Some(t) => vmm_core::units::parse_duration(t)
                 .map_err(|e| ApiError::bad_request(e.to_string(), "e.g. \"60s\""))?
                 .as_secs_f64(),
         };
@@ -622,10 +622,13 @@ impl Host {
         };
         // The same validation as `tiervm run` (image, arguments, sizes),
         // here, so a bad request is a 400 before any process starts.
-        crate::commands::worker::request_of(&spec)
-            .and_then(|r| crate::config::VmConfig::from_request(&r))
+        crate::vm_process::request_of(&spec)
+            .and_then(|r| vmm_core::config::VmConfig::from_request(&r))
             .map_err(|e| {
-                ApiError::bad_request(e.describe(), "fix the request's field named above")
+                ApiError::bad_request(
+                    vmm_core::exit::describe(&e, e.fix()),
+                    "fix the request's field named above",
+                )
             })?;
         // Admission.
         let (key, id) = {
@@ -677,7 +680,7 @@ impl Host {
         };
         if let Err(e) = self.spawn_worker(key, &spec) {
             self.state().vms.remove(&key);
-            return Err(ApiError::internal(crate::error::chain(&e)));
+            return Err(ApiError::internal(vmm_core::exit::chain(&e)));
         }
         self.wake_rebalancer();
         // Answered at once: the VM shows `starting` until its worker built

@@ -67,13 +67,13 @@ pub enum ServeError {
     Runtime(#[source] std::io::Error),
     /// The worker mode failed.
     #[error(transparent)]
-    Worker(#[from] crate::commands::worker::WorkerError),
+    Worker(#[from] crate::vm_process::WorkerError),
     /// A `tiervm ctl` request failed.
     #[error(transparent)]
     Client(#[from] client::ClientError),
     /// The seccomp filters could not be prepared.
     #[error("preparing the service's seccomp filters")]
-    Seccomp(#[source] crate::seccomp::SeccompError),
+    Seccomp(#[source] vmm_core::seccomp::SeccompError),
 }
 
 impl ServeError {
@@ -140,9 +140,9 @@ pub fn confine(role: tiering::threads::ThreadRole) {
     if !seccomp_on() {
         return;
     }
-    if let Err(e) = crate::seccomp::install(role) {
-        tracing::error!("{}", crate::error::chain(&e));
-        eprintln!("tiervm serve: {}", crate::error::chain(&e));
+    if let Err(e) = vmm_core::seccomp::install(role) {
+        tracing::error!("{}", vmm_core::exit::chain(&e));
+        eprintln!("tiervm serve: {}", vmm_core::exit::chain(&e));
     }
 }
 
@@ -154,7 +154,7 @@ pub fn confine(role: tiering::threads::ThreadRole) {
 pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     worker::limit_heap_arenas();
     if seccomp {
-        crate::seccomp::prepare().map_err(ServeError::Seccomp)?;
+        vmm_core::seccomp::prepare().map_err(ServeError::Seccomp)?;
         SECCOMP.store(true, std::sync::atomic::Ordering::Release);
     }
     let host = Host::new(cfg);
@@ -192,9 +192,9 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     eprintln!(
         "tiervm serve: listening on {} (fast pool {} on node {}, slow pool {} on node {}{})",
         socket.display(),
-        crate::units::format_size(host.cfg.fast_pool),
+        vmm_core::units::format_size(host.cfg.fast_pool),
         host.cfg.fast_node,
-        crate::units::format_size(host.cfg.slow_pool),
+        vmm_core::units::format_size(host.cfg.slow_pool),
         host.cfg.slow_node,
         if host.cfg.emulated {
             "; one node: tiers emulated, latency differences not real"

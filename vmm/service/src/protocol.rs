@@ -14,6 +14,8 @@
 //! A worker that reads end-of-file stops its VM and exits: the service
 //! going away never leaves a VM behind.
 
+use std::io::{BufRead, Read};
+
 use serde::{Deserialize, Serialize};
 use tiering::engine::profile::{AccessRate, GainCurve};
 use tiering::mem::{MemStats, ResizeDriverReport};
@@ -220,6 +222,25 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, serde_json::Error> {
     let mut v = serde_json::to_vec(msg)?;
     v.push(b'\n');
     Ok(v)
+}
+
+/// One line, at most [`MAX_LINE`] bytes; `None` at end of file.
+pub fn read_line(r: &mut impl BufRead) -> std::io::Result<Option<Vec<u8>>> {
+    let mut buf = Vec::new();
+    let n = r
+        .by_ref()
+        .take(MAX_LINE as u64)
+        .read_until(b'\n', &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') && n >= MAX_LINE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "a line longer than the channel allows",
+        ));
+    }
+    Ok(Some(buf))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::openapi::{RefOr, SchemaFormat};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::units::parse_size;
+use vmm_core::units::parse_size;
 
 /// A size: a number of bytes, or text with a binary suffix (`"512M"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
-//! `tiervm __worker` (hidden): runs one VM for `tiervm serve`, controlled
-//! over the private channel the service passed as an inherited socket
-//! (`serve::protocol`). One process per VM: a VM that crashes or is killed
+//! The VM process (`tiervm __worker`, hidden): runs one VM for `tiervm
+//! serve`, controlled over the private channel the service passed as an
+//! inherited socket ([`crate::protocol`]); the service's handle to it is
+//! [`crate::worker::WorkerLink`]. One process per VM: a VM that crashes or is killed
 //! takes nothing else with it.
 //!
 //! Threads: the main thread runs the VM (`runner::run`) with hooks that
@@ -8,26 +9,26 @@
 //! thread reads commands and answers them (capacity changes go straight to
 //! the resize driver's handle). End-of-file on the channel stops the VM.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use tiering::engine::profile::{access_rate, gain_curve, AccessProfile};
 use tiering::mem::{ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
-use crate::commands::run::exit_code_of;
-use crate::config::{VmConfig, VmRequest};
-use crate::error::{Error, Result};
-use crate::runner::{self, Console, RunHooks, SampleCtx};
-use crate::serve::protocol::{
-    encode, Command, FromWorker, Reply, TierNow, ToWorker, VmSpec, WorkerStats, MAX_LINE,
+use vmm_core::config::{ConfigError, VmConfig, VmRequest, WorkloadArgError};
+use vmm_core::exit::code_of as exit_code_of;
+use vmm_core::runner::{self, Console, RunError, RunHooks, SampleCtx};
+use vmm_core::seccomp::SeccompError;
+use vmm_core::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
+
+use crate::protocol::{
+    encode, read_line, Command, FromWorker, Reply, TierNow, ToWorker, VmSpec, WorkerStats,
 };
-use crate::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
 
 /// How often the worker refreshes its statistics and gain curve.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
@@ -39,14 +40,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(60);
 /// Writes to the service give up after this long (the service reads
 /// every worker's channel all the time; a stuck write means it is gone).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Flags of the hidden worker mode.
-#[derive(Clone, Debug, Args)]
-pub struct WorkerArgs {
-    /// The inherited socket to the service.
-    #[arg(long)]
-    pub channel_fd: i32,
-}
 
 /// The worker could not talk to the service.
 #[derive(Debug, thiserror::Error)]
@@ -62,9 +55,39 @@ pub enum WorkerError {
     BadStart(String),
 }
 
-impl From<WorkerError> for Error {
-    fn from(e: WorkerError) -> Self {
-        Error::Serve(e.into())
+/// Why the VM of this process did not run to its end (reported to the
+/// service, which shows it to the client).
+#[derive(Debug, thiserror::Error)]
+enum VmFailure {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+}
+
+impl VmFailure {
+    fn exit_code(&self) -> i32 {
+        let usage = match self {
+            Self::Config(_) => true,
+            Self::Run(e) => e.is_usage(),
+            Self::Seccomp(_) => false,
+        };
+        if usage {
+            vmm_core::exit::EXIT_USAGE
+        } else {
+            vmm_core::exit::EXIT_HOST
+        }
+    }
+
+    fn describe(&self) -> String {
+        let fix = match self {
+            Self::Config(e) => e.fix(),
+            Self::Run(e) => e.fix(),
+            Self::Seccomp(e) => e.fix(),
+        };
+        vmm_core::exit::describe(self, fix)
     }
 }
 
@@ -101,9 +124,10 @@ impl Shared {
     }
 }
 
-/// Runs the worker mode; returns the process exit code.
-pub fn run(args: &WorkerArgs, started: Instant) -> Result<i32> {
-    let stream = open_channel(args.channel_fd)?;
+/// Runs the VM process on the inherited channel `channel_fd`; returns the
+/// process exit code.
+pub fn run(channel_fd: i32, started: Instant) -> Result<i32, WorkerError> {
+    let stream = open_channel(channel_fd)?;
     stream
         .set_write_timeout(Some(WRITE_TIMEOUT))
         .map_err(WorkerError::Channel)?;
@@ -111,8 +135,8 @@ pub fn run(args: &WorkerArgs, started: Instant) -> Result<i32> {
     let spec = match read_line(&mut reader).map_err(WorkerError::Channel)? {
         Some(line) => match serde_json::from_slice::<ToWorker>(&line) {
             Ok(ToWorker::Start(spec)) => spec,
-            Ok(other) => return Err(WorkerError::BadStart(format!("{other:?}")).into()),
-            Err(e) => return Err(WorkerError::BadStart(e.to_string()).into()),
+            Ok(other) => return Err(WorkerError::BadStart(format!("{other:?}"))),
+            Err(e) => return Err(WorkerError::BadStart(e.to_string())),
         },
         None => return Ok(0),
     };
@@ -129,11 +153,11 @@ pub fn run(args: &WorkerArgs, started: Instant) -> Result<i32> {
     });
     let cfg = match request_of(&spec).and_then(|r| VmConfig::from_request(&r)) {
         Ok(c) => c,
-        Err(e) => return Ok(fail(&shared, &e)),
+        Err(e) => return Ok(fail(&shared, &e.into())),
     };
     // The control thread confines itself (seccomp role WorkerLink) as it
     // starts: filters are on from here, as in `tiervm run`.
-    if let Err(e) = crate::seccomp::set_enabled(cfg.seccomp) {
+    if let Err(e) = vmm_core::seccomp::set_enabled(cfg.seccomp) {
         return Ok(fail(&shared, &e.into()));
     }
     let control = {
@@ -165,7 +189,7 @@ pub fn run(args: &WorkerArgs, started: Instant) -> Result<i32> {
             });
             code
         }
-        Err(e) => return Ok(fail(&shared, &e)),
+        Err(e) => return Ok(fail(&shared, &e.into())),
     };
     // The VM and its memory are gone; wait (bounded) for the service to
     // fetch the report and say goodbye.
@@ -183,10 +207,10 @@ pub fn run(args: &WorkerArgs, started: Instant) -> Result<i32> {
 }
 
 /// Reports a failure to the service and returns the exit code.
-fn fail(shared: &Shared, e: &Error) -> i32 {
+fn fail(shared: &Shared, e: &VmFailure) -> i32 {
     shared.send(&FromWorker::Failed {
         error: e.describe(),
-        usage: e.exit_code() == crate::error::EXIT_USAGE,
+        usage: e.exit_code() == vmm_core::exit::EXIT_USAGE,
     });
     e.exit_code()
 }
@@ -208,32 +232,9 @@ fn open_channel(fd: i32) -> std::result::Result<UnixStream, WorkerError> {
     Ok(unsafe { UnixStream::from_raw_fd(fd) })
 }
 
-/// One line, at most [`MAX_LINE`] bytes; `None` at end of file.
-pub fn read_line(r: &mut impl BufRead) -> std::io::Result<Option<Vec<u8>>> {
-    let mut buf = Vec::new();
-    let n = r
-        .by_ref()
-        .take(MAX_LINE as u64)
-        .read_until(b'\n', &mut buf)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if buf.last() != Some(&b'\n') && n >= MAX_LINE {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "a line longer than the channel allows",
-        ));
-    }
-    Ok(Some(buf))
-}
-
 /// The VM request a spec describes (the same validation as `tiervm run`).
-pub fn request_of(spec: &VmSpec) -> Result<VmRequest> {
-    let bad = |what: String| {
-        Error::Config(crate::config::ConfigError::Arg(
-            crate::config::WorkloadArgError::NotKeyValue { arg: what },
-        ))
-    };
+pub fn request_of(spec: &VmSpec) -> Result<VmRequest, ConfigError> {
+    let bad = |what: String| ConfigError::Arg(WorkloadArgError::NotKeyValue { arg: what });
     let policy = <PolicyArg as clap::ValueEnum>::from_str(&spec.policy, false)
         .map_err(|_| bad(format!("policy {}", spec.policy)))?;
     let tracking = match spec.tracking.as_deref() {
@@ -376,7 +377,7 @@ impl WorkerHooks {
         }
         for kind in queued {
             let r = match ctx.tiered {
-                Some(t) => t.switch_policy(kind).map_err(|e| e.describe()),
+                Some(t) => t.switch_policy(kind).map_err(|e| vmm_core::exit::chain(&e)),
                 None => Err("this VM is untiered".to_string()),
             };
             match r {

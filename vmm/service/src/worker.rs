@@ -223,7 +223,7 @@ fn read_loop(
     on_eof: impl FnOnce(),
 ) {
     let mut r = BufReader::new(stream);
-    while let Ok(Some(line)) = crate::commands::worker::read_line(&mut r) {
+    while let Ok(Some(line)) = crate::protocol::read_line(&mut r) {
         match serde_json::from_slice::<FromWorker>(&line) {
             Ok(FromWorker::Reply { id, result }) => {
                 if let Some(tx) = lock(pending).remove(&id) {

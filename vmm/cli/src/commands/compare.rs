@@ -16,15 +16,15 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::commands::run::{exit_code_of, VmFlags};
-use crate::config::{VmConfig, VmRequest};
-use crate::devices::serial::Sink;
 use crate::error::{Error, OutputError, Result};
 use crate::plot::{self, BarGroup, Series};
 use crate::progress::{si, Progress};
-use crate::report::{group, RunReport};
-use crate::runner::{self, Console};
-use crate::tiering_config::{PlacementArg, PolicyArg, TieringRequest};
-use crate::units::format_size;
+use vmm_core::config::{VmConfig, VmRequest};
+use vmm_core::devices::serial::Sink;
+use vmm_core::report::{group, RunReport};
+use vmm_core::runner::{self, Console};
+use vmm_core::tiering_config::{PlacementArg, PolicyArg, TieringRequest};
+use vmm_core::units::format_size;
 
 /// Policies left out of the default set: `none` is untiered and `chaos` is
 /// a torture test, not a placement policy.
@@ -916,13 +916,13 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
             source,
         })?;
     }
-    crate::signals::install()?;
+    vmm_core::signals::install()?;
     let runs = run_all(args, &configs, started);
     let total = configs.len() * args.repeat as usize;
-    if let (Some(sig), false) = (crate::signals::received(), args.quiet) {
+    if let (Some(sig), false) = (vmm_core::signals::received(), args.quiet) {
         crate::output::stderr_line(&format!(
             "tiervm compare: {} after {} of {total} runs: keeping what was measured",
-            crate::signals::name(sig),
+            vmm_core::signals::name(sig),
             runs.len()
         ));
     }
@@ -935,8 +935,8 @@ pub fn run(args: &CompareArgs, started: Instant) -> Result<i32> {
         .transpose();
     print_results(args, &results, written.as_ref().is_ok_and(Option::is_some))?;
     written?;
-    if let Some(sig) = crate::signals::received() {
-        return Ok(crate::signals::exit_code(sig));
+    if let Some(sig) = vmm_core::signals::received() {
+        return Ok(vmm_core::signals::exit_code(sig));
     }
     Ok(if results.runs.iter().all(|r| r.ok) {
         0
@@ -968,8 +968,8 @@ fn validate(args: &CompareArgs) -> Result<Vec<(PolicyArg, VmConfig)>> {
         .map(|&p| {
             VmConfig::from_request(&args.request(p))
                 .map(|c| (p, c))
-                .map_err(|e| match e {
-                    Error::Config(_) | Error::TieringConfig(_) => CompareError::Policy {
+                .map_err(|e| match Error::from(e) {
+                    e @ (Error::Config(_) | Error::TieringConfig(_)) => CompareError::Policy {
                         policy: p,
                         source: Box::new(e),
                     }
@@ -1012,7 +1012,7 @@ fn run_all(
     'runs: for rep in 1..=args.repeat {
         for i in 0..configs.len() {
             // A signal stops the comparison after the run it arrived in.
-            if crate::signals::received().is_some() {
+            if vmm_core::signals::received().is_some() {
                 break 'runs;
             }
             let (policy, cfg) = &configs[i];
@@ -1032,7 +1032,7 @@ fn measured_dram(record: &RunRecord) -> Option<f64> {
 }
 
 /// A run's emulation report, if it had one.
-fn emulation_of(record: &RunRecord) -> Option<&crate::emulation::EmulationReport> {
+fn emulation_of(record: &RunRecord) -> Option<&vmm_core::emulation::EmulationReport> {
     record.report.as_ref()?.emulation.as_ref()
 }
 
@@ -1068,7 +1068,7 @@ fn run_one(
     progress.finish();
     let record = match result {
         Ok(report) => RunRecord::finished(policy, rep, report, &sink.contents()),
-        Err(e) => RunRecord::failed(policy, rep, &e),
+        Err(e) => RunRecord::failed(policy, rep, &e.into()),
     };
     if !args.quiet {
         match (&record.report, &record.error) {
@@ -1132,7 +1132,7 @@ fn results(
         ..setup
     };
     CompareResults {
-        interrupted_by: crate::signals::received().map(crate::signals::name),
+        interrupted_by: vmm_core::signals::received().map(vmm_core::signals::name),
         schema: "tiervm-compare/1",
         summary: summarize(&policies, &runs, &tracked),
         policies,
@@ -1170,9 +1170,9 @@ fn print_results(args: &CompareArgs, results: &CompareResults, wrote_files: bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::StopReason;
-    use crate::status::TimelinePoint;
-    use crate::vstate::tiered::{MigrationReport, TrackingReport};
+    use vmm_core::report::StopReason;
+    use vmm_core::status::TimelinePoint;
+    use vmm_core::vstate::tiered::{MigrationReport, TrackingReport};
 
     fn report(ops_per_sec: f64, promotions: u64, p99: Option<f64>) -> RunReport {
         let mut guest_metrics = BTreeMap::new();
@@ -1231,7 +1231,8 @@ mod tests {
     }
 
     fn host_error() -> Error {
-        crate::vstate::vcpu::VcpuError::Run(crate::vstate::vcpu::VcpuRunError::Panicked).into()
+        vmm_core::vstate::vcpu::VcpuError::Run(vmm_core::vstate::vcpu::VcpuRunError::Panicked)
+            .into()
     }
 
     fn ok(policy: &str, repeat: u32, r: RunReport) -> RunRecord {

@@ -9,9 +9,9 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Map, Value};
 
 use crate::error::Result;
-use crate::serve::client;
-use crate::serve::config::DEFAULT_SOCKET;
-use crate::units::parse_duration;
+use vmm_core::units::parse_duration;
+use vmm_service::client;
+use vmm_service::config::DEFAULT_SOCKET;
 
 /// Flags of `tiervm ctl`.
 #[derive(Clone, Debug, Args)]
@@ -251,7 +251,7 @@ fn wait_for_change(args: &CtlArgs, id: &str) -> Result<Option<(bool, Value)>> {
             None,
             left.max(Duration::from_millis(100)),
         )
-        .map_err(crate::serve::ServeError::from)?;
+        .map_err(vmm_service::ServeError::from)?;
         if a.status == 404 {
             return Ok(None);
         }
@@ -277,7 +277,7 @@ pub fn run(args: &CtlArgs) -> Result<i32> {
         body.as_deref().map(str::as_bytes),
         args.timeout,
     )
-    .map_err(crate::serve::ServeError::from)?;
+    .map_err(vmm_service::ServeError::from)?;
     let out = if a.content_type.starts_with("application/json") && !a.body.is_empty() {
         serde_json::to_string_pretty(&a.json()).unwrap_or_else(|_| a.text())
     } else {

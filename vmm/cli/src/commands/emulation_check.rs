@@ -29,13 +29,13 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::commands::compare::{median, render_table};
-use crate::config::{VmConfig, VmRequest};
-use crate::devices::serial::Sink;
-use crate::error::{OutputError, Result};
-use crate::report::RunReport;
-use crate::runner::{self, Console, NoHooks};
-use crate::tiering_config::{PlacementArg, PolicyArg, TieringRequest};
-use crate::units::parse_duration;
+use crate::error::{Error, OutputError, Result};
+use vmm_core::config::{VmConfig, VmRequest};
+use vmm_core::devices::serial::Sink;
+use vmm_core::report::RunReport;
+use vmm_core::runner::{self, Console, NoHooks};
+use vmm_core::tiering_config::{PlacementArg, PolicyArg, TieringRequest};
+use vmm_core::units::parse_duration;
 
 /// The cache model of the cache check, fixed so that its 1 MiB hot set
 /// fits and its 64 MiB one does not on any host.
@@ -299,7 +299,7 @@ pub fn run(a: &EmulationCheckArgs, started: Instant) -> Result<i32> {
     // Validate every variant before the first run.
     let mut configs: Vec<VmConfig> = all
         .iter()
-        .map(|v| VmConfig::from_request(&v.req))
+        .map(|v| VmConfig::from_request(&v.req).map_err(Error::from))
         .collect::<Result<_>>()?;
     let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); all.len()];
     let mut runs = vec![0usize; all.len()];
@@ -342,7 +342,7 @@ pub fn run(a: &EmulationCheckArgs, started: Instant) -> Result<i32> {
                     "  {} {rep}: guest exit {:?} ({:?})",
                     v.name, report.exit_code, report.stop_reason
                 ),
-                Err(e) => eprintln!("  {} {rep}: FAILED: {}", v.name, e.describe()),
+                Err(e) => eprintln!("  {} {rep}: FAILED: {}", v.name, Error::from(e).describe()),
             }
         }
     }
@@ -355,7 +355,7 @@ pub fn run(a: &EmulationCheckArgs, started: Instant) -> Result<i32> {
     let verdicts = verdicts(&variants);
     let res = CheckResults {
         schema: "tiervm-emulation-check/1",
-        latency: crate::emulation::EmulationConfig::parse(&a.latency)
+        latency: vmm_core::emulation::EmulationConfig::parse(&a.latency)
             .map(|c| c.label())
             .unwrap_or_else(|_| a.latency.clone()),
         host_dram_ns: dram,

@@ -3,7 +3,7 @@
 //! Collects two groups of facts and prints them, each with the job it does
 //! in tiervm, followed by a verdict:
 //!
-//! - KVM (this module; capabilities from [`crate::vstate::kvm_caps`], which
+//! - KVM (this module; capabilities from [`vmm_core::vstate::kvm_caps`], which
 //!   VM creation checks too): `/dev/kvm`, API version, flavour (PVM, VMX,
 //!   SVM), dirty-log capabilities, vCPU and memslot limits, TSC frequency.
 //! - Host memory ([`tiering::host`]): NUMA nodes, userfaultfd features,
@@ -25,7 +25,7 @@ use kvm_ioctls::{Kvm, VmFd};
 use serde::Serialize;
 use tiering::host::{self, Availability, HostFacts, IdlePageTracking};
 
-pub use crate::vstate::kvm_caps::{KvmCaps, ManualDirtyLogProtect};
+pub use vmm_core::vstate::kvm_caps::{KvmCaps, ManualDirtyLogProtect};
 
 /// Arguments of `tiervm info`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -274,7 +274,7 @@ fn dev_kvm_fix(access: &Availability) -> Option<String> {
                 .into(),
         ),
         Availability::PermissionDenied => Some(
-            crate::permissions::NodeAccess::of(crate::permissions::DEV_KVM).map_or_else(
+            vmm_core::permissions::NodeAccess::of(vmm_core::permissions::DEV_KVM).map_or_else(
                 || {
                     "run as a user in group kvm (usermod -aG kvm $USER, then log in again) or as root"
                         .into()

@@ -8,3 +8,4 @@ pub mod native;
 pub mod run;
 pub mod serve;
 pub mod sim;
+pub mod worker;

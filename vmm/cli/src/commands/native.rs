@@ -13,14 +13,14 @@ use tiervm_guest::args::{Args as GuestArgs, ImageSpec};
 use tiervm_guest::workloads::{self, Env};
 
 use crate::commands::run::ReportFormat;
-use crate::config::{check_args, parse_kv, to_entries};
 use crate::error::{OutputError, Result};
+use vmm_core::config::{check_args, parse_kv, to_entries};
 
 /// `tiervm native` cannot run what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum NativeError {
     /// Not a built-in workload.
-    #[error("tiervm native runs built-in workloads only; '{image}' is not one of {}", crate::image::builtin_names().join(", "))]
+    #[error("tiervm native runs built-in workloads only; '{image}' is not one of {}", vmm_core::image::builtin_names().join(", "))]
     NotBuiltin {
         /// The image given.
         image: String,
@@ -36,7 +36,7 @@ pub enum NativeError {
     },
     /// `--sample-ms` out of range.
     #[error(transparent)]
-    SamplePeriod(#[from] crate::config::ConfigError),
+    SamplePeriod(#[from] vmm_core::config::ConfigError),
     /// The data set does not fit the address space.
     #[error("data set too large for this host")]
     TooLarge,
@@ -51,12 +51,12 @@ impl NativeError {
         !matches!(self, Self::HostAddress(_))
     }
 }
-use crate::report::group;
-use crate::status::{ops_per_sec, TimelinePoint};
-use crate::units::parse_duration;
-use crate::vstate::memory::create_ram;
 use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
+use vmm_core::report::group;
+use vmm_core::status::{ops_per_sec, TimelinePoint};
+use vmm_core::units::parse_duration;
+use vmm_core::vstate::memory::create_ram;
 
 /// Flags of `tiervm native`.
 #[derive(Clone, Debug, Args)]
@@ -142,7 +142,7 @@ impl Env for HostEnv<'_> {
     }
     fn set_phase(&self, _: Phase) {}
     fn cycles(&self) -> u64 {
-        crate::vstate::vcpu::read_tsc()
+        vmm_core::vstate::vcpu::read_tsc()
     }
     fn tsc_khz(&self) -> u64 {
         self.tsc_khz
@@ -177,8 +177,8 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
         }
         .into());
     }
-    crate::config::check_sample_ms(args.sample_ms).map_err(NativeError::SamplePeriod)?;
-    crate::signals::install()?;
+    vmm_core::config::check_sample_ms(args.sample_ms).map_err(NativeError::SamplePeriod)?;
+    vmm_core::signals::install()?;
     let kv = parse_kv(&args.args)?;
     check_args(spec.name, spec, &kv)?;
     let entries = to_entries(&kv)?;
@@ -197,8 +197,8 @@ pub fn run(args: &NativeArgs) -> Result<i32> {
     let mem: &[AtomicU64] = unsafe { std::slice::from_raw_parts(host.cast::<AtomicU64>(), words) };
     let report = run_workload(args, spec, &entries, mem);
     print_report(args, &report)?;
-    if let Some(sig) = crate::signals::received() {
-        return Ok(crate::signals::exit_code(sig));
+    if let Some(sig) = vmm_core::signals::received() {
+        return Ok(vmm_core::signals::exit_code(sig));
     }
     Ok(if report.exit_code == 0 { 0 } else { 1 })
 }
@@ -216,7 +216,7 @@ fn run_workload(
     let counters: Vec<AtomicU64> = (0..args.threads).map(|_| AtomicU64::new(0)).collect();
     let barrier = Barrier::new(args.threads as usize);
     let exit_sum = AtomicU32::new(0);
-    let tsc_khz = crate::vstate::vcpu::measure_host_tsc_khz();
+    let tsc_khz = vmm_core::vstate::vcpu::measure_host_tsc_khz();
     let mut timeline = Vec::new();
     let metrics = Mutex::new(std::collections::BTreeMap::new());
     let start = Instant::now();
@@ -245,7 +245,7 @@ fn run_workload(
         let sample = Duration::from_millis(args.sample_ms);
         let mut next = start + sample;
         // The deadline and signals are checked every 5 ms, not per sample.
-        while start.elapsed() < args.duration && crate::signals::received().is_none() {
+        while start.elapsed() < args.duration && vmm_core::signals::received().is_none() {
             let now = Instant::now();
             if now < next {
                 std::thread::sleep((next - now).min(Duration::from_millis(5)));

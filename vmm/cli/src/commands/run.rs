@@ -4,16 +4,16 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 
-use crate::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use crate::error::{OutputError, Result};
 use crate::output;
 use crate::progress::Progress;
-use crate::report::{RunReport, StopReason};
-use crate::runner::{self, Console};
-use crate::tiering_config::{
+use vmm_core::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
+use vmm_core::report::RunReport;
+use vmm_core::runner::{self, Console};
+use vmm_core::tiering_config::{
     MechanismArg, PlacementArg, PolicyArg, TieringRequest, TrackingArg, UnitArg,
 };
-use crate::units::{parse_duration, parse_size};
+use vmm_core::units::{parse_duration, parse_size};
 
 /// Report format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -223,7 +223,7 @@ pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     let mut cfg = VmConfig::from_request(&args.request())?;
     cfg.seccomp_main = cfg.seccomp;
     cfg.test_forbidden_syscall = args.test_forbidden_syscall;
-    crate::signals::install()?;
+    vmm_core::signals::install()?;
     if !args.quiet {
         cfg.notes()
             .iter()
@@ -236,8 +236,8 @@ pub fn run(args: &RunArgs, started: Instant) -> Result<i32> {
     if let Some(crash) = &report.crash {
         output::stderr_line(&format!("tiervm: guest crashed: {crash}"));
     }
-    Ok(match crate::signals::received() {
-        Some(sig) => crate::signals::exit_code(sig),
+    Ok(match vmm_core::signals::received() {
+        Some(sig) => vmm_core::signals::exit_code(sig),
         None => exit_code_of(&report),
     })
 }
@@ -261,9 +261,5 @@ pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
 /// The process exit code for a finished run: 3 after a crash, 0 when the
 /// guest exited 0, 1 when it exited non-zero or never exited.
 pub fn exit_code_of(report: &RunReport) -> i32 {
-    match (report.stop_reason, report.exit_code) {
-        (StopReason::Crashed, _) => crate::error::EXIT_GUEST_CRASH,
-        (_, Some(0)) => 0,
-        _ => 1,
-    }
+    vmm_core::exit::code_of(report)
 }

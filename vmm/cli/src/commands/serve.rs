@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::error::Result;
-use crate::serve::config::{host_nodes, Overrides, ServeConfig, ServeFile};
-use crate::units::{parse_duration, parse_size};
+use vmm_core::units::{parse_duration, parse_size};
+use vmm_service::config::{host_nodes, Overrides, ServeConfig, ServeFile};
 
 /// Flags of `tiervm serve` (they override the config file).
 #[derive(Clone, Debug, Args)]
@@ -61,7 +61,7 @@ pub struct ServeArgs {
 /// Runs the service until SIGTERM/SIGINT.
 pub fn run(args: &ServeArgs) -> Result<i32> {
     let file = match &args.config {
-        Some(p) => ServeFile::load(p).map_err(crate::serve::ServeError::from)?,
+        Some(p) => ServeFile::load(p).map_err(vmm_service::ServeError::from)?,
         None => ServeFile::default(),
     };
     let flags = Overrides {
@@ -78,13 +78,13 @@ pub fn run(args: &ServeArgs) -> Result<i32> {
         max_move_rate: args.max_move_rate,
         dwell: args.dwell,
     };
-    let nodes = host_nodes().map_err(crate::serve::ServeError::from)?;
-    let exe = std::env::current_exe().map_err(|source| crate::serve::ServeError::Setup {
+    let nodes = host_nodes().map_err(vmm_service::ServeError::from)?;
+    let exe = std::env::current_exe().map_err(|source| vmm_service::ServeError::Setup {
         what: "finding the tiervm executable",
         path: "/proc/self/exe".into(),
         source,
     })?;
     let cfg =
-        ServeConfig::build(&file, &flags, &nodes, exe).map_err(crate::serve::ServeError::from)?;
-    Ok(crate::serve::run(cfg, !args.no_seccomp)?)
+        ServeConfig::build(&file, &flags, &nodes, exe).map_err(vmm_service::ServeError::from)?;
+    Ok(vmm_service::run(cfg, !args.no_seccomp)?)
 }

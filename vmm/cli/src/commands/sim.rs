@@ -643,7 +643,7 @@ fn run_division(args: &SimArgs, pool: f64) -> crate::error::Result<i32> {
         .into());
     }
     let mut vms = if args.mix.is_empty() {
-        crate::serve::modeled::default_mix()
+        vmm_service::modeled::default_mix()
     } else {
         args.mix
             .iter()
@@ -659,14 +659,14 @@ fn run_division(args: &SimArgs, pool: f64) -> crate::error::Result<i32> {
         Some(p) => p.parse().map_err(SimCmdError::from)?,
         None => PolicyKind::Memtis,
     };
-    let r = crate::serve::modeled::compare(&vms, pool, policy, args.division_quantum)
+    let r = vmm_service::modeled::compare(&vms, pool, policy, args.division_quantum)
         .map_err(SimCmdError::from)?;
     match args.report {
         SimFormat::Json => crate::output::stdout(&format!(
             "{}\n",
             serde_json::to_string_pretty(&r).map_err(SimCmdError::from)?
         ))?,
-        SimFormat::Table => crate::output::stdout(&crate::serve::modeled::table(&r))?,
+        SimFormat::Table => crate::output::stdout(&vmm_service::modeled::table(&r))?,
     }
     Ok(0)
 }

@@ -51,6 +51,13 @@ pub enum SeccompError {
     SigsysHandler(#[source] std::io::Error),
 }
 
+impl SeccompError {
+    /// What the user can do about it.
+    pub fn fix(&self) -> Option<&'static str> {
+        Some("run with --no-seccomp to go on without (debugging only)")
+    }
+}
+
 type Result<T> = std::result::Result<T, SeccompError>;
 use allowlist::{allowlist, ArgFilter};
 
@@ -205,7 +212,7 @@ fn on_tiering_thread_start(role: ThreadRole) {
         return;
     }
     if let Err(e) = install(role) {
-        let line = crate::error::chain(&e);
+        let line = crate::exit::chain(&e);
         tracing::error!("{line}");
         HOOK_ERROR
             .lock()
@@ -455,7 +462,7 @@ mod tests {
     /// docs/security.md lists every allowed call of every role.
     #[test]
     fn security_doc_lists_every_allowed_call() {
-        let doc = include_str!("../../../docs/security.md");
+        let doc = include_str!("../../../../docs/security.md");
         for role in ThreadRole::ALL {
             for s in allowlist(role) {
                 assert!(

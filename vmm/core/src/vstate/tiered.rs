@@ -17,10 +17,11 @@ use crate::status::TierSample;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
-use crate::error::Result;
 use crate::kvm_dirty_log::{enable_manual_dirty_log_protect_initially_set, KvmDirtyLog};
 use crate::tiering_config::TieringConfig;
 use crate::vstate::vm::RAM_SLOT;
+
+type Result<T> = std::result::Result<T, TieredRamError>;
 use tiering::engine::{Engine, EngineError, EngineReport};
 
 /// Tiered guest RAM, or one of the threads that manage it, failed.
@@ -396,7 +397,7 @@ impl TieredRam {
     /// without logging: KVM maps guest RAM with huge pages until the first
     /// migration switches logging on.
     pub fn prepare_vm(vm: &VmFd) -> Result<()> {
-        Ok(enable_manual_dirty_log_protect_initially_set(vm).map_err(TieredRamError::DirtyLog)?)
+        enable_manual_dirty_log_protect_initially_set(vm).map_err(TieredRamError::DirtyLog)
     }
 
     /// The placement policy's mode, once the engine runs.
@@ -502,10 +503,7 @@ impl TieredRam {
             sampler.unpark_all().map_err(TieredRamError::Unpark)?;
         }
         match self.chaos.take() {
-            Some(c) => c
-                .stop()
-                .map(Some)
-                .map_err(|e| TieredRamError::StopChaos(e).into()),
+            Some(c) => c.stop().map(Some).map_err(TieredRamError::StopChaos),
             None => Ok(None),
         }
     }
@@ -595,7 +593,7 @@ impl TieredRam {
     pub fn switch_policy(&self, kind: tiering::policy::PolicyKind) -> Result<()> {
         match &self.engine {
             Some(e) => Ok(e.switch(kind).map_err(TieredRamError::StartEngine)?),
-            None => Err(TieredRamError::NoEngine.into()),
+            None => Err(TieredRamError::NoEngine),
         }
     }
 

@@ -248,7 +248,7 @@ pub fn run_vcpu(id: u32, mut vcpu: Vcpu, shared: Arc<VcpuShared>) -> VcpuOutcome
         if let Err(e) = crate::seccomp::install(tiering::threads::ThreadRole::Vcpu) {
             return VcpuOutcome::HostError(VcpuRunError::Seccomp {
                 id,
-                reason: crate::error::Error::from(e).describe(),
+                reason: crate::exit::describe(&e, e.fix()),
             });
         }
     }

@@ -18,10 +18,11 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap, GuestMemo
 
 use crate::emulation::region::EmulationRegion;
 use crate::emulation::Emulation;
-use crate::error::Result;
 use crate::vstate::kvm_caps::{KvmCaps, MissingCap, Needs};
 use crate::vstate::memory::{self, MemoryError};
-use crate::vstate::tiered::TieredRam;
+use crate::vstate::tiered::{TieredRam, TieredRamError};
+
+type Result<T> = std::result::Result<T, VmError>;
 
 /// Memory slot of guest RAM.
 pub const RAM_SLOT: u32 = 0;
@@ -47,6 +48,9 @@ pub enum VmError {
     /// `KVM_SET_USER_MEMORY_REGION` failed.
     #[error("KVM_SET_USER_MEMORY_REGION")]
     SetMemoryRegion(#[source] kvm_ioctls::Error),
+    /// Tiered guest RAM could not be set up or started.
+    #[error(transparent)]
+    Tiered(#[from] TieredRamError),
 }
 
 impl VmError {
@@ -63,7 +67,11 @@ impl VmError {
 
     /// Whether the user's input is at fault (exit code 2).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::MissingCapability(m) if m.is_usage())
+        match self {
+            Self::MissingCapability(m) => m.is_usage(),
+            Self::Tiered(e) => e.is_usage(),
+            _ => false,
+        }
     }
 }
 
@@ -246,7 +254,7 @@ impl Vm {
     /// dirty log, engine, sampler, chaos).
     pub fn start_tiering(&mut self) -> Result<()> {
         match &mut self.tiered {
-            Some(t) => t.start(&self.fd),
+            Some(t) => Ok(t.start(&self.fd)?),
             None => Ok(()),
         }
     }
