@@ -14,6 +14,9 @@ packages' modules by their library names). Fails (exit 1) on:
 - a library (core, service) that names a crate its layer must not use
   (the core: clap, tokio, axum, hyper, utoipa, prometheus, plotters).
 
+What is left to do is listed in `KNOWN` and printed as "known": it passes
+while it does not grow, so the graph can only get better.
+
 Run from anywhere: `python3 benches/scripts/dep_graph.py` (`.ci/run` runs it).
 `--dot` prints the module graph in Graphviz form instead.
 """
@@ -33,6 +36,26 @@ FORBIDDEN = {
     "tiervm-core": ["clap", "tokio", "axum", "hyper", "hyper-util", "utoipa", "utoipa-axum",
                     "prometheus", "plotters", "tower", "tower-http", "http-body-util"],
     "tiervm-service": ["clap", "plotters"],
+}
+
+# What is still left of issue 31, allowed until it is gone: a ratchet, not a
+# waiver. A forbidden crate listed here passes; a cycle passes when it is one
+# of these (same package, no more modules than listed, all of them named
+# here). A new cycle, a grown one, or a new forbidden crate fails.
+KNOWN = {
+    # The value names of the tiering flags (`--policy tpp`): an optional
+    # derive behind the core's `clap` feature, and the service's parsing of
+    # a VmSpec's policy name through it.
+    "forbidden": {("tiervm-core", "clap"), ("tiervm-service", "clap")},
+    "cycles": {
+        "tiervm-core": {"config", "emulation", "exit", "image", "report", "seccomp", "status",
+                        "tiering_config", "vstate"},
+        "tiervm-service": {"config", "host"},
+        "tiervm": {"commands", "error", "output"},
+    },
+    # Subcommands that still import another one (run's flags and exit code,
+    # compare's statistics): (importer, imported).
+    "subcommands": {("compare", "run"), ("native", "run"), ("emulation_check", "compare")},
 }
 
 
@@ -244,7 +267,7 @@ def main():
     pkgs = packages()
     libs = {name: lib for _, name, lib in pkgs}
     lib_to_pkg = {lib: name for name, lib in libs.items()}
-    failures = []
+    failures, known = [], []
     dot = ["digraph vmm {", "  rankdir=LR;"]
 
     print("== packages (lowest layer first: %s)" % " <- ".join(LAYERS))
@@ -260,7 +283,11 @@ def main():
                 failures.append("upward package edge: %s -> %s" % (name, p))
         for bad in FORBIDDEN.get(name, []):
             if bad in resolved:
-                failures.append("%s depends on %s, which its layer must not use" % (name, bad))
+                msg = "%s depends on %s, which its layer must not use" % (name, bad)
+                if (name, bad) in KNOWN["forbidden"]:
+                    known.append(msg)
+                else:
+                    failures.append(msg)
 
     for d, name, lib in pkgs:
         src = os.path.join(d, "src")
@@ -285,7 +312,11 @@ def main():
                 dot.append('  "%s::%s" -> "%s";' % (lib, m, t))
         for comp in sccs(modules, inner):
             if len(comp) > 1:
-                failures.append("%s: import cycle across %d modules: %s" % (name, len(comp), ", ".join(comp)))
+                msg = "%s: import cycle across %d modules: %s" % (name, len(comp), ", ".join(comp))
+                if set(comp) <= KNOWN["cycles"].get(name, set()):
+                    known.append(msg)
+                else:
+                    failures.append(msg)
         for m, ts in edges.items():
             for t in ts:
                 crate = t.split("::")[0] if "::" in t else None
@@ -294,15 +325,43 @@ def main():
                     if name in LAYERS and p in LAYERS and LAYERS.index(p) >= LAYERS.index(name):
                         failures.append("upward import: %s::%s -> %s" % (name, m, t))
 
+    # Subcommands never import each other (the binary's commands/ modules).
+    for d, name, lib in pkgs:
+        cmd_dir = os.path.join(d, "src", "commands")
+        if not os.path.isdir(cmd_dir):
+            continue
+        for fn in sorted(os.listdir(cmd_dir)):
+            if not fn.endswith(".rs") or fn == "mod.rs":
+                continue
+            me = fn[:-3]
+            with open(os.path.join(cmd_dir, fn)) as f:
+                code = strip_code(f.read())
+            used = set()
+            for m in re.finditer(r'\bcrate::commands::(\{[^}]*\}|\w+)', code):
+                used.update(names_in(m.group(1)))
+            for m in re.finditer(r'\bsuper::(\{[^}]*\}|\w+)', code):
+                used.update(names_in(m.group(1)))
+            for other in sorted(used - {me}):
+                msg = "%s: subcommand %s imports subcommand %s" % (name, me, other)
+                if (me, other) in KNOWN["subcommands"]:
+                    known.append(msg)
+                else:
+                    failures.append(msg)
+
     dot.append("}")
     if args.dot:
         print("\n".join(dot))
     print()
+    for k in known:
+        print("known (issue 31, still to do): " + k)
     if failures:
         for f in failures:
             print("FAIL: " + f)
         return 1
-    print("ok: dependencies run one way, no import cycle across modules")
+    if known:
+        print("ok: packages depend one way; nothing new beyond the %d known items above" % len(known))
+    else:
+        print("ok: dependencies run one way, no import cycle across modules")
     return 0
 
 
