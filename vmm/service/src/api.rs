@@ -505,7 +505,7 @@ mod tests {
     }
 
     /// docs/openapi.json is the document the server serves (regenerate it
-    /// with `TIERVM_UPDATE_OPENAPI=1 cargo test -p vmm --lib openapi_copy`).
+    /// with `TIERVM_UPDATE_OPENAPI=1 cargo test -p tiervm-service --lib openapi_copy`).
     #[test]
     fn the_openapi_copy_in_docs_is_what_the_server_serves() {
         let (_, host) = app();
@@ -524,7 +524,7 @@ mod tests {
         assert!(
             copy == served,
             "docs/openapi.json differs from the served document: regenerate it with \
-             TIERVM_UPDATE_OPENAPI=1 cargo test -p vmm --lib openapi_copy"
+             TIERVM_UPDATE_OPENAPI=1 cargo test -p tiervm-service --lib openapi_copy"
         );
     }
 
