@@ -7,8 +7,8 @@ use std::time::Duration;
 use common::{kvm_available, request, run, run_with};
 use tiervm_guest::workloads::{memcheck, SCRATCH_BYTES};
 use vm_memory::{Bytes, GuestAddress};
-use vmm::report::StopReason;
-use vmm::runner::{RunHooks, SampleCtx};
+use vmm_core::report::StopReason;
+use vmm_core::runner::{RunHooks, SampleCtx};
 
 const MEM: u64 = 128 << 20;
 

@@ -24,7 +24,7 @@ use tiervm_guest::abi::{
 };
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn include_dir() -> PathBuf {

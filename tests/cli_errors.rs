@@ -11,7 +11,7 @@ use object::read::elf::{FileHeader, ProgramHeader};
 use object::{elf, Endianness};
 
 fn zipf_bytes() -> Vec<u8> {
-    vmm::image::builtin_bytes("zipf").unwrap().to_vec()
+    vmm_core::image::builtin_bytes("zipf").unwrap().to_vec()
 }
 
 fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {

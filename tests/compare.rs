@@ -210,7 +210,7 @@ fn two_policies_two_repeats_write_rows_and_valid_files() {
 
 /// The zipf image with its entry code replaced by `code`.
 fn with_entry_code(code: &[u8]) -> Vec<u8> {
-    let mut b = vmm::image::builtin_bytes("zipf").unwrap().to_vec();
+    let mut b = vmm_core::image::builtin_bytes("zipf").unwrap().to_vec();
     let h = elf::FileHeader64::<Endianness>::parse(&*b).unwrap();
     let e = h.endian().unwrap();
     let entry = h.e_entry(e);

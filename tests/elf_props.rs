@@ -15,7 +15,7 @@ use std::path::Path;
 use linux_loader::loader::{elf::Elf, KernelLoader};
 use proptest::prelude::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::image::{builtin_bytes, validate_elf};
+use vmm_core::image::{builtin_bytes, validate_elf};
 
 /// Guest RAM of the checks: the image base (4 MiB) plus room.
 const RAM: u64 = 8 << 20;
@@ -34,7 +34,7 @@ fn check(bytes: &[u8]) -> Result<(), String> {
     let info = match validate_elf("fuzz", bytes, RAM) {
         Ok(info) => info,
         Err(e) => {
-            let e = vmm::error::Error::from(e);
+            let e = tiervm_cli::error::Error::from(e);
             let msg = e.describe();
             if e.exit_code() != 2 || !msg.starts_with("image 'fuzz': ") || msg.contains('\n') {
                 return Err(format!("bad rejection (exit {}): {msg}", e.exit_code()));
@@ -299,7 +299,7 @@ proptest! {
 /// loads exactly what was validated.
 #[test]
 fn corpus_inputs_are_rejected_or_agree() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/elf");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/elf");
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -322,10 +322,11 @@ fn corpus_inputs_are_rejected_or_agree() {
 fn extended_program_header_count_is_rejected() {
     let bytes = std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/corpus/elf/pn-xnum-hidden-segment.elf"),
+            .join("../../tests/corpus/elf/pn-xnum-hidden-segment.elf"),
     )
     .unwrap();
-    let err = vmm::error::Error::from(validate_elf("x", &bytes, RAM).unwrap_err()).describe();
+    let err =
+        tiervm_cli::error::Error::from(validate_elf("x", &bytes, RAM).unwrap_err()).describe();
     assert!(err.contains("PN_XNUM"), "{err}");
 }
 
@@ -343,7 +344,7 @@ fn write_corpus() {
         filesz: 0x100,
         memsz: 0x1000,
     };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus/elf");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/elf");
     std::fs::create_dir_all(&dir).unwrap();
     // Issue #13: e_phnum = PN_XNUM, one announced segment, a hidden one.
     let mut s = Synth {

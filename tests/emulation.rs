@@ -12,9 +12,9 @@ use std::time::Duration;
 use common::{kvm_available, request, run, run_with};
 use tiervm_guest::abi::{BootInfo, BOOT_INFO_GPA};
 use vm_memory::{Bytes, GuestAddress};
-use vmm::config::VmRequest;
-use vmm::runner::{RunHooks, SampleCtx};
-use vmm::tiering_config::{PlacementArg, PolicyArg};
+use vmm_core::config::VmRequest;
+use vmm_core::runner::{RunHooks, SampleCtx};
+use vmm_core::tiering_config::{PlacementArg, PolicyArg};
 
 const MEM: u64 = 64 << 20;
 
@@ -69,7 +69,7 @@ fn accesses_are_charged_on_their_pages_tier() {
     assert_eq!(e.accesses[1], 0, "no page is slow: {e:?}");
     assert!(e.accesses[0] > 1_000, "{e:?}");
     // Per charged access: 500 ns against 100 ns.
-    let per_access = |r: &vmm::report::RunReport| {
+    let per_access = |r: &vmm_core::report::RunReport| {
         let e = r.emulation.as_ref().unwrap();
         e.charged_ms / e.accesses.iter().sum::<u64>() as f64 * 1e6
     };
@@ -90,7 +90,7 @@ fn a_scaled_cache_model_comes_with_a_host_llc_model() {
     if !kvm_available("a_scaled_cache_model_comes_with_a_host_llc_model") {
         return;
     }
-    let host = vmm::emulation::config::host_llc_bytes();
+    let host = vmm_core::emulation::config::host_llc_bytes();
     let mut on = zipf(PlacementArg::SlowFirst, 16 << 20, PolicyArg::Static, 2);
     on.emulate_latency = Some("fast=200ns,slow=600ns,llc=64K".into());
     let mut off = on.clone();
@@ -196,7 +196,7 @@ fn migrations_reach_the_map_and_colloid_reads_the_model() {
     let engine = r.tiering.as_ref().unwrap().engine.as_ref().unwrap();
     assert_eq!(
         engine.latency_source,
-        Some(vmm::emulation::load::SOURCE),
+        Some(vmm_core::emulation::load::SOURCE),
         "{engine:?}"
     );
     assert!(r.emulation.as_ref().unwrap().windows > 10);
@@ -229,7 +229,10 @@ fn without_the_flag_nothing_of_it_exists() {
     assert!(r.emulation.is_none());
     assert_eq!(probe.0, Some(0), "the guest sees no emulation region");
     let engine = r.tiering.as_ref().unwrap().engine.as_ref().unwrap();
-    assert_ne!(engine.latency_source, Some(vmm::emulation::load::SOURCE));
+    assert_ne!(
+        engine.latency_source,
+        Some(vmm_core::emulation::load::SOURCE)
+    );
 
     let mut probe = BootInfoProbe(None);
     req.emulate_latency = Some(String::new());
@@ -259,7 +262,7 @@ fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
 fn with_entry_code(code: &[u8]) -> Vec<u8> {
     use object::read::elf::{FileHeader, ProgramHeader};
     use object::{elf, Endianness};
-    let mut b = vmm::image::builtin_bytes("zipf").unwrap().to_vec();
+    let mut b = vmm_core::image::builtin_bytes("zipf").unwrap().to_vec();
     let h = elf::FileHeader64::<Endianness>::parse(&b[..]).unwrap();
     let e = h.endian().unwrap();
     let entry = h.e_entry(e);

@@ -12,7 +12,7 @@ export CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/fuzz}"
 echo "== fuzzing with TIERVM_FUZZ_CASES=$TIERVM_FUZZ_CASES per property"
 start=$(date +%s)
-cargo test --release -p vmm --no-fail-fast \
+cargo test --release -p tiervm --no-fail-fast \
   --test fuzz_parsers --test fuzz_guest_inputs --test fuzz_config -- --test-threads=1
-cargo test --release -p vmm --lib vstate::vcpu::fuzz -- --test-threads=1
+cargo test --release -p tiervm-core --lib vstate::vcpu::fuzz -- --test-threads=1
 echo "== done in $(( $(date +%s) - start )) s"

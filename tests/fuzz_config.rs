@@ -17,13 +17,13 @@ mod fuzzing;
 
 use clap::Parser;
 use proptest::prelude::*;
+use tiervm_cli::commands::compare::{parse_policies, CompareArgs};
+use tiervm_cli::commands::run::RunArgs;
 use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use tiervm_guest::args::{self, ArgKind, Args};
 use tiervm_guest::workloads::IMAGES;
-use vmm::commands::compare::{parse_policies, CompareArgs};
-use vmm::commands::run::RunArgs;
-use vmm::config::{to_entries, VmConfig};
-use vmm::vstate::memory::{MAX_RAM, MIN_RAM};
+use vmm_core::config::{to_entries, VmConfig};
+use vmm_core::vstate::memory::{MAX_RAM, MIN_RAM};
 
 const PERSIST: &str = regressions!("fuzz_config");
 
@@ -334,6 +334,7 @@ fn check_run_argv(argv: &[String]) {
             let _ = cfg.effective_args();
         }
         Err(e) => {
+            let e = tiervm_cli::error::Error::from(e);
             assert_eq!(e.exit_code(), 2, "{argv:?}: {e}");
             assert!(!e.to_string().is_empty());
         }
@@ -355,7 +356,10 @@ fn check_compare_argv(argv: &[String]) {
     for p in policies {
         match VmConfig::from_request(&cli.compare.request(p)) {
             Ok(cfg) => check_config(&cfg, argv),
-            Err(e) => assert_eq!(e.exit_code(), 2, "{argv:?}: {e}"),
+            Err(e) => {
+                let e = tiervm_cli::error::Error::from(e);
+                assert_eq!(e.exit_code(), 2, "{argv:?}: {e}");
+            }
         }
     }
 }

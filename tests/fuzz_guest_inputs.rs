@@ -4,7 +4,7 @@
 //! printable text only) and must decode exactly the clean values an
 //! independent reading of the ABI finds. vCPU exit handling (exit and
 //! booted ports, MMIO, KVM_RUN errors) is fuzzed in
-//! `vmm/src/vstate/vcpu_fuzz.rs`.
+//! `vmm/core/src/vstate/vcpu_fuzz.rs`.
 //!
 //! Case counts: `tests/fuzzing/mod.rs` (`TIERVM_FUZZ_CASES`); inputs that
 //! once failed: `tests/corpus/status_pages.txt`, `tests/corpus/port_io.txt`.
@@ -20,14 +20,14 @@ use tiervm_guest::abi::{
     STATUS_SIZE, STATUS_STOP_OFFSET,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::devices::serial::{ConsoleWriter, Sink};
-use vmm::devices::PortBus;
-use vmm::status::{self, StatusSnapshot};
-use vmm::vstate::memory::Wire;
+use vmm_core::devices::serial::{ConsoleWriter, Sink};
+use vmm_core::devices::PortBus;
+use vmm_core::status::{self, StatusSnapshot};
+use vmm_core::vstate::memory::Wire;
 
 const PERSIST: &str = regressions!("fuzz_guest_inputs");
 const PAGE_BYTES: usize = std::mem::size_of::<StatusPage>();
-/// Longest console line the VMM emits (vmm/src/devices/serial.rs).
+/// Longest console line the VMM emits (vmm/core/src/devices/serial.rs).
 const MAX_LINE: usize = 1024;
 const PREFIX: &str = "[guest] ";
 

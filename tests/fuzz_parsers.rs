@@ -15,12 +15,12 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tiering::engine::{parse_intervals, parse_schedule};
 use tiering::policy::PolicyKind;
+use tiervm_cli::commands::compare::parse_policies;
 use tiervm_guest::abi::{from_fixed, ArgEntry, ARG_VALUE_LEN};
 use tiervm_guest::args::{self, ArgError, ArgKind, Args};
 use tiervm_guest::workloads::IMAGES;
-use vmm::commands::compare::parse_policies;
-use vmm::tiering_config::parse_mix;
-use vmm::units::{format_size, parse_duration, parse_size};
+use vmm_core::tiering_config::parse_mix;
+use vmm_core::units::{format_size, parse_duration, parse_size};
 
 const PERSIST: &str = regressions!("fuzz_parsers");
 
@@ -134,7 +134,7 @@ fn check_mix(s: &str) {
                 "{s:?} -> {p} + {d} overflows u32"
             );
         }
-        Err(e) => assert_eq!(vmm::error::Error::from(e).exit_code(), 2),
+        Err(e) => assert_eq!(tiervm_cli::error::Error::from(e).exit_code(), 2),
     }
 }
 

@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{request, run, run_with, tiered_kvm_available};
-use vmm::config::VmRequest;
-use vmm::tiering_config::PolicyArg;
+use vmm_core::config::VmRequest;
+use vmm_core::tiering_config::PolicyArg;
 
 #[test]
 fn policy_switch_mid_run_keeps_memcheck_clean() {
@@ -24,7 +24,7 @@ fn policy_switch_mid_run_keeps_memcheck_clean() {
     );
     r.tiering.fast = Some(48 << 20);
     r.tiering.policy = Some(PolicyArg::Nomad);
-    r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
+    r.tiering.placement = vmm_core::tiering_config::PlacementArg::SlowFirst;
     // mtm in the middle: its armed probes must be handed back intact.
     r.tiering.policy_schedule = Some("nomad@0s,mtm@1s,tpp@2200ms,memtis@3s".into());
     r.tiering.policy_interval = Some("mtm=300ms".into());
@@ -61,7 +61,7 @@ fn mtm_promotes_hot_regions_in_a_live_vm() {
     );
     r.tiering.fast = Some(48 << 20);
     r.tiering.policy = Some(PolicyArg::Mtm);
-    r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
+    r.tiering.placement = vmm_core::tiering_config::PlacementArg::SlowFirst;
     r.tiering.policy_interval = Some("mtm=600ms".into());
     let (rep, console) = run(&r);
     assert_eq!(rep.exit_code, Some(0), "{console}");
@@ -95,11 +95,11 @@ fn thrash(policy: PolicyArg) -> VmRequest {
     r.tiering.slow = Some(640 << 20);
     // Everything starts slow (the seeds' pre-demoted runs), so promoted
     // pages carry shadows that a later demotion can remap.
-    r.tiering.placement = vmm::tiering_config::PlacementArg::SlowFirst;
+    r.tiering.placement = vmm_core::tiering_config::PlacementArg::SlowFirst;
     r.tiering.policy = Some(policy);
     // A generous sampling budget so the fast tier fills and demotions start
     // within the run.
-    r.tiering.tracking = Some(vmm::tiering_config::TrackingArg::HintFaults);
+    r.tiering.tracking = Some(vmm_core::tiering_config::TrackingArg::HintFaults);
     r.tiering.tracking_budget_pct = Some(25.0);
     r
 }
@@ -129,7 +129,7 @@ fn tpp_promotes_in_the_fault_path_and_nomad_transactionally() {
     assert!(nomad_done.reached, "nomad: {n:?}");
     assert_eq!(tpp.exit_code, Some(0));
     assert_eq!(nomad.exit_code, Some(0));
-    let fault_path = |r: &vmm::report::RunReport| {
+    let fault_path = |r: &vmm_core::report::RunReport| {
         r.tiering
             .as_ref()
             .and_then(|t| t.engine.as_ref())

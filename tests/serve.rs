@@ -1,5 +1,5 @@
 //! `tiervm serve` driven over its real Unix socket with real HTTP clients
-//! (curl, the Rust client in `vmm::serve::client`, `tiervm ctl`): errors,
+//! (curl, the Rust client in `vmm_service::client`, `tiervm ctl`): errors,
 //! the OpenAPI document (validated by `openapi-spec-validator`, every
 //! route present), metrics (`promtool check metrics`, a real Prometheus
 //! server scraping and querying a series back), and, with KVM, three VMs
@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vmm::serve::client;
+use vmm_service::client;
 
 const M: u64 = 1 << 20;
 

@@ -6,9 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::{request, run, run_with, tiered_kvm_available};
-use vmm::config::VmRequest;
-use vmm::report::RunReport;
-use vmm::tiering_config::{MechanismArg, PolicyArg, UnitArg};
+use vmm_core::config::VmRequest;
+use vmm_core::report::RunReport;
+use vmm_core::tiering_config::{MechanismArg, PolicyArg, UnitArg};
 
 const MEM: u64 = 256 << 20;
 const REGION: u64 = 64 << 20;

@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use vmm::config::{VmConfig, VmRequest};
-use vmm::devices::serial::Sink;
-use vmm::report::RunReport;
-use vmm::runner::{self, Console, NoHooks, RunHooks};
+use vmm_core::config::{VmConfig, VmRequest};
+use vmm_core::devices::serial::Sink;
+use vmm_core::report::RunReport;
+use vmm_core::runner::{self, Console, NoHooks, RunHooks};
 
 pub use tiering::host_support::{watchdog, HostFeature};
 
@@ -126,7 +126,7 @@ pub fn tv(args: &[&str]) -> (i32, String, String) {
 /// temporary file named `name`; returns its path.
 pub fn image_with_entry_code(name: &str, code: &[u8]) -> std::path::PathBuf {
     use object::read::elf::{FileHeader as _, ProgramHeader as _};
-    let mut b = vmm::image::builtin_bytes("zipf").unwrap().to_vec();
+    let mut b = vmm_core::image::builtin_bytes("zipf").unwrap().to_vec();
     let h = object::elf::FileHeader64::<object::Endianness>::parse(&b[..]).unwrap();
     let e = h.endian().unwrap();
     let entry = h.e_entry(e);

@@ -45,7 +45,7 @@ macro_rules! regressions {
     ($suite:literal) => {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../tests/corpus/proptest-regressions/",
+            "/../../tests/corpus/proptest-regressions/",
             $suite,
             ".txt"
         )
@@ -53,7 +53,7 @@ macro_rules! regressions {
 }
 
 fn corpus_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/corpus")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus")
 }
 
 /// The inputs of `tests/corpus/<name>.txt`: one per line, `#` lines and

@@ -1,0 +1,627 @@
+//! The validated configuration of one VM run, built from command-line
+//! flags; every check names the problem and the fix.
+
+use std::time::Duration;
+
+use tiering::policy::PolicyKind;
+use tiervm_guest::abi::{ArgEntry, GUEST_LARGE_PAGE, MAX_VCPUS};
+use tiervm_guest::args::{ArgError as ValueError, ArgKind, Args};
+use tiervm_guest::workloads;
+
+use crate::emulation::{self, EmulationConfig, EmulationConfigError};
+use crate::image::{self, ElfInfo, Image, ImageError};
+use crate::tiering_config::{TieringConfig, TieringConfigError, TieringRequest};
+use crate::units::format_size;
+use crate::vstate::memory::{GuestLayout, MAX_RAM, MIN_RAM};
+
+/// Default guest RAM.
+pub const DEFAULT_MEM: u64 = 1 << 30;
+/// Default run length.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(5);
+/// Default status sampling period.
+pub const DEFAULT_SAMPLE_MS: u64 = 100;
+/// Longest status sampling period (`--sample-ms`): one timeline point a minute.
+pub const MAX_SAMPLE_MS: u64 = 60_000;
+/// Default time the guest gets to report after a stop request.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+/// Default cap on guest console bytes forwarded.
+pub const DEFAULT_CONSOLE_LIMIT: u64 = 1 << 20;
+
+/// A VM setting that cannot be used; each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--vcpus 0`.
+    #[error("--vcpus 0: a VM needs at least one vCPU; use --vcpus 1 or more")]
+    NoVcpus,
+    /// More vCPUs than the guest ABI has room for.
+    #[error("--vcpus {vcpus} exceeds the {MAX_VCPUS} vCPUs tiervm supports")]
+    TooManyVcpus {
+        /// vCPUs asked for.
+        vcpus: u32,
+    },
+    /// `--sample-ms 0`.
+    #[error("--sample-ms 0: the sampling period must be at least 1 ms")]
+    NoSamplePeriod,
+    /// `--sample-ms` beyond [`MAX_SAMPLE_MS`].
+    #[error("--sample-ms {ms} exceeds the {MAX_SAMPLE_MS} ms maximum: give a period of at most a minute, e.g. --sample-ms 1000")]
+    SamplePeriodTooLong {
+        /// The period asked for.
+        ms: u64,
+    },
+    /// `--mem` below [`MIN_RAM`].
+    #[error("--mem {} is below the {} minimum", format_size(*.mem), format_size(MIN_RAM))]
+    MemBelowMinimum {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
+    /// `--mem` above [`MAX_RAM`].
+    #[error("--mem {} exceeds the {} maximum", format_size(*.mem), format_size(MAX_RAM))]
+    MemAboveMaximum {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
+    /// `--mem` not a multiple of the guest's 2 MiB pages.
+    #[error("--mem {} is not a multiple of 2M: use e.g. --mem {}", format_size(*.mem), format_size(.mem.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE))]
+    MemNotAligned {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
+    /// Untiered `--mem` above the host's memory.
+    #[error("--mem {} exceeds this host's memory ({}): lower --mem, or run it tiered (--fast SIZE): tiered memory is committed only where the guest touches it", format_size(*.mem), format_size(*.host))]
+    MemExceedsHost {
+        /// Guest RAM asked for.
+        mem: u64,
+        /// The host's MemTotal.
+        host: u64,
+    },
+    /// The image's data set with these arguments does not fit in `--mem`.
+    #[error("--mem {} is below what image {image} needs with these arguments ({}): raise --mem to at least {} or shrink the data set", format_size(*.mem), format_size(*.needed), format_size(*.needed))]
+    MemTooSmallForImage {
+        /// Guest RAM asked for.
+        mem: u64,
+        /// The built-in image.
+        image: &'static str,
+        /// RAM the image needs.
+        needed: u64,
+    },
+    /// An image given by path leaves no room for the vCPU stacks.
+    #[error("--mem {} leaves no room for {vcpus} vCPU stacks after the image: raise --mem", format_size(*.mem))]
+    NoRoomForStacks {
+        /// Guest RAM asked for.
+        mem: u64,
+        /// vCPUs asked for.
+        vcpus: u32,
+    },
+    /// A workload argument is invalid.
+    #[error(transparent)]
+    Arg(#[from] WorkloadArgError),
+    /// `--emulate-latency` is invalid.
+    #[error(transparent)]
+    Emulation(#[from] EmulationConfigError),
+    /// The guest image cannot be used.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// The tiering settings are invalid.
+    #[error(transparent)]
+    Tiering(#[from] TieringConfigError),
+    /// The emulation region does not fit below the page tables' reach.
+    #[error("--mem {} leaves no room for the latency-emulation region below {}: lower --mem or drop --emulate-latency", format_size(*.mem), format_size(MAX_RAM))]
+    NoRoomForEmulation {
+        /// Guest RAM asked for.
+        mem: u64,
+    },
+}
+
+impl ConfigError {
+    /// What the user can do about it, when the message does not end with
+    /// it already (an unusable image names its fix after the cause).
+    pub fn fix(&self) -> Option<&'static str> {
+        match self {
+            Self::Image(e) => e.fix(),
+            _ => None,
+        }
+    }
+}
+
+/// A workload argument (`--arg KEY=VALUE`) that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadArgError {
+    /// Not `key=value`.
+    #[error("--arg '{arg}' is not key=value: write e.g. --arg wss=256M")]
+    NotKeyValue {
+        /// The flag's value.
+        arg: String,
+    },
+    /// The image has no such argument.
+    #[error("unknown --arg key '{key}' for image {image}: valid keys are {}", .valid.join(", "))]
+    UnknownKey {
+        /// The key given.
+        key: String,
+        /// The image.
+        image: String,
+        /// The image's keys.
+        valid: Vec<&'static str>,
+    },
+    /// The value does not parse or is out of range.
+    #[error("--arg {key}={value} for image {image} is {why}: give {expected}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// The image.
+        image: String,
+        /// "out of range", "not an allowed value" or "malformed".
+        why: &'static str,
+        /// What the argument accepts.
+        expected: String,
+    },
+    /// The key does not fit the boot-info entry.
+    #[error(
+        "--arg key '{key}' is too long (max {} bytes) or contains NUL",
+        tiervm_guest::abi::ARG_KEY_LEN
+    )]
+    KeyTooLong {
+        /// The key.
+        key: String,
+    },
+    /// The value does not fit the boot-info entry.
+    #[error(
+        "--arg value '{value}' is too long (max {} bytes) or contains NUL",
+        tiervm_guest::abi::ARG_VALUE_LEN
+    )]
+    ValueTooLong {
+        /// The value.
+        value: String,
+    },
+    /// More arguments than the boot info holds.
+    #[error(
+        "{count} --arg flags given; at most {} are supported",
+        tiervm_guest::abi::MAX_ARGS
+    )]
+    TooMany {
+        /// Arguments given.
+        count: usize,
+    },
+}
+
+/// Everything needed to run one VM.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// The image.
+    pub image: Image,
+    /// Its validated ELF description.
+    pub elf: ElfInfo,
+    /// Workload arguments as given (in order).
+    pub args: Vec<(String, String)>,
+    /// Guest RAM bytes.
+    pub mem_bytes: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Run length; `None` = until the guest exits.
+    pub duration: Option<Duration>,
+    /// Status sampling period.
+    pub sample: Duration,
+    /// Seed passed to the guest.
+    pub seed: u64,
+    /// How long the guest gets to finish after a stop request.
+    pub stop_grace: Duration,
+    /// Guest console bytes forwarded before dropping.
+    pub console_limit: u64,
+    /// The guest-physical layout.
+    pub layout: GuestLayout,
+    /// Tiered memory settings; `None` = untiered RAM.
+    pub tiering: Option<TieringConfig>,
+    /// Latency emulation (`--emulate-latency`); `None` = off.
+    pub emulation: Option<EmulationConfig>,
+    /// The VM's threads install seccomp filters (docs/security.md).
+    pub seccomp: bool,
+    /// The calling (main) thread installs one too, once the VM's threads
+    /// exist (`tiervm run`: it runs one VM, then prints and exits).
+    pub seccomp_main: bool,
+    /// TEST ONLY: vCPU threads make a forbidden system call.
+    pub test_forbidden_syscall: bool,
+}
+
+/// Unvalidated inputs (what the CLI parsed).
+#[derive(Clone, Debug)]
+pub struct VmRequest {
+    /// Built-in name or path.
+    pub image: String,
+    /// `key=value` strings.
+    pub args: Vec<String>,
+    /// Guest RAM bytes.
+    pub mem_bytes: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Run length (zero = until the guest exits).
+    pub duration: Duration,
+    /// Sampling period in ms.
+    pub sample_ms: u64,
+    /// Seed.
+    pub seed: u64,
+    /// Stop grace.
+    pub stop_grace: Duration,
+    /// Tiering flags.
+    pub tiering: TieringRequest,
+    /// `--emulate-latency SPEC` (`Some("")`: the defaults).
+    pub emulate_latency: Option<String>,
+    /// Per-thread seccomp filters (`--no-seccomp` turns them off).
+    pub seccomp: bool,
+}
+
+impl Default for VmRequest {
+    fn default() -> Self {
+        Self {
+            image: "zipf".into(),
+            args: Vec::new(),
+            mem_bytes: DEFAULT_MEM,
+            vcpus: 1,
+            duration: DEFAULT_DURATION,
+            sample_ms: DEFAULT_SAMPLE_MS,
+            seed: 1,
+            stop_grace: DEFAULT_STOP_GRACE,
+            tiering: TieringRequest::default(),
+            emulate_latency: None,
+            seccomp: true,
+        }
+    }
+}
+
+/// Splits `key=value` flags.
+pub fn parse_kv(args: &[String]) -> std::result::Result<Vec<(String, String)>, WorkloadArgError> {
+    args.iter()
+        .map(|a| match a.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            _ => Err(WorkloadArgError::NotKeyValue { arg: a.clone() }),
+        })
+        .collect()
+}
+
+/// Checks `args` against a built-in image's spec.
+pub fn check_args(
+    image: &str,
+    spec: &tiervm_guest::args::ImageSpec,
+    args: &[(String, String)],
+) -> std::result::Result<(), WorkloadArgError> {
+    for (k, v) in args {
+        let Some(a) = spec.arg(k) else {
+            return Err(WorkloadArgError::UnknownKey {
+                key: k.clone(),
+                image: image.to_string(),
+                valid: spec.args.iter().map(|a| a.key).collect(),
+            });
+        };
+        if let Err(e) = a.kind.check(v) {
+            let expected = match a.kind {
+                ArgKind::Size { min, max } => {
+                    format!("a size from {} to {}", format_size(min), format_size(max))
+                }
+                ArgKind::Float { min, max } => format!("a number from {min} to {max}"),
+                ArgKind::Int { min, max } => format!("an integer from {min} to {max}"),
+                ArgKind::Choice(words) => format!("one of {}", words.join(", ")),
+            };
+            let why = match e {
+                ValueError::OutOfRange => "out of range",
+                ValueError::BadChoice => "not an allowed value",
+                _ => "malformed",
+            };
+            return Err(WorkloadArgError::BadValue {
+                key: k.clone(),
+                value: v.clone(),
+                image: image.to_string(),
+                why,
+                expected,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks a `--sample-ms` value: 1 ms to [`MAX_SAMPLE_MS`].
+pub fn check_sample_ms(ms: u64) -> std::result::Result<(), ConfigError> {
+    if ms == 0 {
+        return Err(ConfigError::NoSamplePeriod);
+    }
+    if ms > MAX_SAMPLE_MS {
+        return Err(ConfigError::SamplePeriodTooLong { ms });
+    }
+    Ok(())
+}
+
+/// MemTotal of this host in bytes, if /proc/meminfo says.
+pub fn host_memory_bytes() -> Option<u64> {
+    tiering::host::host_memory_bytes().ok()
+}
+
+impl VmConfig {
+    /// Advice about settings that are valid but will not do what the user
+    /// probably wants (printed on stderr before the run).
+    pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.tiering.is_some() {
+            let nb = std::fs::read_to_string(tiering::host::NUMA_BALANCING)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            out.extend(tiering::host::kernel_tiering_note(
+                nb,
+                tiering::host::demotion_enabled(),
+            ));
+        }
+        let (Some(d), Some(engine)) = (
+            self.duration,
+            self.tiering.as_ref().and_then(|t| t.engine.as_ref()),
+        ) else {
+            return out;
+        };
+        let mut kinds: Vec<PolicyKind> = engine.policies().collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        for kind in kinds {
+            let interval = engine.interval(kind).or(kind.default_interval());
+            let Some(first_migration) = kind.first_migration_after(interval) else {
+                continue;
+            };
+            if d < first_migration {
+                out.push(format!(
+                    "note: {kind}'s first migration comes {:.1} s into the run ({:.1} s profiling interval), after --duration {:.1}s ends; shorten the interval with --policy-interval {kind}=2s",
+                    first_migration.as_secs_f64(),
+                    interval.unwrap_or_default().as_secs_f64(),
+                    d.as_secs_f64()
+                ));
+            }
+        }
+        out
+    }
+
+    /// Validates a request: the VM's shape, its RAM, the image and its
+    /// arguments, then the tiering settings.
+    pub fn from_request(req: &VmRequest) -> Result<Self, ConfigError> {
+        check_shape(req)?;
+        let mem = req.mem_bytes;
+        check_mem(mem)?;
+        let image = Image::resolve(&req.image)?;
+        let args = parse_kv(&req.args)?;
+        if let Some(spec) = image.spec {
+            check_args(&image.name, spec, &args)?;
+        }
+        let elf = image::validate_elf(&image.name, &image.bytes, mem)?;
+        let layout = GuestLayout::new(mem, elf.end, req.vcpus);
+        check_image_fits(&image, &args, &layout, req.vcpus)?;
+        let tiering = tiering_for(req, &layout)?;
+        check_untiered_fits_host(mem, tiering.as_ref())?;
+        let emulation = emulation_for(req, tiering.as_ref())?;
+        Ok(Self {
+            emulation,
+            tiering,
+            image,
+            elf,
+            args,
+            mem_bytes: mem,
+            vcpus: req.vcpus,
+            duration: (!req.duration.is_zero()).then_some(req.duration),
+            sample: Duration::from_millis(req.sample_ms),
+            seed: req.seed,
+            stop_grace: req.stop_grace,
+            console_limit: DEFAULT_CONSOLE_LIMIT,
+            layout,
+            seccomp: req.seccomp,
+            seccomp_main: false,
+            test_forbidden_syscall: false,
+        })
+    }
+
+    /// The arguments with the image's defaults filled in (for reports).
+    pub fn effective_args(&self) -> std::collections::BTreeMap<String, String> {
+        let mut out = std::collections::BTreeMap::new();
+        if let Some(spec) = self.image.spec {
+            for a in spec.args {
+                out.insert(a.key.to_string(), a.default.to_string());
+            }
+        }
+        for (k, v) in &self.args {
+            out.insert(k.clone(), v.clone());
+        }
+        out
+    }
+}
+
+/// vCPU count and sampling period.
+fn check_shape(req: &VmRequest) -> std::result::Result<(), ConfigError> {
+    if req.vcpus == 0 {
+        return Err(ConfigError::NoVcpus);
+    }
+    if req.vcpus as usize > MAX_VCPUS {
+        return Err(ConfigError::TooManyVcpus { vcpus: req.vcpus });
+    }
+    check_sample_ms(req.sample_ms)
+}
+
+/// Guest RAM: within tiervm's bounds and 2 MiB aligned.
+fn check_mem(mem: u64) -> std::result::Result<(), ConfigError> {
+    if mem < MIN_RAM {
+        return Err(ConfigError::MemBelowMinimum { mem });
+    }
+    if mem > MAX_RAM {
+        return Err(ConfigError::MemAboveMaximum { mem });
+    }
+    if !mem.is_multiple_of(GUEST_LARGE_PAGE) {
+        return Err(ConfigError::MemNotAligned { mem });
+    }
+    Ok(())
+}
+
+/// Untiered RAM has no commit guard: it must fit the host. Tiered RAM is
+/// committed lazily under a guard (see `tiering::mem`), so a guest larger
+/// than the host runs as long as it touches less.
+fn check_untiered_fits_host(
+    mem: u64,
+    tiering: Option<&TieringConfig>,
+) -> std::result::Result<(), ConfigError> {
+    match (tiering, host_memory_bytes()) {
+        (None, Some(host)) if mem > host => Err(ConfigError::MemExceedsHost { mem, host }),
+        _ => Ok(()),
+    }
+}
+
+/// The image, its stacks and (for built-in images) the data set its
+/// arguments ask for fit in guest RAM.
+fn check_image_fits(
+    image: &Image,
+    args: &[(String, String)],
+    layout: &GuestLayout,
+    vcpus: u32,
+) -> std::result::Result<(), ConfigError> {
+    let mem = layout.ram_size;
+    if let Some(spec) = image.spec {
+        let entries = to_entries(args)?;
+        let need = workloads::heap_need(spec.name, &Args::new(&entries, Some(spec))).unwrap_or(0);
+        let needed = layout.ram_needed(need);
+        if needed > mem {
+            return Err(ConfigError::MemTooSmallForImage {
+                mem,
+                image: spec.name,
+                needed,
+            });
+        }
+    } else if layout.heap_start > mem {
+        return Err(ConfigError::NoRoomForStacks { mem, vcpus });
+    }
+    Ok(())
+}
+
+/// The validated tiering settings (chaos limited to the heap when the
+/// test-only flag asks for it).
+fn tiering_for(
+    req: &VmRequest,
+    layout: &GuestLayout,
+) -> Result<Option<TieringConfig>, ConfigError> {
+    let nodes: Vec<u32> = tiering::host::numa_nodes()
+        .map(|n| n.iter().map(|n| n.id).collect())
+        .unwrap_or_default();
+    let mut tiering = req.tiering.validate(layout.ram_size, req.seed, &nodes)?;
+    if req.tiering.chaos_heap_only {
+        if let Some(chaos) = tiering.as_mut().and_then(|t| t.chaos.as_mut()) {
+            let page = tiering::mem::PAGE_SIZE as u64;
+            chaos.pages =
+                Some((layout.heap_start / page) as usize..(layout.heap_end / page) as usize);
+        }
+    }
+    Ok(tiering)
+}
+
+/// `--emulate-latency`: the settings, for a VM whose tiers the 2-bit map
+/// can name and whose region fits below the page tables' reach.
+fn emulation_for(
+    req: &VmRequest,
+    tiering: Option<&TieringConfig>,
+) -> std::result::Result<Option<EmulationConfig>, ConfigError> {
+    let Some(spec) = &req.emulate_latency else {
+        return Ok(None);
+    };
+    let cfg = EmulationConfig::parse(spec)?;
+    cfg.check_tiers(tiering.map_or(1, |t| t.mem.tiers.len()))?;
+    if emulation::layout_for(&cfg, req.mem_bytes, req.vcpus).end() > MAX_RAM {
+        return Err(ConfigError::NoRoomForEmulation { mem: req.mem_bytes });
+    }
+    Ok(Some(cfg))
+}
+
+/// Converts `key=value` pairs to ABI entries.
+pub fn to_entries(
+    args: &[(String, String)],
+) -> std::result::Result<Vec<ArgEntry>, WorkloadArgError> {
+    if args.len() > tiervm_guest::abi::MAX_ARGS {
+        return Err(WorkloadArgError::TooMany { count: args.len() });
+    }
+    args.iter()
+        .map(|(k, v)| {
+            Ok(ArgEntry {
+                key: tiervm_guest::abi::to_fixed(k)
+                    .ok_or_else(|| WorkloadArgError::KeyTooLong { key: k.clone() })?,
+                value: tiervm_guest::abi::to_fixed(v)
+                    .ok_or_else(|| WorkloadArgError::ValueTooLong { value: v.clone() })?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(f: impl FnOnce(&mut VmRequest)) -> VmRequest {
+        let mut r = VmRequest::default();
+        f(&mut r);
+        r
+    }
+
+    fn err(r: VmRequest) -> String {
+        let e = VmConfig::from_request(&r).unwrap_err();
+        e.to_string()
+    }
+
+    #[test]
+    fn notes_warn_when_mtm_cannot_migrate_within_the_run() {
+        let mtm = |interval: Option<&str>, secs: u64| {
+            let r = req(|r| {
+                r.duration = Duration::from_secs(secs);
+                r.tiering.fast = Some(256 << 20);
+                r.tiering.policy = Some(crate::tiering_config::PolicyArg::Mtm);
+                r.tiering.policy_interval = interval.map(str::to_string);
+            });
+            VmConfig::from_request(&r).unwrap().notes()
+        };
+        let n = mtm(None, 6);
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert!(n[0].contains("13.3 s into the run"), "{n:?}");
+        assert!(mtm(Some("mtm=2s"), 6).is_empty());
+        assert_eq!(mtm(Some("mtm=6s"), 6).len(), 1);
+        assert!(mtm(None, 20).is_empty());
+    }
+
+    #[test]
+    fn usage_errors_name_the_fix() {
+        assert!(err(req(|r| r.vcpus = 0)).contains("--vcpus 0"));
+        assert!(err(req(|r| r.mem_bytes = 1 << 20)).contains("below the 16M minimum"));
+        assert!(err(req(|r| r.mem_bytes = (64 << 20) + 4096)).contains("multiple of 2M"));
+        assert!(err(req(|r| r.mem_bytes = 64 << 20)).contains("raise --mem to at least"));
+        assert!(err(req(|r| r.args = vec!["bogus=1".into()]))
+            .contains("unknown --arg key 'bogus' for image zipf"));
+        assert!(err(req(|r| r.args = vec!["theta=2".into()])).contains("out of range"));
+        assert!(err(req(|r| r.args = vec!["theta".into()])).contains("not key=value"));
+        assert!(err(req(|r| r.image = "nope".into())).contains("neither a built-in image"));
+        if let Some(host) = host_memory_bytes() {
+            let over = (host / GUEST_LARGE_PAGE + 1) * GUEST_LARGE_PAGE;
+            if over <= MAX_RAM {
+                assert!(err(req(|r| r.mem_bytes = over)).contains("exceeds this host's memory"));
+            }
+        }
+    }
+
+    #[test]
+    fn emulation_is_off_unless_asked_and_checked_when_asked() {
+        let off = VmConfig::from_request(&req(|_| {})).unwrap();
+        assert!(off.emulation.is_none());
+        let on = VmConfig::from_request(&req(|r| r.emulate_latency = Some(String::new()))).unwrap();
+        assert_eq!(on.emulation.unwrap().preset, "nomad-a");
+        assert!(err(req(|r| r.emulate_latency = Some("fast=abc".into())))
+            .contains("--emulate-latency fast=abc"));
+        assert!(err(req(|r| {
+            // Tiered (committed lazily), so the host's size does not matter.
+            r.mem_bytes = MAX_RAM;
+            r.tiering.fast = Some(1 << 30);
+            r.emulate_latency = Some(String::new());
+        }))
+        .contains("no room for the latency-emulation region"));
+    }
+
+    #[test]
+    fn valid_request_builds() {
+        let c = VmConfig::from_request(&req(|r| r.args = vec!["wss=16M".into(), "rss=32M".into()]))
+            .unwrap();
+        assert_eq!(c.effective_args()["wss"], "16M");
+        assert_eq!(c.effective_args()["theta"], "0.99");
+        assert!(c.layout.heap_bytes() >= 32 << 20);
+    }
+}

@@ -1,0 +1,573 @@
+//! The REST API: axum handlers, each annotated for the OpenAPI document,
+//! and the router that registers them only through `utoipa-axum` (so the
+//! document served at `/v1/openapi.json` lists exactly the routes the
+//! server has). Bodies are size-limited, requests time out, every error is
+//! JSON `{code, message, fix}`.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequest, MatchedPath, Path, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::host::Host;
+use super::metrics::ApiMetrics;
+use super::types::*;
+
+pub use super::host::check_policy;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// The service.
+    pub host: Arc<Host>,
+    /// The OpenAPI document (set once the router is built).
+    pub openapi: Arc<OnceLock<String>>,
+    /// Request counters and latencies.
+    pub metrics: Arc<ApiMetrics>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "tiervm serve",
+        description = "The host-side CXL memory expander service: shares the host's fast and slow \
+                       memory tiers among VMs, one worker process per VM. Served over a Unix socket.",
+        license(name = "Apache-2.0")
+    ),
+    tags(
+        (name = "host", description = "The host's pools"),
+        (name = "vms", description = "VMs and their fast-tier shares"),
+        (name = "meta", description = "The API document and metrics")
+    )
+)]
+struct ApiDoc;
+
+/// Runs blocking service code off the async threads; a panic is a 500.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("the request failed: {e}"))))
+}
+
+/// A JSON body: size-limited (413), parsed with serde (400 names the field).
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .map_or(64 << 10, |l| l.0);
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(limit)
+            } else {
+                ApiError::bad_request(format!("reading the body: {e}"), "send a JSON body")
+            }
+        })?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses a request body (exposed for the property tests).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(
+            format!("the body is not valid for this route: {e}"),
+            "see the request schema in GET /v1/openapi.json",
+        )
+    })
+}
+
+/// The body limit, for messages.
+#[derive(Clone, Copy)]
+struct BodyLimit(usize);
+
+fn path_id(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(id)| id)
+        .map_err(|e| ApiError::bad_request(format!("the path: {e}"), "use an id from GET /v1/vms"))
+}
+
+/// The host's tiers, pools (capacity, reserved, committed, free bytes) and VMs.
+#[utoipa::path(get, path = "/v1/host", tag = "host",
+    responses((status = 200, description = "The host", body = HostInfo)))]
+async fn get_host(State(st): State<AppState>) -> Result<Json<HostInfo>, ApiError> {
+    let h = st.host.clone();
+    blocking(move || Ok(h.host_info())).await.map(Json)
+}
+
+/// Changes the pool sizes (not below what admission reserved).
+#[utoipa::path(patch, path = "/v1/host", tag = "host", request_body = PatchHost,
+    responses(
+        (status = 200, description = "The host after the change", body = HostInfo),
+        (status = 400, description = "Bad input, or a pool larger than its node", body = ApiError),
+        (status = 409, description = "A pool below what the VMs reserve", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 503, description = "Shutting down", body = ApiError)))]
+async fn patch_host(
+    State(st): State<AppState>,
+    JsonBody(p): JsonBody<PatchHost>,
+) -> Result<Json<HostInfo>, ApiError> {
+    let h = st.host.clone();
+    blocking(move || h.patch_host(&p)).await.map(Json)
+}
+
+/// Every VM.
+#[utoipa::path(get, path = "/v1/vms", tag = "vms",
+    responses((status = 200, description = "The VMs", body = Vec<VmInfo>)))]
+async fn list_vms(State(st): State<AppState>) -> Result<Json<Vec<VmInfo>>, ApiError> {
+    let h = st.host.clone();
+    blocking(move || Ok(h.list())).await.map(Json)
+}
+
+/// Creates and starts a VM (admission control on its fast min and its mem).
+#[utoipa::path(post, path = "/v1/vms", tag = "vms", request_body = CreateVm,
+    responses(
+        (status = 201, description = "Created; answered at once with the VM `starting` (poll GET /v1/vms/{id} for `running`, or `failed` and its error)", body = VmInfo),
+        (status = 400, description = "Bad input (image, arguments, sizes, policy)", body = ApiError),
+        (status = 409, description = "The fast min or mem does not fit the pools, or too many VMs", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 503, description = "Shutting down", body = ApiError)))]
+async fn create_vm(
+    State(st): State<AppState>,
+    JsonBody(req): JsonBody<CreateVm>,
+) -> Result<(StatusCode, Json<VmInfo>), ApiError> {
+    let h = st.host.clone();
+    blocking(move || h.create(&req))
+        .await
+        .map(|v| (StatusCode::CREATED, Json(v)))
+}
+
+/// One VM: state, live throughput, per-tier capacity and kernel-measured
+/// resident bytes, the fast share's target and actual size, migration counters.
+#[utoipa::path(get, path = "/v1/vms/{id}", tag = "vms",
+    params(("id" = String, Path, description = "VM id")),
+    responses(
+        (status = 200, description = "The VM", body = VmInfo),
+        (status = 404, description = "No such VM", body = ApiError)))]
+async fn get_vm(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<VmInfo>, ApiError> {
+    let id = path_id(id)?;
+    let h = st.host.clone();
+    blocking(move || h.vm_info(&id, true)).await.map(Json)
+}
+
+/// Stops a running VM (202; it writes its report) or removes an ended one (204).
+#[utoipa::path(delete, path = "/v1/vms/{id}", tag = "vms",
+    params(("id" = String, Path, description = "VM id")),
+    responses(
+        (status = 202, description = "Stopping"),
+        (status = 204, description = "Removed"),
+        (status = 404, description = "No such VM", body = ApiError),
+        (status = 502, description = "The VM's process did not answer", body = ApiError)))]
+async fn delete_vm(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let id = path_id(id)?;
+    let h = st.host.clone();
+    blocking(move || h.delete(&id)).await.map(|stopping| {
+        if stopping {
+            StatusCode::ACCEPTED
+        } else {
+            StatusCode::NO_CONTENT
+        }
+    })
+}
+
+/// Changes a VM's fast share; answered while the VM converges (GET shows
+/// `target_bytes` next to `used_bytes`).
+#[utoipa::path(patch, path = "/v1/vms/{id}/fast", tag = "vms", request_body = FastRequest,
+    params(("id" = String, Path, description = "VM id")),
+    responses(
+        (status = 202, description = "Accepted; converging", body = FastInfo),
+        (status = 400, description = "Bad input", body = ApiError),
+        (status = 404, description = "No such VM", body = ApiError),
+        (status = 409, description = "The min does not fit, or the VM is not running", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 503, description = "Shutting down", body = ApiError)))]
+async fn patch_fast(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(p): JsonBody<FastRequest>,
+) -> Result<(StatusCode, Json<FastInfo>), ApiError> {
+    let id = path_id(id)?;
+    let h = st.host.clone();
+    blocking(move || h.patch_fast(&id, &p))
+        .await
+        .map(|f| (StatusCode::ACCEPTED, Json(f)))
+}
+
+/// Switches a VM's placement policy live (the engine hands its state over).
+/// Answered once the VM queued the switch; GET shows `policy` (running)
+/// next to `policy_requested` until the VM took it (or `policy_error`).
+#[utoipa::path(put, path = "/v1/vms/{id}/policy", tag = "vms", request_body = PutPolicy,
+    params(("id" = String, Path, description = "VM id")),
+    responses(
+        (status = 202, description = "Accepted; the VM takes the switch at its next sample", body = VmInfo),
+        (status = 400, description = "Not a placement policy", body = ApiError),
+        (status = 404, description = "No such VM", body = ApiError),
+        (status = 409, description = "The VM is not running", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 503, description = "Shutting down", body = ApiError)))]
+async fn put_policy(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(p): JsonBody<PutPolicy>,
+) -> Result<(StatusCode, Json<VmInfo>), ApiError> {
+    let id = path_id(id)?;
+    let h = st.host.clone();
+    blocking(move || h.put_policy(&id, &p))
+        .await
+        .map(|v| (StatusCode::ACCEPTED, Json(v)))
+}
+
+/// The VM's run report: the same JSON as `tiervm run --report json` (docs/report.md).
+#[utoipa::path(get, path = "/v1/vms/{id}/report", tag = "vms",
+    params(("id" = String, Path, description = "VM id")),
+    responses(
+        (status = 200, description = "The run report (docs/report.md)", body = Object),
+        (status = 404, description = "No such VM, or it left no report", body = ApiError),
+        (status = 409, description = "The VM still runs", body = ApiError)))]
+async fn get_report(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = path_id(id)?;
+    let h = st.host.clone();
+    blocking(move || h.report(&id)).await.map(Json)
+}
+
+/// This document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta",
+    responses((status = 200, description = "The OpenAPI 3 document", body = Object, content_type = "application/json")))]
+async fn openapi_json(State(st): State<AppState>) -> Response {
+    let doc = st.openapi.get().cloned().unwrap_or_default();
+    ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
+/// Prometheus metrics (text exposition format 0.0.4).
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, description = "The metrics", body = String,
+        content_type = "text/plain; version=0.0.4; charset=utf-8")))]
+async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let h = st.host.clone();
+    let m = st.metrics.clone();
+    let text = blocking(move || super::metrics::render(&h, &m)).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(
+        format!("no route {} {}", req.method(), req.uri().path()),
+        "the API is under /v1 (GET /v1/openapi.json lists the routes)",
+    )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+/// Refuses changes while shutting down, bounds the time of every request,
+/// and counts requests and latencies.
+async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    req.extensions_mut().insert(BodyLimit(st.host.cfg.max_body));
+    let response = if st.host.shutting_down() && method != Method::GET {
+        ApiError::shutting_down().into_response()
+    } else {
+        let limit = st.host.cfg.request_timeout;
+        match tokio::time::timeout(limit, next.run(req)).await {
+            Ok(r) => r,
+            Err(_) => ApiError::timeout(limit).into_response(),
+        }
+    };
+    st.metrics.observe(
+        method.as_str(),
+        &route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// The router of the TCP metrics listener: `GET /metrics` only.
+pub fn metrics_router(st: AppState) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(st.clone(), guard))
+        .with_state(st)
+}
+
+/// The router and the OpenAPI document it implies.
+pub fn router(st: AppState) -> (axum::Router, utoipa::openapi::OpenApi) {
+    let limit = st.host.cfg.max_body;
+    let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(get_host, patch_host))
+        .routes(routes!(list_vms, create_vm))
+        .routes(routes!(get_vm, delete_vm))
+        .routes(routes!(patch_fast))
+        .routes(routes!(put_policy))
+        .routes(routes!(get_report))
+        .routes(routes!(openapi_json))
+        .routes(routes!(metrics))
+        .split_for_parts();
+    let router = router
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(st.clone(), guard))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(st.clone());
+    let json = doc.to_pretty_json().unwrap_or_default();
+    let _ = st.openapi.set(json);
+    (router, doc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use proptest::prelude::*;
+    use tower::ServiceExt;
+
+    fn app() -> (axum::Router, Arc<Host>) {
+        let cfg = super::super::config::ServeConfig::for_tests();
+        let host = Host::new(cfg);
+        let st = AppState {
+            host: host.clone(),
+            openapi: Arc::new(OnceLock::new()),
+            metrics: Arc::new(ApiMetrics::default()),
+        };
+        (router(st).0, host)
+    }
+
+    fn call(app: &axum::Router, method: &str, uri: &str, body: Vec<u8>) -> Option<(u16, Vec<u8>)> {
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::from(body))
+            .ok()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async {
+            let resp = app.clone().oneshot(req).await.ok()?;
+            let status = resp.status().as_u16();
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.ok()?;
+            Some((status, bytes.to_vec()))
+        })
+    }
+
+    fn check_answer(status: u16, body: &[u8]) -> Result<(), TestCaseError> {
+        prop_assert!(
+            [200, 201, 202, 204, 400, 404, 405, 409, 413].contains(&status),
+            "status {status}: {}",
+            String::from_utf8_lossy(body)
+        );
+        if status >= 400 {
+            let e: serde_json::Value = serde_json::from_slice(body)
+                .map_err(|_| TestCaseError::fail("an error body is JSON"))?;
+            for k in ["code", "message", "fix"] {
+                prop_assert!(
+                    e[k].as_str().is_some_and(|s| !s.is_empty()),
+                    "error field {k}: {e}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(|f| serde_json::json!(f)),
+            "[a-zA-Z0-9 ._/-]{0,12}".prop_map(serde_json::Value::from),
+            prop_oneof![
+                Just("512M"),
+                Just("3M"),
+                Just("1G"),
+                Just("-1"),
+                Just("99999T"),
+                Just("zipf"),
+                Just("nomad")
+            ]
+            .prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            let keys = prop_oneof![
+                Just("image".to_string()),
+                Just("mem".to_string()),
+                Just("fast".to_string()),
+                Just("min".to_string()),
+                Just("max".to_string()),
+                Just("weight".to_string()),
+                Just("policy".to_string()),
+                Just("args".to_string()),
+                Just("fast_pool".to_string()),
+                Just("slow_pool".to_string()),
+                Just("vcpus".to_string()),
+                Just("duration".to_string()),
+                "[a-z_]{1,8}",
+            ];
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map(keys, inner, 0..5)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        let seg = "[a-zA-Z0-9%._~{}-]{0,10}";
+        prop_oneof![
+            Just("/v1/host".to_string()),
+            Just("/v1/vms".to_string()),
+            Just("/metrics".to_string()),
+            Just("/v1/openapi.json".to_string()),
+            seg.prop_map(|s| format!("/v1/vms/{s}")),
+            seg.prop_map(|s| format!("/v1/vms/{s}/fast")),
+            seg.prop_map(|s| format!("/v1/vms/{s}/policy")),
+            seg.prop_map(|s| format!("/v1/vms/{s}/report")),
+            proptest::collection::vec(seg, 0..5).prop_map(|v| format!("/{}", v.join("/"))),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_json_and_paths_get_a_json_answer(
+            method in prop_oneof![Just("GET"), Just("POST"), Just("PUT"), Just("PATCH"), Just("DELETE"), Just("HEAD")],
+            path in path(),
+            body in prop_oneof![
+                json_value().prop_map(|v| v.to_string().into_bytes()),
+                proptest::collection::vec(any::<u8>(), 0..64),
+            ],
+        ) {
+            let (app, _host) = app();
+            if let Some((status, body)) = call(&app, method, &path, body) {
+                if method != "HEAD" {
+                    check_answer(status, &body)?;
+                }
+            }
+        }
+
+        #[test]
+        fn body_parsers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256), v in json_value()) {
+            let _ = parse_json::<CreateVm>(&bytes);
+            let _ = parse_json::<FastRequest>(&bytes);
+            let s = v.to_string();
+            for r in [
+                parse_json::<CreateVm>(s.as_bytes()).err(),
+                parse_json::<PatchHost>(s.as_bytes()).err(),
+                parse_json::<PutPolicy>(s.as_bytes()).err(),
+            ].into_iter().flatten() {
+                prop_assert_eq!(r.status, 400);
+            }
+        }
+    }
+
+    /// docs/openapi.json is the document the server serves (regenerate it
+    /// with `TIERVM_UPDATE_OPENAPI=1 cargo test -p tiervm-service --lib openapi_copy`).
+    #[test]
+    fn the_openapi_copy_in_docs_is_what_the_server_serves() {
+        let (_, host) = app();
+        let st = AppState {
+            host,
+            openapi: Arc::new(OnceLock::new()),
+            metrics: Arc::new(ApiMetrics::default()),
+        };
+        let (_, doc) = router(st);
+        let served = doc.to_pretty_json().unwrap() + "\n";
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
+        if std::env::var_os("TIERVM_UPDATE_OPENAPI").is_some() {
+            std::fs::write(&path, &served).unwrap();
+        }
+        let copy = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            copy == served,
+            "docs/openapi.json differs from the served document: regenerate it with \
+             TIERVM_UPDATE_OPENAPI=1 cargo test -p tiervm-service --lib openapi_copy"
+        );
+    }
+
+    #[test]
+    fn changes_are_refused_with_503_while_shutting_down() {
+        let (app, host) = app();
+        host.shutdown();
+        let (st, body) = call(&app, "POST", "/v1/vms", br#"{"image":"zipf"}"#.to_vec()).unwrap();
+        assert_eq!(st, 503, "{}", String::from_utf8_lossy(&body));
+        let e: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(e["code"], "shutting_down");
+        let (st, _) = call(&app, "GET", "/v1/host", Vec::new()).unwrap();
+        assert_eq!(st, 200, "reads still work while the VMs stop");
+    }
+
+    #[test]
+    fn host_paths_are_not_images_without_an_image_dir() {
+        let (app, _host) = app();
+        for image in ["/proc/kmsg", "/etc/passwd", "../zipf", "."] {
+            let body = format!(r#"{{"image":"{image}"}}"#).into_bytes();
+            let (st, body) = call(&app, "POST", "/v1/vms", body).unwrap();
+            let e: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(st, 400, "{image}: {e}");
+            assert!(
+                e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not a built-in image"),
+                "{e}"
+            );
+            assert!(e["fix"].as_str().unwrap().contains("image_dir"), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_plain_file_names_reach_the_image_dir() {
+        let mut cfg = super::super::config::ServeConfig::for_tests();
+        cfg.image_dir = Some("/srv/images".into());
+        let host = Host::new(cfg);
+        assert_eq!(host.image_of("zipf").unwrap(), "zipf");
+        assert_eq!(host.image_of("mine.elf").unwrap(), "/srv/images/mine.elf");
+        for bad in ["", ".", "..", "../x", "/proc/kmsg", "a/b", "a\0b"] {
+            assert!(host.image_of(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

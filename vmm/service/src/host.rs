@@ -1,0 +1,1484 @@
+//! The service's state: the pools, the VMs and their worker processes,
+//! admission control, and the rebalancing loop that divides the fast pool
+//! (`division`). Every operation is synchronous and bounded; the HTTP
+//! layer calls them from blocking tasks.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::config::{check_pools, host_nodes, ServeConfig, SIZE_ALIGN};
+use super::division::{self, Share, Valuation};
+use super::protocol::{Command, FromWorker, Reply, VmSpec, WorkerStats};
+use super::types::*;
+use super::worker::{ExitInfo, WorkerLink, WorkerLinkError};
+use vmm_core::units::format_size;
+
+/// How long a stats request may take.
+const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often running VMs' statistics are refreshed.
+const STATS_PERIOD: Duration = Duration::from_secs(1);
+/// Decayed samples below which a VM's gain curve is not trusted.
+const MIN_SAMPLES: f64 = 32.0;
+/// Time constant of a VM's smoothed guest-reported throughput, seconds: a
+/// shared host's ops/s vary several-fold from one second to the next. (The
+/// host-measured access rate needs no smoothing: the worker's census holds
+/// one sample per page, a pass of the sampler.)
+const OPS_TAU_S: f64 = 20.0;
+/// Pages per step of the gain curves.
+const PAGE: u64 = tiering::mem::PAGE_SIZE as u64;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where a VM stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum VmState {
+    /// Its worker builds the VM.
+    Starting,
+    /// Running.
+    Running,
+    /// Asked to stop.
+    Stopping,
+    /// Ended (guest exited or was stopped); the report is kept.
+    Stopped,
+    /// The guest crashed, or the worker process died without a report.
+    Crashed,
+    /// The VM could not be built.
+    Failed,
+}
+
+impl VmState {
+    /// The name the API uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Stopping => "stopping",
+            Self::Stopped => "stopped",
+            Self::Crashed => "crashed",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Every state.
+    pub const ALL: [Self; 6] = [
+        Self::Starting,
+        Self::Running,
+        Self::Stopping,
+        Self::Stopped,
+        Self::Crashed,
+        Self::Failed,
+    ];
+
+    /// Whether the VM holds pool capacity (its process is alive).
+    pub fn active(self) -> bool {
+        matches!(self, Self::Starting | Self::Running | Self::Stopping)
+    }
+}
+
+/// One VM.
+#[derive(Debug)]
+pub struct VmEntry {
+    /// Id.
+    pub id: String,
+    /// What its worker runs.
+    pub spec: VmSpec,
+    /// Guaranteed fast bytes.
+    pub min: u64,
+    /// Most fast bytes.
+    pub max: u64,
+    /// Weight.
+    pub weight: f64,
+    /// The fast capacity decided.
+    pub target: u64,
+    /// The fast capacity the worker applied.
+    pub applied: u64,
+    /// State.
+    pub state: VmState,
+    link: Option<Arc<WorkerLink>>,
+    /// Worker pid.
+    pub pid: Option<u32>,
+    /// Latest statistics.
+    pub stats: Option<WorkerStats>,
+    /// The run report, once it ended.
+    pub report: Option<serde_json::Value>,
+    /// How the process ended.
+    pub exit: Option<ExitInfo>,
+    /// The crash or failure.
+    pub error: Option<String>,
+    /// stop_reason once ended.
+    pub stop_reason: Option<String>,
+    /// Advice.
+    pub notes: Vec<String>,
+    /// The policy the VM was created with (until its stats say what runs).
+    pub policy: String,
+    /// The policy the API asked for last.
+    pub policy_requested: String,
+    /// Switches through the API.
+    pub policy_switches: u64,
+    /// When the target last changed.
+    pub last_resize: Option<Instant>,
+    /// Whether that change was a grow.
+    pub last_grew: Option<bool>,
+    /// When the VM was created.
+    pub created: Instant,
+    finished_event: bool,
+    /// Smoothed ops/s (exponentially weighted, [`OPS_TAU_S`]), its
+    /// variance, and the worker sample time it last took.
+    ops_smooth: Option<(f64, f64, f64)>,
+}
+
+impl VmEntry {
+    /// A VM just admitted: `share` is its fast (min, max, weight), `start`
+    /// the fast bytes it starts with.
+    fn starting(
+        id: String,
+        spec: VmSpec,
+        (min, max, weight): (u64, u64, f64),
+        start: u64,
+        policy: String,
+    ) -> Self {
+        Self {
+            id,
+            spec,
+            min,
+            max,
+            weight,
+            target: start,
+            applied: start,
+            state: VmState::Starting,
+            link: None,
+            pid: None,
+            stats: None,
+            report: None,
+            exit: None,
+            error: None,
+            stop_reason: None,
+            notes: Vec::new(),
+            policy_requested: policy.clone(),
+            policy,
+            policy_switches: 0,
+            last_resize: None,
+            last_grew: None,
+            created: Instant::now(),
+            finished_event: false,
+            ops_smooth: None,
+        }
+    }
+
+    /// Takes a fresh statistics sample into the smoothed throughput.
+    fn smooth_ops(&mut self) {
+        let Some(st) = &self.stats else { return };
+        let (x, t) = (st.ops_per_sec, st.t_s);
+        self.ops_smooth = Some(match self.ops_smooth {
+            None => (x, 0.0, t),
+            Some((m, v, t0)) if t > t0 => {
+                let a = 1.0 - (-(t - t0) / OPS_TAU_S).exp();
+                let d = x - m;
+                (m + a * d, (1.0 - a) * (v + a * d * d), t)
+            }
+            Some(same) => same,
+        });
+    }
+
+    /// The VM's sampled access rate as the host measures it, and its
+    /// standard error (the worker's estimate: `None` before its sampler
+    /// covered any memory).
+    fn access_estimate(&self) -> Option<(f64, f64)> {
+        let a = self.stats.as_ref()?.accesses?;
+        (a.per_sec.is_finite() && a.se.is_finite()).then_some((a.per_sec, a.se))
+    }
+
+    /// The smoothed guest-reported ops/s and its standard error (the
+    /// variance of an exponentially weighted mean of independent samples:
+    /// `var a / (2 - a)` with `a` = 1 s / [`OPS_TAU_S`]).
+    fn ops_estimate(&self) -> (f64, f64) {
+        match self.ops_smooth {
+            Some((m, v, _)) => {
+                let a = 1.0 / OPS_TAU_S;
+                (m, (v * a / (2.0 - a)).sqrt())
+            }
+            None => (0.0, 0.0),
+        }
+    }
+}
+
+/// Counters of the service (for the metrics).
+#[derive(Clone, Debug, Default)]
+pub struct ServiceCounters {
+    /// Rebalancing rounds.
+    pub rounds: u64,
+    /// Capacity changes.
+    pub moves: u64,
+    /// Bytes moved.
+    pub moved_bytes: u64,
+    /// Bytes moved by optional moves (grants, exchanges), all rounds.
+    pub optional_bytes: u64,
+    /// The most bytes optional moves changed in one round.
+    pub max_round_optional_bytes: u64,
+    /// VM processes that died without a report or whose guest crashed.
+    pub crashes: u64,
+    /// VMs created.
+    pub created: u64,
+}
+
+/// The mutable state.
+#[derive(Debug)]
+pub struct HostState {
+    /// Fast pool, bytes.
+    pub fast_pool: u64,
+    /// Slow pool, bytes.
+    pub slow_pool: u64,
+    /// VMs by number.
+    pub vms: BTreeMap<u64, VmEntry>,
+    next_id: u64,
+    /// Counters.
+    pub counters: ServiceCounters,
+}
+
+impl HostState {
+    fn active(&self) -> impl Iterator<Item = &VmEntry> {
+        self.vms.values().filter(|v| v.state.active())
+    }
+
+    /// Fast bytes reserved by admission (the mins of active VMs).
+    pub fn fast_reserved(&self) -> u64 {
+        self.active().map(|v| v.min).sum()
+    }
+
+    /// Slow bytes reserved (the slow capacity of active VMs).
+    pub fn slow_reserved(&self) -> u64 {
+        self.active().map(|v| v.spec.slow_bytes).sum()
+    }
+
+    /// Fast bytes handed out: each VM's target, or its use while a shrink converges.
+    pub fn fast_committed(&self) -> u64 {
+        self.active().map(|v| v.target.max(fast_used(v))).sum()
+    }
+
+    fn find(&self, id: &str) -> Option<u64> {
+        // Ids are "vm-" and the key.
+        let key = id.strip_prefix("vm-")?.parse().ok()?;
+        self.vms.get(&key).filter(|v| v.id == id).map(|_| key)
+    }
+
+    /// Forgets the oldest ended VMs (their reports collected) beyond
+    /// `keep`; their logs and reports stay in the state directory.
+    fn forget_oldest_ended(&mut self, keep: usize) {
+        let report_on_its_way =
+            |v: &VmEntry| v.finished_event && v.report.is_none() && v.link.is_some();
+        let forgettable = |v: &VmEntry| !v.state.active() && !report_on_its_way(v);
+        let ended: Vec<u64> = (self.vms.iter())
+            .filter(|(_, v)| forgettable(v))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in ended.iter().take(ended.len().saturating_sub(keep)) {
+            self.vms.remove(k);
+        }
+    }
+}
+
+/// Time a `PATCH .../fast` spends sending resizes itself before it leaves
+/// the rest to the rebalancer (each resize may wait up to its own timeout).
+const INLINE_RESIZE_BUDGET: Duration = Duration::from_secs(1);
+
+/// Ended VMs the service keeps in memory (state, last stats, report) for
+/// GET; older ones are forgotten at the next create, their files kept.
+pub const MAX_ENDED_VMS_KEPT: usize = 256;
+
+fn fast_used(v: &VmEntry) -> u64 {
+    v.stats
+        .as_ref()
+        .and_then(|s| s.tiers.first())
+        .map_or(v.applied, |t| t.used_bytes)
+}
+
+/// An ended VM whose report the collector fetches.
+type ReportJob = (u64, Option<Arc<WorkerLink>>);
+
+/// The service.
+pub struct Host {
+    /// Settings.
+    pub cfg: ServeConfig,
+    state: Mutex<HostState>,
+    wake: (Mutex<bool>, Condvar),
+    shutting_down: AtomicBool,
+    started: Instant,
+    /// Ended VMs for the report collector ([`Host::run_report_collector`]).
+    reports_tx: Mutex<mpsc::Sender<ReportJob>>,
+    reports_rx: Mutex<Option<mpsc::Receiver<ReportJob>>>,
+    /// Tells the report collector to end once its queue is empty.
+    collector_stop: AtomicBool,
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("no VM '{id}'"), "GET /v1/vms lists the VMs")
+}
+
+fn link_error(id: &str, e: &WorkerLinkError) -> ApiError {
+    match e {
+        WorkerLinkError::Refused(why) => {
+            ApiError::conflict(format!("VM {id}: {why}"), "see GET /v1/vms/{id}")
+        }
+        e => ApiError::worker(format!("VM {id}: {}", vmm_core::exit::chain(e))),
+    }
+}
+
+/// Checks a placement policy name.
+pub fn check_policy(name: &str) -> Result<(), ApiError> {
+    use tiering::policy::PolicyKind;
+    if PolicyKind::POLICIES.iter().any(|k| k.name() == name) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            format!("'{name}' is not a placement policy"),
+            format!("use one of {}", PolicyKind::names(&PolicyKind::POLICIES)),
+        ))
+    }
+}
+
+fn aligned(what: &str, bytes: u64) -> Result<u64, ApiError> {
+    if bytes.is_multiple_of(SIZE_ALIGN) {
+        Ok(bytes)
+    } else {
+        Err(ApiError::bad_request(
+            format!("{what} {} is not a multiple of 2M", format_size(bytes)),
+            format!(
+                "use e.g. {}",
+                format_size(
+                    bytes
+                        .checked_next_multiple_of(SIZE_ALIGN)
+                        .unwrap_or(bytes - bytes % SIZE_ALIGN)
+                )
+            ),
+        ))
+    }
+}
+
+fn check_weight(w: f64) -> Result<f64, ApiError> {
+    if w.is_finite() && w > 0.0 && w <= 1e6 {
+        Ok(w)
+    } else {
+        Err(ApiError::bad_request(
+            format!("weight {w} is out of range"),
+            "give a positive number up to 1e6",
+        ))
+    }
+}
+
+impl Host {
+    /// A service with no VMs.
+    pub fn new(cfg: ServeConfig) -> Arc<Self> {
+        let (reports_tx, reports_rx) = mpsc::channel();
+        Arc::new(Self {
+            reports_tx: Mutex::new(reports_tx),
+            reports_rx: Mutex::new(Some(reports_rx)),
+            collector_stop: AtomicBool::new(false),
+            state: Mutex::new(HostState {
+                fast_pool: cfg.fast_pool,
+                slow_pool: cfg.slow_pool,
+                vms: BTreeMap::new(),
+                next_id: 1,
+                counters: ServiceCounters::default(),
+            }),
+            cfg,
+            wake: (Mutex::new(false), Condvar::new()),
+            shutting_down: AtomicBool::new(false),
+            started: Instant::now(),
+        })
+    }
+
+    /// Locks the state (metrics read it).
+    pub fn state(&self) -> MutexGuard<'_, HostState> {
+        lock(&self.state)
+    }
+
+    /// Whether the service is shutting down.
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Seconds since the service started.
+    pub fn uptime_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    fn wake_rebalancer(&self) {
+        *lock(&self.wake.0) = true;
+        self.wake.1.notify_all();
+    }
+
+    fn refuse_if_shutting_down(&self) -> Result<(), ApiError> {
+        if self.shutting_down() {
+            Err(ApiError::shutting_down())
+        } else {
+            Ok(())
+        }
+    }
+
+    // ---- host ----
+
+    /// `GET /v1/host`.
+    pub fn host_info(&self) -> HostInfo {
+        let s = self.state();
+        let mut vms: BTreeMap<String, u64> = VmState::ALL
+            .iter()
+            .map(|st| (st.name().to_string(), 0))
+            .collect();
+        for v in s.vms.values() {
+            *vms.entry(v.state.name().into()).or_default() += 1;
+        }
+        let resident = |tier: usize| -> u64 {
+            s.active()
+                .filter_map(|v| v.stats.as_ref())
+                .filter_map(|st| st.tiers.get(tier).and_then(|t| t.resident_bytes))
+                .sum()
+        };
+        let fast_committed = s.fast_committed();
+        let slow_reserved = s.slow_reserved();
+        HostInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            emulated: self.cfg.emulated,
+            pools: vec![
+                PoolInfo {
+                    tier: "fast".into(),
+                    node: self.cfg.fast_node,
+                    capacity_bytes: s.fast_pool,
+                    reserved_bytes: s.fast_reserved(),
+                    committed_bytes: fast_committed,
+                    free_bytes: s.fast_pool.saturating_sub(fast_committed),
+                    resident_bytes: resident(0),
+                },
+                PoolInfo {
+                    tier: "slow".into(),
+                    node: self.cfg.slow_node,
+                    capacity_bytes: s.slow_pool,
+                    reserved_bytes: slow_reserved,
+                    committed_bytes: slow_reserved,
+                    free_bytes: s.slow_pool.saturating_sub(slow_reserved),
+                    resident_bytes: resident(1),
+                },
+            ],
+            vms,
+            vm_ids: s.vms.values().map(|v| v.id.clone()).collect(),
+            shutting_down: self.shutting_down(),
+            rebalance: RebalanceInfo {
+                rounds: s.counters.rounds,
+                moves: s.counters.moves,
+                moved_bytes: s.counters.moved_bytes,
+                optional_bytes: s.counters.optional_bytes,
+                max_round_optional_bytes: s.counters.max_round_optional_bytes,
+                period_s: self.cfg.period.as_secs_f64(),
+                budget_bytes: self.cfg.division.budget_bytes,
+                value: self.cfg.division.value.name().into(),
+            },
+        }
+    }
+
+    /// `PATCH /v1/host`.
+    pub fn patch_host(&self, p: &PatchHost) -> Result<HostInfo, ApiError> {
+        self.refuse_if_shutting_down()?;
+        {
+            let mut s = self.state();
+            let fast = p
+                .fast_pool
+                .map(|x| aligned("fast_pool", x.0))
+                .transpose()?
+                .unwrap_or(s.fast_pool);
+            let slow = p
+                .slow_pool
+                .map(|x| aligned("slow_pool", x.0))
+                .transpose()?
+                .unwrap_or(s.slow_pool);
+            let nodes = host_nodes().map_err(|e| ApiError::internal(vmm_core::exit::chain(&e)))?;
+            check_pools(fast, slow, self.cfg.fast_node, self.cfg.slow_node, &nodes)
+                .map_err(|e| ApiError::bad_request(vmm_core::exit::chain(&e), "lower the pool"))?;
+            if fast < s.fast_reserved() {
+                return Err(ApiError::conflict(
+                    format!(
+                        "fast_pool {} is below the {} the VMs' mins reserve",
+                        format_size(fast),
+                        format_size(s.fast_reserved())
+                    ),
+                    "lower VMs' fast min (PATCH /v1/vms/{id}/fast) or delete VMs first",
+                ));
+            }
+            if slow < s.slow_reserved() {
+                return Err(ApiError::conflict(
+                    format!(
+                        "slow_pool {} is below the {} the VMs reserve",
+                        format_size(slow),
+                        format_size(s.slow_reserved())
+                    ),
+                    "delete VMs first",
+                ));
+            }
+            s.fast_pool = fast;
+            s.slow_pool = slow;
+        }
+        self.wake_rebalancer();
+        Ok(self.host_info())
+    }
+
+    // ---- VMs ----
+
+    /// What a request's `image` names: a built-in image, or a file in the
+    /// configured `image_dir` given by its file name. API clients are
+    /// untrusted, and the service may run as root: no other host path is
+    /// opened on their behalf.
+    pub(super) fn image_of(&self, name: &str) -> Result<String, ApiError> {
+        let builtins = vmm_core::image::builtin_names();
+        if builtins.contains(&name) {
+            return Ok(name.to_string());
+        }
+        let builtins = builtins.join(", ");
+        let Some(dir) = &self.cfg.image_dir else {
+            return Err(ApiError::bad_request(
+                format!("image '{name}' is not a built-in image ({builtins}), and this service has no image_dir"),
+                "name a built-in image, or set image_dir in the service's config file and name a file in it",
+            ));
+        };
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && !name.contains('/')
+            && !name.contains('\0');
+        if !plain {
+            return Err(ApiError::bad_request(
+                format!("image '{name}' is not a built-in image ({builtins}) nor a file name"),
+                format!(
+                    "name a built-in image or a file in {} (no '/')",
+                    dir.display()
+                ),
+            ));
+        }
+        Ok(dir.join(name).to_string_lossy().into_owned())
+    }
+
+    /// `POST /v1/vms` (waits up to [`START_WAIT`] for the VM to start).
+    pub fn create(self: &Arc<Self>, req: &CreateVm) -> Result<VmInfo, ApiError> {
+        self.refuse_if_shutting_down()?;
+        let d = &self.cfg.defaults;
+        let mem = aligned("mem", req.mem.map_or(d.mem, |s| s.0))?;
+        let fast = req.fast.clone().unwrap_or_default();
+        let min = aligned("fast.min", fast.min.map_or(d.fast_min, |s| s.0))?;
+        let max = aligned(
+            "fast.max",
+            fast.max.map_or(d.fast_max.unwrap_or(mem).min(mem), |s| s.0),
+        )?;
+        let weight = check_weight(fast.weight.unwrap_or(d.weight))?;
+        if min > max || max > mem {
+            return Err(ApiError::bad_request(
+                format!(
+                    "fast min {} / max {} with mem {}: need min <= max <= mem",
+                    format_size(min),
+                    format_size(max),
+                    format_size(mem)
+                ),
+                "lower fast.min or raise fast.max",
+            ));
+        }
+        let policy = req.policy.clone().unwrap_or_else(|| d.policy.clone());
+        check_policy(&policy)?;
+        let tracking = req.tracking.clone().unwrap_or_else(|| d.tracking.clone());
+        if !["hint-faults", "off"].contains(&tracking.as_str()) {
+            return Err(ApiError::bad_request(
+                format!("tracking '{tracking}' is not hint-faults or off"),
+                "use \"hint-faults\" (default) or \"off\"",
+            ));
+        }
+        let duration_s = match &req.duration {
+            None => 0.0,
+            Some(t) => vmm_core::units::parse_duration(t)
+                .map_err(|e| ApiError::bad_request(e.to_string(), "e.g. \"60s\""))?
+                .as_secs_f64(),
+        };
+        let image = self.image_of(&req.image)?;
+        let mut spec = VmSpec {
+            id: String::new(),
+            image,
+            args: req.args.clone(),
+            mem_bytes: mem,
+            vcpus: req.vcpus.unwrap_or(d.vcpus),
+            seed: req.seed.unwrap_or(1),
+            policy: policy.clone(),
+            tracking: Some(tracking),
+            fast_bytes: min,
+            // The slow tier holds the whole guest: a short fast tier never
+            // fails a launch (the VM starts slow and is promoted later).
+            slow_bytes: mem,
+            fast_node: self.cfg.fast_node,
+            slow_node: self.cfg.slow_node,
+            duration_s,
+            stop_grace_s: d.stop_grace.as_secs_f64(),
+            quantum_pages: self.cfg.division.quantum / PAGE,
+            curve_steps: 64,
+            profile_half_life_s: 20.0,
+            seccomp: super::seccomp_on(),
+        };
+        // The same validation as `tiervm run` (image, arguments, sizes),
+        // here, so a bad request is a 400 before any process starts.
+        crate::vm_process::request_of(&spec)
+            .and_then(|r| vmm_core::config::VmConfig::from_request(&r))
+            .map_err(|e| {
+                ApiError::bad_request(
+                    vmm_core::exit::describe(&e, e.fix()),
+                    "fix the request's field named above",
+                )
+            })?;
+        // Admission.
+        let (key, id) = {
+            let mut s = self.state();
+            if s.active().count() >= self.cfg.max_vms {
+                return Err(ApiError::conflict(
+                    format!("{} VMs run: the service's limit", self.cfg.max_vms),
+                    "delete a VM or raise limits.max_vms",
+                ));
+            }
+            if s.fast_reserved() + min > s.fast_pool {
+                return Err(ApiError::conflict(
+                    format!(
+                        "fast min {} does not fit: {} of the {} fast pool are reserved by other VMs' mins",
+                        format_size(min),
+                        format_size(s.fast_reserved()),
+                        format_size(s.fast_pool)
+                    ),
+                    "lower fast.min, lower other VMs' mins, or grow the pool (PATCH /v1/host)",
+                ));
+            }
+            if s.slow_reserved() + mem > s.slow_pool {
+                return Err(ApiError::conflict(
+                    format!(
+                        "mem {} does not fit the slow pool: {} of {} reserved",
+                        format_size(mem),
+                        format_size(s.slow_reserved()),
+                        format_size(s.slow_pool)
+                    ),
+                    "lower mem, delete VMs, or grow slow_pool (PATCH /v1/host)",
+                ));
+            }
+            // Start with the min if it is free now; else with what is free
+            // (others give their spare back; the VM is promoted later).
+            let free = s.fast_pool.saturating_sub(s.fast_committed());
+            let start = min.min(free / SIZE_ALIGN * SIZE_ALIGN);
+            spec.fast_bytes = start;
+            s.forget_oldest_ended(MAX_ENDED_VMS_KEPT);
+            let key = s.next_id;
+            s.next_id += 1;
+            let id = format!("vm-{key}");
+            spec.id = id.clone();
+            s.counters.created += 1;
+            s.vms.insert(
+                key,
+                VmEntry::starting(id.clone(), spec.clone(), (min, max, weight), start, policy),
+            );
+            (key, id)
+        };
+        if let Err(e) = self.spawn_worker(key, &spec) {
+            self.state().vms.remove(&key);
+            return Err(ApiError::internal(vmm_core::exit::chain(&e)));
+        }
+        self.wake_rebalancer();
+        // Answered at once: the VM shows `starting` until its worker built
+        // it (GET /v1/vms/{id} shows `running`, or `failed` and why).
+        self.vm_info(&id, false)
+    }
+
+    fn spawn_worker(self: &Arc<Self>, key: u64, spec: &VmSpec) -> Result<(), WorkerLinkError> {
+        let logs = self.cfg.state_dir.join("vms");
+        let log = logs.join(format!("{}.log", spec.id));
+        let (h1, h2) = (Arc::downgrade(self), Arc::downgrade(self));
+        let link = WorkerLink::spawn(
+            &self.cfg.worker_exe,
+            spec,
+            &log,
+            move |ev| {
+                if let Some(h) = h1.upgrade() {
+                    h.on_event(key, ev);
+                }
+            },
+            move || {
+                if let Some(h) = h2.upgrade() {
+                    h.on_channel_closed(key);
+                }
+            },
+        )?;
+        let mut s = self.state();
+        if let Some(v) = s.vms.get_mut(&key) {
+            v.pid = Some(link.pid());
+            v.link = Some(link);
+        }
+        Ok(())
+    }
+
+    /// An event from a worker (on its reader thread: never blocks on it).
+    fn on_event(self: &Arc<Self>, key: u64, ev: FromWorker) {
+        let mut s = self.state();
+        let Some(v) = s.vms.get_mut(&key) else { return };
+        match ev {
+            FromWorker::Started { pid, notes } => {
+                if v.state == VmState::Starting {
+                    v.state = VmState::Running;
+                }
+                v.pid = Some(pid);
+                v.notes = notes;
+            }
+            FromWorker::Failed { error, .. } => {
+                v.state = VmState::Failed;
+                v.error = Some(error);
+            }
+            FromWorker::Finished {
+                stop_reason, crash, ..
+            } => {
+                v.finished_event = true;
+                v.state = if crash.is_some() || stop_reason == "crashed" {
+                    VmState::Crashed
+                } else {
+                    VmState::Stopped
+                };
+                if v.state == VmState::Crashed {
+                    s.counters.crashes += 1;
+                }
+                let v = s.vms.get_mut(&key).expect("present above");
+                v.error = crash;
+                v.stop_reason = Some(stop_reason);
+                let link = v.link.clone();
+                drop(s);
+                // Fetch the report and let the worker go, off this thread
+                // (the reply arrives on it): the collector does, or without
+                // one (tests of the host alone) a thread of its own.
+                if let Err(mpsc::SendError(job)) = lock(&self.reports_tx).send((key, link)) {
+                    let h = self.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("serve-finish".into())
+                        .spawn(move || h.collect(job.0, job.1));
+                }
+                return;
+            }
+            FromWorker::Reply { .. } => {}
+        }
+        drop(s);
+        self.wake_rebalancer();
+    }
+
+    /// The report collector (its own thread, `serve-reports`): fetches the
+    /// reports of ended VMs until [`Host::stop_report_collector`].
+    pub fn run_report_collector(self: &Arc<Self>) {
+        let Some(rx) = lock(&self.reports_rx).take() else {
+            return;
+        };
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok((key, link)) => self.collect(key, link),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.collector_stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Ends the report collector once its queue is empty.
+    pub fn stop_report_collector(&self) {
+        self.collector_stop.store(true, Ordering::Release);
+    }
+
+    /// After a VM ended: its report, written to the state directory, then
+    /// the worker's exit.
+    fn collect(&self, key: u64, link: Option<Arc<WorkerLink>>) {
+        let Some(link) = link else { return };
+        let report = match link.request(Command::Report, Duration::from_secs(10)) {
+            Ok(Reply::Report { report }) => Some(report),
+            _ => None,
+        };
+        let _ = link.request(Command::Exit, Duration::from_secs(5));
+        let mut s = self.state();
+        if let Some(v) = s.vms.get_mut(&key) {
+            if let Some(r) = &report {
+                let dir = self.cfg.state_dir.join("reports");
+                let path = dir.join(format!("{}.json", v.id));
+                if let Err(e) = std::fs::write(&path, r.to_string()) {
+                    tracing::warn!("writing {}: {e}", path.display());
+                }
+            }
+            v.report = report;
+        }
+    }
+
+    /// The worker's channel closed: the process ended (or is ending).
+    fn on_channel_closed(self: &Arc<Self>, key: u64) {
+        let link = self.state().vms.get(&key).and_then(|v| v.link.clone());
+        let exit = link.as_ref().and_then(|l| l.reap(Duration::from_secs(5)));
+        {
+            let mut s = self.state();
+            let mut crashed = false;
+            if let Some(v) = s.vms.get_mut(&key) {
+                v.exit = exit.clone();
+                if v.state.active() && !v.finished_event {
+                    // Died without saying why: killed or crashed.
+                    v.state = VmState::Crashed;
+                    v.error = Some(match &exit {
+                        Some(ExitInfo {
+                            signal: Some(sig), ..
+                        }) => format!("the VM process was killed by signal {sig}"),
+                        Some(ExitInfo { code: Some(c), .. }) => {
+                            format!("the VM process exited with status {c} without a report")
+                        }
+                        _ => "the VM process ended without a report".into(),
+                    });
+                    crashed = true;
+                } else if v.state.active() {
+                    v.state = VmState::Stopped;
+                }
+                v.link = None;
+                v.pid = None;
+            }
+            if crashed {
+                s.counters.crashes += 1;
+            }
+        }
+        super::worker::release_free_heap();
+        self.wake_rebalancer();
+    }
+
+    fn key_of(&self, id: &str) -> Result<u64, ApiError> {
+        self.state().find(id).ok_or_else(|| not_found(id))
+    }
+
+    fn link_of(&self, id: &str) -> Result<(u64, Arc<WorkerLink>), ApiError> {
+        let s = self.state();
+        let key = s.find(id).ok_or_else(|| not_found(id))?;
+        let v = &s.vms[&key];
+        match (&v.link, v.state) {
+            (Some(l), VmState::Running | VmState::Starting | VmState::Stopping) => {
+                Ok((key, l.clone()))
+            }
+            _ => Err(ApiError::conflict(
+                format!("VM {id} is {}", v.state.name()),
+                "this works on a running VM only",
+            )),
+        }
+    }
+
+    /// `GET /v1/vms`.
+    pub fn list(&self) -> Vec<VmInfo> {
+        let s = self.state();
+        s.vms
+            .values()
+            .map(|v| info_of(v, self.cfg.emulated))
+            .collect()
+    }
+
+    /// `GET /v1/vms/{id}`; `live` refreshes the statistics first.
+    pub fn vm_info(&self, id: &str, live: bool) -> Result<VmInfo, ApiError> {
+        if live {
+            if let Ok((key, link)) = self.link_of(id) {
+                if let Ok(Reply::Stats(st)) = link.request(Command::Stats, STATS_TIMEOUT) {
+                    if let Some(v) = self.state().vms.get_mut(&key) {
+                        v.stats = Some(*st);
+                    }
+                }
+            }
+        }
+        let s = self.state();
+        let key = s.find(id).ok_or_else(|| not_found(id))?;
+        Ok(info_of(&s.vms[&key], self.cfg.emulated))
+    }
+
+    /// `DELETE /v1/vms/{id}`: `Ok(true)` when the VM was asked to stop
+    /// (202), `Ok(false)` when an ended VM was removed (204).
+    pub fn delete(&self, id: &str) -> Result<bool, ApiError> {
+        let key = self.key_of(id)?;
+        let (state, link) = {
+            let s = self.state();
+            // Another DELETE may have removed it since.
+            let v = s.vms.get(&key).ok_or_else(|| not_found(id))?;
+            (v.state, v.link.clone())
+        };
+        if !state.active() {
+            drop(self.state().vms.remove(&key));
+            super::worker::release_free_heap();
+            return Ok(false);
+        }
+        if let Some(l) = link {
+            l.request(Command::Stop, STATS_TIMEOUT)
+                .map_err(|e| link_error(id, &e))?;
+        }
+        if let Some(v) = self.state().vms.get_mut(&key) {
+            if v.state.active() {
+                v.state = VmState::Stopping;
+            }
+        }
+        Ok(true)
+    }
+
+    /// `PATCH /v1/vms/{id}/fast`.
+    pub fn patch_fast(&self, id: &str, p: &FastRequest) -> Result<FastInfo, ApiError> {
+        self.refuse_if_shutting_down()?;
+        {
+            let mut s = self.state();
+            let key = s.find(id).ok_or_else(|| not_found(id))?;
+            let reserved_others = s.fast_reserved() - {
+                let v = &s.vms[&key];
+                if v.state.active() {
+                    v.min
+                } else {
+                    0
+                }
+            };
+            let pool = s.fast_pool;
+            let v = s.vms.get_mut(&key).expect("found above");
+            if !v.state.active() {
+                return Err(ApiError::conflict(
+                    format!("VM {id} is {}", v.state.name()),
+                    "only a running VM's share can change",
+                ));
+            }
+            let min = p
+                .min
+                .map(|x| aligned("min", x.0))
+                .transpose()?
+                .unwrap_or(v.min);
+            let max = p
+                .max
+                .map(|x| aligned("max", x.0))
+                .transpose()?
+                .unwrap_or(v.max);
+            let weight = p.weight.map(check_weight).transpose()?.unwrap_or(v.weight);
+            if min > max || max > v.spec.mem_bytes {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "min {} / max {} with mem {}: need min <= max <= mem",
+                        format_size(min),
+                        format_size(max),
+                        format_size(v.spec.mem_bytes)
+                    ),
+                    "lower min or raise max",
+                ));
+            }
+            if reserved_others + min > pool {
+                return Err(ApiError::conflict(
+                    format!(
+                        "min {} does not fit: {} of the {} fast pool are reserved by other VMs' mins",
+                        format_size(min),
+                        format_size(reserved_others),
+                        format_size(pool)
+                    ),
+                    "lower min, lower other VMs' mins, or grow the pool (PATCH /v1/host)",
+                ));
+            }
+            v.min = min;
+            v.max = max;
+            v.weight = weight;
+        }
+        self.wake_rebalancer();
+        // Apply the mandatory part at once (the rebalancer also runs now),
+        // within the request's time: resizes not sent by then are the
+        // rebalancer's (the targets are set).
+        self.rebalance_until(Some(Instant::now() + INLINE_RESIZE_BUDGET));
+        let s = self.state();
+        let key = s.find(id).ok_or_else(|| not_found(id))?;
+        Ok(info_of(&s.vms[&key], self.cfg.emulated).fast)
+    }
+
+    /// `PUT /v1/vms/{id}/policy`: answered once the VM's worker queued the
+    /// switch; its main thread takes it at its next sample (milliseconds),
+    /// and `GET` shows `policy` (running) next to `policy_requested`.
+    pub fn put_policy(&self, id: &str, p: &PutPolicy) -> Result<VmInfo, ApiError> {
+        self.refuse_if_shutting_down()?;
+        check_policy(&p.policy)?;
+        let (key, link) = self.link_of(id)?;
+        let state = self.state().vms.get(&key).map(|v| v.state);
+        if state != Some(VmState::Running) {
+            return Err(ApiError::conflict(
+                format!("VM {id} is {}", state.map_or("gone", VmState::name)),
+                "switch the policy of a running VM (GET shows its state)",
+            ));
+        }
+        link.request(
+            Command::SwitchPolicy {
+                policy: p.policy.clone(),
+            },
+            STATS_TIMEOUT,
+        )
+        .map_err(|e| link_error(id, &e))?;
+        if let Some(v) = self.state().vms.get_mut(&key) {
+            v.policy_requested = p.policy.clone();
+            v.policy_switches += 1;
+        }
+        self.vm_info(id, false)
+    }
+
+    /// `GET /v1/vms/{id}/report`.
+    pub fn report(&self, id: &str) -> Result<serde_json::Value, ApiError> {
+        let s = self.state();
+        let key = s.find(id).ok_or_else(|| not_found(id))?;
+        let v = &s.vms[&key];
+        match (&v.report, v.state) {
+            (Some(r), _) => Ok(r.clone()),
+            (None, st) if st.active() => Err(ApiError::conflict(
+                format!(
+                    "VM {id} is {}: its report is written when it ends",
+                    st.name()
+                ),
+                "DELETE the VM (it stops and writes its report), then GET the report",
+            )),
+            (None, VmState::Stopped) => Err(ApiError::conflict(
+                format!("VM {id}'s report is being collected"),
+                "retry in a moment",
+            )),
+            (None, st) => Err(ApiError::not_found(
+                format!("VM {id} is {} and left no report", st.name()),
+                "GET /v1/vms/{id} shows why (error, exit)",
+            )),
+        }
+    }
+
+    // ---- rebalancing ----
+
+    /// Runs the stats poller and the rebalancer until shutdown.
+    pub fn run_rebalancer(self: &Arc<Self>) {
+        let mut next_round = Instant::now() + self.cfg.period;
+        while !self.shutting_down() {
+            self.poll_stats();
+            let now = Instant::now();
+            let woken = std::mem::take(&mut *lock(&self.wake.0));
+            if woken || now >= next_round {
+                self.rebalance_until(None);
+                if now >= next_round {
+                    next_round = now + self.cfg.period;
+                }
+            }
+            let g = lock(&self.wake.0);
+            if !*g {
+                let _ = self.wake.1.wait_timeout(g, STATS_PERIOD);
+            }
+        }
+    }
+
+    fn poll_stats(&self) {
+        let links: Vec<(u64, Arc<WorkerLink>)> = self
+            .state()
+            .vms
+            .iter()
+            .filter(|(_, v)| v.state == VmState::Running)
+            .filter_map(|(k, v)| v.link.clone().map(|l| (*k, l)))
+            .collect();
+        for (key, link) in links {
+            if let Ok(Reply::Stats(st)) = link.request(Command::Stats, STATS_TIMEOUT) {
+                if let Some(v) = self.state().vms.get_mut(&key) {
+                    v.stats = Some(*st);
+                    v.smooth_ops();
+                }
+            }
+        }
+    }
+
+    /// One division round: plan, then apply the capacity changes, sending
+    /// no resize after `deadline` (those stay pending: a VM whose target
+    /// differs from what it applied is resized at the next round).
+    pub fn rebalance_until(&self, deadline: Option<Instant>) {
+        let (keys, plan, shares) = {
+            let s = self.state();
+            let now = Instant::now();
+            let (keys, shares): (Vec<u64>, Vec<Share>) = s
+                .vms
+                .iter()
+                .filter(|(_, v)| v.state.active())
+                .map(|(k, v)| (*k, share_of(v, now, self.cfg.division.value)))
+                .unzip();
+            let plan = division::plan(s.fast_pool, &shares, &self.cfg.division);
+            (keys, plan, shares)
+        };
+        let mut to_apply = Vec::new();
+        {
+            let mut s = self.state();
+            s.counters.rounds += 1;
+            s.counters.optional_bytes += plan.optional_bytes;
+            s.counters.max_round_optional_bytes =
+                s.counters.max_round_optional_bytes.max(plan.optional_bytes);
+            for ((key, target), share) in keys.iter().zip(&plan.targets).zip(&shares) {
+                let Some(v) = s.vms.get_mut(key) else {
+                    continue;
+                };
+                if *target != share.target {
+                    v.last_grew = Some(*target > share.target);
+                    v.target = *target;
+                    v.last_resize = Some(Instant::now());
+                    let moved = target.abs_diff(share.target);
+                    s.counters.moves += 1;
+                    s.counters.moved_bytes += moved;
+                }
+                let v = s.vms.get_mut(key).expect("present");
+                if v.target != v.applied && v.state == VmState::Running {
+                    if let Some(l) = v.link.clone() {
+                        to_apply.push((*key, l, v.target));
+                    }
+                }
+            }
+        }
+        for (key, link, target) in to_apply {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            match link.request(
+                Command::SetCapacity {
+                    tier: 0,
+                    bytes: target,
+                },
+                STATS_TIMEOUT,
+            ) {
+                Ok(Reply::Capacity { bytes }) => {
+                    if let Some(v) = self.state().vms.get_mut(&key) {
+                        v.applied = bytes;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!("resizing VM {key}: {e}"),
+            }
+        }
+    }
+
+    // ---- shutdown ----
+
+    /// Stops every VM (bounded), collects their reports, ends the workers.
+    pub fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.wake_rebalancer();
+        let links: Vec<Arc<WorkerLink>> = self
+            .state()
+            .vms
+            .values()
+            .filter(|v| v.state.active())
+            .filter_map(|v| v.link.clone())
+            .collect();
+        for l in &links {
+            let _ = l.request(Command::Stop, STATS_TIMEOUT);
+        }
+        let grace = self.cfg.defaults.stop_grace + Duration::from_secs(20);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            let waiting = self.state().vms.values().any(|v| {
+                v.state.active() || (v.finished_event && v.report.is_none() && v.link.is_some())
+            });
+            if !waiting {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Whatever is still alive is killed and reaped.
+        for l in &links {
+            if l.exited().is_none() {
+                let _ = l.reap(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Where VM logs and reports go (created at start-up).
+    pub fn state_dirs(&self) -> [PathBuf; 2] {
+        [
+            self.cfg.state_dir.join("vms"),
+            self.cfg.state_dir.join("reports"),
+        ]
+    }
+}
+
+impl VmEntry {
+    /// The policy that runs (the worker's last word), else the one the VM
+    /// was created with.
+    pub fn active_policy(&self) -> &str {
+        self.stats
+            .as_ref()
+            .map_or(self.policy.as_str(), |s| s.policy.as_str())
+    }
+}
+
+/// What the division reads of a VM: its curves and, by `value`, the rate a
+/// share is multiplied by (the host-measured access rate, or the guest's
+/// own ops/s). Without a host-measured rate the VM is not valued (it keeps
+/// its min and shares free capacity nobody values).
+fn share_of(v: &VmEntry, now: Instant, value: Valuation) -> Share {
+    let st = v.stats.as_ref();
+    let gain = st.map(|s| &s.gain);
+    let measured = match value {
+        Valuation::HostAccesses => v.access_estimate(),
+        Valuation::GuestOps => Some(v.ops_estimate()),
+    };
+    let (rate, rate_se) = measured.map_or((0.0, 0.0), |(r, se)| (r.max(0.0), se.max(0.0)));
+    Share {
+        min: v.min,
+        max: v.max,
+        weight: v.weight,
+        target: v.target,
+        used: st.and_then(|s| s.tiers.first()).map_or(0, |t| t.used_bytes),
+        rate,
+        rate_se,
+        grow: gain.map(|g| g.grow.clone()).unwrap_or_default(),
+        shrink: gain.map(|g| g.shrink.clone()).unwrap_or_default(),
+        grow_se: gain.map(|g| g.grow_se.clone()).unwrap_or_default(),
+        shrink_se: gain.map(|g| g.shrink_se.clone()).unwrap_or_default(),
+        informed: measured.is_some() && gain.is_some_and(|g| g.samples >= MIN_SAMPLES),
+        since_resize_s: v.last_resize.map(|t| now.duration_since(t).as_secs_f64()),
+        last_grew: v.last_grew,
+    }
+}
+
+/// The API view of a VM.
+pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
+    let st = v.stats.as_ref();
+    let fast_tier = st.and_then(|s| s.tiers.first());
+    let used = fast_tier.map_or(0, |t| t.used_bytes);
+    let m = st.map(|s| &s.mem);
+    VmInfo {
+        id: v.id.clone(),
+        state: v.state.name().into(),
+        pid: v.pid,
+        image: v.spec.image.clone(),
+        args: v.spec.args.clone(),
+        mem_bytes: v.spec.mem_bytes,
+        vcpus: v.spec.vcpus,
+        policy: v.active_policy().to_string(),
+        policy_requested: v.policy_requested.clone(),
+        policy_error: st.and_then(|s| s.policy_error.clone()),
+        policy_switches: v.policy_switches,
+        fast: FastInfo {
+            min_bytes: v.min,
+            max_bytes: v.max,
+            weight: v.weight,
+            target_bytes: v.target,
+            // The worker's answer to the last set-capacity (fresher than
+            // the stats, which refresh once a second).
+            capacity_bytes: v.applied,
+            used_bytes: used,
+            resident_bytes: fast_tier.and_then(|t| t.resident_bytes),
+            converged: used <= v.target,
+            gain: st
+                .map(|s| &s.gain)
+                .filter(|g| g.samples >= MIN_SAMPLES)
+                .map(|g| {
+                    let accesses = v.access_estimate();
+                    GainInfo {
+                        next_quantum_share: g.grow.first().copied().unwrap_or(0.0),
+                        last_quantum_share: g.shrink.first().copied().unwrap_or(0.0),
+                        samples: g.samples,
+                        accesses_per_sec: accesses.map(|a| a.0),
+                        accesses_per_sec_se: accesses.map(|a| a.1),
+                    }
+                }),
+        },
+        tiers: if v.state.active() {
+            st.map(|s| {
+                s.tiers
+                    .iter()
+                    .map(|t| VmTierInfo {
+                        name: t.name.clone(),
+                        node: t.node,
+                        capacity_bytes: t.capacity_bytes,
+                        used_bytes: t.used_bytes,
+                        resident_bytes: t.resident_bytes,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+        } else {
+            Vec::new()
+        },
+        uptime_s: v.created.elapsed().as_secs_f64(),
+        ops: st.map_or(0, |s| s.ops),
+        ops_per_sec: if v.state.active() {
+            st.map_or(0.0, |s| s.ops_per_sec)
+        } else {
+            0.0
+        },
+        migration: m
+            .map(|m| MigrationInfo {
+                promotions: m.promotions,
+                demotions: m.demotions,
+                tpm_commits: m.tpm_commits,
+                tpm_aborts: m.tpm_aborts,
+                shadow_demotions: m.shadow_demotions,
+                shadow_reclaims: m.shadow_reclaims,
+                guest_stall_seconds: m.guest_stall_ms / 1e3,
+                hint_faults: m.hint_faults,
+            })
+            .unwrap_or_default(),
+        emulated,
+        exit: v.exit.as_ref().map(|e| ExitInfoBody {
+            code: e.code,
+            signal: e.signal,
+        }),
+        stop_reason: v.stop_reason.clone(),
+        error: v.error.clone(),
+        notes: v.notes.clone(),
+        report_ready: v.report.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str, state: VmState) -> VmEntry {
+        let spec = VmSpec {
+            id: id.into(),
+            image: "zipf".into(),
+            args: Vec::new(),
+            mem_bytes: 64 << 20,
+            vcpus: 1,
+            seed: 1,
+            policy: "nomad".into(),
+            tracking: None,
+            fast_bytes: 0,
+            slow_bytes: 64 << 20,
+            fast_node: 0,
+            slow_node: 0,
+            duration_s: 0.0,
+            stop_grace_s: 1.0,
+            quantum_pages: 1,
+            curve_steps: 1,
+            profile_half_life_s: 1.0,
+            seccomp: false,
+        };
+        let mut v = VmEntry::starting(id.into(), spec, (0, 64 << 20, 1.0), 0, "nomad".into());
+        v.state = state;
+        v
+    }
+
+    const M: u64 = 1 << 20;
+
+    /// A running VM whose worker reported `ops_per_sec` from its guest, and
+    /// a host-measured access rate (`None`: the sampler covered nothing
+    /// yet), with the same gain curve as every other.
+    fn running(id: &str, ops_per_sec: f64, accesses: Option<f64>) -> VmEntry {
+        let mut v = entry(id, VmState::Running);
+        v.spec.mem_bytes = 1 << 30;
+        v.max = 1 << 30;
+        let stats = |t_s: f64| WorkerStats {
+            t_s,
+            ops: (ops_per_sec * t_s) as u64,
+            ops_per_sec,
+            accesses: accesses.map(|per_sec| tiering::engine::profile::AccessRate {
+                per_sec,
+                se: 0.01 * per_sec,
+                coverage: 1.0,
+            }),
+            gain: tiering::engine::profile::GainCurve {
+                quantum_pages: 64 * M / PAGE,
+                grow: vec![0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.02, 0.01],
+                shrink: vec![0.4],
+                samples: 10_000.0,
+                grow_se: vec![0.001; 8],
+                shrink_se: vec![0.001],
+            },
+            ..WorkerStats::default()
+        };
+        // Polled for a minute: the smoothed ops/s settle.
+        for t in 1..=60 {
+            v.stats = Some(stats(f64::from(t)));
+            v.smooth_ops();
+        }
+        v
+    }
+
+    /// The fast targets one division round gives `vms` sharing `pool`.
+    fn divide(pool: u64, value: Valuation, vms: Vec<VmEntry>) -> Vec<u64> {
+        let mut cfg = ServeConfig::for_tests();
+        cfg.division.value = value;
+        let host = Host::new(cfg);
+        {
+            let mut s = host.state();
+            s.fast_pool = pool;
+            for (k, v) in vms.into_iter().enumerate() {
+                s.vms.insert(k as u64 + 1, v);
+            }
+        }
+        host.rebalance_until(None);
+        let s = host.state();
+        s.vms.values().map(|v| v.target).collect()
+    }
+
+    #[test]
+    fn a_guest_that_inflates_its_ops_counter_gets_no_more_fast_capacity() {
+        // Two identical VMs (the same accesses seen by the host, the same
+        // gain curves); one guest reports 100x the operations per second.
+        for inflated_first in [false, true] {
+            let honest = running("vm-1", 1_000.0, Some(50_000.0));
+            let inflated = running("vm-2", 100_000.0, Some(50_000.0));
+            let vms = if inflated_first {
+                vec![inflated, honest]
+            } else {
+                vec![honest, inflated]
+            };
+            let t = divide(512 * M, Valuation::HostAccesses, vms);
+            assert_eq!(
+                t,
+                vec![256 * M, 256 * M],
+                "the spare splits evenly (inflated first: {inflated_first})"
+            );
+        }
+    }
+
+    #[test]
+    fn guest_ops_valuation_believes_the_guest_and_host_accesses_follow_real_accesses() {
+        // The opt-in for trusted guests reads the counter: the inflated
+        // guest draws the spare (what `host-accesses` closes).
+        let t = divide(
+            512 * M,
+            Valuation::GuestOps,
+            vec![
+                running("vm-1", 1_000.0, Some(50_000.0)),
+                running("vm-2", 100_000.0, Some(50_000.0)),
+            ],
+        );
+        assert!(t[1] > t[0], "{t:?}");
+        // A VM that really accesses its memory 100x as often is worth more.
+        let t = divide(
+            512 * M,
+            Valuation::HostAccesses,
+            vec![
+                running("vm-1", 1_000.0, Some(500.0)),
+                running("vm-2", 1_000.0, Some(50_000.0)),
+            ],
+        );
+        assert!(t[1] > t[0], "{t:?}");
+        // No host-measured rate yet (no sampler pass): not valued, however
+        // much the guest reports; the other VM's accesses are.
+        let t = divide(
+            512 * M,
+            Valuation::HostAccesses,
+            vec![
+                running("vm-1", 1e9, None),
+                running("vm-2", 1_000.0, Some(50_000.0)),
+            ],
+        );
+        assert_eq!(t[1], 512 * M, "{t:?}");
+    }
+
+    #[test]
+    fn the_oldest_ended_vms_are_forgotten_and_running_ones_never() {
+        let host = Host::new(ServeConfig::for_tests());
+        let mut s = host.state();
+        for k in 1..=10u64 {
+            let st = if k % 3 == 0 {
+                VmState::Running
+            } else {
+                VmState::Stopped
+            };
+            s.vms.insert(k, entry(&format!("vm-{k}"), st));
+        }
+        s.forget_oldest_ended(3);
+        let left: Vec<u64> = s.vms.keys().copied().collect();
+        // Ended: 1, 2, 4, 5, 7, 8, 10; the newest 3 stay.
+        assert_eq!(left, vec![3, 6, 7, 8, 9, 10]);
+        assert_eq!(s.find("vm-7"), Some(7));
+        assert_eq!(s.find("vm-2"), None);
+        assert_eq!(s.find("vm-x"), None);
+        assert_eq!(s.find("7"), None);
+    }
+}

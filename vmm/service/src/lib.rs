@@ -1,0 +1,342 @@
+//! `tiervm serve`: the host-side memory-expander service. It shares the
+//! host's fast and slow capacity among many VMs, one supervised worker
+//! process per VM (`commands::worker`), and is driven over a REST API on a
+//! Unix socket (docs/service.md).
+//!
+//! ```text
+//!  client (curl, tiervm ctl) --HTTP/1.1, Unix socket 0600--> api (axum, utoipa)
+//!                                                              |
+//!  rebalancer thread: stats every 1 s, division every period --+--> host (pools, VMs,
+//!                                                                    admission)
+//!                                         worker link (socketpair, JSON lines)
+//!                                                                      |
+//!                               tiervm __worker (one process per VM: runner, tiering)
+//! ```
+
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod division;
+pub mod host;
+pub mod metrics;
+pub mod modeled;
+pub mod protocol;
+pub mod types;
+pub mod vm_process;
+pub mod worker;
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+
+use self::api::AppState;
+use self::config::{ServeConfig, ServeConfigError};
+use self::host::Host;
+
+/// Most connections served at once (more wait in the listen backlog).
+const MAX_CONNECTIONS: usize = 256;
+/// Time a client gets to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The service could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A setting is invalid.
+    #[error(transparent)]
+    Config(#[from] ServeConfigError),
+    /// The socket or a directory could not be set up.
+    #[error("{what} {path}")]
+    Setup {
+        /// What.
+        what: &'static str,
+        /// Where.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another service listens on the socket.
+    #[error("another tiervm serve listens on {0}: stop it, or give another --socket")]
+    InUse(String),
+    /// The async runtime could not start.
+    #[error("starting the runtime")]
+    Runtime(#[source] std::io::Error),
+    /// The worker mode failed.
+    #[error(transparent)]
+    Worker(#[from] crate::vm_process::WorkerError),
+    /// A `tiervm ctl` request failed.
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+    /// The seccomp filters could not be prepared.
+    #[error("preparing the service's seccomp filters")]
+    Seccomp(#[source] vmm_core::seccomp::SeccompError),
+}
+
+impl ServeError {
+    /// Whether the user's input is at fault.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Config(_) | Self::InUse(_))
+    }
+}
+
+fn setup<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ServeError + 'a {
+    move |source| ServeError::Setup {
+        what,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Creates `dir` (0700 when this creates it).
+fn create_private_dir(dir: &Path) -> Result<(), ServeError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(setup("creating the directory", dir))
+}
+
+/// Binds the API socket, mode 0600; refuses a socket another service answers on.
+fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeError> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_private_dir(parent)?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ServeError::InUse(path.display().to_string()));
+        }
+        std::fs::remove_file(path).map_err(setup("removing the stale socket", path))?;
+    }
+    let l = std::os::unix::net::UnixListener::bind(path).map_err(setup("binding", path))?;
+    // Owner only. The socket's directory (0700 when the service created
+    // it) closes the window between bind and chmod.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(setup("setting the mode of", path))?;
+    l.set_nonblocking(true)
+        .map_err(setup("configuring", path))?;
+    Ok(l)
+}
+
+/// Whether the service's threads (and its VMs') install seccomp filters.
+static SECCOMP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the service runs with seccomp filters.
+pub fn seccomp_on() -> bool {
+    SECCOMP.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Installs `role`'s seccomp filter on the calling service thread (first
+/// thing in the thread), when the service runs with filters. A thread that
+/// cannot install its filter says so and runs on (the filters compiled at
+/// start-up, so this is not expected).
+pub fn confine(role: tiering::threads::ThreadRole) {
+    if !seccomp_on() {
+        return;
+    }
+    if let Err(e) = vmm_core::seccomp::install(role) {
+        tracing::error!("{}", vmm_core::exit::chain(&e));
+        eprintln!("tiervm serve: {}", vmm_core::exit::chain(&e));
+    }
+}
+
+/// Runs the service until SIGTERM or SIGINT; returns the exit code.
+/// `seccomp`: its rebalancer, channel readers and report collector, and
+/// every VM's threads, install seccomp filters (docs/security.md).
+///
+/// Stopping waits at most the stop grace plus [`SHUTDOWN_SLACK`] for the VMs.
+pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
+    worker::limit_heap_arenas();
+    if seccomp {
+        vmm_core::seccomp::prepare().map_err(ServeError::Seccomp)?;
+        SECCOMP.store(true, std::sync::atomic::Ordering::Release);
+    }
+    let host = Host::new(cfg);
+    for d in host.state_dirs() {
+        create_private_dir(&d)?;
+    }
+    let listener = bind_socket(&host.cfg.socket)?;
+    let socket = host.cfg.socket.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let rebalancer = {
+        let h = host.clone();
+        std::thread::Builder::new()
+            .name("serve-rebalance".into())
+            .spawn(move || {
+                confine(tiering::threads::ThreadRole::ServeRebalance);
+                h.run_rebalancer()
+            })
+            .map_err(ServeError::Runtime)?
+    };
+    let collector = {
+        let h = host.clone();
+        std::thread::Builder::new()
+            .name("serve-reports".into())
+            .spawn(move || {
+                confine(tiering::threads::ThreadRole::ServeReports);
+                h.run_report_collector()
+            })
+            .map_err(ServeError::Runtime)?
+    };
+    eprintln!(
+        "tiervm serve: listening on {} (fast pool {} on node {}, slow pool {} on node {}{})",
+        socket.display(),
+        vmm_core::units::format_size(host.cfg.fast_pool),
+        host.cfg.fast_node,
+        vmm_core::units::format_size(host.cfg.slow_pool),
+        host.cfg.slow_node,
+        if host.cfg.emulated {
+            "; one node: tiers emulated, latency differences not real"
+        } else {
+            ""
+        }
+    );
+    let state = AppState {
+        host: host.clone(),
+        openapi: Arc::new(OnceLock::new()),
+        metrics: Arc::new(metrics::ApiMetrics::default()),
+    };
+    let metrics_router = api::metrics_router(state.clone());
+    let metrics_listener = match host.cfg.metrics_listen {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr).map_err(|source| ServeError::Setup {
+                what: "binding the metrics address",
+                path: addr.to_string(),
+                source,
+            })?;
+            l.set_nonblocking(true)
+                .map_err(|source| ServeError::Setup {
+                    what: "configuring the metrics address",
+                    path: addr.to_string(),
+                    source,
+                })?;
+            eprintln!("tiervm serve: metrics on http://{addr}/metrics");
+            Some(l)
+        }
+        None => None,
+    };
+    let (router, _doc) = api::router(state);
+    let served = host.clone();
+    let result = rt.block_on(async move {
+        let listener =
+            tokio::net::UnixListener::from_std(listener).map_err(setup("listening on", &socket))?;
+        let server = tokio::spawn(serve_connections(listener, router));
+        let metrics_server = match metrics_listener {
+            Some(l) => {
+                let l = tokio::net::TcpListener::from_std(l).map_err(ServeError::Runtime)?;
+                Some(tokio::spawn(serve_tcp(l, metrics_router)))
+            }
+            None => None,
+        };
+        wait_for_stop_signal().await;
+        eprintln!("tiervm serve: stopping the VMs");
+        // On a thread of its own: the blocking pool may be full of
+        // requests, and shutdown must not queue behind them. `shutdown`
+        // bounds its own waits; this deadline covers the state lock too.
+        let h = host.clone();
+        let deadline = host.cfg.defaults.stop_grace + SHUTDOWN_SLACK;
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("serve-shutdown".into())
+            .spawn(move || {
+                h.shutdown();
+                let _ = done_tx.send(());
+            });
+        if spawned.is_err() || tokio::time::timeout(deadline, done_rx).await.is_err() {
+            eprintln!(
+                "tiervm serve: the VMs did not all stop within {} s; leaving the rest",
+                deadline.as_secs()
+            );
+        }
+        server.abort();
+        if let Some(m) = metrics_server {
+            m.abort();
+        }
+        let _ = std::fs::remove_file(&socket);
+        Ok::<_, ServeError>(0)
+    });
+    rt.shutdown_timeout(Duration::from_secs(2));
+    let _ = rebalancer.join();
+    served.stop_report_collector();
+    let _ = collector.join();
+    eprintln!("tiervm serve: stopped");
+    result
+}
+
+/// Time beyond the VMs' stop grace that stopping the service may take (the
+/// host's own shutdown allows 20 s of it).
+const SHUTDOWN_SLACK: Duration = Duration::from_secs(30);
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    tokio::select! {
+        _ = async { match &mut term { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+        _ = async { match &mut int { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+    }
+}
+
+/// The TCP metrics listener (same bounds as the API socket).
+async fn serve_tcp(listener: tokio::net::TcpListener, router: axum::Router) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        serve_one(stream, router.clone(), permit);
+    }
+}
+
+fn serve_one<S>(stream: S, router: axum::Router, permit: tokio::sync::OwnedSemaphorePermit)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(router);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(64 << 10)
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(e) = conn.await {
+            tracing::debug!("connection: {e}");
+        }
+    });
+}
+
+/// Accepts connections and serves HTTP/1.1 on each (bounded in number,
+/// header read time and, through the router's guard, request time).
+async fn serve_connections(listener: tokio::net::UnixListener, router: axum::Router) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        serve_one(stream, router.clone(), permit);
+    }
+}

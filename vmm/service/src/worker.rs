@@ -1,0 +1,266 @@
+//! The service's side of one worker process: spawning it with its private
+//! channel, sending commands and waiting (bounded) for their replies,
+//! reading its events, and reaping it.
+//!
+//! The one place of the service with raw system calls: `dup2` in the child
+//! between fork and exec, to place the channel at a known fd number.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command as Process, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::protocol::{encode, Command, FromWorker, Reply, ToWorker, VmSpec};
+
+/// The fd number the channel has in the worker.
+pub const CHANNEL_FD: i32 = 3;
+/// Writes to a worker give up after this long.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Talking to a worker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerLinkError {
+    /// The process could not be started.
+    #[error("starting the worker process {exe}")]
+    Spawn {
+        /// The executable.
+        exe: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The channel failed (the worker is gone).
+    #[error("the worker's channel")]
+    Channel(#[source] std::io::Error),
+    /// No reply in time.
+    #[error("the worker did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The worker refused the command.
+    #[error("{0}")]
+    Refused(String),
+}
+
+type Pending = HashMap<u64, mpsc::Sender<Result<Reply, String>>>;
+
+/// A running worker.
+#[derive(Debug)]
+pub struct WorkerLink {
+    writer: Mutex<UnixStream>,
+    pending: Arc<Mutex<Pending>>,
+    next_id: AtomicU64,
+    child: Mutex<Child>,
+    pid: u32,
+}
+
+/// How a worker process ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Its exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+}
+
+impl From<ExitStatus> for ExitInfo {
+    fn from(s: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        Self {
+            code: s.code(),
+            signal: s.signal(),
+        }
+    }
+}
+
+impl WorkerLink {
+    /// Starts `exe __worker` for `spec`, its stderr appended to `log`;
+    /// `on_event` gets every event (from the reader thread), and `on_eof`
+    /// once the channel closes.
+    pub fn spawn(
+        exe: &Path,
+        spec: &VmSpec,
+        log: &Path,
+        on_event: impl Fn(FromWorker) + Send + 'static,
+        on_eof: impl FnOnce() + Send + 'static,
+    ) -> Result<Arc<Self>, WorkerLinkError> {
+        let spawn_err = |source| WorkerLinkError::Spawn {
+            exe: exe.display().to_string(),
+            source,
+        };
+        let (ours, theirs) = UnixStream::pair().map_err(spawn_err)?;
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(spawn_err)?;
+        let child_fd = theirs.as_raw_fd();
+        let mut cmd = Process::new(exe);
+        cmd.arg("__worker")
+            .arg("--channel-fd")
+            .arg(CHANNEL_FD.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(stderr))
+            // Its own process group: a terminal's Ctrl-C goes to the
+            // service, which stops its VMs in order.
+            .process_group(0);
+        // SAFETY: runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed: dup2 is one. It places the
+        // channel (whose descriptor is open in the parent, so in the child)
+        // at CHANNEL_FD without close-on-exec; every other descriptor of the
+        // service keeps its close-on-exec flag.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(child_fd, CHANNEL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(spawn_err)?;
+        drop(theirs);
+        let pid = child.id();
+        ours.set_write_timeout(Some(WRITE_TIMEOUT))
+            .map_err(WorkerLinkError::Channel)?;
+        let reader = ours.try_clone().map_err(WorkerLinkError::Channel)?;
+        let link = Arc::new(Self {
+            writer: Mutex::new(ours),
+            pending: Arc::new(Mutex::new(HashMap::new())),
+            next_id: AtomicU64::new(1),
+            child: Mutex::new(child),
+            pid,
+        });
+        link.send(&ToWorker::Start(spec.clone()))?;
+        let pending = link.pending.clone();
+        std::thread::Builder::new()
+            .name(format!("serve-{}", spec.id))
+            .spawn(move || {
+                super::confine(tiering::threads::ThreadRole::ServeReader);
+                read_loop(reader, &pending, on_event, on_eof)
+            })
+            .map_err(WorkerLinkError::Channel)?;
+        Ok(link)
+    }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn send(&self, msg: &ToWorker) -> Result<(), WorkerLinkError> {
+        let line = encode(msg).map_err(|e| WorkerLinkError::Channel(std::io::Error::other(e)))?;
+        lock(&self.writer)
+            .write_all(&line)
+            .map_err(WorkerLinkError::Channel)
+    }
+
+    /// Sends `command` and waits up to `timeout` for the reply.
+    pub fn request(&self, command: Command, timeout: Duration) -> Result<Reply, WorkerLinkError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        lock(&self.pending).insert(id, tx);
+        if let Err(e) = self.send(&ToWorker::Request { id, command }) {
+            lock(&self.pending).remove(&id);
+            return Err(e);
+        }
+        let r = rx.recv_timeout(timeout);
+        lock(&self.pending).remove(&id);
+        match r {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(why)) => Err(WorkerLinkError::Refused(why)),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(WorkerLinkError::Timeout(timeout)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(WorkerLinkError::Channel(
+                std::io::Error::from(std::io::ErrorKind::BrokenPipe),
+            )),
+        }
+    }
+
+    /// Waits up to `timeout` for the process to end, then kills it (and
+    /// waits for that, bounded too). `None` if it could not be reaped.
+    pub fn reap(&self, timeout: Duration) -> Option<ExitInfo> {
+        let mut child = lock(&self.child);
+        let deadline = Instant::now() + timeout;
+        loop {
+            match child.try_wait() {
+                Ok(Some(s)) => return Some(s.into()),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(None) => break,
+                Err(_) => return None,
+            }
+        }
+        let _ = child.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = child.try_wait() {
+                return Some(s.into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Whether the process has ended (reaping it if so).
+    pub fn exited(&self) -> Option<ExitInfo> {
+        lock(&self.child).try_wait().ok().flatten().map(Into::into)
+    }
+}
+
+fn read_loop(
+    stream: UnixStream,
+    pending: &Mutex<Pending>,
+    on_event: impl Fn(FromWorker),
+    on_eof: impl FnOnce(),
+) {
+    let mut r = BufReader::new(stream);
+    while let Ok(Some(line)) = crate::protocol::read_line(&mut r) {
+        match serde_json::from_slice::<FromWorker>(&line) {
+            Ok(FromWorker::Reply { id, result }) => {
+                if let Some(tx) = lock(pending).remove(&id) {
+                    let _ = tx.send(result);
+                }
+            }
+            Ok(event) => on_event(event),
+            Err(e) => tracing::warn!("a line from a worker that does not parse: {e}"),
+        }
+    }
+    // Fail the requests still waiting.
+    lock(pending).clear();
+    on_eof();
+}
+
+/// Bounds glibc's malloc arenas to two: glibc gives each new thread an arena
+/// of its own up to 8 per core, and memory freed in an arena stays there; the
+/// service's threads come and go with VMs and API calls (per-VM readers,
+/// the runtime's blocking pool), so without a bound its heap grows with the
+/// number of threads that ever ran. Called once at start-up.
+pub fn limit_heap_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; M_ARENA_MAX with a
+    // positive value has no other effect.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// Gives the heap's free memory back to the kernel (glibc keeps freed
+/// memory of every thread's arena otherwise): called when a VM ends, so the
+/// service's RSS returns to its baseline after many VMs came and went.
+pub fn release_free_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions; it only returns free
+    // memory of the allocator's arenas to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
