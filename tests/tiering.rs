@@ -288,3 +288,61 @@ fn injected_failures_in_a_live_vm_lose_nothing() {
         assert!(m.promotions + m.demotions > 0, "{plan}: chaos ran: {m:?}");
     }
 }
+
+/// A lost wake-up (the test-only `wake` fault point: the first hint faults'
+/// toucher is never woken after its page is mapped back) leaves a vCPU
+/// asleep in the kernel. The stall watchdog sees the vCPU blocked past its
+/// bound, finds the page from the handler's record of the thread's last
+/// fault, wakes it, and the guest runs on: the run ends on time, exit 0,
+/// with the stall in its report (resolved). Without the watchdog's wake
+/// the vCPU sleeps to the end and the run is forced (checked once by
+/// disabling `act_on`).
+#[test]
+fn a_lost_wake_up_is_found_and_woken_by_the_stall_watchdog() {
+    if !tiered_kvm_available() {
+        return;
+    }
+    let mut req = request(
+        "zipf",
+        256 << 20,
+        1,
+        Duration::from_secs(5),
+        &["rss=96M", "wss=32M"],
+    );
+    req.tiering.fast = Some(64 << 20);
+    req.tiering.policy = Some(PolicyArg::Nomad);
+    // The window covers the working set at once, so hint faults come early.
+    req.tiering.scan_pages = Some(32768);
+    req.tiering.test_fault_plans = Some("wake:every=1:max=1".into());
+    let (r, console) = run(&req);
+    let l = &r.liveness;
+    assert!(
+        !l.stalls.is_empty(),
+        "the lost wake-up stalls a vCPU: {l:?} {console}"
+    );
+    assert!(
+        l.stalls.iter().all(|s| s.resolved),
+        "every stall resolved by the watchdog: {l:?}"
+    );
+    assert!(
+        l.stalls[0]
+            .action
+            .as_deref()
+            .is_some_and(|a| a.contains("woke")),
+        "{l:?}"
+    );
+    assert_eq!(r.exit_code, Some(0), "{:?} {console}", r.stop_reason);
+    let last = r.timeline.last().map_or(0, |p| p.ops);
+    let at_stall_end = r
+        .timeline
+        .iter()
+        .filter(|p| p.t_s <= l.stalls[0].t_s + l.stalls[0].blocked_s)
+        .map(|p| p.ops)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        last > at_stall_end,
+        "the guest progressed after the stall: {:?}",
+        r.timeline
+    );
+}

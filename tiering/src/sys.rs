@@ -1032,6 +1032,10 @@ pub enum FaultPoint {
     DirtyGet,
     /// The dirty log's CLEAR.
     DirtyClear,
+    /// The wake-up of a thread that touched a parked page (the map-back
+    /// move does not wake and the explicit `UFFDIO_WAKE` is skipped): a
+    /// lost wake-up, for the stall watchdog's tests.
+    Wake,
 }
 
 impl std::str::FromStr for FaultPoint {
@@ -1045,6 +1049,7 @@ impl std::str::FromStr for FaultPoint {
             "move-pages" => FaultPoint::MovePages,
             "dirty-get" => FaultPoint::DirtyGet,
             "dirty-clear" => FaultPoint::DirtyClear,
+            "wake" => FaultPoint::Wake,
             _ => return Err(FaultPlanError::UnknownPoint(s.to_string())),
         })
     }
@@ -1057,7 +1062,7 @@ pub enum FaultPlanError {
     /// Not one of the fault points.
     #[error(
         "unknown fault point '{0}': use move, zero-page, populate, discard, move-pages, \
-         dirty-get or dirty-clear"
+         dirty-get, dirty-clear or wake"
     )]
     UnknownPoint(String),
     /// A part after the point that is not `key=value`.

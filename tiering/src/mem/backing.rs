@@ -236,6 +236,12 @@ impl<T> std::fmt::Debug for HookSlot<T> {
     }
 }
 
+/// The VMM's measure of the guest-visible cost of faults: the total time
+/// the VM's vCPU threads spent asleep in the kernel so far, ns (a vCPU
+/// thread sleeps only on a fault on a page that is not mapped: a first
+/// touch, a parked page, a page in flight). `None` when it cannot be read.
+pub type GuestClock = Arc<dyn Fn() -> Option<u64> + Send + Sync>;
+
 /// Addresses of the areas.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
@@ -273,6 +279,10 @@ pub struct TieredMemory {
     release_tx: Sender<(u32, Instant)>,
     pub(crate) release_rx: Receiver<(u32, Instant)>,
     pub(crate) release_event: EventFd,
+    /// The faults the handler holds (for the stall watchdog).
+    pub(crate) backlog: super::watch::FaultBacklog,
+    /// What movers do while they own pages (for the stall watchdog).
+    pub(crate) activities: super::watch::Activities,
     pub(crate) samples: Mutex<Vec<HintFaultRecord>>,
     pub(crate) park_epoch: Mutex<Instant>,
     /// The latest weighted hint fault of every page in a sampler window.
@@ -281,6 +291,7 @@ pub struct TieredMemory {
     setup_time: Duration,
     fault_path_hook: HookSlot<FaultPathHook>,
     fatal_hook: HookSlot<FatalHook>,
+    guest_clock: HookSlot<GuestClock>,
     observer: HookSlot<Arc<dyn PlacementObserver>>,
     fatal: OnceLock<String>,
     pub(crate) host_guard: HostGuard,
@@ -420,6 +431,8 @@ impl TieredMemory {
             release_tx,
             release_rx,
             release_event: EventFd::new(EFD_NONBLOCK)?,
+            backlog: Default::default(),
+            activities: Default::default(),
             samples: Mutex::new(Vec::new()),
             park_epoch: Mutex::new(Instant::now()),
             sampled_weights: super::sampler::SampledWeights::new(n)?,
@@ -427,6 +440,7 @@ impl TieredMemory {
             setup_time: t0.elapsed(),
             fault_path_hook: HookSlot::default(),
             fatal_hook: HookSlot::default(),
+            guest_clock: HookSlot::default(),
             observer: HookSlot::default(),
             fatal: OnceLock::new(),
             host_guard: HostGuard::new(cfg.host_reserve_bytes),
@@ -855,6 +869,20 @@ impl TieredMemory {
 
     pub(crate) fn fault_path_hook(&self) -> Option<FaultPathHook> {
         self.fault_path_hook.get()
+    }
+
+    /// Installs (or removes) the guest clock: the VMM's measure of the
+    /// time its vCPU threads spent blocked in the kernel so far (see
+    /// [`GuestClock`]). With it, the sampler budgets the guest's real cost of
+    /// hint faults instead of an estimate from the handler's own clock.
+    pub fn set_guest_clock(&self, clock: Option<GuestClock>) {
+        self.guest_clock.set(clock);
+    }
+
+    /// vCPU time blocked in the kernel so far, ns (summed over vCPUs), if
+    /// the VMM measures it.
+    pub fn guest_blocked_ns(&self) -> Option<u64> {
+        self.guest_clock.get().and_then(|c| c())
     }
 
     /// Installs (or removes) the placement observer (latency emulation's

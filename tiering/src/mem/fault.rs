@@ -201,6 +201,11 @@ fn run(mem: &TieredMemory, stop: &AtomicBool) -> io::Result<()> {
                 }
             }
         }
+        let oldest = pending
+            .iter()
+            .min_by_key(|(_, p)| p.arrival)
+            .map(|(&page, p)| (page, p.thread_id, p.arrival));
+        mem.backlog.publish(pending.len(), oldest);
     }
     Ok(())
 }
@@ -214,7 +219,12 @@ fn handle_event(
     pending: &mut HashMap<usize, Pending>,
 ) -> Option<usize> {
     let arrival = Instant::now();
-    let Some(page) = mem.guest_page_of(ev.address) else {
+    mem.counters.faults_served.fetch_add(1, Ordering::Relaxed);
+    let page_of = mem.guest_page_of(ev.address);
+    if let Some(page) = page_of {
+        mem.backlog.note_fault(ev.thread_id, page);
+    }
+    let Some(page) = page_of else {
         mem.counters
             .unexpected_faults
             .fetch_add(1, Ordering::Relaxed);
@@ -348,6 +358,17 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
             }
         }
         None => lock(&mem.samples).push(sample),
+    }
+    if mem.inject.io(crate::sys::FaultPoint::Wake).is_err()
+        && mem
+            .uffd
+            .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, false)
+            .is_ok()
+    {
+        // TEST ONLY (`--test-fault-inject wake`): the page is back, its
+        // toucher is not woken. The stall watchdog must find and wake it.
+        mem.release_page(page, 0, PARKED | PROBE);
+        return;
     }
     let outcome = mem.map_back_touched(page);
     if !matches!(outcome, MapBack::Moved) {

@@ -231,6 +231,11 @@ impl Migrator {
 
     /// Migrates units to tier `to` in one batch.
     pub fn migrate(&self, units: &[Unit], to: TierId, mech: Mechanism) -> io::Result<BatchOutcome> {
+        let pages: usize = units.iter().map(|u| u.pages as usize).sum();
+        let _doing = self.mem.activities.begin(format!(
+            "migrating {} unit(s), {pages} page(s), to tier {to} ({mech:?})",
+            units.len()
+        ));
         self.migrate_attempt(units, to, mech, 0)
     }
 

@@ -62,6 +62,7 @@ mod shadow;
 mod staging;
 mod stats;
 mod thp;
+mod watch;
 
 #[cfg(test)]
 mod tests;
@@ -70,8 +71,8 @@ pub use crate::sys::PAGE_SIZE;
 pub use crate::vocab::{Mechanism, TierId, Unit};
 pub use account::TierSpec;
 pub use backing::{
-    FatalHook, FaultPathHook, InitialPlacement, MemConfig, PlacementObserver, TieredMemory,
-    UnknownPlacement, DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
+    FatalHook, FaultPathHook, GuestClock, InitialPlacement, MemConfig, PlacementObserver,
+    TieredMemory, UnknownPlacement, DEFAULT_HOST_RESERVE_BYTES, DEFAULT_POOL_CACHE_PAGES,
 };
 pub use chaos::{ChaosConfig, ChaosDriver, ChaosReport, MAX_UNITS_PER_BATCH};
 pub use check::{ConsistencyError, NodeCheckError};
@@ -88,6 +89,7 @@ pub use resize::{
 };
 pub use sampler::{HintSampler, SamplerAccount, SamplerConfig, SamplerHandle, SamplerTick};
 pub use stats::{MemStats, TierStats};
+pub use watch::{Activity, StallView, Unstick, WaitingFault};
 
 /// One hint fault the fault handler recorded: the guest touched a parked
 /// page. Raw data; the engine turns it into a policy's

@@ -180,6 +180,9 @@ impl Migrator {
         order: Option<&[Unit]>,
     ) -> std::io::Result<ResizeReport> {
         let mem = self.memory().clone();
+        let _doing = mem.activities.begin(format!(
+            "shrinking tier {tier} by up to {budget_pages} pages"
+        ));
         let account = &mem.tiers[usize::from(tier)];
         let mut rep = ResizeReport {
             tier,

@@ -151,6 +151,8 @@ pub struct HintSampler {
     window: Vec<usize>,
     last_tick: Instant,
     last_hint_ns: u64,
+    /// (vCPU blocked ns, faults served, hint faults) at the last tick.
+    last_guest: Option<(u64, u64, u64)>,
 }
 
 impl HintSampler {
@@ -174,6 +176,7 @@ impl HintSampler {
             window: Vec::new(),
             last_tick: Instant::now(),
             last_hint_ns,
+            last_guest: None,
         }
     }
 
@@ -192,15 +195,19 @@ impl HintSampler {
     /// One period: unpark the previous window's untouched pages, measure the
     /// overhead and adapt the scan size, park the next window.
     pub fn tick(&mut self) -> io::Result<SamplerTick> {
+        let mem = self.mem.clone();
+        let _doing = mem.activities.begin(format!(
+            "unparking and parking a window of up to {} pages",
+            self.scan_pages
+        ));
         let had_window = !self.window.is_empty();
         let untouched = self.unpark_all()?;
-        let mem = self.mem.clone();
         let now = Instant::now();
         let hint_ns = mem.counters.hint_stall_ns.load(Ordering::Relaxed);
         let wall_ns = now.duration_since(self.last_tick).as_nanos().max(1) as f64;
-        let overhead_pct = GUEST_COST_FACTOR * (hint_ns - self.last_hint_ns) as f64
-            / (wall_ns * self.cfg.vcpus.max(1) as f64)
-            * 100.0;
+        let vcpu_ns = wall_ns * self.cfg.vcpus.max(1) as f64;
+        let estimated = GUEST_COST_FACTOR * (hint_ns - self.last_hint_ns) as f64 / vcpu_ns * 100.0;
+        let overhead_pct = self.measured_overhead_pct(vcpu_ns).unwrap_or(estimated);
         self.last_tick = now;
         self.last_hint_ns = hint_ns;
         mem.set_overhead_pct(overhead_pct);
@@ -275,6 +282,33 @@ impl HintSampler {
             overhead_pct,
             scan_pages: self.scan_pages,
         })
+    }
+
+    /// The guest's measured cost of hint faults since the last tick, percent
+    /// of vCPU time: the vCPUs' blocked time (the VMM's guest clock) times
+    /// the hint faults' share of the faults the handler served (blocked
+    /// time is not labelled by cause; faults of other kinds, first touches
+    /// and pages in flight, take their share by count). `None` without a
+    /// guest clock, or on the first tick.
+    fn measured_overhead_pct(&mut self, vcpu_ns: f64) -> Option<f64> {
+        let c = &self.mem.counters;
+        let now = (
+            self.mem.guest_blocked_ns()?,
+            c.faults_served.load(Ordering::Relaxed),
+            c.hint_faults.load(Ordering::Relaxed),
+        );
+        let (b0, f0, h0) = self.last_guest.replace(now)?;
+        let (db, df, dh) = (
+            now.0.saturating_sub(b0),
+            now.1.saturating_sub(f0),
+            now.2.saturating_sub(h0),
+        );
+        let share = if df == 0 {
+            0.0
+        } else {
+            dh.min(df) as f64 / df as f64
+        };
+        Some(db as f64 * share / vcpu_ns * 100.0)
     }
 
     /// Runs `tick` every period on its own thread until stopped.

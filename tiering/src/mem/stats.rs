@@ -102,6 +102,9 @@ pub struct MemStats {
     /// 2 MiB chunks committed ahead of a sequential stream of first
     /// touches (`fault::CommitAhead`), before the guest reached them.
     pub ahead_commits: u64,
+    /// Pages a stall watchdog released for a thread that waited too long
+    /// on them ([`TieredMemory::unstick`](super::TieredMemory::unstick)).
+    pub watchdog_unsticks: u64,
     /// Pages committed after the host ran short of memory, while the VM stopped.
     pub emergency_commits: u64,
     /// Pool slots the bookkeeping called holes that held a page (healed).
@@ -157,6 +160,9 @@ pub struct Counters {
     pub(crate) committed_pages: AtomicU64,
     pub(crate) huge_commits: AtomicU64,
     pub(crate) ahead_commits: AtomicU64,
+    pub(crate) watchdog_unsticks: AtomicU64,
+    /// Fault events the handler served (every kind).
+    pub(crate) faults_served: AtomicU64,
     pub(crate) emergency_commits: AtomicU64,
     pub(crate) slot_heals: AtomicU64,
     pub(crate) rollback_errors: AtomicU64,
@@ -216,6 +222,7 @@ impl Counters {
             committed_pages: g(&self.committed_pages),
             huge_commits: g(&self.huge_commits),
             ahead_commits: g(&self.ahead_commits),
+            watchdog_unsticks: g(&self.watchdog_unsticks),
             emergency_commits: g(&self.emergency_commits),
             slot_heals: g(&self.slot_heals),
             rollback_errors: g(&self.rollback_errors),

@@ -14,6 +14,7 @@ pub mod emulation;
 pub mod exit;
 pub mod image;
 pub mod kvm_dirty_log;
+pub mod liveness;
 pub mod permissions;
 pub mod report;
 pub mod runner;

@@ -27,6 +27,9 @@ pub enum StopReason {
     /// SIGINT or SIGTERM asked the run to stop and the guest exited after
     /// the stop request (as at the end of `--duration`).
     Signal,
+    /// A vCPU stayed blocked on the memory engine past the watchdog's
+    /// bound (`liveness.stalls` says where); the run failed.
+    Stalled,
 }
 
 /// One run of one VM.
@@ -92,6 +95,10 @@ pub struct RunReport {
     pub emulation: Option<crate::emulation::EmulationReport>,
     /// The stop signal received during the run (`SIGINT`, `SIGTERM`), if any.
     pub signal: Option<String>,
+    /// How the vCPU threads spent their time (running, waiting for a CPU,
+    /// blocked on the memory engine's faults), progress gaps and stalls
+    /// (`crate::liveness`).
+    pub liveness: crate::liveness::LivenessReport,
 }
 
 impl RunReport {
@@ -105,6 +112,19 @@ impl RunReport {
         }
         if let Some(t) = &self.tiering {
             self.write_tiering(&mut s, t);
+        }
+        let _ = writeln!(s, "  liveness   {}", self.liveness.human());
+        for st in &self.liveness.stalls {
+            let _ = writeln!(
+                s,
+                "  STALL      vCPU {} blocked {:.1} s from {:.1} s{}: {}; {}",
+                st.vcpu,
+                st.blocked_s,
+                st.t_s,
+                if st.resolved { " (then ran again)" } else { "" },
+                st.memory.as_deref().unwrap_or("untiered RAM"),
+                st.action.as_deref().unwrap_or("nothing to do")
+            );
         }
         if let Some(c) = &self.crash {
             let _ = writeln!(s, "  crash      {c}");
@@ -129,9 +149,13 @@ impl RunReport {
         let how = match self.stop_reason {
             StopReason::GuestExited => "the guest exited",
             StopReason::Duration => "stopped at --duration",
-            StopReason::Forced => "FORCED: the guest ignored the stop request",
+            StopReason::Forced => {
+                "FORCED: the guest did not acknowledge the stop request in time (Init or Run \
+                 phase 1 s after it, or not ended within --stop-grace)"
+            }
             StopReason::Crashed => "CRASHED",
             StopReason::Signal => "stopped by a signal",
+            StopReason::Stalled => "STALLED: a vCPU stayed blocked on the memory engine",
         };
         let code = self.exit_code.map_or("none".to_string(), |c| c.to_string());
         let _ = writeln!(
@@ -391,6 +415,7 @@ mod tests {
             tiering: None,
             tracking_ab: None,
             signal: None,
+            liveness: Default::default(),
             emulation: None,
             backing: None,
             tier_timeline: Vec::new(),

@@ -24,6 +24,7 @@ use crate::devices::serial::{ConsoleWriter, Sink};
 use crate::devices::PortBus;
 use crate::emulation::{Emulation, EmulationError};
 use crate::image::ImageError;
+use crate::liveness::LivenessWatch;
 use crate::permissions::PermissionError;
 use crate::report::{RunReport, StopReason};
 use crate::seccomp::SeccompError;
@@ -91,8 +92,15 @@ type Result<T> = std::result::Result<T, RunError>;
 
 /// How long vCPUs 1.. may keep running after vCPU 0 exited.
 const SECONDARY_GRACE: Duration = Duration::from_secs(1);
-/// How long the runner waits for kicked vCPU threads before giving up on them.
-const KICK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the runner waits for kicked vCPU threads before giving up on
+/// them (a thread left behind keeps its share of guest RAM mapped, and ends
+/// with the process): a run ends on time whatever a vCPU is doing.
+const KICK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the guest has after the stop request to leave its Init and
+/// Run phases (acknowledge the stop) before its vCPUs are stopped: a run
+/// ends on time whatever the guest or the engine is doing. A guest that
+/// acknowledged (Verify, Done) gets `--stop-grace` to finish.
+pub const STOP_ACK_GRACE: Duration = Duration::from_millis(500);
 /// Longest sleep of the runner between its checks of the run's deadlines
 /// (--duration, --stop-grace), signals and vCPU exits, whatever --sample-ms is.
 const POLL: Duration = Duration::from_millis(5);
@@ -181,13 +189,19 @@ pub fn run(
     }
     let run_start = Instant::now();
     let mut threads = VcpuThreads::spawn(vcpus, &shared)?;
+    if let Some(t) = vm.tiered() {
+        // The sampler budgets hint faults against what they cost the vCPUs.
+        let sh = shared.clone();
+        t.memory()
+            .set_guest_clock(Some(Arc::new(move || sh.blocked_ns())));
+    }
     // Every thread of this VM exists now: the calling thread's own filter
     // (tiervm run only; it would outlive the run otherwise).
     if cfg.seccomp && cfg.seccomp_main {
         crate::seccomp::install(tiering::threads::ThreadRole::Main)?;
     }
-    let watched = watch(cfg, &mut vm, &mut threads, hooks, run_start);
-    threads.end(&shared);
+    let watched = watch(cfg, &mut vm, &mut threads, &shared, hooks, run_start);
+    threads.end(&shared, vm.tiered().map(|t| t.memory().as_ref()));
     finish(cfg, started, run_start, vm, &threads, &shared, watched)
 }
 
@@ -340,6 +354,15 @@ impl VcpuThreads {
         })
     }
 
+    /// Whether vCPU `id`'s thread ended.
+    fn ended(&self, id: u32) -> bool {
+        self.outcomes.get(id as usize).is_some_and(Option::is_some)
+            || self
+                .running
+                .get(id as usize)
+                .is_some_and(|t| t.as_ref().is_none_or(JoinHandle::is_finished))
+    }
+
     /// Whether every vCPU ended.
     fn all_ended(&self) -> bool {
         self.outcomes.iter().all(Option::is_some)
@@ -354,16 +377,31 @@ impl VcpuThreads {
     }
 
     /// Step 4: makes every vCPU leave its loop, kicks those in `KVM_RUN`
-    /// with a signal, and waits for them up to [`KICK_TIMEOUT`].
-    fn end(&mut self, shared: &vcpu::VcpuShared) {
+    /// with a signal, and waits for them up to [`KICK_TIMEOUT`]. A vCPU
+    /// asleep on a guest page (a userfault) does not see the signal while
+    /// its page is missing (KVM's own reads of guest memory retry a fault
+    /// on a non-fatal signal): every such waiter on tiered RAM is woken at
+    /// each kick, so it retries and leaves.
+    fn end(&mut self, shared: &vcpu::VcpuShared, mem: Option<&tiering::mem::TieredMemory>) {
         shared.stop.store(true, Ordering::Release);
         let kick_deadline = Instant::now() + KICK_TIMEOUT;
         while self.running.iter().any(Option::is_some) && Instant::now() < kick_deadline {
             for h in self.running.iter().flatten() {
                 let _ = h.kill(vcpu::kick_signal());
             }
+            if let Some(m) = mem {
+                m.wake_all();
+            }
             std::thread::sleep(Duration::from_millis(2));
             self.reap();
+        }
+        for (id, t) in self.running.iter().enumerate() {
+            if t.is_some() {
+                tracing::warn!(
+                    "vCPU {id} did not leave KVM_RUN within {} s of the stop; left behind",
+                    KICK_TIMEOUT.as_secs_f64()
+                );
+            }
         }
     }
 
@@ -390,6 +428,9 @@ struct Watched {
     stop_requested_at: Option<Instant>,
     reason: Option<StopReason>,
     ab: Option<AbDriver>,
+    live: LivenessWatch,
+    /// Why the run failed although no vCPU crashed (a stall).
+    failure: Option<String>,
 }
 
 /// Step 3: until the VM is done, every `--sample-ms` read the status page
@@ -399,6 +440,7 @@ fn watch(
     cfg: &VmConfig,
     vm: &mut Vm,
     threads: &mut VcpuThreads,
+    shared: &vcpu::VcpuShared,
     hooks: &mut dyn RunHooks,
     run_start: Instant,
 ) -> Watched {
@@ -411,6 +453,8 @@ fn watch(
             .as_ref()
             .and_then(|t| t.tracking_ab)
             .map(|p| AbDriver::new(p.as_secs_f64())),
+        live: LivenessWatch::new(run_start),
+        failure: None,
     };
     let mut vcpu0_exited_at: Option<Instant> = None;
     let mut next = run_start + cfg.sample;
@@ -435,6 +479,17 @@ fn watch(
                 &mut w,
                 now.duration_since(run_start).as_secs_f64(),
             );
+            for &(id, tid, _) in shared.tids.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                w.live.add_vcpu(id, tid);
+            }
+            let ops = w.timelines.ops.last().map_or(0, |p| p.ops);
+            let mem = vm.tiered().map(|t| t.memory().as_ref());
+            if let Some(why) = w.live.sample(now, ops, mem, |id| threads.ended(id)) {
+                tracing::error!("{why}");
+                w.failure = Some(why);
+                w.reason = Some(StopReason::Stalled);
+                return w;
+            }
         }
         threads.reap();
         if threads.any_failed() {
@@ -467,10 +522,14 @@ fn watch(
                     }
                     status::request_stop(vm.ram().memory());
                     w.stop_requested_at = Some(now);
+                    w.live.stop_requested(now);
                 }
             }
             Some(at) => {
-                if now.duration_since(at) >= cfg.stop_grace {
+                if now.duration_since(at) >= cfg.stop_grace
+                    || (now.duration_since(at) >= STOP_ACK_GRACE
+                        && !status::read(vm.ram().memory(), cfg.vcpus).acknowledged_stop())
+                {
                     w.reason = Some(StopReason::Forced);
                     return w;
                 }
@@ -591,5 +650,6 @@ fn finish(
         tracking_ab: w.ab.map(|a| a.result()),
         emulation,
         signal: crate::signals::received().map(crate::signals::name),
+        liveness: w.live.finish(end),
     })
 }

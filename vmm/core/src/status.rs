@@ -30,6 +30,17 @@ impl StatusSnapshot {
     pub fn total_ops(&self) -> u64 {
         self.ops.iter().fold(0u64, |a, &b| a.saturating_add(b))
     }
+
+    /// Whether the guest acknowledged a stop request: no vCPU is still
+    /// setting up or running its workload (`Init`, `Run`). A guest that
+    /// never publishes phases (`Boot`) cannot say, and counts as having
+    /// acknowledged (its stop is bounded by `--stop-grace` alone).
+    pub fn acknowledged_stop(&self) -> bool {
+        !self
+            .phases
+            .iter()
+            .any(|p| matches!(p, Some(Phase::Init | Phase::Run)))
+    }
 }
 
 /// Decodes a status page for `vcpus` vCPUs.

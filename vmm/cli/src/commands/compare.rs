@@ -1227,6 +1227,7 @@ mod tests {
             tracking_ab: None,
             emulation: None,
             signal: None,
+            liveness: Default::default(),
         }
     }
 

@@ -203,6 +203,10 @@ pub struct BackingReport {
     pub committed_pages: u64,
     /// First touches committed as a whole 2 MiB huge page.
     pub huge_commits: u64,
+    /// 2 MiB chunks committed ahead of a sequential stream of first touches.
+    pub ahead_commits: u64,
+    /// Pages the stall watchdog released for a vCPU that waited too long.
+    pub watchdog_unsticks: u64,
     /// Pages committed after the host ran short of memory, while the VM stopped.
     pub emergency_commits: u64,
     /// Pool slots the bookkeeping called holes that held a page (healed).
@@ -279,6 +283,8 @@ impl TieringReport {
             populated_pages: s.populated_pages,
             committed_pages: s.committed_pages,
             huge_commits: s.huge_commits,
+            ahead_commits: s.ahead_commits,
+            watchdog_unsticks: s.watchdog_unsticks,
             emergency_commits: s.emergency_commits,
             slot_heals: s.slot_heals,
             collapses: s.collapses,

@@ -218,6 +218,9 @@ pub struct VcpuShared {
     /// TEST ONLY: after installing its filter, each vCPU thread makes a
     /// forbidden system call (the seccomp negative control).
     pub test_forbidden_syscall: bool,
+    /// (vCPU id, thread id, start) of every vCPU thread that started (the
+    /// liveness watch and the guest clock read their scheduler statistics).
+    pub tids: Mutex<Vec<(u32, u32, Instant)>>,
 }
 
 /// How a vCPU thread ended.
@@ -244,6 +247,9 @@ enum Step {
 
 /// Runs `vcpu` until the guest exits, crashes, or the runner stops it.
 pub fn run_vcpu(id: u32, mut vcpu: Vcpu, shared: Arc<VcpuShared>) -> VcpuOutcome {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    lock(&shared.tids).push((id, tid as u32, Instant::now()));
     if shared.seccomp {
         if let Err(e) = crate::seccomp::install(tiering::threads::ThreadRole::Vcpu) {
             return VcpuOutcome::HostError(VcpuRunError::Seccomp {
@@ -348,12 +354,30 @@ impl VcpuShared {
             ports: Mutex::new(ports),
             seccomp: false,
             test_forbidden_syscall: false,
+            tids: Mutex::new(Vec::new()),
         }
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl VcpuShared {
+    /// The vCPU threads' time asleep in the kernel so far, summed, ns
+    /// (wall time since each started, less its time on a CPU and waiting
+    /// for one: `crate::liveness`). `None` if no thread could be read.
+    pub fn blocked_ns(&self) -> Option<u64> {
+        let tids = lock(&self.tids).clone();
+        let mut total = None;
+        for (_, tid, start) in tids {
+            if let Some((run, wait)) = crate::liveness::schedstat(tid) {
+                let wall = start.elapsed().as_nanos() as u64;
+                *total.get_or_insert(0u64) += wall.saturating_sub(run + wait);
+            }
+        }
+        total
+    }
 }
 
 /// A one-paragraph description of a crashed vCPU with its registers.
