@@ -57,6 +57,12 @@ pub const SCAN_RANGE_BYTES: u64 = 2 << 20;
 /// `virtpages = pages * 8`).
 pub const SCAN_VIRTUAL_FACTOR: f64 = 8.0;
 
+/// The most hint faults one access takes in a row when the policy leaves
+/// the page protected after each ([`Policy::take_refault`]): a guard
+/// against a policy that never lets go. 5.13 TPP's train is at most
+/// 2 x [`crate::policy::tpp::PAGEVEC_SIZE`] + 1 = 31.
+pub const MAX_REFAULT_TRAIN: u32 = 64;
+
 /// The line PEBS counts a load or store event for.
 const PEBS_LINE_BYTES: f64 = 64.0;
 
@@ -136,6 +142,9 @@ struct Raw {
     shadow_write_faults: u64,
     shadows_reclaimed: u64,
     hint_faults: u64,
+    /// Hint faults that left the page protected, so that the same access
+    /// faulted again at once (5.13 TPP's train).
+    refaults: u64,
     sync_promotions: u64,
     page_lock_waits: u64,
     rejected: u64,
@@ -154,6 +163,7 @@ impl Raw {
             shadow_write_faults: f(self.shadow_write_faults, other.shadow_write_faults),
             shadows_reclaimed: f(self.shadows_reclaimed, other.shadows_reclaimed),
             hint_faults: f(self.hint_faults, other.hint_faults),
+            refaults: f(self.refaults, other.refaults),
             sync_promotions: f(self.sync_promotions, other.sync_promotions),
             page_lock_waits: f(self.page_lock_waits, other.page_lock_waits),
             rejected: f(self.rejected, other.rejected),
@@ -929,6 +939,12 @@ impl Sim {
     /// once; a fault-path migration runs before the access resumes (as
     /// stop-and-copy), any other is carried out in the background. Returns
     /// the stall (slot-ns) of the faulting thread.
+    ///
+    /// A fault the policy leaves protected ([`Policy::take_refault`]: 5.13
+    /// TPP's `goto out`) is taken again at once by the same access, each
+    /// time a fault's cost and [`CostModel::fault_ns`] later, until one
+    /// migrates the page or maps it back (at most [`MAX_REFAULT_TRAIN`]
+    /// faults: a guard; 5.13's train ends by itself within 31).
     fn hint_fault(
         &mut self,
         a: PageAccess,
@@ -939,35 +955,47 @@ impl Sim {
     ) -> f64 {
         let pi = a.page as usize;
         self.map.flags[pi] &= !PROTECTED;
-        self.raw.hint_faults += 1;
-        if let Some(p) = &mut self.scan_period {
-            p.on_hint_fault(self.scan_seq);
-        }
-        let mut stall = costs.fault;
-        let fault = HintFault {
-            page: a.page,
-            tier: t,
-            time_to_fault_ns: now.saturating_sub(self.map.scan_time[pi]),
-            write: a.write,
-            now_ns: now,
-        };
-        self.now = now;
-        self.refresh_status();
-        if let Some(m) = policy.on_hint_fault(&fault, &self.status, &mut self.map) {
-            if m.urgency == Urgency::BeforeFaultingAccessResumes && m.unit.page == a.page {
-                let before = self.raw.promotions;
-                let stop = Migration {
-                    mechanism: Mechanism::StopAndCopy,
-                    ..m
-                };
-                self.apply(&stop);
-                if self.raw.promotions > before {
-                    self.raw.sync_promotions += 1;
-                }
-                stall += costs.sync_migration + costs.ipi_others;
-            } else {
-                self.pending_stall_slots += self.apply(&m);
+        let mut stall = 0.0;
+        let mut at = now;
+        for taken in 1..=MAX_REFAULT_TRAIN {
+            self.raw.hint_faults += 1;
+            if let Some(p) = &mut self.scan_period {
+                p.on_hint_fault(self.scan_seq);
             }
+            stall += costs.fault;
+            let fault = HintFault {
+                page: a.page,
+                tier: t,
+                time_to_fault_ns: at.saturating_sub(self.map.scan_time[pi]),
+                write: a.write,
+                now_ns: at,
+            };
+            self.now = at;
+            self.refresh_status();
+            if let Some(m) = policy.on_hint_fault(&fault, &self.status, &mut self.map) {
+                if m.urgency == Urgency::BeforeFaultingAccessResumes && m.unit.page == a.page {
+                    let before = self.raw.promotions;
+                    let stop = Migration {
+                        mechanism: Mechanism::StopAndCopy,
+                        ..m
+                    };
+                    self.apply(&stop);
+                    if self.raw.promotions > before {
+                        self.raw.sync_promotions += 1;
+                    }
+                    stall += costs.sync_migration + costs.ipi_others;
+                } else {
+                    self.pending_stall_slots += self.apply(&m);
+                }
+                break;
+            }
+            if !policy.take_refault() || taken == MAX_REFAULT_TRAIN {
+                break;
+            }
+            // Still PROT_NONE: the access faults again at once.
+            self.raw.refaults += 1;
+            // `as` saturates: any cost is safe.
+            at = at.saturating_add(self.costs.fault_ns as u64);
         }
         stall
     }
@@ -1213,6 +1241,7 @@ impl Sim {
             shadow_write_faults: c(r.shadow_write_faults),
             shadows_reclaimed: c(r.shadows_reclaimed),
             hint_faults: c(r.hint_faults),
+            refaults: c(r.refaults),
             sync_promotions: c(r.sync_promotions),
             page_lock_waits: c(r.page_lock_waits),
             rejected: c(r.rejected),

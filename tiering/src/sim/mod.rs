@@ -503,6 +503,33 @@ mod tests {
         }
     }
 
+    /// 5.13 TPP's fault path through the simulator (policy::tpp, steps
+    /// 1-5): the access that faults on an inactive slow page faults again
+    /// at once, 30 times, the pagevec draining at its 15th request, and
+    /// the 31st fault promotes it synchronously. With the whole buffer in
+    /// the slow tier and room for all of it in the fast one, every train
+    /// ends in a promotion: 30 refaults per fault-path promotion, each
+    /// charged as a fault. 6.x TPP maps the page back at every fault.
+    #[test]
+    fn tpp_lru_refaults_thirty_times_per_fault_path_promotion() {
+        let mut scn = hot_buffer(0.05, 0.25, 0.0);
+        scn.costs = model::CostModel::default();
+        scn.start_in_slow_tier = true;
+        scn.duration_s = 5.0;
+        scn.scale = 1.0;
+        let lru = run(&scn, PolicyKind::TppLru).unwrap();
+        let c = &lru.counters;
+        assert!(c.sync_promotions > 1000.0, "{c:?}");
+        assert_eq!(c.promotions, c.sync_promotions, "{c:?}");
+        assert_eq!(c.refaults, 30.0 * c.sync_promotions, "{c:?}");
+        assert_eq!(c.hint_faults, 31.0 * c.sync_promotions, "{c:?}");
+        let up = run(&scn, PolicyKind::Tpp).unwrap();
+        assert!(up.counters.sync_promotions > 1000.0, "{:?}", up.counters);
+        assert_eq!(up.counters.refaults, 0.0);
+        // The trains cost time: the same promotions at 31 faults each.
+        assert!(lru.in_progress_maps < up.in_progress_maps);
+    }
+
     /// Nomad's micro-benchmark runs its trace in one thread, one 4 KiB
     /// `memcpy` per entry (its artifact's memory_access.cc), so a TPP
     /// fault-path promotion stalls all of it (Matryoshka Fig. 2 puts ~30%

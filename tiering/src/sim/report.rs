@@ -81,6 +81,11 @@ pub struct EventCounts {
     pub shadows_reclaimed: f64,
     /// Hint faults taken.
     pub hint_faults: f64,
+    /// Of them, faults that left the page protected, so that the same
+    /// access faulted again at once (5.13 TPP: an inactive slow page is
+    /// only `mark_page_accessed`, its PTE left PROT_NONE).
+    #[serde(default)]
+    pub refaults: f64,
     /// Promotions done in the fault path.
     pub sync_promotions: f64,
     /// Accesses that waited for a page a stop-and-copy migration held
