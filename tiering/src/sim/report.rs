@@ -132,6 +132,11 @@ pub struct SimReport {
     /// (`BenchInit::sleep_between_rounds`), which `counters` leaves out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub between_rounds_counters: Option<EventCounts>,
+    /// The length of each measured round, modeled seconds, when the run is
+    /// rounds of fixed operations timed by the model (`Scenario::rounds`;
+    /// in progress is round 1's throughput, stable the last round's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub round_s: Vec<f64>,
     /// Per-tier traffic.
     pub tiers: Vec<TierTraffic>,
     /// Timeline.
