@@ -77,6 +77,17 @@ pub trait Policy: Send {
         None
     }
 
+    /// Whether the hint fault [`Policy::on_hint_fault`] just handled, which
+    /// returned no migration, left the page protected, so that the same
+    /// access faults again at once. The TPP patch's 5.13 `do_numa_page`
+    /// does this for an inactive slow page (`goto out` skips `out_map`,
+    /// which alone makes the PTE present again); `tpp-lru` models it and
+    /// the simulator honours it (the live engine maps the page back).
+    /// Reading it clears it. Default: no, the fault maps the page back.
+    fn take_refault(&mut self) -> bool {
+        false
+    }
+
     /// Periodic decision point.
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions;
 

@@ -11,11 +11,52 @@
 //!   Nomad paper ran as its baseline (TPP, ASPLOS'23; Nomad §2.2; the
 //!   artifact's `tpp.patch` on 5.13-rc6) has no threshold or rate limit
 //!   (`should_numa_migrate_memory` returns true for a slow-node page in
-//!   tiering mode) but promotes only pages on the active LRU: a fault on an
-//!   inactive page only `mark_page_accessed`s it (referenced, then active),
-//!   so a page is promoted at its third hint fault; and its kswapd keeps
-//!   [`DEMOTE_SCALE_FACTOR`] of the top tier free. That variant is
-//!   `tpp-lru` ([`Tpp::with_active_lru_check`]).
+//!   tiering mode, tpp.patch l.611-616) but promotes only pages on the
+//!   active LRU, and its kswapd keeps [`DEMOTE_SCALE_FACTOR`] of the top
+//!   tier free. That variant is `tpp-lru` ([`Tpp::with_active_lru_check`]);
+//!   its fault path is [`Tpp::on_hint_fault`]'s "refault train" below.
+//!
+//! The 5.13 fault path of `tpp-lru`, step by step (Nomad artifact
+//! github.com/lingfenghsiang/Nomad at 0fafe0e; tpp.patch is
+//! `src/implementation_patches/tpp.patch`, its memory.c line numbers are
+//! those of `src/linux-5.13-rc6/mm/memory.c` with the patch applied; swap.c
+//! and pagevec.h are the unpatched tree's, which tpp.patch leaves alone):
+//! 1. a hint fault on a page of a non-top-tier node that is not
+//!    `PageActive` calls `mark_page_accessed(page)` and `goto out`
+//!    (tpp.patch l.879-889; memory.c l.4197-4207);
+//! 2. `out:` only calls `task_numa_fault` and returns (memory.c
+//!    l.4232-4235); only `out_map:` makes the PTE present again
+//!    (l.4236-4249, `pte_modify` at l.4242). So the page stays PROT_NONE
+//!    and the access that faulted faults again at once;
+//! 3. `mark_page_accessed` (swap.c l.424-452) sets `PG_referenced` on a
+//!    page without it (l.428-429); on a referenced inactive page it calls
+//!    `activate_page` and clears `PG_referenced` (l.439-447). So every
+//!    second fault of the train queues one request;
+//! 4. `activate_page` (swap.c l.350-364) adds the page to this CPU's
+//!    `lru_pvecs.activate_page` pagevec and drains it only when
+//!    `pagevec_add_and_need_flush` says so (l.240-249): when the add fills
+//!    it (`PAGEVEC_SIZE` 15, include/linux/pagevec.h l.15), for a compound
+//!    page, or while the LRU caches are disabled. The page is still
+//!    inactive while queued, so the train queues it again and again (the
+//!    papers' "the 15 requests could be repeated requests for the same
+//!    page", Matryoshka §3.1 fn. 2); the drain (`__activate_page`, l.320-334)
+//!    sets `PageActive`. Other drains of this CPU's pagevec
+//!    (`lru_add_drain_cpu`, l.614-645, from reclaim, compaction,
+//!    `zap_page_range`, swap readahead or `lru_add_drain_all`) do not run
+//!    inside a train of back-to-back faults, and a train always ends in a
+//!    drain, so a train starts with an empty pagevec ([`ActivatePagevec`]);
+//! 5. the next fault finds the page active and goes on to
+//!    `numa_migrate_prep` and `migrate_misplaced_page` (memory.c
+//!    l.4209-4218): the synchronous promotion, which fails, mapping the
+//!    page back (`out_map`), when the top tier is not above its high
+//!    watermark (`migrate_balanced_pgdat` in `numamigrate_isolate_page`,
+//!    tpp.patch l.1295-1304).
+//!
+//! So a page that the scanner protects while inactive and unreferenced
+//! takes 2 x 15 = 30 faults that do not migrate, then a 31st that
+//! promotes; one referenced already takes 29. (The papers count 15 faults
+//! "in the worst case", Matryoshka §3.1 and Nomad §2.2: 15 is the
+//! pagevec's requests; the code takes two faults per request.)
 //! - Promotion is synchronous, in the fault path, by stop-and-copy, and
 //!   needs free pages above the high watermark; otherwise kswapd is woken.
 //! - kswapd demotes cold pages (second-chance over accessed bits, Linux's
@@ -177,7 +218,10 @@ impl LruFlags {
     pub(crate) fn referenced(self) -> bool {
         self.0 & Self::REFERENCED != 0
     }
-    /// `mark_page_accessed`: inactive,unreferenced -> referenced; inactive,referenced -> active.
+    /// `mark_page_accessed` with the activation at once (no pagevec):
+    /// inactive,unreferenced -> referenced; inactive,referenced -> active.
+    /// Nomad's PCQ scan uses it; `tpp-lru`'s fault path queues the
+    /// activation instead ([`mark_page_accessed_513`]).
     pub(crate) fn mark_accessed(&mut self) {
         if self.active() {
             return;
@@ -186,6 +230,73 @@ impl LruFlags {
             self.0 = Self::ACTIVE;
         } else {
             self.0 |= Self::REFERENCED;
+        }
+    }
+}
+
+/// `PAGEVEC_SIZE` (5.13 include/linux/pagevec.h l.15): a per-CPU pagevec
+/// holds 15 pages.
+pub const PAGEVEC_SIZE: usize = 15;
+
+/// A CPU's `lru_pvecs.activate_page` pagevec (5.13 mm/swap.c): the pages
+/// `activate_page` queued for the active LRU, the same page as often as
+/// it was queued (each entry holds a reference of its own).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ActivatePagevec {
+    pages: Vec<u64>,
+}
+
+impl ActivatePagevec {
+    /// Entries queued.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// `activate_page` (swap.c l.350-364) on an inactive page: queues it;
+    /// when the add fills the pagevec (`pagevec_add_and_need_flush`,
+    /// l.240-249: `pagevec_add` returns the room left, 0 when full), drains
+    /// it ([`Self::drain`]).
+    pub(crate) fn activate(&mut self, page: u64, flags: &mut [LruFlags]) {
+        self.pages.push(page);
+        if self.pages.len() >= PAGEVEC_SIZE {
+            self.drain(flags);
+        }
+    }
+
+    /// `activate_page_drain` (l.337-343): `__activate_page` (l.320-334) on
+    /// every entry: the page becomes active (its `PG_referenced` is left
+    /// as it is).
+    pub(crate) fn drain(&mut self, flags: &mut [LruFlags]) {
+        for p in self.pages.drain(..) {
+            if let Some(f) = flags.get_mut(p as usize) {
+                f.0 |= LruFlags::ACTIVE;
+            }
+        }
+    }
+}
+
+/// 5.13's `mark_page_accessed` (swap.c l.424-452) on `page`, whose
+/// activation goes through `pvec`: an unreferenced page becomes
+/// referenced (l.428-429); a referenced inactive one is queued for
+/// activation ([`ActivatePagevec::activate`]) and loses `PG_referenced`
+/// (l.439-447); an active one is left as it is.
+pub(crate) fn mark_page_accessed_513(
+    flags: &mut [LruFlags],
+    pvec: &mut ActivatePagevec,
+    page: u64,
+) {
+    let Some(f) = flags.get(page as usize).copied() else {
+        return;
+    };
+    if !f.referenced() {
+        if let Some(f) = flags.get_mut(page as usize) {
+            f.0 |= LruFlags::REFERENCED;
+        }
+    } else if !f.active() {
+        pvec.activate(page, flags);
+        if let Some(f) = flags.get_mut(page as usize) {
+            f.0 &= !LruFlags::REFERENCED;
         }
     }
 }
@@ -415,6 +526,13 @@ pub struct Tpp {
     cap: Option<PromotionGate>,
     kswapd: Kswapd,
     flags: Vec<LruFlags>,
+    /// tpp-lru: the faulting CPU's activation pagevec. One serves every
+    /// thread: a train runs to its end inside one access, so trains never
+    /// interleave and each starts with it empty, as each CPU's would.
+    pvec: ActivatePagevec,
+    /// tpp-lru: the last hint fault left its page protected
+    /// ([`Policy::take_refault`]).
+    refault: bool,
     tiers: usize,
     scan_pages_per_sec: f64,
     promotions: u64,
@@ -429,6 +547,8 @@ impl Tpp {
             cap: None,
             kswapd: Kswapd::new(config),
             flags: vec![LruFlags::default(); config.pages as usize],
+            pvec: ActivatePagevec::default(),
+            refault: false,
             tiers: config.tiers(),
             scan_pages_per_sec: SCAN_SIZE_MB * 1024.0 * 1024.0
                 / PAGE_BYTES as f64
@@ -486,19 +606,23 @@ impl Policy for Tpp {
         tiers: &[TierStatus],
         _view: &mut dyn MemoryView,
     ) -> Option<Migration> {
+        self.refault = false;
         if fault.tier == 0 || tiers.is_empty() {
             return None;
         }
         let wm = self.kswapd.watermarks[0];
         if self.require_active {
-            // The TPP patch (5.13, do_numa_page): a slow page not on the
-            // active LRU is only `mark_page_accessed`; an active one is
-            // promoted, `should_numa_migrate_memory` returning true for any
-            // slow-node page in tiering mode (no hotness threshold or rate
-            // limit: those are 6.x's). A page is promoted at its third fault.
-            let f = self.flags.get_mut(fault.page as usize)?;
+            // The TPP patch (5.13, do_numa_page; steps 1-5 of the module
+            // docs): a slow page not on the active LRU is only
+            // `mark_page_accessed` and left PROT_NONE, so the access
+            // faults again at once; an active one is promoted,
+            // `should_numa_migrate_memory` returning true for any slow-node
+            // page in tiering mode (no hotness threshold or rate limit:
+            // those are 6.x's).
+            let f = self.flags.get(fault.page as usize).copied()?;
             if !f.active() {
-                f.mark_accessed();
+                mark_page_accessed_513(&mut self.flags, &mut self.pvec, fault.page);
+                self.refault = true;
                 return None;
             }
             if PromotionGate::over_imposed_cap(&mut self.cap, fault.now_ns) {
@@ -519,6 +643,10 @@ impl Policy for Tpp {
             mechanism: Mechanism::StopAndCopy,
             urgency: Urgency::BeforeFaultingAccessResumes,
         })
+    }
+
+    fn take_refault(&mut self) -> bool {
+        std::mem::take(&mut self.refault)
     }
 
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
@@ -642,34 +770,85 @@ mod tests {
         );
     }
 
-    #[test]
-    fn lru_variant_promotes_at_the_third_fault_without_a_threshold() {
+    fn lru_setup() -> (Tpp, VecView, Vec<u64>) {
         let cfg = PolicyConfig::new(1000, vec![100, 1000]);
-        let (mut tpp, mut v, caps) = (
+        (
             Tpp::with_active_lru_check(&cfg),
             VecView::two_tier(1000, 90),
             vec![100, 1000],
-        );
+        )
+    }
+
+    /// The TPP patch's 5.13 fault path (module docs, steps 1-5): an
+    /// inactive, unreferenced slow page takes 30 faults that leave it
+    /// protected (every second one queues it in the pagevec, which drains
+    /// at its 15th entry), then a 31st that promotes it in the fault path.
+    /// No threshold: 5 s from scan to fault is cold for 6.3, not for 5.13.
+    #[test]
+    fn lru_variant_takes_a_train_of_30_refaults_then_promotes() {
+        let (mut tpp, mut v, caps) = lru_setup();
         let st = v.status(&caps);
-        // 5 s from scan to fault: cold for 6.3's threshold, not for 5.13.
-        assert_eq!(
-            tpp.on_hint_fault(&fault(500, 5000, 1), &st, &mut v),
-            None,
-            "first fault only references"
-        );
-        assert_eq!(
-            tpp.on_hint_fault(&fault(500, 5000, 2), &st, &mut v),
-            None,
-            "second fault only activates"
-        );
+        for k in 1..=30u64 {
+            assert_eq!(
+                tpp.on_hint_fault(&fault(500, 5000, k), &st, &mut v),
+                None,
+                "fault {k} does not migrate"
+            );
+            assert!(tpp.take_refault(), "fault {k} leaves the page PROT_NONE");
+            assert!(!tpp.take_refault(), "reading the refault clears it");
+            // Queued once per two faults, drained at the 15th entry.
+            assert_eq!(tpp.pvec.len() as u64, (k / 2) % 15, "after fault {k}");
+            assert_eq!(tpp.flags[500].active(), k == 30, "after fault {k}");
+        }
         let m = tpp
-            .on_hint_fault(&fault(500, 5000, 3), &st, &mut v)
-            .expect("third fault promotes");
+            .on_hint_fault(&fault(500, 5000, 31), &st, &mut v)
+            .expect("the 31st fault promotes");
+        assert!(!tpp.take_refault(), "the promoting fault maps the page");
         assert_eq!(
-            (m.unit, m.to, m.urgency),
-            (Unit::page(500), 0, Urgency::BeforeFaultingAccessResumes)
+            (m.unit, m.to, m.urgency, m.mechanism),
+            (
+                Unit::page(500),
+                0,
+                Urgency::BeforeFaultingAccessResumes,
+                Mechanism::StopAndCopy
+            )
         );
-        assert_eq!(m.mechanism, Mechanism::StopAndCopy);
+    }
+
+    /// The pagevec is the CPU's, not the page's: entries other pages left
+    /// fill it, so a page queued as its 15th entry is active at once (two
+    /// faults: referenced, then queued and drained).
+    #[test]
+    fn the_activation_pagevec_drains_at_its_15th_entry_whoever_queued_it() {
+        let (mut tpp, mut v, caps) = lru_setup();
+        let st = v.status(&caps);
+        for p in 0..(PAGEVEC_SIZE as u64 - 1) {
+            let page = 600 + p;
+            tpp.on_hint_fault(&fault(page, 5, 1), &st, &mut v);
+            tpp.on_hint_fault(&fault(page, 5, 2), &st, &mut v);
+            assert!(!tpp.flags[page as usize].active());
+        }
+        assert_eq!(tpp.pvec.len(), PAGEVEC_SIZE - 1);
+        assert_eq!(tpp.on_hint_fault(&fault(500, 5, 3), &st, &mut v), None);
+        assert_eq!(tpp.on_hint_fault(&fault(500, 5, 4), &st, &mut v), None);
+        assert_eq!(tpp.pvec.len(), 0, "the 15th entry drains it");
+        // Every queued page is active now; each was left unreferenced.
+        for page in (600..600 + PAGEVEC_SIZE as u64 - 1).chain([500]) {
+            let f = tpp.flags[page as usize];
+            assert!(f.active() && !f.referenced(), "page {page}");
+        }
+        assert!(tpp.on_hint_fault(&fault(500, 5, 5), &st, &mut v).is_some());
+    }
+
+    /// 6.x TPP (`tpp`) maps the page back after every fault.
+    #[test]
+    fn upstream_never_leaves_a_page_protected() {
+        let (mut tpp, mut v, caps) = setup();
+        let st = v.status(&caps);
+        for k in 0..40 {
+            tpp.on_hint_fault(&fault(501, 1500, k), &st, &mut v);
+            assert!(!tpp.take_refault());
+        }
     }
 
     #[test]
@@ -688,9 +867,12 @@ mod tests {
         let mut v = VecView::two_tier(1000, 100); // fast tier full
         let caps = [100, 1000];
         let st = v.status(&caps);
-        tpp.on_hint_fault(&fault(600, 5, 1), &st, &mut v);
-        tpp.on_hint_fault(&fault(600, 5, 2), &st, &mut v);
-        assert_eq!(tpp.on_hint_fault(&fault(600, 5, 3), &st, &mut v), None);
+        for k in 1..=30 {
+            tpp.on_hint_fault(&fault(600, 5, k), &st, &mut v);
+        }
+        assert!(tpp.flags[600].active());
+        assert_eq!(tpp.on_hint_fault(&fault(600, 5, 31), &st, &mut v), None);
+        assert!(!tpp.take_refault(), "a failed promotion maps the page back");
         // Pages 0..50 were accessed recently: second chance; 50.. are cold.
         for p in 0..50 {
             v.accessed[p] = true;

@@ -57,6 +57,12 @@ pub const SCAN_RANGE_BYTES: u64 = 2 << 20;
 /// `virtpages = pages * 8`).
 pub const SCAN_VIRTUAL_FACTOR: f64 = 8.0;
 
+/// The most hint faults one access takes in a row when the policy leaves
+/// the page protected after each ([`Policy::take_refault`]): a guard
+/// against a policy that never lets go. 5.13 TPP's train is at most
+/// 2 x [`crate::policy::tpp::PAGEVEC_SIZE`] + 1 = 31.
+pub const MAX_REFAULT_TRAIN: u32 = 64;
+
 /// The line PEBS counts a load or store event for.
 const PEBS_LINE_BYTES: f64 = 64.0;
 
@@ -136,6 +142,9 @@ struct Raw {
     shadow_write_faults: u64,
     shadows_reclaimed: u64,
     hint_faults: u64,
+    /// Hint faults that left the page protected, so that the same access
+    /// faulted again at once (5.13 TPP's train).
+    refaults: u64,
     sync_promotions: u64,
     page_lock_waits: u64,
     rejected: u64,
@@ -154,6 +163,7 @@ impl Raw {
             shadow_write_faults: f(self.shadow_write_faults, other.shadow_write_faults),
             shadows_reclaimed: f(self.shadows_reclaimed, other.shadows_reclaimed),
             hint_faults: f(self.hint_faults, other.hint_faults),
+            refaults: f(self.refaults, other.refaults),
             sync_promotions: f(self.sync_promotions, other.sync_promotions),
             page_lock_waits: f(self.page_lock_waits, other.page_lock_waits),
             rejected: f(self.rejected, other.rejected),
@@ -271,11 +281,34 @@ impl RunClock {
     }
 }
 
+/// One timeline bucket being filled: accesses, their latency sum, fast
+/// accesses, quanta, and its end (measured-run ns).
+#[derive(Clone, Copy, Default)]
+struct RawBucket {
+    accesses: u64,
+    latency: f64,
+    fast: u64,
+    quanta: u64,
+    end_ns: u64,
+}
+
+impl RawBucket {
+    fn merge(self, later: RawBucket) -> RawBucket {
+        RawBucket {
+            accesses: self.accesses + later.accesses,
+            latency: self.latency + later.latency,
+            fast: self.fast + later.fast,
+            quanta: self.quanta + later.quanta,
+            end_ns: later.end_ns,
+        }
+    }
+}
+
 /// Throughput over the run: the timeline buckets and the two phases.
 struct Throughput {
     per_bucket: u64,
-    bucket: (u64, f64, u64, u64),
-    timeline: Vec<TimelineBucket>,
+    bucket: RawBucket,
+    buckets: Vec<RawBucket>,
     first_phase_accesses: u64,
     last_phase_accesses: u64,
     accesses: u64,
@@ -285,43 +318,109 @@ impl Throughput {
     fn new(clock: &RunClock) -> Self {
         Self {
             per_bucket: clock.quanta.div_ceil(TIMELINE_POINTS as u64).max(1),
-            bucket: (0, 0.0, 0, 0),
-            timeline: Vec::new(),
+            bucket: RawBucket::default(),
+            buckets: Vec::new(),
             first_phase_accesses: 0,
             last_phase_accesses: 0,
             accesses: 0,
         }
     }
 
-    /// Adds quantum `q` (ending at `now`) and closes a bucket when it is full.
-    fn add_quantum(&mut self, q: u64, now: u64, tally: &QuantumTally, clock: &RunClock, s: f64) {
+    /// Adds quantum `q` (ending at `now`) and closes a bucket when it is
+    /// full. A run longer than its clock planned (rounds timed by the
+    /// model) halves its timeline's resolution whenever it reaches twice
+    /// [`TIMELINE_POINTS`].
+    fn add_quantum(&mut self, q: u64, now: u64, tally: &QuantumTally, clock: &RunClock) {
         let tot_q: u64 = tally.accesses.iter().sum();
-        let (acc, lat, fast, quanta) = &mut self.bucket;
-        *acc += tot_q;
-        *lat += tally.latency.iter().sum::<f64>();
-        *fast += tally.accesses[0];
-        *quanta += 1;
+        let b = &mut self.bucket;
+        b.accesses += tot_q;
+        b.latency += tally.latency.iter().sum::<f64>();
+        b.fast += tally.accesses[0];
+        b.quanta += 1;
+        b.end_ns = now;
         if q < clock.phase_quanta {
             self.first_phase_accesses += tot_q;
         }
-        if q >= clock.quanta - clock.phase_quanta {
+        if q >= clock.quanta.saturating_sub(clock.phase_quanta) {
             self.last_phase_accesses += tot_q;
         }
-        if *quanta == self.per_bucket || q + 1 == clock.quanta {
-            let secs = *quanta as f64 * clock.quantum_ns as f64 / 1e9;
-            self.timeline.push(TimelineBucket {
-                t_s: now as f64 / 1e9,
-                throughput_maps: *acc as f64 * s / secs / 1e6,
-                avg_latency_ns: if *acc > 0 { *lat / *acc as f64 } else { 0.0 },
-                fast_share: if *acc > 0 {
-                    *fast as f64 / *acc as f64
-                } else {
-                    0.0
-                },
-                mode: None,
-            });
-            self.bucket = (0, 0.0, 0, 0);
+        if b.quanta == self.per_bucket {
+            self.buckets.push(std::mem::take(&mut self.bucket));
+            if self.buckets.len() >= 2 * TIMELINE_POINTS {
+                self.buckets = self
+                    .buckets
+                    .chunks(2)
+                    .map(|c| {
+                        c.iter()
+                            .copied()
+                            .reduce(RawBucket::merge)
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                self.per_bucket *= 2;
+            }
         }
+    }
+
+    /// The timeline, the bucket being filled closed; `s` is the scale.
+    fn timeline(&self, s: f64, quantum_ns: u64) -> Vec<TimelineBucket> {
+        let last = (self.bucket.quanta > 0).then_some(self.bucket);
+        self.buckets
+            .iter()
+            .chain(last.iter())
+            .map(|b| {
+                let secs = b.quanta as f64 * quantum_ns as f64 / 1e9;
+                let acc = b.accesses as f64;
+                TimelineBucket {
+                    t_s: b.end_ns as f64 / 1e9,
+                    throughput_maps: acc * s / secs / 1e6,
+                    avg_latency_ns: if b.accesses > 0 { b.latency / acc } else { 0.0 },
+                    fast_share: if b.accesses > 0 {
+                        b.fast as f64 / acc
+                    } else {
+                        0.0
+                    },
+                    mode: None,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The rounds of a run timed by the model ([`Scenario::rounds`]).
+struct RoundClock {
+    count: u32,
+    /// Modeled accesses per round.
+    accesses: u64,
+    /// Rounds completed.
+    done: u32,
+    /// Accesses served in the round under way.
+    served: u64,
+    /// When the round under way began (measured-run ns).
+    start_ns: u64,
+    /// Each completed round's accesses and length (ns).
+    rounds: Vec<(u64, u64)>,
+}
+
+impl RoundClock {
+    fn new(r: &super::scenario::Rounds, scale: f64) -> Self {
+        Self {
+            count: r.count,
+            accesses: ((r.ops / scale).round() as u64).max(1),
+            done: 0,
+            served: 0,
+            start_ns: 0,
+            rounds: Vec::new(),
+        }
+    }
+
+    /// Accesses left in the round under way.
+    fn left(&self) -> u64 {
+        self.accesses.saturating_sub(self.served)
+    }
+
+    fn finished(&self) -> bool {
+        self.done >= self.count
     }
 }
 
@@ -503,6 +602,7 @@ pub fn run_built(
             &mut clock,
             &costs,
             slots_per_q,
+            scn.rounds.as_ref(),
         )),
         _ => None,
     };
@@ -514,6 +614,7 @@ pub fn run_built(
     let mut carry = 0.0f64;
     let mut first_phase_end = Raw::default();
     let mut last_phase_start = Raw::default();
+    let mut rounds = scn.rounds.as_ref().map(|r| RoundClock::new(r, sim.scale));
     // The sleeps between rounds, if run: their time is off the run's clock.
     let between = scn
         .bench_init
@@ -523,7 +624,10 @@ pub fn run_built(
     let mut slept_ns = 0u64;
     let mut slept = Raw::default();
     for q in 0..clock.quanta {
-        if q == clock.quanta - clock.phase_quanta {
+        if rounds.as_ref().is_some_and(RoundClock::finished) {
+            break;
+        }
+        if rounds.is_none() && q == clock.quanta - clock.phase_quanta {
             last_phase_start = sim.raw.clone();
         }
         let q_start = t0 + slept_ns + q * clock.quantum_ns;
@@ -531,7 +635,8 @@ pub fn run_built(
             per_quantum: slots_per_q,
             carry,
         };
-        carry = sim.serve_quantum(
+        let served_before = throughput.accesses;
+        let (c, ended) = sim.serve_quantum(
             q_start,
             &clock,
             slots,
@@ -539,14 +644,44 @@ pub fn run_built(
             &costs,
             &mut tally,
             &mut throughput,
+            rounds.as_ref().map(RoundClock::left),
         );
+        carry = c;
         sim.end_quantum(&tally, scn.access_bytes, &mut clock, policy.as_mut());
-        throughput.add_quantum(q, sim.now - t0 - slept_ns, &tally, &clock, sim.scale);
-        if q + 1 == clock.phase_quanta {
-            first_phase_end = sim.raw.clone();
-        }
-        let round_ends = clock.phase_quanta > 0 && (q + 1) % clock.phase_quanta == 0;
-        if let (Some(s), true) = (between, round_ends && q + 1 < clock.quanta) {
+        throughput.add_quantum(q, sim.now - t0 - slept_ns, &tally, &clock);
+        let round_ends = match rounds.as_mut() {
+            Some(r) => {
+                r.served += throughput.accesses - served_before;
+                match ended {
+                    Some(end) => {
+                        let end = end.saturating_sub(t0 + slept_ns);
+                        r.rounds.push((r.served, end.saturating_sub(r.start_ns)));
+                        r.done += 1;
+                        r.served = 0;
+                        r.start_ns = sim.now - t0 - slept_ns;
+                        if r.done == 1 {
+                            first_phase_end = sim.raw.clone();
+                        }
+                        if r.done + 1 == r.count {
+                            last_phase_start = sim.raw.clone();
+                        }
+                        true
+                    }
+                    None => false,
+                }
+            }
+            None => {
+                if q + 1 == clock.phase_quanta {
+                    first_phase_end = sim.raw.clone();
+                }
+                clock.phase_quanta > 0 && (q + 1) % clock.phase_quanta == 0
+            }
+        };
+        let more = match rounds.as_ref() {
+            Some(r) => !r.finished(),
+            None => q + 1 < clock.quanta,
+        };
+        if let (Some(s), true) = (between, round_ends && more) {
             let (before, mig_bytes) = (sim.raw.clone(), sim.tot_mig_bytes.clone());
             let start = sim.now;
             let end = sim.sleep(start, s, &mut clock, policy.as_mut());
@@ -559,7 +694,31 @@ pub fn run_built(
             sim.tot_mig_bytes = mig_bytes;
         }
     }
-    let mut report = sim.report(scn, &clock, throughput, started);
+    // A run its cap stopped short of its rounds: the round under way counts
+    // as its last, cut short.
+    if let Some(r) = rounds.as_mut() {
+        if !r.finished() && r.served > 0 {
+            let now = sim.now - t0 - slept_ns;
+            r.rounds.push((r.served, now.saturating_sub(r.start_ns)));
+            if r.rounds.len() == 1 {
+                first_phase_end = sim.raw.clone();
+            }
+        }
+    }
+    let measured_ns = sim.now.saturating_sub(t0 + slept_ns);
+    let mut report = sim.report(scn, &clock, throughput, started, measured_ns);
+    if let Some(r) = &rounds {
+        let rate = |&(acc, ns): &(u64, u64)| {
+            if ns > 0 {
+                acc as f64 * sim.scale / (ns as f64 / 1e9) / 1e6
+            } else {
+                0.0
+            }
+        };
+        report.in_progress_maps = r.rounds.first().map_or(0.0, rate);
+        report.stable_maps = r.rounds.last().map_or(0.0, rate);
+        report.round_s = r.rounds.iter().map(|&(_, ns)| ns as f64 / 1e9).collect();
+    }
     report.in_progress_counters = sim.counts_of(&first_phase_end);
     report.stable_counters = sim.counts_of(&sim.raw.since(&last_phase_start));
     report.warmup_counters = warmup;
@@ -752,8 +911,9 @@ impl Sim {
 
     /// One quantum's accesses, from `start` (the measured run's and the
     /// benchmark initialization's): the quantum begins, accesses are served
-    /// with `slots` less the stalls pending from the last quantum, and the
-    /// clock moves to its end. Returns the slots carried to the next one.
+    /// with `slots` less the stalls pending from the last quantum, at most
+    /// `limit` of them, and the clock moves to its end. Returns the slots
+    /// carried to the next one and, if the limit was reached, when.
     #[allow(clippy::too_many_arguments)]
     fn serve_quantum(
         &mut self,
@@ -764,7 +924,8 @@ impl Sim {
         costs: &StallCosts,
         tally: &mut QuantumTally,
         throughput: &mut Throughput,
-    ) -> f64 {
+        limit: Option<u64>,
+    ) -> (f64, Option<u64>) {
         self.begin_quantum(start);
         let quantum = QuantumClock {
             start_ns: start,
@@ -773,9 +934,9 @@ impl Sim {
         };
         self.pending_stall_slots = 0.0;
         tally.clear();
-        let carry = self.serve_accesses(&quantum, policy, costs, tally, throughput);
+        let (carry, ended) = self.serve_accesses(&quantum, policy, costs, tally, throughput, limit);
         self.now = start + clock.quantum_ns;
-        carry
+        (carry, ended)
     }
 
     /// The rest of a served quantum: its traffic (`access_bytes` per
@@ -796,8 +957,10 @@ impl Sim {
         self.account_migration_traffic();
     }
 
-    /// Serves accesses until the quantum's request slots are spent; returns
-    /// the slots left over (negative: overdrawn), carried to the next quantum.
+    /// Serves accesses until the quantum's request slots are spent or
+    /// `limit` accesses are served; returns the slots left over (negative:
+    /// overdrawn), carried to the next quantum (none left idle once the
+    /// limit is reached), and when the limit was reached.
     fn serve_accesses(
         &mut self,
         quantum: &QuantumClock,
@@ -805,11 +968,14 @@ impl Sim {
         costs: &StallCosts,
         tally: &mut QuantumTally,
         throughput: &mut Throughput,
-    ) -> f64 {
+        limit: Option<u64>,
+    ) -> (f64, Option<u64>) {
         let mut slots = quantum.budget;
+        let mut left = limit.unwrap_or(u64::MAX);
         // A thread computing holds its `mlp` request slots.
         let compute_slots = self.compute_ns * self.mlp * self.scale;
-        while slots > 0.0 {
+        while slots > 0.0 && left > 0 {
+            left -= 1;
             let a = self.stream.next(&mut self.rng);
             let (t, stall) = self.access(a, || quantum.now(slots), policy, costs);
             let ti = usize::from(t);
@@ -819,7 +985,10 @@ impl Sim {
             slots -= self.lat_scaled[ti] + compute_slots + stall;
             throughput.accesses += 1;
         }
-        slots
+        match limit {
+            Some(_) if left == 0 => (slots.min(0.0), Some(quantum.now(slots))),
+            _ => (slots, None),
+        }
     }
 
     /// One access: the faults it takes (a hint fault on a protected page, a
@@ -929,6 +1098,12 @@ impl Sim {
     /// once; a fault-path migration runs before the access resumes (as
     /// stop-and-copy), any other is carried out in the background. Returns
     /// the stall (slot-ns) of the faulting thread.
+    ///
+    /// A fault the policy leaves protected ([`Policy::take_refault`]: 5.13
+    /// TPP's `goto out`) is taken again at once by the same access, each
+    /// time a fault's cost and [`CostModel::fault_ns`] later, until one
+    /// migrates the page or maps it back (at most [`MAX_REFAULT_TRAIN`]
+    /// faults: a guard; 5.13's train ends by itself within 31).
     fn hint_fault(
         &mut self,
         a: PageAccess,
@@ -939,35 +1114,47 @@ impl Sim {
     ) -> f64 {
         let pi = a.page as usize;
         self.map.flags[pi] &= !PROTECTED;
-        self.raw.hint_faults += 1;
-        if let Some(p) = &mut self.scan_period {
-            p.on_hint_fault(self.scan_seq);
-        }
-        let mut stall = costs.fault;
-        let fault = HintFault {
-            page: a.page,
-            tier: t,
-            time_to_fault_ns: now.saturating_sub(self.map.scan_time[pi]),
-            write: a.write,
-            now_ns: now,
-        };
-        self.now = now;
-        self.refresh_status();
-        if let Some(m) = policy.on_hint_fault(&fault, &self.status, &mut self.map) {
-            if m.urgency == Urgency::BeforeFaultingAccessResumes && m.unit.page == a.page {
-                let before = self.raw.promotions;
-                let stop = Migration {
-                    mechanism: Mechanism::StopAndCopy,
-                    ..m
-                };
-                self.apply(&stop);
-                if self.raw.promotions > before {
-                    self.raw.sync_promotions += 1;
-                }
-                stall += costs.sync_migration + costs.ipi_others;
-            } else {
-                self.pending_stall_slots += self.apply(&m);
+        let mut stall = 0.0;
+        let mut at = now;
+        for taken in 1..=MAX_REFAULT_TRAIN {
+            self.raw.hint_faults += 1;
+            if let Some(p) = &mut self.scan_period {
+                p.on_hint_fault(self.scan_seq);
             }
+            stall += costs.fault;
+            let fault = HintFault {
+                page: a.page,
+                tier: t,
+                time_to_fault_ns: at.saturating_sub(self.map.scan_time[pi]),
+                write: a.write,
+                now_ns: at,
+            };
+            self.now = at;
+            self.refresh_status();
+            if let Some(m) = policy.on_hint_fault(&fault, &self.status, &mut self.map) {
+                if m.urgency == Urgency::BeforeFaultingAccessResumes && m.unit.page == a.page {
+                    let before = self.raw.promotions;
+                    let stop = Migration {
+                        mechanism: Mechanism::StopAndCopy,
+                        ..m
+                    };
+                    self.apply(&stop);
+                    if self.raw.promotions > before {
+                        self.raw.sync_promotions += 1;
+                    }
+                    stall += costs.sync_migration + costs.ipi_others;
+                } else {
+                    self.pending_stall_slots += self.apply(&m);
+                }
+                break;
+            }
+            if !policy.take_refault() || taken == MAX_REFAULT_TRAIN {
+                break;
+            }
+            // Still PROT_NONE: the access faults again at once.
+            self.raw.refaults += 1;
+            // `as` saturates: any cost is safe.
+            at = at.saturating_add(self.costs.fault_ns as u64);
         }
         stall
     }
@@ -1026,6 +1213,7 @@ impl Sim {
         clock: &mut RunClock,
         costs: &StallCosts,
         slots_per_q: f64,
+        rounds: Option<&super::scenario::Rounds>,
     ) -> EventCounts {
         let run_stream = std::mem::replace(&mut self.stream, stream);
         let q_ns = clock.quantum_ns;
@@ -1035,17 +1223,40 @@ impl Sim {
         let mut carry = 0.0f64;
         let mut now = 0u64;
         let mut warmup_end: Option<u64> = None;
-        // Step 1.
-        while warmup_end.is_none_or(|end| now < end) {
+        // Step 1. With rounds timed by the model the warm-up is
+        // `warmup_fraction` of the measured rounds' operations (Nomad: one
+        // round), counted from the quantum after the memset's end.
+        let warmup_ops = rounds.map(|r| {
+            ((init.warmup_fraction * f64::from(r.count) * r.ops / self.scale).round() as u64).max(1)
+        });
+        let mut ops_left: Option<u64> = None;
+        while warmup_end.is_none_or(|end| now < end) && ops_left != Some(0) {
             let slots = Slots {
                 per_quantum: slots_per_q,
                 carry,
             };
-            carry = self.serve_quantum(now, clock, slots, policy, costs, &mut tally, &mut scratch);
+            let before = scratch.accesses;
+            (carry, _) = self.serve_quantum(
+                now,
+                clock,
+                slots,
+                policy,
+                costs,
+                &mut tally,
+                &mut scratch,
+                ops_left,
+            );
+            if let Some(left) = ops_left.as_mut() {
+                *left = left.saturating_sub(scratch.accesses - before);
+            }
             now += q_ns;
             self.end_quantum(&tally, self.line_bytes, clock, policy);
-            if warmup_end.is_none() && matches!(&self.stream, Stream::Init(s) if s.memset_done()) {
-                warmup_end = Some(now + warmup_ns);
+            let memset_over = matches!(&self.stream, Stream::Init(s) if s.memset_done());
+            if memset_over && warmup_end.is_none() && ops_left.is_none() {
+                match warmup_ops {
+                    Some(n) => ops_left = Some(n),
+                    None => warmup_end = Some(now + warmup_ns),
+                }
             }
         }
         // Step 2.
@@ -1143,14 +1354,15 @@ impl Sim {
         clock: &RunClock,
         throughput: Throughput,
         started: Instant,
+        measured_ns: u64,
     ) -> SimReport {
         let s = self.scale;
-        let dur = clock.quanta as f64 * clock.quantum_ns as f64 / 1e9;
+        let dur = measured_ns as f64 / 1e9;
         let phase_s = clock.phase_quanta as f64 * clock.quantum_ns as f64 / 1e9;
         let total_acc: u64 = self.tot_acc.iter().sum();
         let total_lat: f64 = self.tot_lat.iter().sum();
         let c = |x: u64| x as f64 * s;
-        let mut timeline = throughput.timeline;
+        let mut timeline = throughput.timeline(s, clock.quantum_ns);
         for b in &mut timeline {
             b.mode = self.modes.at(b.t_s);
         }
@@ -1172,6 +1384,7 @@ impl Sim {
             stable_counters: EventCounts::default(),
             warmup_counters: None,
             between_rounds_counters: None,
+            round_s: Vec::new(),
             tiers: (0..self.cap.len())
                 .map(|t| TierTraffic {
                     name: scn.tiers[t].name.clone(),
@@ -1213,6 +1426,7 @@ impl Sim {
             shadow_write_faults: c(r.shadow_write_faults),
             shadows_reclaimed: c(r.shadows_reclaimed),
             hint_faults: c(r.hint_faults),
+            refaults: c(r.refaults),
             sync_promotions: c(r.sync_promotions),
             page_lock_waits: c(r.page_lock_waits),
             rejected: c(r.rejected),

@@ -81,6 +81,11 @@ pub struct EventCounts {
     pub shadows_reclaimed: f64,
     /// Hint faults taken.
     pub hint_faults: f64,
+    /// Of them, faults that left the page protected, so that the same
+    /// access faulted again at once (5.13 TPP: an inactive slow page is
+    /// only `mark_page_accessed`, its PTE left PROT_NONE).
+    #[serde(default)]
+    pub refaults: f64,
     /// Promotions done in the fault path.
     pub sync_promotions: f64,
     /// Accesses that waited for a page a stop-and-copy migration held
@@ -127,6 +132,11 @@ pub struct SimReport {
     /// (`BenchInit::sleep_between_rounds`), which `counters` leaves out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub between_rounds_counters: Option<EventCounts>,
+    /// The length of each measured round, modeled seconds, when the run is
+    /// rounds of fixed operations timed by the model (`Scenario::rounds`;
+    /// in progress is round 1's throughput, stable the last round's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub round_s: Vec<f64>,
     /// Per-tier traffic.
     pub tiers: Vec<TierTraffic>,
     /// Timeline.

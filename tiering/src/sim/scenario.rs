@@ -104,6 +104,24 @@ pub struct Scenario {
     /// --fixed-scan-rate`). On by default.
     #[serde(default = "linux_scan_period_default")]
     pub linux_scan_period: bool,
+    /// The measured run is rounds of a fixed number of operations, timed
+    /// by the model: each policy's round lasts as long as its own
+    /// operations take (Nomad's micro-benchmark replays its trace once a
+    /// round, memory_access.cc). `duration_s` is then only a cap: a run
+    /// still short of its rounds stops there, its last round cut short.
+    /// In progress is round 1, stable the last round. None: the run lasts
+    /// `duration_s` and its phases are `phase_fraction` of it.
+    #[serde(default)]
+    pub rounds: Option<Rounds>,
+}
+
+/// [`Scenario::rounds`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rounds {
+    /// Measured rounds.
+    pub count: u32,
+    /// Operations per round (real; the model serves `ops / scale`).
+    pub ops: f64,
 }
 
 /// [`Scenario::linux_scan_period`]' default: on.
@@ -249,17 +267,17 @@ pub fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec)
         transparent_huge_pages: true,
         bench_init: None,
         linux_scan_period: true,
+        rounds: None,
     }
 }
 
 /// One round of Nomad's micro-benchmark: the page copies of its trace
 /// (YCSB `operationcount` in the artifact's `workloada-10G`, `-13.5G` and
-/// `-27G`: 18M, 30M and 40M; the warm-up trace is as long) and static's
-/// modeled rate on that case (millions of copies per second, read-only and
-/// write-only; `sim::tests::a_round_is_the_traces_copies_at_statics_rate`
-/// checks it). The run is four rounds (`phase_fraction` 0.25: in progress
-/// = round 1, stable = round 4, as the artifact's README takes them), and
-/// the warm-up round one more, each as long as static takes for the round.
+/// `-27G`: 18M, 30M and 40M; the warm-up trace is as long). The run is
+/// four rounds of that many copies ([`Scenario::rounds`]: in progress =
+/// round 1, stable = round 4, as the artifact's README takes them), each
+/// as long as the policy's own copies take, and the warm-up round one
+/// more.
 pub const NOMAD_ROUNDS: [NomadRound; 3] = [
     NomadRound {
         size: "small",
@@ -267,8 +285,6 @@ pub const NOMAD_ROUNDS: [NomadRound; 3] = [
         wss_gib: 10.0,
         records: 2_700_000,
         copies: 18e6,
-        static_rate_ro: 2.026e6,
-        static_rate_wo: 1.696e6,
     },
     NomadRound {
         size: "medium",
@@ -276,8 +292,6 @@ pub const NOMAD_ROUNDS: [NomadRound; 3] = [
         wss_gib: 13.5,
         records: 3_600_000,
         copies: 30e6,
-        static_rate_ro: 1.641e6,
-        static_rate_wo: 1.474e6,
     },
     NomadRound {
         size: "large",
@@ -285,8 +299,6 @@ pub const NOMAD_ROUNDS: [NomadRound; 3] = [
         wss_gib: 27.0,
         records: 8_000_000,
         copies: 40e6,
-        static_rate_ro: 2.040e6,
-        static_rate_wo: 1.700e6,
     },
 ];
 
@@ -303,27 +315,14 @@ pub struct NomadRound {
     pub records: u64,
     /// Page copies per round (YCSB `operationcount`).
     pub copies: f64,
-    /// Static's modeled copies per second, read-only.
-    pub static_rate_ro: f64,
-    /// The same, write-only.
-    pub static_rate_wo: f64,
 }
 
-impl NomadRound {
-    /// Seconds static takes for one round.
-    pub fn round_s(&self, write_only: bool) -> f64 {
-        let rate = if write_only {
-            self.static_rate_wo
-        } else {
-            self.static_rate_ro
-        };
-        self.copies / rate
-    }
-}
+/// The cap on a micro-benchmark's measured run ([`Scenario::rounds`]),
+/// modeled seconds: far above any policy's four rounds.
+pub const NOMAD_RUN_CAP_S: f64 = 3600.0;
 
 fn nomad(round: &NomadRound, write_only: bool) -> Scenario {
     let (rss, wss) = (round.rss_gib, round.wss_gib);
-    let round_s = round.round_s(write_only);
     let (suffix, mode, write_ratio) = if write_only {
         ("wo", "write-only", 1.0)
     } else {
@@ -332,7 +331,11 @@ fn nomad(round: &NomadRound, write_only: bool) -> Scenario {
     let name = format!("nomad-{}-{suffix}", round.size);
     Scenario {
         write_ratio,
-        duration_s: (4.0 * round_s * 10.0).round() / 10.0,
+        duration_s: NOMAD_RUN_CAP_S,
+        rounds: Some(Rounds {
+            count: 4,
+            ops: round.copies,
+        }),
         pebs_writes_are_stores: true,
         bench_init: Some(NOMAD_BENCH_INIT),
         threads: 1,
@@ -341,7 +344,7 @@ fn nomad(round: &NomadRound, write_only: bool) -> Scenario {
         scale: NOMAD_SCALE,
         ..nomad_platform_a_run(
             name,
-            format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A; one thread copying 4 KiB pages, 4 rounds of {round_s:.1} s (the trace's copies at static's rate)"),
+            format!("Nomad §4.1 micro-benchmark: Zipf {mode}, WSS {wss} GB / RSS {rss} GB over 16 GB fast, platform A; one thread copying 4 KiB pages, 4 rounds of {:.0}M copies each, timed by the model", round.copies / 1e6),
             WorkloadSpec::Zipf {
                 rss_gib: rss,
                 wss_gib: wss,
@@ -393,6 +396,7 @@ fn colloid(level: u32) -> Scenario {
         transparent_huge_pages: true,
         bench_init: None,
         linux_scan_period: true,
+        rounds: None,
     }
 }
 
@@ -426,6 +430,7 @@ fn mtm_4tier() -> Scenario {
         transparent_huge_pages: true,
         bench_init: None,
         linux_scan_period: true,
+        rounds: None,
     }
 }
 

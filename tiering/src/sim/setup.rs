@@ -90,6 +90,11 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
     if !(scn.duration_s.is_finite() && scn.duration_s > 0.0 && scn.duration_s <= 1e6) {
         return Err(ScenarioError::Duration);
     }
+    if let Some(r) = &scn.rounds {
+        if !(r.count >= 1 && r.ops.is_finite() && r.ops >= scn.scale && r.ops <= 1e12) {
+            return Err(ScenarioError::Rounds);
+        }
+    }
     let parallelism_ok = (1..=MAX_THREADS).contains(&scn.threads)
         && scn.mlp.is_finite()
         && scn.mlp > 0.0

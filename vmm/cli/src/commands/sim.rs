@@ -62,7 +62,9 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.5)]
     pub division_quantum: f64,
 
-    /// Modeled seconds.
+    /// Modeled seconds. On a scenario run in rounds of fixed operations
+    /// timed by the model (the nomad-* micro-benchmarks), a run of this
+    /// fixed length instead, its phases the scenario's fractions of it.
     #[arg(long)]
     pub duration: Option<f64>,
     /// Seed.
@@ -332,6 +334,7 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
 fn override_run(scn: &mut Scenario, a: &SimArgs) {
     if let Some(v) = a.duration {
         scn.duration_s = v;
+        scn.rounds = None;
     }
     if let Some(v) = a.seed {
         scn.seed = v;
