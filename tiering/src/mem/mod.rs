@@ -65,6 +65,8 @@ mod thp;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_planted;
 
 pub use crate::sys::PAGE_SIZE;
 pub use crate::vocab::{Mechanism, TierId, Unit};
