@@ -116,9 +116,9 @@ fn act(mem: &TieredMemory, page: usize, before: Before) -> bool {
 }
 
 /// Touches `page` on a thread of its own, as a vCPU would, and returns the
-/// word it read. Fails the test if the toucher is not woken within 10 s;
-/// the test then wakes it itself so that nothing stays blocked.
-fn touch_parked(mem: &Arc<TieredMemory>, page: usize, what: &str) -> u64 {
+/// word it read, or `Err` if the toucher was not woken within 10 s (the
+/// test then wakes it itself so that nothing stays blocked).
+fn touch_parked(mem: &Arc<TieredMemory>, page: usize, what: &str) -> Result<u64, String> {
     let addr = mem.guest_addr(page);
     let (tx, rx) = std::sync::mpsc::channel();
     let toucher = std::thread::spawn(move || {
@@ -131,16 +131,16 @@ fn touch_parked(mem: &Arc<TieredMemory>, page: usize, what: &str) -> u64 {
     match rx.recv_timeout(Duration::from_secs(10)) {
         Ok(v) => {
             toucher.join().unwrap();
-            v
+            Ok(v)
         }
         Err(_) => {
             // Free the toucher (it sleeps in the kernel on its userfault).
             let _ = mem.uffd.wake(addr, PAGE_SIZE);
             let _ = rx.recv_timeout(Duration::from_secs(5));
-            panic!(
+            Err(format!(
                 "{what}: the thread touching parked page {page} was not woken within 10 s \
                  (the fault handler mapped the page back and never woke it)"
-            );
+            ))
         }
     }
 }
@@ -186,6 +186,7 @@ fn a_thread_blocked_on_a_parked_page_returns_whatever_the_map_back_does() {
         (Before::PromotionFails, None),
         (Before::Promote, None),
     ];
+    let mut hung = Vec::new();
     for (i, (before, want)) in cases.into_iter().enumerate() {
         let page = 100 + 2 * i;
         assert_eq!(
@@ -202,15 +203,31 @@ fn a_thread_blocked_on_a_parked_page_returns_whatever_the_map_back_does() {
         let (failures, conflicts, promotions) = counters(&mem);
         *next.lock().unwrap() = Some((page, before));
         let what = format!("{before:?}");
-        let got = touch_parked(&mem, page, &what);
+        let got = match touch_parked(&mem, page, &what) {
+            Ok(v) => v,
+            Err(e) => {
+                // Go on with the other outcomes: the failure lists all.
+                hung.push(e);
+                mem.injector().set(&[]);
+                continue;
+            }
+        };
         let fired = mem.injector().fired(FaultPoint::Move);
         mem.injector().set(&[]);
         assert_eq!(got, want.unwrap_or(page as u64 * 1000), "{what}");
         assert!(next.lock().unwrap().is_none(), "{what}: the hook never ran");
+        // The move that woke the toucher comes before the handler's release
+        // of the page: wait (bounded) for the release.
+        let t0 = std::time::Instant::now();
+        while mem.pages.load(page) & (page_map::BUSY | page_map::PARKED) != 0
+            && t0.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(
-            mem.pages.load(page) & page_map::PARKED,
+            mem.pages.load(page) & (page_map::BUSY | page_map::PARKED),
             0,
-            "{what}: still parked"
+            "{what}: still owned or parked"
         );
         // The map-back took the path the case is about.
         let (f, c, p) = counters(&mem);
@@ -237,6 +254,7 @@ fn a_thread_blocked_on_a_parked_page_returns_whatever_the_map_back_does() {
         word(&mem, page).store(page as u64 * 1000, Ordering::SeqCst);
     }
     mem.set_fault_path_hook(None);
+    assert!(hung.is_empty(), "{}", hung.join("\n"));
     assert_eq!(mem.fatal_error(), None);
     faults.stop().unwrap();
     for p in 0..mem.guest_pages() {
