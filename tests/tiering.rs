@@ -177,10 +177,115 @@ fn memcheck_under_tpm_of_2m_runs_loses_nothing() {
     check_accounting(&r);
 }
 
-/// A live shrink and grow of the fast tier (`--fast-schedule`) under chaos
-/// migration: memcheck loses nothing, the report shows each capacity change,
-/// and the fast tier's host memory, measured from the kernel per timeline
-/// sample, goes down to the shrunk capacity and back up is allowed.
+/// Capacities of the fast tier in the resize test, pages (96 MiB, 8 MiB).
+const FULL: u64 = 24576;
+const SHRUNK: u64 = 2048;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Waiting for the guest's region to fill the fast tier.
+    Filling,
+    /// Shrunk; waiting for the shrink to converge.
+    Shrinking,
+    /// Grown back; waiting for the resize driver to record it and for
+    /// chaos's promotions to fill the tier past the shrunk capacity again.
+    Growing,
+    Done,
+}
+
+/// Drives the fast tier's capacity on the run's state, never on the
+/// clock: shrinks it to [`SHRUNK`] once the guest's region filled it (more
+/// than 32 MiB resident), grows it back to [`FULL`] once the shrink has
+/// converged in three samples in a row (at most its capacity plus one 2 MiB
+/// run in flight, and the kernel says its memory went back: at most 24 MiB
+/// resident, the capacity plus pages in flight and its small pool cache),
+/// and stops the run once the resize driver recorded the grow and the tier
+/// holds more than the shrunk capacity again. Each wait is
+/// bounded by the run's duration and the watchdog, however slow the host.
+struct ShrinkThenGrow {
+    phase: Phase,
+    in_a_row: u32,
+    before: Option<vmm_core::status::TierSample>,
+    converged: Vec<(f64, vmm_core::status::TierSample)>,
+    regrown: Option<vmm_core::status::TierSample>,
+    last: Option<(f64, vmm_core::status::TierSample)>,
+    error: Option<String>,
+}
+
+impl ShrinkThenGrow {
+    fn new() -> Self {
+        Self {
+            phase: Phase::Filling,
+            in_a_row: 0,
+            before: None,
+            converged: Vec::new(),
+            regrown: None,
+            last: None,
+            error: None,
+        }
+    }
+}
+
+impl vmm_core::runner::RunHooks for ShrinkThenGrow {
+    fn on_sample(&mut self, ctx: &vmm_core::runner::SampleCtx<'_>) {
+        let Some(t) = ctx.tiered else {
+            self.error = Some("not tiered".into());
+            return;
+        };
+        let fast = t.tier_samples()[0];
+        self.last = Some((ctx.t_s, fast));
+        let Some(handle) = t.resize_handle() else {
+            self.error = Some("no resize driver".into());
+            return;
+        };
+        let resident = fast.resident_bytes.unwrap_or(0);
+        match self.phase {
+            Phase::Filling if resident > 32 << 20 => {
+                self.before = Some(fast);
+                match handle.set_capacity(0, SHRUNK as usize) {
+                    Ok(_) => self.phase = Phase::Shrinking,
+                    Err(e) => self.error = Some(format!("the shrink was refused: {e}")),
+                }
+            }
+            Phase::Shrinking => {
+                if fast.capacity_pages == SHRUNK
+                    && fast.pages <= SHRUNK + 512
+                    && fast.resident_bytes.is_some_and(|r| r <= 24 << 20)
+                {
+                    self.in_a_row += 1;
+                    self.converged.push((ctx.t_s, fast));
+                } else {
+                    self.in_a_row = 0;
+                    self.converged.clear();
+                }
+                if self.in_a_row >= 3 {
+                    match handle.set_capacity(0, FULL as usize) {
+                        Ok(_) => self.phase = Phase::Growing,
+                        Err(e) => self.error = Some(format!("the grow was refused: {e}")),
+                    }
+                }
+            }
+            Phase::Growing if handle.report().applied.len() >= 3 && fast.pages > SHRUNK + 512 => {
+                self.regrown = Some(fast);
+                self.phase = Phase::Done;
+            }
+            _ => {}
+        }
+    }
+
+    fn wants_stop(&mut self) -> bool {
+        self.phase == Phase::Done || self.error.is_some()
+    }
+}
+
+/// A live shrink and grow of the fast tier under chaos migration (the
+/// service's resize handle, after the `--fast-schedule` step that sets it
+/// at the start): memcheck loses nothing, the report shows each capacity
+/// change, and the fast tier's host memory, measured from the kernel, goes
+/// down to the shrunk capacity and back up is allowed. The steps wait on
+/// the state (see [`ShrinkThenGrow`]), not on a wall-clock deadline: at a
+/// fixed 3.5 s the fast tier of a loaded host once still held 3852 pages
+/// against a limit of 2560 (issue 34).
 #[test]
 fn fast_tier_resize_under_chaos_loses_nothing_and_returns_memory() {
     if !tiered_kvm_available() {
@@ -190,41 +295,51 @@ fn fast_tier_resize_under_chaos_loses_nothing_and_returns_memory() {
         (MechanismArg::Tpm, UnitArg::Page4k),
         (MechanismArg::StopCopy, UnitArg::Run2m),
     ] {
-        let mut req = chaos(5, 2000.0, mech, unit, false);
-        req.tiering.fast_schedule = Some("96M@0s,8M@1s,96M@4s".into());
-        let (r, console) = run(&req);
+        // The run's duration only bounds the waits; it stops when done.
+        let mut req = chaos(60, 2000.0, mech, unit, false);
+        req.tiering.fast_schedule = Some("96M@0s".into());
+        let mut hook = ShrinkThenGrow::new();
+        let (r, console) = run_with(&req, &mut hook);
         let m = r.migration.as_ref().unwrap();
+        assert_eq!(hook.error, None, "{mech:?} {unit:?}");
+        assert_eq!(
+            hook.phase,
+            Phase::Done,
+            "{mech:?} {unit:?}: the run ended before the resizes were done; last fast tier \
+             sample {:?}",
+            hook.last
+        );
         assert_eq!(r.exit_code, Some(0), "{mech:?} {unit:?}: {console} {m:?}");
         assert_eq!(r.guest_metrics.get("mismatched_pages"), Some(&0.0));
         let t = r.tiering.as_ref().unwrap();
         assert_eq!(t.consistency, "ok");
         let resize = t.resize.as_ref().expect("resize report");
         let sizes: Vec<u64> = resize.applied.iter().map(|a| a.2).collect();
-        assert_eq!(sizes, vec![24576, 2048, 24576], "{resize:?}");
-        // Before the grow (3.5 s to 3.9 s), the shrink has converged: the
-        // fast tier holds at most its capacity, and the kernel says its
-        // memory went back (at most the 8 MiB capacity plus pages in flight
-        // and its small pool cache).
-        let shrunk: Vec<_> = r
-            .tier_timeline
-            .iter()
-            .filter(|p| p.t_s > 3.5 && p.t_s < 3.9)
-            .collect();
-        assert!(!shrunk.is_empty(), "samples while shrunk");
-        for p in shrunk {
-            let fast = p.tiers[0];
-            assert_eq!(fast.capacity_pages, 2048, "{p:?}");
-            assert!(fast.pages <= 2048 + 512, "converged to the capacity: {p:?}");
-            let res = fast.resident_bytes.expect("measured");
+        assert_eq!(sizes, vec![FULL, SHRUNK, FULL], "{resize:?}");
+        // Before the shrink the fast tier held the region; while shrunk it
+        // held at most its capacity (the samples the hook waited for).
+        let before = hook.before.expect("a sample before the shrink");
+        assert!(before.resident_bytes.unwrap_or(0) > 32 << 20, "{before:?}");
+        assert_eq!(hook.converged.len(), 3, "{:?}", hook.converged);
+        for (_, p) in &hook.converged {
+            assert_eq!(p.capacity_pages, SHRUNK, "{p:?}");
+            assert!(p.pages <= SHRUNK + 512, "converged to the capacity: {p:?}");
+            let res = p.resident_bytes.expect("measured");
             assert!(
                 res <= 24 << 20,
                 "fast tier resident {res} bytes while shrunk to 8 MiB: {p:?}"
             );
         }
-        let before = r.tier_timeline.iter().find(|p| p.t_s > 0.8 && p.t_s < 1.0);
-        if let Some(p) = before {
-            assert!(p.tiers[0].resident_bytes.unwrap_or(0) > 32 << 20, "{p:?}");
-        }
+        // Grown back, the tier filled again.
+        let regrown = hook.regrown.expect("a sample after the grow");
+        assert_eq!(regrown.capacity_pages, FULL, "{regrown:?}");
+        // The report's timeline shows the shrunk tier too.
+        assert!(
+            r.tier_timeline
+                .iter()
+                .any(|p| p.tiers[0].capacity_pages == SHRUNK && p.tiers[0].pages <= SHRUNK + 512),
+            "no converged sample in the report's timeline"
+        );
     }
 }
 

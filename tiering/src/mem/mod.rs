@@ -66,6 +66,8 @@ mod watch;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_planted;
 
 pub use crate::sys::PAGE_SIZE;
 pub use crate::vocab::{Mechanism, TierId, Unit};

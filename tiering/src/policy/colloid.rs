@@ -1552,4 +1552,48 @@ mod tests {
         assert!(!moved.contains(&0));
         assert!(d.migrations.iter().all(|m| m.to == 1));
     }
+
+    /// ShiftSearch when the window collapses (Algorithm 2, lines 7-11): the
+    /// watermark on the side the search must move to is reset, never the
+    /// other one, for both orders of the tiers' latencies. Planted bug: the
+    /// wrong watermark reset (issue 34).
+    #[test]
+    fn a_collapsed_shift_window_reopens_towards_the_faster_tier() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // The default tier is faster (promotion mode): p becomes the low
+        // watermark; the window [0.6, 0.605) collapses, the high watermark
+        // reopens to 1 and the shift heads up, to the middle of [p, 1].
+        let mut s = ShiftSearch {
+            p_lo: 0.5,
+            p_hi: 0.605,
+        };
+        let dp = s.compute_shift(0.6, 50.0, 100.0);
+        assert_eq!((s.p_lo, s.p_hi), (0.6, 1.0), "{s:?}");
+        assert!(close(dp, 0.2), "shift {dp}");
+        // The alternate tier is faster (demotion mode): p becomes the high
+        // watermark; the window [0.4, 0.405) collapses, the low watermark
+        // reopens to 0 and the shift heads down, to the middle of [0, p].
+        let mut s = ShiftSearch {
+            p_lo: 0.4,
+            p_hi: 0.5,
+        };
+        let dp = s.compute_shift(0.405, 100.0, 50.0);
+        assert_eq!((s.p_lo, s.p_hi), (0.0, 0.405), "{s:?}");
+        assert!(close(dp, 0.2025), "shift {dp}");
+        // A window that stays open resets nothing: the other watermark is kept.
+        let mut s = ShiftSearch {
+            p_lo: 0.2,
+            p_hi: 0.8,
+        };
+        let dp = s.compute_shift(0.5, 50.0, 100.0);
+        assert_eq!((s.p_lo, s.p_hi), (0.5, 0.8), "{s:?}");
+        assert!(close(dp, 0.15), "shift {dp}");
+        let dp = s.compute_shift(0.7, 100.0, 50.0);
+        assert_eq!((s.p_lo, s.p_hi), (0.5, 0.7), "{s:?}");
+        assert!(close(dp, 0.1), "shift {dp}");
+        // Latencies within DELTA of each other: balanced, no shift, nothing moves.
+        let before = s;
+        assert_eq!(s.compute_shift(0.3, 100.0, 102.0), 0.0);
+        assert_eq!(s, before);
+    }
 }

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Mutation testing (cargo-mutants) of the files listed in .cargo/mutants.toml
+# (issue 34): one file at a time, optionally one shard of it, each run
+# bounded in time, on 2 cores and at low priority (the machine is shared).
+#
+#   benches/scripts/mutants.sh [--budget SECS] [--shard K/N] [--list] [FILE...]
+#
+#   FILE      a source file of the list (default: every file of it, i.e. the
+#             config's examine_globs less its exclude_globs)
+#   --budget  wall-clock bound of each file's run, seconds (default 1800);
+#             a run cut short says so and keeps what it finished
+#   --shard   K/N: only the K-th of N slices of each file's mutants (the
+#             same N for every shard; CI runs one small fixed shard)
+#   --list    list the mutants that would be tested, run nothing
+#
+# Each mutant is built and tested by the tests that guard its file (see
+# tests_for below), not the whole workspace: the memory layer's unit tests
+# for tiering/src/mem, the policies' for tiering/src/policy, the seccomp and
+# dirty-log tests of tiervm-core, the service's admission tests.
+#
+# Output: target/mutants/<file>/ (cargo-mutants' outcomes.json and
+# caught.txt, missed.txt, timeout.txt, unviable.txt, with a diff and a log per
+# mutant), and per file one line on stdout for docs/results.md:
+#   file | mutants | caught | missed | timed out | unviable | complete
+# Needs: cargo install --locked cargo-mutants.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+budget=1800
+shard=""
+list=0
+files=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --budget) budget="$2"; shift 2 ;;
+    --shard) shard="$2"; shift 2 ;;
+    --list) list=1; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -*) echo "unknown option $1 (see --help)" >&2; exit 1 ;;
+    *) files+=("$1"); shift ;;
+  esac
+done
+
+if ! command -v cargo-mutants >/dev/null 2>&1; then
+  echo "cargo-mutants is not installed: cargo install --locked cargo-mutants" >&2
+  exit 1
+fi
+
+# The config's files: examine_globs less exclude_globs.
+if [ ${#files[@]} -eq 0 ]; then
+  mapfile -t files < <(python3 - <<'EOF'
+import glob, tomllib
+cfg = tomllib.load(open(".cargo/mutants.toml", "rb"))
+out = set()
+for g in cfg.get("examine_globs", []):
+    out.update(glob.glob(g, recursive=True))
+for g in cfg.get("exclude_globs", []):
+    out.difference_update(glob.glob(g, recursive=True))
+print("\n".join(sorted(out)))
+EOF
+)
+fi
+
+# The tests that guard a file: arguments to `cargo test` (after the
+# package cargo-mutants picks), with test-name filters after `--`.
+tests_for() {
+  case "$1" in
+    tiering/src/mem/*) echo "--lib -- mem::" ;;
+    tiering/src/policy/*) echo "--lib -- policy::" ;;
+    vmm/core/src/kvm_dirty_log.rs) echo "--lib --test kvm_clear_dirty_log -- kvm_dirty_log clearing_pages" ;;
+    vmm/core/src/seccomp/*) echo "--lib --test seccomp_denylist -- seccomp no_role the_vcpu" ;;
+    vmm/service/src/*) echo "--lib --test create_admission" ;;
+    *) echo "--lib" ;;
+  esac
+}
+
+# 2 cores: one mutant at a time, two compiler and test threads, low
+# priority. A target directory of its own, reused across runs (the
+# dependencies are built once).
+export CARGO_BUILD_JOBS=2 RUST_TEST_THREADS=2
+export CARGO_TARGET_DIR="$PWD/target/mutants-target"
+# On a KVM host a test that would skip for a missing feature fails instead
+# (a skipped test would count every mutant as missed).
+if [ -e /dev/kvm ]; then export TIERVM_REQUIRE_KVM=1; fi
+
+# The config's other settings as options: cargo-mutants adds its
+# examine_globs to --file (v27), so the config is not read (--no-config)
+# and what else it says is passed here.
+mapfile -t config_args < <(python3 - <<'EOF2'
+import tomllib
+cfg = tomllib.load(open(".cargo/mutants.toml", "rb"))
+for r in cfg.get("exclude_re", []):
+    print(f"--exclude-re={r}")
+if "timeout_multiplier" in cfg:
+    print(f"--timeout-multiplier={cfg['timeout_multiplier']}")
+if "minimum_test_timeout" in cfg:
+    print(f"--minimum-test-timeout={cfg['minimum_test_timeout']}")
+EOF2
+)
+
+count() { if [ -f "$1" ]; then grep -c . "$1" || true; else echo 0; fi; }
+
+status=0
+for f in "${files[@]}"; do
+  [ -f "$f" ] || { echo "no such file: $f" >&2; exit 1; }
+  out="target/mutants/$(echo "$f" | tr '/' '_')"
+  mkdir -p "$out"
+  args=(--no-config "${config_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"})
+  if [ "$list" = 1 ]; then
+    nice -n 15 cargo mutants "${args[@]}" --list
+    continue
+  fi
+  read -r -a test_args <<<"$(tests_for "$f")"
+  rc=0
+  timeout --kill-after=60 "$budget" nice -n 15 \
+    cargo mutants "${args[@]}" -- "${test_args[@]}" >"$out/run.log" 2>&1 || rc=$?
+  d="$out/mutants.out"
+  complete=yes
+  case "$rc" in
+    0|2|3) ;;  # all caught / some missed / some timed out: results
+    124|137) complete="no (budget of ${budget} s reached)" ;;
+    4) complete="no (the unmutated tests fail: see $out/run.log)"; status=1 ;;
+    *) complete="no (cargo-mutants exit $rc: see $out/run.log)"; status=1 ;;
+  esac
+  caught=$(count "$d/caught.txt")
+  missed=$(count "$d/missed.txt")
+  timeout=$(count "$d/timeout.txt")
+  unviable=$(count "$d/unviable.txt")
+  total=$((caught + missed + timeout + unviable))
+  echo "$f | $total | $caught | $missed | $timeout | $unviable | $complete"
+  if [ "$missed" != 0 ]; then
+    sed 's/^/    missed: /' "$d/missed.txt"
+  fi
+done
+exit "$status"
