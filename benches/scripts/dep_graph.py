@@ -48,8 +48,6 @@ KNOWN = {
     # a VmSpec's policy name through it.
     "forbidden": {("tiervm-core", "clap"), ("tiervm-service", "clap")},
     "cycles": {
-        "tiervm-core": {"config", "emulation", "exit", "image", "report", "seccomp", "status",
-                        "tiering_config", "vstate"},
         "tiervm-service": {"config", "host"},
         "tiervm": {"commands", "error", "output"},
     },

@@ -13,7 +13,7 @@ use crate::commands::compare::CompareError;
 use crate::commands::info::InfoError;
 use crate::commands::native::NativeError;
 use crate::commands::sim::SimCmdError;
-use vmm_core::config::{ConfigError, WorkloadArgError};
+use vmm_core::config::ConfigError;
 use vmm_core::emulation::EmulationError;
 use vmm_core::image::ImageError;
 use vmm_core::permissions::PermissionError;
@@ -23,6 +23,7 @@ use vmm_core::vstate::memory::MemoryError;
 use vmm_core::vstate::tiered::TieredRamError;
 use vmm_core::vstate::vcpu::VcpuError;
 use vmm_core::vstate::vm::VmError;
+use vmm_core::workload_args::WorkloadArgError;
 
 pub use vmm_core::exit::{chain, EXIT_GUEST_CRASH, EXIT_HOST, EXIT_USAGE};
 

@@ -21,10 +21,11 @@ use crate::plot::{self, BarGroup, Series};
 use crate::progress::{si, Progress};
 use vmm_core::config::{VmConfig, VmRequest};
 use vmm_core::devices::serial::Sink;
-use vmm_core::report::{group, RunReport};
+use vmm_core::report::RunReport;
 use vmm_core::runner::{self, Console};
 use vmm_core::tiering_config::{PlacementArg, PolicyArg, TieringRequest};
 use vmm_core::units::format_size;
+use vmm_core::units::group;
 
 /// Policies left out of the default set: `none` is untiered and `chaos` is
 /// a torture test, not a placement policy.

@@ -14,7 +14,7 @@ use tiervm_guest::workloads::{self, Env};
 
 use crate::commands::run::ReportFormat;
 use crate::error::{OutputError, Result};
-use vmm_core::config::{check_args, parse_kv, to_entries};
+use vmm_core::workload_args::{check_args, parse_kv, to_entries};
 
 /// `tiervm native` cannot run what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -53,8 +53,8 @@ impl NativeError {
 }
 use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
-use vmm_core::report::group;
 use vmm_core::status::{ops_per_sec, TimelinePoint};
+use vmm_core::units::group;
 use vmm_core::units::parse_duration;
 use vmm_core::vstate::memory::create_ram;
 

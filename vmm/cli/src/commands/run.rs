@@ -261,5 +261,5 @@ pub fn print_report(report: &RunReport, format: ReportFormat) -> Result<()> {
 /// The process exit code for a finished run: 3 after a crash, 0 when the
 /// guest exited 0, 1 when it exited non-zero or never exited.
 pub fn exit_code_of(report: &RunReport) -> i32 {
-    vmm_core::exit::code_of(report)
+    vmm_core::report::code_of(report)
 }
