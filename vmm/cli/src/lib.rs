@@ -8,5 +8,4 @@
 pub mod commands;
 pub mod error;
 pub mod output;
-pub mod plot;
-pub mod progress;
+pub mod presentation;

@@ -17,8 +17,8 @@ use serde::Serialize;
 
 use crate::commands::run::{exit_code_of, VmFlags};
 use crate::error::{Error, OutputError, Result};
-use crate::plot::{self, BarGroup, Series};
-use crate::progress::{si, Progress};
+use crate::presentation::plot::{self, BarGroup, Series};
+use crate::presentation::progress::{si, Progress};
 use vmm_core::config::{VmConfig, VmRequest};
 use vmm_core::devices::serial::Sink;
 use vmm_core::report::RunReport;

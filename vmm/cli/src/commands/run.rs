@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 
 use crate::error::{OutputError, Result};
 use crate::output;
-use crate::progress::Progress;
+use crate::presentation::progress::Progress;
 use vmm_core::config::{VmConfig, VmRequest, DEFAULT_SAMPLE_MS};
 use vmm_core::report::RunReport;
 use vmm_core::runner::{self, Console};
