@@ -49,11 +49,9 @@ KNOWN = {
     "forbidden": {("tiervm-core", "clap"), ("tiervm-service", "clap")},
     "cycles": {
         "tiervm-service": {"config", "host"},
-        "tiervm": {"commands", "error", "output"},
     },
-    # Subcommands that still import another one (run's flags and exit code,
-    # compare's statistics): (importer, imported).
-    "subcommands": {("compare", "run"), ("native", "run"), ("emulation_check", "compare")},
+    # Subcommands that still import another one: (importer, imported).
+    "subcommands": set(),
 }
 
 

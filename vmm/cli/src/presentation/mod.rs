@@ -2,5 +2,9 @@
 //! statistics, and the progress line. Subcommands compute; these modules
 //! only turn results into text.
 
+pub mod compare;
 pub mod plot;
 pub mod progress;
+pub mod sim;
+pub mod stats;
+pub mod table;
