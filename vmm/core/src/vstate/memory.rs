@@ -1,6 +1,7 @@
 //! Guest memory: the RAM mapping, the guest-physical layout of the guest ABI,
 //! the ring-3 page tables and the boot-info block.
 
+use tiering::mem::PAGE_SIZE;
 use tiervm_guest::abi::{
     self, ArgEntry, BootInfo, BOOT_INFO_GPA, GUEST_LARGE_PAGE, MAX_ARGS, PAGE_TABLES_GPA,
     STACK_SIZE, STATUS_GPA,
@@ -69,7 +70,7 @@ pub struct GuestLayout {
 impl GuestLayout {
     /// The layout for an image ending at `image_end` with `vcpus` vCPUs.
     pub fn new(ram_size: u64, image_end: u64, vcpus: u32) -> Self {
-        let stacks_base = image_end.div_ceil(4096) * 4096;
+        let stacks_base = image_end.next_multiple_of(PAGE_SIZE as u64);
         let stacks_end = stacks_base + u64::from(vcpus) * STACK_SIZE;
         let heap_start = stacks_end.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE;
         Self {
