@@ -22,8 +22,9 @@ use tiervm_cli::commands::run::RunArgs;
 use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use tiervm_guest::args::{self, ArgKind, Args};
 use tiervm_guest::workloads::IMAGES;
-use vmm_core::config::{to_entries, VmConfig};
-use vmm_core::vstate::memory::{MAX_RAM, MIN_RAM};
+use vmm_core::config::VmConfig;
+use vmm_core::guest_abi::{MAX_RAM, MIN_RAM};
+use vmm_core::workload_args::to_entries;
 
 const PERSIST: &str = regressions!("fuzz_config");
 

@@ -22,8 +22,8 @@ use tiervm_guest::abi::{
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_core::devices::serial::{ConsoleWriter, Sink};
 use vmm_core::devices::PortBus;
+use vmm_core::guest_abi::Wire;
 use vmm_core::status::{self, StatusSnapshot};
-use vmm_core::vstate::memory::Wire;
 
 const PERSIST: &str = regressions!("fuzz_guest_inputs");
 const PAGE_BYTES: usize = std::mem::size_of::<StatusPage>();

@@ -48,14 +48,10 @@ KNOWN = {
     # a VmSpec's policy name through it.
     "forbidden": {("tiervm-core", "clap"), ("tiervm-service", "clap")},
     "cycles": {
-        "tiervm-core": {"config", "emulation", "exit", "image", "report", "seccomp", "status",
-                        "tiering_config", "vstate"},
         "tiervm-service": {"config", "host"},
-        "tiervm": {"commands", "error", "output"},
     },
-    # Subcommands that still import another one (run's flags and exit code,
-    # compare's statistics): (importer, imported).
-    "subcommands": {("compare", "run"), ("native", "run"), ("emulation_check", "compare")},
+    # Subcommands that still import another one: (importer, imported).
+    "subcommands": set(),
 }
 
 

@@ -7,6 +7,6 @@
 
 pub mod commands;
 pub mod error;
+pub mod flags;
 pub mod output;
-pub mod plot;
-pub mod progress;
+pub mod presentation;

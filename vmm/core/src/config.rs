@@ -4,15 +4,17 @@
 use std::time::Duration;
 
 use tiering::policy::PolicyKind;
-use tiervm_guest::abi::{ArgEntry, GUEST_LARGE_PAGE, MAX_VCPUS};
-use tiervm_guest::args::{ArgError as ValueError, ArgKind, Args};
+use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
+use tiervm_guest::args::Args;
 use tiervm_guest::workloads;
 
 use crate::emulation::{self, EmulationConfig, EmulationConfigError};
+use crate::guest_abi::{MAX_RAM, MIN_RAM};
 use crate::image::{self, ElfInfo, Image, ImageError};
 use crate::tiering_config::{TieringConfig, TieringConfigError, TieringRequest};
 use crate::units::format_size;
-use crate::vstate::memory::{GuestLayout, MAX_RAM, MIN_RAM};
+use crate::vstate::memory::GuestLayout;
+use crate::workload_args::{check_args, parse_kv, to_entries, WorkloadArgError};
 
 /// Default guest RAM.
 pub const DEFAULT_MEM: u64 = 1 << 30;
@@ -123,68 +125,6 @@ impl ConfigError {
     }
 }
 
-/// A workload argument (`--arg KEY=VALUE`) that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkloadArgError {
-    /// Not `key=value`.
-    #[error("--arg '{arg}' is not key=value: write e.g. --arg wss=256M")]
-    NotKeyValue {
-        /// The flag's value.
-        arg: String,
-    },
-    /// The image has no such argument.
-    #[error("unknown --arg key '{key}' for image {image}: valid keys are {}", .valid.join(", "))]
-    UnknownKey {
-        /// The key given.
-        key: String,
-        /// The image.
-        image: String,
-        /// The image's keys.
-        valid: Vec<&'static str>,
-    },
-    /// The value does not parse or is out of range.
-    #[error("--arg {key}={value} for image {image} is {why}: give {expected}")]
-    BadValue {
-        /// The key.
-        key: String,
-        /// The value given.
-        value: String,
-        /// The image.
-        image: String,
-        /// "out of range", "not an allowed value" or "malformed".
-        why: &'static str,
-        /// What the argument accepts.
-        expected: String,
-    },
-    /// The key does not fit the boot-info entry.
-    #[error(
-        "--arg key '{key}' is too long (max {} bytes) or contains NUL",
-        tiervm_guest::abi::ARG_KEY_LEN
-    )]
-    KeyTooLong {
-        /// The key.
-        key: String,
-    },
-    /// The value does not fit the boot-info entry.
-    #[error(
-        "--arg value '{value}' is too long (max {} bytes) or contains NUL",
-        tiervm_guest::abi::ARG_VALUE_LEN
-    )]
-    ValueTooLong {
-        /// The value.
-        value: String,
-    },
-    /// More arguments than the boot info holds.
-    #[error(
-        "{count} --arg flags given; at most {} are supported",
-        tiervm_guest::abi::MAX_ARGS
-    )]
-    TooMany {
-        /// Arguments given.
-        count: usize,
-    },
-}
-
 /// Everything needed to run one VM.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -266,56 +206,6 @@ impl Default for VmRequest {
             seccomp: true,
         }
     }
-}
-
-/// Splits `key=value` flags.
-pub fn parse_kv(args: &[String]) -> std::result::Result<Vec<(String, String)>, WorkloadArgError> {
-    args.iter()
-        .map(|a| match a.split_once('=') {
-            Some((k, v)) if !k.is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-            _ => Err(WorkloadArgError::NotKeyValue { arg: a.clone() }),
-        })
-        .collect()
-}
-
-/// Checks `args` against a built-in image's spec.
-pub fn check_args(
-    image: &str,
-    spec: &tiervm_guest::args::ImageSpec,
-    args: &[(String, String)],
-) -> std::result::Result<(), WorkloadArgError> {
-    for (k, v) in args {
-        let Some(a) = spec.arg(k) else {
-            return Err(WorkloadArgError::UnknownKey {
-                key: k.clone(),
-                image: image.to_string(),
-                valid: spec.args.iter().map(|a| a.key).collect(),
-            });
-        };
-        if let Err(e) = a.kind.check(v) {
-            let expected = match a.kind {
-                ArgKind::Size { min, max } => {
-                    format!("a size from {} to {}", format_size(min), format_size(max))
-                }
-                ArgKind::Float { min, max } => format!("a number from {min} to {max}"),
-                ArgKind::Int { min, max } => format!("an integer from {min} to {max}"),
-                ArgKind::Choice(words) => format!("one of {}", words.join(", ")),
-            };
-            let why = match e {
-                ValueError::OutOfRange => "out of range",
-                ValueError::BadChoice => "not an allowed value",
-                _ => "malformed",
-            };
-            return Err(WorkloadArgError::BadValue {
-                key: k.clone(),
-                value: v.clone(),
-                image: image.to_string(),
-                why,
-                expected,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// Checks a `--sample-ms` value: 1 ms to [`MAX_SAMPLE_MS`].
@@ -525,25 +415,6 @@ fn emulation_for(
         return Err(ConfigError::NoRoomForEmulation { mem: req.mem_bytes });
     }
     Ok(Some(cfg))
-}
-
-/// Converts `key=value` pairs to ABI entries.
-pub fn to_entries(
-    args: &[(String, String)],
-) -> std::result::Result<Vec<ArgEntry>, WorkloadArgError> {
-    if args.len() > tiervm_guest::abi::MAX_ARGS {
-        return Err(WorkloadArgError::TooMany { count: args.len() });
-    }
-    args.iter()
-        .map(|(k, v)| {
-            Ok(ArgEntry {
-                key: tiervm_guest::abi::to_fixed(k)
-                    .ok_or_else(|| WorkloadArgError::KeyTooLong { key: k.clone() })?,
-                value: tiervm_guest::abi::to_fixed(v)
-                    .ok_or_else(|| WorkloadArgError::ValueTooLong { value: v.clone() })?,
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,11 +1,9 @@
-//! How a run ends for the process: the exit codes, the code a finished
-//! run's report maps to, and an error chain as the one line the user reads
-//! ("what failed: why: fix"). The binary's error type and the service's VM
+//! How a run ends for the process: the exit codes (a finished run's report
+//! maps to one with [`crate::report::code_of`]), and an error chain as the
+//! one line the user reads ("what failed: why: fix"). The binary's error type and the service's VM
 //! process both use these, so both exit and describe a failure alike.
 
 use std::error::Error as StdError;
-
-use crate::report::{RunReport, StopReason};
 
 /// Exit code for bad user input (flags, images, arguments).
 pub const EXIT_USAGE: i32 = 2;
@@ -13,16 +11,6 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_GUEST_CRASH: i32 = 3;
 /// Exit code for host-side failures (KVM or system calls failing).
 pub const EXIT_HOST: i32 = 1;
-
-/// The process exit code of a finished run: 0 when the guest reported
-/// success, [`EXIT_GUEST_CRASH`] when it crashed, 1 otherwise.
-pub fn code_of(report: &RunReport) -> i32 {
-    match (report.stop_reason, report.exit_code) {
-        (StopReason::Crashed, _) => EXIT_GUEST_CRASH,
-        (_, Some(0)) => 0,
-        _ => 1,
-    }
-}
 
 /// `err` and each of its sources, joined with ": ".
 pub fn chain(err: &(dyn StdError + 'static)) -> String {

@@ -10,7 +10,7 @@ use tiervm_guest::abi::{
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::vstate::memory::Wire;
+use crate::guest_abi::Wire;
 
 /// One reading of the status page.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -44,9 +44,29 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes}")
 }
 
+/// `1234567` -> `1,234,567`.
+pub fn group(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_digits() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(1234567), "1,234,567");
+        assert_eq!(group(100), "100");
+    }
 
     #[test]
     fn durations() {

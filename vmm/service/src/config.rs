@@ -431,6 +431,120 @@ pub fn check_pools(
     Ok(())
 }
 
+impl VmDefaults {
+    /// The `[defaults]` table, with `--policy` over its policy.
+    fn build(d: &DefaultsFile, flags: &Overrides) -> Result<Self, ServeConfigError> {
+        let policy = flags
+            .policy
+            .clone()
+            .or(d.policy.clone())
+            .unwrap_or_else(|| "nomad".into());
+        super::host::check_policy(&policy)
+            .map_err(|e| ServeConfigError::OutOfRange(format!("policy: {}", e.message)))?;
+        let defaults = Self {
+            mem: aligned(
+                "defaults.mem",
+                size("defaults.mem", d.mem.as_ref())?.unwrap_or(1 << 30),
+            )?,
+            vcpus: d.vcpus.unwrap_or(1),
+            policy,
+            fast_min: aligned(
+                "defaults.fast_min",
+                size("defaults.fast_min", d.fast_min.as_ref())?.unwrap_or(0),
+            )?,
+            fast_max: size("defaults.fast_max", d.fast_max.as_ref())?
+                .map(|m| aligned("defaults.fast_max", m))
+                .transpose()?,
+            weight: d.weight.unwrap_or(1.0),
+            tracking: d.tracking.clone().unwrap_or_else(|| "hint-faults".into()),
+            stop_grace: duration(
+                "defaults.stop_grace",
+                d.stop_grace.as_ref(),
+                Duration::from_secs(10),
+            )?,
+        };
+        if !(defaults.weight > 0.0 && defaults.weight.is_finite()) {
+            return Err(ServeConfigError::OutOfRange(format!(
+                "defaults.weight {}: give a positive number",
+                defaults.weight
+            )));
+        }
+        Ok(defaults)
+    }
+}
+
+/// The `[division]` table with the flags over it: the division's
+/// parameters and its period.
+fn division_params(
+    v: &DivisionFile,
+    flags: &Overrides,
+) -> Result<(super::division::Params, Duration), ServeConfigError> {
+    let period = match flags.period {
+        Some(p) => p,
+        None => duration("division.period", v.period.as_ref(), Duration::from_secs(5))?,
+    };
+    if period < Duration::from_millis(100) {
+        return Err(ServeConfigError::OutOfRange(
+            "division.period must be at least 100ms".into(),
+        ));
+    }
+    let quantum = aligned(
+        "division.quantum",
+        flags
+            .quantum
+            .or(size("division.quantum", v.quantum.as_ref())?)
+            .unwrap_or(64 << 20),
+    )?;
+    if quantum == 0 {
+        return Err(ServeConfigError::OutOfRange(
+            "division.quantum 0: give at least 2M".into(),
+        ));
+    }
+    let rate = flags
+        .max_move_rate
+        .or(size("division.max_move_rate", v.max_move_rate.as_ref())?)
+        .unwrap_or(256 << 20);
+    let hysteresis = v.hysteresis.unwrap_or(0.2);
+    let min_share = v.min_share.unwrap_or(0.002);
+    let significance = v.significance.unwrap_or(2.0);
+    for (k, x) in [
+        ("division.hysteresis", hysteresis),
+        ("division.min_share", min_share),
+        ("division.significance", significance),
+    ] {
+        if !(x.is_finite() && x >= 0.0) {
+            return Err(ServeConfigError::OutOfRange(format!(
+                "{k} {x}: give a number >= 0"
+            )));
+        }
+    }
+    let dwell = match flags.dwell {
+        Some(d) => d,
+        None => duration("division.dwell", v.dwell.as_ref(), Duration::from_secs(10))?,
+    };
+    let value = match v.value.as_deref() {
+        None => Valuation::default(),
+        Some(name) => Valuation::from_name(name).ok_or_else(|| ServeConfigError::BadValue {
+            key: "division.value".into(),
+            value: name.into(),
+            expected: "host-accesses (the VM's access rate measured by the host, the \
+                           default) or guest-ops (the operations per second the guest \
+                           reports: only for guests you trust)",
+        })?,
+    };
+    let division = super::division::Params {
+        quantum,
+        hysteresis,
+        min_share,
+        budget_bytes: (rate as f64 * period.as_secs_f64()) as u64,
+        dwell_s: dwell.as_secs_f64(),
+        reverse_dwell_s: 3.0 * dwell.as_secs_f64(),
+        significance,
+        value,
+    };
+    Ok((division, period))
+}
+
 impl ServeConfig {
     /// Validates `file` with `flags` over it, against the host's `nodes`.
     pub fn build(
@@ -461,106 +575,8 @@ impl ServeConfig {
         let fast_pool = aligned("fast_pool", fast_pool)?;
         let slow_pool = aligned("slow_pool", slow_pool)?;
         check_pools(fast_pool, slow_pool, fast_node, slow_node, nodes)?;
-        let d = &file.defaults;
-        let policy = flags
-            .policy
-            .clone()
-            .or(d.policy.clone())
-            .unwrap_or_else(|| "nomad".into());
-        super::host::check_policy(&policy)
-            .map_err(|e| ServeConfigError::OutOfRange(format!("policy: {}", e.message)))?;
-        let defaults = VmDefaults {
-            mem: aligned(
-                "defaults.mem",
-                size("defaults.mem", d.mem.as_ref())?.unwrap_or(1 << 30),
-            )?,
-            vcpus: d.vcpus.unwrap_or(1),
-            policy,
-            fast_min: aligned(
-                "defaults.fast_min",
-                size("defaults.fast_min", d.fast_min.as_ref())?.unwrap_or(0),
-            )?,
-            fast_max: size("defaults.fast_max", d.fast_max.as_ref())?
-                .map(|m| aligned("defaults.fast_max", m))
-                .transpose()?,
-            weight: d.weight.unwrap_or(1.0),
-            tracking: d.tracking.clone().unwrap_or_else(|| "hint-faults".into()),
-            stop_grace: duration(
-                "defaults.stop_grace",
-                d.stop_grace.as_ref(),
-                Duration::from_secs(10),
-            )?,
-        };
-        if !(defaults.weight > 0.0 && defaults.weight.is_finite()) {
-            return Err(ServeConfigError::OutOfRange(format!(
-                "defaults.weight {}: give a positive number",
-                defaults.weight
-            )));
-        }
-        let v = &file.division;
-        let period = match flags.period {
-            Some(p) => p,
-            None => duration("division.period", v.period.as_ref(), Duration::from_secs(5))?,
-        };
-        if period < Duration::from_millis(100) {
-            return Err(ServeConfigError::OutOfRange(
-                "division.period must be at least 100ms".into(),
-            ));
-        }
-        let quantum = aligned(
-            "division.quantum",
-            flags
-                .quantum
-                .or(size("division.quantum", v.quantum.as_ref())?)
-                .unwrap_or(64 << 20),
-        )?;
-        if quantum == 0 {
-            return Err(ServeConfigError::OutOfRange(
-                "division.quantum 0: give at least 2M".into(),
-            ));
-        }
-        let rate = flags
-            .max_move_rate
-            .or(size("division.max_move_rate", v.max_move_rate.as_ref())?)
-            .unwrap_or(256 << 20);
-        let hysteresis = v.hysteresis.unwrap_or(0.2);
-        let min_share = v.min_share.unwrap_or(0.002);
-        let significance = v.significance.unwrap_or(2.0);
-        for (k, x) in [
-            ("division.hysteresis", hysteresis),
-            ("division.min_share", min_share),
-            ("division.significance", significance),
-        ] {
-            if !(x.is_finite() && x >= 0.0) {
-                return Err(ServeConfigError::OutOfRange(format!(
-                    "{k} {x}: give a number >= 0"
-                )));
-            }
-        }
-        let dwell = match flags.dwell {
-            Some(d) => d,
-            None => duration("division.dwell", v.dwell.as_ref(), Duration::from_secs(10))?,
-        };
-        let value = match v.value.as_deref() {
-            None => Valuation::default(),
-            Some(name) => Valuation::from_name(name).ok_or_else(|| ServeConfigError::BadValue {
-                key: "division.value".into(),
-                value: name.into(),
-                expected: "host-accesses (the VM's access rate measured by the host, the \
-                               default) or guest-ops (the operations per second the guest \
-                               reports: only for guests you trust)",
-            })?,
-        };
-        let division = super::division::Params {
-            quantum,
-            hysteresis,
-            min_share,
-            budget_bytes: (rate as f64 * period.as_secs_f64()) as u64,
-            dwell_s: dwell.as_secs_f64(),
-            reverse_dwell_s: 3.0 * dwell.as_secs_f64(),
-            significance,
-            value,
-        };
+        let defaults = VmDefaults::build(&file.defaults, flags)?;
+        let (division, period) = division_params(&file.division, flags)?;
         let l = &file.limits;
         let max_body = size("limits.max_body", l.max_body.as_ref())?.unwrap_or(64 << 10);
         let request_timeout = duration(

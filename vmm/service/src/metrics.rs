@@ -10,7 +10,7 @@ use prometheus::{
     CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry, TextEncoder,
 };
 
-use super::host::{Host, VmState};
+use super::host::{Host, ServiceCounters, VmEntry, VmState};
 use super::types::ApiError;
 
 /// API request counters and latencies (kept across scrapes).
@@ -73,9 +73,9 @@ fn metric_error(e: prometheus::Error) -> ApiError {
 }
 
 impl Families {
-    fn gauges(&mut self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
-        let g = GaugeVec::new(Opts::new(name, help), labels)?;
-        self.r.register(Box::new(g.clone()))?;
+    fn gauges(&mut self, name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, ApiError> {
+        let g = GaugeVec::new(Opts::new(name, help), labels).map_err(metric_error)?;
+        self.r.register(Box::new(g.clone())).map_err(metric_error)?;
         Ok(g)
     }
 
@@ -84,9 +84,9 @@ impl Families {
         name: &str,
         help: &str,
         labels: &[&str],
-    ) -> prometheus::Result<CounterVec> {
-        let c = CounterVec::new(Opts::new(name, help), labels)?;
-        self.r.register(Box::new(c.clone()))?;
+    ) -> Result<CounterVec, ApiError> {
+        let c = CounterVec::new(Opts::new(name, help), labels).map_err(metric_error)?;
+        self.r.register(Box::new(c.clone())).map_err(metric_error)?;
         Ok(c)
     }
 }
@@ -99,295 +99,20 @@ fn add(f: &CounterVec, labels: &[&str], v: f64) {
     f.with_label_values(labels).inc_by(v.max(0.0));
 }
 
-/// The whole exposition, from the service's state now.
+/// The whole exposition, from the service's state now. (The registry sorts
+/// the families by name, so the order they are made in does not show.)
 pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
     let mut f = Families { r: Registry::new() };
-    let info = host.host_info();
-    // Host.
-    let emulated = f
-        .gauges(
-            "tiervm_host_tiers_emulated",
-            "1 when both tiers are one host NUMA node (capacities real, latency differences not)",
-            &[],
-        )
-        .map_err(metric_error)?;
-    set(&emulated, &[], f64::from(u8::from(info.emulated)));
-    let tn = &["tier", "node"];
-    let pool_cap = f
-        .gauges(
-            "tiervm_host_pool_capacity_bytes",
-            "Capacity the service may hand out, per tier",
-            tn,
-        )
-        .map_err(metric_error)?;
-    let pool_res = f
-        .gauges(
-            "tiervm_host_pool_reserved_bytes",
-            "Capacity reserved by admission (fast: VMs' mins; slow: their mem)",
-            tn,
-        )
-        .map_err(metric_error)?;
-    let pool_com = f
-        .gauges(
-            "tiervm_host_pool_committed_bytes",
-            "Capacity handed out to VMs now",
-            tn,
-        )
-        .map_err(metric_error)?;
-    let pool_free = f
-        .gauges("tiervm_host_pool_free_bytes", "Capacity not handed out", tn)
-        .map_err(metric_error)?;
-    let pool_rss = f
-        .gauges(
-            "tiervm_host_pool_resident_bytes",
-            "Host memory the VMs' tiers hold, measured by the kernel",
-            tn,
-        )
-        .map_err(metric_error)?;
-    for p in &info.pools {
-        let node = p.node.to_string();
-        let lb = [p.tier.as_str(), node.as_str()];
-        set(&pool_cap, &lb, p.capacity_bytes as f64);
-        set(&pool_res, &lb, p.reserved_bytes as f64);
-        set(&pool_com, &lb, p.committed_bytes as f64);
-        set(&pool_free, &lb, p.free_bytes as f64);
-        set(&pool_rss, &lb, p.resident_bytes as f64);
-    }
-    let vms_by_state = f
-        .gauges("tiervm_host_vms", "VMs per state", &["state"])
-        .map_err(metric_error)?;
-    for (state, n) in &info.vms {
-        set(&vms_by_state, &[state], *n as f64);
-    }
-    let rounds = f
-        .counters("tiervm_rebalance_rounds_total", "Division rounds run", &[])
-        .map_err(metric_error)?;
-    let moves = f
-        .counters(
-            "tiervm_rebalance_moves_total",
-            "VM fast-capacity changes made by the division",
-            &[],
-        )
-        .map_err(metric_error)?;
-    let moved = f
-        .counters(
-            "tiervm_rebalance_moved_bytes_total",
-            "Fast capacity moved between VMs by the division, bytes",
-            &[],
-        )
-        .map_err(metric_error)?;
-    let optional = f
-        .counters(
-            "tiervm_rebalance_optional_moved_bytes_total",
-            "Fast capacity moved by optional moves (spare grants, exchanges), bytes",
-            &[],
-        )
-        .map_err(metric_error)?;
-    let crashes = f
-        .counters(
-            "tiervm_vm_crashes_total",
-            "VM processes that crashed or were killed",
-            &[],
-        )
-        .map_err(metric_error)?;
-    let created = f
-        .counters("tiervm_vms_created_total", "VMs created", &[])
-        .map_err(metric_error)?;
-    let uptime = f
-        .gauges(
-            "tiervm_service_uptime_seconds",
-            "Seconds since the service started",
-            &[],
-        )
-        .map_err(metric_error)?;
-    set(&uptime, &[], host.uptime_s());
-    // Per VM.
-    let vm_l = &["vm"];
-    let vtn = &["vm", "tier", "node"];
-    let state = f
-        .gauges(
-            "tiervm_vm_state",
-            "1 for the VM's current state",
-            &["vm", "state"],
-        )
-        .map_err(metric_error)?;
-    let vm_info = f
-        .gauges(
-            "tiervm_vm_info",
-            "1 per VM, with its image and policy",
-            &["vm", "image", "policy"],
-        )
-        .map_err(metric_error)?;
-    let cap = f
-        .gauges(
-            "tiervm_vm_tier_capacity_bytes",
-            "Tier capacity of a VM (its limit)",
-            vtn,
-        )
-        .map_err(metric_error)?;
-    let used = f
-        .gauges(
-            "tiervm_vm_tier_used_bytes",
-            "Guest pages and shadows on a tier of a VM",
-            vtn,
-        )
-        .map_err(metric_error)?;
-    let rss = f
-        .gauges(
-            "tiervm_vm_tier_resident_bytes",
-            "Kernel-measured host memory of a tier of a VM",
-            vtn,
-        )
-        .map_err(metric_error)?;
-    let target = f
-        .gauges(
-            "tiervm_vm_fast_target_bytes",
-            "Fast capacity the service decided for a VM",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let fmin = f
-        .gauges(
-            "tiervm_vm_fast_min_bytes",
-            "Guaranteed fast bytes of a VM",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let fmax = f
-        .gauges("tiervm_vm_fast_max_bytes", "Most fast bytes of a VM", vm_l)
-        .map_err(metric_error)?;
-    let weight = f
-        .gauges(
-            "tiervm_vm_fast_weight",
-            "Weight of a VM in the division",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let ops_rate = f
-        .gauges(
-            "tiervm_vm_operations_per_second",
-            "Guest operations per second as the guest reports them (its own counter)",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let access_rate = f
-        .gauges(
-            "tiervm_vm_sampled_accesses_per_second",
-            "Sampled accesses per second of a VM as the host measures them (hint faults); the fast-tier division values capacity by it",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let ops = f
-        .counters("tiervm_vm_operations_total", "Guest operations", vm_l)
-        .map_err(metric_error)?;
-    let promote = f
-        .counters(
-            "tiervm_vm_pgpromote_success_total",
-            "Pages promoted to the fast tier (kernel: pgpromote_success)",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let demote = f
-        .counters(
-            "tiervm_vm_pgdemote_total",
-            "Pages demoted from the fast tier (kernel: pgdemote_*)",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let tpm_commit = f
-        .counters(
-            "tiervm_vm_tpm_commits_total",
-            "Committed transactional page migrations",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let tpm_abort = f
-        .counters(
-            "tiervm_vm_tpm_aborts_total",
-            "Aborted transactional page migrations (page written during the copy)",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let shadow_demote = f
-        .counters(
-            "tiervm_vm_pgdemote_shadow_total",
-            "Demotions that remapped a kept slow-tier shadow (no copy)",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let shadow_reclaim = f
-        .counters(
-            "tiervm_vm_shadow_reclaims_total",
-            "Shadow pages reclaimed",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let stall = f
-        .counters(
-            "tiervm_vm_guest_stall_seconds_total",
-            "vCPU time blocked in migration faults",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let hint = f
-        .counters(
-            "tiervm_vm_hint_faults_total",
-            "Hint faults (sampled guest accesses)",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let switches = f
-        .counters(
-            "tiervm_vm_policy_switches_total",
-            "Policy switches made through the API",
-            vm_l,
-        )
-        .map_err(metric_error)?;
+    host_gauges(&mut f, host)?;
+    let service = Service::new(&mut f)?;
+    let vm_gauges = VmGauges::new(&mut f)?;
+    let vm_counters = VmCounters::new(&mut f)?;
     {
         let s = host.state();
-        add(&rounds, &[], s.counters.rounds as f64);
-        add(&moves, &[], s.counters.moves as f64);
-        add(&moved, &[], s.counters.moved_bytes as f64);
-        add(&optional, &[], s.counters.optional_bytes as f64);
-        add(&crashes, &[], s.counters.crashes as f64);
-        add(&created, &[], s.counters.created as f64);
+        service.record(&s.counters);
         for v in s.vms.values() {
-            let vm = v.id.as_str();
-            for st in VmState::ALL {
-                set(&state, &[vm, st.name()], f64::from(u8::from(st == v.state)));
-            }
-            set(&vm_info, &[vm, &v.spec.image, v.active_policy()], 1.0);
-            set(&fmin, &[vm], v.min as f64);
-            set(&fmax, &[vm], v.max as f64);
-            set(&weight, &[vm], v.weight);
-            set(&target, &[vm], v.target as f64);
-            add(&switches, &[vm], v.policy_switches as f64);
-            let Some(st) = &v.stats else { continue };
-            if v.state.active() {
-                for t in &st.tiers {
-                    let node = t.node.to_string();
-                    let lb = [vm, t.name.as_str(), node.as_str()];
-                    set(&cap, &lb, t.capacity_bytes as f64);
-                    set(&used, &lb, t.used_bytes as f64);
-                    if let Some(b) = t.resident_bytes {
-                        set(&rss, &lb, b as f64);
-                    }
-                }
-                set(&ops_rate, &[vm], st.ops_per_sec);
-                if let Some(a) = st.accesses {
-                    set(&access_rate, &[vm], a.per_sec);
-                }
-            }
-            let m = &st.mem;
-            add(&ops, &[vm], st.ops as f64);
-            add(&promote, &[vm], m.promotions as f64);
-            add(&demote, &[vm], m.demotions as f64);
-            add(&tpm_commit, &[vm], m.tpm_commits as f64);
-            add(&tpm_abort, &[vm], m.tpm_aborts as f64);
-            add(&shadow_demote, &[vm], m.shadow_demotions as f64);
-            add(&shadow_reclaim, &[vm], m.shadow_reclaims as f64);
-            add(&stall, &[vm], m.guest_stall_ms / 1e3);
-            add(&hint, &[vm], m.hint_faults as f64);
+            vm_gauges.record(v);
+            vm_counters.record(v);
         }
     }
     for c in [
@@ -401,6 +126,289 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
         .encode(&f.r.gather(), &mut out)
         .map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))?;
     String::from_utf8(out).map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))
+}
+
+/// The host's gauges: emulation, the pools per tier, VMs per state, uptime.
+fn host_gauges(f: &mut Families, host: &Host) -> Result<(), ApiError> {
+    let info = host.host_info();
+    let emulated = f.gauges(
+        "tiervm_host_tiers_emulated",
+        "1 when both tiers are one host NUMA node (capacities real, latency differences not)",
+        &[],
+    )?;
+    set(&emulated, &[], f64::from(u8::from(info.emulated)));
+    let tn = &["tier", "node"];
+    let pool_cap = f.gauges(
+        "tiervm_host_pool_capacity_bytes",
+        "Capacity the service may hand out, per tier",
+        tn,
+    )?;
+    let pool_res = f.gauges(
+        "tiervm_host_pool_reserved_bytes",
+        "Capacity reserved by admission (fast: VMs' mins; slow: their mem)",
+        tn,
+    )?;
+    let pool_com = f.gauges(
+        "tiervm_host_pool_committed_bytes",
+        "Capacity handed out to VMs now",
+        tn,
+    )?;
+    let pool_free = f.gauges("tiervm_host_pool_free_bytes", "Capacity not handed out", tn)?;
+    let pool_rss = f.gauges(
+        "tiervm_host_pool_resident_bytes",
+        "Host memory the VMs' tiers hold, measured by the kernel",
+        tn,
+    )?;
+    for p in &info.pools {
+        let node = p.node.to_string();
+        let lb = [p.tier.as_str(), node.as_str()];
+        set(&pool_cap, &lb, p.capacity_bytes as f64);
+        set(&pool_res, &lb, p.reserved_bytes as f64);
+        set(&pool_com, &lb, p.committed_bytes as f64);
+        set(&pool_free, &lb, p.free_bytes as f64);
+        set(&pool_rss, &lb, p.resident_bytes as f64);
+    }
+    let vms_by_state = f.gauges("tiervm_host_vms", "VMs per state", &["state"])?;
+    for (state, n) in &info.vms {
+        set(&vms_by_state, &[state], *n as f64);
+    }
+    let uptime = f.gauges(
+        "tiervm_service_uptime_seconds",
+        "Seconds since the service started",
+        &[],
+    )?;
+    set(&uptime, &[], host.uptime_s());
+    Ok(())
+}
+
+/// The service's own counters: division rounds and moves, crashes, VMs made.
+struct Service {
+    rounds: CounterVec,
+    moves: CounterVec,
+    moved: CounterVec,
+    optional: CounterVec,
+    crashes: CounterVec,
+    created: CounterVec,
+}
+
+impl Service {
+    fn new(f: &mut Families) -> Result<Self, ApiError> {
+        Ok(Self {
+            rounds: f.counters("tiervm_rebalance_rounds_total", "Division rounds run", &[])?,
+            moves: f.counters(
+                "tiervm_rebalance_moves_total",
+                "VM fast-capacity changes made by the division",
+                &[],
+            )?,
+            moved: f.counters(
+                "tiervm_rebalance_moved_bytes_total",
+                "Fast capacity moved between VMs by the division, bytes",
+                &[],
+            )?,
+            optional: f.counters(
+                "tiervm_rebalance_optional_moved_bytes_total",
+                "Fast capacity moved by optional moves (spare grants, exchanges), bytes",
+                &[],
+            )?,
+            crashes: f.counters(
+                "tiervm_vm_crashes_total",
+                "VM processes that crashed or were killed",
+                &[],
+            )?,
+            created: f.counters("tiervm_vms_created_total", "VMs created", &[])?,
+        })
+    }
+
+    fn record(&self, c: &ServiceCounters) {
+        add(&self.rounds, &[], c.rounds as f64);
+        add(&self.moves, &[], c.moves as f64);
+        add(&self.moved, &[], c.moved_bytes as f64);
+        add(&self.optional, &[], c.optional_bytes as f64);
+        add(&self.crashes, &[], c.crashes as f64);
+        add(&self.created, &[], c.created as f64);
+    }
+}
+
+/// Each VM's gauges: state, image and policy, tiers, its share of the
+/// fast tier, rates.
+struct VmGauges {
+    state: GaugeVec,
+    info: GaugeVec,
+    cap: GaugeVec,
+    used: GaugeVec,
+    rss: GaugeVec,
+    target: GaugeVec,
+    fmin: GaugeVec,
+    fmax: GaugeVec,
+    weight: GaugeVec,
+    ops_rate: GaugeVec,
+    access_rate: GaugeVec,
+}
+
+impl VmGauges {
+    fn new(f: &mut Families) -> Result<Self, ApiError> {
+        let vm = &["vm"];
+        let vtn = &["vm", "tier", "node"];
+        Ok(Self {
+            state: f.gauges("tiervm_vm_state", "1 for the VM's current state", &["vm", "state"])?,
+            info: f.gauges(
+                "tiervm_vm_info",
+                "1 per VM, with its image and policy",
+                &["vm", "image", "policy"],
+            )?,
+            cap: f.gauges(
+                "tiervm_vm_tier_capacity_bytes",
+                "Tier capacity of a VM (its limit)",
+                vtn,
+            )?,
+            used: f.gauges(
+                "tiervm_vm_tier_used_bytes",
+                "Guest pages and shadows on a tier of a VM",
+                vtn,
+            )?,
+            rss: f.gauges(
+                "tiervm_vm_tier_resident_bytes",
+                "Kernel-measured host memory of a tier of a VM",
+                vtn,
+            )?,
+            target: f.gauges(
+                "tiervm_vm_fast_target_bytes",
+                "Fast capacity the service decided for a VM",
+                vm,
+            )?,
+            fmin: f.gauges("tiervm_vm_fast_min_bytes", "Guaranteed fast bytes of a VM", vm)?,
+            fmax: f.gauges("tiervm_vm_fast_max_bytes", "Most fast bytes of a VM", vm)?,
+            weight: f.gauges("tiervm_vm_fast_weight", "Weight of a VM in the division", vm)?,
+            ops_rate: f.gauges(
+                "tiervm_vm_operations_per_second",
+                "Guest operations per second as the guest reports them (its own counter)",
+                vm,
+            )?,
+            access_rate: f.gauges(
+                "tiervm_vm_sampled_accesses_per_second",
+                "Sampled accesses per second of a VM as the host measures them (hint faults); the fast-tier division values capacity by it",
+                vm,
+            )?,
+        })
+    }
+
+    fn record(&self, v: &VmEntry) {
+        let vm = v.id.as_str();
+        for st in VmState::ALL {
+            set(
+                &self.state,
+                &[vm, st.name()],
+                f64::from(u8::from(st == v.state)),
+            );
+        }
+        set(&self.info, &[vm, &v.spec.image, v.active_policy()], 1.0);
+        set(&self.fmin, &[vm], v.min as f64);
+        set(&self.fmax, &[vm], v.max as f64);
+        set(&self.weight, &[vm], v.weight);
+        set(&self.target, &[vm], v.target as f64);
+        let Some(st) = &v.stats else { return };
+        if !v.state.active() {
+            return;
+        }
+        for t in &st.tiers {
+            let node = t.node.to_string();
+            let lb = [vm, t.name.as_str(), node.as_str()];
+            set(&self.cap, &lb, t.capacity_bytes as f64);
+            set(&self.used, &lb, t.used_bytes as f64);
+            if let Some(b) = t.resident_bytes {
+                set(&self.rss, &lb, b as f64);
+            }
+        }
+        set(&self.ops_rate, &[vm], st.ops_per_sec);
+        if let Some(a) = st.accesses {
+            set(&self.access_rate, &[vm], a.per_sec);
+        }
+    }
+}
+
+/// Each VM's counters: operations, migrations, stalls, hint faults, policy
+/// switches.
+struct VmCounters {
+    ops: CounterVec,
+    promote: CounterVec,
+    demote: CounterVec,
+    tpm_commit: CounterVec,
+    tpm_abort: CounterVec,
+    shadow_demote: CounterVec,
+    shadow_reclaim: CounterVec,
+    stall: CounterVec,
+    hint: CounterVec,
+    switches: CounterVec,
+}
+
+impl VmCounters {
+    fn new(f: &mut Families) -> Result<Self, ApiError> {
+        let vm = &["vm"];
+        Ok(Self {
+            ops: f.counters("tiervm_vm_operations_total", "Guest operations", vm)?,
+            promote: f.counters(
+                "tiervm_vm_pgpromote_success_total",
+                "Pages promoted to the fast tier (kernel: pgpromote_success)",
+                vm,
+            )?,
+            demote: f.counters(
+                "tiervm_vm_pgdemote_total",
+                "Pages demoted from the fast tier (kernel: pgdemote_*)",
+                vm,
+            )?,
+            tpm_commit: f.counters(
+                "tiervm_vm_tpm_commits_total",
+                "Committed transactional page migrations",
+                vm,
+            )?,
+            tpm_abort: f.counters(
+                "tiervm_vm_tpm_aborts_total",
+                "Aborted transactional page migrations (page written during the copy)",
+                vm,
+            )?,
+            shadow_demote: f.counters(
+                "tiervm_vm_pgdemote_shadow_total",
+                "Demotions that remapped a kept slow-tier shadow (no copy)",
+                vm,
+            )?,
+            shadow_reclaim: f.counters(
+                "tiervm_vm_shadow_reclaims_total",
+                "Shadow pages reclaimed",
+                vm,
+            )?,
+            stall: f.counters(
+                "tiervm_vm_guest_stall_seconds_total",
+                "vCPU time blocked in migration faults",
+                vm,
+            )?,
+            hint: f.counters(
+                "tiervm_vm_hint_faults_total",
+                "Hint faults (sampled guest accesses)",
+                vm,
+            )?,
+            switches: f.counters(
+                "tiervm_vm_policy_switches_total",
+                "Policy switches made through the API",
+                vm,
+            )?,
+        })
+    }
+
+    fn record(&self, v: &VmEntry) {
+        let vm = [v.id.as_str()];
+        add(&self.switches, &vm, v.policy_switches as f64);
+        let Some(st) = &v.stats else { return };
+        let m = &st.mem;
+        add(&self.ops, &vm, st.ops as f64);
+        add(&self.promote, &vm, m.promotions as f64);
+        add(&self.demote, &vm, m.demotions as f64);
+        add(&self.tpm_commit, &vm, m.tpm_commits as f64);
+        add(&self.tpm_abort, &vm, m.tpm_aborts as f64);
+        add(&self.shadow_demote, &vm, m.shadow_demotions as f64);
+        add(&self.shadow_reclaim, &vm, m.shadow_reclaims as f64);
+        add(&self.stall, &vm, m.guest_stall_ms / 1e3);
+        add(&self.hint, &vm, m.hint_faults as f64);
+    }
 }
 
 #[cfg(test)]

@@ -20,11 +20,12 @@ use tiering::engine::profile::{access_rate, gain_curve, AccessProfile};
 use tiering::mem::{ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
-use vmm_core::config::{ConfigError, VmConfig, VmRequest, WorkloadArgError};
-use vmm_core::exit::code_of as exit_code_of;
+use vmm_core::config::{ConfigError, VmConfig, VmRequest};
+use vmm_core::report::code_of as exit_code_of;
 use vmm_core::runner::{self, Console, RunError, RunHooks, SampleCtx};
 use vmm_core::seccomp::SeccompError;
 use vmm_core::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
+use vmm_core::workload_args::WorkloadArgError;
 
 use crate::protocol::{
     encode, read_line, Command, FromWorker, Reply, TierNow, ToWorker, VmSpec, WorkerStats,

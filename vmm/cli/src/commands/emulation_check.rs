@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::commands::compare::{median, render_table};
 use crate::error::{Error, OutputError, Result};
+use crate::presentation::stats::median;
+use crate::presentation::table::render_table;
 use vmm_core::config::{VmConfig, VmRequest};
 use vmm_core::devices::serial::Sink;
 use vmm_core::report::RunReport;

@@ -17,6 +17,7 @@
 //! `--json` prints one [`InfoReport`] object; its field names are the Rust
 //! field names documented below.
 
+use crate::error::InfoError;
 use std::fs;
 use std::io;
 use std::path::Path;
@@ -33,17 +34,6 @@ pub struct InfoArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Why `tiervm info` could not print its report (probing itself never fails).
-#[derive(Debug, thiserror::Error)]
-pub enum InfoError {
-    /// Writing to stdout failed (a closed pipe is not a failure).
-    #[error("cannot write the report to stdout")]
-    Stdout(#[source] io::Error),
-    /// Serializing the JSON report failed.
-    #[error("cannot serialize the report as JSON")]
-    Json(#[from] serde_json::Error),
 }
 
 /// Runs `tiervm info`: probes the host and prints the report to stdout.

@@ -12,49 +12,14 @@ use tiervm_guest::abi::{ArgEntry, Phase};
 use tiervm_guest::args::{Args as GuestArgs, ImageSpec};
 use tiervm_guest::workloads::{self, Env};
 
-use crate::commands::run::ReportFormat;
-use crate::error::{OutputError, Result};
-use vmm_core::config::{check_args, parse_kv, to_entries};
+use crate::error::{NativeError, OutputError, Result};
+use crate::flags::ReportFormat;
+use vmm_core::workload_args::{check_args, parse_kv, to_entries};
 
-/// `tiervm native` cannot run what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum NativeError {
-    /// Not a built-in workload.
-    #[error("tiervm native runs built-in workloads only; '{image}' is not one of {}", vmm_core::image::builtin_names().join(", "))]
-    NotBuiltin {
-        /// The image given.
-        image: String,
-    },
-    /// `--threads 0`.
-    #[error("--threads 0: use --threads 1 or more")]
-    NoThreads,
-    /// More threads than a VM has vCPUs.
-    #[error("--threads {threads} exceeds the {MAX_VCPUS} maximum (the most vCPUs a VM run has): give at most {MAX_VCPUS}")]
-    TooManyThreads {
-        /// Threads asked for.
-        threads: u32,
-    },
-    /// `--sample-ms` out of range.
-    #[error(transparent)]
-    SamplePeriod(#[from] vmm_core::config::ConfigError),
-    /// The data set does not fit the address space.
-    #[error("data set too large for this host")]
-    TooLarge,
-    /// The data set's mapping has no host address.
-    #[error("native memory address")]
-    HostAddress(#[source] vm_memory::GuestMemoryError),
-}
-
-impl NativeError {
-    /// Whether the user's input is at fault (exit code 2).
-    pub fn is_usage(&self) -> bool {
-        !matches!(self, Self::HostAddress(_))
-    }
-}
 use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
-use vmm_core::report::group;
 use vmm_core::status::{ops_per_sec, TimelinePoint};
+use vmm_core::units::group;
 use vmm_core::units::parse_duration;
 use vmm_core::vstate::memory::create_ram;
 

@@ -1,6 +1,7 @@
 //! `tiervm sim`: run placement policies in the deterministic tiered-memory
 //! simulator (`tiering::sim`). Every number it prints is MODELED.
 
+use crate::error::SimCmdError;
 use clap::{Args, ValueEnum};
 use tiering::policy::PolicyKind;
 use tiering::sim::{self, Scenario, SimReport};
@@ -227,56 +228,6 @@ pub struct GuestWorkloadArgs {
     /// pagerank: graph generator, uniform or rmat.
     #[arg(long)]
     pub graph: Option<String>,
-}
-
-/// Errors of `tiervm sim`.
-#[derive(Debug, thiserror::Error)]
-pub enum SimCmdError {
-    /// No scenario named.
-    #[error("name a scenario (tiervm sim SCENARIO)\n{}", list())]
-    NoScenario,
-    /// No such scenario.
-    #[error("unknown scenario `{name}`; valid: {} (see tiervm sim --list)", sim::builtin_names().join(", "))]
-    UnknownScenario {
-        /// The name given.
-        name: String,
-    },
-    /// A per-tier list of the wrong length.
-    #[error("--{flag} needs {tiers} comma-separated values (one per tier), got {got}")]
-    TierListLength {
-        /// The flag.
-        flag: &'static str,
-        /// Tiers in the scenario.
-        tiers: usize,
-        /// Values given.
-        got: usize,
-    },
-    /// A flag about the benchmark's initialization on a scenario without one.
-    #[error("{0} needs a scenario with the benchmark's initialization (nomad-*), and no --no-bench-init")]
-    NoBenchInit(&'static str),
-    /// `--kv-workload` is not a YCSB mix.
-    #[error("--kv-workload must be a, b, c or f, got `{0}`")]
-    KvWorkload(String),
-    /// `--graph` is not a generator.
-    #[error("--graph must be uniform or rmat, got `{0}`")]
-    Graph(String),
-    /// A policy name does not parse.
-    #[error(transparent)]
-    Policy(#[from] tiering::policy::PolicyError),
-    /// The simulator refused the scenario or a policy.
-    #[error(transparent)]
-    Sim(#[from] sim::SimError),
-    /// `--division-pool` or `--division-quantum` not a positive size.
-    #[error("--division-pool {pool} and --division-quantum {quantum} must be positive GiB (e.g. --division-pool 4 --division-quantum 0.25)")]
-    DivisionSizes {
-        /// `--division-pool`.
-        pool: f64,
-        /// `--division-quantum`.
-        quantum: f64,
-    },
-    /// JSON encoding failed.
-    #[error("cannot encode the report as JSON")]
-    Json(#[from] serde_json::Error),
 }
 
 fn set_list(dst: &mut [f64], src: &[f64], flag: &'static str) -> Result<(), SimCmdError> {
@@ -523,19 +474,6 @@ fn override_tiers(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdError> {
     Ok(())
 }
 
-fn list() -> String {
-    let mut s = String::from("built-in scenarios (all results MODELED):\n");
-    for scn in sim::builtins() {
-        s.push_str(&format!("  {:<18} {}\n", scn.name, scn.about));
-    }
-    s.push_str(&format!(
-        "policies: {} (variants: {})\n",
-        PolicyKind::names(&PolicyKind::POLICIES),
-        PolicyKind::names(&PolicyKind::VARIANTS)
-    ));
-    s
-}
-
 /// Runs jobs over at most `jobs` threads (no more than there are items),
 /// keeping the input order. The calling thread works too, so the jobs run
 /// even when the system refuses to start another thread.
@@ -566,7 +504,7 @@ fn parallel<T: Send, R: Send>(items: Vec<T>, jobs: usize, f: impl Fn(T) -> R + S
 /// Runs `tiervm sim`. Returns the process exit code.
 pub fn run(args: &SimArgs) -> crate::error::Result<i32> {
     if args.list {
-        crate::output::stdout(&list())?;
+        crate::output::stdout(&crate::presentation::sim::list())?;
         return Ok(0);
     }
     if let Some(pool) = args.division_pool {

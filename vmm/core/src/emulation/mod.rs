@@ -101,7 +101,7 @@ impl Emulation {
         tiers: usize,
     ) -> Result<Self, EmulationError> {
         let layout = layout_for(cfg, ram_size, vcpus);
-        if layout.end() > crate::vstate::memory::MAX_RAM {
+        if layout.end() > crate::guest_abi::MAX_RAM {
             return Err(EmulationError::TooLarge { end: layout.end() });
         }
         let region = Arc::new(EmulationRegion::new(layout, cfg, tiers)?);
@@ -657,7 +657,7 @@ impl EmulationReport {
             .tiers
             .iter()
             .zip(&self.accesses)
-            .map(|(t, a)| format!("{} {}", t.name, crate::report::group(*a)))
+            .map(|(t, a)| format!("{} {}", t.name, crate::units::group(*a)))
             .collect();
         s.push_str(&format!(
             "             charged accesses {}; cache-model hits {:.1}%; charged {:.1} ms, paid {:.1} ms of vCPU time ({:.1} ms preempted during payments)",

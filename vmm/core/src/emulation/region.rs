@@ -13,6 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tiering::mem::PAGE_SIZE;
 use tiering::sys::{self, Advice, Mapping};
 use tiervm_guest::abi::{
     tier_map_bytes, EmulationHeader, EmulationVcpu, CACHE_MODEL_WAYS, EMULATION_HEADER_SIZE,
@@ -81,7 +82,7 @@ impl RegionLayout {
         chase_bytes: u64,
         host_cache_bytes: u64,
     ) -> Self {
-        let page = 4096;
+        let page = PAGE_SIZE as u64;
         let ram_pages = ram_size / page;
         let map_off = EMULATION_HEADER_SIZE;
         let map_bytes = tier_map_bytes(ram_pages);

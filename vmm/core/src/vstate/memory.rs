@@ -1,18 +1,16 @@
 //! Guest memory: the RAM mapping, the guest-physical layout of the guest ABI,
 //! the ring-3 page tables and the boot-info block.
 
-use std::mem::size_of;
-
+use tiering::mem::PAGE_SIZE;
 use tiervm_guest::abi::{
-    self, ArgEntry, BootInfo, Metric, StatusPage, VcpuStatus, BOOT_INFO_GPA, GUEST_LARGE_PAGE,
-    MAX_ARGS, PAGE_TABLES_GPA, STACK_SIZE, STATUS_GPA,
+    self, ArgEntry, BootInfo, BOOT_INFO_GPA, GUEST_LARGE_PAGE, MAX_ARGS, PAGE_TABLES_GPA,
+    STACK_SIZE, STATUS_GPA,
 };
 use vm_memory::mmap::FromRangesError;
-use vm_memory::{
-    ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap,
-};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryMmap};
 
-use crate::config::{to_entries, WorkloadArgError};
+use crate::guest_abi::{Wire, MAX_RAM};
+use crate::workload_args::{to_entries, WorkloadArgError};
 
 /// Guest memory that cannot be set up or written.
 #[derive(Debug, thiserror::Error)]
@@ -52,36 +50,6 @@ impl MemoryError {
 
 type Result<T> = std::result::Result<T, MemoryError>;
 
-/// Most RAM one page-table tree (one PDPT) maps with 2 MiB pages: 512 GiB.
-pub const MAX_RAM: u64 = 512 << 30;
-/// Least RAM tiervm accepts.
-pub const MIN_RAM: u64 = 16 << 20;
-
-/// A `repr(transparent)` wrapper that lets vm-memory copy ABI structs.
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-pub struct Wire<T>(pub T);
-
-// The ABI structs have no padding: each is exactly the sum of its fields.
-const _: () = assert!(size_of::<ArgEntry>() == abi::ARG_KEY_LEN + abi::ARG_VALUE_LEN);
-const _: () = assert!(size_of::<BootInfo>() == 8 * 8 + 4 * 4 + MAX_ARGS * size_of::<ArgEntry>());
-const _: () = assert!(size_of::<VcpuStatus>() == 8 * 8);
-const _: () = assert!(size_of::<Metric>() == abi::METRIC_NAME_LEN + 8);
-const _: () = assert!(
-    size_of::<StatusPage>()
-        == 8 * 8
-            + abi::MAX_VCPUS * size_of::<VcpuStatus>()
-            + abi::MAX_METRICS * size_of::<Metric>()
-);
-
-// SAFETY: `Wire` is `repr(transparent)` over BootInfo, which is `repr(C)`,
-// holds no references, and is built only of integers and byte arrays (so
-// every byte pattern is a valid value) with no padding (asserted above).
-unsafe impl ByteValued for Wire<BootInfo> {}
-// SAFETY: as above for StatusPage: `repr(C)` integers, byte arrays and
-// arrays of such structs (VcpuStatus, Metric), no padding (asserted above).
-unsafe impl ByteValued for Wire<StatusPage> {}
-
 /// Where everything lives in guest-physical memory for one VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GuestLayout {
@@ -102,7 +70,7 @@ pub struct GuestLayout {
 impl GuestLayout {
     /// The layout for an image ending at `image_end` with `vcpus` vCPUs.
     pub fn new(ram_size: u64, image_end: u64, vcpus: u32) -> Self {
-        let stacks_base = image_end.div_ceil(4096) * 4096;
+        let stacks_base = image_end.next_multiple_of(PAGE_SIZE as u64);
         let stacks_end = stacks_base + u64::from(vcpus) * STACK_SIZE;
         let heap_start = stacks_end.div_ceil(GUEST_LARGE_PAGE) * GUEST_LARGE_PAGE;
         Self {

@@ -9,11 +9,7 @@
 
 use thiserror::Error;
 
-use crate::commands::compare::CompareError;
-use crate::commands::info::InfoError;
-use crate::commands::native::NativeError;
-use crate::commands::sim::SimCmdError;
-use vmm_core::config::{ConfigError, WorkloadArgError};
+use vmm_core::config::ConfigError;
 use vmm_core::emulation::EmulationError;
 use vmm_core::image::ImageError;
 use vmm_core::permissions::PermissionError;
@@ -23,8 +19,12 @@ use vmm_core::vstate::memory::MemoryError;
 use vmm_core::vstate::tiered::TieredRamError;
 use vmm_core::vstate::vcpu::VcpuError;
 use vmm_core::vstate::vm::VmError;
+use vmm_core::workload_args::WorkloadArgError;
 
 pub use vmm_core::exit::{chain, EXIT_GUEST_CRASH, EXIT_HOST, EXIT_USAGE};
+
+mod subcommands;
+pub use subcommands::{CompareError, InfoError, NativeError, SimCmdError};
 
 /// Everything that can end a tiervm command early.
 #[derive(Debug, Error)]

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use tiering::mem::TieredMemory;
 
-use vmm_core::report::group;
 use vmm_core::runner::{RunHooks, SampleCtx};
+use vmm_core::units::group;
 
 /// Reads the tiering layer's live counters: total migrations so far
 /// (promotions + demotions) and pages resident per tier `[fast, slow]`.

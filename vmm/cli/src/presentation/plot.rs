@@ -10,7 +10,7 @@ use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::progress::si;
+use crate::presentation::progress::si;
 use vmm_core::status::TimelinePoint;
 
 /// Plot size in pixels.
