@@ -796,3 +796,191 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
     );
     assert!(!svc.socket.exists());
 }
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("chown (the test runs as root)");
+}
+
+/// Starts `tiervm serve` expecting it to refuse (exit 2) within 20 s;
+/// returns its stderr.
+fn refused_start(args: &[&std::ffi::OsStr]) -> String {
+    let mut child = common::tiervm()
+        .arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the service started: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    err
+}
+
+/// Issue 32: a root service must never follow what a local user planted.
+/// As a local user (uid 65534): a world-writable state directory with a
+/// link from `reports/vm-1.json` to a root-owned file, and a world-writable
+/// socket directory. The service refuses each with a clear error and
+/// writes nothing; a link anywhere on the path is refused too.
+#[test]
+fn a_root_service_refuses_directories_a_local_user_planted() {
+    if euid() != 0 {
+        eprintln!("SKIPPED a_root_service_refuses_directories_a_local_user_planted: not root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let d = temp_dir("planted");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let precious = d.join("precious");
+    std::fs::write(&precious, "root's").unwrap();
+    std::fs::set_permissions(&precious, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (user, group) = (65534, 65534);
+    for sub in ["run", "state/reports", "state/vms"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    for sub in ["run", "state", "state/reports", "state/vms"] {
+        std::fs::set_permissions(d.join(sub), std::fs::Permissions::from_mode(0o777)).unwrap();
+        chown(&d.join(sub), user, group);
+    }
+    std::os::unix::fs::symlink(&precious, d.join("state/reports/vm-1.json")).unwrap();
+    std::os::unix::fs::symlink(&precious, d.join("state/vms/vm-1.log")).unwrap();
+    let pools = ["--fast-pool", "64M", "--slow-pool", "256M"].map(std::ffi::OsStr::new);
+    let args = |socket: &Path, state: &Path| {
+        let mut v: Vec<std::ffi::OsString> = vec![
+            "--socket".into(),
+            socket.into(),
+            "--state-dir".into(),
+            state.into(),
+        ];
+        v.extend(pools.iter().map(|s| s.to_os_string()));
+        v
+    };
+    let run = |a: Vec<std::ffi::OsString>| {
+        refused_start(&a.iter().map(|s| s.as_os_str()).collect::<Vec<_>>())
+    };
+    // The planted state directory.
+    let fresh_run = d.join("fresh-run");
+    let err = run(args(&fresh_run.join("api.sock"), &d.join("state")));
+    assert!(
+        err.contains("the state directory") && err.contains("is owned by uid 65534"),
+        "{err}"
+    );
+    // The world-writable socket directory of another user.
+    let err = run(args(&d.join("run/api.sock"), &d.join("fresh-state")));
+    assert!(
+        err.contains("the socket's directory") && err.contains("is owned by uid 65534"),
+        "{err}"
+    );
+    // A link on the path.
+    std::fs::create_dir(d.join("real")).unwrap();
+    std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
+    let err = run(args(&fresh_run.join("api.sock"), &d.join("link/state")));
+    assert!(err.contains("is a symbolic link"), "{err}");
+    // A state directory mode 0777 of root's own is refused too.
+    std::fs::create_dir(d.join("open-state")).unwrap();
+    std::fs::set_permissions(d.join("open-state"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = run(args(&fresh_run.join("api.sock"), &d.join("open-state")));
+    assert!(err.contains("writable by its group or others"), "{err}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "root's");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `socket_group` and `socket_mode` let a non-root agent in on purpose:
+/// without them a local user cannot connect; with them a member of the
+/// group can.
+#[test]
+fn socket_group_and_mode_let_a_chosen_group_in() {
+    if euid() != 0 {
+        eprintln!("SKIPPED socket_group_and_mode_let_a_chosen_group_in: not root");
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (agent_uid, agent_gid) = (65534u32, 65534u32);
+    let as_agent = |svc: &Service| {
+        use std::os::unix::process::CommandExt;
+        Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("--unix-socket")
+            .arg(&svc.socket)
+            .arg("http://localhost/v1/host")
+            .uid(agent_uid)
+            .gid(agent_gid)
+            .output()
+            .expect("curl runs")
+    };
+    let svc = Service::start("nogroup", &["--fast-pool", "64M", "--slow-pool", "256M"]);
+    std::fs::set_permissions(&svc.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = as_agent(&svc);
+    assert_ne!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "another user connected to a 0600 socket"
+    );
+    drop(svc);
+    let cfg = std::env::temp_dir().join(format!("tiervm-serve-group-{}.toml", std::process::id()));
+    std::fs::write(
+        &cfg,
+        format!("socket_group = \"{agent_gid}\"\nsocket_mode = \"0660\"\n"),
+    )
+    .unwrap();
+    let svc = Service::start(
+        "group",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--fast-pool",
+            "64M",
+            "--slow-pool",
+            "256M",
+        ],
+    );
+    std::fs::set_permissions(&svc.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = std::fs::metadata(&svc.socket).unwrap();
+    assert_eq!((m.mode() & 0o777, m.gid()), (0o660, agent_gid));
+    let dm = std::fs::metadata(svc.socket.parent().unwrap()).unwrap();
+    assert_eq!((dm.mode() & 0o777, dm.gid()), (0o710, agent_gid));
+    let out = as_agent(&svc);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(&cfg);
+}

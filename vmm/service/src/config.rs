@@ -4,6 +4,8 @@
 //! ```toml
 //! socket = "/run/tiervm/api.sock"
 //! state_dir = "/var/lib/tiervm"
+//! socket_group = "tiervm"          # optional: the socket's group
+//! socket_mode = "0660"             # optional: default 0600
 //! image_dir = "/var/lib/tiervm/images"  # image files clients may name (optional)
 //! metrics_listen = "127.0.0.1:9464"   # GET /metrics over TCP too (optional)
 //! fast_node = 0
@@ -79,6 +81,11 @@ pub struct ServeFile {
     pub socket: Option<PathBuf>,
     /// Where reports and VM logs go.
     pub state_dir: Option<PathBuf>,
+    /// Group of the API socket (a name or number): its members may
+    /// connect when `socket_mode` lets the group in.
+    pub socket_group: Option<String>,
+    /// Mode of the API socket, octal text such as "0660" (default 0600).
+    pub socket_mode: Option<String>,
     /// The directory of image files clients may name (by file name); without
     /// it the service runs built-in images only.
     pub image_dir: Option<PathBuf>,
@@ -188,6 +195,10 @@ pub struct ServeConfig {
     pub socket: PathBuf,
     /// Where reports and VM logs go.
     pub state_dir: PathBuf,
+    /// Group of the API socket.
+    pub socket_group: Option<String>,
+    /// Mode of the API socket.
+    pub socket_mode: u32,
     /// The directory of image files clients may name; `None`: built-in
     /// images only.
     pub image_dir: Option<PathBuf>,
@@ -580,7 +591,26 @@ impl ServeConfig {
                 expected: "an address such as 127.0.0.1:9464",
             })?),
         };
+        let socket_mode = match &file.socket_mode {
+            None => 0o600,
+            Some(m) => {
+                let bad = || {
+                    ServeConfigError::BadValue {
+                    key: "socket_mode".into(),
+                    value: m.clone(),
+                    expected: "an octal mode such as \"0660\" (at most 0660: the owner and the socket_group)",
+                }
+                };
+                let mode = u32::from_str_radix(m.trim_start_matches("0o"), 8).map_err(|_| bad())?;
+                if mode & !0o660 != 0 || mode & 0o600 != 0o600 {
+                    return Err(bad());
+                }
+                mode
+            }
+        };
         Ok(Self {
+            socket_group: file.socket_group.clone(),
+            socket_mode,
             metrics_listen,
             socket: flags
                 .socket
@@ -617,6 +647,8 @@ impl ServeConfig {
         Self {
             socket: std::env::temp_dir().join("tiervm-test-unused.sock"),
             state_dir: std::env::temp_dir().join("tiervm-test-state"),
+            socket_group: None,
+            socket_mode: 0o600,
             image_dir: None,
             metrics_listen: None,
             fast_node: 0,

@@ -4,7 +4,6 @@
 //! layer calls them from blocking tasks.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -313,6 +312,9 @@ pub struct Host {
     reports_rx: Mutex<Option<mpsc::Receiver<ReportJob>>>,
     /// Tells the report collector to end once its queue is empty.
     collector_stop: AtomicBool,
+    /// The checked state directories (`None`: tests of the host alone,
+    /// which write no file).
+    dirs: Option<super::StateDirs>,
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -371,10 +373,20 @@ fn check_weight(w: f64) -> Result<f64, ApiError> {
 }
 
 impl Host {
-    /// A service with no VMs.
+    /// A service with no VMs and no state directory (tests).
     pub fn new(cfg: ServeConfig) -> Arc<Self> {
+        Self::build(cfg, None)
+    }
+
+    /// A service with no VMs writing into its checked state directories.
+    pub fn with_dirs(cfg: ServeConfig, dirs: super::StateDirs) -> Arc<Self> {
+        Self::build(cfg, Some(dirs))
+    }
+
+    fn build(cfg: ServeConfig, dirs: Option<super::StateDirs>) -> Arc<Self> {
         let (reports_tx, reports_rx) = mpsc::channel();
         Arc::new(Self {
+            dirs,
             reports_tx: Mutex::new(reports_tx),
             reports_rx: Mutex::new(Some(reports_rx)),
             collector_stop: AtomicBool::new(false),
@@ -689,13 +701,22 @@ impl Host {
     }
 
     fn spawn_worker(self: &Arc<Self>, key: u64, spec: &VmSpec) -> Result<(), WorkerLinkError> {
-        let logs = self.cfg.state_dir.join("vms");
-        let log = logs.join(format!("{}.log", spec.id));
+        // The log, opened in the checked directory, never through a link.
+        let log = match &self.dirs {
+            Some(d) => {
+                super::paths::create_file_at(&d.vms, &format!("{}.log", spec.id), true, 0o600)
+            }
+            None => std::fs::OpenOptions::new().write(true).open("/dev/null"),
+        }
+        .map_err(|source| WorkerLinkError::Spawn {
+            exe: format!("(the log of VM {})", spec.id),
+            source,
+        })?;
         let (h1, h2) = (Arc::downgrade(self), Arc::downgrade(self));
         let link = WorkerLink::spawn(
             &self.cfg.worker_exe,
             spec,
-            &log,
+            log,
             move |ev| {
                 if let Some(h) = h1.upgrade() {
                     h.on_event(key, ev);
@@ -800,11 +821,13 @@ impl Host {
         let _ = link.request(Command::Exit, Duration::from_secs(5));
         let mut s = self.state();
         if let Some(v) = s.vms.get_mut(&key) {
-            if let Some(r) = &report {
-                let dir = self.cfg.state_dir.join("reports");
-                let path = dir.join(format!("{}.json", v.id));
-                if let Err(e) = std::fs::write(&path, r.to_string()) {
-                    tracing::warn!("writing {}: {e}", path.display());
+            if let (Some(r), Some(d)) = (&report, &self.dirs) {
+                // Replaced atomically, never written through a link.
+                let name = format!("{}.json", v.id);
+                if let Err(e) =
+                    super::paths::write_file_at(&d.reports, &name, r.to_string().as_bytes())
+                {
+                    tracing::warn!("writing reports/{name}: {e}");
                 }
             }
             v.report = report;
@@ -1178,14 +1201,6 @@ impl Host {
                 let _ = l.reap(Duration::from_millis(100));
             }
         }
-    }
-
-    /// Where VM logs and reports go (created at start-up).
-    pub fn state_dirs(&self) -> [PathBuf; 2] {
-        [
-            self.cfg.state_dir.join("vms"),
-            self.cfg.state_dir.join("reports"),
-        ]
     }
 }
 

@@ -82,13 +82,14 @@ impl From<ExitStatus> for ExitInfo {
 }
 
 impl WorkerLink {
-    /// Starts `exe __worker` for `spec`, its stderr appended to `log`;
+    /// Starts `exe __worker` for `spec`, its stderr to `log` (opened for
+    /// appending);
     /// `on_event` gets every event (from the reader thread), and `on_eof`
     /// once the channel closes.
     pub fn spawn(
         exe: &Path,
         spec: &VmSpec,
-        log: &Path,
+        log: std::fs::File,
         on_event: impl Fn(FromWorker) + Send + 'static,
         on_eof: impl FnOnce() + Send + 'static,
     ) -> Result<Arc<Self>, WorkerLinkError> {
@@ -97,11 +98,7 @@ impl WorkerLink {
             source,
         };
         let (ours, theirs) = UnixStream::pair().map_err(spawn_err)?;
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(spawn_err)?;
+        let stderr = log;
         let child_fd = theirs.as_raw_fd();
         let mut cmd = Process::new(exe);
         cmd.arg("__worker")
