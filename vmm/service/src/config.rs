@@ -37,6 +37,7 @@
 //! max_vms = 64
 //! max_body = "64K"
 //! request_timeout = "10s"
+//! unresponsive_after = "5s"  # a VM process silent this long shows `unresponsive`
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -165,6 +166,8 @@ pub struct LimitsFile {
     pub max_body: Option<SizeValue>,
     /// Longest request.
     pub request_timeout: Option<String>,
+    /// Silence of a VM's process after which it shows `unresponsive`.
+    pub unresponsive_after: Option<String>,
 }
 
 /// Defaults of new VMs, validated.
@@ -226,6 +229,8 @@ pub struct ServeConfig {
     pub max_body: usize,
     /// Longest request.
     pub request_timeout: Duration,
+    /// Silence of a VM's process after which it shows `unresponsive`.
+    pub unresponsive_after: Duration,
     /// The `tiervm` executable workers run.
     pub worker_exe: PathBuf,
 }
@@ -634,6 +639,12 @@ impl ServeConfig {
             max_vms: l.max_vms.unwrap_or(64).max(1),
             max_body: usize::try_from(max_body.clamp(1024, 16 << 20)).unwrap_or(64 << 10),
             request_timeout: request_timeout.max(Duration::from_millis(100)),
+            unresponsive_after: duration(
+                "limits.unresponsive_after",
+                l.unresponsive_after.as_ref(),
+                Duration::from_secs(5),
+            )?
+            .max(Duration::from_secs(2)),
             worker_exe,
         })
     }
@@ -671,6 +682,7 @@ impl ServeConfig {
             max_vms: 4,
             max_body: 4096,
             request_timeout: Duration::from_secs(5),
+            unresponsive_after: Duration::from_secs(5),
             worker_exe: "/nonexistent/tiervm".into(),
         }
     }

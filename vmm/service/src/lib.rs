@@ -18,10 +18,12 @@ pub mod client;
 pub mod config;
 pub mod division;
 pub mod host;
+pub mod host_error;
 pub mod metrics;
 pub mod modeled;
 pub mod paths;
 pub mod protocol;
+pub mod records;
 pub mod types;
 pub mod vm_process;
 pub mod worker;
@@ -62,6 +64,14 @@ pub enum ServeError {
     /// A directory or file the service would not trust.
     #[error(transparent)]
     UnsafePath(#[from] paths::UnsafePath),
+    /// Another service holds the state directory's lock.
+    #[error("another tiervm serve (pid {pid}) uses the state directory {dir}: stop it, or give another --state-dir")]
+    StateDirInUse {
+        /// The directory.
+        dir: String,
+        /// The holder's pid, as it wrote it.
+        pid: String,
+    },
     /// Another service listens on the socket.
     #[error("another tiervm serve listens on {0}: stop it, or give another --socket")]
     InUse(String),
@@ -82,7 +92,10 @@ pub enum ServeError {
 impl ServeError {
     /// Whether the user's input is at fault.
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::Config(_) | Self::InUse(_) | Self::UnsafePath(_))
+        matches!(
+            self,
+            Self::Config(_) | Self::InUse(_) | Self::UnsafePath(_) | Self::StateDirInUse { .. }
+        )
     }
 }
 
@@ -102,15 +115,54 @@ pub struct StateDirs {
     pub vms: std::os::fd::OwnedFd,
     /// Run reports.
     pub reports: std::os::fd::OwnedFd,
+    /// `STATE_DIR/lock`, locked (`flock`) for the service's life: a
+    /// second service on the same state directory refuses to start.
+    pub lock: std::fs::File,
 }
 
 /// Opens (creating) the state directory and its subdirectories, each
 /// checked (docs/service.md: owner, mode, no link on the path).
 pub fn open_state_dirs(state_dir: &Path) -> Result<StateDirs, ServeError> {
     let root = paths::open_private_dir("the state directory", state_dir, 0o700)?;
+    let lock = lock_state_dir(&root, state_dir)?;
     let vms = paths::open_private_subdir("the VM log directory", state_dir, "vms")?;
     let reports = paths::open_private_subdir("the report directory", state_dir, "reports")?;
-    Ok(StateDirs { root, vms, reports })
+    Ok(StateDirs {
+        root,
+        vms,
+        reports,
+        lock,
+    })
+}
+
+/// Locks `STATE_DIR/lock` (held until the service exits; the kernel
+/// releases it if the service dies) and writes the service's pid in it.
+fn lock_state_dir(
+    root: &std::os::fd::OwnedFd,
+    state_dir: &Path,
+) -> Result<std::fs::File, ServeError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = state_dir.join("lock");
+    let mut f = paths::create_file_at(root, "lock", true, 0o600)
+        .map_err(setup("opening the lock file", &path))?;
+    // SAFETY: flock on an open descriptor.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut pid = String::new();
+            let _ = paths::open_read_at(root, "lock").map(|mut r| r.read_to_string(&mut pid));
+            return Err(ServeError::StateDirInUse {
+                dir: state_dir.display().to_string(),
+                pid: pid.trim().to_string(),
+            });
+        }
+        return Err(setup("locking", &path)(e));
+    }
+    f.set_len(0).map_err(setup("writing", &path))?;
+    let _ = f.seek(std::io::SeekFrom::Start(0));
+    writeln!(f, "{}", std::process::id()).map_err(setup("writing", &path))?;
+    Ok(f)
 }
 
 /// Binds the API socket (mode `socket_mode`, group `socket_group`) in its
@@ -211,6 +263,7 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     let dirs = open_state_dirs(&cfg.state_dir)?;
     let listener = bind_socket(&cfg)?;
     let host = Host::with_dirs(cfg, dirs);
+    host.start_records();
     let socket = host.cfg.socket.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -99,6 +99,88 @@ fn add(f: &CounterVec, labels: &[&str], v: f64) {
     f.with_label_values(labels).inc_by(v.max(0.0));
 }
 
+/// `process_*`: the service process's CPU, memory, descriptors, threads
+/// and start time (the Prometheus client conventions), from `/proc/self`.
+fn process_metrics(f: &mut Families) -> prometheus::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command (which may hold spaces), from field 3.
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |n: usize| rest.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as f64;
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let cpu = f.counters(
+        "process_cpu_seconds_total",
+        "User and system CPU time of the service process",
+        &[],
+    )?;
+    add(
+        &cpu,
+        &[],
+        (field(14).unwrap_or(0.0) + field(15).unwrap_or(0.0)) / ticks,
+    );
+    let g = |f: &mut Families, name: &str, help: &str, v: f64| -> prometheus::Result<()> {
+        let x = f.gauges(name, help, &[])?;
+        set(&x, &[], v);
+        Ok(())
+    };
+    g(
+        f,
+        "process_resident_memory_bytes",
+        "Resident memory of the service process",
+        field(24).unwrap_or(0.0) * page,
+    )?;
+    g(
+        f,
+        "process_virtual_memory_bytes",
+        "Virtual memory of the service process",
+        field(23).unwrap_or(0.0),
+    )?;
+    g(
+        f,
+        "process_threads",
+        "Threads of the service process",
+        field(20).unwrap_or(0.0),
+    )?;
+    g(
+        f,
+        "process_start_time_seconds",
+        "Start of the service process, Unix seconds",
+        boot + field(22).unwrap_or(0.0) / ticks,
+    )?;
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    g(
+        f,
+        "process_open_fds",
+        "Open descriptors of the service process",
+        fds as f64,
+    )?;
+    // SAFETY: an all-zero rlimit is valid; getrlimit writes it.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit writes into `rl`, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        g(
+            f,
+            "process_max_fds",
+            "Most descriptors the service process may open",
+            rl.rlim_cur as f64,
+        )?;
+    }
+    Ok(())
+}
+
 /// The whole exposition, from the service's state now.
 pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
     let mut f = Families { r: Registry::new() };
@@ -201,21 +283,31 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
         )
         .map_err(metric_error)?;
     set(&uptime, &[], host.uptime_s());
-    // Per VM.
-    let vm_l = &["vm"];
-    let vtn = &["vm", "tier", "node"];
+    process_metrics(&mut f).map_err(metric_error)?;
+    let build = f
+        .gauges(
+            "tiervm_build_info",
+            "1, labelled with the version of tiervm",
+            &["version"],
+        )
+        .map_err(metric_error)?;
+    set(&build, &[env!("CARGO_PKG_VERSION")], 1.0);
+    // Per VM: `vm` and `uuid` (ids are never reused on a state directory,
+    // UUIDs never at all: two VMs never share a series).
+    let vm_l = &["vm", "uuid"];
+    let vtn = &["vm", "uuid", "tier", "node"];
     let state = f
         .gauges(
             "tiervm_vm_state",
             "1 for the VM's current state",
-            &["vm", "state"],
+            &["vm", "uuid", "state"],
         )
         .map_err(metric_error)?;
     let vm_info = f
         .gauges(
             "tiervm_vm_info",
             "1 per VM, with its image and policy",
-            &["vm", "image", "policy"],
+            &["vm", "uuid", "image", "policy"],
         )
         .map_err(metric_error)?;
     let cap = f
@@ -263,17 +355,10 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
             vm_l,
         )
         .map_err(metric_error)?;
-    let ops_rate = f
-        .gauges(
-            "tiervm_vm_operations_per_second",
-            "Guest operations per second as the guest reports them (its own counter)",
-            vm_l,
-        )
-        .map_err(metric_error)?;
-    let access_rate = f
-        .gauges(
-            "tiervm_vm_sampled_accesses_per_second",
-            "Sampled accesses per second of a VM as the host measures them (hint faults); the fast-tier division values capacity by it",
+    let accesses = f
+        .counters(
+            "tiervm_vm_sampled_accesses_total",
+            "Sampled accesses of a VM as the host measures them (hint faults; rate() of it is the access rate the fast-tier division values capacity by)",
             vm_l,
         )
         .map_err(metric_error)?;
@@ -352,42 +437,49 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
         add(&crashes, &[], s.counters.crashes as f64);
         add(&created, &[], s.counters.created as f64);
         for v in s.vms.values() {
-            let vm = v.id.as_str();
+            let (vm, uuid) = (v.id.as_str(), v.uuid.as_str());
+            let ids = [vm, uuid];
+            let vm = &ids[..];
             for st in VmState::ALL {
-                set(&state, &[vm, st.name()], f64::from(u8::from(st == v.state)));
+                set(
+                    &state,
+                    &[ids[0], ids[1], st.name()],
+                    f64::from(u8::from(st == v.state)),
+                );
             }
-            set(&vm_info, &[vm, &v.spec.image, v.active_policy()], 1.0);
-            set(&fmin, &[vm], v.min as f64);
-            set(&fmax, &[vm], v.max as f64);
-            set(&weight, &[vm], v.weight);
-            set(&target, &[vm], v.target as f64);
-            add(&switches, &[vm], v.policy_switches as f64);
+            set(
+                &vm_info,
+                &[ids[0], ids[1], &v.spec.image, v.active_policy()],
+                1.0,
+            );
+            set(&fmin, vm, v.min as f64);
+            set(&fmax, vm, v.max as f64);
+            set(&weight, vm, v.weight);
+            set(&target, vm, v.target as f64);
+            add(&switches, vm, v.policy_switches as f64);
+            add(&accesses, vm, v.sampled_accesses);
             let Some(st) = &v.stats else { continue };
             if v.state.active() {
                 for t in &st.tiers {
                     let node = t.node.to_string();
-                    let lb = [vm, t.name.as_str(), node.as_str()];
+                    let lb = [ids[0], ids[1], t.name.as_str(), node.as_str()];
                     set(&cap, &lb, t.capacity_bytes as f64);
                     set(&used, &lb, t.used_bytes as f64);
                     if let Some(b) = t.resident_bytes {
                         set(&rss, &lb, b as f64);
                     }
                 }
-                set(&ops_rate, &[vm], st.ops_per_sec);
-                if let Some(a) = st.accesses {
-                    set(&access_rate, &[vm], a.per_sec);
-                }
             }
             let m = &st.mem;
-            add(&ops, &[vm], st.ops as f64);
-            add(&promote, &[vm], m.promotions as f64);
-            add(&demote, &[vm], m.demotions as f64);
-            add(&tpm_commit, &[vm], m.tpm_commits as f64);
-            add(&tpm_abort, &[vm], m.tpm_aborts as f64);
-            add(&shadow_demote, &[vm], m.shadow_demotions as f64);
-            add(&shadow_reclaim, &[vm], m.shadow_reclaims as f64);
-            add(&stall, &[vm], m.guest_stall_ms / 1e3);
-            add(&hint, &[vm], m.hint_faults as f64);
+            add(&ops, vm, st.ops as f64);
+            add(&promote, vm, m.promotions as f64);
+            add(&demote, vm, m.demotions as f64);
+            add(&tpm_commit, vm, m.tpm_commits as f64);
+            add(&tpm_abort, vm, m.tpm_aborts as f64);
+            add(&shadow_demote, vm, m.shadow_demotions as f64);
+            add(&shadow_reclaim, vm, m.shadow_reclaims as f64);
+            add(&stall, vm, m.guest_stall_ms / 1e3);
+            add(&hint, vm, m.hint_faults as f64);
         }
     }
     for c in [

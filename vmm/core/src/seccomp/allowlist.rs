@@ -250,6 +250,8 @@ const SERVE_REPORTS: &[Syscall] = &[
     // Reports and VM records replace their old file atomically (a
     // temporary file renamed over it, never written through a link).
     sys(libc::SYS_renameat, "renameat"),
+    // A removed VM's record (`DELETE` of an ended VM) is unlinked.
+    sys(libc::SYS_unlinkat, "unlinkat"),
 ];
 
 /// Whether `role` may open files (then no call is refused with EACCES).
