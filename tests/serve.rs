@@ -280,7 +280,10 @@ fn errors_openapi_and_routes_over_the_socket() {
     let expected = [
         ("/v1/host", vec!["get", "patch"]),
         ("/v1/vms", vec!["get", "post"]),
-        ("/v1/vms/{id}", vec!["get", "delete"]),
+        ("/v1/vms/{id}", vec!["get", "put", "delete"]),
+        ("/v1/events", vec!["get"]),
+        ("/healthz", vec!["get"]),
+        ("/readyz", vec!["get"]),
         ("/v1/vms/{id}/fast", vec!["patch"]),
         ("/v1/vms/{id}/policy", vec!["put"]),
         ("/v1/vms/{id}/report", vec!["get"]),
@@ -686,23 +689,31 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
     );
     let a = metrics(&svc);
     let text = a.text();
+    let uuid = |id: &str| {
+        let (_, v) = svc.call("GET", &format!("/v1/vms/{id}"), None);
+        v["uuid"].as_str().unwrap().to_string()
+    };
     assert!(
         text.contains(&format!(
-            "tiervm_vm_info{{image=\"gups\",policy=\"tpp\",vm=\"{}\"}} 1",
+            "tiervm_vm_info{{image=\"gups\",policy=\"tpp\",uuid=\"{}\",vm=\"{}\"}} 1",
+            uuid(&ids[1]),
             ids[1]
         )),
         "{text}"
     );
     assert!(
         text.contains(&format!(
-            "tiervm_vm_fast_target_bytes{{vm=\"{}\"}} 100663296",
+            "tiervm_vm_fast_target_bytes{{uuid=\"{}\",vm=\"{}\"}} 100663296",
+            uuid(&ids[0]),
             ids[0]
         )),
         "{text}"
     );
     assert!(text.contains("tiervm_vm_tier_resident_bytes{"), "{text}");
     assert!(
-        text.contains("tiervm_vm_sampled_accesses_per_second{"),
+        text.contains("tiervm_vm_sampled_accesses_total{")
+            && text.contains("process_resident_memory_bytes ")
+            && text.contains("tiervm_build_info{"),
         "{text}"
     );
 
@@ -753,6 +764,9 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
         let (st, r) = svc.call("GET", &format!("/v1/vms/{}/report", ids[0]), None);
         (st != 200 || r["stop_reason"] != "duration").then(|| format!("{st} {r}"))
     });
+    let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[0]), None);
+    assert_eq!(v["stop_reason"], "deleted", "an API DELETE says so: {v}");
+    assert_eq!(v["guest_exit_code"], 0, "{v}");
     let (st, _) = svc.curl("DELETE", &format!("/v1/vms/{}", ids[0]), None);
     assert_eq!(st, 204, "an ended VM is removed");
     let (st, _) = svc.call("GET", &format!("/v1/vms/{}", ids[0]), None);
@@ -795,4 +809,424 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
         "{integrity}"
     );
     assert!(!svc.socket.exists());
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("chown (the test runs as root)");
+}
+
+/// Starts `tiervm serve` expecting it to refuse (exit 2) within 20 s;
+/// returns its stderr.
+fn refused_start(args: &[&std::ffi::OsStr]) -> String {
+    let mut child = common::tiervm()
+        .arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the service started: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    err
+}
+
+/// Issue 32: a root service must never follow what a local user planted.
+/// As a local user (uid 65534): a world-writable state directory with a
+/// link from `reports/vm-1.json` to a root-owned file, and a world-writable
+/// socket directory. The service refuses each with a clear error and
+/// writes nothing; a link anywhere on the path is refused too.
+#[test]
+fn a_root_service_refuses_directories_a_local_user_planted() {
+    if euid() != 0 {
+        eprintln!("SKIPPED a_root_service_refuses_directories_a_local_user_planted: not root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let d = temp_dir("planted");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let precious = d.join("precious");
+    std::fs::write(&precious, "root's").unwrap();
+    std::fs::set_permissions(&precious, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (user, group) = (65534, 65534);
+    for sub in ["run", "state/reports", "state/vms"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    for sub in ["run", "state", "state/reports", "state/vms"] {
+        std::fs::set_permissions(d.join(sub), std::fs::Permissions::from_mode(0o777)).unwrap();
+        chown(&d.join(sub), user, group);
+    }
+    std::os::unix::fs::symlink(&precious, d.join("state/reports/vm-1.json")).unwrap();
+    std::os::unix::fs::symlink(&precious, d.join("state/vms/vm-1.log")).unwrap();
+    let pools = ["--fast-pool", "64M", "--slow-pool", "256M"].map(std::ffi::OsStr::new);
+    let args = |socket: &Path, state: &Path| {
+        let mut v: Vec<std::ffi::OsString> = vec![
+            "--socket".into(),
+            socket.into(),
+            "--state-dir".into(),
+            state.into(),
+        ];
+        v.extend(pools.iter().map(|s| s.to_os_string()));
+        v
+    };
+    let run = |a: Vec<std::ffi::OsString>| {
+        refused_start(&a.iter().map(|s| s.as_os_str()).collect::<Vec<_>>())
+    };
+    // The planted state directory.
+    let fresh_run = d.join("fresh-run");
+    let err = run(args(&fresh_run.join("api.sock"), &d.join("state")));
+    assert!(
+        err.contains("the state directory") && err.contains("is owned by uid 65534"),
+        "{err}"
+    );
+    // The world-writable socket directory of another user.
+    let err = run(args(&d.join("run/api.sock"), &d.join("fresh-state")));
+    assert!(
+        err.contains("the socket's directory") && err.contains("is owned by uid 65534"),
+        "{err}"
+    );
+    // A link on the path.
+    std::fs::create_dir(d.join("real")).unwrap();
+    std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
+    let err = run(args(&fresh_run.join("api.sock"), &d.join("link/state")));
+    assert!(err.contains("is a symbolic link"), "{err}");
+    // A state directory mode 0777 of root's own is refused too.
+    std::fs::create_dir(d.join("open-state")).unwrap();
+    std::fs::set_permissions(d.join("open-state"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = run(args(&fresh_run.join("api.sock"), &d.join("open-state")));
+    assert!(err.contains("writable by its group or others"), "{err}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "root's");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `socket_group` and `socket_mode` let a non-root agent in on purpose:
+/// without them a local user cannot connect; with them a member of the
+/// group can.
+#[test]
+fn socket_group_and_mode_let_a_chosen_group_in() {
+    if euid() != 0 {
+        eprintln!("SKIPPED socket_group_and_mode_let_a_chosen_group_in: not root");
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (agent_uid, agent_gid) = (65534u32, 65534u32);
+    let as_agent = |svc: &Service| {
+        use std::os::unix::process::CommandExt;
+        Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("--unix-socket")
+            .arg(&svc.socket)
+            .arg("http://localhost/v1/host")
+            .uid(agent_uid)
+            .gid(agent_gid)
+            .output()
+            .expect("curl runs")
+    };
+    let svc = Service::start("nogroup", &["--fast-pool", "64M", "--slow-pool", "256M"]);
+    std::fs::set_permissions(&svc.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = as_agent(&svc);
+    assert_ne!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "another user connected to a 0600 socket"
+    );
+    drop(svc);
+    let cfg = std::env::temp_dir().join(format!("tiervm-serve-group-{}.toml", std::process::id()));
+    std::fs::write(
+        &cfg,
+        format!("socket_group = \"{agent_gid}\"\nsocket_mode = \"0660\"\n"),
+    )
+    .unwrap();
+    let svc = Service::start(
+        "group",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--fast-pool",
+            "64M",
+            "--slow-pool",
+            "256M",
+        ],
+    );
+    std::fs::set_permissions(&svc.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = std::fs::metadata(&svc.socket).unwrap();
+    assert_eq!((m.mode() & 0o777, m.gid()), (0o660, agent_gid));
+    let dm = std::fs::metadata(svc.socket.parent().unwrap()).unwrap();
+    assert_eq!((dm.mode() & 0o777, dm.gid()), (0o710, agent_gid));
+    let out = as_agent(&svc);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(&cfg);
+}
+
+/// A VM's state in the service `svc`.
+fn vm(svc: &Service, id: &str) -> Value {
+    svc.call("GET", &format!("/v1/vms/{id}"), None).1
+}
+
+/// Issue 32 items 3 and 4: ids unique across restarts, client-chosen
+/// names (idempotent PUT), labels, a locked state directory, the records
+/// of ended VMs and the boot id kept over a restart; a stopped worker is
+/// `unresponsive` (GET does not wait for it, PATCH is refused), a forced
+/// DELETE kills it and its capacity returns at once; the event stream
+/// and the health routes.
+#[test]
+fn identity_survives_a_restart_and_a_stopped_vm_is_unresponsive() {
+    let test = "identity_survives_a_restart_and_a_stopped_vm_is_unresponsive";
+    if !common::kvm_available(test) {
+        assert_ne!(std::env::var("TIERVM_REQUIRE_KVM").as_deref(), Ok("1"));
+        return;
+    }
+    let cfg = std::env::temp_dir().join(format!("tiervm-serve-ident-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[limits]\nunresponsive_after = \"2s\"\n").unwrap();
+    let flags = [
+        "--config",
+        cfg.to_str().unwrap(),
+        "--fast-pool",
+        "128M",
+        "--slow-pool",
+        "512M",
+    ];
+    let mut a = Service::start("ident", &flags);
+    let (st, h) = a.call("GET", "/healthz", None);
+    assert_eq!((st, &h["status"]), (200, &Value::from("ok")), "{h}");
+    let (st, h) = a.call("GET", "/readyz", None);
+    assert_eq!(st, 200, "{h}");
+    let (_, host) = a.call("GET", "/v1/host", None);
+    let boot_a = host["boot_id"].as_str().unwrap().to_string();
+    // A second service on the same state directory refuses to start.
+    let err = refused_start(
+        &[
+            "--socket",
+            a.dir.join("other.sock").to_str().unwrap(),
+            "--state-dir",
+            a.dir.join("state").to_str().unwrap(),
+            "--fast-pool",
+            "64M",
+            "--slow-pool",
+            "256M",
+        ]
+        .map(std::ffi::OsStr::new),
+    );
+    assert!(err.contains("uses the state directory"), "{err}");
+    // A generated id, and a name with labels (PUT is idempotent).
+    let short = r#"{"image":"memcheck","mem":"64M","args":["region=8M"],"duration":"1s"}"#;
+    let (st, v) = a.call("POST", "/v1/vms", Some(short));
+    assert_eq!(st, 201, "{v}");
+    let first = v["id"].as_str().unwrap().to_string();
+    let named = r#"{"image":"memcheck","mem":"64M","args":["region=8M"],"fast":{"min":"32M"},"labels":{"pod":"web-1"}}"#;
+    let (st, v) = a.call("PUT", "/v1/vms/web-1", Some(named));
+    assert_eq!(st, 201, "{v}");
+    let uuid = v["uuid"].as_str().unwrap().to_string();
+    assert_eq!(v["labels"]["pod"], "web-1");
+    let (st, v) = a.call("PUT", "/v1/vms/web-1", Some(named));
+    assert_eq!((st, &v["uuid"]), (200, &Value::from(uuid.as_str())), "{v}");
+    let (st, v) = a.call("PUT", "/v1/vms/web-1", Some(short));
+    assert_error(st, &v, 409, "conflict", "another request for the name");
+    let (st, v) = a.call("PUT", "/v1/vms/vm-77", Some(short));
+    assert_error(st, &v, 400, "bad_request", "a generated id's form");
+    wait_for("web-1 running", Duration::from_secs(30), || {
+        let v = vm(&a, "web-1");
+        (v["state"] != "running").then(|| v.to_string())
+    });
+    wait_for("the short VM ended", Duration::from_secs(30), || {
+        let v = vm(&a, &first);
+        (v["state"] != "stopped").then(|| v.to_string())
+    });
+    assert_eq!(vm(&a, &first)["stop_reason"], "duration");
+    // Stop web-1's process: GET answers at once, the VM turns
+    // unresponsive, a share change is refused (nothing delivered).
+    let pid = vm(&a, "web-1")["pid"].as_i64().unwrap() as i32;
+    // SAFETY: kill(2) on the worker the service started for this test.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let t = Instant::now();
+    let _ = vm(&a, "web-1");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "GET waited for a stopped worker: {:?}",
+        t.elapsed()
+    );
+    wait_for("web-1 unresponsive", Duration::from_secs(20), || {
+        let v = vm(&a, "web-1");
+        (v["state"] != "unresponsive").then(|| v.to_string())
+    });
+    let (st, v) = a.call("PATCH", "/v1/vms/web-1/fast", Some(r#"{"min":"64M"}"#));
+    assert_error(
+        st,
+        &v,
+        409,
+        "unresponsive",
+        "a share change to a stopped VM",
+    );
+    let (st, v) = a.call("DELETE", "/v1/vms/web-1", None);
+    assert_error(
+        st,
+        &v,
+        409,
+        "unresponsive",
+        "a plain DELETE of a stopped VM",
+    );
+    let (st, v) = a.call("DELETE", "/v1/vms/web-1?force=true", None);
+    assert_eq!(st, 202, "{v}");
+    let (_, host) = a.call("GET", "/v1/host", None);
+    assert_eq!(
+        host["pools"][0]["reserved_bytes"], 0,
+        "released at once: {host}"
+    );
+    assert_eq!(
+        host["pools"][1]["reserved_bytes"], 0,
+        "released at once: {host}"
+    );
+    wait_for("web-1 killed", Duration::from_secs(20), || {
+        let v = vm(&a, "web-1");
+        (v["state"] != "stopped" || v["stop_reason"] != "force_deleted").then(|| v.to_string())
+    });
+    // The event stream told each change.
+    let (st, ev) = a.call("GET", "/v1/events?since=0", None);
+    assert_eq!(st, 200, "{ev}");
+    let seen = |vm: &str, state: &str| {
+        ev["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "vm_state" && e["vm"] == vm && e["state"] == state)
+    };
+    for (v, s) in [
+        (first.as_str(), "running"),
+        (first.as_str(), "stopped"),
+        ("web-1", "unresponsive"),
+        ("web-1", "stopped"),
+    ] {
+        assert!(seen(v, s), "{v} {s}: {ev}");
+    }
+    let next = ev["next"].as_u64().unwrap();
+    let t = Instant::now();
+    let (_, ev) = a.call("GET", &format!("/v1/events?since={next}&wait=1"), None);
+    assert!(
+        ev["events"].as_array().unwrap().is_empty() && t.elapsed() >= Duration::from_millis(900),
+        "{ev}"
+    );
+    // A VM running when the service stops says so after the restart.
+    let (st, v) = a.call(
+        "PUT",
+        "/v1/vms/db",
+        Some(r#"{"image":"memcheck","mem":"64M","args":["region=8M"]}"#),
+    );
+    assert_eq!(st, 201, "{v}");
+    wait_for("db running", Duration::from_secs(30), || {
+        let v = vm(&a, "db");
+        (v["state"] != "running").then(|| v.to_string())
+    });
+    assert!(a.stop().success(), "{}", a.log());
+    // The restart: the same state directory, a new boot id; the VMs of the
+    // run before are listed with how they ended; ids are not reused.
+    let b = Service {
+        child: Some(
+            common::tiervm()
+                .arg("serve")
+                .arg("--socket")
+                .arg(&a.socket)
+                .arg("--state-dir")
+                .arg(a.dir.join("state"))
+                .args(flags)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(
+                    std::fs::File::create(a.dir.join("serve-b.log")).unwrap(),
+                ))
+                .spawn()
+                .unwrap(),
+        ),
+        dir: a.dir.clone(),
+        socket: a.socket.clone(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !b.socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted service did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, host) = b.call("GET", "/v1/host", None);
+    assert_eq!(host["previous_boot_id"], boot_a.as_str(), "{host}");
+    assert_ne!(host["boot_id"], boot_a.as_str());
+    let (_, list) = b.call("GET", "/v1/vms", None);
+    let find = |id: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} not listed after the restart: {list}"))
+    };
+    let v = find(&first);
+    assert_eq!(
+        (&v["state"], &v["stop_reason"], &v["boot_id"]),
+        (
+            &Value::from("stopped"),
+            &Value::from("duration"),
+            &Value::from(boot_a.as_str())
+        ),
+        "{v}"
+    );
+    let v = find("web-1");
+    assert_eq!(
+        (&v["stop_reason"], &v["uuid"], &v["labels"]["pod"]),
+        (
+            &Value::from("force_deleted"),
+            &Value::from(uuid.as_str()),
+            &Value::from("web-1")
+        ),
+        "{v}"
+    );
+    assert_eq!(find("db")["stop_reason"], "service_stopped", "{list}");
+    let (st, v) = b.call("POST", "/v1/vms", Some(short));
+    assert_eq!(st, 201, "{v}");
+    assert_ne!(
+        v["id"],
+        first.as_str(),
+        "an id of the run before is not reused: {v}"
+    );
+    let _ = std::fs::remove_file(&cfg);
 }

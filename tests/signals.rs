@@ -186,3 +186,46 @@ fn compare_stops_after_the_current_run_and_keeps_it() {
     assert_eq!(written["runs"].as_array().unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGSTOP then SIGCONT (a debugger attaching, the cgroup freezer that
+/// systemd and Kubernetes pause with) leaves a tiered run running: every
+/// thread stopped in a sleep or a timed wait resumes it through
+/// `restart_syscall`, which each seccomp allowlist must let through (issue
+/// 32: the sampler's filter trapped it and the run ended with exit 159).
+#[test]
+fn stop_and_continue_leave_a_tiered_run_running() {
+    if !common::tiered_kvm_available() {
+        return;
+    }
+    let (child, o, e) = start(&[
+        "run",
+        "zipf",
+        "--mem",
+        "128M",
+        "--fast",
+        "64M",
+        "--policy",
+        "nomad",
+        "--duration",
+        "8s",
+        "--arg",
+        "rss=64M",
+        "--arg",
+        "wss=32M",
+        "--report",
+        "json",
+    ]);
+    std::thread::sleep(RUNNING);
+    // Several pauses: each stops every thread wherever it is (sleeping,
+    // waiting on a futex with a timeout, polling).
+    for _ in 0..3 {
+        signal(&child, libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(700));
+        signal(&child, libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (code, out, err) = finish(child, o, e, Duration::from_secs(60));
+    assert_eq!(code, 0, "stopped and continued: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    assert_eq!(v["stop_reason"], "duration", "{v}");
+}

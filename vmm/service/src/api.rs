@@ -53,12 +53,14 @@ pub struct AppState {
 struct ApiDoc;
 
 /// Runs blocking service code off the async threads; a panic is a 500.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+/// The host's errors become API errors here (`ApiError: From<HostError>`).
+async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(ApiError::internal(format!("the request failed: {e}"))))
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(e) => Err(ApiError::internal(format!("the request failed: {e}"))),
+    }
 }
 
 /// A JSON body: size-limited (413), parsed with serde (400 names the field).
@@ -85,7 +87,24 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
 /// Parses a request body (exposed for the property tests).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
+    // serde reads a JSON array as a struct's fields in order: the API
+    // takes objects only (every body, and `fast` in a create).
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(
+            format!("the body is not valid JSON: {e}"),
+            "send a JSON object (see the request schema in GET /v1/openapi.json)",
+        )
+    })?;
+    if !v.is_object()
+        || v.get("fast")
+            .is_some_and(|f| !f.is_object() && !f.is_null())
+    {
+        return Err(ApiError::bad_request(
+            "the body (and its `fast`) must be a JSON object, not an array or a scalar",
+            "send a JSON object with named fields (see the request schema in GET /v1/openapi.json)",
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| {
         ApiError::bad_request(
             format!("the body is not valid for this route: {e}"),
             "see the request schema in GET /v1/openapi.json",
@@ -107,7 +126,9 @@ fn path_id(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     responses((status = 200, description = "The host", body = HostInfo)))]
 async fn get_host(State(st): State<AppState>) -> Result<Json<HostInfo>, ApiError> {
     let h = st.host.clone();
-    blocking(move || Ok(h.host_info())).await.map(Json)
+    blocking(move || Ok::<_, ApiError>(h.host_info()))
+        .await
+        .map(Json)
 }
 
 /// Changes the pool sizes (not below what admission reserved).
@@ -131,7 +152,9 @@ async fn patch_host(
     responses((status = 200, description = "The VMs", body = Vec<VmInfo>)))]
 async fn list_vms(State(st): State<AppState>) -> Result<Json<Vec<VmInfo>>, ApiError> {
     let h = st.host.clone();
-    blocking(move || Ok(h.list())).await.map(Json)
+    blocking(move || Ok::<_, ApiError>(h.list()))
+        .await
+        .map(Json)
 }
 
 /// Creates and starts a VM (admission control on its fast min and its mem).
@@ -168,28 +191,211 @@ async fn get_vm(
     blocking(move || h.vm_info(&id, true)).await.map(Json)
 }
 
-/// Stops a running VM (202; it writes its report) or removes an ended one (204).
+/// `DELETE /v1/vms/{id}` options.
+#[derive(Clone, Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteQuery {
+    /// Kill the VM's process at once (SIGKILL) instead of asking the guest
+    /// to stop: for an `unresponsive` VM. No report is written.
+    #[serde(default)]
+    pub force: bool,
+}
+
+fn query<T: DeserializeOwned + Default>(uri: &axum::http::Uri) -> Result<T, ApiError> {
+    match uri.query() {
+        None | Some("") => Ok(T::default()),
+        Some(q) => serde_urlencoded_like(q).map_err(|e| {
+            ApiError::bad_request(
+                format!("the query: {e}"),
+                "see the route's parameters in GET /v1/openapi.json",
+            )
+        }),
+    }
+}
+
+/// Parses `a=1&b=true` into `T` (values as JSON scalars, else strings).
+fn serde_urlencoded_like<T: DeserializeOwned>(q: &str) -> Result<T, String> {
+    let mut m = serde_json::Map::new();
+    for pair in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
+        let v = match v {
+            "true" => serde_json::Value::Bool(true),
+            "false" => serde_json::Value::Bool(false),
+            n if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => n
+                .parse::<u64>()
+                .map_or_else(|_| n.into(), serde_json::Value::from),
+            other => serde_json::Value::from(other),
+        };
+        m.insert(k.to_string(), v);
+    }
+    serde_json::from_value(serde_json::Value::Object(m)).map_err(|e| e.to_string())
+}
+
+/// Stops a running VM (202; it writes its report; `?force=true` kills its
+/// process) or removes an ended one and its record (204). A VM asked to
+/// stop releases its capacity at once.
 #[utoipa::path(delete, path = "/v1/vms/{id}", tag = "vms",
-    params(("id" = String, Path, description = "VM id")),
+    params(("id" = String, Path, description = "VM id"), DeleteQuery),
     responses(
         (status = 202, description = "Stopping"),
         (status = 204, description = "Removed"),
+        (status = 400, description = "A bad query", body = ApiError),
         (status = 404, description = "No such VM", body = ApiError),
-        (status = 502, description = "The VM's process did not answer", body = ApiError)))]
+        (status = 409, description = "The VM is unresponsive (use ?force=true)", body = ApiError),
+        (status = 502, description = "The VM's process failed", body = ApiError),
+        (status = 504, description = "The VM's process did not answer in time", body = ApiError)))]
 async fn delete_vm(
     State(st): State<AppState>,
     id: Result<Path<String>, PathRejection>,
+    uri: axum::http::Uri,
 ) -> Result<StatusCode, ApiError> {
     let id = path_id(id)?;
+    let q: DeleteQuery = query(&uri)?;
     let h = st.host.clone();
-    blocking(move || h.delete(&id)).await.map(|stopping| {
-        if stopping {
-            StatusCode::ACCEPTED
-        } else {
-            StatusCode::NO_CONTENT
+    blocking(move || h.delete(&id, q.force))
+        .await
+        .map(|stopping| {
+            if stopping {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::NO_CONTENT
+            }
+        })
+}
+
+/// Creates the VM `name` (201), or answers the VM of that name unchanged
+/// when it was created by the same request (200: idempotent, as
+/// Firecracker's `PUT`s are); another request for an existing name is a 409.
+#[utoipa::path(put, path = "/v1/vms/{id}", tag = "vms", request_body = CreateVm,
+    params(("id" = String, Path, description = "The VM's name: 1 to 63 characters of a-z, 0-9, '.', '_', '-' (not vm-N, the form of generated ids)")),
+    responses(
+        (status = 200, description = "The VM exists from the same request", body = VmInfo),
+        (status = 201, description = "Created; answered at once with the VM `starting`", body = VmInfo),
+        (status = 400, description = "Bad input (name, image, arguments, sizes, policy)", body = ApiError),
+        (status = 409, description = "The name exists with another request, the fast min or mem does not fit the pools, or too many VMs", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 503, description = "Shutting down", body = ApiError)))]
+async fn put_vm(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(req): JsonBody<CreateVm>,
+) -> Result<(StatusCode, Json<VmInfo>), ApiError> {
+    let id = path_id(id)?;
+    let h = st.host.clone();
+    blocking(move || h.put_vm(&id, &req))
+        .await
+        .map(|(created, v)| {
+            (
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                Json(v),
+            )
+        })
+}
+
+/// `GET /v1/events` options.
+#[derive(Clone, Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Events after this sequence number (0: every event kept).
+    #[serde(default)]
+    #[param(minimum = 0)]
+    pub since: u64,
+    /// Seconds to wait for an event when there is none yet (long poll; at
+    /// most the request timeout less a second; 0: answer at once).
+    #[serde(default)]
+    #[param(minimum = 0, maximum = 60)]
+    pub wait: u64,
+}
+
+/// VM state changes and division moves, as a long poll: answered at once
+/// with the events after `since`, or when the next one happens, or after
+/// `wait` seconds with none.
+#[utoipa::path(get, path = "/v1/events", tag = "vms", params(EventsQuery),
+    responses(
+        (status = 200, description = "The events after `since`", body = Events),
+        (status = 400, description = "A bad query", body = ApiError)))]
+async fn get_events(
+    State(st): State<AppState>,
+    uri: axum::http::Uri,
+) -> Result<Json<Events>, ApiError> {
+    let q: EventsQuery = query(&uri)?;
+    let limit = st
+        .host
+        .cfg
+        .request_timeout
+        .saturating_sub(std::time::Duration::from_secs(1));
+    let wait = std::time::Duration::from_secs(q.wait).min(limit);
+    let mut rx = st.host.subscribe();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let (events, next) = st.host.events_since(q.since);
+        if !events.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(Events { events, next }));
         }
+        if tokio::time::timeout_at(deadline, rx.changed())
+            .await
+            .is_err()
+        {
+            let (events, next) = st.host.events_since(q.since);
+            return Ok(Json(Events { events, next }));
+        }
+    }
+}
+
+/// Liveness: 200 while the service answers.
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, description = "The service answers", body = Health)))]
+async fn healthz(State(st): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        boot_id: st.host.boot_id.clone(),
+        reasons: Vec::new(),
     })
 }
+
+/// Readiness: 200 when the service takes changes (not shutting down, its
+/// rebalancer going round); 503 with the reasons otherwise.
+#[utoipa::path(get, path = "/readyz", tag = "meta",
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "Not ready, and why", body = Health)))]
+async fn readyz(State(st): State<AppState>) -> (StatusCode, Json<Health>) {
+    let mut reasons = Vec::new();
+    if st.host.shutting_down() {
+        reasons.push("the service is shutting down".to_string());
+    }
+    let age = st.host.heartbeat_age_s();
+    if age > READY_HEARTBEAT_S {
+        reasons.push(format!("the rebalancer has not gone round for {age:.0} s"));
+    }
+    let status = if reasons.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(Health {
+            status: if reasons.is_empty() {
+                "ready"
+            } else {
+                "not_ready"
+            }
+            .into(),
+            boot_id: st.host.boot_id.clone(),
+            reasons,
+        }),
+    )
+}
+
+/// Longest silence of the rebalancer before `/readyz` says not ready.
+const READY_HEARTBEAT_S: f64 = 30.0;
 
 /// Changes a VM's fast share; answered while the VM converges (GET shows
 /// `target_bytes` next to `used_bytes`).
@@ -199,7 +405,7 @@ async fn delete_vm(
         (status = 202, description = "Accepted; converging", body = FastInfo),
         (status = 400, description = "Bad input", body = ApiError),
         (status = 404, description = "No such VM", body = ApiError),
-        (status = 409, description = "The min does not fit, or the VM is not running", body = ApiError),
+        (status = 409, description = "The min does not fit, or the VM is not running or unresponsive (nothing was changed)", body = ApiError),
         (status = 413, description = "Body too large", body = ApiError),
         (status = 503, description = "Shutting down", body = ApiError)))]
 async fn patch_fast(
@@ -305,7 +511,12 @@ async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> Resp
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
     req.extensions_mut().insert(BodyLimit(st.host.cfg.max_body));
-    let response = if st.host.shutting_down() && method != Method::GET {
+    let response = if method == Method::HEAD {
+        // Not in the API document, so not served (axum would answer HEAD
+        // for every GET route).
+        ApiError::method_not_allowed(format!("HEAD is not allowed on {}", req.uri().path()))
+            .into_response()
+    } else if st.host.shutting_down() && method != Method::GET {
         ApiError::shutting_down().into_response()
     } else {
         let limit = st.host.cfg.request_timeout;
@@ -339,7 +550,10 @@ pub fn router(st: AppState) -> (axum::Router, utoipa::openapi::OpenApi) {
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(get_host, patch_host))
         .routes(routes!(list_vms, create_vm))
-        .routes(routes!(get_vm, delete_vm))
+        .routes(routes!(get_vm, put_vm, delete_vm))
+        .routes(routes!(get_events))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
         .routes(routes!(patch_fast))
         .routes(routes!(put_policy))
         .routes(routes!(get_report))
@@ -561,13 +775,38 @@ mod tests {
 
     #[test]
     fn only_plain_file_names_reach_the_image_dir() {
+        let dir = std::env::temp_dir().join(format!("tiervm-images-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("mine.elf"), b"\x7fELF").unwrap();
+        std::fs::write(dir.join("secret"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", dir.join("shadow")).unwrap();
+        std::os::unix::fs::symlink(dir.join("mine.elf"), dir.join("link.elf")).unwrap();
         let mut cfg = super::super::config::ServeConfig::for_tests();
-        cfg.image_dir = Some("/srv/images".into());
+        cfg.image_dir = Some(dir.clone());
         let host = Host::new(cfg);
         assert_eq!(host.image_of("zipf").unwrap(), "zipf");
-        assert_eq!(host.image_of("mine.elf").unwrap(), "/srv/images/mine.elf");
+        assert_eq!(
+            host.image_of("mine.elf").unwrap(),
+            dir.join("mine.elf").to_string_lossy()
+        );
         for bad in ["", ".", "..", "../x", "/proc/kmsg", "a/b", "a\0b"] {
             assert!(host.image_of(bad).is_err(), "{bad:?} accepted");
         }
+        // A missing file names no host path; a link is refused with one
+        // answer whatever it points to.
+        let e = host.image_of("nothere").unwrap_err();
+        assert!(!e.message.contains(&*dir.to_string_lossy()), "{e:?}");
+        let (a, b) = (
+            host.image_of("shadow").unwrap_err(),
+            host.image_of("link.elf").unwrap_err(),
+        );
+        assert_eq!(
+            a.message.replace("shadow", "X"),
+            b.message.replace("link.elf", "X"),
+            "links answer alike"
+        );
+        assert!(!a.message.contains(&*dir.to_string_lossy()), "{a:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,6 +4,8 @@
 //! ```toml
 //! socket = "/run/tiervm/api.sock"
 //! state_dir = "/var/lib/tiervm"
+//! socket_group = "tiervm"          # optional: the socket's group
+//! socket_mode = "0660"             # optional: default 0600
 //! image_dir = "/var/lib/tiervm/images"  # image files clients may name (optional)
 //! metrics_listen = "127.0.0.1:9464"   # GET /metrics over TCP too (optional)
 //! fast_node = 0
@@ -35,6 +37,7 @@
 //! max_vms = 64
 //! max_body = "64K"
 //! request_timeout = "10s"
+//! unresponsive_after = "5s"  # a VM process silent this long shows `unresponsive`
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -79,6 +82,11 @@ pub struct ServeFile {
     pub socket: Option<PathBuf>,
     /// Where reports and VM logs go.
     pub state_dir: Option<PathBuf>,
+    /// Group of the API socket (a name or number): its members may
+    /// connect when `socket_mode` lets the group in.
+    pub socket_group: Option<String>,
+    /// Mode of the API socket, octal text such as "0660" (default 0600).
+    pub socket_mode: Option<String>,
     /// The directory of image files clients may name (by file name); without
     /// it the service runs built-in images only.
     pub image_dir: Option<PathBuf>,
@@ -158,6 +166,8 @@ pub struct LimitsFile {
     pub max_body: Option<SizeValue>,
     /// Longest request.
     pub request_timeout: Option<String>,
+    /// Silence of a VM's process after which it shows `unresponsive`.
+    pub unresponsive_after: Option<String>,
 }
 
 /// Defaults of new VMs, validated.
@@ -188,6 +198,10 @@ pub struct ServeConfig {
     pub socket: PathBuf,
     /// Where reports and VM logs go.
     pub state_dir: PathBuf,
+    /// Group of the API socket.
+    pub socket_group: Option<String>,
+    /// Mode of the API socket.
+    pub socket_mode: u32,
     /// The directory of image files clients may name; `None`: built-in
     /// images only.
     pub image_dir: Option<PathBuf>,
@@ -215,6 +229,8 @@ pub struct ServeConfig {
     pub max_body: usize,
     /// Longest request.
     pub request_timeout: Duration,
+    /// Silence of a VM's process after which it shows `unresponsive`.
+    pub unresponsive_after: Duration,
     /// The `tiervm` executable workers run.
     pub worker_exe: PathBuf,
 }
@@ -596,7 +612,26 @@ impl ServeConfig {
                 expected: "an address such as 127.0.0.1:9464",
             })?),
         };
+        let socket_mode = match &file.socket_mode {
+            None => 0o600,
+            Some(m) => {
+                let bad = || {
+                    ServeConfigError::BadValue {
+                    key: "socket_mode".into(),
+                    value: m.clone(),
+                    expected: "an octal mode such as \"0660\" (at most 0660: the owner and the socket_group)",
+                }
+                };
+                let mode = u32::from_str_radix(m.trim_start_matches("0o"), 8).map_err(|_| bad())?;
+                if mode & !0o660 != 0 || mode & 0o600 != 0o600 {
+                    return Err(bad());
+                }
+                mode
+            }
+        };
         Ok(Self {
+            socket_group: file.socket_group.clone(),
+            socket_mode,
             metrics_listen,
             socket: flags
                 .socket
@@ -620,6 +655,12 @@ impl ServeConfig {
             max_vms: l.max_vms.unwrap_or(64).max(1),
             max_body: usize::try_from(max_body.clamp(1024, 16 << 20)).unwrap_or(64 << 10),
             request_timeout: request_timeout.max(Duration::from_millis(100)),
+            unresponsive_after: duration(
+                "limits.unresponsive_after",
+                l.unresponsive_after.as_ref(),
+                Duration::from_secs(5),
+            )?
+            .max(Duration::from_secs(2)),
             worker_exe,
         })
     }
@@ -633,6 +674,8 @@ impl ServeConfig {
         Self {
             socket: std::env::temp_dir().join("tiervm-test-unused.sock"),
             state_dir: std::env::temp_dir().join("tiervm-test-state"),
+            socket_group: None,
+            socket_mode: 0o600,
             image_dir: None,
             metrics_listen: None,
             fast_node: 0,
@@ -655,6 +698,7 @@ impl ServeConfig {
             max_vms: 4,
             max_body: 4096,
             request_timeout: Duration::from_secs(5),
+            unresponsive_after: Duration::from_secs(5),
             worker_exe: "/nonexistent/tiervm".into(),
         }
     }

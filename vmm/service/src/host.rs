@@ -4,14 +4,15 @@
 //! layer calls them from blocking tasks.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::config::{check_pools, host_nodes, ServeConfig, SIZE_ALIGN};
 use super::division::{self, Share, Valuation};
+use super::host_error::{HostError, HostErrorKind};
 use super::protocol::{Command, FromWorker, Reply, VmSpec, WorkerStats};
+use super::protocol::{Refusal, RefusalKind};
 use super::types::*;
 use super::worker::{ExitInfo, WorkerLink, WorkerLinkError};
 use vmm_core::units::format_size;
@@ -29,6 +30,38 @@ const MIN_SAMPLES: f64 = 32.0;
 const OPS_TAU_S: f64 = 20.0;
 /// Pages per step of the gain curves.
 const PAGE: u64 = tiering::mem::PAGE_SIZE as u64;
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A random (version 4) UUID.
+pub fn new_uuid() -> String {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 16 {
+        // No entropy (not expected): time and a counter keep it unique here.
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let t = (unix_now() * 1e9) as u128;
+        let c = u128::from(N.fetch_add(1, Ordering::Relaxed));
+        b = (t ^ (c << 64) ^ u128::from(std::process::id())).to_le_bytes();
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -49,6 +82,14 @@ pub enum VmState {
     Crashed,
     /// The VM could not be built.
     Failed,
+    /// Its process has been silent beyond `limits.unresponsive_after`
+    /// (stopped, frozen, or stuck): it holds its capacity, nothing can be
+    /// delivered to it; `DELETE ?force=true` kills it.
+    Unresponsive,
+    /// Recorded by an earlier run of the service that ended without
+    /// recording the VM's end (killed, crashed): its worker stopped when
+    /// that service went away.
+    Lost,
 }
 
 impl VmState {
@@ -61,30 +102,66 @@ impl VmState {
             Self::Stopped => "stopped",
             Self::Crashed => "crashed",
             Self::Failed => "failed",
+            Self::Unresponsive => "unresponsive",
+            Self::Lost => "lost",
         }
     }
 
     /// Every state.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::Starting,
         Self::Running,
+        Self::Unresponsive,
         Self::Stopping,
         Self::Stopped,
         Self::Crashed,
         Self::Failed,
+        Self::Lost,
     ];
 
-    /// Whether the VM holds pool capacity (its process is alive).
+    /// Whether the VM's process is (or may still be) alive.
     pub fn active(self) -> bool {
-        matches!(self, Self::Starting | Self::Running | Self::Stopping)
+        matches!(
+            self,
+            Self::Starting | Self::Running | Self::Unresponsive | Self::Stopping
+        )
+    }
+
+    /// Whether the VM holds pool capacity: a VM asked to stop releases
+    /// its reservations at once (its process ends within its stop grace).
+    pub fn holds_capacity(self) -> bool {
+        matches!(self, Self::Starting | Self::Running | Self::Unresponsive)
     }
 }
 
 /// One VM.
 #[derive(Debug)]
 pub struct VmEntry {
-    /// Id.
+    /// Id: a name the client chose (`PUT /v1/vms/{name}`) or `vm-N`
+    /// (`POST`, never reused across restarts of the service).
     pub id: String,
+    /// A UUID the service generated (unique across every VM ever run).
+    pub uuid: String,
+    /// The orchestrator's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The boot id of the service that created the VM.
+    pub boot_id: String,
+    /// Unix time of the creation.
+    pub created_unix: f64,
+    /// Unix time of the end.
+    pub ended_unix: Option<f64>,
+    /// The request that created it (a repeated `PUT` of the same request
+    /// is answered with the VM; `None`: loaded from an older record).
+    pub request: Option<CreateVm>,
+    /// The exit code the guest wrote, once it ended.
+    pub guest_exit_code: Option<u32>,
+    /// Sampled accesses so far as the host measures them: the access
+    /// rate integrated over the statistics' time (`rate()` of the metric
+    /// gives the rate back).
+    pub sampled_accesses: f64,
+    /// Who asked the VM to stop: `deleted`, `force_deleted`,
+    /// `service_stopped`.
+    pub stop_cause: Option<&'static str>,
     /// What its worker runs.
     pub spec: VmSpec,
     /// Guaranteed fast bytes.
@@ -144,6 +221,15 @@ impl VmEntry {
     ) -> Self {
         Self {
             id,
+            uuid: new_uuid(),
+            labels: BTreeMap::new(),
+            boot_id: String::new(),
+            created_unix: unix_now(),
+            ended_unix: None,
+            request: None,
+            guest_exit_code: None,
+            sampled_accesses: 0.0,
+            stop_cause: None,
             spec,
             min,
             max,
@@ -167,6 +253,66 @@ impl VmEntry {
             created: Instant::now(),
             finished_event: false,
             ops_smooth: None,
+        }
+    }
+
+    /// A VM of an earlier run of the service, from its record: one that
+    /// was still alive then is `lost` (its worker ended with that service).
+    fn from_record(r: super::records::VmRecord) -> Self {
+        let state = VmState::ALL
+            .into_iter()
+            .find(|s| s.name() == r.state)
+            .unwrap_or(VmState::Lost);
+        let mut v = Self::starting(r.id, r.spec, (r.min, r.max, r.weight), 0, r.policy.clone());
+        v.uuid = r.uuid;
+        v.labels = r.labels;
+        v.boot_id = r.boot_id;
+        v.created_unix = r.created_unix;
+        v.ended_unix = r.ended_unix;
+        v.request = r.request;
+        v.guest_exit_code = r.guest_exit_code;
+        v.stop_reason = r.stop_reason;
+        v.error = r.error;
+        v.exit = (r.exit_code.is_some() || r.exit_signal.is_some()).then_some(ExitInfo {
+            code: r.exit_code,
+            signal: r.exit_signal,
+        });
+        v.finished_event = true;
+        if state.active() {
+            v.state = VmState::Lost;
+            v.error = Some(format!(
+                "the service run {} ended without recording this VM's end (killed or crashed); \
+                 its VM process stopped when that service went away",
+                v.boot_id
+            ));
+            v.stop_reason = Some("service_lost".into());
+        } else {
+            v.state = state;
+        }
+        v
+    }
+
+    /// What is persisted of the VM.
+    fn record(&self) -> super::records::VmRecord {
+        super::records::VmRecord {
+            id: self.id.clone(),
+            uuid: self.uuid.clone(),
+            labels: self.labels.clone(),
+            boot_id: self.boot_id.clone(),
+            created_unix: self.created_unix,
+            ended_unix: self.ended_unix,
+            state: self.state.name().into(),
+            stop_reason: self.stop_reason.clone(),
+            exit_code: self.exit.as_ref().and_then(|e| e.code),
+            exit_signal: self.exit.as_ref().and_then(|e| e.signal),
+            guest_exit_code: self.guest_exit_code,
+            error: self.error.clone(),
+            spec: self.spec.clone(),
+            min: self.min,
+            max: self.max,
+            weight: self.weight,
+            policy: self.active_policy().to_string(),
+            request: self.request.clone(),
         }
     }
 
@@ -233,16 +379,20 @@ pub struct HostState {
     pub fast_pool: u64,
     /// Slow pool, bytes.
     pub slow_pool: u64,
-    /// VMs by number.
+    /// VMs by internal key (creation order).
     pub vms: BTreeMap<u64, VmEntry>,
+    /// The number of the next generated id (`vm-N`): persisted in
+    /// `STATE_DIR/service.json`, never reused.
     next_id: u64,
+    next_key: u64,
     /// Counters.
     pub counters: ServiceCounters,
 }
 
 impl HostState {
+    /// The VMs that hold capacity.
     fn active(&self) -> impl Iterator<Item = &VmEntry> {
-        self.vms.values().filter(|v| v.state.active())
+        self.vms.values().filter(|v| v.state.holds_capacity())
     }
 
     /// Fast bytes reserved by admission (the mins of active VMs).
@@ -261,9 +411,7 @@ impl HostState {
     }
 
     fn find(&self, id: &str) -> Option<u64> {
-        // Ids are "vm-" and the key.
-        let key = id.strip_prefix("vm-")?.parse().ok()?;
-        self.vms.get(&key).filter(|v| v.id == id).map(|_| key)
+        self.vms.iter().find(|(_, v)| v.id == id).map(|(k, _)| *k)
     }
 
     /// Forgets the oldest ended VMs (their reports collected) beyond
@@ -297,8 +445,27 @@ fn fast_used(v: &VmEntry) -> u64 {
         .map_or(v.applied, |t| t.used_bytes)
 }
 
-/// An ended VM whose report the collector fetches.
-type ReportJob = (u64, Option<Arc<WorkerLink>>);
+/// Work for the collector thread (`serve-reports`, the one filtered
+/// thread allowed to write files): an ended VM's report, a VM record.
+enum ReportJob {
+    /// Fetch the report of VM `key` and let its worker go.
+    Report(u64, Option<Arc<WorkerLink>>),
+    /// Write (`Some`) or remove (`None`) `vms/NAME.json`.
+    Record(String, Option<Vec<u8>>),
+}
+
+/// One change the event stream reports (`GET /v1/events`).
+pub type Event = super::types::EventInfo;
+
+/// The recent events (a bounded ring) and the next sequence number.
+#[derive(Default)]
+struct EventLog {
+    next: u64,
+    ring: std::collections::VecDeque<Event>,
+}
+
+/// Events kept for `GET /v1/events?since=`.
+const EVENTS_KEPT: usize = 4096;
 
 /// The service.
 pub struct Host {
@@ -313,39 +480,87 @@ pub struct Host {
     reports_rx: Mutex<Option<mpsc::Receiver<ReportJob>>>,
     /// Tells the report collector to end once its queue is empty.
     collector_stop: AtomicBool,
+    /// The checked state directories (`None`: tests of the host alone,
+    /// which write no file).
+    dirs: Option<super::StateDirs>,
+    /// This run of the service.
+    pub boot_id: String,
+    /// The run before, from `STATE_DIR/service.json`.
+    pub previous_boot_id: Option<String>,
+    events: Mutex<EventLog>,
+    /// The latest event's sequence number (the long-poll waits on it).
+    events_tx: tokio::sync::watch::Sender<u64>,
+    /// When the rebalancer last went round its loop (`/readyz`).
+    heartbeat: Mutex<Instant>,
 }
 
-fn not_found(id: &str) -> ApiError {
-    ApiError::not_found(format!("no VM '{id}'"), "GET /v1/vms lists the VMs")
+fn unresponsive(v: &VmEntry) -> HostError {
+    let silent = v
+        .link
+        .as_ref()
+        .map_or(0.0, |l| l.silent_for().as_secs_f64());
+    HostError::new(
+        HostErrorKind::Unresponsive,
+        format!(
+            "VM {} is unresponsive: its process has not answered for {silent:.0} s (stopped, frozen or stuck); nothing was changed",
+            v.id
+        ),
+        format!(
+            "wait for it to answer again (GET /v1/vms/{} shows `running`), or DELETE /v1/vms/{}?force=true to kill it",
+            v.id, v.id
+        ),
+    )
 }
 
-fn link_error(id: &str, e: &WorkerLinkError) -> ApiError {
+fn not_found(id: &str) -> HostError {
+    HostError::not_found(format!("no VM '{id}'"), "GET /v1/vms lists the VMs")
+}
+
+fn link_error(id: &str, e: &WorkerLinkError) -> HostError {
     match e {
-        WorkerLinkError::Refused(why) => {
-            ApiError::conflict(format!("VM {id}: {why}"), "see GET /v1/vms/{id}")
+        WorkerLinkError::Refused(Refusal { kind, message }) => {
+            let (k, fix) = match kind {
+                RefusalKind::NotReady => (
+                    HostErrorKind::NotReady,
+                    "retry in a moment (GET /v1/vms/{id} shows the state)",
+                ),
+                RefusalKind::Ended => (HostErrorKind::Conflict, "the VM has ended: GET /v1/vms/{id} shows how"),
+                RefusalKind::Invalid => (HostErrorKind::Invalid, "fix the request"),
+                RefusalKind::Failed => (HostErrorKind::Worker, "GET /v1/vms/{id}; the VM's log is in the state directory"),
+            };
+            HostError::new(k, format!("VM {id}: {message}"), fix)
         }
-        e => ApiError::worker(format!("VM {id}: {}", vmm_core::exit::chain(e))),
+        WorkerLinkError::Timeout(t) => HostError::new(
+            HostErrorKind::WorkerTimeout,
+            format!("VM {id}'s process did not answer within {:.1} s", t.as_secs_f64()),
+            "retry; GET /v1/vms/{id} shows `unresponsive` once its process has been silent too long",
+        ),
+        e => HostError::new(
+            HostErrorKind::Worker,
+            format!("VM {id}: {}", vmm_core::exit::chain(e)),
+            "GET the VM to see its state; its log is in the state directory",
+        ),
     }
 }
 
 /// Checks a placement policy name.
-pub fn check_policy(name: &str) -> Result<(), ApiError> {
+pub fn check_policy(name: &str) -> Result<(), HostError> {
     use tiering::policy::PolicyKind;
     if PolicyKind::POLICIES.iter().any(|k| k.name() == name) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(
+        Err(HostError::bad_request(
             format!("'{name}' is not a placement policy"),
             format!("use one of {}", PolicyKind::names(&PolicyKind::POLICIES)),
         ))
     }
 }
 
-fn aligned(what: &str, bytes: u64) -> Result<u64, ApiError> {
+fn aligned(what: &str, bytes: u64) -> Result<u64, HostError> {
     if bytes.is_multiple_of(SIZE_ALIGN) {
         Ok(bytes)
     } else {
-        Err(ApiError::bad_request(
+        Err(HostError::bad_request(
             format!("{what} {} is not a multiple of 2M", format_size(bytes)),
             format!(
                 "use e.g. {}",
@@ -359,11 +574,101 @@ fn aligned(what: &str, bytes: u64) -> Result<u64, ApiError> {
     }
 }
 
-fn check_weight(w: f64) -> Result<f64, ApiError> {
+/// The largest seed (2^53 - 1: every JSON parser reads it exactly).
+pub const MAX_SEED: u64 = (1 << 53) - 1;
+
+fn tiervm_guest_max_vcpus() -> usize {
+    tiervm_guest::abi::MAX_VCPUS
+}
+
+/// A VM name a client may choose: 1 to 63 characters of `a-z`, `0-9`,
+/// `.`, `_`, `-`, starting and ending with a letter or digit; `vm-N` is
+/// the service's own (generated ids).
+pub fn check_name(name: &str) -> Result<(), HostError> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c);
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let valid = (1..=63).contains(&name.len())
+        && name.chars().all(ok_char)
+        && alnum(name.chars().next())
+        && alnum(name.chars().last());
+    if !valid {
+        return Err(HostError::bad_request(
+            format!("'{name}' is not a VM name"),
+            "give 1 to 63 characters of a-z, 0-9, '.', '_', '-', starting and ending with a letter or digit",
+        ));
+    }
+    let generated = name
+        .strip_prefix("vm-")
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+    if generated {
+        return Err(HostError::bad_request(
+            format!("'{name}' is the form of the ids the service generates (vm-N)"),
+            "choose another name, or POST /v1/vms for a generated id",
+        ));
+    }
+    Ok(())
+}
+
+/// Labels: at most 32, keys of 1 to 63 characters of `A-Za-z0-9._/-`,
+/// values of at most 256 printable characters.
+pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), HostError> {
+    let fix = "at most 32 labels; keys 1 to 63 characters of A-Z, a-z, 0-9, '.', '_', '/', '-'; values up to 256 printable characters";
+    if labels.len() > 32 {
+        return Err(HostError::bad_request(
+            format!("{} labels", labels.len()),
+            fix,
+        ));
+    }
+    for (k, v) in labels {
+        let key_ok = (1..=63).contains(&k.len())
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c));
+        if !key_ok {
+            return Err(HostError::bad_request(
+                format!("label key '{k}' is not valid"),
+                fix,
+            ));
+        }
+        if v.chars().count() > 256 || v.chars().any(char::is_control) {
+            return Err(HostError::bad_request(
+                format!("label '{k}': the value is not valid"),
+                fix,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A message of the VM's validation (written for `tiervm run`'s flags)
+/// in the API's words: fields instead of flags, the image's name
+/// instead of its host path.
+fn api_words(message: &str, image_path: &str, image_name: &str) -> String {
+    let mut m = message.to_string();
+    if image_path != image_name {
+        m = m.replace(image_path, &format!("image '{image_name}'"));
+    }
+    for (flag, field) in [
+        ("--vcpus", "vcpus"),
+        ("--mem", "mem"),
+        ("--arg", "args"),
+        ("--fast", "fast.min"),
+        ("--slow", "mem"),
+        ("--duration", "duration"),
+        ("--seed", "seed"),
+        ("--policy", "policy"),
+        ("--tracking", "tracking"),
+        ("--stop-grace", "the service's defaults.stop_grace"),
+    ] {
+        m = m.replace(flag, field);
+    }
+    m
+}
+
+fn check_weight(w: f64) -> Result<f64, HostError> {
     if w.is_finite() && w > 0.0 && w <= 1e6 {
         Ok(w)
     } else {
-        Err(ApiError::bad_request(
+        Err(HostError::bad_request(
             format!("weight {w} is out of range"),
             "give a positive number up to 1e6",
         ))
@@ -371,18 +676,53 @@ fn check_weight(w: f64) -> Result<f64, ApiError> {
 }
 
 impl Host {
-    /// A service with no VMs.
+    /// A service with no VMs and no state directory (tests).
     pub fn new(cfg: ServeConfig) -> Arc<Self> {
+        Self::build(cfg, None)
+    }
+
+    /// A service with no VMs writing into its checked state directories.
+    pub fn with_dirs(cfg: ServeConfig, dirs: super::StateDirs) -> Arc<Self> {
+        Self::build(cfg, Some(dirs))
+    }
+
+    fn build(cfg: ServeConfig, dirs: Option<super::StateDirs>) -> Arc<Self> {
         let (reports_tx, reports_rx) = mpsc::channel();
+        let (events_tx, _) = tokio::sync::watch::channel(0);
+        let previous = dirs
+            .as_ref()
+            .and_then(|d| super::records::load_service(&d.root));
+        let boot_id = new_uuid();
+        let mut vms = BTreeMap::new();
+        let mut next_id = previous.as_ref().map_or(1, |p| p.next_id.max(1));
+        if let Some(d) = &dirs {
+            for (k, r) in super::records::load_vms(&cfg.state_dir, &d.vms, MAX_ENDED_VMS_KEPT)
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(n) = r.id.strip_prefix("vm-").and_then(|n| n.parse::<u64>().ok()) {
+                    next_id = next_id.max(n + 1);
+                }
+                vms.insert(k as u64 + 1, VmEntry::from_record(r));
+            }
+        }
+        let next_key = vms.len() as u64 + 1;
         Arc::new(Self {
+            previous_boot_id: previous.map(|p| p.boot_id),
+            boot_id,
+            events: Mutex::new(EventLog::default()),
+            events_tx,
+            heartbeat: Mutex::new(Instant::now()),
+            dirs,
             reports_tx: Mutex::new(reports_tx),
             reports_rx: Mutex::new(Some(reports_rx)),
             collector_stop: AtomicBool::new(false),
             state: Mutex::new(HostState {
                 fast_pool: cfg.fast_pool,
                 slow_pool: cfg.slow_pool,
-                vms: BTreeMap::new(),
-                next_id: 1,
+                vms,
+                next_id,
+                next_key,
                 counters: ServiceCounters::default(),
             }),
             cfg,
@@ -412,9 +752,107 @@ impl Host {
         self.wake.1.notify_all();
     }
 
-    fn refuse_if_shutting_down(&self) -> Result<(), ApiError> {
+    /// Records `v` in `STATE_DIR/vms/ID.json` (through the collector
+    /// thread, the one filtered thread that writes files).
+    fn persist(&self, v: &VmEntry) {
+        if self.dirs.is_none() {
+            return;
+        }
+        match serde_json::to_vec_pretty(&v.record()) {
+            Ok(b) => self.job(ReportJob::Record(v.id.clone(), Some(b))),
+            Err(e) => tracing::warn!("recording VM {}: {e}", v.id),
+        }
+    }
+
+    fn job(&self, job: ReportJob) {
+        if let Err(mpsc::SendError(job)) = lock(&self.reports_tx).send(job) {
+            // No collector (it ended): write here.
+            self.run_job(job);
+        }
+    }
+
+    /// Writes `STATE_DIR/service.json` (this run's boot id, the next
+    /// generated id).
+    fn persist_service(&self, next_id: u64) {
+        if let Some(d) = &self.dirs {
+            let r = super::records::ServiceRecord {
+                boot_id: self.boot_id.clone(),
+                started_unix: unix_now() - self.uptime_s(),
+                next_id,
+                pid: std::process::id(),
+            };
+            if let Err(e) = super::records::save_service(&d.root, &r) {
+                tracing::warn!("writing service.json: {e}");
+            }
+        }
+    }
+
+    /// Called once at start-up: this run's record, and the records of
+    /// VMs an earlier run lost.
+    pub fn start_records(&self) {
+        let s = self.state();
+        self.persist_service(s.next_id);
+        for v in s.vms.values().filter(|v| v.state == VmState::Lost) {
+            self.persist(v);
+        }
+    }
+
+    /// Appends an event (state lock may be held: the event log is only
+    /// ever locked after it).
+    fn emit(&self, mut ev: Event) {
+        let mut log = lock(&self.events);
+        log.next += 1;
+        ev.seq = log.next;
+        ev.time_unix = unix_now();
+        log.ring.push_back(ev);
+        while log.ring.len() > EVENTS_KEPT {
+            log.ring.pop_front();
+        }
+        let seq = log.next;
+        drop(log);
+        self.events_tx.send_replace(seq);
+    }
+
+    /// Moves `v` to `to`, with an event.
+    fn set_state(&self, v: &mut VmEntry, to: VmState) {
+        if v.state == to {
+            return;
+        }
+        let from = v.state;
+        v.state = to;
+        if !to.active() && v.ended_unix.is_none() {
+            v.ended_unix = Some(unix_now());
+        }
+        self.emit(Event {
+            kind: "vm_state".into(),
+            vm: v.id.clone(),
+            uuid: v.uuid.clone(),
+            state: Some(to.name().into()),
+            previous_state: Some(from.name().into()),
+            ..Event::default()
+        });
+    }
+
+    /// Events after `since`, and the latest sequence number.
+    pub fn events_since(&self, since: u64) -> (Vec<Event>, u64) {
+        let log = lock(&self.events);
+        let evs = log.ring.iter().filter(|e| e.seq > since).cloned().collect();
+        (evs, log.next)
+    }
+
+    /// A receiver woken at every event.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.events_tx.subscribe()
+    }
+
+    /// Seconds since the rebalancer last went round (`/readyz`).
+    pub fn heartbeat_age_s(&self) -> f64 {
+        lock(&self.heartbeat).elapsed().as_secs_f64()
+    }
+
+    fn refuse_if_shutting_down(&self) -> Result<(), HostError> {
         if self.shutting_down() {
-            Err(ApiError::shutting_down())
+            Err(HostError::shutting_down())
         } else {
             Ok(())
         }
@@ -465,6 +903,8 @@ impl Host {
             ],
             vms,
             vm_ids: s.vms.values().map(|v| v.id.clone()).collect(),
+            boot_id: self.boot_id.clone(),
+            previous_boot_id: self.previous_boot_id.clone(),
             shutting_down: self.shutting_down(),
             rebalance: RebalanceInfo {
                 rounds: s.counters.rounds,
@@ -480,7 +920,7 @@ impl Host {
     }
 
     /// `PATCH /v1/host`.
-    pub fn patch_host(&self, p: &PatchHost) -> Result<HostInfo, ApiError> {
+    pub fn patch_host(&self, p: &PatchHost) -> Result<HostInfo, HostError> {
         self.refuse_if_shutting_down()?;
         {
             let mut s = self.state();
@@ -494,11 +934,11 @@ impl Host {
                 .map(|x| aligned("slow_pool", x.0))
                 .transpose()?
                 .unwrap_or(s.slow_pool);
-            let nodes = host_nodes().map_err(|e| ApiError::internal(vmm_core::exit::chain(&e)))?;
+            let nodes = host_nodes().map_err(|e| HostError::internal(vmm_core::exit::chain(&e)))?;
             check_pools(fast, slow, self.cfg.fast_node, self.cfg.slow_node, &nodes)
-                .map_err(|e| ApiError::bad_request(vmm_core::exit::chain(&e), "lower the pool"))?;
+                .map_err(|e| HostError::bad_request(vmm_core::exit::chain(&e), "lower the pool"))?;
             if fast < s.fast_reserved() {
-                return Err(ApiError::conflict(
+                return Err(HostError::conflict(
                     format!(
                         "fast_pool {} is below the {} the VMs' mins reserve",
                         format_size(fast),
@@ -508,7 +948,7 @@ impl Host {
                 ));
             }
             if slow < s.slow_reserved() {
-                return Err(ApiError::conflict(
+                return Err(HostError::conflict(
                     format!(
                         "slow_pool {} is below the {} the VMs reserve",
                         format_size(slow),
@@ -530,14 +970,14 @@ impl Host {
     /// configured `image_dir` given by its file name. API clients are
     /// untrusted, and the service may run as root: no other host path is
     /// opened on their behalf.
-    pub(super) fn image_of(&self, name: &str) -> Result<String, ApiError> {
+    pub(super) fn image_of(&self, name: &str) -> Result<String, HostError> {
         let builtins = vmm_core::image::builtin_names();
         if builtins.contains(&name) {
             return Ok(name.to_string());
         }
         let builtins = builtins.join(", ");
         let Some(dir) = &self.cfg.image_dir else {
-            return Err(ApiError::bad_request(
+            return Err(HostError::bad_request(
                 format!("image '{name}' is not a built-in image ({builtins}), and this service has no image_dir"),
                 "name a built-in image, or set image_dir in the service's config file and name a file in it",
             ));
@@ -548,7 +988,7 @@ impl Host {
             && !name.contains('/')
             && !name.contains('\0');
         if !plain {
-            return Err(ApiError::bad_request(
+            return Err(HostError::bad_request(
                 format!("image '{name}' is not a built-in image ({builtins}) nor a file name"),
                 format!(
                     "name a built-in image or a file in {} (no '/')",
@@ -556,13 +996,91 @@ impl Host {
                 ),
             ));
         }
+        // Opened as the service will see it, never through a link: a
+        // link in the image directory is refused whatever it points to
+        // (the answer says nothing of its target), a missing file names
+        // no host path.
+        let fix = "name a built-in image or a regular file in the service's image directory";
+        let opened = std::fs::File::open(dir)
+            .map(std::os::fd::OwnedFd::from)
+            .and_then(|d| super::paths::open_read_at(&d, name));
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(HostError::bad_request(
+                    format!("image '{name}' is not a built-in image ({builtins}) nor a file in the image directory"),
+                    fix,
+                ))
+            }
+            Err(_) => {
+                return Err(HostError::bad_request(
+                    format!("image '{name}' in the image directory is not a regular file the service may open (links are not followed)"),
+                    fix,
+                ))
+            }
+        };
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(HostError::bad_request(
+                format!("image '{name}' in the image directory is not a regular file the service may open (links are not followed)"),
+                fix,
+            ));
+        }
         Ok(dir.join(name).to_string_lossy().into_owned())
     }
 
     /// `POST /v1/vms` (waits up to [`START_WAIT`] for the VM to start).
-    pub fn create(self: &Arc<Self>, req: &CreateVm) -> Result<VmInfo, ApiError> {
+    pub fn create(self: &Arc<Self>, req: &CreateVm) -> Result<VmInfo, HostError> {
+        self.create_named(req, None).map(|(_, v)| v)
+    }
+
+    /// `PUT /v1/vms/{name}`: creates the VM `name` (`Ok((true, _))`), or,
+    /// when a VM of that name exists from the same request, answers it
+    /// unchanged (`Ok((false, _))`: idempotent); a different request for
+    /// an existing name is a conflict.
+    pub fn put_vm(
+        self: &Arc<Self>,
+        name: &str,
+        req: &CreateVm,
+    ) -> Result<(bool, VmInfo), HostError> {
+        check_name(name)?;
+        {
+            let s = self.state();
+            if let Some(key) = s.find(name) {
+                let v = &s.vms[&key];
+                if v.request.as_ref() == Some(req) {
+                    return Ok((false, info_of(v, self.cfg.emulated)));
+                }
+                return Err(HostError::conflict(
+                    format!("VM '{name}' exists ({}) with a different request", v.state.name()),
+                    "PUT the same request again, or DELETE the VM (twice once it ended: stop, then remove) first",
+                ));
+            }
+        }
+        self.create_named(req, Some(name))
+    }
+
+    fn create_named(
+        self: &Arc<Self>,
+        req: &CreateVm,
+        name: Option<&str>,
+    ) -> Result<(bool, VmInfo), HostError> {
         self.refuse_if_shutting_down()?;
+        check_labels(&req.labels)?;
         let d = &self.cfg.defaults;
+        let vcpus = req.vcpus.unwrap_or(d.vcpus);
+        let max_vcpus = tiervm_guest_max_vcpus();
+        if vcpus == 0 || vcpus as usize > max_vcpus {
+            return Err(HostError::bad_request(
+                format!("vcpus {vcpus} is out of range"),
+                format!("give 1 to {max_vcpus}"),
+            ));
+        }
+        if req.seed.is_some_and(|x| x > MAX_SEED) {
+            return Err(HostError::bad_request(
+                format!("seed {} is out of range", req.seed.unwrap_or(0)),
+                format!("give 0 to {MAX_SEED} (2^53 - 1: exact in every JSON parser)"),
+            ));
+        }
         let mem = aligned("mem", req.mem.map_or(d.mem, |s| s.0))?;
         let fast = req.fast.clone().unwrap_or_default();
         let min = aligned("fast.min", fast.min.map_or(d.fast_min, |s| s.0))?;
@@ -572,7 +1090,7 @@ impl Host {
         )?;
         let weight = check_weight(fast.weight.unwrap_or(d.weight))?;
         if min > max || max > mem {
-            return Err(ApiError::bad_request(
+            return Err(HostError::bad_request(
                 format!(
                     "fast min {} / max {} with mem {}: need min <= max <= mem",
                     format_size(min),
@@ -586,7 +1104,7 @@ impl Host {
         check_policy(&policy)?;
         let tracking = req.tracking.clone().unwrap_or_else(|| d.tracking.clone());
         if !["hint-faults", "off"].contains(&tracking.as_str()) {
-            return Err(ApiError::bad_request(
+            return Err(HostError::bad_request(
                 format!("tracking '{tracking}' is not hint-faults or off"),
                 "use \"hint-faults\" (default) or \"off\"",
             ));
@@ -594,16 +1112,22 @@ impl Host {
         let duration_s = match &req.duration {
             None => 0.0,
             Some(t) => vmm_core::units::parse_duration(t)
-                .map_err(|e| ApiError::bad_request(e.to_string(), "e.g. \"60s\""))?
+                .map_err(|e| HostError::bad_request(e.to_string(), "e.g. \"60s\""))?
                 .as_secs_f64(),
         };
+        // Admission first (read-only here; again under the lock below): a
+        // VM that does not fit is a 409 whatever else the host would say.
         let image = self.image_of(&req.image)?;
+        {
+            let s = self.state();
+            self.admit(&s, min, mem)?;
+        }
         let mut spec = VmSpec {
             id: String::new(),
-            image,
+            image: image.clone(),
             args: req.args.clone(),
             mem_bytes: mem,
-            vcpus: req.vcpus.unwrap_or(d.vcpus),
+            vcpus,
             seed: req.seed.unwrap_or(1),
             policy: policy.clone(),
             tracking: Some(tracking),
@@ -625,22 +1149,83 @@ impl Host {
         crate::vm_process::request_of(&spec)
             .and_then(|r| vmm_core::config::VmConfig::from_request(&r))
             .map_err(|e| {
-                ApiError::bad_request(
-                    vmm_core::exit::describe(&e, e.fix()),
-                    "fix the request's field named above",
+                HostError::bad_request(
+                    api_words(&vmm_core::exit::chain(&e), &image, &req.image),
+                    "fix the request's field named above (GET /v1/openapi.json: the CreateVm schema)",
                 )
             })?;
         // Admission.
         let (key, id) = {
             let mut s = self.state();
+            self.admit(&s, min, mem)?;
+            if let Some(n) = name {
+                if s.find(n).is_some() {
+                    return Err(HostError::conflict(
+                        format!("VM '{n}' was created meanwhile"),
+                        "GET /v1/vms/{name}",
+                    ));
+                }
+            }
+            // Start with the min if it is free now; else with what is free
+            // (others give their spare back; the VM is promoted later).
+            let free = s.fast_pool.saturating_sub(s.fast_committed());
+            let start = min.min(free / SIZE_ALIGN * SIZE_ALIGN);
+            spec.fast_bytes = start;
+            s.forget_oldest_ended(MAX_ENDED_VMS_KEPT);
+            let key = s.next_key;
+            s.next_key += 1;
+            let id = match name {
+                Some(n) => n.to_string(),
+                None => {
+                    let n = s.next_id;
+                    s.next_id += 1;
+                    // Persisted before the id is handed out: a restarted
+                    // service never generates it again.
+                    self.persist_service(s.next_id);
+                    format!("vm-{n}")
+                }
+            };
+            spec.id = id.clone();
+            s.counters.created += 1;
+            let mut v =
+                VmEntry::starting(id.clone(), spec.clone(), (min, max, weight), start, policy);
+            v.labels = req.labels.clone();
+            v.boot_id = self.boot_id.clone();
+            v.request = Some(req.clone());
+            self.persist(&v);
+            self.emit(Event {
+                kind: "vm_state".into(),
+                vm: v.id.clone(),
+                uuid: v.uuid.clone(),
+                state: Some(v.state.name().into()),
+                ..Event::default()
+            });
+            s.vms.insert(key, v);
+            (key, id)
+        };
+        if let Err(e) = self.spawn_worker(key, &spec) {
+            if let Some(v) = self.state().vms.remove(&key) {
+                self.job(ReportJob::Record(v.id, None));
+            }
+            return Err(HostError::internal(vmm_core::exit::chain(&e)));
+        }
+        self.wake_rebalancer();
+        // Answered at once: the VM shows `starting` until its worker built
+        // it (GET /v1/vms/{id} shows `running`, or `failed` and why).
+        self.vm_info(&id, false).map(|v| (true, v))
+    }
+
+    /// Admission of a VM with fast `min` and `mem` (docs/service.md).
+    fn admit(&self, s: &HostState, min: u64, mem: u64) -> Result<(), HostError> {
+        {
             if s.active().count() >= self.cfg.max_vms {
-                return Err(ApiError::conflict(
+                return Err(HostError::conflict(
                     format!("{} VMs run: the service's limit", self.cfg.max_vms),
                     "delete a VM or raise limits.max_vms",
                 ));
             }
             if s.fast_reserved() + min > s.fast_pool {
-                return Err(ApiError::conflict(
+                return Err(HostError::conflict(
                     format!(
                         "fast min {} does not fit: {} of the {} fast pool are reserved by other VMs' mins",
                         format_size(min),
@@ -651,7 +1236,7 @@ impl Host {
                 ));
             }
             if s.slow_reserved() + mem > s.slow_pool {
-                return Err(ApiError::conflict(
+                return Err(HostError::conflict(
                     format!(
                         "mem {} does not fit the slow pool: {} of {} reserved",
                         format_size(mem),
@@ -661,41 +1246,27 @@ impl Host {
                     "lower mem, delete VMs, or grow slow_pool (PATCH /v1/host)",
                 ));
             }
-            // Start with the min if it is free now; else with what is free
-            // (others give their spare back; the VM is promoted later).
-            let free = s.fast_pool.saturating_sub(s.fast_committed());
-            let start = min.min(free / SIZE_ALIGN * SIZE_ALIGN);
-            spec.fast_bytes = start;
-            s.forget_oldest_ended(MAX_ENDED_VMS_KEPT);
-            let key = s.next_id;
-            s.next_id += 1;
-            let id = format!("vm-{key}");
-            spec.id = id.clone();
-            s.counters.created += 1;
-            s.vms.insert(
-                key,
-                VmEntry::starting(id.clone(), spec.clone(), (min, max, weight), start, policy),
-            );
-            (key, id)
-        };
-        if let Err(e) = self.spawn_worker(key, &spec) {
-            self.state().vms.remove(&key);
-            return Err(ApiError::internal(vmm_core::exit::chain(&e)));
         }
-        self.wake_rebalancer();
-        // Answered at once: the VM shows `starting` until its worker built
-        // it (GET /v1/vms/{id} shows `running`, or `failed` and why).
-        self.vm_info(&id, false)
+        Ok(())
     }
 
     fn spawn_worker(self: &Arc<Self>, key: u64, spec: &VmSpec) -> Result<(), WorkerLinkError> {
-        let logs = self.cfg.state_dir.join("vms");
-        let log = logs.join(format!("{}.log", spec.id));
+        // The log, opened in the checked directory, never through a link.
+        let log = match &self.dirs {
+            Some(d) => {
+                super::paths::create_file_at(&d.vms, &format!("{}.log", spec.id), true, 0o600)
+            }
+            None => std::fs::OpenOptions::new().write(true).open("/dev/null"),
+        }
+        .map_err(|source| WorkerLinkError::Spawn {
+            exe: format!("(the log of VM {})", spec.id),
+            source,
+        })?;
         let (h1, h2) = (Arc::downgrade(self), Arc::downgrade(self));
         let link = WorkerLink::spawn(
             &self.cfg.worker_exe,
             spec,
-            &log,
+            log,
             move |ev| {
                 if let Some(h) = h1.upgrade() {
                     h.on_event(key, ev);
@@ -722,41 +1293,57 @@ impl Host {
         match ev {
             FromWorker::Started { pid, notes } => {
                 if v.state == VmState::Starting {
-                    v.state = VmState::Running;
+                    self.set_state(v, VmState::Running);
                 }
                 v.pid = Some(pid);
                 v.notes = notes;
+                self.persist(v);
             }
             FromWorker::Failed { error, .. } => {
-                v.state = VmState::Failed;
+                self.set_state(v, VmState::Failed);
                 v.error = Some(error);
+                self.persist(v);
             }
             FromWorker::Finished {
-                stop_reason, crash, ..
+                stop_reason,
+                crash,
+                exit_code,
+                ..
             } => {
                 v.finished_event = true;
-                v.state = if crash.is_some() || stop_reason == "crashed" {
-                    VmState::Crashed
-                } else {
-                    VmState::Stopped
-                };
-                if v.state == VmState::Crashed {
+                let crashed = crash.is_some() || stop_reason == "crashed";
+                self.set_state(
+                    v,
+                    if crashed {
+                        VmState::Crashed
+                    } else {
+                        VmState::Stopped
+                    },
+                );
+                v.error = crash;
+                v.guest_exit_code = exit_code;
+                // Who stopped it: a stop the service asked for (DELETE,
+                // its own shutdown) ends as the end of a duration does
+                // in the run's report; the VM says who asked.
+                v.stop_reason = Some(match v.stop_cause {
+                    Some(cause) if !crashed && stop_reason != "guest_exited" => cause.to_string(),
+                    _ => stop_reason,
+                });
+                if v.error.is_none() && exit_code.is_some_and(|c| c != 0) {
+                    v.error = Some(format!(
+                        "the guest exited with code {:#x}",
+                        exit_code.unwrap_or(0)
+                    ));
+                }
+                self.persist(v);
+                let link = v.link.clone();
+                if crashed {
                     s.counters.crashes += 1;
                 }
-                let v = s.vms.get_mut(&key).expect("present above");
-                v.error = crash;
-                v.stop_reason = Some(stop_reason);
-                let link = v.link.clone();
                 drop(s);
                 // Fetch the report and let the worker go, off this thread
-                // (the reply arrives on it): the collector does, or without
-                // one (tests of the host alone) a thread of its own.
-                if let Err(mpsc::SendError(job)) = lock(&self.reports_tx).send((key, link)) {
-                    let h = self.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("serve-finish".into())
-                        .spawn(move || h.collect(job.0, job.1));
-                }
+                // (the reply arrives on it): the collector does.
+                self.job(ReportJob::Report(key, link));
                 return;
             }
             FromWorker::Reply { .. } => {}
@@ -766,20 +1353,38 @@ impl Host {
     }
 
     /// The report collector (its own thread, `serve-reports`): fetches the
-    /// reports of ended VMs until [`Host::stop_report_collector`].
+    /// reports of ended VMs and writes VM records until
+    /// [`Host::stop_report_collector`].
     pub fn run_report_collector(self: &Arc<Self>) {
         let Some(rx) = lock(&self.reports_rx).take() else {
             return;
         };
         loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok((key, link)) => self.collect(key, link),
+                Ok(job) => self.run_job(job),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if self.collector_stop.load(Ordering::Acquire) {
                         return;
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    fn run_job(&self, job: ReportJob) {
+        match job {
+            ReportJob::Report(key, link) => self.collect(key, link),
+            ReportJob::Record(id, bytes) => {
+                let Some(d) = &self.dirs else { return };
+                let name = format!("{id}.json");
+                let r = match bytes {
+                    Some(b) => super::paths::write_file_at(&d.vms, &name, &b),
+                    None => super::paths::remove_at(&d.vms, &name),
+                };
+                if let Err(e) = r {
+                    tracing::warn!("vms/{name}: {e}");
+                }
             }
         }
     }
@@ -800,11 +1405,13 @@ impl Host {
         let _ = link.request(Command::Exit, Duration::from_secs(5));
         let mut s = self.state();
         if let Some(v) = s.vms.get_mut(&key) {
-            if let Some(r) = &report {
-                let dir = self.cfg.state_dir.join("reports");
-                let path = dir.join(format!("{}.json", v.id));
-                if let Err(e) = std::fs::write(&path, r.to_string()) {
-                    tracing::warn!("writing {}: {e}", path.display());
+            if let (Some(r), Some(d)) = (&report, &self.dirs) {
+                // Replaced atomically, never written through a link.
+                let name = format!("{}.json", v.id);
+                if let Err(e) =
+                    super::paths::write_file_at(&d.reports, &name, r.to_string().as_bytes())
+                {
+                    tracing::warn!("writing reports/{name}: {e}");
                 }
             }
             v.report = report;
@@ -820,9 +1427,14 @@ impl Host {
             let mut crashed = false;
             if let Some(v) = s.vms.get_mut(&key) {
                 v.exit = exit.clone();
-                if v.state.active() && !v.finished_event {
+                if v.stop_cause == Some("force_deleted") && !v.finished_event {
+                    // Killed on request: stopped, not crashed.
+                    self.set_state(v, VmState::Stopped);
+                    v.stop_reason = Some("force_deleted".into());
+                } else if v.state.active() && !v.finished_event {
                     // Died without saying why: killed or crashed.
-                    v.state = VmState::Crashed;
+                    self.set_state(v, VmState::Crashed);
+                    v.stop_reason = Some("crashed".into());
                     v.error = Some(match &exit {
                         Some(ExitInfo {
                             signal: Some(sig), ..
@@ -834,10 +1446,11 @@ impl Host {
                     });
                     crashed = true;
                 } else if v.state.active() {
-                    v.state = VmState::Stopped;
+                    self.set_state(v, VmState::Stopped);
                 }
                 v.link = None;
                 v.pid = None;
+                self.persist(v);
             }
             if crashed {
                 s.counters.crashes += 1;
@@ -847,19 +1460,20 @@ impl Host {
         self.wake_rebalancer();
     }
 
-    fn key_of(&self, id: &str) -> Result<u64, ApiError> {
+    fn key_of(&self, id: &str) -> Result<u64, HostError> {
         self.state().find(id).ok_or_else(|| not_found(id))
     }
 
-    fn link_of(&self, id: &str) -> Result<(u64, Arc<WorkerLink>), ApiError> {
+    fn link_of(&self, id: &str) -> Result<(u64, Arc<WorkerLink>), HostError> {
         let s = self.state();
         let key = s.find(id).ok_or_else(|| not_found(id))?;
         let v = &s.vms[&key];
         match (&v.link, v.state) {
+            (Some(_), VmState::Unresponsive) => Err(unresponsive(v)),
             (Some(l), VmState::Running | VmState::Starting | VmState::Stopping) => {
                 Ok((key, l.clone()))
             }
-            _ => Err(ApiError::conflict(
+            _ => Err(HostError::conflict(
                 format!("VM {id} is {}", v.state.name()),
                 "this works on a running VM only",
             )),
@@ -875,25 +1489,20 @@ impl Host {
             .collect()
     }
 
-    /// `GET /v1/vms/{id}`; `live` refreshes the statistics first.
-    pub fn vm_info(&self, id: &str, live: bool) -> Result<VmInfo, ApiError> {
-        if live {
-            if let Ok((key, link)) = self.link_of(id) {
-                if let Ok(Reply::Stats(st)) = link.request(Command::Stats, STATS_TIMEOUT) {
-                    if let Some(v) = self.state().vms.get_mut(&key) {
-                        v.stats = Some(*st);
-                    }
-                }
-            }
-        }
+    /// `GET /v1/vms/{id}`: never waits for the VM's process (the
+    /// statistics are the rebalancer's, at most a second old; `live` is
+    /// kept for callers and ignored).
+    pub fn vm_info(&self, id: &str, _live: bool) -> Result<VmInfo, HostError> {
         let s = self.state();
         let key = s.find(id).ok_or_else(|| not_found(id))?;
         Ok(info_of(&s.vms[&key], self.cfg.emulated))
     }
 
     /// `DELETE /v1/vms/{id}`: `Ok(true)` when the VM was asked to stop
-    /// (202), `Ok(false)` when an ended VM was removed (204).
-    pub fn delete(&self, id: &str) -> Result<bool, ApiError> {
+    /// (202; `force`: its process is killed), `Ok(false)` when an ended VM
+    /// was removed (204, its record too). A VM asked to stop releases its
+    /// capacity at once.
+    pub fn delete(&self, id: &str, force: bool) -> Result<bool, HostError> {
         let key = self.key_of(id)?;
         let (state, link) = {
             let s = self.state();
@@ -902,9 +1511,33 @@ impl Host {
             (v.state, v.link.clone())
         };
         if !state.active() {
-            drop(self.state().vms.remove(&key));
+            if let Some(v) = self.state().vms.remove(&key) {
+                self.job(ReportJob::Record(v.id.clone(), None));
+                self.emit(Event {
+                    kind: "vm_removed".into(),
+                    vm: v.id.clone(),
+                    uuid: v.uuid.clone(),
+                    ..Event::default()
+                });
+            }
             super::worker::release_free_heap();
             return Ok(false);
+        }
+        if force {
+            if let Some(v) = self.state().vms.get_mut(&key) {
+                v.stop_cause = Some("force_deleted");
+                self.set_state(v, VmState::Stopping);
+                self.persist(v);
+            }
+            if let Some(l) = link {
+                l.kill();
+            }
+            self.wake_rebalancer();
+            return Ok(true);
+        }
+        if state == VmState::Unresponsive {
+            let s = self.state();
+            return Err(s.vms.get(&key).map_or_else(|| not_found(id), unresponsive));
         }
         if let Some(l) = link {
             l.request(Command::Stop, STATS_TIMEOUT)
@@ -912,21 +1545,26 @@ impl Host {
         }
         if let Some(v) = self.state().vms.get_mut(&key) {
             if v.state.active() {
-                v.state = VmState::Stopping;
+                if v.stop_cause.is_none() {
+                    v.stop_cause = Some("deleted");
+                }
+                self.set_state(v, VmState::Stopping);
+                self.persist(v);
             }
         }
+        self.wake_rebalancer();
         Ok(true)
     }
 
     /// `PATCH /v1/vms/{id}/fast`.
-    pub fn patch_fast(&self, id: &str, p: &FastRequest) -> Result<FastInfo, ApiError> {
+    pub fn patch_fast(&self, id: &str, p: &FastRequest) -> Result<FastInfo, HostError> {
         self.refuse_if_shutting_down()?;
         {
             let mut s = self.state();
             let key = s.find(id).ok_or_else(|| not_found(id))?;
             let reserved_others = s.fast_reserved() - {
                 let v = &s.vms[&key];
-                if v.state.active() {
+                if v.state.holds_capacity() {
                     v.min
                 } else {
                     0
@@ -934,8 +1572,11 @@ impl Host {
             };
             let pool = s.fast_pool;
             let v = s.vms.get_mut(&key).expect("found above");
-            if !v.state.active() {
-                return Err(ApiError::conflict(
+            if v.state == VmState::Unresponsive {
+                return Err(unresponsive(v));
+            }
+            if !v.state.holds_capacity() {
+                return Err(HostError::conflict(
                     format!("VM {id} is {}", v.state.name()),
                     "only a running VM's share can change",
                 ));
@@ -952,7 +1593,7 @@ impl Host {
                 .unwrap_or(v.max);
             let weight = p.weight.map(check_weight).transpose()?.unwrap_or(v.weight);
             if min > max || max > v.spec.mem_bytes {
-                return Err(ApiError::bad_request(
+                return Err(HostError::bad_request(
                     format!(
                         "min {} / max {} with mem {}: need min <= max <= mem",
                         format_size(min),
@@ -963,7 +1604,7 @@ impl Host {
                 ));
             }
             if reserved_others + min > pool {
-                return Err(ApiError::conflict(
+                return Err(HostError::conflict(
                     format!(
                         "min {} does not fit: {} of the {} fast pool are reserved by other VMs' mins",
                         format_size(min),
@@ -990,13 +1631,13 @@ impl Host {
     /// `PUT /v1/vms/{id}/policy`: answered once the VM's worker queued the
     /// switch; its main thread takes it at its next sample (milliseconds),
     /// and `GET` shows `policy` (running) next to `policy_requested`.
-    pub fn put_policy(&self, id: &str, p: &PutPolicy) -> Result<VmInfo, ApiError> {
+    pub fn put_policy(&self, id: &str, p: &PutPolicy) -> Result<VmInfo, HostError> {
         self.refuse_if_shutting_down()?;
         check_policy(&p.policy)?;
         let (key, link) = self.link_of(id)?;
         let state = self.state().vms.get(&key).map(|v| v.state);
         if state != Some(VmState::Running) {
-            return Err(ApiError::conflict(
+            return Err(HostError::conflict(
                 format!("VM {id} is {}", state.map_or("gone", VmState::name)),
                 "switch the policy of a running VM (GET shows its state)",
             ));
@@ -1016,24 +1657,24 @@ impl Host {
     }
 
     /// `GET /v1/vms/{id}/report`.
-    pub fn report(&self, id: &str) -> Result<serde_json::Value, ApiError> {
+    pub fn report(&self, id: &str) -> Result<serde_json::Value, HostError> {
         let s = self.state();
         let key = s.find(id).ok_or_else(|| not_found(id))?;
         let v = &s.vms[&key];
         match (&v.report, v.state) {
             (Some(r), _) => Ok(r.clone()),
-            (None, st) if st.active() => Err(ApiError::conflict(
+            (None, st) if st.active() => Err(HostError::conflict(
                 format!(
                     "VM {id} is {}: its report is written when it ends",
                     st.name()
                 ),
                 "DELETE the VM (it stops and writes its report), then GET the report",
             )),
-            (None, VmState::Stopped) => Err(ApiError::conflict(
+            (None, VmState::Stopped) => Err(HostError::conflict(
                 format!("VM {id}'s report is being collected"),
                 "retry in a moment",
             )),
-            (None, st) => Err(ApiError::not_found(
+            (None, st) => Err(HostError::not_found(
                 format!("VM {id} is {} and left no report", st.name()),
                 "GET /v1/vms/{id} shows why (error, exit)",
             )),
@@ -1046,6 +1687,7 @@ impl Host {
     pub fn run_rebalancer(self: &Arc<Self>) {
         let mut next_round = Instant::now() + self.cfg.period;
         while !self.shutting_down() {
+            *lock(&self.heartbeat) = Instant::now();
             self.poll_stats();
             let now = Instant::now();
             let woken = std::mem::take(&mut *lock(&self.wake.0));
@@ -1062,20 +1704,54 @@ impl Host {
         }
     }
 
+    /// Asks every running VM for its statistics at once and waits (at
+    /// most [`STATS_TIMEOUT`] in all) for the answers; a VM whose process
+    /// has been silent beyond `limits.unresponsive_after` becomes
+    /// `unresponsive`, and `running` again once it answers.
     fn poll_stats(&self) {
         let links: Vec<(u64, Arc<WorkerLink>)> = self
             .state()
             .vms
             .iter()
-            .filter(|(_, v)| v.state == VmState::Running)
+            .filter(|(_, v)| matches!(v.state, VmState::Running | VmState::Unresponsive))
             .filter_map(|(k, v)| v.link.clone().map(|l| (*k, l)))
             .collect();
-        for (key, link) in links {
-            if let Ok(Reply::Stats(st)) = link.request(Command::Stats, STATS_TIMEOUT) {
-                if let Some(v) = self.state().vms.get_mut(&key) {
-                    v.stats = Some(*st);
-                    v.smooth_ops();
+        let pending: Vec<_> = links
+            .iter()
+            .map(|(key, link)| (*key, link, link.start(Command::Stats)))
+            .collect();
+        let deadline = Instant::now() + STATS_TIMEOUT;
+        for (key, link, p) in pending {
+            let got = p.ok().and_then(|p| {
+                p.wait(deadline.saturating_duration_since(Instant::now()))
+                    .ok()
+            });
+            let mut s = self.state();
+            let Some(v) = s.vms.get_mut(&key) else {
+                continue;
+            };
+            if let Some(Reply::Stats(st)) = got {
+                let dt = v
+                    .stats
+                    .as_ref()
+                    .map_or(0.0, |old| (st.t_s - old.t_s).max(0.0));
+                if let Some(a) = st.accesses.filter(|a| a.per_sec.is_finite()) {
+                    v.sampled_accesses += a.per_sec.max(0.0) * dt;
                 }
+                v.stats = Some(*st);
+                v.smooth_ops();
+            }
+            let silent = link.silent_for() > self.cfg.unresponsive_after;
+            match v.state {
+                VmState::Running if silent => {
+                    self.set_state(v, VmState::Unresponsive);
+                    self.persist(v);
+                }
+                VmState::Unresponsive if !silent => {
+                    self.set_state(v, VmState::Running);
+                    self.persist(v);
+                }
+                _ => {}
             }
         }
     }
@@ -1090,7 +1766,7 @@ impl Host {
             let (keys, shares): (Vec<u64>, Vec<Share>) = s
                 .vms
                 .iter()
-                .filter(|(_, v)| v.state.active())
+                .filter(|(_, v)| v.state.holds_capacity())
                 .map(|(k, v)| (*k, share_of(v, now, self.cfg.division.value)))
                 .unzip();
             let plan = division::plan(s.fast_pool, &shares, &self.cfg.division);
@@ -1111,6 +1787,14 @@ impl Host {
                     v.last_grew = Some(*target > share.target);
                     v.target = *target;
                     v.last_resize = Some(Instant::now());
+                    self.emit(Event {
+                        kind: "division".into(),
+                        vm: v.id.clone(),
+                        uuid: v.uuid.clone(),
+                        fast_target_bytes: Some(*target),
+                        previous_target_bytes: Some(share.target),
+                        ..Event::default()
+                    });
                     let moved = target.abs_diff(share.target);
                     s.counters.moves += 1;
                     s.counters.moved_bytes += moved;
@@ -1158,6 +1842,14 @@ impl Host {
             .filter(|v| v.state.active())
             .filter_map(|v| v.link.clone())
             .collect();
+        {
+            let mut s = self.state();
+            for v in s.vms.values_mut().filter(|v| v.state.active()) {
+                if v.stop_cause.is_none() {
+                    v.stop_cause = Some("service_stopped");
+                }
+            }
+        }
         for l in &links {
             let _ = l.request(Command::Stop, STATS_TIMEOUT);
         }
@@ -1178,14 +1870,6 @@ impl Host {
                 let _ = l.reap(Duration::from_millis(100));
             }
         }
-    }
-
-    /// Where VM logs and reports go (created at start-up).
-    pub fn state_dirs(&self) -> [PathBuf; 2] {
-        [
-            self.cfg.state_dir.join("vms"),
-            self.cfg.state_dir.join("reports"),
-        ]
     }
 }
 
@@ -1237,7 +1921,17 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
     let m = st.map(|s| &s.mem);
     VmInfo {
         id: v.id.clone(),
+        uuid: v.uuid.clone(),
+        labels: v.labels.clone(),
+        boot_id: v.boot_id.clone(),
+        created_unix: v.created_unix,
+        ended_unix: v.ended_unix,
         state: v.state.name().into(),
+        silent_s: v
+            .link
+            .as_ref()
+            .filter(|_| v.state.active())
+            .map(|l| l.silent_for().as_secs_f64()),
         pid: v.pid,
         image: v.spec.image.clone(),
         args: v.spec.args.clone(),
@@ -1314,6 +2008,7 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
             signal: e.signal,
         }),
         stop_reason: v.stop_reason.clone(),
+        guest_exit_code: v.guest_exit_code,
         error: v.error.clone(),
         notes: v.notes.clone(),
         report_ready: v.report.is_some(),

@@ -18,14 +18,16 @@ pub mod client;
 pub mod config;
 pub mod division;
 pub mod host;
+pub mod host_error;
 pub mod metrics;
 pub mod modeled;
+pub mod paths;
 pub mod protocol;
+pub mod records;
 pub mod types;
 pub mod vm_process;
 pub mod worker;
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -59,6 +61,17 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// A directory or file the service would not trust.
+    #[error(transparent)]
+    UnsafePath(#[from] paths::UnsafePath),
+    /// Another service holds the state directory's lock.
+    #[error("another tiervm serve (pid {pid}) uses the state directory {dir}: stop it, or give another --state-dir")]
+    StateDirInUse {
+        /// The directory.
+        dir: String,
+        /// The holder's pid, as it wrote it.
+        pid: String,
+    },
     /// Another service listens on the socket.
     #[error("another tiervm serve listens on {0}: stop it, or give another --socket")]
     InUse(String),
@@ -79,7 +92,10 @@ pub enum ServeError {
 impl ServeError {
     /// Whether the user's input is at fault.
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::Config(_) | Self::InUse(_))
+        matches!(
+            self,
+            Self::Config(_) | Self::InUse(_) | Self::UnsafePath(_) | Self::StateDirInUse { .. }
+        )
     }
 }
 
@@ -91,33 +107,120 @@ fn setup<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) 
     }
 }
 
-/// Creates `dir` (0700 when this creates it).
-fn create_private_dir(dir: &Path) -> Result<(), ServeError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(setup("creating the directory", dir))
+/// The checked directories of the service (docs/service.md, "Files").
+pub struct StateDirs {
+    /// The state directory (its lock, the service's record).
+    pub root: std::os::fd::OwnedFd,
+    /// VM logs and records.
+    pub vms: std::os::fd::OwnedFd,
+    /// Run reports.
+    pub reports: std::os::fd::OwnedFd,
+    /// `STATE_DIR/lock`, locked (`flock`) for the service's life: a
+    /// second service on the same state directory refuses to start.
+    pub lock: std::fs::File,
 }
 
-/// Binds the API socket, mode 0600; refuses a socket another service answers on.
-fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeError> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        create_private_dir(parent)?;
-    }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ServeError::InUse(path.display().to_string()));
+/// Opens (creating) the state directory and its subdirectories, each
+/// checked (docs/service.md: owner, mode, no link on the path).
+pub fn open_state_dirs(state_dir: &Path) -> Result<StateDirs, ServeError> {
+    let root = paths::open_private_dir("the state directory", state_dir, 0o700)?;
+    let lock = lock_state_dir(&root, state_dir)?;
+    let vms = paths::open_private_subdir("the VM log directory", state_dir, "vms")?;
+    let reports = paths::open_private_subdir("the report directory", state_dir, "reports")?;
+    Ok(StateDirs {
+        root,
+        vms,
+        reports,
+        lock,
+    })
+}
+
+/// Locks `STATE_DIR/lock` (held until the service exits; the kernel
+/// releases it if the service dies) and writes the service's pid in it.
+fn lock_state_dir(
+    root: &std::os::fd::OwnedFd,
+    state_dir: &Path,
+) -> Result<std::fs::File, ServeError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = state_dir.join("lock");
+    let mut f = paths::create_file_at(root, "lock", true, 0o600)
+        .map_err(setup("opening the lock file", &path))?;
+    // SAFETY: flock on an open descriptor.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut pid = String::new();
+            let _ = paths::open_read_at(root, "lock").map(|mut r| r.read_to_string(&mut pid));
+            return Err(ServeError::StateDirInUse {
+                dir: state_dir.display().to_string(),
+                pid: pid.trim().to_string(),
+            });
         }
-        std::fs::remove_file(path).map_err(setup("removing the stale socket", path))?;
+        return Err(setup("locking", &path)(e));
+    }
+    f.set_len(0).map_err(setup("writing", &path))?;
+    let _ = f.seek(std::io::SeekFrom::Start(0));
+    writeln!(f, "{}", std::process::id()).map_err(setup("writing", &path))?;
+    Ok(f)
+}
+
+/// Binds the API socket (mode `socket_mode`, group `socket_group`) in its
+/// checked directory; refuses a socket another service answers on, and
+/// anything at the path that is not a socket.
+fn bind_socket(cfg: &ServeConfig) -> Result<std::os::unix::net::UnixListener, ServeError> {
+    let path = &cfg.socket;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| {
+            ServeError::Config(ServeConfigError::OutOfRange(format!(
+                "socket {}: give the path of a socket file",
+                path.display()
+            )))
+        })?;
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let gid = match &cfg.socket_group {
+        None => None,
+        Some(g) => Some(paths::group_id(g).ok_or_else(|| {
+            ServeError::Config(ServeConfigError::OutOfRange(format!(
+                "socket_group '{g}' is not a group of this host: give a group name or number"
+            )))
+        })?),
+    };
+    // The directory: the owner's only, or with the socket's group let in
+    // to reach the socket (search only).
+    let dir_mode = if gid.is_some() { 0o710 } else { 0o700 };
+    let dir = paths::open_private_dir("the socket's directory", parent, dir_mode)?;
+    if gid.is_some() {
+        paths::set_dir_access(&dir, dir_mode, gid)
+            .map_err(setup("setting the group of", parent))?;
+    }
+    match paths::lstat_at(&dir, &name).map_err(setup("checking", path))? {
+        None => {}
+        Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFSOCK => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(ServeError::InUse(path.display().to_string()));
+            }
+            paths::remove_at(&dir, &name).map_err(setup("removing the stale socket", path))?;
+        }
+        Some(_) => {
+            return Err(paths::UnsafePath {
+                what: "the socket",
+                path: path.clone(),
+                problem: "exists and is not a socket (a file, a link or a directory)".into(),
+                fix: "remove it, or give another --socket".into(),
+            }
+            .into())
+        }
     }
     let l = std::os::unix::net::UnixListener::bind(path).map_err(setup("binding", path))?;
-    // Owner only. The socket's directory (0700 when the service created
-    // it) closes the window between bind and chmod.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    // The directory (the owner's, writable by nobody else) closes the
+    // window between bind and chmod.
+    paths::set_access_at(&dir, &name, cfg.socket_mode, gid)
         .map_err(setup("setting the mode of", path))?;
     l.set_nonblocking(true)
         .map_err(setup("configuring", path))?;
@@ -157,11 +260,10 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
         vmm_core::seccomp::prepare().map_err(ServeError::Seccomp)?;
         SECCOMP.store(true, std::sync::atomic::Ordering::Release);
     }
-    let host = Host::new(cfg);
-    for d in host.state_dirs() {
-        create_private_dir(&d)?;
-    }
-    let listener = bind_socket(&host.cfg.socket)?;
+    let dirs = open_state_dirs(&cfg.state_dir)?;
+    let listener = bind_socket(&cfg)?;
+    let host = Host::with_dirs(cfg, dirs);
+    host.start_records();
     let socket = host.cfg.socket.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

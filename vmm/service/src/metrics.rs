@@ -99,11 +99,100 @@ fn add(f: &CounterVec, labels: &[&str], v: f64) {
     f.with_label_values(labels).inc_by(v.max(0.0));
 }
 
+/// `process_*`: the service process's CPU, memory, descriptors, threads
+/// and start time (the Prometheus client conventions), from `/proc/self`.
+fn process_metrics(f: &mut Families) -> Result<(), ApiError> {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command (which may hold spaces), from field 3.
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |n: usize| rest.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as f64;
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let cpu = f.counters(
+        "process_cpu_seconds_total",
+        "User and system CPU time of the service process",
+        &[],
+    )?;
+    add(
+        &cpu,
+        &[],
+        (field(14).unwrap_or(0.0) + field(15).unwrap_or(0.0)) / ticks,
+    );
+    let g = |f: &mut Families, name: &str, help: &str, v: f64| -> Result<(), ApiError> {
+        let x = f.gauges(name, help, &[])?;
+        set(&x, &[], v);
+        Ok(())
+    };
+    g(
+        f,
+        "process_resident_memory_bytes",
+        "Resident memory of the service process",
+        field(24).unwrap_or(0.0) * page,
+    )?;
+    g(
+        f,
+        "process_virtual_memory_bytes",
+        "Virtual memory of the service process",
+        field(23).unwrap_or(0.0),
+    )?;
+    g(
+        f,
+        "process_threads",
+        "Threads of the service process",
+        field(20).unwrap_or(0.0),
+    )?;
+    g(
+        f,
+        "process_start_time_seconds",
+        "Start of the service process, Unix seconds",
+        boot + field(22).unwrap_or(0.0) / ticks,
+    )?;
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    g(
+        f,
+        "process_open_fds",
+        "Open descriptors of the service process",
+        fds as f64,
+    )?;
+    // SAFETY: an all-zero rlimit is valid; getrlimit writes it.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit writes into `rl`, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        g(
+            f,
+            "process_max_fds",
+            "Most descriptors the service process may open",
+            rl.rlim_cur as f64,
+        )?;
+    }
+    Ok(())
+}
+
 /// The whole exposition, from the service's state now. (The registry sorts
 /// the families by name, so the order they are made in does not show.)
 pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
     let mut f = Families { r: Registry::new() };
     host_gauges(&mut f, host)?;
+    process_metrics(&mut f)?;
+    let build = f.gauges(
+        "tiervm_build_info",
+        "1, labelled with the version of tiervm",
+        &["version"],
+    )?;
+    set(&build, &[env!("CARGO_PKG_VERSION")], 1.0);
     let service = Service::new(&mut f)?;
     let vm_gauges = VmGauges::new(&mut f)?;
     let vm_counters = VmCounters::new(&mut f)?;
@@ -230,7 +319,9 @@ impl Service {
 }
 
 /// Each VM's gauges: state, image and policy, tiers, its share of the
-/// fast tier, rates.
+/// fast tier. Every per-VM series has `vm` and `uuid` (ids are never
+/// reused on a state directory, UUIDs never at all: two VMs never share a
+/// series).
 struct VmGauges {
     state: GaugeVec,
     info: GaugeVec,
@@ -241,20 +332,22 @@ struct VmGauges {
     fmin: GaugeVec,
     fmax: GaugeVec,
     weight: GaugeVec,
-    ops_rate: GaugeVec,
-    access_rate: GaugeVec,
 }
 
 impl VmGauges {
     fn new(f: &mut Families) -> Result<Self, ApiError> {
-        let vm = &["vm"];
-        let vtn = &["vm", "tier", "node"];
+        let vm = &["vm", "uuid"];
+        let vtn = &["vm", "uuid", "tier", "node"];
         Ok(Self {
-            state: f.gauges("tiervm_vm_state", "1 for the VM's current state", &["vm", "state"])?,
+            state: f.gauges(
+                "tiervm_vm_state",
+                "1 for the VM's current state",
+                &["vm", "uuid", "state"],
+            )?,
             info: f.gauges(
                 "tiervm_vm_info",
                 "1 per VM, with its image and policy",
-                &["vm", "image", "policy"],
+                &["vm", "uuid", "image", "policy"],
             )?,
             cap: f.gauges(
                 "tiervm_vm_tier_capacity_bytes",
@@ -276,52 +369,51 @@ impl VmGauges {
                 "Fast capacity the service decided for a VM",
                 vm,
             )?,
-            fmin: f.gauges("tiervm_vm_fast_min_bytes", "Guaranteed fast bytes of a VM", vm)?,
-            fmax: f.gauges("tiervm_vm_fast_max_bytes", "Most fast bytes of a VM", vm)?,
-            weight: f.gauges("tiervm_vm_fast_weight", "Weight of a VM in the division", vm)?,
-            ops_rate: f.gauges(
-                "tiervm_vm_operations_per_second",
-                "Guest operations per second as the guest reports them (its own counter)",
+            fmin: f.gauges(
+                "tiervm_vm_fast_min_bytes",
+                "Guaranteed fast bytes of a VM",
                 vm,
             )?,
-            access_rate: f.gauges(
-                "tiervm_vm_sampled_accesses_per_second",
-                "Sampled accesses per second of a VM as the host measures them (hint faults); the fast-tier division values capacity by it",
+            fmax: f.gauges("tiervm_vm_fast_max_bytes", "Most fast bytes of a VM", vm)?,
+            weight: f.gauges(
+                "tiervm_vm_fast_weight",
+                "Weight of a VM in the division",
                 vm,
             )?,
         })
     }
 
     fn record(&self, v: &VmEntry) {
-        let vm = v.id.as_str();
+        let (id, uuid) = (v.id.as_str(), v.uuid.as_str());
+        let vm = &[id, uuid][..];
         for st in VmState::ALL {
             set(
                 &self.state,
-                &[vm, st.name()],
+                &[id, uuid, st.name()],
                 f64::from(u8::from(st == v.state)),
             );
         }
-        set(&self.info, &[vm, &v.spec.image, v.active_policy()], 1.0);
-        set(&self.fmin, &[vm], v.min as f64);
-        set(&self.fmax, &[vm], v.max as f64);
-        set(&self.weight, &[vm], v.weight);
-        set(&self.target, &[vm], v.target as f64);
+        set(
+            &self.info,
+            &[id, uuid, &v.spec.image, v.active_policy()],
+            1.0,
+        );
+        set(&self.fmin, vm, v.min as f64);
+        set(&self.fmax, vm, v.max as f64);
+        set(&self.weight, vm, v.weight);
+        set(&self.target, vm, v.target as f64);
         let Some(st) = &v.stats else { return };
         if !v.state.active() {
             return;
         }
         for t in &st.tiers {
             let node = t.node.to_string();
-            let lb = [vm, t.name.as_str(), node.as_str()];
+            let lb = [id, uuid, t.name.as_str(), node.as_str()];
             set(&self.cap, &lb, t.capacity_bytes as f64);
             set(&self.used, &lb, t.used_bytes as f64);
             if let Some(b) = t.resident_bytes {
                 set(&self.rss, &lb, b as f64);
             }
-        }
-        set(&self.ops_rate, &[vm], st.ops_per_sec);
-        if let Some(a) = st.accesses {
-            set(&self.access_rate, &[vm], a.per_sec);
         }
     }
 }
@@ -339,11 +431,12 @@ struct VmCounters {
     stall: CounterVec,
     hint: CounterVec,
     switches: CounterVec,
+    accesses: CounterVec,
 }
 
 impl VmCounters {
     fn new(f: &mut Families) -> Result<Self, ApiError> {
-        let vm = &["vm"];
+        let vm = &["vm", "uuid"];
         Ok(Self {
             ops: f.counters("tiervm_vm_operations_total", "Guest operations", vm)?,
             promote: f.counters(
@@ -391,12 +484,18 @@ impl VmCounters {
                 "Policy switches made through the API",
                 vm,
             )?,
+            accesses: f.counters(
+                "tiervm_vm_sampled_accesses_total",
+                "Sampled accesses of a VM as the host measures them (hint faults; rate() of it is the access rate the fast-tier division values capacity by)",
+                vm,
+            )?,
         })
     }
 
     fn record(&self, v: &VmEntry) {
-        let vm = [v.id.as_str()];
+        let vm = [v.id.as_str(), v.uuid.as_str()];
         add(&self.switches, &vm, v.policy_switches as f64);
+        add(&self.accesses, &vm, v.sampled_accesses);
         let Some(st) = &v.stats else { return };
         let m = &st.mem;
         add(&self.ops, &vm, st.ops as f64);

@@ -132,6 +132,40 @@ pub enum Reply {
     },
 }
 
+/// Why a worker refused a command: whether retrying can help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RefusalKind {
+    /// The VM is still starting: the same command works in a moment.
+    NotReady,
+    /// The VM has ended: the command will never work.
+    Ended,
+    /// The command itself is invalid (permanent).
+    Invalid,
+    /// The VM refused it (a failure of the VM, permanent).
+    Failed,
+}
+
+/// A command the worker refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// Whether retrying can help.
+    pub kind: RefusalKind,
+    /// Why.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal of `kind`.
+    pub fn new(kind: RefusalKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
 /// One line from the worker.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -141,7 +175,7 @@ pub enum FromWorker {
         /// Request id.
         id: u64,
         /// The answer, or why the command was refused.
-        result: Result<Reply, String>,
+        result: Result<Reply, Refusal>,
     },
     /// The VM is built and its vCPUs run.
     Started {
@@ -262,7 +296,7 @@ mod tests {
         assert_eq!(back, m);
         let r = FromWorker::Reply {
             id: 7,
-            result: Err("no".into()),
+            result: Err(Refusal::new(RefusalKind::NotReady, "no")),
         };
         let back: FromWorker = serde_json::from_slice(&encode(&r).unwrap()).unwrap();
         assert_eq!(back, r);

@@ -35,6 +35,12 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+impl Serialize for Size {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
 impl PartialSchema for Size {
     fn schema() -> RefOr<Schema> {
         OneOfBuilder::new()
@@ -169,15 +175,44 @@ impl ApiError {
     }
 }
 
+impl From<crate::host_error::HostError> for ApiError {
+    /// The API's answer to a failure of the host: its kind decides the
+    /// status and code; retryable kinds are 503 (with `Retry-After`) or
+    /// 504, permanent ones 4xx.
+    fn from(e: crate::host_error::HostError) -> Self {
+        use crate::host_error::HostErrorKind as K;
+        let (status, code) = match e.kind {
+            K::Invalid => (StatusCode::BAD_REQUEST, "bad_request"),
+            K::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            K::Conflict => (StatusCode::CONFLICT, "conflict"),
+            K::Unresponsive => (StatusCode::CONFLICT, "unresponsive"),
+            K::NotReady => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            K::WorkerTimeout => (StatusCode::GATEWAY_TIMEOUT, "worker_timeout"),
+            K::Worker => (StatusCode::BAD_GATEWAY, "worker_failed"),
+            K::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            K::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        Self::new(status, code, e.message, e.fix)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(self)).into_response()
+        let retry = status == StatusCode::SERVICE_UNAVAILABLE && self.code == "not_ready";
+        let mut r = (status, axum::Json(self)).into_response();
+        if retry {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        r
     }
 }
 
 /// The fast-tier share of a VM as asked for.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FastRequest {
     /// Guaranteed fast bytes (admission control: the mins of all VMs fit the pool).
@@ -185,11 +220,12 @@ pub struct FastRequest {
     /// Most fast bytes (default: the VM's mem).
     pub max: Option<Size>,
     /// Relative weight of the VM in the division of spare capacity (> 0).
+    #[schema(exclusive_minimum = 0.0, maximum = 1e6)]
     pub weight: Option<f64>,
 }
 
-/// `POST /v1/vms`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, ToSchema)]
+/// `POST /v1/vms` and `PUT /v1/vms/{name}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVm {
     /// A built-in image (zipf, gups, memcheck, kv, pagerank) or the file name of a static x86_64 ELF in the service's `image_dir`.
@@ -200,17 +236,58 @@ pub struct CreateVm {
     /// Guest RAM (a multiple of 2M).
     pub mem: Option<Size>,
     /// vCPUs.
+    #[schema(minimum = 1, maximum = 64)]
     pub vcpus: Option<u32>,
-    /// Placement policy: static, tpp, nomad, memtis, colloid, mtm, adaptive.
+    /// Placement policy.
+    #[schema(value_type = Option<PolicyName>)]
     pub policy: Option<String>,
-    /// Access tracking: hint-faults or off.
+    /// Access tracking.
+    #[schema(value_type = Option<TrackingName>)]
     pub tracking: Option<String>,
     /// The fast-tier share.
     pub fast: Option<FastRequest>,
     /// Run length, e.g. "60s" (default: until deleted or the guest exits).
     pub duration: Option<String>,
-    /// Seed of the guest's generators.
+    /// Seed of the guest's generators (0 to 2^53 - 1).
+    #[schema(minimum = 0, maximum = 9007199254740991_i64)]
     pub seed: Option<u64>,
+    /// The orchestrator's own labels (its ids): at most 32; keys of 1 to
+    /// 63 characters of `A-Za-z0-9._/-`, values up to 256 characters.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A placement policy.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum PolicyName {
+    /// Never migrates.
+    Static,
+    /// TPP.
+    Tpp,
+    /// Nomad.
+    Nomad,
+    /// Memtis.
+    Memtis,
+    /// Colloid.
+    Colloid,
+    /// MTM.
+    Mtm,
+    /// Adaptive.
+    Adaptive,
+}
+
+/// Access tracking.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum TrackingName {
+    /// Hint faults (the division needs them).
+    #[schema(rename = "hint-faults")]
+    HintFaults,
+    /// None.
+    #[schema(rename = "off")]
+    Off,
 }
 
 /// `PATCH /v1/host`.
@@ -228,6 +305,7 @@ pub struct PatchHost {
 #[serde(deny_unknown_fields)]
 pub struct PutPolicy {
     /// The placement policy to switch to.
+    #[schema(value_type = PolicyName)]
     pub policy: String,
 }
 
@@ -265,6 +343,10 @@ pub struct HostInfo {
     pub vms: BTreeMap<String, u64>,
     /// VM ids.
     pub vm_ids: Vec<String>,
+    /// This run of the service (a UUID, new at every start).
+    pub boot_id: String,
+    /// The run before on the same state directory, if any.
+    pub previous_boot_id: Option<String>,
     /// Whether the service is shutting down.
     pub shutting_down: bool,
     /// Rebalancing so far.
@@ -389,13 +471,75 @@ pub struct ExitInfoBody {
     pub signal: Option<i32>,
 }
 
+/// One change on the event stream (`GET /v1/events`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EventInfo {
+    /// Sequence number (increasing; `since` takes it).
+    pub seq: u64,
+    /// Unix time, seconds.
+    pub time_unix: f64,
+    /// `vm_state` (a VM changed state), `division` (its fast target
+    /// moved), `vm_removed`.
+    pub kind: String,
+    /// The VM's id.
+    pub vm: String,
+    /// The VM's UUID.
+    pub uuid: String,
+    /// The new state (`vm_state`).
+    pub state: Option<String>,
+    /// The state before (`vm_state`).
+    pub previous_state: Option<String>,
+    /// The new fast target (`division`).
+    pub fast_target_bytes: Option<u64>,
+    /// The target before (`division`).
+    pub previous_target_bytes: Option<u64>,
+}
+
+/// `GET /healthz`, `GET /readyz`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`, `ready` or `not_ready`.
+    pub status: String,
+    /// This run of the service.
+    pub boot_id: String,
+    /// Why not ready.
+    pub reasons: Vec<String>,
+}
+
+/// `GET /v1/events`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Events {
+    /// The events after `since`, oldest first (the service keeps the
+    /// latest 4096).
+    pub events: Vec<EventInfo>,
+    /// The `since` of the next call.
+    pub next: u64,
+}
+
 /// `GET /v1/vms/{id}`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct VmInfo {
-    /// The VM's id.
+    /// The VM's id: the name a client chose (`PUT /v1/vms/{name}`) or a
+    /// generated `vm-N` (never reused on the same state directory).
     pub id: String,
-    /// starting, running, stopping, stopped, crashed, failed.
+    /// A UUID generated by the service, unique to this VM.
+    pub uuid: String,
+    /// The orchestrator's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The run of the service that created the VM (`GET /v1/host` shows
+    /// the current one).
+    pub boot_id: String,
+    /// Creation, Unix seconds.
+    pub created_unix: f64,
+    /// End, Unix seconds.
+    pub ended_unix: Option<f64>,
+    /// starting, running, unresponsive (its process silent beyond
+    /// `limits.unresponsive_after`), stopping, stopped, crashed, failed,
+    /// lost (a VM of an earlier run of the service that ended without
+    /// recording the VM's end).
     pub state: String,
+    /// Seconds since the VM's process last answered (while it runs).
+    pub silent_s: Option<f64>,
     /// The worker's process id while it runs.
     pub pid: Option<u32>,
     /// Image.
@@ -433,8 +577,13 @@ pub struct VmInfo {
     pub emulated: bool,
     /// How the worker process ended.
     pub exit: Option<ExitInfoBody>,
-    /// Why the VM stopped (the report's stop_reason), once it did.
+    /// Why the VM stopped, once it did: `deleted` (an API DELETE),
+    /// `force_deleted` (DELETE ?force=true), `service_stopped` (the
+    /// service's SIGTERM), or the run's own `duration`, `guest_exited`,
+    /// `forced`, `crashed`; `service_lost` for `lost` VMs.
     pub stop_reason: Option<String>,
+    /// The exit code the guest wrote (0: success), once it ended.
+    pub guest_exit_code: Option<u32>,
     /// The guest crash, or the failure that stopped the VM.
     pub error: Option<String>,
     /// Advice about the settings.

@@ -28,7 +28,8 @@ use vmm_core::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
 use vmm_core::workload_args::WorkloadArgError;
 
 use crate::protocol::{
-    encode, read_line, Command, FromWorker, Reply, TierNow, ToWorker, VmSpec, WorkerStats,
+    encode, read_line, Command, FromWorker, Refusal, RefusalKind, Reply, TierNow, ToWorker, VmSpec,
+    WorkerStats,
 };
 
 /// How often the worker refreshes its statistics and gain curve.
@@ -288,30 +289,42 @@ fn control_loop(mut reader: BufReader<UnixStream>, shared: &Shared) {
     shared.stop.store(true, Ordering::Release);
 }
 
-fn answer(shared: &Shared, command: Command) -> std::result::Result<Reply, String> {
-    const STARTING: &str = "the VM is still starting: try again in a moment";
+fn answer(shared: &Shared, command: Command) -> std::result::Result<Reply, Refusal> {
+    let starting = || {
+        Refusal::new(
+            RefusalKind::NotReady,
+            "the VM is still starting: try again in a moment",
+        )
+    };
+    let ended = || Refusal::new(RefusalKind::Ended, "the VM has ended");
     match command {
         Command::Stats => lock(&shared.stats)
             .clone()
             .map(|s| Reply::Stats(Box::new(s)))
-            .ok_or_else(|| STARTING.to_string()),
+            .ok_or_else(starting),
         Command::SetCapacity { tier, bytes } => {
+            if shared.finished.load(Ordering::Acquire) {
+                return Err(ended());
+            }
             let guard = lock(&shared.resize);
-            let h = guard.as_ref().ok_or_else(|| STARTING.to_string())?;
-            let pages = usize::try_from(bytes / PAGE_SIZE as u64).map_err(|e| e.to_string())?;
+            let h = guard.as_ref().ok_or_else(starting)?;
+            let pages = usize::try_from(bytes / PAGE_SIZE as u64)
+                .map_err(|e| Refusal::new(RefusalKind::Invalid, e.to_string()))?;
             h.set_capacity(tier, pages)
                 .map(|p| Reply::Capacity {
                     bytes: p * PAGE_SIZE as u64,
                 })
-                .map_err(|e| e.to_string())
+                .map_err(|e| Refusal::new(RefusalKind::Failed, e.to_string()))
         }
         Command::SwitchPolicy { policy } => {
-            let kind: PolicyKind = policy.parse().map_err(|e| format!("{e}"))?;
+            let kind: PolicyKind = policy
+                .parse()
+                .map_err(|e| Refusal::new(RefusalKind::Invalid, format!("{e}")))?;
             if shared.finished.load(Ordering::Acquire) {
-                return Err("the VM has ended".into());
+                return Err(ended());
             }
             if lock(&shared.stats).is_none() {
-                return Err(STARTING.into());
+                return Err(starting());
             }
             lock(&shared.switches).push(kind);
             Ok(Reply::Ok)
@@ -323,10 +336,18 @@ fn answer(shared: &Shared, command: Command) -> std::result::Result<Reply, Strin
         Command::Report => lock(&shared.report)
             .clone()
             .map(|report| Reply::Report { report })
-            .ok_or_else(|| "the VM is still running: its report is written when it ends".into()),
+            .ok_or_else(|| {
+                Refusal::new(
+                    RefusalKind::NotReady,
+                    "the VM is still running: its report is written when it ends",
+                )
+            }),
         Command::Exit => {
             if !shared.finished.load(Ordering::Acquire) {
-                return Err("the VM is still running: stop it first".into());
+                return Err(Refusal::new(
+                    RefusalKind::NotReady,
+                    "the VM is still running: stop it first",
+                ));
             }
             shared.exit.store(true, Ordering::Release);
             Ok(Reply::Ok)

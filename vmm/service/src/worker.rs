@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::protocol::{encode, Command, FromWorker, Reply, ToWorker, VmSpec};
+use super::protocol::{encode, Command, FromWorker, Refusal, Reply, ToWorker, VmSpec};
 
 /// The fd number the channel has in the worker.
 pub const CHANNEL_FD: i32 = 3;
@@ -45,12 +45,12 @@ pub enum WorkerLinkError {
     /// No reply in time.
     #[error("the worker did not answer within {0:?}")]
     Timeout(Duration),
-    /// The worker refused the command.
+    /// The worker refused the command (retryable or not).
     #[error("{0}")]
-    Refused(String),
+    Refused(Refusal),
 }
 
-type Pending = HashMap<u64, mpsc::Sender<Result<Reply, String>>>;
+type Pending = HashMap<u64, mpsc::Sender<Result<Reply, Refusal>>>;
 
 /// A running worker.
 #[derive(Debug)]
@@ -60,6 +60,31 @@ pub struct WorkerLink {
     next_id: AtomicU64,
     child: Mutex<Child>,
     pid: u32,
+    /// When the worker last sent a line (a reply or an event).
+    last_heard: Arc<Mutex<Instant>>,
+}
+
+/// A request sent, its reply not yet read ([`WorkerLink::start`]).
+pub struct PendingReply<'a> {
+    link: &'a WorkerLink,
+    id: u64,
+    rx: mpsc::Receiver<Result<Reply, Refusal>>,
+}
+
+impl PendingReply<'_> {
+    /// Waits up to `timeout` for the reply.
+    pub fn wait(self, timeout: Duration) -> Result<Reply, WorkerLinkError> {
+        let r = self.rx.recv_timeout(timeout);
+        lock(&self.link.pending).remove(&self.id);
+        match r {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(why)) => Err(WorkerLinkError::Refused(why)),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(WorkerLinkError::Timeout(timeout)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(WorkerLinkError::Channel(
+                std::io::Error::from(std::io::ErrorKind::BrokenPipe),
+            )),
+        }
+    }
 }
 
 /// How a worker process ended.
@@ -82,13 +107,14 @@ impl From<ExitStatus> for ExitInfo {
 }
 
 impl WorkerLink {
-    /// Starts `exe __worker` for `spec`, its stderr appended to `log`;
+    /// Starts `exe __worker` for `spec`, its stderr to `log` (opened for
+    /// appending);
     /// `on_event` gets every event (from the reader thread), and `on_eof`
     /// once the channel closes.
     pub fn spawn(
         exe: &Path,
         spec: &VmSpec,
-        log: &Path,
+        log: std::fs::File,
         on_event: impl Fn(FromWorker) + Send + 'static,
         on_eof: impl FnOnce() + Send + 'static,
     ) -> Result<Arc<Self>, WorkerLinkError> {
@@ -97,11 +123,7 @@ impl WorkerLink {
             source,
         };
         let (ours, theirs) = UnixStream::pair().map_err(spawn_err)?;
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(spawn_err)?;
+        let stderr = log;
         let child_fd = theirs.as_raw_fd();
         let mut cmd = Process::new(exe);
         cmd.arg("__worker")
@@ -138,14 +160,16 @@ impl WorkerLink {
             next_id: AtomicU64::new(1),
             child: Mutex::new(child),
             pid,
+            last_heard: Arc::new(Mutex::new(Instant::now())),
         });
         link.send(&ToWorker::Start(spec.clone()))?;
         let pending = link.pending.clone();
+        let heard = link.last_heard.clone();
         std::thread::Builder::new()
             .name(format!("serve-{}", spec.id))
             .spawn(move || {
                 super::confine(tiering::threads::ThreadRole::ServeReader);
-                read_loop(reader, &pending, on_event, on_eof)
+                read_loop(reader, &pending, &heard, on_event, on_eof)
             })
             .map_err(WorkerLinkError::Channel)?;
         Ok(link)
@@ -165,6 +189,12 @@ impl WorkerLink {
 
     /// Sends `command` and waits up to `timeout` for the reply.
     pub fn request(&self, command: Command, timeout: Duration) -> Result<Reply, WorkerLinkError> {
+        self.start(command)?.wait(timeout)
+    }
+
+    /// Sends `command`; the reply is waited for with [`PendingReply::wait`]
+    /// (so one thread can ask many workers at once).
+    pub fn start(&self, command: Command) -> Result<PendingReply<'_>, WorkerLinkError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         lock(&self.pending).insert(id, tx);
@@ -172,16 +202,18 @@ impl WorkerLink {
             lock(&self.pending).remove(&id);
             return Err(e);
         }
-        let r = rx.recv_timeout(timeout);
-        lock(&self.pending).remove(&id);
-        match r {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(why)) => Err(WorkerLinkError::Refused(why)),
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(WorkerLinkError::Timeout(timeout)),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(WorkerLinkError::Channel(
-                std::io::Error::from(std::io::ErrorKind::BrokenPipe),
-            )),
-        }
+        Ok(PendingReply { link: self, id, rx })
+    }
+
+    /// How long the worker has sent nothing.
+    pub fn silent_for(&self) -> Duration {
+        lock(&self.last_heard).elapsed()
+    }
+
+    /// Kills the process (SIGKILL: works on a stopped process too); its
+    /// reader reaps it when the channel closes.
+    pub fn kill(&self) {
+        let _ = lock(&self.child).kill();
     }
 
     /// Waits up to `timeout` for the process to end, then kills it (and
@@ -219,11 +251,13 @@ impl WorkerLink {
 fn read_loop(
     stream: UnixStream,
     pending: &Mutex<Pending>,
+    heard: &Mutex<Instant>,
     on_event: impl Fn(FromWorker),
     on_eof: impl FnOnce(),
 ) {
     let mut r = BufReader::new(stream);
     while let Ok(Some(line)) = crate::protocol::read_line(&mut r) {
+        *lock(heard) = Instant::now();
         match serde_json::from_slice::<FromWorker>(&line) {
             Ok(FromWorker::Reply { id, result }) => {
                 if let Some(tx) = lock(pending).remove(&id) {

@@ -28,9 +28,11 @@ fn temp_dir() -> PathBuf {
 
 fn create(host: &std::sync::Arc<Host>, json: &str) -> Result<String, (u16, String)> {
     let req: CreateVm = serde_json::from_str(json).expect("a valid request");
-    host.create(&req)
-        .map(|v| v.id)
-        .map_err(|e| (e.status, format!("{}: {}", e.code, e.message)))
+    host.create(&req).map(|v| v.id).map_err(|e| {
+        // The API layer's status for the host's error (types.rs).
+        let api = vmm_service::types::ApiError::from(e);
+        (api.status, format!("{}: {}", api.code, api.message))
+    })
 }
 
 #[test]

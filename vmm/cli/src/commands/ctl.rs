@@ -60,6 +60,9 @@ pub enum CtlOp {
     Delete {
         /// VM id.
         id: String,
+        /// Kill the VM's process at once (for an unresponsive VM).
+        #[arg(long)]
+        force: bool,
     },
     /// PATCH /v1/vms/{id}/fast: change a VM's fast share.
     Fast {
@@ -128,6 +131,12 @@ pub struct CreateFlags {
     /// Workload argument key=value (repeatable).
     #[arg(long = "arg", value_name = "KEY=VALUE")]
     pub args: Vec<String>,
+    /// Name the VM (PUT /v1/vms/NAME: idempotent) instead of a generated id.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label key=value for the VM (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
 }
 
 fn put(m: &mut Map<String, Value>, k: &str, v: Option<Value>) {
@@ -167,10 +176,32 @@ pub fn request_of(op: &CtlOp) -> (&'static str, String, Option<Value>) {
             if !f.is_empty() {
                 m.insert("fast".into(), Value::Object(f));
             }
-            ("POST", "/v1/vms".into(), Some(Value::Object(m)))
+            if !c.labels.is_empty() {
+                let l: Map<String, Value> = c
+                    .labels
+                    .iter()
+                    .map(|kv| {
+                        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                        (k.to_string(), Value::from(v))
+                    })
+                    .collect();
+                m.insert("labels".into(), Value::Object(l));
+            }
+            match &c.name {
+                Some(n) => ("PUT", format!("/v1/vms/{}", enc(n)), Some(Value::Object(m))),
+                None => ("POST", "/v1/vms".into(), Some(Value::Object(m))),
+            }
         }
         CtlOp::Get { id } => ("GET", format!("/v1/vms/{}", enc(id)), None),
-        CtlOp::Delete { id } => ("DELETE", format!("/v1/vms/{}", enc(id)), None),
+        CtlOp::Delete { id, force } => (
+            "DELETE",
+            format!(
+                "/v1/vms/{}{}",
+                enc(id),
+                if *force { "?force=true" } else { "" }
+            ),
+            None,
+        ),
         CtlOp::Fast {
             id,
             min,
@@ -233,7 +264,23 @@ pub fn took_effect(op: &CtlOp, v: &Value) -> bool {
 fn changed_vm<'a>(op: &'a CtlOp, answer: &'a Value) -> Option<&'a str> {
     match op {
         CtlOp::Create(_) => answer["id"].as_str(),
-        CtlOp::Policy { id, .. } | CtlOp::Fast { id, .. } | CtlOp::Delete { id } => Some(id),
+        CtlOp::Policy { id, .. } | CtlOp::Fast { id, .. } | CtlOp::Delete { id, .. } => Some(id),
+        _ => None,
+    }
+}
+
+/// Why the VM `v` ended badly, if it did: failed, crashed or lost, or its
+/// guest exited with a non-zero code.
+pub fn failed_run(v: &Value) -> Option<String> {
+    let state = v["state"].as_str().unwrap_or("");
+    if ["failed", "crashed", "lost"].contains(&state) {
+        return Some(format!(
+            "{state}: {}",
+            v["error"].as_str().unwrap_or("see GET /v1/vms/{id}")
+        ));
+    }
+    match v["guest_exit_code"].as_u64() {
+        Some(c) if c != 0 => Some(format!("ended: its guest exited with code {c:#x}")),
         _ => None,
     }
 }
@@ -294,6 +341,14 @@ pub fn run(args: &CtlArgs) -> Result<i32> {
                 match wait_for_change(args, &id)? {
                     Some((true, v)) => {
                         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                        // A created VM that failed, crashed, or whose guest
+                        // exited non-zero is a failure of the command.
+                        if matches!(args.op, CtlOp::Create(_)) {
+                            if let Some(why) = failed_run(&v) {
+                                eprintln!("tiervm ctl: {id} {why}");
+                                return Ok(1);
+                            }
+                        }
                         return Ok(0);
                     }
                     Some((false, v)) => {

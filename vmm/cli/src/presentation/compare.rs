@@ -666,6 +666,7 @@ mod tests {
             tracking_ab: None,
             emulation: None,
             signal: None,
+            liveness: Default::default(),
         }
     }
 

@@ -103,6 +103,10 @@ const EVERY_THREAD: &[Syscall] = &[
     sys(libc::SYS_tgkill, "tgkill"),
     sys(libc::SYS_exit, "exit"),
     sys(libc::SYS_exit_group, "exit_group"),
+    // A thread stopped (SIGSTOP, a debugger, the cgroup freezer) in a
+    // sleep or a timed wait resumes it through `restart_syscall` on
+    // SIGCONT: every thread sleeps or waits with a timeout.
+    sys(libc::SYS_restart_syscall, "restart_syscall"),
 ];
 
 /// Calls refused with `EACCES` instead of trapping, in every thread (a
@@ -233,7 +237,7 @@ const SERVE_READER: &[Syscall] = &[
 ];
 
 /// `tiervm serve`'s report collector: asks the ended VM's worker for its
-/// report and to exit, writes the report file. It may hold the last
+/// report and to exit, writes the report file and the VM's record. It may hold the last
 /// reference to an ended VM's channel and then closes its descriptor, and
 /// std checks a descriptor is open before closing it (`fcntl(F_GETFD)`,
 /// debug builds), as for the readers: a debug service in a fresh-clone CI
@@ -243,6 +247,11 @@ const SERVE_REPORTS: &[Syscall] = &[
     sys(libc::SYS_openat, "openat"),
     sys(libc::SYS_close, "close"),
     sys(libc::SYS_fcntl, "fcntl"),
+    // Reports and VM records replace their old file atomically (a
+    // temporary file renamed over it, never written through a link).
+    sys(libc::SYS_renameat, "renameat"),
+    // A removed VM's record (`DELETE` of an ended VM) is unlinked.
+    sys(libc::SYS_unlinkat, "unlinkat"),
 ];
 
 /// Whether `role` may open files (then no call is refused with EACCES).
