@@ -35,6 +35,18 @@ pub trait DirtyLog: Send + Sync {
     fn set_logging(&self, _on: bool) -> io::Result<()> {
         Ok(())
     }
+    /// Pages per segment (a multiple of 64; the last segment may be
+    /// shorter): logging is switched per segment, so KVM keeps huge-page
+    /// mappings in the segments where nothing is tracked (it maps a whole
+    /// logged memslot with 4 KiB pages). One segment by default.
+    fn segment_pages(&self) -> usize {
+        self.pages()
+    }
+    /// Switches logging of segment `seg` on or off (the default: the whole
+    /// log). A segment that is off reads clean and ignores clears.
+    fn set_segment_logging(&self, _seg: usize, on: bool) -> io::Result<()> {
+        self.set_logging(on)
+    }
 }
 
 impl<T: DirtyLog + ?Sized> DirtyLog for std::sync::Arc<T> {
@@ -52,6 +64,12 @@ impl<T: DirtyLog + ?Sized> DirtyLog for std::sync::Arc<T> {
     }
     fn set_logging(&self, on: bool) -> io::Result<()> {
         (**self).set_logging(on)
+    }
+    fn segment_pages(&self) -> usize {
+        (**self).segment_pages()
+    }
+    fn set_segment_logging(&self, seg: usize, on: bool) -> io::Result<()> {
+        (**self).set_segment_logging(seg, on)
     }
 }
 

@@ -42,18 +42,32 @@ struct Scratch {
     soft: Vec<u64>,
     /// Bits to clear (re-arm) in the log.
     rearm: Vec<u64>,
-    /// Whether the log is on.
-    logging: bool,
-    /// The next harvest is the first since logging went on: every bit is
-    /// set by `INITIALLY_SET`, not by a write.
-    fresh: bool,
-    /// Since when logging has been unneeded.
-    idle_since: Option<Instant>,
+    /// Per segment of the log (`DirtyLog::segment_pages`): whether it is on,
+    /// whether the next harvest is its first since it went on (every bit
+    /// set by `INITIALLY_SET`, not by a write), since when it has been
+    /// unneeded.
+    segs: Vec<Segment>,
+    /// Pages per segment.
+    seg_pages: usize,
     /// Times logging was switched on and off.
     switches: u64,
     /// Shadowed pages whose dirty bit a deferring harvest consumed (owned,
     /// waiting for revalidation or invalidation).
     deferred: Vec<(usize, u64)>,
+}
+
+/// One segment's logging state.
+#[derive(Clone, Copy, Debug, Default)]
+struct Segment {
+    on: bool,
+    fresh: bool,
+    idle_since: Option<Instant>,
+}
+
+impl Scratch {
+    fn logging(&self) -> bool {
+        self.segs.iter().any(|s| s.on)
+    }
 }
 
 impl std::fmt::Debug for DirtyHarvester {
@@ -79,16 +93,29 @@ impl DirtyHarvester {
         }
         let words = mem.guest_pages().div_ceil(64);
         let log_words = log.pages().div_ceil(64);
-        let logging = log.starts_on();
+        let seg_pages = log.segment_pages().clamp(64, log.pages().max(64));
+        if !seg_pages.is_multiple_of(64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("dirty log segments of {seg_pages} pages: must be a multiple of 64"),
+            ));
+        }
+        let on = log.starts_on();
+        let segs = vec![
+            Segment {
+                on,
+                ..Segment::default()
+            };
+            log.pages().div_ceil(seg_pages)
+        ];
         Ok(Self {
             log,
             scratch: Mutex::new(Scratch {
                 kvm: vec![0; log_words],
                 soft: vec![0; words],
                 rearm: vec![0; words],
-                logging,
-                fresh: false,
-                idle_since: None,
+                segs,
+                seg_pages,
                 switches: 0,
                 deferred: Vec::new(),
             }),
@@ -105,7 +132,13 @@ impl DirtyHarvester {
 
     /// Whether the dirty log is on now.
     pub fn logging(&self) -> bool {
-        lock(&self.scratch).logging
+        lock(&self.scratch).logging()
+    }
+
+    /// How many segments of the log are on, of how many.
+    pub fn segments_on(&self) -> (usize, usize) {
+        let g = lock(&self.scratch);
+        (g.segs.iter().filter(|s| s.on).count(), g.segs.len())
     }
 
     /// How many times logging was switched on or off.
@@ -123,46 +156,92 @@ impl DirtyHarvester {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Switches every segment on (a policy reads write counts).
     fn switch_on(&self, mem: &TieredMemory, g: &mut Scratch) -> io::Result<()> {
-        if !g.logging {
-            self.log.set_logging(true)?;
-            g.logging = true;
-            g.fresh = true;
+        for seg in 0..g.segs.len() {
+            self.switch_segment_on(mem, g, seg)?;
+        }
+        Ok(())
+    }
+
+    /// Switches on the segments holding `pages` (a mover is about to arm them).
+    fn switch_on_for(
+        &self,
+        mem: &TieredMemory,
+        g: &mut Scratch,
+        pages: &[usize],
+    ) -> io::Result<()> {
+        let mut last = usize::MAX;
+        for &p in pages {
+            let seg = p / g.seg_pages;
+            if seg != last && seg < g.segs.len() {
+                self.switch_segment_on(mem, g, seg)?;
+                last = seg;
+            }
+        }
+        Ok(())
+    }
+
+    fn switch_segment_on(&self, mem: &TieredMemory, g: &mut Scratch, seg: usize) -> io::Result<()> {
+        let s = &mut g.segs[seg];
+        if !s.on {
+            self.log.set_segment_logging(seg, true)?;
+            s.on = true;
+            s.fresh = true;
             g.switches += 1;
             mem.counters
                 .dirty_log_switches
                 .fetch_add(1, Ordering::Relaxed);
         }
-        g.idle_since = None;
+        g.segs[seg].idle_since = None;
         Ok(())
     }
 
-    /// Switches logging off once it has been unneeded for a while.
+    /// Switches off each segment that has been unneeded for a while: no
+    /// policy reads write counts, no transaction is in flight, and no page
+    /// of the segment has a shadow (a shadow needs its page's writes).
     fn maybe_switch_off(&self, mem: &TieredMemory, g: &mut Scratch) {
-        let needed = self.required.load(Ordering::Acquire)
-            || self.in_flight.load(Ordering::Acquire) > 0
-            || mem.shadow_pages() > 0;
-        if !g.logging || needed || self.log.starts_on() {
-            g.idle_since = None;
+        let needed =
+            self.required.load(Ordering::Acquire) || self.in_flight.load(Ordering::Acquire) > 0;
+        if !g.logging() || self.log.starts_on() {
             return;
         }
         let now = Instant::now();
-        match g.idle_since {
-            None => g.idle_since = Some(now),
-            Some(t) if now.duration_since(t) >= LOGGING_IDLE_OFF => {
-                match self.log.set_logging(false) {
-                    Ok(()) => {
-                        g.logging = false;
-                        g.switches += 1;
-                        mem.counters
-                            .dirty_log_switches
-                            .fetch_add(1, Ordering::Relaxed);
-                        g.idle_since = None;
-                    }
-                    Err(e) => tracing::warn!("switching the dirty log off: {e}"),
-                }
+        let seg_pages = g.seg_pages;
+        for seg in 0..g.segs.len() {
+            let s = &mut g.segs[seg];
+            if !s.on {
+                continue;
             }
-            Some(_) => {}
+            if needed {
+                s.idle_since = None;
+                continue;
+            }
+            match s.idle_since {
+                None => s.idle_since = Some(now),
+                Some(t) if now.duration_since(t) >= LOGGING_IDLE_OFF => {
+                    let first = seg * seg_pages;
+                    let end = (first + seg_pages).min(mem.guest_pages());
+                    if (first..end).any(|p| mem.pages.load(p) & SHADOW != 0) {
+                        s.idle_since = None;
+                        continue;
+                    }
+                    match self.log.set_segment_logging(seg, false) {
+                        Ok(()) => {
+                            s.on = false;
+                            s.idle_since = None;
+                            g.switches += 1;
+                            mem.counters
+                                .dirty_log_switches
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            tracing::warn!("switching the dirty log off (segment {seg}): {e}")
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
         }
     }
 
@@ -229,8 +308,9 @@ impl DirtyHarvester {
     /// writes to them. After this, any write to them shows as `DIRTY_SEEN` at
     /// the next harvest.
     pub fn arm(&self, mem: &TieredMemory, pages: impl Iterator<Item = usize>) -> io::Result<()> {
+        let pages: Vec<usize> = pages.collect();
         let mut g = lock(&self.scratch);
-        self.switch_on(mem, &mut g)?;
+        self.switch_on_for(mem, &mut g, &pages)?;
         self.harvest_locked(mem, &mut g, false)?;
         let Scratch { rearm, .. } = &mut *g;
         rearm.iter_mut().for_each(|w| *w = 0);
@@ -304,12 +384,18 @@ impl DirtyHarvester {
         if !defer {
             self.process_deferred(mem, scratch);
         }
-        if !scratch.logging {
+        if !scratch.logging() {
             // Nothing is tracked while logging is off (no transaction, no
             // shadow); the VMM-write log only matters for tracked pages.
             return Ok(0);
         }
-        let fresh = std::mem::take(&mut scratch.fresh);
+        // Segments switched on since the last harvest read all dirty once.
+        let fresh_segs: Vec<bool> = scratch
+            .segs
+            .iter_mut()
+            .map(|s| std::mem::take(&mut s.fresh))
+            .collect();
+        let seg_pages = scratch.seg_pages;
         let Scratch {
             kvm,
             soft,
@@ -341,7 +427,7 @@ impl DirtyHarvester {
                     // its bit set so the guest keeps writing without faults
                     // (the first harvest after switching on counts nothing:
                     // every bit was set by the switch).
-                    if fresh {
+                    if fresh_segs.get(page / seg_pages).copied().unwrap_or(false) {
                         mem.pages.mark_unarmed_uncounted(page);
                     } else {
                         consumed += usize::from(mem.pages.mark_unarmed(page));

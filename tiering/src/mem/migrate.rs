@@ -212,6 +212,11 @@ impl Migrator {
         self.harvester.set_required(required);
     }
 
+    /// How many segments of the dirty log are on, of how many.
+    pub fn harvester_segments_on(&self) -> (usize, usize) {
+        self.harvester.segments_on()
+    }
+
     /// Whether the dirty log is on, and how many times it was switched.
     pub fn dirty_log_state(&self) -> (bool, u64) {
         (self.harvester.logging(), self.harvester.switches())

@@ -68,6 +68,8 @@ mod watch;
 mod tests;
 #[cfg(test)]
 mod tests_planted;
+#[cfg(test)]
+mod tests_segments;
 
 pub use crate::sys::PAGE_SIZE;
 pub use crate::vocab::{Mechanism, TierId, Unit};

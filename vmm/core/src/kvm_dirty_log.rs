@@ -25,6 +25,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvm_bindings::{
     kvm_clear_dirty_log, kvm_dirty_log, kvm_enable_cap, kvm_userspace_memory_region,
@@ -93,14 +94,26 @@ pub fn enable_manual_dirty_log_protect_initially_set(vm: &VmFd) -> io::Result<()
     })
 }
 
-/// The dirty log of one KVM memslot.
+/// The dirty log of guest RAM over one or more KVM memslots (segments).
 #[derive(Debug)]
 pub struct KvmDirtyLog {
     vm_fd: RawFd,
-    slot: u32,
+    slots: Vec<SlotLog>,
     pages: usize,
-    /// The memslot as registered, when logging can be switched.
-    region: Option<kvm_userspace_memory_region>,
+    /// Whether logging is switched (false: every slot logged from creation).
+    switchable: bool,
+}
+
+/// One memslot of the log.
+#[derive(Debug)]
+struct SlotLog {
+    /// The memslot as registered (its flags are what logging switches).
+    region: kvm_userspace_memory_region,
+    /// Its first page in the log.
+    first_page: usize,
+    pages: usize,
+    /// Whether `KVM_MEM_LOG_DIRTY_PAGES` is set now.
+    on: AtomicBool,
 }
 
 impl KvmDirtyLog {
@@ -108,11 +121,22 @@ impl KvmDirtyLog {
     /// is `vm_fd`, created with `KVM_MEM_LOG_DIRTY_PAGES`. The VM fd must
     /// outlive this value.
     pub fn new(vm_fd: RawFd, slot: u32, pages: usize) -> Self {
+        let region = kvm_userspace_memory_region {
+            slot,
+            flags: KVM_MEM_LOG_DIRTY_PAGES,
+            memory_size: (pages * tiering::mem::PAGE_SIZE) as u64,
+            ..Default::default()
+        };
         Self {
             vm_fd,
-            slot,
+            slots: vec![SlotLog {
+                region,
+                first_page: 0,
+                pages,
+                on: AtomicBool::new(true),
+            }],
             pages,
-            region: None,
+            switchable: false,
         }
     }
 
@@ -120,12 +144,90 @@ impl KvmDirtyLog {
     /// re-registering `region` (the memslot exactly as it was created,
     /// without `KVM_MEM_LOG_DIRTY_PAGES`) with only its flags changed.
     pub fn switchable(vm_fd: RawFd, region: kvm_userspace_memory_region) -> Self {
+        Self::segmented(vm_fd, vec![region])
+    }
+
+    /// A dirty log over consecutive memslots `regions` (guest RAM split in
+    /// segments, each registered without `KVM_MEM_LOG_DIRTY_PAGES`), whose
+    /// logging the harvester switches per segment: KVM maps a logged slot
+    /// with 4 KiB pages only, so the segments where nothing is tracked keep
+    /// their huge-page mappings. Every region but the last must hold a
+    /// multiple of 64 pages (the bitmap's words); the VM fd must outlive
+    /// this value.
+    pub fn segmented(vm_fd: RawFd, regions: Vec<kvm_userspace_memory_region>) -> Self {
+        let mut first_page = 0;
+        let slots = regions
+            .into_iter()
+            .map(|region| {
+                let pages = (region.memory_size / tiering::mem::PAGE_SIZE as u64) as usize;
+                let s = SlotLog {
+                    region,
+                    first_page,
+                    pages,
+                    on: AtomicBool::new(false),
+                };
+                first_page += pages;
+                s
+            })
+            .collect();
         Self {
             vm_fd,
-            slot: region.slot,
-            pages: (region.memory_size / tiering::mem::PAGE_SIZE as u64) as usize,
-            region: Some(region),
+            slots,
+            pages: first_page,
+            switchable: true,
         }
+    }
+
+    /// `KVM_GET_DIRTY_LOG` of one slot into `bitmap` (its own words).
+    fn get_slot(&self, s: &SlotLog, bitmap: &mut [u64]) -> io::Result<()> {
+        let mut log = kvm_dirty_log {
+            slot: s.region.slot,
+            ..Default::default()
+        };
+        log.__bindgen_anon_1.dirty_bitmap = bitmap.as_mut_ptr().cast();
+        // SAFETY: `log` points at `bitmap`, which holds at least one bit per page of the
+        // slot (the caller passes the slot's words); the kernel writes at most that many bits.
+        let r = unsafe { libc::ioctl(self.vm_fd, KVM_GET_DIRTY_LOG() as _, &log) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("KVM_GET_DIRTY_LOG(slot {}): {e} (was the memslot created with KVM_MEM_LOG_DIRTY_PAGES?)", s.region.slot),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `KVM_CLEAR_DIRTY_LOG` of `mask` from `first` (slot-relative, a
+    /// multiple of 64) in one slot.
+    fn clear_slot(&self, s: &SlotLog, first: usize, mask: &[u64]) -> io::Result<()> {
+        // num_pages must be a multiple of 64 unless the range ends at the slot's end.
+        let num_pages = (mask.len() * 64).min(s.pages - first);
+        if num_pages == 0 {
+            return Ok(());
+        }
+        let mut clear = kvm_clear_dirty_log {
+            slot: s.region.slot,
+            num_pages: num_pages as u32,
+            first_page: first as u64,
+            ..Default::default()
+        };
+        clear.__bindgen_anon_1.dirty_bitmap = mask.as_ptr() as *mut _;
+        // SAFETY: `clear` points at `mask`, which holds at least `num_pages` bits; the kernel
+        // only reads it.
+        let r = unsafe { libc::ioctl(self.vm_fd, KVM_CLEAR_DIRTY_LOG() as _, &clear) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "KVM_CLEAR_DIRTY_LOG(slot {}, pages {first}+{num_pages}): {e} \
+                     (is KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 enabled?)",
+                    s.region.slot
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -141,20 +243,14 @@ impl DirtyLog for KvmDirtyLog {
                 "dirty bitmap buffer shorter than the memslot",
             ));
         }
-        let mut log = kvm_dirty_log {
-            slot: self.slot,
-            ..Default::default()
-        };
-        log.__bindgen_anon_1.dirty_bitmap = bitmap.as_mut_ptr().cast();
-        // SAFETY: `log` points at `bitmap`, which holds at least one bit per page of the
-        // slot; the kernel writes at most that many bits.
-        let r = unsafe { libc::ioctl(self.vm_fd, KVM_GET_DIRTY_LOG() as _, &log) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!("KVM_GET_DIRTY_LOG(slot {}): {e} (was the memslot created with KVM_MEM_LOG_DIRTY_PAGES?)", self.slot),
-            ));
+        for s in &self.slots {
+            let words = &mut bitmap[s.first_page / 64..(s.first_page + s.pages).div_ceil(64)];
+            if s.on.load(Ordering::Acquire) {
+                self.get_slot(s, words)?;
+            } else {
+                // An unlogged slot reads clean.
+                words.iter_mut().for_each(|w| *w = 0);
+            }
         }
         Ok(())
     }
@@ -166,43 +262,42 @@ impl DirtyLog for KvmDirtyLog {
                 format!("KVM_CLEAR_DIRTY_LOG: first page {first_page} must be a multiple of 64 inside the slot"),
             ));
         }
-        // num_pages must be a multiple of 64 unless the range ends at the slot's end.
-        let num_pages = (mask.len() * 64).min(self.pages - first_page);
-        if num_pages == 0 {
-            return Ok(());
-        }
-        let mut clear = kvm_clear_dirty_log {
-            slot: self.slot,
-            num_pages: num_pages as u32,
-            first_page: first_page as u64,
-            ..Default::default()
-        };
-        clear.__bindgen_anon_1.dirty_bitmap = mask.as_ptr() as *mut _;
-        // SAFETY: `clear` points at `mask`, which holds at least `num_pages` bits; the kernel
-        // only reads it.
-        let r = unsafe { libc::ioctl(self.vm_fd, KVM_CLEAR_DIRTY_LOG() as _, &clear) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "KVM_CLEAR_DIRTY_LOG(slot {}, pages {first_page}+{num_pages}): {e} \
-                     (is KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 enabled?)",
-                    self.slot
-                ),
-            ));
+        let end = (first_page + mask.len() * 64).min(self.pages);
+        for s in &self.slots {
+            let (lo, hi) = (
+                s.first_page.max(first_page),
+                (s.first_page + s.pages).min(end),
+            );
+            if lo >= hi || !s.on.load(Ordering::Acquire) {
+                // Not in this slot, or the slot is unlogged (nothing to re-arm).
+                continue;
+            }
+            let words = &mask[(lo - first_page) / 64..(hi - first_page).div_ceil(64)];
+            self.clear_slot(s, lo - s.first_page, words)?;
         }
         Ok(())
     }
 
     fn starts_on(&self) -> bool {
-        self.region.is_none()
+        !self.switchable
+    }
+
+    fn segment_pages(&self) -> usize {
+        self.slots.first().map_or(self.pages, |s| s.pages)
     }
 
     fn set_logging(&self, on: bool) -> io::Result<()> {
-        let Some(mut region) = self.region else {
+        for seg in 0..self.slots.len() {
+            self.set_segment_logging(seg, on)?;
+        }
+        Ok(())
+    }
+
+    fn set_segment_logging(&self, seg: usize, on: bool) -> io::Result<()> {
+        let Some(s) = self.slots.get(seg).filter(|_| self.switchable) else {
             return Ok(());
         };
+        let mut region = s.region;
         region.flags = if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
         // SAFETY: `region` is the memslot exactly as it was registered (same slot, guest
         // address, size and host mapping, which the tiered memory keeps mapped for the
@@ -216,10 +311,11 @@ impl DirtyLog for KvmDirtyLog {
                 format!(
                     "switching dirty logging {} on memslot {}: {e}",
                     if on { "on" } else { "off" },
-                    self.slot
+                    s.region.slot
                 ),
             ));
         }
+        s.on.store(on, Ordering::Release);
         Ok(())
     }
 }

@@ -14,6 +14,12 @@
 //!   the guest pays it (the fault handler's own clock misses the kernel's
 //!   delivery and the two scheduler wake-ups around it).
 //!
+//! The kernel adds a runnable thread's wait for a CPU to its statistics
+//! only when it gets one, so an interval in which a vCPU neither ran nor
+//! waited counts as blocked only if the thread is asleep at its end (its
+//! state in `/proc/self/task/TID/stat`); the totals are exact at the end
+//! of the run either way.
+//!
 //! A vCPU blocked for longer than [`STALL_BOUND`] is a **stall**: the
 //! watchdog logs what the memory layer knows (the fault handler's oldest
 //! waiting fault and its page state, what every mover is doing), does what
@@ -109,6 +115,23 @@ pub fn schedstat(tid: u32) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
     let mut it = text.split_whitespace().map(|x| x.parse::<u64>().ok());
     Some((it.next()??, it.next()??))
+}
+
+/// Whether a thread of this process is asleep now (`S` or `D` in
+/// `/proc/self/task/TID/stat`). A runnable thread that waits for a CPU
+/// is not: the kernel adds its run-queue delay to schedstat only when it
+/// gets the CPU, so schedstat alone cannot tell it from a sleeper.
+fn asleep(tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')').and_then(|(_, rest)| {
+                rest.split_whitespace()
+                    .next()
+                    .map(|st| st == "S" || st == "D")
+            })
+        })
+        .unwrap_or(false)
 }
 
 /// The top frames of a thread's kernel stack (root only; empty otherwise).
@@ -238,7 +261,7 @@ impl LivenessWatch {
         v.totals.0 += dr;
         v.totals.1 += dw;
         v.totals.2 += blocked;
-        if (dr + dw) as f64 >= BLOCKED_SHARE * dt as f64 {
+        if (dr + dw) as f64 >= BLOCKED_SHARE * dt as f64 || !asleep(v.tid) {
             if let Some(k) = v.stall.take() {
                 self.report.stalls[k].resolved = true;
             }

@@ -152,7 +152,7 @@ impl RunReport {
             StopReason::Duration => "stopped at --duration",
             StopReason::Forced => {
                 "FORCED: the guest did not acknowledge the stop request in time (Init or Run \
-                 phase 1 s after it, or not ended within --stop-grace)"
+                 phase 0.5 s after it, or not ended within --stop-grace)"
             }
             StopReason::Crashed => "CRASHED",
             StopReason::Signal => "stopped by a signal",

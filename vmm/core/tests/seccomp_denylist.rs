@@ -147,6 +147,9 @@ fn the_vcpu_threads_list_is_exactly_the_reviewed_one() {
         "tgkill",
         "exit",
         "exit_group",
+        // A stopped and continued thread resumes its interrupted sleep
+        // (SIGSTOP/SIGCONT, the cgroup freezer, a debugger: issue 32).
+        "restart_syscall",
         // The vCPU's own.
         "ioctl",
         "fcntl",
@@ -198,6 +201,7 @@ fn the_vcpu_threads_list_is_exactly_the_reviewed_one() {
             "tgkill" => libc::SYS_tgkill,
             "exit" => libc::SYS_exit,
             "exit_group" => libc::SYS_exit_group,
+            "restart_syscall" => libc::SYS_restart_syscall,
             "ioctl" => libc::SYS_ioctl,
             "fcntl" => libc::SYS_fcntl,
             "close" => libc::SYS_close,

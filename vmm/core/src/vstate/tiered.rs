@@ -19,7 +19,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use crate::kvm_dirty_log::{enable_manual_dirty_log_protect_initially_set, KvmDirtyLog};
 use crate::tiering_config::TieringConfig;
-use crate::vstate::vm::RAM_SLOT;
+use crate::vstate::vm::ram_segments;
 
 type Result<T> = std::result::Result<T, TieredRamError>;
 use tiering::engine::{Engine, EngineError, EngineReport};
@@ -413,14 +413,9 @@ impl TieredRam {
 
     /// Starts the migrator (and chaos) once the VM's memslot exists.
     pub fn start(&mut self, vm: &VmFd) -> Result<()> {
-        let region = kvm_bindings::kvm_userspace_memory_region {
-            slot: RAM_SLOT,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: self.mem.guest_len() as u64,
-            userspace_addr: self.mem.guest_ptr() as u64,
-        };
-        let log = KvmDirtyLog::switchable(vm.as_raw_fd(), region);
+        // The memory slots `Vm::register_ram` registered for guest RAM.
+        let slots = ram_segments(0, self.mem.guest_len() as u64, self.mem.guest_ptr() as u64);
+        let log = KvmDirtyLog::segmented(vm.as_raw_fd(), slots);
         let migrator = Arc::new(
             Migrator::new(self.mem.clone(), Box::new(log), MigratorConfig::default())
                 .map_err(TieredRamError::StartMigrator)?,

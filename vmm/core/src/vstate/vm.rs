@@ -24,11 +24,35 @@ use crate::vstate::tiered::{TieredRam, TieredRamError};
 
 type Result<T> = std::result::Result<T, VmError>;
 
-/// Memory slot of guest RAM.
+/// First memory slot of guest RAM.
 pub const RAM_SLOT: u32 = 0;
+/// Tiered guest RAM is registered as memory slots of this size (the last
+/// one may be shorter): the dirty log is switched on per slot, and KVM maps
+/// a logged slot with 4 KiB pages only, so the slots where nothing is
+/// tracked keep their huge-page mappings (issue 29, docs/mechanisms.md §2).
+pub const RAM_SEGMENT_BYTES: u64 = 64 << 20;
+/// Most memory slots of tiered guest RAM (larger guests get larger slots).
+pub const MAX_RAM_SEGMENTS: u64 = 128;
 /// Memory slot of the latency-emulation region (above RAM; never tiered,
 /// never dirty-logged).
-pub const EMULATION_SLOT: u32 = 16;
+pub const EMULATION_SLOT: u32 = RAM_SLOT + MAX_RAM_SEGMENTS as u32;
+
+/// The memory slots of tiered guest RAM at `gpa`, `len` bytes, mapped at
+/// `host`: segments of [`RAM_SEGMENT_BYTES`] (or `len / MAX_RAM_SEGMENTS`
+/// rounded up to 2 MiB, whichever is larger), unlogged, from [`RAM_SLOT`].
+pub fn ram_segments(gpa: u64, len: u64, host: u64) -> Vec<kvm_userspace_memory_region> {
+    const HUGE: u64 = 2 << 20;
+    let seg = RAM_SEGMENT_BYTES.max(len.div_ceil(MAX_RAM_SEGMENTS).div_ceil(HUGE) * HUGE);
+    (0..len.div_ceil(seg))
+        .map(|i| kvm_userspace_memory_region {
+            slot: RAM_SLOT + i as u32,
+            flags: 0,
+            guest_phys_addr: gpa + i * seg,
+            memory_size: seg.min(len - i * seg),
+            userspace_addr: host + i * seg,
+        })
+        .collect()
+}
 
 /// KVM or the VM could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -179,23 +203,36 @@ impl Vm {
     /// `kvm_dirty_log`).
     fn register_ram(&self) -> std::result::Result<(), VmError> {
         let mem = self.ram.memory();
+        let mut slots = Vec::new();
         for (i, region) in mem.iter().enumerate() {
             let host = mem
                 .get_host_address(region.start_addr())
                 .map_err(VmError::HostAddress)?;
-            let desc = kvm_userspace_memory_region {
+            if self.tiered.is_some() {
+                // Tiered RAM is one region: segments, so that the dirty log
+                // is switched per segment (see `ram_segments`).
+                slots.extend(ram_segments(
+                    region.start_addr().0,
+                    region.len(),
+                    host as u64,
+                ));
+                continue;
+            }
+            slots.push(kvm_userspace_memory_region {
                 slot: RAM_SLOT + i as u32,
                 flags: 0,
                 guest_phys_addr: region.start_addr().0,
                 memory_size: region.len(),
                 userspace_addr: host as u64,
-            };
-            // SAFETY: `host..host + len` is the region's own mapping, as
-            // vm-memory reports it. It stays mapped while KVM can use it:
-            // `self.ram` shares ownership of it with every vCPU created from
-            // this VM, and both this VM and each vCPU close their fd before
-            // they drop their share (field order), so no fd through which
-            // KVM reaches the slot outlives the mapping.
+            });
+        }
+        for desc in slots {
+            // SAFETY: `userspace_addr..+memory_size` lies in a region's own
+            // mapping, as vm-memory reports it. It stays mapped while KVM can
+            // use it: `self.ram` shares ownership of it with every vCPU
+            // created from this VM, and both this VM and each vCPU close
+            // their fd before they drop their share (field order), so no fd
+            // through which KVM reaches the slot outlives the mapping.
             unsafe { self.fd.set_user_memory_region(desc) }.map_err(VmError::SetMemoryRegion)?;
         }
         if let Some(region) = self.ram.emulation() {

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""The live engine's matrix at realistic sizes (issue 29): every policy x
+resident sets from 64 MiB to 2 GiB (8x a 256 MiB fast tier) x placements x
+vCPUs x workloads, with and without tier-latency emulation.
+
+For each cell it runs `tiervm run --report json` once per policy, static
+first (side by side, so ratios compare runs made under the same host load),
+and prints one row per policy:
+
+- ops/s and the ratio to static (measured; with --emulate-latency the tiers'
+  latency is emulated in the guest, otherwise both tiers are the same DRAM and
+  the ratio is pure overhead);
+- the worst one-second window of guest progress, as a share of the run's
+  mean rate (from the 100 ms timeline, after set-up, before the stop);
+- the engine's measured cost: the vCPUs' time blocked on the memory
+  engine's faults (first touches, hint faults, pages in flight; the kernel's
+  per-thread schedstat, `liveness.vcpu_blocked_ms`), as a share of vCPU time,
+  and the time they waited for a CPU (host load, not the engine);
+- stalls and how the run ended.
+
+It then checks issue 29's targets per cell and prints the misses.
+
+Usage:
+  benches/scripts/live_matrix.py [--quick] [--duration S] [--fast SIZE]
+      [--sizes 64M,192M,...] [--workloads zipf,zipf-uniform,gups,kv,pagerank]
+      [--policies static,tpp,...] [--placements fast-first,slow-first]
+      [--vcpus 1,2] [--emulate off,on] [--repeat N] [--json FILE] [--md FILE]
+
+--quick runs a small subset (two sizes, zipf skewed and uniform, slow-first,
+2 vCPUs, no emulation) in a few minutes. The full default matrix is long
+(hours on 2 cores): run subsets with the flags and merge the JSON files.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TIERVM = os.path.join(ROOT, "target", "release", "tiervm")
+POLICIES = ["static", "tpp", "nomad", "memtis", "colloid", "mtm", "adaptive"]
+SIZES = ["64M", "192M", "512M", "1G", "2G"]
+WORKLOADS = ["zipf", "zipf-uniform", "gups", "kv", "pagerank"]
+SKEWED = {"zipf", "gups", "kv"}
+# Nomad's platform A (the emulation preset the project's live comparisons use).
+EMULATION = "nomad-a"
+
+
+def parse_size(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip().upper()
+    if s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(s)
+
+
+def fmt_size(b):
+    if b % (1 << 30) == 0:
+        return f"{b >> 30}G"
+    return f"{b >> 20}M"
+
+
+def workload_args(workload, rss):
+    """Image and --arg list whose resident set is about `rss` bytes."""
+    if workload == "zipf":
+        return "zipf", [f"rss={fmt_size(rss)}", f"wss={fmt_size(rss)}", "theta=0.99"]
+    if workload == "zipf-uniform":
+        return "zipf", [f"rss={fmt_size(rss)}", f"wss={fmt_size(rss)}", "theta=0"]
+    if workload == "gups":
+        hot = max(2 << 20, rss // 3 // (2 << 20) * (2 << 20))
+        return "gups", [f"size={fmt_size(rss)}", f"hot_size={fmt_size(hot)}"]
+    if workload == "kv":
+        # Heap ~ records * (value_size + 64..128 B), value 1 KiB.
+        return "kv", [f"records={max(1000, rss // 1120)}", "workload=a"]
+    if workload == "pagerank":
+        # GAP pull with degree 16: ~ 90 B per vertex (edges x 4 B + vertex arrays).
+        scale = max(10, round(math.log2(max(1, rss / 90))))
+        return "pagerank", [f"scale={scale}", "iterations=0"]
+    raise ValueError(workload)
+
+
+def guest_mem(rss):
+    """Guest RAM for a resident set: room for the image, stacks and slack."""
+    m = max(256 << 20, int(rss * 1.25) + (64 << 20))
+    return (m + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+
+
+def run_one(cell, policy, args):
+    image, wargs = workload_args(cell["workload"], cell["rss"])
+    cmd = [
+        TIERVM, "run", image,
+        "--mem", fmt_size(guest_mem(cell["rss"])),
+        "--fast", args.fast,
+        "--placement", cell["placement"],
+        "--vcpus", str(cell["vcpus"]),
+        "--policy", policy,
+        "--duration", f"{args.duration}s",
+        "--seed", str(args.seed),
+        "--quiet", "--report", "json",
+    ]
+    for a in wargs:
+        cmd += ["--arg", a]
+    if cell["emulate"] == "on":
+        cmd += ["--emulate-latency", EMULATION]
+    if policy == "mtm":
+        cmd += ["--policy-interval", "mtm=2s"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration * 10 + 120)
+    wall = time.time() - t0
+    try:
+        r = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        return {"policy": policy, "error": (p.stderr or p.stdout)[-300:], "rc": p.returncode}
+    return summarize(policy, r, p.returncode, wall)
+
+
+def worst_window(timeline, stop_s):
+    """Lowest ops over any 1 s window after the first progress and before
+    `stop_s`, as a share of the mean rate over that span."""
+    pts = [(p["t_s"], p["ops"]) for p in timeline]
+    first = next((t for t, o in pts if o > 0), None)
+    if first is None:
+        return 0.0
+    span = [(t, o) for t, o in pts if first <= t <= stop_s]
+    if len(span) < 2 or span[-1][0] - span[0][0] < 1.0:
+        return None
+    mean = (span[-1][1] - span[0][1]) / (span[-1][0] - span[0][0])
+    if mean <= 0:
+        return 0.0
+    worst = math.inf
+    j = 0
+    for i in range(len(span)):
+        while j < len(span) and span[j][0] - span[i][0] < 1.0:
+            j += 1
+        if j == len(span):
+            break
+        rate = (span[j][1] - span[i][1]) / (span[j][0] - span[i][0])
+        worst = min(worst, rate)
+    return None if worst is math.inf else worst / mean
+
+
+def summarize(policy, r, rc, wall):
+    live = r.get("liveness", {})
+    vcpu_ms = live.get("vcpu_run_ms", 0) + live.get("vcpu_wait_cpu_ms", 0) + live.get("vcpu_blocked_ms", 0)
+    stop_s = r["duration_s"] - (live.get("stop_latency_ms") or 0) / 1e3
+    mig = r.get("migration") or {}
+    trk = r.get("tracking") or {}
+    return {
+        "policy": policy,
+        "rc": rc,
+        "ops_per_sec": r["ops_per_sec"],
+        "stop_reason": r["stop_reason"],
+        "worst_1s": worst_window(r["timeline"], stop_s),
+        "blocked_pct": 100.0 * live.get("vcpu_blocked_ms", 0) / vcpu_ms if vcpu_ms else None,
+        "wait_cpu_pct": 100.0 * live.get("vcpu_wait_cpu_ms", 0) / vcpu_ms if vcpu_ms else None,
+        "stalls": len(live.get("stalls", [])),
+        "stop_latency_ms": live.get("stop_latency_ms"),
+        "longest_no_progress_s": live.get("longest_no_progress_s"),
+        "promotions": mig.get("promotions", 0),
+        "demotions": mig.get("demotions", 0),
+        "hint_faults": trk.get("hint_faults", 0),
+        "wall_s": wall,
+    }
+
+
+def cells(args):
+    for w in args.workloads:
+        for size in args.sizes:
+            for pl in args.placements:
+                for v in args.vcpus:
+                    for e in args.emulate:
+                        yield {"workload": w, "rss": parse_size(size), "size": size,
+                               "placement": pl, "vcpus": v, "emulate": e}
+
+
+def check_targets(cell, rows, fast_bytes):
+    """Issue 29's targets for one cell; returns the misses (strings)."""
+    misses = []
+    base = next((r for r in rows if r["policy"] == "static" and "error" not in r), None)
+    if base is None or base["ops_per_sec"] <= 0:
+        return ["no static baseline"]
+    ratio = {r["policy"]: r["ops_per_sec"] / base["ops_per_sec"] for r in rows if "error" not in r}
+    for r in rows:
+        if "error" in r:
+            misses.append(f"{r['policy']}: failed ({r['error'][:80]})")
+        elif r["stop_reason"] != "duration" or r["stalls"]:
+            misses.append(f"{r['policy']}: ended {r['stop_reason']}, {r['stalls']} stall(s)")
+    if cell["emulate"] == "off":
+        for p, x in ratio.items():
+            floor = 0.95 if p == "adaptive" else 0.8
+            if x < floor:
+                misses.append(f"{p} {x:.2f}x static < {floor}")
+    elif cell["workload"] in SKEWED and cell["rss"] >= 3 * fast_bytes:
+        promoting = {p: x for p, x in ratio.items() if p != "static"}
+        best = max(promoting.values(), default=0)
+        if best < 1.2:
+            misses.append(f"best promoting policy {best:.2f}x static < 1.2")
+        a = ratio.get("adaptive")
+        if a is not None and (a < 0.97 or a < 0.9 * best):
+            misses.append(f"adaptive {a:.2f}x static (best {best:.2f}x)")
+    return misses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--duration", type=float, default=6)
+    ap.add_argument("--fast", default="256M")
+    ap.add_argument("--sizes", default=",".join(SIZES))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--placements", default="fast-first,slow-first")
+    ap.add_argument("--vcpus", default="1,2")
+    ap.add_argument("--emulate", default="off,on")
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    args = ap.parse_args()
+    if args.quick:
+        args.sizes, args.workloads, args.placements = "192M,1G", "zipf,zipf-uniform", "slow-first"
+        args.vcpus, args.emulate, args.duration = "2", "off", min(args.duration, 5)
+    for k in ("sizes", "workloads", "policies", "placements", "emulate"):
+        setattr(args, k, [x for x in getattr(args, k).split(",") if x])
+    args.vcpus = [int(x) for x in args.vcpus.split(",") if x]
+    if "static" not in args.policies:
+        args.policies.insert(0, "static")
+    args.policies.sort(key=lambda p: p != "static")
+    if not os.access(TIERVM, os.X_OK):
+        subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
+    fast_bytes = parse_size(args.fast)
+    results = []
+    all_cells = list(cells(args))
+    hdr = ("| workload | RSS | placement | vCPUs | emulated | policy | ops/s | x static | worst 1 s "
+           "| blocked % | wait CPU % | promotions | hint faults | end |")
+    lines = [hdr, "|" + "---|" * 14]
+    print(hdr, flush=True)
+    print(lines[1], flush=True)
+    misses_all = []
+    for n, cell in enumerate(all_cells, 1):
+        rows = []
+        for p in args.policies:
+            print(f"[{n}/{len(all_cells)}] {cell['workload']} {cell['size']} {cell['placement']} "
+                  f"{cell['vcpus']}v emulate={cell['emulate']} {p} ...", file=sys.stderr, flush=True)
+            rows.append(run_one(cell, p, args))
+        base = next((r for r in rows if r["policy"] == "static" and "error" not in r), None)
+        for r in rows:
+            if "error" in r:
+                line = (f"| {cell['workload']} | {cell['size']} | {cell['placement']} | {cell['vcpus']} "
+                        f"| {cell['emulate']} | {r['policy']} | failed: {r['error'][:60]!r} |||||||")
+            else:
+                ratio = r["ops_per_sec"] / base["ops_per_sec"] if base and base["ops_per_sec"] else float("nan")
+                w = "-" if r["worst_1s"] is None else f"{r['worst_1s']:.2f}"
+                bp = "-" if r["blocked_pct"] is None else f"{r['blocked_pct']:.1f}"
+                wp = "-" if r["wait_cpu_pct"] is None else f"{r['wait_cpu_pct']:.1f}"
+                end = r["stop_reason"] + (f", {r['stalls']} stall(s)" if r["stalls"] else "")
+                line = (f"| {cell['workload']} | {cell['size']} | {cell['placement']} | {cell['vcpus']} "
+                        f"| {cell['emulate']} | {r['policy']} | {r['ops_per_sec'] / 1e6:.2f}M | {ratio:.2f} "
+                        f"| {w} | {bp} | {wp} | {r['promotions']} | {r['hint_faults']} | {end} |")
+            print(line, flush=True)
+            lines.append(line)
+        misses = check_targets(cell, rows, fast_bytes)
+        for m in misses:
+            misses_all.append(f"{cell['workload']} {cell['size']} {cell['placement']} {cell['vcpus']}v "
+                              f"emulate={cell['emulate']}: {m}")
+        results.append({"cell": cell, "rows": rows, "misses": misses})
+    print(f"\ntargets: {len(all_cells) - sum(1 for r in results if r['misses'])} of {len(all_cells)} cells meet them")
+    for m in misses_all:
+        print(f"  miss: {m}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
