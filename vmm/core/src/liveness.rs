@@ -82,6 +82,8 @@ pub struct LivenessReport {
     /// Whether the statistics were read (a kernel without schedstat, or a
     /// thread that could not be read, leaves them at zero).
     pub measured: bool,
+    /// Why the watchdog ended the run (a vCPU blocked past [`FATAL_STALL`]).
+    pub fatal: Option<String>,
 }
 
 impl LivenessReport {
@@ -299,7 +301,7 @@ impl LivenessWatch {
                 self.report.stalls.push(stall);
             }
         }
-        (held >= FATAL_STALL).then(|| {
+        let fatal = (held >= FATAL_STALL).then(|| {
             format!(
                 "vCPU {id} has been blocked in the kernel for {:.0} s (a stall): {}",
                 held.as_secs_f64(),
@@ -307,7 +309,11 @@ impl LivenessWatch {
                     .stall_view(Some(tid))
                     .to_string())
             )
-        })
+        });
+        if fatal.is_some() {
+            self.report.fatal.clone_from(&fatal);
+        }
+        fatal
     }
 
     /// The report, with the stop latency: the run ends now.

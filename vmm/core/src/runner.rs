@@ -429,8 +429,6 @@ struct Watched {
     reason: Option<StopReason>,
     ab: Option<AbDriver>,
     live: LivenessWatch,
-    /// Why the run failed although no vCPU crashed (a stall).
-    failure: Option<String>,
 }
 
 /// Step 3: until the VM is done, every `--sample-ms` read the status page
@@ -454,7 +452,6 @@ fn watch(
             .and_then(|t| t.tracking_ab)
             .map(|p| AbDriver::new(p.as_secs_f64())),
         live: LivenessWatch::new(run_start),
-        failure: None,
     };
     let mut vcpu0_exited_at: Option<Instant> = None;
     let mut next = run_start + cfg.sample;
@@ -472,22 +469,9 @@ fn watch(
             if next < now {
                 next = now + cfg.sample;
             }
-            sample(
-                cfg,
-                vm,
-                hooks,
-                &mut w,
-                now.duration_since(run_start).as_secs_f64(),
-            );
-            for &(id, tid, _) in shared.tids.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                w.live.add_vcpu(id, tid);
-            }
-            let ops = w.timelines.ops.last().map_or(0, |p| p.ops);
-            let mem = vm.tiered().map(|t| t.memory().as_ref());
-            if let Some(why) = w.live.sample(now, ops, mem, |id| threads.ended(id)) {
-                tracing::error!("{why}");
-                w.failure = Some(why);
-                w.reason = Some(StopReason::Stalled);
+            let t_s = now.duration_since(run_start).as_secs_f64();
+            sample(cfg, vm, hooks, &mut w, t_s);
+            if watch_liveness(vm, threads, shared, &mut w, now) {
                 return w;
             }
         }
@@ -505,45 +489,89 @@ fn watch(
                 return w;
             }
         }
-        match w.stop_requested_at {
-            None => {
-                let signal = crate::signals::received();
-                if signal.is_some() {
-                    w.reason = Some(StopReason::Signal);
-                }
-                if signal.is_some()
-                    || hooks.wants_stop()
-                    || cfg
-                        .duration
-                        .is_some_and(|d| now.duration_since(run_start) >= d)
-                {
-                    if let Some(t) = vm.tiered() {
-                        t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
-                    }
-                    status::request_stop(vm.ram().memory());
-                    w.stop_requested_at = Some(now);
-                    w.live.stop_requested(now);
-                }
-            }
-            Some(at) => {
-                if now.duration_since(at) >= cfg.stop_grace
-                    || (now.duration_since(at) >= STOP_ACK_GRACE
-                        && !status::read(vm.ram().memory(), cfg.vcpus).acknowledged_stop())
-                {
-                    w.reason = Some(StopReason::Forced);
-                    return w;
-                }
-                // Asserted again at every poll of the grace: the guest may
-                // have overwritten the flag (it is untrusted), and a
-                // migration that loses writes (`--test-skip-dirty-check`'s
-                // negative control) may have put the page back as it was.
-                if let Some(t) = vm.tiered() {
-                    t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
-                }
-                status::request_stop(vm.ram().memory());
-            }
+        if enforce_stop(cfg, vm, hooks, &mut w, now, run_start) {
+            return w;
         }
     }
+}
+
+/// One look of the stall watchdog (`crate::liveness`). Returns true when
+/// a stall ends the run.
+fn watch_liveness(
+    vm: &Vm,
+    threads: &VcpuThreads,
+    shared: &vcpu::VcpuShared,
+    w: &mut Watched,
+    now: Instant,
+) -> bool {
+    for &(id, tid, _) in shared.tids.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        w.live.add_vcpu(id, tid);
+    }
+    let ops = w.timelines.ops.last().map_or(0, |p| p.ops);
+    let mem = vm.tiered().map(|t| t.memory().as_ref());
+    match w.live.sample(now, ops, mem, |id| threads.ended(id)) {
+        Some(why) => {
+            tracing::error!("{why}");
+            w.reason = Some(StopReason::Stalled);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Asks the guest to stop at `--duration` (or on a signal, or when a hook
+/// wants it), and forces the stop when the guest has not acknowledged it
+/// within [`STOP_ACK_GRACE`] or not ended within `--stop-grace`. Returns
+/// true when the run must end now.
+fn enforce_stop(
+    cfg: &VmConfig,
+    vm: &mut Vm,
+    hooks: &mut dyn RunHooks,
+    w: &mut Watched,
+    now: Instant,
+    run_start: Instant,
+) -> bool {
+    match w.stop_requested_at {
+        None => {
+            let signal = crate::signals::received();
+            if signal.is_some() {
+                w.reason = Some(StopReason::Signal);
+            }
+            let due = cfg
+                .duration
+                .is_some_and(|d| now.duration_since(run_start) >= d);
+            if signal.is_some() || hooks.wants_stop() || due {
+                request_stop(vm);
+                w.stop_requested_at = Some(now);
+                w.live.stop_requested(now);
+            }
+            false
+        }
+        Some(at) => {
+            let waited = now.duration_since(at);
+            if waited >= cfg.stop_grace
+                || (waited >= STOP_ACK_GRACE
+                    && !status::read(vm.ram().memory(), cfg.vcpus).acknowledged_stop())
+            {
+                w.reason = Some(StopReason::Forced);
+                return true;
+            }
+            // Asserted again at every poll of the grace: the guest may
+            // have overwritten the flag (it is untrusted), and a
+            // migration that loses writes (`--test-skip-dirty-check`'s
+            // negative control) may have put the page back as it was.
+            request_stop(vm);
+            false
+        }
+    }
+}
+
+/// Sets the guest's stop flag (a VMM write the dirty tracking must see).
+fn request_stop(vm: &Vm) {
+    if let Some(t) = vm.tiered() {
+        t.note_vmm_write(STATUS_GPA + STATUS_STOP_OFFSET, 8);
+    }
+    status::request_stop(vm.ram().memory());
 }
 
 /// One status sample at `t_s` seconds into the run.
