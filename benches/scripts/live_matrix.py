@@ -10,6 +10,9 @@ and prints one row per policy:
 - ops/s and the ratio to static (measured; with --emulate-latency the tiers'
   latency is emulated in the guest, otherwise both tiers are the same DRAM and
   the ratio is pure overhead);
+- the ratio of guest ops per second of vCPU time spent running or blocked
+  on the engine (time runnable but waiting for a CPU left out): an estimate
+  of the ratio on an idle host, for hosts whose cores are shared;
 - the worst one-second window of guest progress, as a share of the run's
   mean rate (from the 100 ms timeline, after set-up, before the stop);
 - the engine's measured cost: the vCPUs' time blocked on the memory
@@ -148,10 +151,15 @@ def summarize(policy, r, rc, wall):
     stop_s = r["duration_s"] - (live.get("stop_latency_ms") or 0) / 1e3
     mig = r.get("migration") or {}
     trk = r.get("tracking") or {}
+    # Ops per second of vCPU time spent running or blocked on the engine,
+    # leaving out time runnable but waiting for a CPU (host load): what the
+    # rate would be on an idle host, as an estimate (not a measurement).
+    busy_ms = live.get("vcpu_run_ms", 0) + live.get("vcpu_blocked_ms", 0)
     return {
         "policy": policy,
         "rc": rc,
         "ops_per_sec": r["ops_per_sec"],
+        "ops_per_busy_vcpu_s": r["ops"] / (busy_ms / 1e3) if busy_ms else None,
         "stop_reason": r["stop_reason"],
         "worst_1s": worst_window(r["timeline"], stop_s),
         "blocked_pct": 100.0 * live.get("vcpu_blocked_ms", 0) / vcpu_ms if vcpu_ms else None,
@@ -233,9 +241,9 @@ def main():
     fast_bytes = parse_size(args.fast)
     results = []
     all_cells = list(cells(args))
-    hdr = ("| workload | RSS | placement | vCPUs | emulated | policy | ops/s | x static | worst 1 s "
-           "| blocked % | wait CPU % | promotions | hint faults | end |")
-    lines = [hdr, "|" + "---|" * 14]
+    hdr = ("| workload | RSS | placement | vCPUs | emulated | policy | ops/s | x static | x static per busy vCPU-s "
+           "| worst 1 s | blocked % | wait CPU % | promotions | hint faults | end |")
+    lines = [hdr, "|" + "---|" * 15]
     print(hdr, flush=True)
     print(lines[1], flush=True)
     misses_all = []
@@ -249,15 +257,18 @@ def main():
         for r in rows:
             if "error" in r:
                 line = (f"| {cell['workload']} | {cell['size']} | {cell['placement']} | {cell['vcpus']} "
-                        f"| {cell['emulate']} | {r['policy']} | failed: {r['error'][:60]!r} |||||||")
+                        f"| {cell['emulate']} | {r['policy']} | failed: {r['error'][:60]!r} ||||||||")
             else:
                 ratio = r["ops_per_sec"] / base["ops_per_sec"] if base and base["ops_per_sec"] else float("nan")
+                nb = base.get("ops_per_busy_vcpu_s") if base else None
+                nr = r.get("ops_per_busy_vcpu_s")
+                nratio = f"{nr / nb:.2f}" if nb and nr else "-"
                 w = "-" if r["worst_1s"] is None else f"{r['worst_1s']:.2f}"
                 bp = "-" if r["blocked_pct"] is None else f"{r['blocked_pct']:.1f}"
                 wp = "-" if r["wait_cpu_pct"] is None else f"{r['wait_cpu_pct']:.1f}"
                 end = r["stop_reason"] + (f", {r['stalls']} stall(s)" if r["stalls"] else "")
                 line = (f"| {cell['workload']} | {cell['size']} | {cell['placement']} | {cell['vcpus']} "
-                        f"| {cell['emulate']} | {r['policy']} | {r['ops_per_sec'] / 1e6:.2f}M | {ratio:.2f} "
+                        f"| {cell['emulate']} | {r['policy']} | {r['ops_per_sec'] / 1e6:.2f}M | {ratio:.2f} | {nratio} "
                         f"| {w} | {bp} | {wp} | {r['promotions']} | {r['hint_faults']} | {end} |")
             print(line, flush=True)
             lines.append(line)

@@ -1342,6 +1342,16 @@ fn a_split_range_collapses_back_when_whole_on_one_tier() {
     // Not whole on one tier: no collapse.
     assert_eq!(mem.collapse_split_ranges(8), 0);
     m.demote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    // Whole again: the first scan notes it, the second collapses it (a
+    // range that a move splits again in between is not collapsed).
+    assert_eq!(mem.collapse_split_ranges(8), 0);
+    m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    m.demote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(
+        mem.collapse_split_ranges(8),
+        0,
+        "split again since the first scan"
+    );
     assert_eq!(mem.collapse_split_ranges(8), 1);
     assert_eq!(mem.stats().collapses, 1);
     assert_eq!(huge(&mem), 4 << 20, "collapsed back");

@@ -9,8 +9,13 @@
 //! areas are locked, so no part of it becomes the shared zero page, see
 //! `sys::lock_on_fault`). A collapse copies the range into a new huge page
 //! on the node most of its pages are on: the tier's node, since every page
-//! is on that tier. The kernel never collapses guest RAM by itself
-//! (NOHUGEPAGE): it would not know the tiers.
+//! is on that tier. When the tiers are on different nodes, the kernel never
+//! collapses guest RAM by itself (a split range is NOHUGEPAGE): it would
+//! not know the tiers. When they share a node (emulated tiers) no VMA flag
+//! is changed: each change takes the mmap lock for writing, which stalls
+//! every vCPU's faults behind it (measured: up to 440 ms on a busy host).
+//! A range is collapsed only when two scans 100 ms apart found it whole on
+//! one tier (a range the sampler or a mover keeps splitting is left split).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -23,6 +28,10 @@ use crate::sys::{self, Advice, HUGE_PAGE_SIZE, PAGE_SIZE};
 const HUGE: u8 = 1;
 /// 4 KiB moves touched the range since it was last whole.
 const SPLIT: u8 = 2;
+/// A split range the last collapse scan found whole on one tier: the next
+/// scan collapses it if it still is (a range the sampler or a mover keeps
+/// splitting is not collapsed again and again).
+const WHOLE_ONCE: u8 = 3;
 
 /// Per-2-MiB-range state of guest RAM.
 #[derive(Debug)]
@@ -66,10 +75,13 @@ impl TieredMemory {
                 continue;
             };
             let old = state.swap(SPLIT, Ordering::Relaxed);
-            if old & HUGE != 0 {
+            if old == HUGE {
                 self.counters.splits.fetch_add(1, Ordering::Relaxed);
             }
-            if old != SPLIT && self.huge_pages {
+            // On tiers that share a node (emulated) a collapse by the kernel
+            // cannot move a page off its tier's node: no VMA flag change,
+            // whose mmap write lock would stall every vCPU's faults.
+            if old != SPLIT && old != WHOLE_ONCE && self.huge_pages && !self.emulated() {
                 // Broken into pages (or committed page by page): keep
                 // khugepaged away from it (see `backing::set_up_areas`).
                 let a = g + c * HUGE_PAGE_SIZE;
@@ -92,7 +104,8 @@ impl TieredMemory {
             if done >= budget {
                 break;
             }
-            if state.load(Ordering::Relaxed) != SPLIT {
+            let st = state.load(Ordering::Relaxed);
+            if st != SPLIT && st != WHOLE_ONCE {
                 continue;
             }
             let first = c * CHUNK_SLOTS;
@@ -106,6 +119,15 @@ impl TieredMemory {
                     w & POPULATED != 0 && w & (BUSY | PARKED) == 0 && page_map::tier_of(w) == tier
                 });
             if !whole {
+                let _ =
+                    state.compare_exchange(WHOLE_ONCE, SPLIT, Ordering::Relaxed, Ordering::Relaxed);
+                continue;
+            }
+            if st == SPLIT {
+                // Seen whole for the first time: collapse at the next scan
+                // if it stays whole (and unsplit) until then.
+                let _ =
+                    state.compare_exchange(SPLIT, WHOLE_ONCE, Ordering::Relaxed, Ordering::Relaxed);
                 continue;
             }
             // Own every page so no mover or sampler races the collapse.
@@ -126,9 +148,14 @@ impl TieredMemory {
                 // which MADV_COLLAPSE refuses: eligible again for the
                 // collapse, and staying so once it is huge.
                 let a = self.guest_addr(first);
-                let collapsed = sys::advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
-                    .and_then(|()| sys::advise(a, HUGE_PAGE_SIZE, Advice::Collapse));
-                if collapsed.is_err() {
+                let collapsed = if self.emulated() {
+                    // Never made NOHUGEPAGE (see `note_guest_move`).
+                    sys::advise(a, HUGE_PAGE_SIZE, Advice::Collapse)
+                } else {
+                    sys::advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
+                        .and_then(|()| sys::advise(a, HUGE_PAGE_SIZE, Advice::Collapse))
+                };
+                if collapsed.is_err() && !self.emulated() {
                     if let Err(e) = sys::advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
                         tracing::warn!("guest range {first}: back to NOHUGEPAGE: {e}");
                     }
