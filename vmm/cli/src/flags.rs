@@ -45,7 +45,9 @@ pub struct VmFlags {
     /// Status-page sampling period in milliseconds (timeline resolution).
     #[arg(long, default_value_t = DEFAULT_SAMPLE_MS)]
     pub sample_ms: u64,
-    /// How long the guest gets to report after the stop request.
+    /// How long the guest gets to finish (e.g. memcheck's final check)
+    /// after the stop request; it must acknowledge the stop (leave its
+    /// Init and Run phases) within 0.5 s in any case, or the run is forced
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub stop_grace: Duration,
     /// Fast-tier capacity; default: half of --mem.
