@@ -178,6 +178,12 @@ pub struct SimArgs {
     /// Promotion / migration rate limit for every policy, MB/s.
     #[arg(long)]
     pub rate_limit_mbps: Option<f64>,
+    /// Free share of a tier kept by the policies that have no watermark of
+    /// their own (memtis, colloid on 4 KiB pages, mtm, adaptive), per 10,000
+    /// of the tier as Linux's `watermark_scale_factor` counts (default 40 =
+    /// 0.4%, borrowed from Linux): a sensitivity knob.
+    #[arg(long, value_name = "PER_10000")]
+    pub free_reserve_bp: Option<u16>,
     /// Unit costs of faults and migrations to start from (the flags below
     /// override single ones).
     #[arg(long, value_enum, default_value_t = CostsArg::Default)]
@@ -260,6 +266,9 @@ pub enum SimCmdError {
     /// `--graph` is not a generator.
     #[error("--graph must be uniform or rmat, got `{0}`")]
     Graph(String),
+    /// `--free-reserve-bp` is not under the whole tier.
+    #[error("--free-reserve-bp counts per 10,000 of the tier and must be under 10000, got {0}")]
+    FreeReserve(u16),
     /// A policy name does not parse.
     #[error(transparent)]
     Policy(#[from] tiering::policy::PolicyError),
@@ -309,6 +318,12 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
     override_tiers(scn, a)?;
     if let Some(v) = a.rate_limit_mbps {
         scn.promote_rate_limit_mbps = Some(v);
+    }
+    if let Some(v) = a.free_reserve_bp {
+        if v >= 10_000 {
+            return Err(SimCmdError::FreeReserve(v));
+        }
+        scn.free_reserve_fraction = Some(f64::from(v) / 10_000.0);
     }
     if a.costs == CostsArg::Measured {
         scn.costs = tiering::sim::model::CostModel::measured();
