@@ -52,7 +52,7 @@ def main():
     ap.add_argument("--load", default="", help="read the reports from a --json-out file instead of running")
     ap.add_argument("--nomad", action="store_true", help="print docs/reproduction.md's nomad-* tables")
     ap.add_argument("--claims", action="store_true", help="print the strict re-score of the seeds' claims")
-    ap.add_argument("--sensitivity", default="", help="constants to halve and double (comma-separated, or all): fault, shootdown, ipi, setup, queue-k, colloid-mlp, redis-cpu, free-reserve")
+    ap.add_argument("--sensitivity", default="", help="constants to halve and double (comma-separated, or all): fault, shootdown, ipi, setup, queue-k, colloid-mlp, redis-cpu, free-reserve, tpm-busy-abort (not a test: a range)")
     ap.add_argument("--sens-dir", default="sim-sensitivity", help="where --sensitivity keeps its runs (reused if present)")
     ap.add_argument("extra", nargs="*", help="extra arguments for every `tiervm sim` run")
     a = ap.parse_args()
@@ -320,6 +320,17 @@ def claims(everything):
         out.append(("[N] Table 2: TPP promotes more than Nomad in progress (all but large-wo)", "5 of 6 cells",
                     f"tpp-lru > nomad in {sum(more)} of 6 round-1 cells; the paper's order in {same} of 6",
                     "R" if same == 6 else ("D" if same >= 4 else "F")))
+    if have(NOMAD, ["nomad"]):
+        def ratio(s):
+            c = reps[s]["nomad"]["counters"]
+            return c["tpm_commits"] / c["tpm_aborts"] if c["tpm_aborts"] > 0 else float("inf")
+        ro = [ratio(s) for s in NOMAD if s.endswith("-ro")]
+        wo = [ratio(s) for s in NOMAD if s.endswith("-wo")]
+        ok = all(within(x, 148, 167) for x in ro) and all(within(x, 153, 267) for x in wo)
+        some = all(x < float("inf") for x in ro + wo) and all(148 / 10 <= x <= 267 * 10 for x in ro + wo)
+        fmt = lambda xs: ", ".join("no abort" if x == float("inf") else f"{x:.0f}:1" for x in xs)
+        out.append(("[M] Table 3: TPM success:abort (read-only; write-only)", "148-167:1; 153-267:1",
+                    f"{fmt(ro)}; {fmt(wo)} (all four rounds)", "R" if ok else ("D" if some else "F")))
     if have(NOMAD, ["memtis", "tpp-lru"]):
         cells = [(p1(s, "memtis"), p4(s, "memtis")) for s in NOMAD]
         tppmin = min(min(p1(s, "tpp-lru"), 1e12) for s in NOMAD)
@@ -436,6 +447,9 @@ SENSITIVITY = {
                     [(f"colloid-gups-{i}x", "colloid,colloid-base,tpp,memtis", ["--sweep-static"]) for i in range(4)]),
     "redis-cpu": ("--compute-ns-per-op", 8000, [4000, 16000, 20000],
                   [("kv-ycsb-a", "static,tpp,tpp-lru,nomad,memtis", [])]),
+    # NOT A TEST (item 5 of issue 30): no source gives a rate; 0 is the default model.
+    "tpm-busy-abort": ("--tpm-busy-abort-permille", 0, [1, 7, 20],
+                       [(s, "static,tpp-lru,nomad", []) for s in NOMAD]),
     "free-reserve": ("--free-reserve-bp", 40, [20, 80],
                      [(s, "static,tpp-lru,nomad,memtis,memtis-quickcool", []) for s in NOMAD]
                      + [("kv-ycsb-a", "static,tpp,tpp-lru,nomad,memtis", []),

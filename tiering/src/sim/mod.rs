@@ -434,6 +434,26 @@ mod tests {
         );
     }
 
+    /// `CostModel::tpm_busy_abort` (NOT A TEST: a chosen rate of -EAGAIN
+    /// other than a dirty PTE) fails about that share of a read-only run's
+    /// transactional migrations, which at 0 never abort (nothing writes).
+    #[test]
+    fn busy_aborts_fail_their_share_of_read_only_transactional_migrations() {
+        let mut scn = builtin("nomad-large-ro").expect("built-in");
+        scn.rounds = None;
+        scn.bench_init = None;
+        scn.duration_s = 30.0;
+        scn.scale = 1024.0;
+        let none = run(&scn, PolicyKind::Nomad).unwrap();
+        assert!(none.counters.tpm_commits > 0.0, "{:?}", none.counters);
+        assert_eq!(none.counters.tpm_aborts, 0.0);
+        scn.costs.tpm_busy_abort = 0.2;
+        let some = run(&scn, PolicyKind::Nomad).unwrap();
+        let c = &some.counters;
+        let share = c.tpm_aborts / (c.tpm_aborts + c.tpm_commits);
+        assert!((0.15..0.25).contains(&share), "{share} {c:?}");
+    }
+
     /// A small, uniformly hot buffer (every page hot) three times the fast
     /// tier: nomad keeps promoting and demoting pages that are in use.
     fn hot_buffer(size_gib: f64, fast_gib: f64, write_ratio: f64) -> Scenario {

@@ -209,6 +209,12 @@ pub struct SimArgs {
     /// Modeled time a shadow remap (demotion without a copy) holds its page, ns.
     #[arg(long)]
     pub shadow_remap_ns: Option<f64>,
+    /// NOT A TEST: per 1000 transactional migration attempts, how many fail
+    /// for a reason other than a write during the copy (Nomad's -EAGAIN
+    /// from a held page lock or an unexpected reference); no source gives
+    /// a rate (docs/reproduction.md, "Read-only TPM aborts").
+    #[arg(long, value_name = "PER_1000")]
+    pub tpm_busy_abort_permille: Option<u8>,
 }
 
 /// Overrides of the guest-image workloads (`kv-*`, `pagerank-*` scenarios).
@@ -318,6 +324,9 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
     override_tiers(scn, a)?;
     if let Some(v) = a.rate_limit_mbps {
         scn.promote_rate_limit_mbps = Some(v);
+    }
+    if let Some(v) = a.tpm_busy_abort_permille {
+        scn.costs.tpm_busy_abort = f64::from(v) / 1000.0;
     }
     if let Some(v) = a.free_reserve_bp {
         if v >= 10_000 {
