@@ -677,7 +677,8 @@ impl Colloid {
                 1.0
             },
             static_limit_pages: config.mb_to_pages(STATIC_LIMIT_MB),
-            reserve: ((fast as f64 * FREE_RESERVE_FRACTION).round() as u64).max(1),
+            reserve: ((fast as f64 * config.free_reserve_or(FREE_RESERVE_FRACTION)).round() as u64)
+                .max(1),
             quantum_ns: config.interval_ns.unwrap_or(QUANTUM_NS),
             last_dp: 0.0,
             base_only: false,

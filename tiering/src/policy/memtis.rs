@@ -336,7 +336,8 @@ impl Memtis {
             candidates: Vec::new(),
             hand: ClockHand::default(),
             fast_capacity: fast,
-            reserve: ((fast as f64 * FREE_RESERVE_FRACTION).round() as u64).max(1),
+            reserve: ((fast as f64 * config.free_reserve_or(FREE_RESERVE_FRACTION)).round() as u64)
+                .max(1),
             budget: IntervalBudget::new(config.mb_to_pages_f64(rate * interval_ns as f64 / 1e9)),
             interval_ns,
             tiers: config.tiers(),

@@ -121,6 +121,8 @@ pub struct Mtm {
     interval: u64,
     started: bool,
     caps: Vec<u64>,
+    /// Fraction of each non-slowest tier kept free.
+    reserve_fraction: f64,
     /// Splits and merges in the last interval.
     pub last_splits: u64,
     /// Merges in the last interval.
@@ -169,6 +171,7 @@ impl Mtm {
             interval: 0,
             started: false,
             caps: config.tier_capacity_pages.clone(),
+            reserve_fraction: config.free_reserve_or(FREE_RESERVE_FRACTION),
             last_splits: 0,
             last_merges: 0,
         }
@@ -344,7 +347,7 @@ impl Mtm {
         let reserve: Vec<u64> = self
             .caps
             .iter()
-            .map(|&c| ((c as f64 * FREE_RESERVE_FRACTION) as u64).max(1))
+            .map(|&c| ((c as f64 * self.reserve_fraction) as u64).max(1))
             .collect();
         let (order, target) = self.rank_and_target(n, &reserve);
         let mut mover = Mover {

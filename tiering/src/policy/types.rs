@@ -251,6 +251,13 @@ pub struct PolicyConfig {
     /// it; the live engine leaves it off (it tracks and moves 4 KiB pages).
     #[serde(default)]
     pub transparent_huge_pages: bool,
+    /// Overrides the free fraction of a tier that policies without a
+    /// watermark of their own keep (`memtis`, `colloid`, `mtm`, `adaptive`:
+    /// 0.4%, borrowed from Linux's watermarks, not from their papers). For
+    /// sensitivity runs (`tiervm sim --free-reserve-bp`); `None` keeps each
+    /// policy's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_reserve_fraction: Option<f64>,
 }
 
 impl PolicyConfig {
@@ -265,6 +272,16 @@ impl PolicyConfig {
             accessed_test_cost_ns: None,
             huge_pages: false,
             transparent_huge_pages: false,
+            free_reserve_fraction: None,
+        }
+    }
+
+    /// The free fraction a policy without its own watermark keeps: the
+    /// override if set (and in `0..1`), else `default`.
+    pub fn free_reserve_or(&self, default: f64) -> f64 {
+        match self.free_reserve_fraction {
+            Some(f) if (0.0..1.0).contains(&f) => f,
+            _ => default,
         }
     }
 

@@ -441,6 +441,9 @@ struct Sim {
     shadow_fifo: VecDeque<u64>,
     stream: Stream,
     rng: Rng,
+    /// Draws [`CostModel::tpm_busy_abort`] (its own stream: the access
+    /// stream is the same with it on or off).
+    busy_abort_rng: Rng,
     trackers: TrackerRequest,
     hint_mask: u64,
     /// The scanner's period, adapted as Linux does ([`ScanPeriod`]), unless
@@ -768,6 +771,7 @@ impl Sim {
             shadow_fifo: VecDeque::new(),
             stream: start.stream,
             rng: Rng::for_stream(scn.seed, 0),
+            busy_abort_rng: Rng::for_stream(scn.seed, 5),
             sample_countdown: trackers.sample_period,
             store_countdown: trackers.store_sample_period,
             writes_are_stores: scn.pebs_writes_are_stores,
@@ -1596,7 +1600,15 @@ impl Sim {
         let mut put_back_ns = 0.0;
         for f in std::mem::take(&mut self.tpm) {
             let pi = f.page as usize;
-            let aborted = self.map.flags[pi] & TPM_ABORT != 0;
+            let mut aborted = self.map.flags[pi] & TPM_ABORT != 0;
+            // NOT A TEST: an -EAGAIN other than a dirty PTE, at a chosen rate.
+            if !aborted
+                && self.map.tier[pi] == f.from
+                && self.costs.tpm_busy_abort > 0.0
+                && self.busy_abort_rng.chance(self.costs.tpm_busy_abort)
+            {
+                aborted = true;
+            }
             self.map.flags[pi] &= !(IN_TPM | TPM_ABORT);
             self.used[usize::from(f.to)] -= 1;
             if aborted || self.map.tier[pi] != f.from {

@@ -405,6 +405,55 @@ mod tests {
         assert_eq!(st.counters.page_lock_waits, 0.0);
     }
 
+    /// `Scenario::free_reserve_fraction` reaches the policies that keep a
+    /// borrowed free reserve (memtis, mtm; colloid on 4 KiB pages: on
+    /// HeMem's 2 MiB pages it keeps none, as the public code): a quarter of
+    /// the fast tier kept free changes their runs; `None` is each policy's
+    /// own 0.4%.
+    #[test]
+    fn the_free_reserve_override_reaches_the_policies_that_borrow_it() {
+        let scn = quick("colloid-gups-1x");
+        let mut small = scn.clone();
+        small.huge_pages = false;
+        for (base, p) in [
+            (&scn, PolicyKind::Memtis),
+            (&scn, PolicyKind::Mtm),
+            (&small, PolicyKind::Colloid),
+        ] {
+            let mut wide = base.clone();
+            wide.free_reserve_fraction = Some(0.25);
+            let (a, b) = (strip(run(base, p).unwrap()), strip(run(&wide, p).unwrap()));
+            assert_ne!(a.counters, b.counters, "{p}: the override had no effect");
+        }
+        let mut own = scn.clone();
+        own.free_reserve_fraction = Some(crate::policy::mtm::FREE_RESERVE_FRACTION);
+        assert_eq!(
+            strip(run(&scn, PolicyKind::Mtm).unwrap()),
+            strip(run(&own, PolicyKind::Mtm).unwrap()),
+            "None must be the policy's own fraction"
+        );
+    }
+
+    /// `CostModel::tpm_busy_abort` (NOT A TEST: a chosen rate of -EAGAIN
+    /// other than a dirty PTE) fails about that share of a read-only run's
+    /// transactional migrations, which at 0 never abort (nothing writes).
+    #[test]
+    fn busy_aborts_fail_their_share_of_read_only_transactional_migrations() {
+        let mut scn = builtin("nomad-large-ro").expect("built-in");
+        scn.rounds = None;
+        scn.bench_init = None;
+        scn.duration_s = 30.0;
+        scn.scale = 1024.0;
+        let none = run(&scn, PolicyKind::Nomad).unwrap();
+        assert!(none.counters.tpm_commits > 0.0, "{:?}", none.counters);
+        assert_eq!(none.counters.tpm_aborts, 0.0);
+        scn.costs.tpm_busy_abort = 0.2;
+        let some = run(&scn, PolicyKind::Nomad).unwrap();
+        let c = &some.counters;
+        let share = c.tpm_aborts / (c.tpm_aborts + c.tpm_commits);
+        assert!((0.15..0.25).contains(&share), "{share} {c:?}");
+    }
+
     /// A small, uniformly hot buffer (every page hot) three times the fast
     /// tier: nomad keeps promoting and demoting pages that are in use.
     fn hot_buffer(size_gib: f64, fast_gib: f64, write_ratio: f64) -> Scenario {

@@ -115,6 +115,16 @@ pub struct CostModel {
     /// charges a remap only its IPIs).
     #[serde(default)]
     pub shadow_remap_ns: f64,
+    /// NOT A TEST: the probability that a transactional migration attempt
+    /// fails for a reason other than a write during its copy (Nomad's
+    /// `nomad_transit_pages` returns -EAGAIN when `trylock_page` finds the
+    /// page locked, or its mapcount or reference count is not the expected
+    /// one: a concurrent fault's, a pagevec's or a leaked reference), drawn
+    /// per attempt; the page is retried as after a dirty abort. No source
+    /// gives a rate, so runs with it show a verdict across a range, not a
+    /// reproduction. 0 by default.
+    #[serde(default)]
+    pub tpm_busy_abort: f64,
 }
 
 impl Default for CostModel {
@@ -127,6 +137,7 @@ impl Default for CostModel {
             copy_gbps: 4.5,
             tpm_abort_ns: 0.0,
             shadow_remap_ns: 0.0,
+            tpm_busy_abort: 0.0,
         }
     }
 }

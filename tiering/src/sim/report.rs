@@ -201,7 +201,7 @@ pub fn table(reports: &[SimReport]) -> String {
         ));
     }
     s.push_str(&format!(
-        "{:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+        "{:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
         "policy",
         "Macc/s",
         "progress",
@@ -214,6 +214,7 @@ pub fn table(reports: &[SimReport]) -> String {
         "tpm ok",
         "tpm abrt",
         "hintflt",
+        "refault",
         "sim Ma/s"
     ));
     for r in reports {
@@ -221,7 +222,7 @@ pub fn table(reports: &[SimReport]) -> String {
         let fast = r.tiers.first().map(|t| t.accesses).unwrap_or(0.0);
         let c = &r.counters;
         s.push_str(&format!(
-            "{:<8} {:>9} {:>9} {:>9} {:>8.0} {:>6.1}% {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1}\n",
+            "{:<8} {:>9} {:>9} {:>9} {:>8.0} {:>6.1}% {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1}\n",
             r.policy,
             maps(r.throughput_maps),
             maps(r.in_progress_maps),
@@ -234,7 +235,18 @@ pub fn table(reports: &[SimReport]) -> String {
             si(c.tpm_commits),
             si(c.tpm_aborts),
             si(c.hint_faults),
+            si(c.refaults),
             r.sim_rate() / 1e6,
+        ));
+    }
+    // Runs of rounds timed by the model: each policy's own round lengths
+    // (progress = round 1, stable = the last round).
+    for r in reports.iter().filter(|r| !r.round_s.is_empty()) {
+        let rounds: Vec<String> = r.round_s.iter().map(|x| format!("{x:.1}")).collect();
+        s.push_str(&format!(
+            "{:<8} rounds (modeled s): {}\n",
+            r.policy,
+            rounds.join(" / ")
         ));
     }
     s
@@ -289,4 +301,55 @@ pub fn tier_table(r: &SimReport) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(policy: &str, round_s: Vec<f64>, refaults: f64) -> SimReport {
+        SimReport {
+            modeled: true,
+            scenario: "s".into(),
+            policy: policy.into(),
+            duration_s: 1.0,
+            throughput_maps: 1.0,
+            in_progress_maps: 1.0,
+            stable_maps: 1.0,
+            avg_latency_ns: 100.0,
+            counters: EventCounts {
+                refaults,
+                ..EventCounts::default()
+            },
+            in_progress_counters: EventCounts::default(),
+            stable_counters: EventCounts::default(),
+            warmup_counters: None,
+            between_rounds_counters: None,
+            round_s,
+            tiers: Vec::new(),
+            timeline: Vec::new(),
+            simulated_accesses: 0,
+            wall_s: 0.0,
+            modes: Vec::new(),
+            mode_changes: Vec::new(),
+            final_mode: None,
+        }
+    }
+
+    /// The text table shows refaults and, for runs of rounds, each
+    /// policy's round lengths (runs without rounds print no such line).
+    #[test]
+    fn the_table_shows_refaults_and_round_lengths() {
+        let t = table(&[
+            report("tpp-lru", vec![189.4, 23.1, 15.6, 14.4], 99.5e6),
+            report("static", Vec::new(), 0.0),
+        ]);
+        assert!(t.contains("refault"), "{t}");
+        assert!(t.contains("99.50M"), "{t}");
+        assert!(
+            t.contains("tpp-lru  rounds (modeled s): 189.4 / 23.1 / 15.6 / 14.4"),
+            "{t}"
+        );
+        assert!(!t.contains("static   rounds"), "{t}");
+    }
 }

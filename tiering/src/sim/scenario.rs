@@ -113,6 +113,11 @@ pub struct Scenario {
     /// `duration_s` and its phases are `phase_fraction` of it.
     #[serde(default)]
     pub rounds: Option<Rounds>,
+    /// Overrides the free fraction of a tier that policies without a
+    /// watermark of their own keep (`PolicyConfig::free_reserve_fraction`;
+    /// `--free-reserve-bp`, a sensitivity knob). `None`: each policy's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_reserve_fraction: Option<f64>,
 }
 
 /// [`Scenario::rounds`].
@@ -268,6 +273,7 @@ pub fn nomad_platform_a_run(name: String, about: String, workload: WorkloadSpec)
         bench_init: None,
         linux_scan_period: true,
         rounds: None,
+        free_reserve_fraction: None,
     }
 }
 
@@ -397,6 +403,7 @@ fn colloid(level: u32) -> Scenario {
         bench_init: None,
         linux_scan_period: true,
         rounds: None,
+        free_reserve_fraction: None,
     }
 }
 
@@ -431,6 +438,7 @@ fn mtm_4tier() -> Scenario {
         bench_init: None,
         linux_scan_period: true,
         rounds: None,
+        free_reserve_fraction: None,
     }
 }
 

@@ -260,6 +260,7 @@ pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfi
         accessed_test_cost_ns: None,
         huge_pages: scn.huge_pages,
         transparent_huge_pages: scn.transparent_huge_pages,
+        free_reserve_fraction: scn.free_reserve_fraction,
     }
 }
 

@@ -282,7 +282,10 @@ impl Adaptive {
             reserve: config
                 .tier_capacity_pages
                 .iter()
-                .map(|&c| ((c as f64 * FREE_RESERVE_FRACTION).round() as u64).max(1))
+                .map(|&c| {
+                    ((c as f64 * config.free_reserve_or(FREE_RESERVE_FRACTION)).round() as u64)
+                        .max(1)
+                })
                 .collect(),
             scale,
             region: config.scaled_pages(REGION_PAGES as f64),

@@ -179,6 +179,12 @@ pub struct SimArgs {
     /// Promotion / migration rate limit for every policy, MB/s.
     #[arg(long)]
     pub rate_limit_mbps: Option<f64>,
+    /// Free share of a tier kept by the policies that have no watermark of
+    /// their own (memtis, colloid on 4 KiB pages, mtm, adaptive), per 10,000
+    /// of the tier as Linux's `watermark_scale_factor` counts (default 40 =
+    /// 0.4%, borrowed from Linux): a sensitivity knob.
+    #[arg(long, value_name = "PER_10000")]
+    pub free_reserve_bp: Option<u16>,
     /// Unit costs of faults and migrations to start from (the flags below
     /// override single ones).
     #[arg(long, value_enum, default_value_t = CostsArg::Default)]
@@ -204,6 +210,12 @@ pub struct SimArgs {
     /// Modeled time a shadow remap (demotion without a copy) holds its page, ns.
     #[arg(long)]
     pub shadow_remap_ns: Option<f64>,
+    /// NOT A TEST: per 1000 transactional migration attempts, how many fail
+    /// for a reason other than a write during the copy (Nomad's -EAGAIN
+    /// from a held page lock or an unexpected reference); no source gives
+    /// a rate (docs/reproduction.md, "Read-only TPM aborts").
+    #[arg(long, value_name = "PER_1000")]
+    pub tpm_busy_abort_permille: Option<u8>,
 }
 
 /// Overrides of the guest-image workloads (`kv-*`, `pagerank-*` scenarios).
@@ -260,6 +272,15 @@ pub fn apply_overrides(scn: &mut Scenario, a: &SimArgs) -> Result<(), SimCmdErro
     override_tiers(scn, a)?;
     if let Some(v) = a.rate_limit_mbps {
         scn.promote_rate_limit_mbps = Some(v);
+    }
+    if let Some(v) = a.tpm_busy_abort_permille {
+        scn.costs.tpm_busy_abort = f64::from(v) / 1000.0;
+    }
+    if let Some(v) = a.free_reserve_bp {
+        if v >= 10_000 {
+            return Err(SimCmdError::FreeReserve(v));
+        }
+        scn.free_reserve_fraction = Some(f64::from(v) / 10_000.0);
     }
     if a.costs == CostsArg::Measured {
         scn.costs = tiering::sim::model::CostModel::measured();

@@ -171,6 +171,9 @@ pub enum SimCmdError {
     /// `--graph` is not a generator.
     #[error("--graph must be uniform or rmat, got `{0}`")]
     Graph(String),
+    /// `--free-reserve-bp` is not under the whole tier.
+    #[error("--free-reserve-bp counts per 10,000 of the tier and must be under 10000, got {0}")]
+    FreeReserve(u16),
     /// A policy name does not parse.
     #[error(transparent)]
     Policy(#[from] tiering::policy::PolicyError),
