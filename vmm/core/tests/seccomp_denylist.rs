@@ -210,3 +210,23 @@ fn the_vcpu_threads_list_is_exactly_the_reviewed_one() {
         assert_eq!(s.nr, nr, "{}", s.name);
     }
 }
+
+/// A role that may open files may read them: glibc's malloc opens and
+/// reads `/proc/sys/vm/overcommit_memory` on any thread the first time it
+/// shrinks that thread's heap. Where the open is refused (EACCES, the
+/// stacked filter) malloc copes; where it is allowed, the read must be too,
+/// or the read traps and ends the process (the service's report collector
+/// did, at a Kubernetes test's teardown).
+#[test]
+fn a_role_that_may_open_files_may_read_them() {
+    for role in ThreadRole::ALL {
+        let list = allowlist(role);
+        let opens = list.iter().any(|s| s.nr == libc::SYS_openat);
+        let reads = list.iter().any(|s| s.nr == libc::SYS_read);
+        assert!(
+            !opens || reads,
+            "{}: may open files but not read them",
+            role.name()
+        );
+    }
+}

@@ -252,6 +252,11 @@ const SERVE_REPORTS: &[Syscall] = &[
     sys(libc::SYS_renameat, "renameat"),
     // A removed VM's record (`DELETE` of an ended VM) is unlinked.
     sys(libc::SYS_unlinkat, "unlinkat"),
+    // glibc's malloc reads `/proc/sys/vm/overcommit_memory` the first time
+    // it shrinks this thread's heap; the open is allowed here (the thread
+    // writes files), so the read must be too (a Kubernetes end-to-end run
+    // ended the service on it at teardown, 2026-11-28).
+    sys(libc::SYS_read, "read"),
 ];
 
 /// Whether `role` may open files (then no call is refused with EACCES).
