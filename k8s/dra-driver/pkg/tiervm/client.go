@@ -293,3 +293,19 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 		}
 	}
 }
+
+// PatchPools is PATCH /v1/host: new pool sizes ("" leaves one as it is).
+func (c *Client) PatchPools(ctx context.Context, fast, slow string) (*Host, error) {
+	body := map[string]string{}
+	if fast != "" {
+		body["fast_pool"] = fast
+	}
+	if slow != "" {
+		body["slow_pool"] = slow
+	}
+	var h Host
+	if _, err := c.do(ctx, http.MethodPatch, "/v1/host", body, &h); err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
