@@ -32,9 +32,9 @@ import (
 
 // Proc is a process the test started, in its own process group.
 type Proc struct {
-	Name string
-	Cmd  *exec.Cmd
-	Log  string
+	Name    string
+	Cmd     *exec.Cmd
+	Log     string
 	done    chan struct{}
 	err     error
 	started time.Time
