@@ -130,7 +130,15 @@ func RegisterNode(ctx context.Context, c kubernetes.Interface, name string) erro
 			Message: "e2e: kubelet stand-in", LastHeartbeatTime: now, LastTransitionTime: now}},
 		NodeInfo: v1.NodeSystemInfo{KubeletVersion: "v1.36.3", OperatingSystem: "linux", Architecture: "amd64"},
 	}
-	_, err = c.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	updated, err := c.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	if err != nil {
+		return err
+	}
+	// The TaintNodesByCondition admission plugin taints a new node
+	// not-ready; the node lifecycle controller (not run here) lifts it once
+	// the node reports Ready. The test does that step.
+	updated.Spec.Taints = nil
+	_, err = c.CoreV1().Nodes().Update(ctx, updated, metav1.UpdateOptions{})
 	return err
 }
 
