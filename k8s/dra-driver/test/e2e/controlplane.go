@@ -120,6 +120,8 @@ type ControlPlane struct {
 	Admin  *rest.Config
 	Client kubernetes.Interface
 	Procs  []*Proc
+	// cleanup runs after the processes stopped.
+	cleanup []func()
 }
 
 type keyPair struct {
@@ -267,10 +269,19 @@ func StartControlPlane(ctx context.Context, dir, binDir string) (cp *ControlPlan
 			return nil, fmt.Errorf("etcd not found (apt-get install etcd-server, or set ETCD_BIN)")
 		}
 	}
+	// etcd's data on tmpfs where there is one: its fsyncs on a loaded
+	// disk time requests out, and the data is thrown away anyway.
+	etcdData := filepath.Join(dir, "etcd")
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		if d, err := os.MkdirTemp("/dev/shm", "tiervm-e2e-etcd-"); err == nil {
+			etcdData = d
+			cp.cleanup = append(cp.cleanup, func() { os.RemoveAll(d) })
+		}
+	}
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 	p, err := Start(dir, "etcd", etcdBin,
-		"--name=e2e", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--name=e2e", "--data-dir="+etcdData,
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
 		"--initial-cluster=e2e="+peerURL, "--logger=zap", "--log-level=warn")
@@ -333,7 +344,8 @@ func StartControlPlane(ctx context.Context, dir, binDir string) (cp *ControlPlan
 	cp.Procs = append(cp.Procs, p)
 
 	// kube-controller-manager: the resourceclaim controller (claims from
-	// templates, reservations, deallocation) and service accounts. Its
+	// templates, reservations, deallocation), service accounts, and the
+	// garbage collector (a generated claim whose pod is gone). Its
 	// certificate is in system:masters: each controller's own service
 	// account would need the token controllers too.
 	cmCfg, _, err := cp.Kubeconfig("controller-manager", "system:kube-controller-manager", "system:masters")
@@ -343,7 +355,7 @@ func StartControlPlane(ctx context.Context, dir, binDir string) (cp *ControlPlan
 	p, err = Start(dir, "kube-controller-manager", filepath.Join(binDir, "kube-controller-manager"),
 		"--kubeconfig="+cmCfg, "--authentication-kubeconfig="+cmCfg, "--authorization-kubeconfig="+cmCfg,
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
-		"--controllers=resourceclaim-controller,serviceaccount-controller",
+		"--controllers=resourceclaim-controller,serviceaccount-controller,garbage-collector-controller",
 		"--use-service-account-credentials=false", "-v=2")
 	if err != nil {
 		return nil, err
@@ -357,6 +369,10 @@ func (cp *ControlPlane) Stop() {
 	for i := len(cp.Procs) - 1; i >= 0; i-- {
 		cp.Procs[i].Stop(10 * time.Second)
 	}
+	for _, f := range cp.cleanup {
+		f()
+	}
+	cp.cleanup = nil
 }
 
 // Check reports a component that exited.

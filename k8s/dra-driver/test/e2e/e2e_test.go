@@ -538,7 +538,8 @@ func (e *env) place(name string, fast, slow int64, want ...string) *v1.Pod {
 func (e *env) testPlacement() {
 	e.place("vm-768", 768*mi, 1024*mi, "node-a") // only node-a has 768Mi
 	e.place("vm-384", 384*mi, 512*mi, "node-b")  // a has 256Mi left: only node-b
-	e.place("vm-256", 256*mi, 512*mi, "node-a", "node-c")
+	e.place("vm-192", 192*mi, 512*mi, "node-a", "node-c")
+	e.place("vm-160", 160*mi, 256*mi, "node-a", "node-c") // the one of them with 256Mi left
 	e.consistent("after placement")
 }
 
@@ -591,9 +592,14 @@ func (e *env) testDeletePod() {
 	e.must(err)
 	n := e.nodes[p.Spec.NodeName]
 	vm := e.vmOf(p, 768*mi)
+	claim := e.claimOf(p)
 	e.must(e.c.CoreV1().Pods(ns).Delete(e.ctx, "vm-768", metav1.DeleteOptions{}))
 	e.must(waitFor(e.ctx, 60*time.Second, "vm-768 gone", func() (bool, error) {
 		_, err := e.pod("vm-768")
+		return apierrors.IsNotFound(err), nil
+	}))
+	e.must(waitFor(e.ctx, 60*time.Second, "vm-768's claim deleted", func() (bool, error) {
+		_, err := e.c.ResourceV1().ResourceClaims(ns).Get(e.ctx, claim.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	}))
 	e.must(waitFor(e.ctx, 30*time.Second, "VM of vm-768 deleted", func() (bool, error) {
@@ -609,7 +615,7 @@ func (e *env) testDeletePod() {
 	e.note("pod vm-768 deleted: VM %s on %s deleted", vm.ID, n.Name)
 	// The claim is deallocated (the resourceclaim controller deletes the
 	// generated claim): node-a has room for 768Mi again.
-	e.place("vm-768b", 768*mi, 1024*mi, "node-a")
+	e.place("vm-768b", 768*mi, 1024*mi, "node-a", "node-c") // c grew
 	e.consistent("after delete")
 }
 
@@ -656,8 +662,16 @@ func (e *env) testConflict() {
 }
 
 func (e *env) testDriverRestart() {
-	// node-a holds vm-256 or not; it holds vm-768b.
 	n := e.nodes["node-a"]
+	// Two more VMs on node-a: one stays, one is deleted while the driver
+	// is down.
+	e.createVMPod("vm-stay-a", 16*mi, 256*mi, "node-a")
+	e.vmOf(e.waitRunning("vm-stay-a", 90*time.Second), 16*mi)
+	e.createVMPod("vm-gone-a", 16*mi, 256*mi, "node-a")
+	victim := e.waitRunning("vm-gone-a", 90*time.Second)
+	e.vmOf(victim, 16*mi)
+	victimClaim := e.claimOf(victim)
+	victimVM := e.checkpoint(n)[victimClaim.UID].VMID
 	before, err := n.AliveVMs(e.ctx)
 	e.must(err)
 	pids := map[string]int{}
@@ -667,20 +681,30 @@ func (e *env) testDriverRestart() {
 	n.Driver.Kill()
 	// While the driver is down: a pod is deleted (the kubelet cannot
 	// unprepare and retries) and a pod is created (cannot prepare).
-	e.must(e.c.CoreV1().Pods(ns).Delete(e.ctx, "vm-768b", metav1.DeleteOptions{}))
-	e.createVMPod("vm-512a", 512*mi, 512*mi, "node-a")
+	e.must(e.c.CoreV1().Pods(ns).Delete(e.ctx, "vm-gone-a", metav1.DeleteOptions{}))
+	e.createVMPod("vm-new-a", 16*mi, 256*mi, "node-a")
 	time.Sleep(2 * time.Second)
-	if p, err := e.pod("vm-768b"); err != nil || p.DeletionTimestamp == nil {
-		e.t.Fatalf("vm-768b should be terminating while the driver is down: %v", err)
+	if p, err := e.pod("vm-gone-a"); err != nil || p.DeletionTimestamp == nil {
+		e.t.Fatalf("vm-gone-a should be terminating while the driver is down: %v", err)
+	}
+	if p, err := e.pod("vm-new-a"); err != nil || p.Status.Phase == v1.PodRunning {
+		e.t.Fatalf("vm-new-a should not run while the driver is down: %v", err)
+	}
+	if _, err := n.Svc.Get(e.ctx, victimVM); err != nil {
+		e.t.Fatalf("vm-gone-a's VM %s should still run while the driver is down: %v", victimVM, err)
 	}
 	e.must(n.StartDriver())
-	e.note("node-a's driver killed (SIGKILL) with %d VMs; pod vm-768b deleted and vm-512a created while it was down; driver restarted", len(before))
-	e.must(waitFor(e.ctx, 60*time.Second, "vm-768b gone", func() (bool, error) {
-		_, err := e.pod("vm-768b")
+	e.note("node-a's driver killed (SIGKILL) with %d VMs; pod vm-gone-a deleted and vm-new-a created while it was down (neither could be unprepared or prepared); driver restarted", len(before))
+	e.must(waitFor(e.ctx, 60*time.Second, "vm-gone-a gone", func() (bool, error) {
+		_, err := e.pod("vm-gone-a")
 		return apierrors.IsNotFound(err), nil
 	}))
-	p := e.waitRunning("vm-512a", 90*time.Second)
-	e.vmOf(p, 512*mi)
+	p := e.waitRunning("vm-new-a", 90*time.Second)
+	e.vmOf(p, 16*mi)
+	if vm, err := n.Svc.Get(e.ctx, victimVM); err == nil && vm.PidOf() == pids[victimVM] {
+		e.t.Fatalf("vm-gone-a's VM %s still there", victimVM)
+	}
+	e.consistent("after driver restart")
 	after, err := n.AliveVMs(e.ctx)
 	e.must(err)
 	kept := 0
@@ -689,11 +713,9 @@ func (e *env) testDriverRestart() {
 			kept++
 		}
 	}
-	// The VMs of pods that stayed are the same processes (not recreated).
-	e.consistent("after driver restart")
-	e.note("after the driver's restart: %d VMs on node-a, %d of them the same processes as before (vm-768b's VM deleted, vm-512a's created)", len(after), kept)
-	if kept != len(before)-1 {
-		e.t.Fatalf("VMs kept across the driver restart: %d, want %d", kept, len(before)-1)
+	e.note("after the driver's restart: %d VMs on node-a: %d of them the same processes as before (not recreated), vm-gone-a's VM %s deleted, vm-new-a's created", len(after), kept, victimVM)
+	if kept != len(before)-1 || len(after) != len(before) {
+		e.t.Fatalf("VMs kept across the driver restart: %d of %d (now %d), want %d", kept, len(before), len(after), len(before)-1)
 	}
 }
 
@@ -706,18 +728,28 @@ func (e *env) testServiceRestart() {
 	e.must(n.StartServe(e.ctx))
 	t0 := time.Now()
 	e.consistent("after service restart")
-	after, err := n.AliveVMs(e.ctx)
-	e.must(err)
-	for _, vm := range after {
-		if vm.State != "running" {
-			e.t.Fatalf("VM %s is %s", vm.ID, vm.State)
+	var after []tiervm.VM
+	e.must(waitFor(e.ctx, 30*time.Second, "node-b's VMs running", func() (bool, error) {
+		var err error
+		after, err = n.AliveVMs(e.ctx)
+		if err != nil {
+			return false, err
 		}
-	}
-	cp := e.checkpoint(n)
+		for _, vm := range after {
+			if vm.State != "running" {
+				return false, fmt.Errorf("VM %s is %s", vm.ID, vm.State)
+			}
+		}
+		return true, nil
+	}))
 	rec := 0
-	for _, ent := range cp {
-		rec += ent.Recreated
-	}
+	_ = waitFor(e.ctx, 10*time.Second, "recreations checkpointed", func() (bool, error) {
+		rec = 0
+		for _, ent := range e.checkpoint(n) {
+			rec += ent.Recreated
+		}
+		return rec >= len(before), nil
+	})
 	e.note("node-b's tiervm serve killed (SIGKILL) with %d VMs and restarted: the driver recreated %d VM(s) with their claims' fast.min within %s; %d VMs alive, each a running pod's claim's",
 		len(before), rec, time.Since(t0).Round(time.Millisecond), len(after))
 	if rec < len(before) || len(after) != len(before) {

@@ -32,8 +32,8 @@ import (
 // calls NodePrepareResources (v1.DRAPlugin, one batch per driver, 45 s
 // timeout) before it reports the pod running, and when the pod is deleted
 // calls NodeUnprepareResources for the claims it prepared and then removes
-// the pod (delete with grace period 0, as the kubelet's status manager
-// does). A failed call is retried, with the error recorded as the kubelet
+// the pod (terminal phase, then delete with grace period 0, as the kubelet's
+// status manager does). A failed call is retried, with the error recorded as the kubelet
 // does: an event FailedPrepareDynamicResources on the pod. No container is
 // run.
 type Kubelet struct {
@@ -301,6 +301,20 @@ func (k *Kubelet) terminate(ctx context.Context, pod *v1.Pod) {
 	k.mu.Lock()
 	delete(k.prepared, pod.UID)
 	k.mu.Unlock()
+	// The kubelet reports a deleted pod's terminal phase before it removes
+	// the pod (the pause container ends with 0 on SIGTERM): the
+	// resourceclaim controller then deletes the pod's generated claims.
+	if pod.Status.Phase != v1.PodSucceeded && pod.Status.Phase != v1.PodFailed {
+		pod.Status.Phase = v1.PodSucceeded
+		for i := range pod.Status.Conditions {
+			if c := &pod.Status.Conditions[i]; c.Type == v1.PodReady || c.Type == v1.ContainersReady {
+				c.Status = v1.ConditionFalse
+			}
+		}
+		if _, err := k.Client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			k.logf("kubelet %s: pod %s terminal status: %v", k.Node, pod.Name, err)
+		}
+	}
 	uid := pod.UID
 	err := k.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &uid},
