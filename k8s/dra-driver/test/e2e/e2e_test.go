@@ -117,7 +117,7 @@ func TestDRAControlPlane(t *testing.T) {
 	t.Logf("control plane ready in %s at %s", time.Since(t0).Round(time.Millisecond), cp.Server)
 	e := &env{t: t, ctx: ctx, cp: cp, c: cp.Client, nodes: map[string]*Node{}, repo: repo}
 
-	for _, f := range []string{"rbac.yaml", "deviceclass.yaml"} {
+	for _, f := range []string{"rbac.yaml", "deviceclass.yaml", "daemonset.yaml"} {
 		if err := Apply(ctx, e.c, filepath.Join(repo, "k8s", "deploy", f)); err != nil {
 			t.Fatal(err)
 		}
@@ -202,6 +202,7 @@ func TestDRAControlPlane(t *testing.T) {
 	e.run("service-restart", e.testServiceRestart)
 	e.run("drain", e.testDrain)
 	e.run("teardown", e.testTeardown)
+	e.run("docs-example", e.testExample)
 
 	var times []time.Duration
 	for _, name := range e.order {
@@ -672,6 +673,7 @@ func (e *env) testDriverRestart() {
 	e.vmOf(victim, 16*mi)
 	victimClaim := e.claimOf(victim)
 	victimVM := e.checkpoint(n)[victimClaim.UID].VMID
+	e.consistent("before the driver's kill") // GET /v1/vms lists every VM
 	before, err := n.AliveVMs(e.ctx)
 	e.must(err)
 	pids := map[string]int{}
@@ -832,4 +834,18 @@ func ptrStr(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// testExample applies docs' example (k8s/deploy/example.yaml): its pod runs
+// with a VM as the claim and its configuration say.
+func (e *env) testExample() {
+	e.must(Apply(e.ctx, e.c, filepath.Join(e.repo, "k8s", "deploy", "example.yaml")))
+	p := e.waitRunning("vm-1", 90*time.Second)
+	vm := e.vmOf(p, 512*mi)
+	if vm.MemBytes != 1024*mi || vm.Fast.MaxBytes != 768*mi || vm.Image != "memcheck" {
+		e.t.Fatalf("example VM: mem %d, fast.max %d, image %s", vm.MemBytes, vm.Fast.MaxBytes, vm.Image)
+	}
+	e.note("k8s/deploy/example.yaml: pod vm-1 -> %s, VM %s: mem %dMi, fast.min %dMi, fast.max %dMi, image %s",
+		p.Spec.NodeName, vm.ID, vm.MemBytes/mi, vm.Fast.MinBytes/mi, vm.Fast.MaxBytes/mi, vm.Image)
+	e.testTeardown()
 }
