@@ -68,6 +68,9 @@ type VMConfig struct {
 	Args       []string `json:"args,omitempty"`
 	VCPUs      int      `json:"vcpus,omitempty"`
 	Policy     string   `json:"policy,omitempty"`
+	// Tracking is the VM's access tracking: "hint-faults" (the default:
+	// the division of spare fast capacity needs it) or "off".
+	Tracking string `json:"tracking,omitempty"`
 	// FastMax caps the VM's fast share (a quantity; default: its mem).
 	FastMax string  `json:"fastMax,omitempty"`
 	Weight  float64 `json:"weight,omitempty"`
@@ -87,6 +90,9 @@ func (c *VMConfig) merge(o VMConfig) {
 	}
 	if o.Policy != "" {
 		c.Policy = o.Policy
+	}
+	if o.Tracking != "" {
+		c.Tracking = o.Tracking
 	}
 	if o.FastMax != "" {
 		c.FastMax = o.FastMax
@@ -323,7 +329,7 @@ func (d *Driver) specFor(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		mem = q.Value()
 	}
 	spec := tiervm.Spec{
-		Image: conf.Image, Args: conf.Args, Mem: mem, VCPUs: conf.VCPUs, Policy: conf.Policy,
+		Image: conf.Image, Args: conf.Args, Mem: mem, VCPUs: conf.VCPUs, Policy: conf.Policy, Tracking: conf.Tracking,
 		Fast: &tiervm.FastRequest{Min: fastMin, Weight: conf.Weight},
 	}
 	if conf.FastMax != "" {

@@ -110,13 +110,15 @@ type FastRequest struct {
 
 // Spec is the body of a create (POST /v1/vms, PUT /v1/vms/{name}).
 type Spec struct {
-	Image  string            `json:"image"`
-	Args   []string          `json:"args,omitempty"`
-	Mem    int64             `json:"mem,omitempty"`
-	VCPUs  int               `json:"vcpus,omitempty"`
-	Policy string            `json:"policy,omitempty"`
-	Fast   *FastRequest      `json:"fast,omitempty"`
-	Labels map[string]string `json:"labels,omitempty"`
+	Image  string   `json:"image"`
+	Args   []string `json:"args,omitempty"`
+	Mem    int64    `json:"mem,omitempty"`
+	VCPUs  int      `json:"vcpus,omitempty"`
+	Policy string   `json:"policy,omitempty"`
+	// Tracking is the access tracking ("hint-faults", "off").
+	Tracking string            `json:"tracking,omitempty"`
+	Fast     *FastRequest      `json:"fast,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
 }
 
 // APIError is the service's error body with its HTTP status.

@@ -205,7 +205,7 @@ func FreePort() (int, error) {
 
 func writeFile(path string, data []byte) error { return os.WriteFile(path, data, 0o600) }
 
-// StartControlPlane starts etcd (ETCD_BIN or etcd on PATH) and the
+// StartControlPlane starts etcd and the
 // Kubernetes components from binDir, each waited for within a bound.
 func StartControlPlane(ctx context.Context, dir, binDir string) (cp *ControlPlane, err error) {
 	cp = &ControlPlane{Dir: dir, BinDir: binDir}
@@ -263,10 +263,15 @@ func StartControlPlane(ctx context.Context, dir, binDir string) (cp *ControlPlan
 	}
 
 	// etcd
+	// etcd: ETCD_BIN, else the one built with the control plane (the
+	// version k8s.io/kubernetes pins), else one on PATH.
 	etcdBin := os.Getenv("ETCD_BIN")
 	if etcdBin == "" {
-		if etcdBin, err = exec.LookPath("etcd"); err != nil {
-			return nil, fmt.Errorf("etcd not found (apt-get install etcd-server, or set ETCD_BIN)")
+		etcdBin = filepath.Join(binDir, "etcd")
+		if _, err := os.Stat(etcdBin); err != nil {
+			if etcdBin, err = exec.LookPath("etcd"); err != nil {
+				return nil, fmt.Errorf("etcd not found in %s or on PATH (set ETCD_BIN)", binDir)
+			}
 		}
 	}
 	// etcd's data on tmpfs where there is one: its fsyncs on a loaded
