@@ -22,6 +22,7 @@ import (
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"tiervm.local/k8s/dra-driver/pkg/driver"
 	"tiervm.local/k8s/dra-driver/pkg/tiervm"
@@ -192,6 +193,7 @@ func TestDRAControlPlane(t *testing.T) {
 	// What the scheduler sees: one ResourceSlice per node.
 	e.must(e.waitSlices(map[string]int64{"node-a": 1024 * mi, "node-b": 512 * mi, "node-c": 256 * mi}))
 	e.note("ResourceSlices: %s", e.sliceSummary())
+	e.note("node-a's ResourceSlice, as the scheduler reads it:\n%s", e.sliceYAML("node-a"))
 
 	e.run("placement", e.testPlacement)
 	e.run("pending", e.testPending)
@@ -471,6 +473,23 @@ func (e *env) freeString() string {
 		parts = append(parts, fmt.Sprintf("%s %dMi", n, f[n]/mi))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// sliceYAML is a node's ResourceSlice as YAML (without managed fields).
+func (e *env) sliceYAML(node string) string {
+	slices, err := e.c.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
+	e.must(err)
+	for _, s := range slices.Items {
+		if ptrStr(s.Spec.NodeName) != node {
+			continue
+		}
+		s.ManagedFields = nil
+		s.APIVersion, s.Kind = "resource.k8s.io/v1", "ResourceSlice"
+		out, err := yaml.Marshal(s)
+		e.must(err)
+		return string(out)
+	}
+	return ""
 }
 
 func (e *env) sliceSummary() string {
