@@ -14,6 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  export PATH="/usr/local/go/bin:$PATH"
+fi
 if ! command -v go >/dev/null 2>&1; then
   echo "go not found: the DRA driver and the control plane are Go (go 1.26)" >&2
   exit 1
