@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
 	"tiervm.local/k8s/dra-driver/pkg/tiervm"
@@ -421,8 +422,16 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 	return d.state.save(d.statePath)
 }
 
-// HandleError logs background errors (slice publishing); none is fatal.
+// HandleError logs background errors (slice publishing); none is fatal. A
+// slice the API server stored without its consumable capacity (a cluster
+// without DRAConsumableCapacity) is named as such: the scheduler would then
+// give each device whole to one claim.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) {
+		klog.FromContext(ctx).Error(err, "the API server dropped fields of the ResourceSlice: tiervm's devices need consumable capacity (Kubernetes 1.36+, or the DRAConsumableCapacity feature gate on the API server and the scheduler)", "disabled", dropped.DisabledFeatures())
+		return
+	}
 	klog.FromContext(ctx).Error(err, msg)
 }
 
