@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -370,6 +371,14 @@ func (e *env) vmOf(p *v1.Pod, fast int64) *tiervm.VM {
 	if vm.State != "running" || vm.Fast.MinBytes != fast {
 		e.t.Fatalf("pod %s: VM %s on %s is %s with fast.min %d, want running with %d", p.Name, vm.ID, n.Name, vm.State, vm.Fast.MinBytes, fast)
 	}
+	// A service with names (issue 32) has the VM under the claim's name,
+	// labelled with the claim and the pod.
+	if host, err := n.Svc.Host(e.ctx); err == nil && host.Named() {
+		if vm.ID != ent.VMName || vm.Labels["tiervm.dev/claim-uid"] != string(claim.UID) ||
+			vm.Labels["tiervm.dev/pod"] != ns+"/"+p.Name || vm.Labels["pod/e2e"] != p.Labels["e2e"] {
+			e.t.Fatalf("pod %s: VM %s labels %v", p.Name, vm.ID, vm.Labels)
+		}
+	}
 	return vm
 }
 
@@ -703,6 +712,18 @@ func (e *env) testDriverRestart() {
 		pids[vm.ID] = vm.PidOf()
 	}
 	n.Driver.Kill()
+	// With a named service: a VM labelled as the driver's that no claim
+	// has (a driver that died between the create and its checkpoint).
+	orphan := ""
+	if host, err := n.Svc.Host(e.ctx); err == nil && host.Named() {
+		vm, err := n.Svc.Create(e.ctx, true, "orphan-of-a-dead-driver", tiervm.Spec{
+			Image: "memcheck", Args: []string{"region=16M", "write_rate=200"}, Mem: 256 * mi, Policy: "static", Tracking: "off",
+			Fast:   &tiervm.FastRequest{Min: 16 * mi},
+			Labels: map[string]string{"tiervm.dev/driver": driverName, "tiervm.dev/node": "node-a", "tiervm.dev/claim": "default/none"},
+		})
+		e.must(err)
+		orphan = vm.ID
+	}
 	// While the driver is down: a pod is deleted (the kubelet cannot
 	// unprepare and retries) and a pod is created (cannot prepare).
 	e.must(e.c.CoreV1().Pods(ns).Delete(e.ctx, "vm-gone-a", metav1.DeleteOptions{}))
@@ -727,6 +748,13 @@ func (e *env) testDriverRestart() {
 	e.vmOf(p, 16*mi)
 	if vm, err := n.Svc.Get(e.ctx, victimVM); err == nil && vm.PidOf() == pids[victimVM] {
 		e.t.Fatalf("vm-gone-a's VM %s still there", victimVM)
+	}
+	if orphan != "" {
+		e.must(waitFor(e.ctx, 30*time.Second, "orphan VM deleted", func() (bool, error) {
+			_, err := n.Svc.Get(e.ctx, orphan)
+			return errors.Is(err, tiervm.ErrNotFound), nil
+		}))
+		e.note("a VM labelled as node-a's driver's that no claim has (%s, made while the driver was down) was deleted by the restarted driver", orphan)
 	}
 	e.consistent("after driver restart")
 	after, err := n.AliveVMs(e.ctx)
