@@ -33,9 +33,12 @@ import (
 // capacity and entries wait for the service to come back.
 func (d *Driver) Reconcile(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	host, err := d.svc.Host(ctx)
+	// The host is read under the lock: a snapshot taken while a prepare or
+	// unprepare held it would not match the entries, and the slice would
+	// count the claim's VM as one made outside Kubernetes, or the reverse.
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	host, err := d.svc.Host(ctx)
 	d.lastHost = host
 	if err != nil {
 		return fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)

@@ -465,6 +465,9 @@ func (e *env) free() map[string]int64 {
 		if c.Status.Allocation == nil {
 			continue
 		}
+		if os.Getenv("TIERVM_K8S_DEBUG") == "1" {
+			e.t.Logf("free: claim %s/%s allocated, reserved for %v, deleting %v", c.Namespace, c.Name, c.Status.ReservedFor, c.DeletionTimestamp != nil)
+		}
 		for _, r := range c.Status.Allocation.Devices.Results {
 			if r.Driver == driverName && r.Device == driver.FastDevice {
 				q := r.ConsumedCapacity[driver.CapacityMemory]
@@ -677,11 +680,10 @@ func (e *env) testConflict() {
 		return strings.Contains(msg, "409"), nil
 	}))
 	e.note("pod vm-128 on node-b after a VM outside Kubernetes took 128Mi of fast: prepare failed: %s", msg)
-	ev, err := e.c.CoreV1().Events(ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=vm-128,reason=FailedPrepareDynamicResources"})
-	e.must(err)
-	if len(ev.Items) == 0 {
-		e.t.Fatal("no FailedPrepareDynamicResources event for vm-128")
-	}
+	e.must(waitFor(e.ctx, 10*time.Second, "FailedPrepareDynamicResources event for vm-128", func() (bool, error) {
+		ev, err := e.c.CoreV1().Events(ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=vm-128,reason=FailedPrepareDynamicResources"})
+		return err == nil && len(ev.Items) > 0, err
+	}))
 	// The driver lowers the published capacity by what is reserved outside.
 	e.must(e.waitSlices(map[string]int64{"node-b": 384 * mi}))
 	e.note("node-b's slice after the outside VM: %s", e.sliceSummary())
