@@ -553,6 +553,13 @@ func (e *env) waitSlices(fast map[string]int64) error {
 func (e *env) place(name string, fast, slow int64, want ...string) *v1.Pod {
 	e.t.Helper()
 	before := e.freeString()
+	var fits []string
+	free := e.free()
+	for _, n := range e.order {
+		if free[n] >= fast {
+			fits = append(fits, n)
+		}
+	}
 	e.createVMPod(name, fast, slow, "")
 	p := e.waitRunning(name, 90*time.Second)
 	ok := len(want) == 0
@@ -564,7 +571,7 @@ func (e *env) place(name string, fast, slow int64, want ...string) *v1.Pod {
 	}
 	vm := e.vmOf(p, fast)
 	e.note("pod %s (fast %dMi, mem %dMi) -> %s [free fast before: %s; fits: %s] VM %s running with fast.min %dMi",
-		name, fast/mi, slow/mi, p.Spec.NodeName, before, strings.Join(want, " or "), vm.ID, vm.Fast.MinBytes/mi)
+		name, fast/mi, slow/mi, p.Spec.NodeName, before, strings.Join(fits, " or "), vm.ID, vm.Fast.MinBytes/mi)
 	return p
 }
 
