@@ -395,11 +395,13 @@ func (e *env) consistent(what string) {
 				return false, err
 			}
 			alive := map[string]bool{}
+			byID := map[string]tiervm.VM{}
 			for _, vm := range vms {
 				if vm.State == "stopping" {
 					return false, fmt.Errorf("%s: VM %s stopping", name, vm.ID)
 				}
 				alive[vm.ID] = true
+				byID[vm.ID] = vm
 			}
 			pods, err := e.c.CoreV1().Pods(ns).List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
 			if err != nil {
@@ -417,7 +419,18 @@ func (e *env) consistent(what string) {
 				if !ok || ent.VMID == "" {
 					return false, fmt.Errorf("%s: running pod %s has no VM (claim %s)", name, p.Name, claim.Name)
 				}
+				if want[ent.VMID] {
+					return false, fmt.Errorf("%s: two claims name VM %s", name, ent.VMID)
+				}
 				want[ent.VMID] = true
+				// The VM of that id is the claim's: its sizes and its
+				// worker (ids restart at vm-1 with the service).
+				if vm, ok := byID[ent.VMID]; ok {
+					if vm.MemBytes != ent.Spec.Mem || vm.Fast.MinBytes != ent.FastMin() || (ent.VMPid != 0 && vm.PidOf() != ent.VMPid) {
+						return false, fmt.Errorf("%s: VM %s (mem %d, fast.min %d, pid %d) is not claim %s's (mem %d, fast.min %d, pid %d)",
+							name, vm.ID, vm.MemBytes, vm.Fast.MinBytes, vm.PidOf(), claim.Name, ent.Spec.Mem, ent.FastMin(), ent.VMPid)
+					}
+				}
 			}
 			for id := range alive {
 				if !want[id] {
@@ -806,6 +819,15 @@ func (e *env) testServiceRestart() {
 	// The workers see the end of their channel and stop their VMs.
 	e.must(n.StartServe(e.ctx))
 	t0 := time.Now()
+	rec := 0
+	e.must(waitFor(e.ctx, 60*time.Second, "recreations checkpointed", func() (bool, error) {
+		rec = 0
+		for _, ent := range e.checkpoint(n) {
+			rec += ent.Recreated
+		}
+		return rec >= len(before), nil
+	}))
+	took := time.Since(t0)
 	e.consistent("after service restart")
 	var after []tiervm.VM
 	e.must(waitFor(e.ctx, 30*time.Second, "node-b's VMs running", func() (bool, error) {
@@ -819,18 +841,10 @@ func (e *env) testServiceRestart() {
 				return false, fmt.Errorf("VM %s is %s", vm.ID, vm.State)
 			}
 		}
-		return true, nil
+		return len(after) == len(before), fmt.Errorf("%d VMs alive, %d before", len(after), len(before))
 	}))
-	rec := 0
-	_ = waitFor(e.ctx, 10*time.Second, "recreations checkpointed", func() (bool, error) {
-		rec = 0
-		for _, ent := range e.checkpoint(n) {
-			rec += ent.Recreated
-		}
-		return rec >= len(before), nil
-	})
 	e.note("node-b's tiervm serve killed (SIGKILL) with %d VMs and restarted: the driver recreated %d VM(s) with their claims' fast.min within %s; %d VMs alive, each a running pod's claim's",
-		len(before), rec, time.Since(t0).Round(time.Millisecond), len(after))
+		len(before), rec, took.Round(time.Millisecond), len(after))
 	if rec < len(before) || len(after) != len(before) {
 		e.t.Fatalf("recreated %d, alive %d, before %d", rec, len(after), len(before))
 	}
