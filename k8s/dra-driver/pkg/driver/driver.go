@@ -1,0 +1,464 @@
+// Package driver is tiervm's DRA driver for one node: it publishes the node's
+// tiervm pools as a ResourceSlice, prepares a claim by creating a VM through
+// the node's `tiervm serve` and unprepares it by deleting the VM, and
+// reconciles its checkpoint with the API server and the service.
+package driver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+
+	"tiervm.local/k8s/dra-driver/pkg/tiervm"
+)
+
+// Names the driver publishes.
+const (
+	// DefaultDriverName is the DRA driver name (a DNS subdomain).
+	DefaultDriverName = "memory.tiervm.dev"
+	// FastDevice and SlowDevice are the two devices of a node's pool.
+	FastDevice = "fast"
+	SlowDevice = "slow"
+	// CapacityMemory is the consumable capacity of both devices, in bytes.
+	CapacityMemory = resourceapi.QualifiedName("memory")
+	// Step is the granularity of amounts: the service's sizes are multiples
+	// of 2 MiB.
+	Step = 2 << 20
+	// LabelPrefix prefixes the labels the driver gives a VM.
+	LabelPrefix = "tiervm.dev/"
+)
+
+// Config of a driver instance.
+type Config struct {
+	DriverName string
+	NodeName   string
+	// StateDir holds the checkpoint.
+	StateDir string
+	// Interval between reconciliations (pools, VMs, claims).
+	Interval time.Duration
+	// StartTimeout bounds the wait for a VM to run in a prepare.
+	StartTimeout time.Duration
+	// Defaults for what a claim's opaque configuration leaves out.
+	Defaults VMConfig
+}
+
+// VMConfig is the opaque configuration a claim or DeviceClass gives this
+// driver (DeviceClaimConfiguration.opaque.parameters), the VM's spec beyond
+// the amounts of memory the claim requests.
+type VMConfig struct {
+	APIVersion string   `json:"apiVersion,omitempty"`
+	Kind       string   `json:"kind,omitempty"`
+	Image      string   `json:"image,omitempty"`
+	Args       []string `json:"args,omitempty"`
+	VCPUs      int      `json:"vcpus,omitempty"`
+	Policy     string   `json:"policy,omitempty"`
+	// Tracking is the VM's access tracking: "hint-faults" (the default:
+	// the division of spare fast capacity needs it) or "off".
+	Tracking string `json:"tracking,omitempty"`
+	// FastMax caps the VM's fast share (a quantity; default: its mem).
+	FastMax string  `json:"fastMax,omitempty"`
+	Weight  float64 `json:"weight,omitempty"`
+	// Mem is the VM's memory when the claim requests no slow memory.
+	Mem string `json:"mem,omitempty"`
+}
+
+func (c *VMConfig) merge(o VMConfig) {
+	if o.Image != "" {
+		c.Image = o.Image
+	}
+	if o.Args != nil {
+		c.Args = o.Args
+	}
+	if o.VCPUs != 0 {
+		c.VCPUs = o.VCPUs
+	}
+	if o.Policy != "" {
+		c.Policy = o.Policy
+	}
+	if o.Tracking != "" {
+		c.Tracking = o.Tracking
+	}
+	if o.FastMax != "" {
+		c.FastMax = o.FastMax
+	}
+	if o.Weight != 0 {
+		c.Weight = o.Weight
+	}
+	if o.Mem != "" {
+		c.Mem = o.Mem
+	}
+}
+
+// Driver implements kubeletplugin.DRAPlugin for one node.
+type Driver struct {
+	cfg    Config
+	kube   kubernetes.Interface
+	svc    *tiervm.Client
+	helper *kubeletplugin.Helper
+
+	mu        sync.Mutex
+	state     *State
+	statePath string
+	// published is what the ResourceSlice says now (fast, slow capacity).
+	published [2]int64
+	attrs     string
+	// lastHost is the last answer of GET /v1/host (nil: service down).
+	lastHost *tiervm.Host
+}
+
+// New loads the checkpoint and returns a driver; Start runs it.
+func New(cfg Config, kube kubernetes.Interface, svc *tiervm.Client) (*Driver, error) {
+	if cfg.DriverName == "" {
+		cfg.DriverName = DefaultDriverName
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = 2 * time.Second
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 30 * time.Second
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(cfg.StateDir, "checkpoint.json")
+	st, err := loadState(path)
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{cfg: cfg, kube: kube, svc: svc, state: st, statePath: path, published: [2]int64{-1, -1}}, nil
+}
+
+// SetHelper gives the driver the kubelet plugin helper it publishes through.
+func (d *Driver) SetHelper(h *kubeletplugin.Helper) { d.helper = h }
+
+// Run reconciles every interval until ctx ends. The first round runs at once.
+func (d *Driver) Run(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	for {
+		if err := d.Reconcile(ctx); err != nil {
+			logger.Error(err, "reconcile")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d.cfg.Interval):
+		}
+	}
+}
+
+// ---- the kubelet's calls ----
+
+// PrepareResourceClaims creates (or finds) each claim's VM.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		devs, err := d.prepare(ctx, claim)
+		res := kubeletplugin.PrepareResult{Err: err}
+		for _, dv := range devs {
+			res.Devices = append(res.Devices, kubeletplugin.Device{
+				Requests: []string{dv.Request}, PoolName: dv.Pool, DeviceName: dv.Device, ShareID: dv.ShareID,
+			})
+		}
+		out[claim.UID] = res
+	}
+	return out, nil
+}
+
+func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]DeviceRef, error) {
+	logger := klog.FromContext(ctx)
+	host, err := d.svc.Host(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
+	}
+	if e, ok := d.state.Entries[claim.UID]; ok && e.Phase == PhasePrepared {
+		if vm, ok := d.findVM(ctx, host, e); ok && vm.Alive() {
+			return e.Devices, nil // idempotent: already prepared
+		}
+	}
+	spec, devs, err := d.specFor(ctx, claim)
+	if err != nil {
+		return nil, err
+	}
+	e := &Entry{
+		ClaimUID: claim.UID, Namespace: claim.Namespace, Name: claim.Name,
+		Phase: PhaseCreating, VMName: vmName(claim), Spec: spec, Devices: devs,
+	}
+	if old, ok := d.state.Entries[claim.UID]; ok {
+		e.Recreated = old.Recreated
+		if old.VMID != "" && old.VMID != e.VMName {
+			_ = d.svc.Delete(ctx, old.VMID)
+		}
+	}
+	d.state.Entries[claim.UID] = e
+	if err := d.state.save(d.statePath); err != nil {
+		delete(d.state.Entries, claim.UID)
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	start := time.Now()
+	if err := d.createVM(ctx, host, e); err != nil {
+		delete(d.state.Entries, claim.UID)
+		_ = d.state.save(d.statePath)
+		return nil, err
+	}
+	logger.Info("prepared claim", "claim", klog.KObj(claim), "vm", e.VMID, "fastMin", e.FastMin(), "mem", e.Spec.Mem, "took", time.Since(start))
+	return devs, nil
+}
+
+// createVM asks the service for the entry's VM, records its id, waits for
+// it to run and checkpoints. The caller holds d.mu.
+func (d *Driver) createVM(ctx context.Context, host *tiervm.Host, e *Entry) error {
+	named := host.Named()
+	if named {
+		// A record of an ended VM of that name (a restart of the service)
+		// makes the name's PUT a 409: remove it first.
+		if vm, err := d.svc.Get(ctx, e.VMName); err == nil && vm.Ended() {
+			_ = d.svc.Remove(ctx, vm.ID)
+		}
+	}
+	vm, err := d.svc.Create(ctx, named, e.VMName, e.Spec)
+	if err != nil {
+		if tiervm.IsConflict(err) {
+			return fmt.Errorf("node %s cannot honour claim %s/%s (fast.min %d, mem %d): %w", d.cfg.NodeName, e.Namespace, e.Name, e.FastMin(), e.Spec.Mem, err)
+		}
+		return fmt.Errorf("node %s: create VM: %w", d.cfg.NodeName, err)
+	}
+	e.VMID, e.BootID = vm.ID, host.BootID
+	if err := d.state.save(d.statePath); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, d.cfg.StartTimeout)
+	defer cancel()
+	for {
+		vm, err = d.svc.Get(wctx, e.VMID)
+		if err == nil && vm.State == "running" {
+			break
+		}
+		if err == nil && (vm.Ended() || vm.State == "stopping") {
+			why := vm.State
+			if vm.Error != nil {
+				why += ": " + *vm.Error
+			}
+			_ = d.svc.Remove(ctx, vm.ID)
+			return fmt.Errorf("node %s: VM %s for claim %s/%s did not start: %s", d.cfg.NodeName, vm.ID, e.Namespace, e.Name, why)
+		}
+		if errors.Is(err, tiervm.ErrNotFound) {
+			return fmt.Errorf("node %s: VM %s vanished while starting", d.cfg.NodeName, e.VMID)
+		}
+		select {
+		case <-wctx.Done():
+			_ = d.svc.Delete(ctx, e.VMID)
+			return fmt.Errorf("node %s: VM %s not running after %s", d.cfg.NodeName, e.VMID, d.cfg.StartTimeout)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	e.VMPid = vm.PidOf()
+	e.Phase = PhasePrepared
+	return d.state.save(d.statePath)
+}
+
+// specFor derives the VM's spec from the claim's allocation: fast.min is the
+// capacity consumed on the fast device, mem the capacity consumed on the
+// slow device; the rest from the opaque configuration.
+func (d *Driver) specFor(ctx context.Context, claim *resourceapi.ResourceClaim) (tiervm.Spec, []DeviceRef, error) {
+	alloc := claim.Status.Allocation
+	if alloc == nil {
+		return tiervm.Spec{}, nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	var fastMin, mem int64
+	var devs []DeviceRef
+	for _, r := range alloc.Devices.Results {
+		if r.Driver != d.cfg.DriverName {
+			continue
+		}
+		if r.Pool != d.cfg.NodeName {
+			return tiervm.Spec{}, nil, fmt.Errorf("claim %s/%s: device %s/%s is not on node %s", claim.Namespace, claim.Name, r.Pool, r.Device, d.cfg.NodeName)
+		}
+		amount := int64(0)
+		if q, ok := r.ConsumedCapacity[CapacityMemory]; ok {
+			amount = q.Value()
+		}
+		switch r.Device {
+		case FastDevice:
+			fastMin += amount
+		case SlowDevice:
+			mem += amount
+		default:
+			return tiervm.Spec{}, nil, fmt.Errorf("claim %s/%s: unknown device %q", claim.Namespace, claim.Name, r.Device)
+		}
+		devs = append(devs, DeviceRef{Request: r.Request, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID})
+	}
+	if len(devs) == 0 {
+		return tiervm.Spec{}, nil, fmt.Errorf("claim %s/%s has no device of driver %s", claim.Namespace, claim.Name, d.cfg.DriverName)
+	}
+	conf := d.cfg.Defaults
+	for _, c := range alloc.Devices.Config {
+		if c.Opaque == nil || c.Opaque.Driver != d.cfg.DriverName {
+			continue
+		}
+		var o VMConfig
+		dec := json.NewDecoder(bytes.NewReader(c.Opaque.Parameters.Raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&o); err != nil {
+			return tiervm.Spec{}, nil, fmt.Errorf("claim %s/%s: opaque configuration: %w", claim.Namespace, claim.Name, err)
+		}
+		conf.merge(o)
+	}
+	if mem == 0 {
+		q, err := resource.ParseQuantity(conf.Mem)
+		if err != nil {
+			return tiervm.Spec{}, nil, fmt.Errorf("claim %s/%s requests no slow memory and the configuration's mem %q: %w", claim.Namespace, claim.Name, conf.Mem, err)
+		}
+		mem = q.Value()
+	}
+	spec := tiervm.Spec{
+		Image: conf.Image, Args: conf.Args, Mem: mem, VCPUs: conf.VCPUs, Policy: conf.Policy, Tracking: conf.Tracking,
+		Fast: &tiervm.FastRequest{Min: fastMin, Weight: conf.Weight},
+	}
+	if conf.FastMax != "" {
+		q, err := resource.ParseQuantity(conf.FastMax)
+		if err != nil {
+			return tiervm.Spec{}, nil, fmt.Errorf("claim %s/%s: fastMax: %w", claim.Namespace, claim.Name, err)
+		}
+		spec.Fast.Max = q.Value()
+	}
+	spec.Labels = d.labels(ctx, claim)
+	return spec, devs, nil
+}
+
+// labels: the claim's and the pod's identity, and the pod's own labels.
+func (d *Driver) labels(ctx context.Context, claim *resourceapi.ResourceClaim) map[string]string {
+	l := map[string]string{
+		LabelPrefix + "driver":    d.cfg.DriverName,
+		LabelPrefix + "node":      d.cfg.NodeName,
+		LabelPrefix + "claim":     claim.Namespace + "/" + claim.Name,
+		LabelPrefix + "claim-uid": string(claim.UID),
+	}
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource != "pods" {
+			continue
+		}
+		l[LabelPrefix+"pod"] = claim.Namespace + "/" + r.Name
+		pod, err := d.kube.CoreV1().Pods(claim.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
+		if err != nil || pod.UID != r.UID {
+			break
+		}
+		keys := make([]string, 0, len(pod.Labels))
+		for k := range pod.Labels {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			key := "pod/" + k
+			if len(l) >= 32 || len(key) > 63 {
+				break
+			}
+			l[key] = pod.Labels[k]
+		}
+		break
+	}
+	return l
+}
+
+// vmName is the VM's name with a named service: the claim's namespace and
+// name for people, its UID for uniqueness (at most 63 characters).
+func vmName(claim *resourceapi.ResourceClaim) string {
+	prefix := strings.ToLower(claim.Namespace + "." + claim.Name)
+	if len(prefix) > 26 {
+		prefix = prefix[:26]
+	}
+	return prefix + "-" + strings.ToLower(string(claim.UID))
+}
+
+// UnprepareResourceClaims deletes each claim's VM (idempotent: a claim the
+// driver does not know is done).
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		out[c.UID] = d.unprepare(ctx, c.UID)
+	}
+	return out, nil
+}
+
+func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
+	e, ok := d.state.Entries[uid]
+	if !ok {
+		return nil
+	}
+	if host, err := d.svc.Host(ctx); err == nil {
+		if vm, ok := d.findVM(ctx, host, e); ok {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := d.svc.Remove(rctx, vm.ID)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("node %s: delete VM %s of claim %s/%s: %w", d.cfg.NodeName, vm.ID, e.Namespace, e.Name, err)
+			}
+		}
+	} else {
+		return fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
+	}
+	delete(d.state.Entries, uid)
+	klog.FromContext(ctx).Info("unprepared claim", "claim", e.Namespace+"/"+e.Name, "vm", e.VMID)
+	return d.state.save(d.statePath)
+}
+
+// HandleError logs background errors (slice publishing); none is fatal. A
+// slice the API server stored without its consumable capacity (a cluster
+// without DRAConsumableCapacity) is named as such: the scheduler would then
+// give each device whole to one claim.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) {
+		klog.FromContext(ctx).Error(err, "the API server dropped fields of the ResourceSlice: tiervm's devices need consumable capacity (Kubernetes 1.36+, or the DRAConsumableCapacity feature gate on the API server and the scheduler)", "disabled", dropped.DisabledFeatures())
+		return
+	}
+	klog.FromContext(ctx).Error(err, msg)
+}
+
+// findVM returns the entry's VM if the service still has the one the driver
+// created: by name with a named service (and the same boot id, or a record
+// carried over a restart), by id and worker pid otherwise (ids restart at
+// vm-1 with the service).
+func (d *Driver) findVM(ctx context.Context, host *tiervm.Host, e *Entry) (*tiervm.VM, bool) {
+	id := e.VMID
+	if id == "" {
+		if !host.Named() {
+			return nil, false
+		}
+		id = e.VMName
+	}
+	vm, err := d.svc.Get(ctx, id)
+	if err != nil {
+		return nil, false
+	}
+	if host.Named() {
+		return vm, vm.Labels[LabelPrefix+"claim-uid"] == string(e.ClaimUID)
+	}
+	if vm.Image != e.Spec.Image || vm.MemBytes != e.Spec.Mem || vm.Fast.MinBytes != e.FastMin() {
+		return nil, false
+	}
+	if e.VMPid != 0 && vm.PidOf() != 0 && vm.PidOf() != e.VMPid {
+		return nil, false
+	}
+	return vm, true
+}
