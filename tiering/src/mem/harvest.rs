@@ -93,8 +93,10 @@ impl DirtyHarvester {
         }
         let words = mem.guest_pages().div_ceil(64);
         let log_words = log.pages().div_ceil(64);
-        let seg_pages = log.segment_pages().clamp(64, log.pages().max(64));
-        if !seg_pages.is_multiple_of(64) {
+        // One segment of any size, or several of a whole number of bitmap
+        // words each.
+        let seg_pages = log.segment_pages().clamp(1, log.pages().max(1));
+        if seg_pages < log.pages() && !seg_pages.is_multiple_of(64) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("dirty log segments of {seg_pages} pages: must be a multiple of 64"),
