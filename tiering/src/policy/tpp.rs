@@ -50,11 +50,14 @@
 //!    `shrink_active_list`, vmscan.c l.2260 and l.2358 with tpp.patch
 //!    applied: kswapd's CPU, not the faulting threads'), `zap_page_range`
 //!    (memory.c l.1540), compaction or swap readahead, and
-//!    `lru_add_drain_all` (l.752-857, every CPU's, from the `migrate_pages`
-//!    family of syscalls, not from `migrate_misplaced_page`). None runs
-//!    inside a train of back-to-back faults, and a train always ends in
-//!    the drain of its own CPU's pagevec (the page activates only then),
-//!    so each CPU's pagevec is empty when a train starts on it;
+//!    `lru_add_drain_all` (l.752-857, every CPU's, by a work item queued
+//!    on each: compaction, khugepaged, memcg, `lru_cache_disable` before
+//!    a `migrate_pages`/`mbind` migration). None is on the fault path
+//!    (`migrate_misplaced_page`, migrate.c l.2191 with tpp.patch applied,
+//!    calls none); a drain another CPU asks for could cut a train short
+//!    now and then (not modeled). A train always ends in the drain of its
+//!    own CPU's pagevec (the page activates only then), so each CPU's
+//!    pagevec is empty when a train starts on it;
 //! 5. the next fault finds the page active and goes on to
 //!    `numa_migrate_prep` and `migrate_misplaced_page` (memory.c
 //!    l.4209-4218): the synchronous promotion, which fails, mapping the
