@@ -379,6 +379,7 @@ impl EngineState {
             time_to_fault_ns: s.ns_since_park,
             write: s.write,
             now_ns,
+            cpu: s.thread_id,
         };
         let mut view = LiveView {
             mem: &mem,

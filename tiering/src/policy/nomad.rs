@@ -245,6 +245,7 @@ mod tests {
             time_to_fault_ns: 1_000_000,
             write: false,
             now_ns: now_ms * 1_000_000,
+            cpu: 0,
         }
     }
 

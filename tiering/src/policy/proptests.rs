@@ -127,7 +127,7 @@ proptest! {
                 match ev {
                     Event::Access(p) => view.accessed[*p as usize] = true,
                     Event::Fault { page, ttf_ms, write } => {
-                        let fault = HintFault { page: *page, tier: view.tier_of(*page), time_to_fault_ns: ttf_ms * 1_000_000, write: *write, now_ns: now };
+                        let fault = HintFault { page: *page, tier: view.tier_of(*page), time_to_fault_ns: ttf_ms * 1_000_000, write: *write, now_ns: now, cpu: 0 };
                         if let Some(m) = policy.on_hint_fault(&fault, &status, &mut view) {
                             check_and_apply(&mut view, &mut free, &[m]).map_err(|e| TestCaseError::fail(format!("{kind} fault: {e}")))?;
                         }

@@ -33,18 +33,31 @@
 //!    `activate_page` and clears `PG_referenced` (l.439-447). So every
 //!    second fault of the train queues one request;
 //! 4. `activate_page` (swap.c l.350-364) adds the page to this CPU's
-//!    `lru_pvecs.activate_page` pagevec and drains it only when
-//!    `pagevec_add_and_need_flush` says so (l.240-249): when the add fills
-//!    it (`PAGEVEC_SIZE` 15, include/linux/pagevec.h l.15), for a compound
-//!    page, or while the LRU caches are disabled. The page is still
-//!    inactive while queued, so the train queues it again and again (the
-//!    papers' "the 15 requests could be repeated requests for the same
-//!    page", Matryoshka §3.1 fn. 2); the drain (`__activate_page`, l.320-334)
-//!    sets `PageActive`. Other drains of this CPU's pagevec
-//!    (`lru_add_drain_cpu`, l.614-645, from reclaim, compaction,
-//!    `zap_page_range`, swap readahead or `lru_add_drain_all`) do not run
-//!    inside a train of back-to-back faults, and a train always ends in a
-//!    drain, so a train starts with an empty pagevec ([`ActivatePagevec`]);
+//!    `lru_pvecs.activate_page` pagevec (`lru_pvecs` is a per-CPU
+//!    variable, l.62-74; `this_cpu_ptr` at l.357: the CPU running
+//!    `mark_page_accessed`, i.e. the faulting thread's) and drains it only
+//!    when `pagevec_add_and_need_flush` says so (l.240-249): when the add
+//!    fills it (`PAGEVEC_SIZE` 15, include/linux/pagevec.h l.15), for a
+//!    compound page, or while the LRU caches are disabled. The page is
+//!    still inactive while queued, so the train queues it again and again
+//!    (the papers' "the 15 requests could be repeated requests for the
+//!    same page", Matryoshka §3.1 fn. 2); the drain (`__activate_page`,
+//!    l.320-334) sets `PageActive`. The model keeps one pagevec per CPU
+//!    ([`HintFault::cpu`]; [`ActivatePagevec`]). The other drains of a
+//!    CPU's pagevec are `lru_add_drain_cpu` (l.614-645, `activate_page_drain`
+//!    at l.642) run on that CPU: `lru_add_drain` (l.721-726, the caller's
+//!    own CPU) from reclaim (`shrink_inactive_list` and
+//!    `shrink_active_list`, vmscan.c l.2260 and l.2358 with tpp.patch
+//!    applied: kswapd's CPU, not the faulting threads'), `zap_page_range`
+//!    (memory.c l.1540), compaction or swap readahead, and
+//!    `lru_add_drain_all` (l.752-857, every CPU's, by a work item queued
+//!    on each: compaction, khugepaged, memcg, `lru_cache_disable` before
+//!    a `migrate_pages`/`mbind` migration). None is on the fault path
+//!    (`migrate_misplaced_page`, migrate.c l.2191 with tpp.patch applied,
+//!    calls none); a drain another CPU asks for could cut a train short
+//!    now and then (not modeled). A train always ends in the drain of its
+//!    own CPU's pagevec (the page activates only then), so each CPU's
+//!    pagevec is empty when a train starts on it;
 //! 5. the next fault finds the page active and goes on to
 //!    `numa_migrate_prep` and `migrate_misplaced_page` (memory.c
 //!    l.4209-4218): the synchronous promotion, which fails, mapping the
@@ -62,6 +75,8 @@
 //! - kswapd demotes cold pages (second-chance over accessed bits, Linux's
 //!   inactive list) one tier down when free pages fall below the low
 //!   watermark, until free pages reach the promotion watermark.
+
+use std::collections::BTreeMap;
 
 use super::hotness::ClockHand;
 use super::types::*;
@@ -238,7 +253,8 @@ impl LruFlags {
 /// holds 15 pages.
 pub const PAGEVEC_SIZE: usize = 15;
 
-/// A CPU's `lru_pvecs.activate_page` pagevec (5.13 mm/swap.c): the pages
+/// A CPU's `lru_pvecs.activate_page` pagevec (5.13 mm/swap.c l.62-74, a
+/// per-CPU variable; `activate_page` takes the running CPU's, l.357): the pages
 /// `activate_page` queued for the active LRU, the same page as often as
 /// it was queued (each entry holds a reference of its own).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -526,10 +542,9 @@ pub struct Tpp {
     cap: Option<PromotionGate>,
     kswapd: Kswapd,
     flags: Vec<LruFlags>,
-    /// tpp-lru: the faulting CPU's activation pagevec. One serves every
-    /// thread: a train runs to its end inside one access, so trains never
-    /// interleave and each starts with it empty, as each CPU's would.
-    pvec: ActivatePagevec,
+    /// tpp-lru: each CPU's activation pagevec ([`HintFault::cpu`]; swap.c
+    /// `lru_pvecs` is per CPU), created at the CPU's first fault.
+    pvecs: BTreeMap<u32, ActivatePagevec>,
     /// tpp-lru: the last hint fault left its page protected
     /// ([`Policy::take_refault`]).
     refault: bool,
@@ -547,7 +562,7 @@ impl Tpp {
             cap: None,
             kswapd: Kswapd::new(config),
             flags: vec![LruFlags::default(); config.pages as usize],
-            pvec: ActivatePagevec::default(),
+            pvecs: BTreeMap::new(),
             refault: false,
             tiers: config.tiers(),
             scan_pages_per_sec: SCAN_SIZE_MB * 1024.0 * 1024.0
@@ -621,7 +636,8 @@ impl Policy for Tpp {
             // those are 6.x's).
             let f = self.flags.get(fault.page as usize).copied()?;
             if !f.active() {
-                mark_page_accessed_513(&mut self.flags, &mut self.pvec, fault.page);
+                let pvec = self.pvecs.entry(fault.cpu).or_default();
+                mark_page_accessed_513(&mut self.flags, pvec, fault.page);
                 self.refault = true;
                 return None;
             }
@@ -743,6 +759,14 @@ mod tests {
             time_to_fault_ns: ttf_ms * 1_000_000,
             write: false,
             now_ns: now_ms * 1_000_000,
+            cpu: 0,
+        }
+    }
+
+    impl Tpp {
+        /// Entries queued in `cpu`'s activation pagevec.
+        fn queued(&self, cpu: u32) -> usize {
+            self.pvecs.get(&cpu).map_or(0, ActivatePagevec::len)
         }
     }
 
@@ -797,7 +821,7 @@ mod tests {
             assert!(tpp.take_refault(), "fault {k} leaves the page PROT_NONE");
             assert!(!tpp.take_refault(), "reading the refault clears it");
             // Queued once per two faults, drained at the 15th entry.
-            assert_eq!(tpp.pvec.len() as u64, (k / 2) % 15, "after fault {k}");
+            assert_eq!(tpp.queued(0) as u64, (k / 2) % 15, "after fault {k}");
             assert_eq!(tpp.flags[500].active(), k == 30, "after fault {k}");
         }
         let m = tpp
@@ -828,16 +852,48 @@ mod tests {
             tpp.on_hint_fault(&fault(page, 5, 2), &st, &mut v);
             assert!(!tpp.flags[page as usize].active());
         }
-        assert_eq!(tpp.pvec.len(), PAGEVEC_SIZE - 1);
+        assert_eq!(tpp.queued(0), PAGEVEC_SIZE - 1);
         assert_eq!(tpp.on_hint_fault(&fault(500, 5, 3), &st, &mut v), None);
         assert_eq!(tpp.on_hint_fault(&fault(500, 5, 4), &st, &mut v), None);
-        assert_eq!(tpp.pvec.len(), 0, "the 15th entry drains it");
+        assert_eq!(tpp.queued(0), 0, "the 15th entry drains it");
         // Every queued page is active now; each was left unreferenced.
         for page in (600..600 + PAGEVEC_SIZE as u64 - 1).chain([500]) {
             let f = tpp.flags[page as usize];
             assert!(f.active() && !f.referenced(), "page {page}");
         }
         assert!(tpp.on_hint_fault(&fault(500, 5, 5), &st, &mut v).is_some());
+    }
+
+    /// The pagevec is per CPU (5.13 swap.c: `lru_pvecs` is a per-CPU
+    /// variable, `activate_page` queues on `this_cpu_ptr`): two threads on
+    /// two CPUs running trains on two pages at once, their faults
+    /// interleaved, each fill their own pagevec, so each page takes its
+    /// full train of 30 faults. One pagevec shared by both would fill at
+    /// its 15th entry from either: both pages active after 16 and 15
+    /// faults.
+    #[test]
+    fn each_cpu_drains_its_own_pagevec_at_its_own_15th_entry() {
+        let (mut tpp, mut v, caps) = lru_setup();
+        let st = v.status(&caps);
+        let on = |cpu: u32, page: u64, k: u64| HintFault {
+            cpu,
+            ..fault(page, 5, k)
+        };
+        for k in 1..=30u64 {
+            for (cpu, page) in [(0, 500), (1, 501)] {
+                assert_eq!(tpp.on_hint_fault(&on(cpu, page, k), &st, &mut v), None);
+                assert!(tpp.take_refault(), "cpu {cpu}: fault {k} refaults");
+                assert_eq!(
+                    tpp.flags[page as usize].active(),
+                    k == 30,
+                    "page {page} after its fault {k}"
+                );
+            }
+        }
+        for (cpu, page) in [(0, 500), (1, 501)] {
+            assert_eq!(tpp.queued(cpu), 0, "cpu {cpu} drained at its 15th entry");
+            assert!(tpp.on_hint_fault(&on(cpu, page, 31), &st, &mut v).is_some());
+        }
     }
 
     /// 6.x TPP (`tpp`) maps the page back after every fault.

@@ -68,6 +68,13 @@ pub struct HintFault {
     pub write: bool,
     /// Clock at the fault.
     pub now_ns: u64,
+    /// The CPU that took the fault, whose per-CPU state the fault path
+    /// uses (5.13 `tpp-lru`'s activation pagevec). The simulator runs
+    /// thread `i` on CPU `i` (docs/simulator.md, "Threads and CPUs"); the
+    /// live engine passes the faulting thread's id (a vCPU thread under
+    /// KVM; 0 if unknown).
+    #[serde(default)]
+    pub cpu: u32,
 }
 
 /// One sampled access (PEBS-like; in a VM, sampled hint faults stand in).

@@ -455,6 +455,11 @@ struct Sim {
     scan_cursor: u64,
     scan_carry: f64,
     scan_virt_carry: f64,
+    /// The thread (and CPU: thread `i` runs on CPU `i`) that issues the
+    /// next access; the threads take turns ([`HintFault::cpu`]).
+    next_cpu: u32,
+    /// Application threads, one per CPU.
+    cpus: u32,
     sample_countdown: u64,
     /// Stores left to the next store sample, when stores have a period of
     /// their own (`TrackerRequest::store_sample_period`).
@@ -785,6 +790,8 @@ impl Sim {
             scan_cursor: 0,
             scan_carry: 0.0,
             scan_virt_carry: 0.0,
+            next_cpu: 0,
+            cpus: scn.threads.max(1),
             samples: Vec::new(),
             outcomes: Vec::new(),
             dirty: Vec::new(),
@@ -1011,6 +1018,9 @@ impl Sim {
         let mut fl = self.map.flags[pi];
         let mut t = self.map.tier[pi];
         let mut stall = 0.0;
+        // The threads issue the stream's accesses in turn.
+        let cpu = self.next_cpu;
+        self.next_cpu = if cpu + 1 >= self.cpus { 0 } else { cpu + 1 };
         if fl & (PROTECTED | IN_TPM | LOCKED) != 0 || (a.write && self.map.shadow[pi] != NO_SHADOW)
         {
             let now = now();
@@ -1027,7 +1037,7 @@ impl Sim {
                 self.map.flags[pi] = fl;
             }
             if fl & PROTECTED != 0 {
-                stall += self.hint_fault(a, t, now, policy, costs);
+                stall += self.hint_fault(a, cpu, t, now, policy, costs);
                 t = self.map.tier[pi];
                 fl = self.map.flags[pi];
             }
@@ -1098,8 +1108,8 @@ impl Sim {
         (t, stall)
     }
 
-    /// A hint fault on a protected page, in tier `t`: the policy decides at
-    /// once; a fault-path migration runs before the access resumes (as
+    /// A hint fault on a protected page, in tier `t`, taken by the thread
+    /// on `cpu`: the policy decides at once; a fault-path migration runs before the access resumes (as
     /// stop-and-copy), any other is carried out in the background. Returns
     /// the stall (slot-ns) of the faulting thread.
     ///
@@ -1111,6 +1121,7 @@ impl Sim {
     fn hint_fault(
         &mut self,
         a: PageAccess,
+        cpu: u32,
         t: TierId,
         now: u64,
         policy: &mut dyn Policy,
@@ -1132,6 +1143,7 @@ impl Sim {
                 time_to_fault_ns: at.saturating_sub(self.map.scan_time[pi]),
                 write: a.write,
                 now_ns: at,
+                cpu,
             };
             self.now = at;
             self.refresh_status();
