@@ -1478,6 +1478,18 @@ fn a_create_larger_than_the_pools_is_a_409() {
         let m = e["message"].as_str().unwrap();
         assert!(m.contains(field) && !m.contains("--"), "{body}: {e}");
     }
+    // A bad latency-emulation spec is a 400 naming the field.
+    let (st, e) = svc.call(
+        "POST",
+        "/v1/vms",
+        Some(r#"{"image":"zipf","mem":"64M","emulate_latency":"fast=abc"}"#),
+    );
+    assert_error(st, &e, 400, "bad_request", "emulate_latency");
+    assert!(
+        e["message"].as_str().unwrap().contains("emulate_latency")
+            || e["message"].as_str().unwrap().contains("fast=abc"),
+        "{e}"
+    );
     let (_, host) = svc.call("GET", "/v1/host", None);
     assert_eq!(host["pools"][1]["reserved_bytes"], 0, "{host}");
     let (_, list) = svc.call("GET", "/v1/vms", None);
@@ -1566,6 +1578,8 @@ fn ctl_wait_create_fails_when_the_guest_fails_after_running() {
             .any(|e| e["vm"] == id && e["state"] == "running"),
         "{ev}"
     );
+    // With tier latency emulated (the default preset, named in the answer
+    // and in the metrics).
     let out = ctl(&[
         "create",
         "memcheck",
@@ -1577,6 +1591,7 @@ fn ctl_wait_create_fails_when_the_guest_fails_after_running() {
         "1s",
         "--arg",
         "region=8M",
+        "--emulate-latency",
     ]);
     assert!(
         out.status.success(),
@@ -1585,9 +1600,20 @@ fn ctl_wait_create_fails_when_the_guest_fails_after_running() {
     );
     let v = json(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(
-        (&v["state"], &v["guest_exit_code"]),
-        (&Value::from("stopped"), &Value::from(0)),
+        (&v["state"], &v["guest_exit_code"], &v["emulate_latency"]),
+        (
+            &Value::from("stopped"),
+            &Value::from(0),
+            &Value::from("nomad-a")
+        ),
         "{v}"
+    );
+    let m = metrics(&svc).text();
+    assert!(
+        m.lines().any(|l| l.starts_with("tiervm_vm_info{")
+            && l.contains("latency_emulation=\"nomad-a\"")
+            && l.contains(v["id"].as_str().unwrap())),
+        "{m}"
     );
     let _ = std::fs::remove_dir_all(&images);
 }

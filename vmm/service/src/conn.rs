@@ -595,13 +595,13 @@ pub fn local_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -
     req[16] = family as u8;
     req[17] = libc::IPPROTO_TCP as u8;
     req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes()); // every state
-    // The peer's socket: its source is the peer, its destination us.
+                                                          // The peer's socket: its source is the peer, its destination us.
     req[24..26].copy_from_slice(&peer.port().to_be_bytes());
     req[26..28].copy_from_slice(&local.port().to_be_bytes());
     req[28..44].copy_from_slice(&words(peer.ip()));
     req[44..60].copy_from_slice(&words(local.ip()));
     req[64..72].copy_from_slice(&[0xff; 8]); // INET_DIAG_NOCOOKIE
-    // SAFETY: a new netlink socket, owned below.
+                                             // SAFETY: a new netlink socket, owned below.
     let fd = unsafe {
         libc::socket(
             libc::AF_NETLINK,
