@@ -1482,7 +1482,9 @@ fn a_create_larger_than_the_pools_is_a_409() {
     let (st, e) = svc.call(
         "POST",
         "/v1/vms",
-        Some(r#"{"image":"zipf","mem":"64M","emulate_latency":"fast=abc"}"#),
+        Some(
+            r#"{"image":"memcheck","mem":"64M","args":["region=8M"],"emulate_latency":"fast=abc"}"#,
+        ),
     );
     assert_error(st, &e, 400, "bad_request", "emulate_latency");
     assert!(
