@@ -267,9 +267,64 @@ pub fn gain_curve(
     }
 }
 
+/// [`gain_curve`] before the sampler's first full pass: `coverage` (the
+/// share of guest memory its windows covered so far, as in
+/// [`AccessRate::coverage`]) of the pages have been looked at, so each
+/// page with a count stands for `1 / coverage` pages of its kind (the
+/// covered part taken as a sample of the whole). The cut and the quantum
+/// are scaled down by `coverage` in the ranking: a VM whose first 10% of
+/// memory is all hot is valued for the hot pages it will most likely show
+/// beyond the cut, instead of nothing until the sampler has seen more
+/// pages than its fast tier holds (issue 32: a hot VM's next quantum read
+/// 0 for 20 s while an idle VM held capacity it did not use).
+/// `quantum_pages` stays the real quantum.
+pub fn gain_curve_covered(
+    counts: &[u32],
+    capacity: u64,
+    quantum: u64,
+    steps: usize,
+    mean_weight: f64,
+    coverage: f64,
+) -> GainCurve {
+    let f = if coverage.is_finite() {
+        coverage.clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    if f >= 1.0 || f <= 0.0 {
+        return gain_curve(counts, capacity, quantum, steps, mean_weight);
+    }
+    let scale = |n: u64| ((n as f64 * f).round() as u64).max(1);
+    let mut c = gain_curve(
+        counts,
+        (capacity as f64 * f).round() as u64,
+        scale(quantum),
+        steps,
+        mean_weight,
+    );
+    c.quantum_pages = quantum.max(1);
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partly_covered_vm_is_valued_for_the_pages_it_will_show() {
+        // 10% of 1000 pages covered, all 100 of them hot; a fast tier of
+        // 200 pages, quanta of 100: the plain curve sees every counted
+        // page inside the cut (grows nothing), the covered one values the
+        // next quantum at the hot share it will most likely show.
+        let mut counts = vec![0u32; 1000];
+        counts[..100].iter_mut().for_each(|c| *c = 10);
+        let plain = gain_curve(&counts, 200, 100, 4, 1.0);
+        assert_eq!(plain.grow[0], 0.0);
+        let covered = gain_curve_covered(&counts, 200, 100, 4, 1.0, 0.1);
+        assert!((covered.grow[0] - 0.1).abs() < 1e-9, "{covered:?}");
+        assert_eq!(covered.quantum_pages, 100);
+        assert_eq!(gain_curve_covered(&counts, 200, 100, 4, 1.0, 1.0), plain);
+    }
 
     #[test]
     fn steps_follow_the_ranking_around_the_cut() {

@@ -557,6 +557,7 @@ fn division_params(
         reverse_dwell_s: 3.0 * dwell.as_secs_f64(),
         significance,
         value,
+        ..super::division::Params::default()
     };
     Ok((division, period))
 }

@@ -32,12 +32,21 @@
 //!    the two estimates (the profile's sampling noise and the rate's;
 //!    two VMs whose gains are within noise of each other do not trade
 //!    quanta back and forth); a quantum the donor loses nothing by (nothing
-//!    sampled in it) needs no test.
+//!    sampled in it, or capacity it holds and does not use: the loss is
+//!    scaled by the share of the quantum the donor fills, and nothing when
+//!    it fills at most an eighth) needs no test.
 //! 4. Steps 2 and 3 move at most `budget_bytes` per round (an exchange
-//!    counts twice: a demotion and a promotion) and leave alone VMs
-//!    resized within `dwell_s`.
+//!    counts twice: a demotion and a promotion). A VM resized within
+//!    `dwell_s` is moved again only the same way (a VM that just grew may
+//!    grow on, one that just shrank may give more); it is moved back the
+//!    other way only after `reverse_dwell_s`, except capacity it holds and
+//!    does not use, which may go back after `dwell_s` (no target reverses
+//!    within its dwell). A receiver gets capacity only while it holds at
+//!    most `fill_ahead` quanta more than it uses: capacity goes at the
+//!    rate a VM fills it, not ahead of it.
 //! 5. Free capacity nobody values (no samples yet, idle VMs) is split by
-//!    weight among VMs below their max, so the pool is used.
+//!    weight among VMs below their max, so the pool is used (not while the
+//!    VM that values it most is still filling what it got: it waits for it).
 
 /// One VM as the division sees it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -130,6 +139,9 @@ pub struct Params {
     /// What a quantum's share of accesses is multiplied by (the service
     /// fills [`Share::rate`] with it).
     pub value: Valuation,
+    /// A receiver gets optional capacity only while its target is less
+    /// than its use plus this many quanta (it fills what it gets first).
+    pub fill_ahead: u64,
 }
 
 impl Default for Params {
@@ -143,6 +155,7 @@ impl Default for Params {
             reverse_dwell_s: 30.0,
             significance: 2.0,
             value: Valuation::HostAccesses,
+            fill_ahead: 2,
         }
     }
 }
@@ -201,11 +214,16 @@ impl Curve<'_> {
                 pick(&self.s.grow_se, k, false),
             )
         } else {
-            // Taking back a quantum given up: what losing it would cost.
+            // Taking back a quantum given up: what losing it would cost,
+            // times the share of it the VM fills (a shrink into capacity it
+            // holds and does not use demotes nothing); nothing when it
+            // fills at most FREE_ENOUGH of it.
             let k = (((self.s.target - at) / self.q) as usize).saturating_sub(1);
+            let filled = self.filled(at + self.q);
+            let filled = if filled <= FREE_ENOUGH { 0.0 } else { filled };
             (
-                pick(&self.s.shrink, k, true),
-                pick(&self.s.shrink_se, k, true),
+                pick(&self.s.shrink, k, true) * filled,
+                pick(&self.s.shrink_se, k, true) * filled,
             )
         };
         // The product of two estimates (share x rate), taken as
@@ -222,12 +240,22 @@ impl Curve<'_> {
 
     /// Loss of the quantum from `at - q` to `at`.
     fn down(&self, at: u64) -> f64 {
-        self.up(at.saturating_sub(self.q))
+        self.down_se(at).0
     }
 
-    /// Loss of the quantum from `at - q` to `at`, and its standard error.
+    /// Loss of the quantum from `at - q` to `at`, and its standard error
+    /// (scaled by the share of it the VM fills: [`Curve::up_se`]).
     fn down_se(&self, at: u64) -> (f64, f64) {
         self.up_se(at.saturating_sub(self.q))
+    }
+
+    /// The share of the quantum from `at - q` to `at` the VM fills
+    /// (capacity granted this round, above its target, counts as filled:
+    /// it was granted to be used).
+    fn filled(&self, at: u64) -> f64 {
+        let from = at.saturating_sub(self.q);
+        let used = self.s.used.saturating_add(at.saturating_sub(self.s.target));
+        used.clamp(from, at).saturating_sub(from) as f64 / self.q.max(1) as f64
     }
 
     /// Capacity the VM holds but does not use.
@@ -235,6 +263,11 @@ impl Curve<'_> {
         at.saturating_sub(self.s.used)
     }
 }
+
+/// A quantum the VM fills at most this share of counts as capacity it does
+/// not use: giving it up loses nothing (an eighth: the last pages a guest
+/// touched on the way, not a working set).
+const FREE_ENOUGH: f64 = 0.125;
 
 /// One round of the division of a pool of `pool` bytes (see the module docs).
 pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
@@ -300,6 +333,9 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
     }
     // 2-4. Optional moves within the budget.
     let mut budget = p.budget_bytes;
+    // The VM that values capacity most has not filled what it holds: the
+    // capacity waits for it (not handed to a lesser VM, nor spread).
+    let mut waiting = false;
     loop {
         let free = pool.saturating_sub(held(&t));
         let Some((g, value)) = best_grow(&curves, &t, p) else {
@@ -307,6 +343,14 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         };
         let floor = p.min_share * curves[g].scale;
         if value <= 0.0 || value < floor {
+            break;
+        }
+        if t[g]
+            >= shares[g]
+                .used
+                .saturating_add(p.fill_ahead.saturating_mul(q))
+        {
+            waiting = true;
             break;
         }
         if free >= q {
@@ -343,7 +387,9 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
         out.gain += value - loss;
     }
     // 5. Unvalued free capacity, split by weight.
-    spread_free(pool, shares, &mut t, q, &held);
+    if !waiting {
+        spread_free(pool, shares, &mut t, q, &held);
+    }
     out.targets = t;
     out
 }
@@ -359,7 +405,9 @@ fn cheapest_shrink(
 ) -> Option<usize> {
     (0..curves.len())
         .filter(|&j| Some(j) != except && t[j] > curves[j].s.min)
-        .filter(|&j| !optional || !(dwelling(curves[j].s, p) || reversing(curves[j].s, true, p)))
+        .filter(|&j| {
+            !optional || may_move(curves[j].s, false, curves[j].filled(t[j]) <= FREE_ENOUGH, p)
+        })
         .filter(|&j| !optional || t[j] - curves[j].s.min >= curves[j].q)
         .min_by(|&a, &b| {
             curves[a]
@@ -374,22 +422,29 @@ fn cheapest_shrink(
 fn best_grow(curves: &[Curve<'_>], t: &[u64], p: &Params) -> Option<(usize, f64)> {
     (0..curves.len())
         .filter(|&i| {
-            t[i] + curves[i].q <= curves[i].s.max
-                && !dwelling(curves[i].s, p)
-                && !reversing(curves[i].s, false, p)
+            let s = curves[i].s;
+            let q = curves[i].q;
+            t[i] + q <= s.max && may_move(s, true, false, p)
         })
         .map(|i| (i, curves[i].up(t[i])))
         .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
 }
 
-/// Whether moving `s` against its last move (`grew`: its last move was a
-/// grow, so this is a shrink) would come within the reverse dwell.
-fn reversing(s: &Share, grew: bool, p: &Params) -> bool {
-    s.last_grew == Some(grew) && s.since_resize_s.is_some_and(|d| d < p.reverse_dwell_s)
-}
-
-fn dwelling(s: &Share, p: &Params) -> bool {
-    s.since_resize_s.is_some_and(|d| d < p.dwell_s)
+/// Whether an optional move may `grow` (else shrink) `s` now (module docs,
+/// step 4): the same way as its last move at any time; the other way after
+/// `dwell_s` for capacity it does not use (`unused`), after
+/// `reverse_dwell_s` otherwise; a VM resized in an unknown direction is
+/// left alone for `dwell_s`.
+fn may_move(s: &Share, grow: bool, unused: bool, p: &Params) -> bool {
+    let Some(since) = s.since_resize_s else {
+        return true;
+    };
+    match s.last_grew {
+        Some(g) if g == grow => true,
+        Some(_) if unused && !grow => since >= p.dwell_s,
+        Some(_) => since >= p.reverse_dwell_s.max(p.dwell_s),
+        None => since >= p.dwell_s,
+    }
 }
 
 /// Step 5: whole quanta of free capacity to VMs below max, the one with
@@ -440,6 +495,7 @@ mod tests {
             budget_bytes: 1 << 40,
             dwell_s: 0.0,
             reverse_dwell_s: 0.0,
+            fill_ahead: 1 << 20,
             ..Params::default()
         }
     }
@@ -560,6 +616,70 @@ mod tests {
         a.since_resize_s = Some(31.0);
         let pl = plan(512 * M, &[a, b], &p);
         assert_eq!(pl.targets, vec![192 * M, 320 * M]);
+    }
+
+    /// Issue 32 item 5: an idle VM holds the spare (it got it first), a hot
+    /// VM arrived later. The idle VM's unused capacity goes back after the
+    /// dwell although it grew within the reverse dwell; the hot VM, which
+    /// just grew, may grow on (the same way) as fast as it fills.
+    #[test]
+    fn unused_capacity_goes_back_after_the_dwell_at_the_rate_it_is_filled() {
+        let mut p = params();
+        p.dwell_s = 10.0;
+        p.reverse_dwell_s = 30.0;
+        p.fill_ahead = 2;
+        let mut idle = share(32 * M, 1024 * M, 224 * M);
+        idle.used = 29 * M;
+        idle.since_resize_s = Some(12.0);
+        idle.last_grew = Some(true);
+        let mut hot = share(32 * M, 1024 * M, 32 * M);
+        hot.grow = vec![0.2, 0.2, 0.2, 0.2];
+        hot.since_resize_s = Some(2.0);
+        hot.last_grew = Some(true);
+        let pl = plan(256 * M, &[idle.clone(), hot.clone()], &p);
+        assert_eq!(
+            pl.targets,
+            vec![96 * M, 160 * M],
+            "two quanta ahead of what the hot VM uses"
+        );
+        // Within the dwell, the idle VM keeps it.
+        idle.since_resize_s = Some(5.0);
+        let pl = plan(256 * M, &[idle.clone(), hot.clone()], &p);
+        assert_eq!(pl.targets, vec![224 * M, 32 * M]);
+        // Capacity the idle VM uses is not taken back within the reverse dwell.
+        idle.since_resize_s = Some(12.0);
+        idle.used = 224 * M;
+        idle.shrink = vec![0.0001];
+        let pl = plan(256 * M, &[idle, hot.clone()], &p);
+        assert_eq!(pl.targets, vec![224 * M, 32 * M]);
+        // A VM that just shrank may not grow back within the dwell.
+        let mut shrunk = hot;
+        shrunk.last_grew = Some(false);
+        let free = plan(512 * M, &[shrunk.clone()], &p);
+        assert_eq!(free.targets, vec![32 * M]);
+        shrunk.since_resize_s = Some(40.0);
+        let free = plan(512 * M, &[shrunk], &p);
+        assert_eq!(free.targets, vec![160 * M]);
+    }
+
+    /// A donor that fills 3 MiB of its last 64 MiB quantum loses (almost)
+    /// nothing by it, however its ranking values the quantum: the quantum
+    /// goes to an uncertain receiver without waiting for the noise to fall.
+    #[test]
+    fn a_quantum_the_donor_barely_fills_goes_without_a_test() {
+        let mut idle = share(32 * M, 1024 * M, 96 * M);
+        idle.used = 35 * M;
+        idle.shrink = vec![0.3];
+        idle.shrink_se = vec![0.05];
+        let mut hot = share(32 * M, 1024 * M, 160 * M);
+        hot.grow = vec![0.1];
+        hot.rate_se = 0.8 * hot.rate;
+        let pl = plan(256 * M, &[idle.clone(), hot.clone()], &params());
+        assert_eq!(pl.targets, vec![32 * M, 224 * M]);
+        // Filled by half, the loss counts half and the noise must be beaten.
+        idle.used = 64 * M;
+        let pl = plan(256 * M, &[idle, hot], &params());
+        assert_eq!(pl.targets, vec![96 * M, 160 * M]);
     }
 
     #[test]

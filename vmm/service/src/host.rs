@@ -658,6 +658,7 @@ fn api_words(message: &str, image_path: &str, image_name: &str) -> String {
         ("--policy", "policy"),
         ("--tracking", "tracking"),
         ("--stop-grace", "the service's defaults.stop_grace"),
+        ("--emulate-latency", "emulate_latency"),
     ] {
         m = m.replace(flag, field);
     }
@@ -914,6 +915,8 @@ impl Host {
                 max_round_optional_bytes: s.counters.max_round_optional_bytes,
                 period_s: self.cfg.period.as_secs_f64(),
                 budget_bytes: self.cfg.division.budget_bytes,
+                dwell_s: self.cfg.division.dwell_s,
+                reverse_dwell_s: self.cfg.division.reverse_dwell_s,
                 value: self.cfg.division.value.name().into(),
             },
         }
@@ -1143,6 +1146,14 @@ impl Host {
             curve_steps: 64,
             profile_half_life_s: 20.0,
             seccomp: super::seccomp_on(),
+            // "" is the default preset: named, so answers and metrics say which.
+            emulate_latency: req.emulate_latency.as_ref().map(|e| {
+                if e.trim().is_empty() {
+                    vmm_core::emulation::config::DEFAULT_PRESET.to_string()
+                } else {
+                    e.clone()
+                }
+            }),
         };
         // The same validation as `tiervm run` (image, arguments, sizes),
         // here, so a bad request is a 400 before any process starts.
@@ -2003,6 +2014,7 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
             })
             .unwrap_or_default(),
         emulated,
+        emulate_latency: v.spec.emulate_latency.clone(),
         exit: v.exit.as_ref().map(|e| ExitInfoBody {
             code: e.code,
             signal: e.signal,
@@ -2039,6 +2051,7 @@ mod tests {
             curve_steps: 1,
             profile_half_life_s: 1.0,
             seccomp: false,
+            emulate_latency: None,
         };
         let mut v = VmEntry::starting(id.into(), spec, (0, 64 << 20, 1.0), 0, "nomad".into());
         v.state = state;
@@ -2081,7 +2094,9 @@ mod tests {
         v
     }
 
-    /// The fast targets one division round gives `vms` sharing `pool`.
+    /// The fast targets division rounds give `vms` sharing `pool`, each VM
+    /// filling its target between rounds (a receiver gets capacity at the
+    /// rate it fills it), once they no longer change.
     fn divide(pool: u64, value: Valuation, vms: Vec<VmEntry>) -> Vec<u64> {
         let mut cfg = ServeConfig::for_tests();
         cfg.division.value = value;
@@ -2093,9 +2108,27 @@ mod tests {
                 s.vms.insert(k as u64 + 1, v);
             }
         }
-        host.rebalance_until(None);
-        let s = host.state();
-        s.vms.values().map(|v| v.target).collect()
+        let mut last = Vec::new();
+        for _ in 0..32 {
+            host.rebalance_until(None);
+            let mut s = host.state();
+            for v in s.vms.values_mut() {
+                let target = v.target;
+                if let Some(st) = v.stats.as_mut() {
+                    st.tiers = vec![crate::protocol::TierNow {
+                        capacity_bytes: target,
+                        used_bytes: target,
+                        ..crate::protocol::TierNow::default()
+                    }];
+                }
+            }
+            let now: Vec<u64> = s.vms.values().map(|v| v.target).collect();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
     }
 
     #[test]

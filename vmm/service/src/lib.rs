@@ -16,6 +16,7 @@
 pub mod api;
 pub mod client;
 pub mod config;
+pub mod conn;
 pub mod division;
 pub mod host;
 pub mod host_error;
@@ -32,17 +33,9 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
-
 use self::api::AppState;
 use self::config::{ServeConfig, ServeConfigError};
 use self::host::Host;
-
-/// Most connections served at once (more wait in the listen backlog).
-const MAX_CONNECTIONS: usize = 256;
-/// Time a client gets to send its request headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The service could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -333,11 +326,11 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     let result = rt.block_on(async move {
         let listener =
             tokio::net::UnixListener::from_std(listener).map_err(setup("listening on", &socket))?;
-        let server = tokio::spawn(serve_connections(listener, router));
+        let server = tokio::spawn(conn::serve_unix(listener, router));
         let metrics_server = match metrics_listener {
             Some(l) => {
                 let l = tokio::net::TcpListener::from_std(l).map_err(ServeError::Runtime)?;
-                Some(tokio::spawn(serve_tcp(l, metrics_router)))
+                Some(tokio::spawn(conn::serve_tcp(l, metrics_router)))
             }
             None => None,
         };
@@ -387,58 +380,5 @@ async fn wait_for_stop_signal() {
     tokio::select! {
         _ = async { match &mut term { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
         _ = async { match &mut int { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
-    }
-}
-
-/// The TCP metrics listener (same bounds as the API socket).
-async fn serve_tcp(listener: tokio::net::TcpListener, router: axum::Router) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(16));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        serve_one(stream, router.clone(), permit);
-    }
-}
-
-fn serve_one<S>(stream: S, router: axum::Router, permit: tokio::sync::OwnedSemaphorePermit)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let service = TowerToHyperService::new(router);
-    tokio::spawn(async move {
-        let _permit = permit;
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_TIMEOUT)
-            .max_buf_size(64 << 10)
-            .serve_connection(TokioIo::new(stream), service);
-        if let Err(e) = conn.await {
-            tracing::debug!("connection: {e}");
-        }
-    });
-}
-
-/// Accepts connections and serves HTTP/1.1 on each (bounded in number,
-/// header read time and, through the router's guard, request time).
-async fn serve_connections(listener: tokio::net::UnixListener, router: axum::Router) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!("accepting a connection: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        serve_one(stream, router.clone(), permit);
     }
 }

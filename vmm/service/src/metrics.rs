@@ -181,12 +181,54 @@ fn process_metrics(f: &mut Families) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The connections of the API socket and the metrics listener
+/// (`conn.rs`): open, accepted, idle ones closed to make room, refused.
+fn connection_metrics(f: &mut Families) -> Result<(), ApiError> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let open = f.gauges(
+        "tiervm_api_connections",
+        "Connections open now, per listener",
+        &["listener"],
+    )?;
+    let accepted = f.counters(
+        "tiervm_api_connections_accepted_total",
+        "Connections accepted and served, per listener",
+        &["listener"],
+    )?;
+    let evicted = f.counters(
+        "tiervm_api_connections_evicted_total",
+        "Idle connections closed to make room for a new one (a client over its bound, or a full listener)",
+        &["listener"],
+    )?;
+    let refused = f.counters(
+        "tiervm_api_connections_refused_total",
+        "Connections refused: the client's connections (reason client) or all (full) were in requests",
+        &["listener", "reason"],
+    )?;
+    for (l, s) in [
+        ("api", &super::conn::API_CONNS),
+        ("metrics", &super::conn::METRICS_CONNS),
+    ] {
+        set(&open, &[l], s.open.load(Relaxed) as f64);
+        add(&accepted, &[l], s.accepted.load(Relaxed) as f64);
+        add(&evicted, &[l], s.evicted.load(Relaxed) as f64);
+        add(
+            &refused,
+            &[l, "client"],
+            s.refused_client.load(Relaxed) as f64,
+        );
+        add(&refused, &[l, "full"], s.refused_full.load(Relaxed) as f64);
+    }
+    Ok(())
+}
+
 /// The whole exposition, from the service's state now. (The registry sorts
 /// the families by name, so the order they are made in does not show.)
 pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
     let mut f = Families { r: Registry::new() };
     host_gauges(&mut f, host)?;
     process_metrics(&mut f)?;
+    connection_metrics(&mut f)?;
     let build = f.gauges(
         "tiervm_build_info",
         "1, labelled with the version of tiervm",
@@ -346,8 +388,8 @@ impl VmGauges {
             )?,
             info: f.gauges(
                 "tiervm_vm_info",
-                "1 per VM, with its image and policy",
-                &["vm", "uuid", "image", "policy"],
+                "1 per VM, with its image, policy and the tier latency emulated in its guest (latency_emulation: off, or the create's emulate_latency)",
+                &["vm", "uuid", "image", "policy", "latency_emulation"],
             )?,
             cap: f.gauges(
                 "tiervm_vm_tier_capacity_bytes",
@@ -395,7 +437,13 @@ impl VmGauges {
         }
         set(
             &self.info,
-            &[id, uuid, &v.spec.image, v.active_policy()],
+            &[
+                id,
+                uuid,
+                &v.spec.image,
+                v.active_policy(),
+                v.spec.emulate_latency.as_deref().unwrap_or("off"),
+            ],
             1.0,
         );
         set(&self.fmin, vm, v.min as f64);
@@ -438,7 +486,11 @@ impl VmCounters {
     fn new(f: &mut Families) -> Result<Self, ApiError> {
         let vm = &["vm", "uuid"];
         Ok(Self {
-            ops: f.counters("tiervm_vm_operations_total", "Guest operations", vm)?,
+            ops: f.counters(
+                "tiervm_vm_operations_total",
+                "Guest operations, as the guest reports them (latency_emulation: the tier latency emulated in the guest, off or its spec)",
+                &["vm", "uuid", "latency_emulation"],
+            )?,
             promote: f.counters(
                 "tiervm_vm_pgpromote_success_total",
                 "Pages promoted to the fast tier (kernel: pgpromote_success)",
@@ -498,7 +550,8 @@ impl VmCounters {
         add(&self.accesses, &vm, v.sampled_accesses);
         let Some(st) = &v.stats else { return };
         let m = &st.mem;
-        add(&self.ops, &vm, st.ops as f64);
+        let emu = v.spec.emulate_latency.as_deref().unwrap_or("off");
+        add(&self.ops, &[vm[0], vm[1], emu], st.ops as f64);
         add(&self.promote, &vm, m.promotions as f64);
         add(&self.demote, &vm, m.demotions as f64);
         add(&self.tpm_commit, &vm, m.tpm_commits as f64);

@@ -109,6 +109,8 @@ pub fn compare(
         budget_bytes: u64::MAX / 4,
         dwell_s: 0.0,
         reverse_dwell_s: 0.0,
+        // The model fills what it is given at once.
+        fill_ahead: u64::MAX / 4,
         ..Params::default()
     };
     let mut alloc: Vec<u64> = vms.iter().map(|_| bytes(even)).collect();

@@ -64,6 +64,10 @@ pub struct VmSpec {
     /// --no-seccomp` turns them off).
     #[serde(default = "seccomp_on")]
     pub seccomp: bool,
+    /// Tier latency emulated in the guest (`tiervm run --emulate-latency
+    /// SPEC`: "" for the default preset); `None`: off.
+    #[serde(default)]
+    pub emulate_latency: Option<String>,
 }
 
 fn seccomp_on() -> bool {

@@ -82,7 +82,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(
+    pub fn new(
         status: StatusCode,
         code: &str,
         message: impl Into<String>,
@@ -255,6 +255,13 @@ pub struct CreateVm {
     /// 63 characters of `A-Za-z0-9._/-`, values up to 256 characters.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Tier latency emulated in the guest (docs/emulation.md; `tiervm run
+    /// --emulate-latency`): a preset (`nomad-a`, `colloid`, `mtm-pm`)
+    /// and/or `fast=LAT,slow=LAT,...`, e.g. `"fast=80ns,slow=250ns"`; `""`
+    /// for the default preset (nomad-a). Left out: off. On a one-node host
+    /// this is what makes the tiers' latencies differ for the guest.
+    #[schema(max_length = 256)]
+    pub emulate_latency: Option<String>,
 }
 
 /// A placement policy.
@@ -371,6 +378,11 @@ pub struct RebalanceInfo {
     pub period_s: f64,
     /// Most bytes optional moves change per round.
     pub budget_bytes: u64,
+    /// A resized VM is moved again only the same way for this long (and
+    /// capacity it does not use may go back after it).
+    pub dwell_s: f64,
+    /// A VM is not moved back the other way for this long.
+    pub reverse_dwell_s: f64,
     /// What a quantum of fast capacity is valued by (`weight x rate x
     /// share`): `host-accesses` (each VM's sampled access rate as the host
     /// measures it, `fast.gain.accesses_per_sec`; the default) or
@@ -575,6 +587,9 @@ pub struct VmInfo {
     pub migration: MigrationInfo,
     /// Whether the tiers are emulated (one host node).
     pub emulated: bool,
+    /// Tier latency emulated in the guest (the create's `emulate_latency`;
+    /// `null`: off, the guest sees one latency on a one-node host).
+    pub emulate_latency: Option<String>,
     /// How the worker process ended.
     pub exit: Option<ExitInfoBody>,
     /// Why the VM stopped, once it did: `deleted` (an API DELETE),

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tiering::engine::profile::{access_rate, gain_curve, AccessProfile};
+use tiering::engine::profile::{access_rate, gain_curve_covered, AccessProfile};
 use tiering::mem::{ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
@@ -267,6 +267,7 @@ pub fn request_of(spec: &VmSpec) -> Result<VmRequest, ConfigError> {
             tracking,
             ..TieringRequest::default()
         },
+        emulate_latency: spec.emulate_latency.clone(),
         ..VmRequest::default()
     })
 }
@@ -450,16 +451,6 @@ impl WorkerHooks {
             self.profile = ctx.tiered.and_then(|t| t.access_profile());
         }
         let fast_capacity = stats.tiers.first().map_or(0, |t| t.capacity_pages);
-        let mut gain = match &self.profile {
-            Some(p) => gain_curve(
-                &p.snapshot(),
-                fast_capacity,
-                self.quantum_pages,
-                self.curve_steps,
-                p.mean_weight(),
-            ),
-            None => Default::default(),
-        };
         let account = mem.sampler_account();
         let accesses = access_rate(
             account.guest_pages,
@@ -467,6 +458,20 @@ impl WorkerHooks {
             account.weight,
             account.weight_sq,
         );
+        // Before the sampler's first full pass, what it covered stands for
+        // the whole (gain_curve_covered).
+        let coverage = accesses.map_or(1.0, |a| a.coverage);
+        let mut gain = match &self.profile {
+            Some(p) => gain_curve_covered(
+                &p.snapshot(),
+                fast_capacity,
+                self.quantum_pages,
+                self.curve_steps,
+                p.mean_weight(),
+                coverage,
+            ),
+            None => Default::default(),
+        };
         if self.policy == PolicyKind::Static {
             // Static never promotes: more fast capacity buys it nothing.
             gain.grow.iter_mut().for_each(|g| *g = 0.0);

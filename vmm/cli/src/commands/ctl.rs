@@ -23,9 +23,11 @@ pub struct CtlArgs {
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// After an accepted change, poll GET /v1/vms/{id} until it took
-    /// effect, and print the VM then: create until the VM left `starting`,
-    /// policy until `policy` is `policy_requested` (or a `policy_error`),
-    /// fast until `converged`, delete until the VM ended.
+    /// effect, and print the VM then: create until the VM left `starting`
+    /// (with --duration: until the run ended; a VM that failed, or whose
+    /// guest exited non-zero, exits 1), policy until `policy` is
+    /// `policy_requested` (or a `policy_error`), fast until `converged`,
+    /// delete until the VM ended.
     #[arg(long)]
     pub wait: bool,
     /// What to do.
@@ -50,7 +52,7 @@ pub enum CtlOp {
     /// GET /v1/vms.
     List,
     /// POST /v1/vms: create and start a VM.
-    Create(CreateFlags),
+    Create(Box<CreateFlags>),
     /// GET /v1/vms/{id}.
     Get {
         /// VM id.
@@ -137,6 +139,11 @@ pub struct CreateFlags {
     /// A label key=value for the VM (repeatable).
     #[arg(long = "label", value_name = "KEY=VALUE")]
     pub labels: Vec<String>,
+    /// Emulate tier latency in the guest (as `tiervm run
+    /// --emulate-latency`): a preset and/or fast=LAT,slow=LAT,...; alone:
+    /// the default preset.
+    #[arg(long, value_name = "SPEC", num_args = 0..=1, default_missing_value = "")]
+    pub emulate_latency: Option<String>,
 }
 
 fn put(m: &mut Map<String, Value>, k: &str, v: Option<Value>) {
@@ -169,6 +176,11 @@ pub fn request_of(op: &CtlOp) -> (&'static str, String, Option<Value>) {
             put(&mut m, "tracking", c.tracking.clone().map(Value::from));
             put(&mut m, "duration", c.duration.clone().map(Value::from));
             put(&mut m, "seed", c.seed.map(Value::from));
+            put(
+                &mut m,
+                "emulate_latency",
+                c.emulate_latency.clone().map(Value::from),
+            );
             let mut f = Map::new();
             put(&mut f, "min", c.fast_min.clone().map(Value::from));
             put(&mut f, "max", c.fast_max.clone().map(Value::from));
@@ -248,16 +260,24 @@ const WAIT_POLL: Duration = Duration::from_millis(100);
 /// Whether the change `op` asked for shows in the VM `v` (see `--wait`).
 pub fn took_effect(op: &CtlOp, v: &Value) -> bool {
     match op {
+        // A run with a duration ends by itself: wait for its end, so that
+        // a guest failing after it reached `running` fails the command.
+        CtlOp::Create(c) if c.duration.is_some() => ended(v),
         CtlOp::Create(_) => v["state"] != "starting",
         CtlOp::Policy { .. } => {
             v["policy"] == v["policy_requested"] || !v["policy_error"].is_null()
         }
         CtlOp::Fast { .. } => v["fast"]["converged"] == true,
-        CtlOp::Delete { .. } => !["starting", "running", "stopping"]
-            .iter()
-            .any(|s| v["state"] == *s),
+        CtlOp::Delete { .. } => ended(v),
         _ => true,
     }
+}
+
+/// Whether the VM `v` ended (or never started).
+fn ended(v: &Value) -> bool {
+    !["starting", "running", "unresponsive", "stopping"]
+        .iter()
+        .any(|s| v["state"] == *s)
 }
 
 /// The VM an accepted change concerns.
