@@ -40,7 +40,12 @@ pub const PAGE_TABLES_GPA: u64 = 0x10_0000;
 pub const IMAGE_BASE_GPA: u64 = 0x40_0000;
 /// Stack bytes per vCPU.
 pub const STACK_SIZE: u64 = 256 * 1024;
-/// Guest page-table granule: the VMM maps guest RAM with 2 MiB pages.
+/// Bytes in a base page, guest-physical and host alike: the one definition
+/// of the 4 KiB page size (the host side imports it as `tiering::vocab::PAGE_SIZE`).
+pub const PAGE_SIZE: u64 = 4096;
+/// Guest page-table granule: the VMM maps guest RAM with 2 MiB pages. The one
+/// definition of the 2 MiB size (the host side imports it as
+/// `tiering::vocab::HUGE_PAGE_SIZE`, the transparent huge page of x86_64).
 pub const GUEST_LARGE_PAGE: u64 = 2 * 1024 * 1024;
 
 /// Most vCPUs the ABI supports (status slots).

@@ -15,10 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// Base page size the tiered memory works in.
-pub const PAGE_SIZE: usize = 4096;
-/// A transparent huge page (PMD size on x86_64).
-pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+pub use crate::vocab::{HUGE_PAGE_SIZE, PAGE_SIZE};
 
 const IOC_NONE: u32 = 0;
 const IOC_WRITE: u32 = 1;

@@ -20,10 +20,15 @@ pub type TierId = u8;
 /// Most tiers one VM can use (3 bits of the page map word).
 pub const MAX_TIERS: usize = 8;
 
-/// Bytes in one page.
-pub const PAGE_BYTES: u64 = 4096;
+/// Bytes in one page, a guest page and the host base page that backs it alike:
+/// the guest ABI's 4 KiB [`tiervm_guest::abi::PAGE_SIZE`], the one page size
+/// the memory layer, the policies, the simulator and the VMM import.
+pub const PAGE_SIZE: usize = tiervm_guest::abi::PAGE_SIZE as usize;
+/// Bytes in a transparent huge page (PMD size on x86_64): the guest's large
+/// page, [`tiervm_guest::abi::GUEST_LARGE_PAGE`].
+pub const HUGE_PAGE_SIZE: usize = tiervm_guest::abi::GUEST_LARGE_PAGE as usize;
 /// Pages in a 2 MiB run.
-pub const PAGES_PER_2M: u32 = 512;
+pub const PAGES_PER_2M: u32 = (HUGE_PAGE_SIZE / PAGE_SIZE) as u32;
 
 /// A run of guest pages: `pages` pages starting at guest page `page`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -23,8 +23,7 @@ pub mod zipf;
 pub const SCRATCH_WORDS: usize = 512;
 /// Bytes of the scratch area.
 pub const SCRATCH_BYTES: u64 = (SCRATCH_WORDS * 8) as u64;
-/// Bytes in a (host and guest-physical) base page.
-pub const PAGE_SIZE: u64 = 4096;
+pub use crate::abi::PAGE_SIZE;
 /// Words in a page.
 pub const PAGE_WORDS: usize = (PAGE_SIZE / 8) as usize;
 /// How many operations run between two publications of the op counter

@@ -359,7 +359,7 @@ impl Colloid {
     fn page_limit(&mut self, shift: &Shift) -> u64 {
         let dyn_pages =
             shift.dp * shift.total_rate * (self.quantum_ns as f64 / 1e9) * REQUEST_BYTES
-                / PAGE_BYTES as f64
+                / PAGE_SIZE as f64
                 / self.scale
                 + self.limit_carry;
         if dyn_pages < 0.0 {

@@ -117,7 +117,7 @@ impl Policy for Nomad {
         TrackerRequest {
             hint_fault_tiers: (1..self.tiers).map(|t| t as TierId).collect(),
             hint_scan_pages_per_sec: SCAN_SIZE_MB * 1024.0 * 1024.0
-                / PAGE_BYTES as f64
+                / PAGE_SIZE as f64
                 / (SCAN_PERIOD_MIN_NS as f64 / 1e9),
             sample_period: 0,
             store_sample_period: 0,

@@ -566,7 +566,7 @@ impl Tpp {
             refault: false,
             tiers: config.tiers(),
             scan_pages_per_sec: SCAN_SIZE_MB * 1024.0 * 1024.0
-                / PAGE_BYTES as f64
+                / PAGE_SIZE as f64
                 / (SCAN_PERIOD_MIN_NS as f64 / 1e9),
             promotions: 0,
             require_active: false,

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::vocab::{Mechanism, TierId, Unit, PAGES_PER_2M, PAGE_BYTES};
+pub use crate::vocab::{Mechanism, TierId, Unit, PAGES_PER_2M, PAGE_SIZE};
 
 /// When the migration must happen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -340,12 +340,12 @@ impl PolicyConfig {
         } else {
             1.0
         };
-        (mb * 1024.0 * 1024.0 / PAGE_BYTES as f64 / s).max(0.0)
+        (mb * 1024.0 * 1024.0 / PAGE_SIZE as f64 / s).max(0.0)
     }
 
     /// Megabytes in real units to modeled pages.
     pub fn mb_to_pages(&self, mb: f64) -> u64 {
-        self.scaled_pages(mb * 1024.0 * 1024.0 / PAGE_BYTES as f64)
+        self.scaled_pages(mb * 1024.0 * 1024.0 / PAGE_SIZE as f64)
     }
 }
 

@@ -32,7 +32,7 @@ use super::SimError;
 use crate::policy::tpp::ScanPeriod;
 use crate::policy::{
     AccessSample, HintFault, Mechanism, MemoryView, Migration, Observations, Policy, PolicyKind,
-    TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGES_PER_2M, PAGE_BYTES,
+    TierId, TierStatus, TpmOutcome, TrackerRequest, Urgency, PAGES_PER_2M, PAGE_SIZE,
 };
 
 pub use super::setup::{SimPlacement, INITIAL_FREE_FRACTION};
@@ -51,7 +51,7 @@ pub const TIMELINE_POINTS: usize = 40;
 pub const SHADOW_RECLAIM_FACTOR: u64 = 10;
 /// The hint-fault scanner walks address space in ranges of this size
 /// (Linux `task_numa_work` aligns its ranges to `HPAGE_SIZE`).
-pub const SCAN_RANGE_BYTES: u64 = 2 << 20;
+pub const SCAN_RANGE_BYTES: u64 = crate::vocab::HUGE_PAGE_SIZE as u64;
 /// The scanner's virtual budget in multiples of its scan budget: ranges
 /// in which it changes no PTE cost only this one (Linux `task_numa_work`:
 /// `virtpages = pages * 8`).
@@ -785,7 +785,7 @@ impl Sim {
             hint_mask,
             scan_period: scn
                 .linux_scan_period
-                .then(|| ScanPeriod::new(pages as f64 * start.scale * PAGE_BYTES as f64)),
+                .then(|| ScanPeriod::new(pages as f64 * start.scale * PAGE_SIZE as f64)),
             scan_seq: 0,
             scan_cursor: 0,
             scan_carry: 0.0,
@@ -1513,7 +1513,7 @@ impl Sim {
                 }
                 continue;
             }
-            let copy = PAGE_BYTES as f64;
+            let copy = PAGE_SIZE as f64;
             self.mig_out_q[usize::from(from)] += copy;
             self.mig_in_q[usize::from(to)] += copy;
             match mech {
@@ -1688,7 +1688,7 @@ impl Sim {
                 .map_or(1.0, ScanPeriod::rate_factor)
             * (self.quantum_ns as f64 / 1e9)
             / self.scale;
-        let range = ((SCAN_RANGE_BYTES / PAGE_BYTES) as f64 / self.scale).max(1.0) as u64;
+        let range = ((SCAN_RANGE_BYTES / PAGE_SIZE as u64) as f64 / self.scale).max(1.0) as u64;
         let mut pages_left = per_quantum + self.scan_carry;
         let mut virt_left = SCAN_VIRTUAL_FACTOR * per_quantum + self.scan_virt_carry;
         while pages_left > 0.0 && virt_left > 0.0 {

@@ -824,7 +824,7 @@ mod tests {
             panic!("pagerank stream");
         };
         let l = g.layout();
-        let page = |b: u64| (b / crate::policy::PAGE_BYTES) as usize;
+        let page = |b: u64| (b / crate::policy::PAGE_SIZE as u64) as usize;
         let fast_share = |from: u64, to: u64| {
             let t = &start.tier[page(from)..page(to)];
             t.iter().filter(|&&t| t == 0).count() as f64 / t.len() as f64

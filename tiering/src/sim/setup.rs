@@ -10,7 +10,7 @@ use super::workload::{
     PageAccess, PagerankStream, WorkloadSpec, WssStream,
 };
 use super::{ScenarioError, SimError};
-use crate::policy::{PolicyConfig, TierId, PAGE_BYTES};
+use crate::policy::{PolicyConfig, TierId, PAGE_SIZE};
 
 /// Fraction of each tier left free at start (as Linux keeps watermarks).
 pub const INITIAL_FREE_FRACTION: f64 = 0.004;
@@ -102,7 +102,7 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
     if !parallelism_ok {
         return Err(ScenarioError::Parallelism);
     }
-    if !(64.0..=PAGE_BYTES as f64).contains(&scn.access_bytes) {
+    if !(64.0..=PAGE_SIZE as f64).contains(&scn.access_bytes) {
         return Err(ScenarioError::AccessBytes);
     }
     if !(scn.compute_ns_per_op.is_finite() && (0.0..=1e9).contains(&scn.compute_ns_per_op)) {
@@ -129,7 +129,7 @@ pub(super) fn validate(scn: &Scenario) -> Result<(), ScenarioError> {
             return Err(ScenarioError::TierModel);
         }
     }
-    let pages = scn.workload.footprint_gib() * (1u64 << 30) as f64 / PAGE_BYTES as f64 / scn.scale;
+    let pages = scn.workload.footprint_gib() * (1u64 << 30) as f64 / PAGE_SIZE as f64 / scn.scale;
     if !(1.0..=64e6).contains(&pages) {
         return Err(ScenarioError::Footprint);
     }
@@ -244,7 +244,7 @@ pub(super) fn bench_init_stream(scn: &Scenario, scale: f64, pages: u64) -> Optio
         pages,
         // One access per `access_bytes` of each page (a 64-byte line, or
         // the whole page when an access is a 4 KiB `memcpy`).
-        (PAGE_BYTES as f64 / scn.access_bytes).round().max(1.0) as u64,
+        (PAGE_SIZE as f64 / scn.access_bytes).round().max(1.0) as u64,
         warmup,
     )))
 }
@@ -266,7 +266,7 @@ pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfi
 
 /// Real GiB in modeled pages.
 fn gib_to_pages(gib: f64, scale: f64) -> u64 {
-    ((gib * (1u64 << 30) as f64 / PAGE_BYTES as f64) / scale).round() as u64
+    ((gib * (1u64 << 30) as f64 / PAGE_SIZE as f64) / scale).round() as u64
 }
 
 /// The kv or pagerank stream, for scenarios of a guest workload.
@@ -375,7 +375,7 @@ fn gap_fast_pages(scn: &Scenario, g: &PagerankStream, scale: f64) -> Option<(Vec
     let fast_bytes = scn.tiers.first()?.capacity_gib * (1u64 << 30) as f64;
     let r = gap::replay(n, n * degree as f64, fast_bytes);
     let l = g.layout();
-    let pg = |b: u64| b / PAGE_BYTES;
+    let pg = |b: u64| b / PAGE_SIZE as u64;
     let arrays = [
         (l.offsets_off, l.out_degree_off, r.shares.offsets),
         (l.out_degree_off, l.neighbors_off, r.shares.out_degree),
@@ -398,7 +398,7 @@ fn gap_fast_pages(scn: &Scenario, g: &PagerankStream, scale: f64) -> Option<(Vec
             }
         }
     }
-    let outside = (r.fast_bytes_outside / PAGE_BYTES as f64 / scale).round() as u64;
+    let outside = (r.fast_bytes_outside / PAGE_SIZE as f64 / scale).round() as u64;
     Some((fast, outside))
 }
 

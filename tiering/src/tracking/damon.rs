@@ -61,12 +61,12 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::{bounded, Receiver, RecvTimeoutError};
 use serde::Serialize;
 
+use crate::vocab::PAGE_SIZE;
+
 /// DAMON's sysfs interface.
 pub const SYSFS_ROOT: &str = "/sys/kernel/mm/damon/admin";
 /// The opt-in: `--tracking damon` writes DAMON sysfs only when this is `1`.
 pub const ALLOW_ENV: &str = "TIERVM_ALLOW_DAMON_WRITES";
-/// Bytes per guest page.
-const PAGE: u64 = 4096;
 /// `/proc/*/stat` CPU times are in USER_HZ ticks: 100 on every x86-64
 /// Linux (the ABI value, independent of the kernel's HZ).
 const USER_HZ: f64 = 100.0;
@@ -420,7 +420,7 @@ impl Shared {
             ranges_truncated: false,
         };
         let mut ranges: Vec<[u64; 2]> = Vec::new();
-        let guest_end = guest.base + guest.pages * PAGE;
+        let guest_end = guest.base + guest.pages * PAGE_SIZE as u64;
         for r in regions {
             let (start, end) = (r.start.max(guest.base), r.end.min(guest_end));
             if start >= end {
@@ -430,8 +430,8 @@ impl Shared {
             if r.nr_accesses == 0 {
                 continue;
             }
-            let first = (start - guest.base) / PAGE;
-            let last = (end - guest.base).div_ceil(PAGE);
+            let first = (start - guest.base) / PAGE_SIZE as u64;
+            let last = (end - guest.base).div_ceil(PAGE_SIZE as u64);
             snap.accessed_regions += 1;
             snap.accessed_pages += last - first;
             for p in first..last {
@@ -759,7 +759,7 @@ fn configure(fs: &Sysfs, cfg: &DamonConfig, pid: u32, guest: GuestRange) -> Resu
     fs.write(&format!("{CTX}/targets/nr_targets"), "1")?;
     fs.write(&format!("{CTX}/targets/0/pid_target"), &pid.to_string())?;
     fs.write(&format!("{CTX}/targets/0/regions/nr_regions"), "1")?;
-    let end = guest.base + guest.pages * PAGE;
+    let end = guest.base + guest.pages * PAGE_SIZE as u64;
     fs.write(
         &format!("{CTX}/targets/0/regions/0/start"),
         &guest.base.to_string(),
@@ -998,7 +998,7 @@ mod tests {
             0,
             RawRegion {
                 start: BASE,
-                end: BASE + 16 * PAGE,
+                end: BASE + 16 * PAGE_SIZE as u64,
                 nr_accesses: 0,
                 age: 3,
             },
@@ -1006,8 +1006,8 @@ mod tests {
         fake.region(
             1,
             RawRegion {
-                start: BASE + 16 * PAGE,
-                end: BASE + 48 * PAGE,
+                start: BASE + 16 * PAGE_SIZE as u64,
+                end: BASE + 48 * PAGE_SIZE as u64,
                 nr_accesses: 5,
                 age: 1,
             },
@@ -1015,8 +1015,8 @@ mod tests {
         fake.region(
             2,
             RawRegion {
-                start: BASE + 48 * PAGE,
-                end: BASE + pages * PAGE,
+                start: BASE + 48 * PAGE_SIZE as u64,
+                end: BASE + pages * PAGE_SIZE as u64,
                 nr_accesses: 0,
                 age: 9,
             },
@@ -1024,7 +1024,7 @@ mod tests {
         fake.region(
             3,
             RawRegion {
-                start: BASE - 4 * PAGE,
+                start: BASE - 4 * PAGE_SIZE as u64,
                 end: BASE,
                 nr_accesses: 7,
                 age: 0,
@@ -1047,7 +1047,7 @@ mod tests {
         );
         assert_eq!(
             fake.get(&format!("{CTX}/targets/0/regions/0/end")),
-            (BASE + pages * PAGE).to_string()
+            (BASE + pages * PAGE_SIZE as u64).to_string()
         );
         assert_eq!(fake.get(&format!("{SCHEME}/action")), "stat");
         assert_eq!(
@@ -1096,8 +1096,8 @@ mod tests {
             pages: 100,
         };
         let r = |a: u64, b: u64, n: u32| RawRegion {
-            start: BASE + a * PAGE,
-            end: BASE + b * PAGE,
+            start: BASE + a * PAGE_SIZE as u64,
+            end: BASE + b * PAGE_SIZE as u64,
             nr_accesses: n,
             age: 0,
         };

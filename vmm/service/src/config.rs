@@ -49,7 +49,7 @@ use super::division::Valuation;
 use vmm_core::units::{format_size, parse_duration, parse_size};
 
 /// Sizes are multiples of this (the guest's large page).
-pub const SIZE_ALIGN: u64 = 2 << 20;
+pub const SIZE_ALIGN: u64 = tiervm_guest::abi::GUEST_LARGE_PAGE;
 
 /// A size in a TOML file: `"8G"` or a number of bytes.
 #[derive(Clone, Debug, Deserialize, PartialEq)]

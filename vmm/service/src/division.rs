@@ -271,7 +271,7 @@ const FREE_ENOUGH: f64 = 0.125;
 
 /// One round of the division of a pool of `pool` bytes (see the module docs).
 pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
-    let q = p.quantum.max(4096);
+    let q = p.quantum.max(tiering::vocab::PAGE_SIZE as u64);
     let curves: Vec<Curve<'_>> = shares
         .iter()
         .map(|s| Curve {

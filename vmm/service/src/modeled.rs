@@ -97,7 +97,7 @@ pub fn compare(
     for s in vms {
         let (counts, scale) = sim::access_counts(&with_fast(s, even), PROFILE_SAMPLES)?;
         // One modeled page stands for `scale` real pages.
-        let page_bytes = scale * tiering::policy::PAGE_BYTES as f64;
+        let page_bytes = scale * tiering::policy::PAGE_SIZE as f64;
         profiles.push((counts, page_bytes));
     }
     let even_maps: Vec<f64> = vms

@@ -946,7 +946,7 @@ impl Adaptive {
             .filter_map(|t| t.request_rate)
             .sum::<f64>()
             .max(0.0);
-        (dp * total * tick_ns as f64 / 1e9 * REQUEST_BYTES / PAGE_BYTES as f64 / self.scale).ceil()
+        (dp * total * tick_ns as f64 / 1e9 * REQUEST_BYTES / PAGE_SIZE as f64 / self.scale).ceil()
             as u64
     }
 }

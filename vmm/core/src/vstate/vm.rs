@@ -41,7 +41,7 @@ pub const EMULATION_SLOT: u32 = RAM_SLOT + MAX_RAM_SEGMENTS as u32;
 /// `host`: segments of [`RAM_SEGMENT_BYTES`] (or `len / MAX_RAM_SEGMENTS`
 /// rounded up to 2 MiB, whichever is larger), unlogged, from [`RAM_SLOT`].
 pub fn ram_segments(gpa: u64, len: u64, host: u64) -> Vec<kvm_userspace_memory_region> {
-    const HUGE: u64 = 2 << 20;
+    const HUGE: u64 = tiervm_guest::abi::GUEST_LARGE_PAGE;
     let seg = RAM_SEGMENT_BYTES.max(len.div_ceil(MAX_RAM_SEGMENTS).div_ceil(HUGE) * HUGE);
     (0..len.div_ceil(seg))
         .map(|i| kvm_userspace_memory_region {
