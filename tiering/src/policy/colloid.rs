@@ -17,7 +17,7 @@
 //!      in the remaining `dp` (see [`Colloid::swap_pages`]);
 //!    - on 4 KiB pages, as the paper describes Colloid on HeMem (§4.1):
 //!      hottest pages first (5 equal frequency bins over
-//!      `[0, cooling threshold]`, the grain's [`Grain::cooling_threshold`]),
+//!      `[0, cooling threshold]`, the grain's [`Counting::cooling_threshold`]),
 //!      each page's probability must fit in the remaining `dp`
 //!      (see [`Colloid::move_pages`]);
 //! 5. migrate (background stop-and-copy).
@@ -105,25 +105,18 @@ pub const SAMPLE_PERIOD: u64 = 199;
 /// 2 MiB page it falls in.
 pub const HEMEM_SAMPLE_PERIOD: u64 = 5003;
 
-/// What the tracker counts and moves: a tracked page of `unit_pages`
-/// modeled pages, sampled once per `sample_period` modeled accesses, its
-/// counts halved when one reaches `cools_at`.
+/// How the tracker counts its tracked pages (the [`Grain`]): sampled once
+/// per `sample_period` modeled accesses, counts halved when one reaches
+/// `cools_at`.
 ///
-/// A modeled page stands for `scale` real 4 KiB pages with one real page's
-/// access rate. A 2 MiB HeMem page is `512 / scale` modeled pages; at
-/// scale >= 512 one modeled page holds `scale / 512` HeMem pages of equal
-/// heat, and its counts are one of them. Either way the tracked page must
-/// see the samples a real HeMem page sees (512 real pages' accesses, one
-/// in [`HEMEM_SAMPLE_PERIOD`]), so the modeled period is
+/// A 2 MiB HeMem page is [`Grain`]'s `512 / scale` modeled pages, and it
+/// must see the samples a real HeMem page sees (512 real pages' accesses,
+/// one in [`HEMEM_SAMPLE_PERIOD`]), so the modeled period is
 /// `unit_pages * 5003 / 512` (about 10 at scale >= 512, 5003 at scale 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Grain {
-    /// Modeled pages per tracked page (1..=512).
-    pub unit_pages: u64,
+pub struct Counting {
     /// Engine sample period (modeled accesses per sample).
     pub sample_period: u64,
-    /// The tracked page is a 2 MiB mapping (HeMem).
-    pub huge: bool,
     /// The cooling threshold (FindPages' bins span `[0, cooling_threshold]`).
     pub cooling_threshold: u16,
     /// Counts halve when one reaches this.
@@ -133,15 +126,19 @@ pub struct Grain {
     pub hot_threshold: u16,
 }
 
-impl Grain {
-    /// The grain for `config`: HeMem's 2 MiB pages if the platform maps
-    /// them, else 4 KiB pages.
-    pub fn for_config(config: &PolicyConfig) -> Self {
-        if !config.huge_pages {
+/// The grain and counting for `config`: HeMem's 2 MiB pages if the platform
+/// maps them, else 4 KiB pages.
+pub fn grain_for(config: &PolicyConfig) -> (Grain, Counting) {
+    let grain = Grain::new(config, config.huge_pages);
+    (grain, Counting::for_grain(config, grain))
+}
+
+impl Counting {
+    /// The counting of tracked pages of `grain`.
+    pub fn for_grain(config: &PolicyConfig, grain: Grain) -> Self {
+        if !grain.huge {
             return Self {
-                unit_pages: 1,
                 sample_period: SAMPLE_PERIOD,
-                huge: false,
                 cooling_threshold: COOLING_THRESHOLD,
                 // At the threshold, where HeMem halves above it (`>`, as
                 // the 2 MiB grain does): kept because HeMem's `>` moves the
@@ -153,9 +150,7 @@ impl Grain {
         // HeMem's page: 2 MiB (`PAGE_SIZE = HUGEPAGE_SIZE`, hemem.h of the
         // HeMem Colloid evaluated, webglider/hemem branch sosp24ae).
         Self {
-            unit_pages: config.pages_per_2m(),
-            sample_period: config.huge_page_sample_period(HEMEM_SAMPLE_PERIOD),
-            huge: true,
+            sample_period: grain.sample_period(config, HEMEM_SAMPLE_PERIOD),
             cooling_threshold: HEMEM_COOLING_THRESHOLD,
             // pebs.c: `if (page->accesses[j] > PEBS_COOLING_THRESHOLD)`.
             cools_at: HEMEM_COOLING_THRESHOLD + 1,
@@ -216,6 +211,7 @@ pub struct Colloid {
     tracked: Vec<u64>,
     is_tracked: Vec<bool>,
     grain: Grain,
+    counting: Counting,
     pages: u64,
     hand: ClockHand,
     scale: f64,
@@ -661,7 +657,7 @@ impl Colloid {
     /// Colloid for `config`.
     pub fn new(config: &PolicyConfig) -> Self {
         let fast = config.tier_capacity_pages.first().copied().unwrap_or(0);
-        let grain = Grain::for_config(config);
+        let (grain, counting) = grain_for(config);
         let units = config.pages.div_ceil(grain.unit_pages);
         Self {
             search: ShiftSearch::default(),
@@ -669,6 +665,7 @@ impl Colloid {
             tracked: Vec::new(),
             is_tracked: vec![false; units as usize],
             grain,
+            counting,
             pages: config.pages,
             hand: ClockHand::default(),
             scale: if config.scale > 0.0 && config.scale.is_finite() {
@@ -749,6 +746,11 @@ impl Colloid {
         self.grain
     }
 
+    /// How the tracker samples and cools.
+    pub fn counting(&self) -> Counting {
+        self.counting
+    }
+
     /// Marks tracked page `unit` as having a count.
     fn track(&mut self, unit: u64) {
         if let Some(t) = self.is_tracked.get_mut(unit as usize) {
@@ -767,12 +769,12 @@ impl Colloid {
             if self.base_only {
                 self.hot_or_cold_request(u);
             }
-            if self.counts.count(u) >= self.grain.cools_at {
+            if self.counts.count(u) >= self.counting.cools_at {
                 self.counts.cool();
                 let counts = &self.counts;
                 let is_tracked = &mut self.is_tracked;
                 let hot = &mut self.hot;
-                let hot_threshold = self.grain.hot_threshold;
+                let hot_threshold = self.counting.hot_threshold;
                 self.tracked.retain(|&p| {
                     // HeMem's cooling (`partial_cool`): a hot page halved
                     // below the threshold goes to the cold list.
@@ -852,7 +854,7 @@ impl Colloid {
     /// page at or above the hot threshold that is not hot yet becomes hot
     /// and joins the hot list; one below it stops being hot.
     fn hot_or_cold_request(&mut self, unit: u64) {
-        let is_hot = self.counts.count(unit) >= self.grain.hot_threshold;
+        let is_hot = self.counts.count(unit) >= self.counting.hot_threshold;
         let Some(h) = self.hot.get_mut(unit as usize) else {
             return;
         };
@@ -867,7 +869,7 @@ impl Colloid {
     /// HeMem's placement for one quantum (`colloid-base`; see
     /// [`Colloid::base`]).
     fn hemem_placement(&mut self, view: &mut dyn MemoryView, moves: &mut Moves<'_>) {
-        let th = self.grain.hot_threshold;
+        let th = self.counting.hot_threshold;
         let mut promoted = 0u64;
         while promoted < self.hemem_limit_pages {
             let Some(u) = self.dequeue_hot() else {
@@ -901,7 +903,7 @@ impl Colloid {
     }
 
     fn freq_bin(&self, count: u16) -> usize {
-        let th = self.grain.cooling_threshold;
+        let th = self.counting.cooling_threshold;
         (usize::from(count.min(th)) * FIND_BINS / (usize::from(th) + 1)).min(FIND_BINS - 1)
     }
 
@@ -958,7 +960,7 @@ impl Policy for Colloid {
 
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
-            sample_period: self.grain.sample_period,
+            sample_period: self.counting.sample_period,
             // Colloid on HeMem and Memtis samples with PEBS (Colloid §2.3
             // in the digest: the HeMem and MEMTIS integrations).
             hardware_samples: true,
@@ -1028,7 +1030,7 @@ impl Policy for Colloid {
     fn export_state(&self) -> PolicyState {
         let mut hot_pages: Vec<(u64, f32)> = Vec::new();
         for &u in &self.tracked {
-            let heat = f32::from(self.counts.count(u)) / f32::from(self.grain.cooling_threshold);
+            let heat = f32::from(self.counts.count(u)) / f32::from(self.counting.cooling_threshold);
             let run = self.unit_run(u);
             hot_pages.extend((run.page..run.end()).map(|p| (p, heat)));
         }
@@ -1042,7 +1044,7 @@ impl Policy for Colloid {
 
     fn import_state(&mut self, state: &PolicyState) {
         for &(p, heat) in &state.hot_pages {
-            let c = (heat.clamp(0.0, 1.0) * f32::from(self.grain.cools_at - 1)).round() as u16;
+            let c = (heat.clamp(0.0, 1.0) * f32::from(self.counting.cools_at - 1)).round() as u16;
             let u = self.unit_of(p);
             if c == 0 || u >= self.counts.pages() || self.counts.count(u) >= c {
                 continue;
@@ -1131,27 +1133,24 @@ mod tests {
     fn hemem_grain_counts_and_moves_2m_pages() {
         let mut cfg = PolicyConfig::new(2048, vec![1028, 2048]);
         cfg.huge_pages = true;
-        let g = Grain::for_config(&cfg);
-        assert_eq!((g.unit_pages, g.sample_period, g.huge), (512, 5003, true));
-        assert_eq!(g.cools_at, HEMEM_COOLING_THRESHOLD + 1);
+        let (g, k) = grain_for(&cfg);
+        assert_eq!((g.unit_pages, k.sample_period, g.huge), (512, 5003, true));
+        assert_eq!(k.cools_at, HEMEM_COOLING_THRESHOLD + 1);
         // Scaled: one modeled page is 2 or 16 real huge pages' worth; the
         // period gives a tracked page one real 2 MiB page's samples.
         for (scale, unit, period) in [(256.0, 2, 20), (512.0, 1, 10), (8192.0, 1, 10)] {
-            let g = Grain::for_config(&PolicyConfig {
+            let (g, k) = grain_for(&PolicyConfig {
                 scale,
                 ..cfg.clone()
             });
             assert_eq!(
-                (g.unit_pages, g.sample_period),
+                (g.unit_pages, k.sample_period),
                 (unit, period),
                 "scale {scale}"
             );
         }
-        let four_k = Grain::for_config(&PolicyConfig::new(2048, vec![1028, 2048]));
-        assert_eq!(
-            (four_k.unit_pages, four_k.sample_period),
-            (1, SAMPLE_PERIOD)
-        );
+        let (four_k, k) = grain_for(&PolicyConfig::new(2048, vec![1028, 2048]));
+        assert_eq!((four_k.unit_pages, k.sample_period), (1, SAMPLE_PERIOD));
 
         let mut c = Colloid::base(&cfg);
         let t = c.trackers();
@@ -1196,10 +1195,10 @@ mod tests {
         cfg.scale = 512.0;
         let mut c = Colloid::base(&cfg);
         assert_eq!(c.grain().unit_pages, 1);
-        assert_eq!(c.grain().hot_threshold, HEMEM_HOT_THRESHOLD);
+        assert_eq!(c.counting().hot_threshold, HEMEM_HOT_THRESHOLD);
         assert_eq!(HEMEM_HOT_THRESHOLD, 8);
         assert_eq!(
-            Grain::for_config(&PolicyConfig::new(8, vec![4, 8])).hot_threshold,
+            grain_for(&PolicyConfig::new(8, vec![4, 8])).1.hot_threshold,
             HOT_THRESHOLD
         );
         // Default tier full: pages 0-3; alternate: 4-7.

@@ -90,7 +90,7 @@ fn whole(fixed: u64) -> u32 {
 }
 
 /// What Memtis counts and moves, and how the model samples for it: one
-/// tracked page is `unit_pages` modeled pages, sampled once per
+/// tracked page is the [`Grain`]'s `unit_pages` modeled pages, sampled once per
 /// `load_period` (`store_period`) modeled load (store) events.
 ///
 /// A modeled page stands for `scale` real 4 KiB pages with one real page's
@@ -104,13 +104,11 @@ fn whole(fixed: u64) -> u32 {
 /// 2,000), not `scale` at once, so its periods are Memtis' times
 /// `unit_pages / 512` (at least 1): at scale 256 every load event and one
 /// store in 391 is sampled, each sample standing for 1.29 and 1.00 real
-/// ones ([`Grain::real_per_sample`]).
+/// ones ([`Sampling::real_per_sample`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Grain {
-    /// Modeled pages per tracked page (1..=512).
-    pub unit_pages: u64,
-    /// The tracked page is a 2 MiB mapping.
-    pub huge: bool,
+pub struct Sampling {
+    /// What is counted and moved.
+    pub grain: Grain,
     /// Modeled load events per sample.
     pub load_period: u64,
     /// Modeled store events per sample.
@@ -119,25 +117,15 @@ pub struct Grain {
     pub scale: f64,
 }
 
-impl Grain {
-    /// The grain for `config`.
+impl Sampling {
+    /// The grain and periods for `config`: 2 MiB pages under THP.
     pub fn for_config(config: &PolicyConfig) -> Self {
-        let scale = config.scale_at_least_one();
-        if !config.transparent_huge_pages {
-            return Self {
-                unit_pages: 1,
-                huge: false,
-                load_period: SAMPLE_PERIOD,
-                store_period: STORE_SAMPLE_PERIOD,
-                scale,
-            };
-        }
+        let grain = Grain::new(config, config.transparent_huge_pages);
         Self {
-            unit_pages: config.pages_per_2m(),
-            huge: true,
-            load_period: config.huge_page_sample_period(SAMPLE_PERIOD),
-            store_period: config.huge_page_sample_period(STORE_SAMPLE_PERIOD),
-            scale,
+            grain,
+            load_period: grain.sample_period(config, SAMPLE_PERIOD),
+            store_period: grain.sample_period(config, STORE_SAMPLE_PERIOD),
+            scale: config.scale_at_least_one(),
         }
     }
 
@@ -152,8 +140,8 @@ impl Grain {
             (self.load_period, SAMPLE_PERIOD)
         };
         let ratio = model as f64 / real as f64;
-        let on_page = if self.huge {
-            f64::from(PAGES_PER_2M) * ratio / self.unit_pages as f64
+        let on_page = if self.grain.huge {
+            f64::from(PAGES_PER_2M) * ratio / self.grain.unit_pages as f64
         } else {
             ratio
         };
@@ -164,7 +152,7 @@ impl Grain {
     /// the real-sample clock, in [`FIXED_ONE`] units.
     fn fixed_weights(&self, store: bool) -> (u64, u64) {
         let (on_page, clock) = self.real_per_sample(store);
-        let per_real = if self.huge {
+        let per_real = if self.grain.huge {
             1.0
         } else {
             f64::from(BASE_PAGE_SAMPLE_WEIGHT)
@@ -309,8 +297,9 @@ pub struct Memtis {
     tiers: usize,
     threshold_bin: usize,
     quick_cool: bool,
+    sampling: Sampling,
     /// What a modeled (load, store) sample adds to its page's count and to
-    /// the real-sample clock ([`Grain::fixed_weights`]).
+    /// the real-sample clock ([`Sampling::fixed_weights`]).
     weights: [(u64, u64); 2],
     /// `memcg->nr_sampled`, real-equivalent, in [`FIXED_ONE`] units.
     real_samples: u64,
@@ -328,8 +317,8 @@ impl Memtis {
             .promote_rate_limit_mbps
             .unwrap_or(MAX_MIGRATION_RATE_MBPS);
         let fast = config.tier_capacity_pages.first().copied().unwrap_or(0);
-        let grain = Grain::for_config(config);
-        let counts = AccessCounts::new(config.pages, grain);
+        let sampling = Sampling::for_config(config);
+        let counts = AccessCounts::new(config.pages, sampling.grain);
         Self {
             is_candidate: vec![false; counts.units() as usize],
             counts,
@@ -343,7 +332,8 @@ impl Memtis {
             tiers: config.tiers(),
             threshold_bin: HOT_THRESHOLD_MIN,
             quick_cool: cooling_period_samples == QUICK_COOL_PERIOD_SAMPLES,
-            weights: [grain.fixed_weights(false), grain.fixed_weights(true)],
+            sampling,
+            weights: [sampling.fixed_weights(false), sampling.fixed_weights(true)],
             real_samples: 0,
             cooling_period_real: cooling_period_samples.max(1),
             cooled: false,
@@ -358,6 +348,11 @@ impl Memtis {
     /// What Memtis tracks and moves.
     pub fn grain(&self) -> Grain {
         self.counts.grain
+    }
+
+    /// How the model samples for Memtis.
+    pub fn sampling(&self) -> Sampling {
+        self.sampling
     }
 
     /// Count of the tracked page holding `page`.
@@ -479,8 +474,8 @@ impl Policy for Memtis {
 
     fn trackers(&self) -> TrackerRequest {
         TrackerRequest {
-            sample_period: self.counts.grain.load_period,
-            store_sample_period: self.counts.grain.store_period,
+            sample_period: self.sampling.load_period,
+            store_sample_period: self.sampling.store_period,
             // PEBS (Memtis §4.1).
             hardware_samples: true,
             huge_pages: self.counts.grain.huge,
@@ -806,12 +801,12 @@ mod tests {
         cfg.scale = 256.0;
         cfg.transparent_huge_pages = true;
         let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
-        let g = m.grain();
+        let (g, s) = (m.grain(), m.sampling());
         assert_eq!(
-            (g.unit_pages, g.huge, g.load_period, g.store_period),
+            (g.unit_pages, g.huge, s.load_period, s.store_period),
             (2, true, 1, 391)
         );
-        let (on_page, clock) = g.real_per_sample(false);
+        let (on_page, clock) = s.real_per_sample(false);
         assert!((on_page - 512.0 / 398.0).abs() < 1e-9 && (clock - 256.0 / 199.0).abs() < 1e-9);
         let t = m.trackers();
         assert!(t.huge_pages && t.sample_period == 1 && t.store_sample_period == 391);

@@ -254,7 +254,7 @@ pub struct PolicyConfig {
     /// setup in the seeds runs them (Nomad's Memtis scripts set
     /// `thp_setting=always`; Memtis is built around them): `memtis` and
     /// `memtis-quickcool` then count samples and move pages per 2 MiB
-    /// ([`super::memtis::Grain`]); the others ignore it. The simulator sets
+    /// ([`Grain`]); the others ignore it. The simulator sets
     /// it; the live engine leaves it off (it tracks and moves 4 KiB pages).
     #[serde(default)]
     pub transparent_huge_pages: bool,
@@ -346,6 +346,43 @@ impl PolicyConfig {
     /// Megabytes in real units to modeled pages.
     pub fn mb_to_pages(&self, mb: f64) -> u64 {
         self.scaled_pages(mb * 1024.0 * 1024.0 / PAGE_SIZE as f64)
+    }
+}
+
+/// What a sampling policy (`colloid`, `memtis`) counts and moves: a tracked
+/// page of `unit_pages` modeled pages, one base page or one 2 MiB page.
+///
+/// A modeled page stands for `scale` real 4 KiB pages with one real page's
+/// access rate, so a 2 MiB page is `512 / scale` modeled pages (at least 1;
+/// at scale >= 512 one modeled page holds `scale / 512` huge pages of equal
+/// heat, and its count is one of theirs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grain {
+    /// Modeled pages per tracked page (1..=512).
+    pub unit_pages: u64,
+    /// The tracked page is a 2 MiB mapping.
+    pub huge: bool,
+}
+
+impl Grain {
+    /// 2 MiB pages ([`PolicyConfig::pages_per_2m`] modeled pages each) if
+    /// `huge`, else single modeled pages.
+    pub fn new(config: &PolicyConfig, huge: bool) -> Self {
+        Self {
+            unit_pages: if huge { config.pages_per_2m() } else { 1 },
+            huge,
+        }
+    }
+
+    /// The modeled sample period for a policy's real `period`: at the
+    /// 2 MiB grain the one that gives a tracked page the samples of a real
+    /// huge page ([`PolicyConfig::huge_page_sample_period`]), else `period`.
+    pub fn sample_period(&self, config: &PolicyConfig, period: u64) -> u64 {
+        if self.huge {
+            config.huge_page_sample_period(period)
+        } else {
+            period
+        }
     }
 }
 
