@@ -215,7 +215,7 @@ fn query<T: DeserializeOwned + Default>(uri: &axum::http::Uri) -> Result<T, ApiE
 }
 
 /// Parses `a=1&b=true` into `T` (values as JSON scalars, else strings).
-fn serde_urlencoded_like<T: DeserializeOwned>(q: &str) -> Result<T, String> {
+fn serde_urlencoded_like<T: DeserializeOwned>(q: &str) -> Result<T, serde_json::Error> {
     let mut m = serde_json::Map::new();
     for pair in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
@@ -229,7 +229,7 @@ fn serde_urlencoded_like<T: DeserializeOwned>(q: &str) -> Result<T, String> {
         };
         m.insert(k.to_string(), v);
     }
-    serde_json::from_value(serde_json::Value::Object(m)).map_err(|e| e.to_string())
+    serde_json::from_value(serde_json::Value::Object(m))
 }
 
 /// Stops a running VM (202; it writes its report; `?force=true` kills its
