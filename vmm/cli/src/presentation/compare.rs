@@ -328,8 +328,26 @@ pub fn table_cells(r: &SummaryRow) -> Vec<String> {
 
 /// The human report: header lines, the table and the failures.
 pub fn format_human(res: &CompareResults) -> String {
-    let s = &res.setup;
     let mut out = String::new();
+    write_setup(&mut out, res);
+    write_emulation(&mut out, &res.setup);
+    if let Some(sig) = &res.interrupted_by {
+        let _ = writeln!(
+            out,
+            "  INTERRUPTED by {sig}: {} run(s) made; the last one was stopped early",
+            res.runs.len()
+        );
+    }
+    out.push('\n');
+    let rows: Vec<Vec<String>> = res.summary.iter().map(table_cells).collect();
+    out.push_str(&render_table(&TABLE_HEADERS, &rows));
+    write_failures(&mut out, &res.runs);
+    out
+}
+
+/// The header's setup lines: image, VM, tiers and what was run.
+fn write_setup(out: &mut String, res: &CompareResults) {
+    let s = &res.setup;
     let args: Vec<String> = s.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let _ = write!(out, "tiervm compare: image {}", s.image);
     if !args.is_empty() {
@@ -369,6 +387,10 @@ pub fn format_human(res: &CompareResults) -> String {
         out,
         "  Measured on this host: guest throughput (ops/s: median of repeats, min-max) and mechanism costs (migrations, TPM aborts, guest stall, tracking overhead); counters are medians."
     );
+}
+
+/// The header's lines on tier latency: emulated (and how), or not.
+fn write_emulation(out: &mut String, s: &Setup) {
     if let Some(label) = &s.emulated_latency {
         let costs = s.emulated_costs_ns.as_ref().map_or(String::new(), |c| {
             let c: Vec<String> = c.iter().map(|x| format!("{x:.0}")).collect();
@@ -394,17 +416,11 @@ pub fn format_human(res: &CompareResults) -> String {
             "  Tier latency is NOT emulated (no --emulate-latency): this host has one NUMA node, so both tiers are the same DRAM and placement does not change access latency here; differences come from mechanism costs."
         );
     }
-    if let Some(sig) = &res.interrupted_by {
-        let _ = writeln!(
-            out,
-            "  INTERRUPTED by {sig}: {} run(s) made; the last one was stopped early",
-            res.runs.len()
-        );
-    }
-    out.push('\n');
-    let rows: Vec<Vec<String>> = res.summary.iter().map(table_cells).collect();
-    out.push_str(&render_table(&TABLE_HEADERS, &rows));
-    let failures: Vec<&RunRecord> = res.runs.iter().filter(|r| !r.ok).collect();
+}
+
+/// The failed runs, if any, after the table.
+fn write_failures(out: &mut String, runs: &[RunRecord]) {
+    let failures: Vec<&RunRecord> = runs.iter().filter(|r| !r.ok).collect();
     if !failures.is_empty() {
         out.push_str("\nFailed runs:\n");
         for r in failures {
@@ -417,7 +433,6 @@ pub fn format_human(res: &CompareResults) -> String {
             );
         }
     }
-    out
 }
 
 /// The CSV header of `results.csv`.
