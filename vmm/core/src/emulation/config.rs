@@ -314,17 +314,8 @@ impl EmulationConfig {
                     })?;
             }
             "antagonist" => {
-                let bad = || EmulationConfigError::BadAntagonist(value.into());
-                let (t, u) = value.split_once(':').ok_or_else(bad)?;
-                let t = match t.trim() {
-                    "fast" => 0,
-                    "slow" => 1,
-                    _ => return Err(bad()),
-                };
-                let u: f64 = u.trim().parse().map_err(|_| bad())?;
-                if !(0.0..MAX_UTILIZATION).contains(&u) {
-                    return Err(bad());
-                }
+                let (t, u) = parse_antagonist(value)
+                    .ok_or_else(|| EmulationConfigError::BadAntagonist(value.into()))?;
                 self.tiers[t].antagonist = u;
             }
             "queue-k" => {
@@ -336,16 +327,8 @@ impl EmulationConfig {
                 self.queue_k = k;
             }
             "llc" => {
-                let bad = || EmulationConfigError::BadLlc(value.into());
-                let b = if value == "off" {
-                    0
-                } else {
-                    parse_size(value).map_err(|_| bad())?
-                };
-                if b != 0 && (!b.is_power_of_two() || !(LLC_RANGE.0..=LLC_RANGE.1).contains(&b)) {
-                    return Err(bad());
-                }
-                self.llc_bytes = b;
+                self.llc_bytes =
+                    parse_llc(value).ok_or_else(|| EmulationConfigError::BadLlc(value.into()))?;
                 self.llc_from_host = false;
             }
             "sample" => {
@@ -356,30 +339,18 @@ impl EmulationConfig {
                     .ok_or_else(|| EmulationConfigError::BadSample(value.into()))?;
             }
             "host-cache" => {
-                self.host_cache = match value {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(EmulationConfigError::BadHostCache(value.into())),
-                };
+                self.host_cache = parse_on_off(value)
+                    .ok_or_else(|| EmulationConfigError::BadHostCache(value.into()))?;
             }
             "ab" => {
-                self.ab = match value {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(EmulationConfigError::BadAb(value.into())),
-                };
+                self.ab =
+                    parse_on_off(value).ok_or_else(|| EmulationConfigError::BadAb(value.into()))?;
             }
             "host-dram" => {
                 self.host_dram_ns = Some(parse_latency_ns(value).ok_or_else(bad_lat)?);
             }
             "pay" => {
-                self.pay_ns = parse_latency_ns(value)
-                    .or_else(|| {
-                        crate::units::parse_duration(value)
-                            .ok()
-                            .map(|d| d.as_secs_f64() * 1e9)
-                    })
-                    .filter(|ns| (100.0..=1e6).contains(ns))
+                self.pay_ns = parse_pay_ns(value)
                     .ok_or_else(|| EmulationConfigError::BadPay(value.into()))?;
             }
             _ => return Err(EmulationConfigError::UnknownKey { key: key.into() }),
@@ -474,6 +445,48 @@ impl EmulationConfig {
         }
         Ok(())
     }
+}
+
+/// `antagonist=TIER:U`: the tier (0 fast, 1 slow) and its utilization
+/// (`0 <= U < MAX_UTILIZATION`).
+fn parse_antagonist(value: &str) -> Option<(usize, f64)> {
+    let (t, u) = value.split_once(':')?;
+    let t = match t.trim() {
+        "fast" => 0,
+        "slow" => 1,
+        _ => return None,
+    };
+    let u: f64 = u.trim().parse().ok()?;
+    (0.0..MAX_UTILIZATION).contains(&u).then_some((t, u))
+}
+
+/// `llc=SIZE|off`: 0 for off (or 0), else a power of two within [`LLC_RANGE`].
+fn parse_llc(value: &str) -> Option<u64> {
+    if value == "off" {
+        return Some(0);
+    }
+    let b = parse_size(value).ok()?;
+    (b == 0 || (b.is_power_of_two() && (LLC_RANGE.0..=LLC_RANGE.1).contains(&b))).then_some(b)
+}
+
+/// `on` or `off`.
+fn parse_on_off(value: &str) -> Option<bool> {
+    match value {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// `pay=LATENCY|DURATION` in ns, 100 ns to 1 ms.
+fn parse_pay_ns(value: &str) -> Option<f64> {
+    parse_latency_ns(value)
+        .or_else(|| {
+            crate::units::parse_duration(value)
+                .ok()
+                .map(|d| d.as_secs_f64() * 1e9)
+        })
+        .filter(|ns| (100.0..=1e6).contains(ns))
 }
 
 #[cfg(test)]
