@@ -223,6 +223,32 @@ struct WindowStats {
     chase_released: bool,
 }
 
+impl WindowStats {
+    /// Per tier: the time-weighted mean loaded latency, and the mean
+    /// latency the charged accesses saw (ns; 0 without time or accesses).
+    fn loaded_latency_means(&self) -> (Vec<f64>, Vec<f64>) {
+        let mean = self
+            .latency_ns_sum
+            .iter()
+            .map(|s| {
+                if self.seconds > 0.0 {
+                    s / self.seconds
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let charged = self
+            .charged_latency_sum
+            .iter()
+            .zip(&self.charged_accesses)
+            .zip(&self.latency_ns_sum)
+            .map(|((s, &a), _)| if a > 0 { s / a as f64 } else { 0.0 })
+            .collect();
+        (mean, charged)
+    }
+}
+
 /// The loaded-latency thread's state.
 struct Window {
     region: Arc<EmulationRegion>,
@@ -478,6 +504,32 @@ impl ChargingAbReport {
 }
 
 impl HostCacheReport {
+    /// The host LLC model's part of the report, if `region` has one: `used`
+    /// is the host DRAM latency charged against, `hits` the charged
+    /// accesses that hit the host's cache of `charged`.
+    fn new(region: &EmulationRegion, used: Option<f64>, hits: u64, charged: u64) -> Option<Self> {
+        (region.layout().host_cache_bytes != 0).then(|| {
+            let llc_ps = region.llc_hit_ps();
+            let llc_hit_ns = tiervm_guest::emulation::LLC_HIT_PS_RANGE
+                .contains(&llc_ps)
+                .then_some(llc_ps as f64 / 1e3);
+            Self {
+                bytes: region.layout().host_cache_bytes,
+                llc_hit_ns,
+                llc_hit_measured: llc_ps != 0,
+                applied: matches!((llc_hit_ns, used), (Some(l), Some(d)) if l < d),
+                host_cache_hits: hits,
+                // An estimate from sampled sets: it can pass 100 by a few
+                // percent on patterns that favour the sampled lines.
+                host_cache_hit_pct: if charged == 0 {
+                    0.0
+                } else {
+                    (100.0 * hits as f64 / charged as f64).min(100.0)
+                },
+            }
+        })
+    }
+
     /// One line for the summaries.
     pub fn human(&self) -> String {
         let size = crate::units::format_size(self.bytes);
@@ -547,26 +599,8 @@ impl EmulationReport {
         let ms = |cycles: u64| cycles as f64 / tsc_khz.max(1) as f64;
         let charged: u64 = t.accesses.iter().fold(0u64, |a, b| a.saturating_add(*b));
         let all = charged.saturating_add(t.cache_hits);
-        let host_cache = (region.layout().host_cache_bytes != 0).then(|| {
-            let llc_ps = region.llc_hit_ps();
-            let llc_hit_ns = tiervm_guest::emulation::LLC_HIT_PS_RANGE
-                .contains(&llc_ps)
-                .then_some(llc_ps as f64 / 1e3);
-            HostCacheReport {
-                bytes: region.layout().host_cache_bytes,
-                llc_hit_ns,
-                llc_hit_measured: llc_ps != 0,
-                applied: matches!((llc_hit_ns, used), (Some(l), Some(d)) if l < d),
-                host_cache_hits: t.host_cache_hits,
-                // An estimate from sampled sets: it can pass 100 by a few
-                // percent on patterns that favour the sampled lines.
-                host_cache_hit_pct: if charged == 0 {
-                    0.0
-                } else {
-                    (100.0 * t.host_cache_hits as f64 / charged as f64).min(100.0)
-                },
-            }
-        });
+        let host_cache = HostCacheReport::new(region, used, t.host_cache_hits, charged);
+        let (loaded_latency_ns_mean, loaded_latency_ns_charged) = st.loaded_latency_means();
         Self {
             label: cfg.label(),
             caveat: cfg.cache_model_caveat(config::host_llc_bytes()),
@@ -592,25 +626,9 @@ impl EmulationReport {
             paid_ms: ms(t.paid_cycles),
             preempted_ms: ms(t.preempted_cycles),
             payments: t.payments,
-            loaded_latency_ns_mean: st
-                .latency_ns_sum
-                .iter()
-                .map(|s| {
-                    if st.seconds > 0.0 {
-                        s / st.seconds
-                    } else {
-                        0.0
-                    }
-                })
-                .collect(),
+            loaded_latency_ns_mean,
             loaded_latency_ns_max: st.latency_ns_max.clone(),
-            loaded_latency_ns_charged: st
-                .charged_latency_sum
-                .iter()
-                .zip(&st.charged_accesses)
-                .zip(&st.latency_ns_sum)
-                .map(|((s, &a), _)| if a > 0 { s / a as f64 } else { 0.0 })
-                .collect(),
+            loaded_latency_ns_charged,
             utilization_max: st.utilization_max,
             windows: st.windows,
             tier_map_updates: tier_map.updates(),
