@@ -696,9 +696,15 @@ fn tables(
     for r in reports {
         out.push_str(&sim::report::mode_table(r));
     }
-    if !args.verbose {
-        return out;
+    if args.verbose {
+        write_timelines(&mut out, reports);
     }
+    out
+}
+
+/// `--verbose`: each run's per-tier traffic, mode changes and timeline.
+fn write_timelines(out: &mut String, reports: &[SimReport]) {
+    use std::fmt::Write as _;
     for r in reports {
         out.push_str(&sim::report::tier_table(r));
         out.push_str(&sim::report::mode_changes(r));
@@ -715,7 +721,6 @@ fn tables(
             );
         }
     }
-    out
 }
 
 #[cfg(test)]
