@@ -167,38 +167,7 @@ pub fn request_of(op: &CtlOp) -> (&'static str, String, Option<Value>) {
         }
         CtlOp::List => ("GET", "/v1/vms".into(), None),
         CtlOp::Create(c) => {
-            let mut m = Map::new();
-            m.insert("image".into(), json!(c.image));
-            m.insert("args".into(), json!(c.args));
-            put(&mut m, "mem", c.mem.clone().map(Value::from));
-            put(&mut m, "vcpus", c.vcpus.map(Value::from));
-            put(&mut m, "policy", c.policy.clone().map(Value::from));
-            put(&mut m, "tracking", c.tracking.clone().map(Value::from));
-            put(&mut m, "duration", c.duration.clone().map(Value::from));
-            put(&mut m, "seed", c.seed.map(Value::from));
-            put(
-                &mut m,
-                "emulate_latency",
-                c.emulate_latency.clone().map(Value::from),
-            );
-            let mut f = Map::new();
-            put(&mut f, "min", c.fast_min.clone().map(Value::from));
-            put(&mut f, "max", c.fast_max.clone().map(Value::from));
-            put(&mut f, "weight", c.weight.map(Value::from));
-            if !f.is_empty() {
-                m.insert("fast".into(), Value::Object(f));
-            }
-            if !c.labels.is_empty() {
-                let l: Map<String, Value> = c
-                    .labels
-                    .iter()
-                    .map(|kv| {
-                        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                        (k.to_string(), Value::from(v))
-                    })
-                    .collect();
-                m.insert("labels".into(), Value::Object(l));
-            }
+            let m = create_body(c);
             match &c.name {
                 Some(n) => ("PUT", format!("/v1/vms/{}", enc(n)), Some(Value::Object(m))),
                 None => ("POST", "/v1/vms".into(), Some(Value::Object(m))),
@@ -239,6 +208,43 @@ pub fn request_of(op: &CtlOp) -> (&'static str, String, Option<Value>) {
         CtlOp::Metrics => ("GET", "/metrics".into(), None),
         CtlOp::Openapi => ("GET", "/v1/openapi.json".into(), None),
     }
+}
+
+/// The body of `POST /v1/vms` (or `PUT /v1/vms/{name}`) for `c`.
+fn create_body(c: &CreateFlags) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("image".into(), json!(c.image));
+    m.insert("args".into(), json!(c.args));
+    put(&mut m, "mem", c.mem.clone().map(Value::from));
+    put(&mut m, "vcpus", c.vcpus.map(Value::from));
+    put(&mut m, "policy", c.policy.clone().map(Value::from));
+    put(&mut m, "tracking", c.tracking.clone().map(Value::from));
+    put(&mut m, "duration", c.duration.clone().map(Value::from));
+    put(&mut m, "seed", c.seed.map(Value::from));
+    put(
+        &mut m,
+        "emulate_latency",
+        c.emulate_latency.clone().map(Value::from),
+    );
+    let mut f = Map::new();
+    put(&mut f, "min", c.fast_min.clone().map(Value::from));
+    put(&mut f, "max", c.fast_max.clone().map(Value::from));
+    put(&mut f, "weight", c.weight.map(Value::from));
+    if !f.is_empty() {
+        m.insert("fast".into(), Value::Object(f));
+    }
+    if !c.labels.is_empty() {
+        let l: Map<String, Value> = c
+            .labels
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                (k.to_string(), Value::from(v))
+            })
+            .collect();
+        m.insert("labels".into(), Value::Object(l));
+    }
+    m
 }
 
 /// Percent-encodes a path segment.
