@@ -1720,3 +1720,84 @@ fn a_vm_of_a_killed_service_is_listed_lost_after_a_restart() {
     );
     drop(a);
 }
+
+/// Whether the service process is still running (not exited).
+fn service_alive(svc: &mut Service) -> bool {
+    svc.child
+        .as_mut()
+        .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+}
+
+fn running_vm(svc: &Service, body: &str) -> (String, i32) {
+    let (st, v) = svc.call("POST", "/v1/vms", Some(body));
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_for(&format!("{id} running"), Duration::from_secs(30), || {
+        let v = vm(svc, &id);
+        (v["state"] != "running").then(|| v.to_string())
+    });
+    let pid = vm(svc, &id)["pid"].as_i64().unwrap() as i32;
+    (id, pid)
+}
+
+/// Re-test of issue 32, defect 1: a forced DELETE of a VM while the
+/// rebalancer waited on its statistics polls killed the whole service
+/// (exit 159: the rebalancer dropped the last reference to the deleted
+/// VM's channel and closed its descriptor, which its seccomp filter did
+/// not allow; 2 of 16 tries). Made deterministic: VM `a` is stopped, so
+/// each stats poll waits its full second on `a` while holding the
+/// channels of the VMs after it; VM `b` answers each poll at its start,
+/// so a `silent_s` near 0 says a poll has just begun, and `b` is stopped
+/// and force-deleted then, within that wait: the rebalancer is left the
+/// last reference. (Shares are fixed, min = max, so the rebalancer sends
+/// no resize that would make it wait on `b` instead.) Four rounds: the
+/// service must survive every one.
+#[test]
+fn a_forced_delete_during_a_stats_poll_leaves_the_service_running() {
+    let test = "a_forced_delete_during_a_stats_poll_leaves_the_service_running";
+    if !common::kvm_available(test) {
+        assert_ne!(std::env::var("TIERVM_REQUIRE_KVM").as_deref(), Ok("1"));
+        return;
+    }
+    let mut svc = Service::start("forcedrop", &["--fast-pool", "128M", "--slow-pool", "512M"]);
+    let body =
+        r#"{"image":"memcheck","mem":"64M","args":["region=8M"],"fast":{"min":"32M","max":"32M"}}"#;
+    let (_, a_pid) = running_vm(&svc, body);
+    // SAFETY: kill(2) on the worker the service started for this test.
+    assert_eq!(unsafe { libc::kill(a_pid, libc::SIGSTOP) }, 0);
+    for round in 0..4 {
+        let (b, b_pid) = running_vm(&svc, body);
+        // A poll has just begun: `b` answered it (a silence that drops
+        // back near 0; its start-up event reset it too, so first wait for
+        // a silence of half a second).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut waited = false;
+        loop {
+            let v = vm(&svc, &b);
+            let silent = v["silent_s"].as_f64().unwrap_or(0.0);
+            waited |= silent > 0.5;
+            if waited && silent < 0.25 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "round {round}: {v}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(b_pid, libc::SIGSTOP) }, 0);
+        let (st, v) = svc.call("DELETE", &format!("/v1/vms/{b}?force=true"), None);
+        assert_eq!(st, 202, "round {round}: {v}");
+        // Past the rebalancer's wait on `a` and its next round.
+        std::thread::sleep(Duration::from_millis(3000));
+        assert!(
+            service_alive(&mut svc),
+            "round {round}: the service died: {}",
+            svc.log()
+        );
+        let (st, h) = svc.call("GET", "/healthz", None);
+        assert_eq!(st, 200, "{h}");
+        assert_eq!(vm(&svc, &b)["stop_reason"], "force_deleted");
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(a_pid, libc::SIGCONT) }, 0);
+    assert!(svc.stop().success(), "{}", svc.log());
+}
