@@ -757,12 +757,13 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
     assert_eq!(v["state"], "running", "ctl --wait create: {v}");
     let fourth = v["id"].as_str().unwrap().to_string();
 
-    // DELETE stops a VM; its report is the run report.
+    // DELETE stops a VM; its report is the run report, and says who
+    // stopped it, as GET does.
     let (st, _) = svc.curl("DELETE", &format!("/v1/vms/{}", ids[0]), None);
     assert_eq!(st, 202);
     wait_for("vm-1's report", Duration::from_secs(40), || {
         let (st, r) = svc.call("GET", &format!("/v1/vms/{}/report", ids[0]), None);
-        (st != 200 || r["stop_reason"] != "duration").then(|| format!("{st} {r}"))
+        (st != 200 || r["stop_reason"] != "deleted").then(|| format!("{st} {r}"))
     });
     let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[0]), None);
     assert_eq!(v["stop_reason"], "deleted", "an API DELETE says so: {v}");
@@ -791,7 +792,7 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
         let report: Value = json(&std::fs::read_to_string(&r).unwrap_or_default());
         assert_eq!(
             report["stop_reason"],
-            "duration",
+            "service_stopped",
             "{id}'s report at {}",
             r.display()
         );
