@@ -757,12 +757,13 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
     assert_eq!(v["state"], "running", "ctl --wait create: {v}");
     let fourth = v["id"].as_str().unwrap().to_string();
 
-    // DELETE stops a VM; its report is the run report.
+    // DELETE stops a VM; its report is the run report, and says who
+    // stopped it, as GET does.
     let (st, _) = svc.curl("DELETE", &format!("/v1/vms/{}", ids[0]), None);
     assert_eq!(st, 202);
     wait_for("vm-1's report", Duration::from_secs(40), || {
         let (st, r) = svc.call("GET", &format!("/v1/vms/{}/report", ids[0]), None);
-        (st != 200 || r["stop_reason"] != "duration").then(|| format!("{st} {r}"))
+        (st != 200 || r["stop_reason"] != "deleted").then(|| format!("{st} {r}"))
     });
     let (_, v) = svc.call("GET", &format!("/v1/vms/{}", ids[0]), None);
     assert_eq!(v["stop_reason"], "deleted", "an API DELETE says so: {v}");
@@ -791,7 +792,7 @@ fn three_vms_changed_live_one_killed_then_a_clean_stop() {
         let report: Value = json(&std::fs::read_to_string(&r).unwrap_or_default());
         assert_eq!(
             report["stop_reason"],
-            "duration",
+            "service_stopped",
             "{id}'s report at {}",
             r.display()
         );
@@ -1719,4 +1720,292 @@ fn a_vm_of_a_killed_service_is_listed_lost_after_a_restart() {
         "a lost VM holds nothing: {host}"
     );
     drop(a);
+}
+
+/// Whether the service process is still running (not exited).
+fn service_alive(svc: &mut Service) -> bool {
+    svc.child
+        .as_mut()
+        .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+}
+
+fn running_vm(svc: &Service, body: &str) -> (String, i32) {
+    let (st, v) = svc.call("POST", "/v1/vms", Some(body));
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_for(&format!("{id} running"), Duration::from_secs(30), || {
+        let v = vm(svc, &id);
+        (v["state"] != "running").then(|| v.to_string())
+    });
+    let pid = vm(svc, &id)["pid"].as_i64().unwrap() as i32;
+    (id, pid)
+}
+
+/// Re-test of issue 32, defect 1: a forced DELETE of a VM while the
+/// rebalancer waited on its statistics polls killed the whole service
+/// (exit 159: the rebalancer dropped the last reference to the deleted
+/// VM's channel and closed its descriptor, which its seccomp filter did
+/// not allow; 2 of 16 tries). Made deterministic: VM `a` is stopped, so
+/// each stats poll waits its full second on `a` while holding the
+/// channels of the VMs after it; VM `b` answers each poll at its start,
+/// so a `silent_s` near 0 says a poll has just begun, and `b` is stopped
+/// and force-deleted then, within that wait: the rebalancer is left the
+/// last reference. (Shares are fixed, min = max, so the rebalancer sends
+/// no resize that would make it wait on `b` instead.) Four rounds: the
+/// service must survive every one.
+#[test]
+fn a_forced_delete_during_a_stats_poll_leaves_the_service_running() {
+    let test = "a_forced_delete_during_a_stats_poll_leaves_the_service_running";
+    if !common::kvm_available(test) {
+        assert_ne!(std::env::var("TIERVM_REQUIRE_KVM").as_deref(), Ok("1"));
+        return;
+    }
+    let mut svc = Service::start("forcedrop", &["--fast-pool", "128M", "--slow-pool", "512M"]);
+    let body =
+        r#"{"image":"memcheck","mem":"64M","args":["region=8M"],"fast":{"min":"32M","max":"32M"}}"#;
+    let (_, a_pid) = running_vm(&svc, body);
+    // SAFETY: kill(2) on the worker the service started for this test.
+    assert_eq!(unsafe { libc::kill(a_pid, libc::SIGSTOP) }, 0);
+    for round in 0..4 {
+        let (b, b_pid) = running_vm(&svc, body);
+        // A poll has just begun: `b` answered it (a silence that drops
+        // back near 0; its start-up event reset it too, so first wait for
+        // a silence of half a second).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut waited = false;
+        loop {
+            let v = vm(&svc, &b);
+            let silent = v["silent_s"].as_f64().unwrap_or(0.0);
+            waited |= silent > 0.5;
+            if waited && silent < 0.25 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "round {round}: {v}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(b_pid, libc::SIGSTOP) }, 0);
+        let (st, v) = svc.call("DELETE", &format!("/v1/vms/{b}?force=true"), None);
+        assert_eq!(st, 202, "round {round}: {v}");
+        // Past the rebalancer's wait on `a` and its next round.
+        std::thread::sleep(Duration::from_millis(3000));
+        assert!(
+            service_alive(&mut svc),
+            "round {round}: the service died: {}",
+            svc.log()
+        );
+        let (st, h) = svc.call("GET", "/healthz", None);
+        assert_eq!(st, 200, "{h}");
+        assert_eq!(vm(&svc, &b)["stop_reason"], "force_deleted");
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(a_pid, libc::SIGCONT) }, 0);
+    assert!(svc.stop().success(), "{}", svc.log());
+}
+
+/// Re-test of issue 32, defect 2: with `unresponsive_after = 5s` a
+/// stopped VM showed `running` at 7 s of silence and a PATCH waited 2 s
+/// and answered 202 with nothing delivered. Now every answer shows
+/// `unresponsive` once the silence exceeds the setting, the event comes
+/// within a second of it, and PATCH and DELETE answer 409 at once. Also:
+/// a DELETE's run report says `deleted`, as GET does.
+#[test]
+fn a_silent_vm_is_unresponsive_as_soon_as_the_setting_passes() {
+    let test = "a_silent_vm_is_unresponsive_as_soon_as_the_setting_passes";
+    if !common::kvm_available(test) {
+        assert_ne!(std::env::var("TIERVM_REQUIRE_KVM").as_deref(), Ok("1"));
+        return;
+    }
+    let cfg = std::env::temp_dir().join(format!("tiervm-serve-silent-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[limits]\nunresponsive_after = \"2s\"\n").unwrap();
+    let mut svc = Service::start(
+        "silent",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--fast-pool",
+            "128M",
+            "--slow-pool",
+            "512M",
+        ],
+    );
+    let body = r#"{"image":"memcheck","mem":"64M","args":["region=8M"]}"#;
+    for attempt in 0..3 {
+        let (id, pid) = running_vm(&svc, body);
+        let (_, ev) = svc.call("GET", "/v1/events?since=0", None);
+        let since = ev["next"].as_u64().unwrap();
+        // SAFETY: kill(2) on the worker the service started for this test.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let stopped = Instant::now();
+        // Past the setting (the worker's last line came before the stop).
+        std::thread::sleep(Duration::from_millis(2100 + 300 * attempt));
+        let t = Instant::now();
+        let v = vm(&svc, &id);
+        assert_eq!(v["state"], "unresponsive", "attempt {attempt}: {v}");
+        let (st, e) = svc.call(
+            "PATCH",
+            &format!("/v1/vms/{id}/fast"),
+            Some(r#"{"min":"32M"}"#),
+        );
+        assert_error(st, &e, 409, "unresponsive", "a PATCH past the setting");
+        let (st, e) = svc.call("DELETE", &format!("/v1/vms/{id}"), None);
+        assert_error(st, &e, 409, "unresponsive", "a DELETE past the setting");
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "attempt {attempt}: GET, PATCH and DELETE waited: {:?}",
+            t.elapsed()
+        );
+        let (_, ev) = svc.call("GET", &format!("/v1/events?since={since}&wait=2"), None);
+        assert!(
+            ev["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["vm"] == id.as_str() && e["state"] == "unresponsive"),
+            "attempt {attempt}: no event: {ev}"
+        );
+        assert!(
+            stopped.elapsed() < Duration::from_millis(3500 + 300 * attempt),
+            "{:?}",
+            stopped.elapsed()
+        );
+        let (st, v) = svc.call("DELETE", &format!("/v1/vms/{id}?force=true"), None);
+        assert_eq!(st, 202, "{v}");
+    }
+    // A plain DELETE: the report agrees with GET on who stopped the VM.
+    let (id, _) = running_vm(&svc, body);
+    let (st, v) = svc.call("DELETE", &format!("/v1/vms/{id}"), None);
+    assert_eq!(st, 202, "{v}");
+    wait_for("the report", Duration::from_secs(30), || {
+        let v = vm(&svc, &id);
+        (v["report_ready"] != true).then(|| v.to_string())
+    });
+    assert_eq!(vm(&svc, &id)["stop_reason"], "deleted");
+    let (st, r) = svc.call("GET", &format!("/v1/vms/{id}/report"), None);
+    assert_eq!(
+        (st, &r["stop_reason"]),
+        (200, &Value::from("deleted")),
+        "{}",
+        r["stop_reason"]
+    );
+    let file: Value = serde_json::from_str(
+        &std::fs::read_to_string(svc.dir.join(format!("state/reports/{id}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(file["stop_reason"], "deleted");
+    assert!(svc.stop().success(), "{}", svc.log());
+    let _ = std::fs::remove_file(&cfg);
+}
+
+/// Re-test of issue 32, small defects, in the API's words: a log link
+/// planted in the state directory, an image path, a non-ELF image, a
+/// header above the documented 64 KiB, a JSON array for a policy.
+#[test]
+fn planted_logs_bad_images_big_headers_and_arrays_answer_documented_errors() {
+    let dir = temp_dir("small-img");
+    let images = dir.join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::write(images.join("f-badmagic"), b"not an ELF file at all").unwrap();
+    let cfg = dir.join("serve.toml");
+    std::fs::write(&cfg, format!("image_dir = \"{}\"\n", images.display())).unwrap();
+    let svc = Service::start(
+        "small",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--fast-pool",
+            "64M",
+            "--slow-pool",
+            "256M",
+        ],
+    );
+    let host_path = images.to_str().unwrap();
+    // Every check runs (and says what failed), then the test fails.
+    let mut failed = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failed.push(what);
+        }
+    };
+    let is_error = |st: u16, e: &Value, want: u16, code: &str| {
+        st == want
+            && e["code"] == code
+            && e["message"].as_str().is_some_and(|m| !m.is_empty())
+            && e["fix"].as_str().is_some_and(|m| !m.is_empty())
+    };
+    for image in ["/etc/passwd", "../x", "a/b"] {
+        let body = format!(r#"{{"image":"{image}","mem":"64M"}}"#);
+        let (st, e) = svc.call("POST", "/v1/vms", Some(&body));
+        check(
+            is_error(st, &e, 400, "bad_request"),
+            format!("{image}: {st} {e}"),
+        );
+        check(
+            !e.to_string().contains(host_path),
+            format!("{image}: a host path: {e}"),
+        );
+    }
+    let (st, e) = svc.call(
+        "POST",
+        "/v1/vms",
+        Some(r#"{"image":"f-badmagic","mem":"64M"}"#),
+    );
+    check(
+        is_error(st, &e, 400, "bad_request"),
+        format!("non-ELF: {st} {e}"),
+    );
+    let m = e["message"].as_str().unwrap_or_default();
+    check(
+        m.contains("image 'f-badmagic'") && !m.contains("image 'image") && !m.contains(host_path),
+        format!("non-ELF, quoted once, no host path: {e}"),
+    );
+    // A PUT of a policy as an array names the body, not `fast`.
+    let (st, e) = svc.call("PUT", "/v1/vms/vm-1/policy", Some(r#"["tpp"]"#));
+    check(
+        is_error(st, &e, 400, "bad_request"),
+        format!("array policy: {st} {e}"),
+    );
+    check(
+        !e["message"].as_str().unwrap_or_default().contains("fast"),
+        format!("array policy names `fast`: {e}"),
+    );
+    // One header of 80 KB: 431, as documented.
+    let big = format!(
+        "GET /v1/host HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(80_000)
+    );
+    let (st, _, body) = raw_request(&svc.socket, big.as_bytes());
+    check(
+        st == 431 && json(&body)["code"] == "headers_too_large",
+        format!("an 80 KB header: {st} {body}"),
+    );
+    // A log link planted in the state directory: a documented error that
+    // names the planted path and the fix, not an internal error.
+    let vms = svc.dir.join("state").join("vms");
+    for n in 1..=3 {
+        std::os::unix::fs::symlink("/etc/hostname", vms.join(format!("vm-{n}.log"))).unwrap();
+    }
+    let (st, e) = svc.call(
+        "POST",
+        "/v1/vms",
+        Some(r#"{"image":"memcheck","mem":"64M","args":["region=8M"]}"#),
+    );
+    check(
+        is_error(st, &e, 500, "state_dir"),
+        format!("planted log: {st} {e}"),
+    );
+    let (m, fix) = (
+        e["message"].as_str().unwrap_or_default(),
+        e["fix"].as_str().unwrap_or_default(),
+    );
+    check(
+        m.contains("vms/vm-1.log") && m.contains("symbolic link") && fix.contains("remove"),
+        format!("planted log: names the file, the problem and the fix: {e}"),
+    );
+    let (_, list) = svc.call("GET", "/v1/vms", None);
+    check(
+        list == Value::Array(Vec::new()),
+        format!("nothing was created: {list}"),
+    );
+    assert!(failed.is_empty(), "{failed:#?}");
 }

@@ -95,13 +95,20 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             "send a JSON object (see the request schema in GET /v1/openapi.json)",
         )
     })?;
-    if !v.is_object()
-        || v.get("fast")
-            .is_some_and(|f| !f.is_object() && !f.is_null())
+    let fix =
+        "send a JSON object with named fields (see the request schema in GET /v1/openapi.json)";
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object, not an array or a scalar",
+            fix,
+        ));
+    }
+    if v.get("fast")
+        .is_some_and(|f| !f.is_object() && !f.is_null())
     {
         return Err(ApiError::bad_request(
-            "the body (and its `fast`) must be a JSON object, not an array or a scalar",
-            "send a JSON object with named fields (see the request schema in GET /v1/openapi.json)",
+            "the body's `fast` must be a JSON object, not an array or a scalar",
+            fix,
         ));
     }
     serde_json::from_value(v).map_err(|e| {
@@ -501,6 +508,23 @@ async fn method_not_allowed(req: Request) -> ApiError {
     ))
 }
 
+/// The most bytes of a request's head (request line and headers) the
+/// service serves: 431 `headers_too_large` above. The HTTP layer's own
+/// limit is on its read buffer, which one read may overrun (a single
+/// 100 KB header was served), so the head is measured here too.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
+/// The size of a request's head as it was sent: the request line and
+/// every `name: value` line.
+fn head_bytes(req: &Request) -> usize {
+    let line = req.method().as_str().len() + req.uri().to_string().len() + 12;
+    line + req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.as_bytes().len() + 4)
+        .sum::<usize>()
+}
+
 /// Refuses changes while shutting down, bounds the time of every request,
 /// and counts requests and latencies.
 async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -511,7 +535,19 @@ async fn guard(State(st): State<AppState>, mut req: Request, next: Next) -> Resp
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
     req.extensions_mut().insert(BodyLimit(st.host.cfg.max_body));
-    let response = if method == Method::HEAD {
+    let response = if head_bytes(&req) > MAX_HEAD_BYTES {
+        ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!(
+                "the request's headers are {} bytes, over the {} KiB the service reads",
+                head_bytes(&req),
+                MAX_HEAD_BYTES >> 10
+            ),
+            "send fewer or shorter headers",
+        )
+        .into_response()
+    } else if method == Method::HEAD {
         // Not in the API document, so not served (axum would answer HEAD
         // for every GET route).
         ApiError::method_not_allowed(format!("HEAD is not allowed on {}", req.uri().path()))

@@ -19,6 +19,11 @@ use vmm_core::units::format_size;
 
 /// How long a stats request may take.
 const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the rebalancer's stats poll waits for the answers in all: a
+/// later answer is dropped (the next poll asks again). It bounds how long
+/// the rebalancer goes without checking every VM's silence, so the
+/// `unresponsive` event comes within about a second of the setting.
+const POLL_WAIT: Duration = Duration::from_secs(1);
 /// How often running VMs' statistics are refreshed.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// Decayed samples below which a VM's gain curve is not trusted.
@@ -512,6 +517,25 @@ fn unresponsive(v: &VmEntry) -> HostError {
     )
 }
 
+/// The state directory's `vms/NAME` (a VM's log) could not be created: a
+/// link or another file planted there (the service never writes through a
+/// link), or the directory was changed under the service. The operator's
+/// to fix, not the client's.
+fn log_error(name: &str, e: &std::io::Error) -> HostError {
+    let what = match e.raw_os_error() {
+        Some(libc::ELOOP) => {
+            "is a symbolic link (the service never writes through a link)".to_string()
+        }
+        Some(libc::EISDIR) => "is a directory".to_string(),
+        _ => format!("could not be created or opened for appending ({e})"),
+    };
+    HostError::new(
+        HostErrorKind::StateDir,
+        format!("the VM's log vms/{name} in the service's state directory {what}; no VM was created"),
+        format!("the service's operator: remove vms/{name} from the state directory (something other than the service put it there), then retry"),
+    )
+}
+
 fn not_found(id: &str) -> HostError {
     HostError::not_found(format!("no VM '{id}'"), "GET /v1/vms lists the VMs")
 }
@@ -645,7 +669,13 @@ pub fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), HostError> 
 fn api_words(message: &str, image_path: &str, image_name: &str) -> String {
     let mut m = message.to_string();
     if image_path != image_name {
-        m = m.replace(image_path, &format!("image '{image_name}'"));
+        // The image's name, never its host path, and quoted once
+        // (`image '/dir/f'` and `'/dir/f'` as well as a bare path).
+        let named = format!("image '{image_name}'");
+        m = m
+            .replace(&format!("image '{image_path}'"), &named)
+            .replace(&format!("'{image_path}'"), &named)
+            .replace(image_path, &named);
     }
     for (flag, field) in [
         ("--vcpus", "vcpus"),
@@ -736,6 +766,38 @@ impl Host {
     /// Locks the state (metrics read it).
     pub fn state(&self) -> MutexGuard<'_, HostState> {
         lock(&self.state)
+    }
+
+    /// Locks the state with every VM's liveness brought up to date: a
+    /// VM whose process has been silent beyond `limits.unresponsive_after`
+    /// is `unresponsive` in every answer from that moment, whenever the
+    /// rebalancer last looked (and `running` again once it spoke).
+    pub fn fresh_state(&self) -> MutexGuard<'_, HostState> {
+        let mut s = self.state();
+        for v in s.vms.values_mut() {
+            self.check_silence(v);
+        }
+        s
+    }
+
+    /// Moves a running VM silent beyond the setting to `unresponsive`, an
+    /// unresponsive one that spoke since back to `running` (with events).
+    fn check_silence(&self, v: &mut VmEntry) {
+        let Some(silent) = v.link.as_ref().map(|l| l.silent_for()) else {
+            return;
+        };
+        let silent = silent > self.cfg.unresponsive_after;
+        match v.state {
+            VmState::Running if silent => {
+                self.set_state(v, VmState::Unresponsive);
+                self.persist(v);
+            }
+            VmState::Unresponsive if !silent => {
+                self.set_state(v, VmState::Running);
+                self.persist(v);
+            }
+            _ => {}
+        }
     }
 
     /// Whether the service is shutting down.
@@ -863,7 +925,7 @@ impl Host {
 
     /// `GET /v1/host`.
     pub fn host_info(&self) -> HostInfo {
-        let s = self.state();
+        let s = self.fresh_state();
         let mut vms: BTreeMap<String, u64> = VmState::ALL
             .iter()
             .map(|st| (st.name().to_string(), 0))
@@ -993,10 +1055,7 @@ impl Host {
         if !plain {
             return Err(HostError::bad_request(
                 format!("image '{name}' is not a built-in image ({builtins}) nor a file name"),
-                format!(
-                    "name a built-in image or a file in {} (no '/')",
-                    dir.display()
-                ),
+                "name a built-in image, or a file of the service's image directory by its file name (no '/')",
             ));
         }
         // Opened as the service will see it, never through a link: a
@@ -1218,7 +1277,7 @@ impl Host {
             if let Some(v) = self.state().vms.remove(&key) {
                 self.job(ReportJob::Record(v.id, None));
             }
-            return Err(HostError::internal(vmm_core::exit::chain(&e)));
+            return Err(e);
         }
         self.wake_rebalancer();
         // Answered at once: the VM shows `starting` until its worker built
@@ -1261,18 +1320,14 @@ impl Host {
         Ok(())
     }
 
-    fn spawn_worker(self: &Arc<Self>, key: u64, spec: &VmSpec) -> Result<(), WorkerLinkError> {
+    fn spawn_worker(self: &Arc<Self>, key: u64, spec: &VmSpec) -> Result<(), HostError> {
         // The log, opened in the checked directory, never through a link.
+        let name = format!("{}.log", spec.id);
         let log = match &self.dirs {
-            Some(d) => {
-                super::paths::create_file_at(&d.vms, &format!("{}.log", spec.id), true, 0o600)
-            }
+            Some(d) => super::paths::create_file_at(&d.vms, &name, true, 0o600),
             None => std::fs::OpenOptions::new().write(true).open("/dev/null"),
         }
-        .map_err(|source| WorkerLinkError::Spawn {
-            exe: format!("(the log of VM {})", spec.id),
-            source,
-        })?;
+        .map_err(|e| log_error(&name, &e))?;
         let (h1, h2) = (Arc::downgrade(self), Arc::downgrade(self));
         let link = WorkerLink::spawn(
             &self.cfg.worker_exe,
@@ -1288,7 +1343,8 @@ impl Host {
                     h.on_channel_closed(key);
                 }
             },
-        )?;
+        )
+        .map_err(|e| HostError::internal(vmm_core::exit::chain(&e)))?;
         let mut s = self.state();
         if let Some(v) = s.vms.get_mut(&key) {
             v.pid = Some(link.pid());
@@ -1414,8 +1470,18 @@ impl Host {
             _ => None,
         };
         let _ = link.request(Command::Exit, Duration::from_secs(5));
+        let mut report = report;
         let mut s = self.state();
         if let Some(v) = s.vms.get_mut(&key) {
+            // The worker ends a stop the service asked for as the end of a
+            // duration (its run knows no more); the service knows who asked
+            // and records it in the report it writes and serves, so that
+            // the report and GET /v1/vms/{id} agree.
+            if let (Some(cause), Some(serde_json::Value::Object(r))) = (v.stop_cause, &mut report) {
+                if v.stop_reason.as_deref() == Some(cause) {
+                    r.insert("stop_reason".into(), cause.into());
+                }
+            }
             if let (Some(r), Some(d)) = (&report, &self.dirs) {
                 // Replaced atomically, never written through a link.
                 let name = format!("{}.json", v.id);
@@ -1476,7 +1542,7 @@ impl Host {
     }
 
     fn link_of(&self, id: &str) -> Result<(u64, Arc<WorkerLink>), HostError> {
-        let s = self.state();
+        let s = self.fresh_state();
         let key = s.find(id).ok_or_else(|| not_found(id))?;
         let v = &s.vms[&key];
         match (&v.link, v.state) {
@@ -1493,7 +1559,7 @@ impl Host {
 
     /// `GET /v1/vms`.
     pub fn list(&self) -> Vec<VmInfo> {
-        let s = self.state();
+        let s = self.fresh_state();
         s.vms
             .values()
             .map(|v| info_of(v, self.cfg.emulated))
@@ -1504,7 +1570,7 @@ impl Host {
     /// statistics are the rebalancer's, at most a second old; `live` is
     /// kept for callers and ignored).
     pub fn vm_info(&self, id: &str, _live: bool) -> Result<VmInfo, HostError> {
-        let s = self.state();
+        let s = self.fresh_state();
         let key = s.find(id).ok_or_else(|| not_found(id))?;
         Ok(info_of(&s.vms[&key], self.cfg.emulated))
     }
@@ -1516,7 +1582,7 @@ impl Host {
     pub fn delete(&self, id: &str, force: bool) -> Result<bool, HostError> {
         let key = self.key_of(id)?;
         let (state, link) = {
-            let s = self.state();
+            let s = self.fresh_state();
             // Another DELETE may have removed it since.
             let v = s.vms.get(&key).ok_or_else(|| not_found(id))?;
             (v.state, v.link.clone())
@@ -1571,7 +1637,7 @@ impl Host {
     pub fn patch_fast(&self, id: &str, p: &FastRequest) -> Result<FastInfo, HostError> {
         self.refuse_if_shutting_down()?;
         {
-            let mut s = self.state();
+            let mut s = self.fresh_state();
             let key = s.find(id).ok_or_else(|| not_found(id))?;
             let reserved_others = s.fast_reserved() - {
                 let v = &s.vms[&key];
@@ -1716,12 +1782,13 @@ impl Host {
     }
 
     /// Asks every running VM for its statistics at once and waits (at
-    /// most [`STATS_TIMEOUT`] in all) for the answers; a VM whose process
+    /// most [`POLL_WAIT`] in all) for the answers; a VM whose process
     /// has been silent beyond `limits.unresponsive_after` becomes
-    /// `unresponsive`, and `running` again once it answers.
+    /// `unresponsive` (checked before and after the wait: within about a
+    /// second of the setting), and `running` again once it answers.
     fn poll_stats(&self) {
         let links: Vec<(u64, Arc<WorkerLink>)> = self
-            .state()
+            .fresh_state()
             .vms
             .iter()
             .filter(|(_, v)| matches!(v.state, VmState::Running | VmState::Unresponsive))
@@ -1729,10 +1796,10 @@ impl Host {
             .collect();
         let pending: Vec<_> = links
             .iter()
-            .map(|(key, link)| (*key, link, link.start(Command::Stats)))
+            .map(|(key, link)| (*key, link.start(Command::Stats)))
             .collect();
-        let deadline = Instant::now() + STATS_TIMEOUT;
-        for (key, link, p) in pending {
+        let deadline = Instant::now() + POLL_WAIT;
+        for (key, p) in pending {
             let got = p.ok().and_then(|p| {
                 p.wait(deadline.saturating_duration_since(Instant::now()))
                     .ok()
@@ -1752,18 +1819,7 @@ impl Host {
                 v.stats = Some(*st);
                 v.smooth_ops();
             }
-            let silent = link.silent_for() > self.cfg.unresponsive_after;
-            match v.state {
-                VmState::Running if silent => {
-                    self.set_state(v, VmState::Unresponsive);
-                    self.persist(v);
-                }
-                VmState::Unresponsive if !silent => {
-                    self.set_state(v, VmState::Running);
-                    self.persist(v);
-                }
-                _ => {}
-            }
+            self.check_silence(v);
         }
     }
 

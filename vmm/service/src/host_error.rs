@@ -24,6 +24,10 @@ pub enum HostErrorKind {
     Worker,
     /// The service is shutting down.
     ShuttingDown,
+    /// The state directory holds something the service did not put
+    /// there (a link planted in place of a VM's log): the operator's to
+    /// fix.
+    StateDir,
     /// The host failed.
     Internal,
 }

@@ -239,7 +239,7 @@ pub fn render(host: &Host, api: &ApiMetrics) -> Result<String, ApiError> {
     let vm_gauges = VmGauges::new(&mut f)?;
     let vm_counters = VmCounters::new(&mut f)?;
     {
-        let s = host.state();
+        let s = host.fresh_state();
         service.record(&s.counters);
         for v in s.vms.values() {
             vm_gauges.record(v);

@@ -307,10 +307,14 @@ pub fn open_private_dir(what: &'static str, path: &Path, mode: u32) -> Result<Ow
                         "is owned by {}: its owner could replace what lies below it",
                         owner_name(st.st_uid)
                     ),
-                    format!(
-                        "put the service's directories under directories owned by root or {}",
-                        owner_name(me)
-                    ),
+                    if me == 0 {
+                        "put the service's directories under directories owned by root".to_string()
+                    } else {
+                        format!(
+                            "put the service's directories under directories owned by root or {}",
+                            owner_name(me)
+                        )
+                    },
                 ));
             }
             if others_write && !sticky {
@@ -471,6 +475,27 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(m & 0o777, 0o700);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// An ancestor owned by another user is refused; a root service's fix
+    /// names root once (it said "owned by root or root").
+    #[test]
+    fn an_ancestor_of_another_user_is_refused_in_plain_words() {
+        if euid() != 0 {
+            return; // chown needs root
+        }
+        let d = temp("owner");
+        std::fs::create_dir(d.join("theirs")).unwrap();
+        std::os::unix::fs::chown(d.join("theirs"), Some(65534), Some(65534)).unwrap();
+        let e =
+            open_private_dir("the state directory", &d.join("theirs/state"), 0o700).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("its owner could replace"), "{text}");
+        assert!(
+            text.contains("owned by root") && !text.contains("root or root"),
+            "{text}"
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 }

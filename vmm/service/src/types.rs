@@ -190,6 +190,7 @@ impl From<crate::host_error::HostError> for ApiError {
             K::WorkerTimeout => (StatusCode::GATEWAY_TIMEOUT, "worker_timeout"),
             K::Worker => (StatusCode::BAD_GATEWAY, "worker_failed"),
             K::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            K::StateDir => (StatusCode::INTERNAL_SERVER_ERROR, "state_dir"),
             K::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         Self::new(status, code, e.message, e.fix)

@@ -219,11 +219,26 @@ const WORKER_LINK: &[Syscall] = &[
     sys(libc::SYS_recvfrom, "recvfrom"),
     sys(libc::SYS_sendto, "sendto"),
     sys(libc::SYS_close, "close"),
+    // std checks a descriptor is open before closing it (`F_GETFD`,
+    // debug builds), as for the service's threads.
+    sys(libc::SYS_fcntl, "fcntl"),
 ];
 
 /// `tiervm serve`'s rebalancer: requests to the workers over their
-/// channels (the replies come through each channel's reader).
-const SERVE_REBALANCE: &[Syscall] = &[sys(libc::SYS_sendto, "sendto")];
+/// channels (the replies come through each channel's reader). It holds a
+/// clone of each polled VM's channel while it waits for the answers, so
+/// when a VM is killed meanwhile (`DELETE ?force=true`: its reader drops
+/// the VM's own reference) the rebalancer drops the last one and closes
+/// the channel's descriptor (`close`; `fcntl(F_GETFD)`: std checks the
+/// descriptor is open first in debug builds). Without them a forced
+/// DELETE during a stats poll ended the whole service (issue 32 re-test).
+/// Every serve role that handles a channel may close it
+/// (`seccomp::tests::serve_roles_may_close_what_they_drop`).
+const SERVE_REBALANCE: &[Syscall] = &[
+    sys(libc::SYS_sendto, "sendto"),
+    sys(libc::SYS_close, "close"),
+    sys(libc::SYS_fcntl, "fcntl"),
+];
 
 /// `tiervm serve`'s reader of a worker's channel: the replies and events,
 /// and when the channel closes the process's exit (reaped, killed if it

@@ -459,6 +459,43 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Every `tiervm serve` thread role that may drop the last reference
+    /// to a shared descriptor-owning object (a worker's channel, the
+    /// state directory's descriptors, a log) may close it: the rebalancer
+    /// (it holds clones of the channels it polls, and a VM killed meanwhile
+    /// leaves it the last one), each channel's reader (it clears the VM's
+    /// channel when it closes, and may hold the host's last reference at
+    /// exit), the report collector (it holds an ended VM's channel).
+    /// Before the fix the rebalancer could not, and a forced DELETE during
+    /// a stats poll ended the service (issue 32 re-test). Each drops a
+    /// socket under its filter: a trap would end this test process.
+    #[test]
+    fn serve_roles_may_close_what_they_drop() {
+        let roles = [
+            ThreadRole::ServeRebalance,
+            ThreadRole::ServeReader,
+            ThreadRole::ServeReports,
+            ThreadRole::WorkerLink,
+        ];
+        for role in roles {
+            for call in ["close", "fcntl"] {
+                assert!(
+                    allowlist(role).iter().any(|s| s.name == call),
+                    "{} may drop a shared channel but cannot `{call}` it",
+                    role.name()
+                );
+            }
+        }
+        for role in roles {
+            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let shared = std::sync::Arc::new(a);
+            let held = shared.clone();
+            drop(shared);
+            under(role, move || drop(held));
+            drop(b);
+        }
+    }
+
     /// docs/security.md lists every allowed call of every role.
     #[test]
     fn security_doc_lists_every_allowed_call() {
