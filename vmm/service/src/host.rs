@@ -15,6 +15,7 @@ use super::protocol::{Command, FromWorker, Reply, VmSpec, WorkerStats};
 use super::protocol::{Refusal, RefusalKind};
 use super::types::*;
 use super::worker::{ExitInfo, WorkerLink, WorkerLinkError};
+use tiering::vocab::PAGE_SIZE;
 use vmm_core::units::format_size;
 
 /// How long a stats request may take.
@@ -33,8 +34,6 @@ const MIN_SAMPLES: f64 = 32.0;
 /// host-measured access rate needs no smoothing: the worker's census holds
 /// one sample per page, a pass of the sampler.)
 const OPS_TAU_S: f64 = 20.0;
-/// Pages per step of the gain curves.
-const PAGE: u64 = tiering::mem::PAGE_SIZE as u64;
 
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> f64 {
@@ -1201,7 +1200,7 @@ impl Host {
             slow_node: self.cfg.slow_node,
             duration_s,
             stop_grace_s: d.stop_grace.as_secs_f64(),
-            quantum_pages: self.cfg.division.quantum / PAGE,
+            quantum_pages: self.cfg.division.quantum / PAGE_SIZE as u64,
             curve_steps: 64,
             profile_half_life_s: 20.0,
             seccomp: super::seccomp_on(),
@@ -2133,7 +2132,7 @@ mod tests {
                 coverage: 1.0,
             }),
             gain: tiering::engine::profile::GainCurve {
-                quantum_pages: 64 * M / PAGE,
+                quantum_pages: 64 * M / PAGE_SIZE as u64,
                 grow: vec![0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.02, 0.01],
                 shrink: vec![0.4],
                 samples: 10_000.0,
