@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::choice::choice;
 use clap::{Args, ValueEnum};
 use vmm_core::config::{VmRequest, DEFAULT_SAMPLE_MS};
 use vmm_core::tiering_config::{
@@ -63,7 +64,7 @@ pub struct VmFlags {
     #[arg(long, help_heading = "Tiering")]
     pub slow_node: Option<u32>,
     /// Initial placement of guest pages (the same for every policy).
-    #[arg(long, value_enum, default_value_t = PlacementArg::FastFirst, help_heading = "Tiering")]
+    #[arg(long, value_parser = choice::<PlacementArg>(), default_value_t = PlacementArg::FastFirst, help_heading = "Tiering")]
     pub placement: PlacementArg,
     /// Chaos policy only: units migrated per second.
     #[arg(long, help_heading = "Tiering")]
@@ -72,13 +73,13 @@ pub struct VmFlags {
     #[arg(long, help_heading = "Tiering")]
     pub chaos_mix: Option<String>,
     /// Chaos policy only: migration mechanism.
-    #[arg(long, value_enum, help_heading = "Tiering")]
+    #[arg(long, value_parser = choice::<MechanismArg>(), help_heading = "Tiering")]
     pub mechanism: Option<MechanismArg>,
     /// Chaos policy only: migration unit.
-    #[arg(long, value_enum, help_heading = "Tiering")]
+    #[arg(long, value_parser = choice::<UnitArg>(), help_heading = "Tiering")]
     pub chaos_unit: Option<UnitArg>,
     /// Access tracking for policies (hint faults need tiered memory).
-    #[arg(long, value_enum, help_heading = "Tiering")]
+    #[arg(long, value_parser = choice::<TrackingArg>(), help_heading = "Tiering")]
     pub tracking: Option<TrackingArg>,
     /// Hint faults: pages unmapped per scan window (adapted to the budget).
     #[arg(long, help_heading = "Tiering")]

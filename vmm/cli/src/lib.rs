@@ -5,6 +5,7 @@
 //!
 //! See `docs/architecture.md` for the packages, the threads and the data path.
 
+pub mod choice;
 pub mod commands;
 pub mod error;
 pub mod flags;

@@ -8,6 +8,7 @@ use tiervm_guest::abi::{GUEST_LARGE_PAGE, MAX_VCPUS};
 use tiervm_guest::args::Args;
 use tiervm_guest::workloads;
 
+use crate::choice::UnknownChoice;
 use crate::emulation::{self, EmulationConfig, EmulationConfigError};
 use crate::guest_abi::{MAX_RAM, MIN_RAM};
 use crate::image::{self, ElfInfo, Image, ImageError};
@@ -97,6 +98,9 @@ pub enum ConfigError {
     /// A workload argument is invalid.
     #[error(transparent)]
     Arg(#[from] WorkloadArgError),
+    /// A named setting (a policy, a tracking) is none of its names.
+    #[error(transparent)]
+    Choice(#[from] UnknownChoice),
     /// `--emulate-latency` is invalid.
     #[error(transparent)]
     Emulation(#[from] EmulationConfigError),

@@ -8,6 +8,7 @@
 //! build on this crate, never the other way round (docs/architecture.md).
 
 pub mod ab;
+pub mod choice;
 pub mod config;
 pub mod devices;
 pub mod emulation;

@@ -13,6 +13,7 @@ use tiering::mem::{
 };
 use tiering::policy::PolicyKind;
 
+use crate::choice::choices;
 use crate::units::format_size;
 
 /// Hint-fault budget of placement policies (MTM's overhead target, §3.2).
@@ -24,45 +25,30 @@ pub const MAX_CHAOS_RATE: f64 = 10_000_000.0;
 /// Largest weight of `--chaos-mix` (a ratio needs no more).
 pub const MAX_CHAOS_WEIGHT: u32 = 1_000_000;
 
-/// Initial placement of guest pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "kebab-case")]
-pub enum PlacementArg {
-    /// Fill the fast tier first (Linux's default).
-    FastFirst,
-    /// Everything starts slow (the seeds' pre-demoted runs), overflow fast.
-    SlowFirst,
-    /// Each page on a random tier (seeded).
-    Random,
-    /// Alternate fast and slow.
-    Interleave,
+choices! {
+    /// Initial placement of guest pages.
+    pub enum PlacementArg ("placement") {
+        FastFirst = "fast-first": "Fill the fast tier first (Linux's default)",
+        SlowFirst = "slow-first": "Everything starts slow (the seeds' pre-demoted runs), overflow fast",
+        Random = "random": "Each page on a random tier (seeded)",
+        Interleave = "interleave": "Alternate fast and slow",
+    }
 }
 
-/// Who moves pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyArg {
-    /// Untiered: plain anonymous RAM (THP), no tracking, no migration.
-    None,
-    /// Tiered backing, pages never move.
-    Static,
-    /// Torture mode: random units migrate at --chaos-rate regardless of hotness.
-    Chaos,
-    /// Linux 6.3 TPP: hint faults on slow pages, promotion in the fault path.
-    Tpp,
-    /// Nomad: TPP's signal, candidate/pending queues, async TPM, shadows.
-    Nomad,
-    /// Memtis: access histogram, cooling, background migration.
-    Memtis,
-    /// Colloid: balances the tiers' loaded latencies (modeled here).
-    Colloid,
-    /// MTM: adaptive regions, one histogram, fast promotion / slow demotion.
-    Mtm,
-    /// tiervm's own: budgeted profiling, per-migration mechanism choice,
-    /// thrash throttling, Colloid balancing; its mode shown live.
-    Adaptive,
+choices! {
+    /// Who moves pages.
+    pub enum PolicyArg ("policy") {
+        None = "none": "Untiered: plain anonymous RAM (THP), no tracking, no migration",
+        Static = "static": "Tiered backing, pages never move",
+        Chaos = "chaos": "Torture mode: random units migrate at --chaos-rate regardless of hotness",
+        Tpp = "tpp": "Linux 6.3 TPP: hint faults on slow pages, promotion in the fault path",
+        Nomad = "nomad": "Nomad: TPP's signal, candidate/pending queues, async TPM, shadows",
+        Memtis = "memtis": "Memtis: access histogram, cooling, background migration",
+        Colloid = "colloid": "Colloid: balances the tiers' loaded latencies (modeled here)",
+        Mtm = "mtm": "MTM: adaptive regions, one histogram, fast promotion / slow demotion",
+        Adaptive = "adaptive": "tiervm's own: budgeted profiling, per-migration mechanism choice, \
+            thrash throttling, Colloid balancing; its mode shown live",
+    }
 }
 
 impl PolicyArg {
@@ -81,28 +67,6 @@ impl PolicyArg {
             Self::Adaptive => PolicyKind::Adaptive,
         })
     }
-
-    /// The name `--policy` takes.
-    pub fn name(self) -> String {
-        match self {
-            Self::None => "none",
-            Self::Static => "static",
-            Self::Chaos => "chaos",
-            Self::Tpp => "tpp",
-            Self::Nomad => "nomad",
-            Self::Memtis => "memtis",
-            Self::Colloid => "colloid",
-            Self::Mtm => "mtm",
-            Self::Adaptive => "adaptive",
-        }
-        .to_string()
-    }
-}
-
-impl std::fmt::Display for PolicyArg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.name())
-    }
 }
 
 impl PlacementArg {
@@ -117,15 +81,12 @@ impl PlacementArg {
     }
 }
 
-/// Migration mechanism for chaos.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "kebab-case")]
-pub enum MechanismArg {
-    /// Transactional migration (copy while running, commit if clean).
-    Tpm,
-    /// Exclusive stop-and-copy.
-    StopCopy,
+choices! {
+    /// Migration mechanism for chaos.
+    pub enum MechanismArg ("mechanism") {
+        Tpm = "tpm": "Transactional migration (copy while running, commit if clean)",
+        StopCopy = "stop-copy": "Exclusive stop-and-copy",
+    }
 }
 
 impl MechanismArg {
@@ -138,18 +99,12 @@ impl MechanismArg {
     }
 }
 
-/// Migration unit for chaos.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum UnitArg {
-    /// One 4 KiB page.
-    #[cfg_attr(feature = "clap", value(name = "4k"))]
-    #[serde(rename = "4k")]
-    Page4k,
-    /// A 2 MiB aligned run of 512 pages.
-    #[cfg_attr(feature = "clap", value(name = "2m"))]
-    #[serde(rename = "2m")]
-    Run2m,
+choices! {
+    /// Migration unit for chaos.
+    pub enum UnitArg ("unit") {
+        Page4k = "4k": "One 4 KiB page",
+        Run2m = "2m": "A 2 MiB aligned run of 512 pages",
+    }
 }
 
 impl UnitArg {
@@ -217,18 +172,14 @@ pub struct TieringRequest {
     pub tiers: Vec<String>,
 }
 
-/// Access tracking.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "kebab-case")]
-pub enum TrackingArg {
-    /// No access tracking.
-    Off,
-    /// Hint faults: unmap windows of pages and record the guest's touches.
-    HintFaults,
-    /// DAMON: the kernel samples guest RAM's accessed bits (KVM's too);
-    /// needs TIERVM_ALLOW_DAMON_WRITES=1 and no other DAMON user.
-    Damon,
+choices! {
+    /// Access tracking.
+    pub enum TrackingArg ("tracking") {
+        Off = "off": "No access tracking",
+        HintFaults = "hint-faults": "Hint faults: unmap windows of pages and record the guest's touches",
+        Damon = "damon": "DAMON: the kernel samples guest RAM's accessed bits (KVM's too); \
+            needs TIERVM_ALLOW_DAMON_WRITES=1 and no other DAMON user",
+    }
 }
 
 impl Default for TieringRequest {

@@ -25,7 +25,6 @@ use vmm_core::report::code_of as exit_code_of;
 use vmm_core::runner::{self, Console, RunError, RunHooks, SampleCtx};
 use vmm_core::seccomp::SeccompError;
 use vmm_core::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
-use vmm_core::workload_args::WorkloadArgError;
 
 use crate::protocol::{
     encode, read_line, Command, FromWorker, Refusal, RefusalKind, Reply, TierNow, ToWorker, VmSpec,
@@ -236,16 +235,12 @@ fn open_channel(fd: i32) -> std::result::Result<UnixStream, WorkerError> {
 
 /// The VM request a spec describes (the same validation as `tiervm run`).
 pub fn request_of(spec: &VmSpec) -> Result<VmRequest, ConfigError> {
-    let bad = |what: String| ConfigError::Arg(WorkloadArgError::NotKeyValue { arg: what });
-    let policy = <PolicyArg as clap::ValueEnum>::from_str(&spec.policy, false)
-        .map_err(|_| bad(format!("policy {}", spec.policy)))?;
-    let tracking = match spec.tracking.as_deref() {
-        None => None,
-        Some(t) => Some(
-            <TrackingArg as clap::ValueEnum>::from_str(t, false)
-                .map_err(|_| bad(format!("tracking {t}")))?,
-        ),
-    };
+    let policy: PolicyArg = spec.policy.parse()?;
+    let tracking = spec
+        .tracking
+        .as_deref()
+        .map(str::parse::<TrackingArg>)
+        .transpose()?;
     let duration = Duration::try_from_secs_f64(spec.duration_s.max(0.0)).unwrap_or_default();
     let stop_grace =
         Duration::try_from_secs_f64(spec.stop_grace_s.max(0.0)).unwrap_or(Duration::from_secs(10));

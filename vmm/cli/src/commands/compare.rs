@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use vmm_core::choice::Choice;
 
 use crate::error::{CompareError, Error, OutputError, Result};
 use crate::flags::{VmFlags, MAX_REPEAT};
@@ -67,7 +68,7 @@ pub struct CompareArgs {
 
 /// The default policy set: every `PolicyArg` but `none` and `chaos`.
 pub fn default_policies() -> Vec<PolicyArg> {
-    PolicyArg::value_variants()
+    PolicyArg::ALL
         .iter()
         .copied()
         .filter(|p| !NOT_DEFAULT.contains(p))
@@ -79,19 +80,16 @@ pub fn parse_policies(names: &[String]) -> Result<Vec<PolicyArg>> {
     if names.is_empty() {
         return Ok(default_policies());
     }
-    let known: Vec<String> = PolicyArg::value_variants()
-        .iter()
-        .map(|p| p.name())
-        .collect();
+    let known: Vec<String> = PolicyArg::ALL.iter().map(|p| p.name().into()).collect();
     let mut out: Vec<PolicyArg> = Vec::new();
     for raw in names {
         let name = raw.trim();
-        let p = PolicyArg::from_str(name, true).map_err(|_| CompareError::UnknownPolicy {
+        let p = PolicyArg::from_name(name, true).ok_or_else(|| CompareError::UnknownPolicy {
             name: name.into(),
             known: known.clone(),
         })?;
         if out.contains(&p) {
-            return Err(CompareError::DuplicatePolicy(p.name()).into());
+            return Err(CompareError::DuplicatePolicy(p.name().into()).into());
         }
         out.push(p);
     }
@@ -264,7 +262,7 @@ fn run_all(
     configs: &[(PolicyArg, VmConfig)],
     started: Instant,
 ) -> Vec<RunRecord> {
-    let names: Vec<String> = configs.iter().map(|(p, _)| p.name()).collect();
+    let names: Vec<String> = configs.iter().map(|(p, _)| p.name().to_string()).collect();
     let total = configs.len() * args.repeat as usize;
     if !args.quiet {
         let each = if args.vm.duration.is_zero() {
@@ -464,11 +462,7 @@ mod tests {
         assert_eq!(d, default_policies());
         assert!(!d.contains(&PolicyArg::None) && !d.contains(&PolicyArg::Chaos));
         assert!(d.contains(&PolicyArg::Static));
-        assert_eq!(
-            d.len(),
-            PolicyArg::value_variants().len() - 2,
-            "every other policy"
-        );
+        assert_eq!(d.len(), PolicyArg::ALL.len() - 2, "every other policy");
     }
 
     #[test]

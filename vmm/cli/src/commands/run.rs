@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use crate::choice::choice;
 use crate::error::{OutputError, Result};
 use crate::flags::{ReportFormat, VmFlags};
 use crate::output;
@@ -24,7 +25,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub vm: VmFlags,
     /// Placement policy (default: none, or static when --fast/--slow is given).
-    #[arg(long, value_enum, help_heading = "Tiering")]
+    #[arg(long, value_parser = choice::<PolicyArg>(), help_heading = "Tiering")]
     pub policy: Option<PolicyArg>,
     /// Switch policies while the VM runs, e.g. nomad@0s,tpp@20s.
     #[arg(long, help_heading = "Tiering")]

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use clap::ValueEnum;
 use serde::Serialize;
 
 use crate::presentation::plot::{self, BarGroup, Series};
@@ -311,7 +310,7 @@ pub fn table_cells(r: &SummaryRow) -> Vec<String> {
         format!("{} FAILED ({}/{})", codes.join(","), r.failed, r.runs)
     };
     vec![
-        r.policy.name(),
+        r.policy.to_string(),
         opt(r.ops_per_sec_median, si),
         min_max,
         opt(r.ratio_to_static, |v| format!("{v:.2}x")),
@@ -367,9 +366,6 @@ fn write_setup(out: &mut String, res: &CompareResults) {
             format_size(f),
             format_size(sl),
             s.placement
-                .to_possible_value()
-                .map(|v| v.get_name().to_string())
-                .unwrap_or_default()
         );
     }
     let length = if s.duration_s > 0.0 {
@@ -498,7 +494,7 @@ pub fn to_csv(runs: &[RunRecord]) -> String {
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
         let cells = [
-            run.policy.name(),
+            run.policy.to_string(),
             run.repeat.to_string(),
             run.ok.to_string(),
             run.exit_code.to_string(),
@@ -562,7 +558,7 @@ pub fn throughput_svg(res: &CompareResults) -> std::result::Result<String, plot:
                 .filter(|r| r.policy == *p)
                 .find_map(|r| r.report.as_ref().map(|rep| (r.repeat, rep)))?;
             let name = if run.0 == 1 {
-                p.name()
+                p.to_string()
             } else {
                 format!("{p} (repeat {})", run.0)
             };
@@ -596,7 +592,7 @@ pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, plot:
         .summary
         .iter()
         .map(|r| BarGroup {
-            name: r.policy.name(),
+            name: r.policy.to_string(),
             values: vec![
                 r.promotions.unwrap_or(nan),
                 r.demotions.unwrap_or(nan),
@@ -686,7 +682,7 @@ mod tests {
     }
 
     fn ok(policy: &str, repeat: u32, r: RunReport) -> RunRecord {
-        let policy = PolicyArg::from_str(policy, false).expect("a policy name");
+        let policy = policy.parse().expect("a policy name");
         RunRecord::finished(policy, repeat, r, "")
     }
 

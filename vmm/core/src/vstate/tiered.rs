@@ -544,7 +544,7 @@ impl TieredRam {
             node_check,
             node_checked_pages,
             node_pages,
-            policy: self.cfg.policy.name().to_string(),
+            policy: self.cfg.policy.to_string(),
             emulated: self.mem.emulated(),
             setup_ms: self.mem.setup_time().as_secs_f64() * 1e3,
             stats: self.mem.stats(),
