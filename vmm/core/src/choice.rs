@@ -60,12 +60,12 @@ impl UnknownChoice {
 /// the name also its serde name. Implements [`Choice`], `FromStr` (exact
 /// names; the error lists the valid ones) and `Display` (the name).
 macro_rules! choices {
-    (
+    ($(
         $(#[$meta:meta])*
         $vis:vis enum $ty:ident ($what:literal) {
             $($variant:ident = $name:literal : $help:literal,)+
         }
-    ) => {
+    )+) => {$(
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
         $vis enum $ty {
@@ -107,7 +107,7 @@ macro_rules! choices {
                 f.write_str($crate::choice::Choice::name(*self))
             }
         }
-    };
+    )+};
 }
 
 pub(crate) use choices;

@@ -33,9 +33,7 @@ choices! {
         Random = "random": "Each page on a random tier (seeded)",
         Interleave = "interleave": "Alternate fast and slow",
     }
-}
 
-choices! {
     /// Who moves pages.
     pub enum PolicyArg ("policy") {
         None = "none": "Untiered: plain anonymous RAM (THP), no tracking, no migration",
