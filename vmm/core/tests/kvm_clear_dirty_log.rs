@@ -217,6 +217,20 @@ fn a_segmented_log_switches_reads_and_clears_each_segment() {
     log.set_logging(false).unwrap();
     log.get(&mut bm).unwrap();
     assert_eq!(dirty(&bm), Vec::<usize>::new(), "both off at the end");
+    // A switch KVM refuses (a host address that is not page-aligned) is an
+    // error, not a silent "logging on" that reads clean forever.
+    let bad = KvmDirtyLog::switchable(
+        vm.as_raw_fd(),
+        kvm_userspace_memory_region {
+            slot: 9,
+            flags: 0,
+            guest_phys_addr: (1 << 30) as u64,
+            memory_size: PAGE_SIZE as u64,
+            userspace_addr: ram.addr as u64 + 1,
+        },
+    );
+    assert!(!bad.starts_on());
+    assert!(bad.set_logging(true).is_err(), "KVM refuses the memslot");
     drop(vm);
 }
 
