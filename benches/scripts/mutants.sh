@@ -3,7 +3,9 @@
 # (issue 34): one file at a time, optionally one shard of it, each run
 # bounded in time, on 2 cores and at low priority (the machine is shared).
 #
-#   benches/scripts/mutants.sh [--budget SECS] [--shard K/N] [--list] [FILE...]
+#   benches/scripts/mutants.sh [--budget SECS] [--shard K/N] [--re REGEX]
+#                              [--iterate] [--list] [FILE...]
+#   benches/scripts/mutants.sh --ci
 #
 #   FILE      a source file of the list (default: every file of it, i.e. the
 #             config's examine_globs less its exclude_globs)
@@ -11,7 +13,13 @@
 #             a run cut short says so and keeps what it finished
 #   --shard   K/N: only the K-th of N slices of each file's mutants (the
 #             same N for every shard; CI runs one small fixed shard)
+#   --re      only the mutants whose name (as --list shows it) matches
+#   --iterate skip the mutants caught by the previous run of the same file
+#             (its target/mutants/<file>/ output), e.g. after adding tests
 #   --list    list the mutants that would be tested, run nothing
+#   --ci      the fixed CI shard (see ci_shard below): a few minutes after
+#             a warm build; exits 1 when a mutant of it is missed or times
+#             out, or the run does not complete
 #
 # Each mutant is built and tested by the tests that guard its file (see
 # tests_for below), not the whole workspace: the memory layer's unit tests
@@ -28,14 +36,20 @@ cd "$(dirname "$0")/../.."
 
 budget=1800
 shard=""
+re=""
+iterate=0
 list=0
+ci=0
 files=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) budget="$2"; shift 2 ;;
     --shard) shard="$2"; shift 2 ;;
+    --re) re="$2"; shift 2 ;;
+    --iterate) iterate=1; shift ;;
     --list) list=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --ci) ci=1; shift ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     -*) echo "unknown option $1 (see --help)" >&2; exit 1 ;;
     *) files+=("$1"); shift ;;
   esac
@@ -67,8 +81,8 @@ tests_for() {
   case "$1" in
     tiering/src/mem/*) echo "--lib -- mem::" ;;
     tiering/src/policy/*) echo "--lib -- policy::" ;;
-    vmm/core/src/kvm_dirty_log.rs) echo "--lib --test kvm_clear_dirty_log -- kvm_dirty_log clearing_pages" ;;
-    vmm/core/src/seccomp/*) echo "--lib --test seccomp_denylist -- seccomp no_role the_vcpu" ;;
+    vmm/core/src/kvm_dirty_log.rs) echo "--lib --test kvm_clear_dirty_log -- kvm_dirty_log clearing_pages segmented manual_protect" ;;
+    vmm/core/src/seccomp/*) echo "--lib --test seccomp_denylist -- seccomp no_role the_vcpu a_role" ;;
     vmm/service/src/*) echo "--lib --test create_admission" ;;
     *) echo "--lib" ;;
   esac
@@ -78,7 +92,12 @@ tests_for() {
 # priority. A target directory of its own, reused across runs (the
 # dependencies are built once).
 export CARGO_BUILD_JOBS=2 RUST_TEST_THREADS=2
-export CARGO_TARGET_DIR="$PWD/target/mutants-target"
+# MUTANTS_TARGET_DIR: another target directory (CI passes its own, warm
+# one; --ci then touches the mutated files at the end, so that no later
+# build in the checkout takes the last mutant's artifacts for up to date:
+# cargo's fingerprints name sources relative to the package, and
+# cargo-mutants builds a copy of the tree elsewhere).
+export CARGO_TARGET_DIR="${MUTANTS_TARGET_DIR:-$PWD/target/mutants-target}"
 # On a KVM host a test that would skip for a missing feature fails instead
 # (a skipped test would count every mutant as missed).
 if [ -e /dev/kvm ]; then export TIERVM_REQUIRE_KVM=1; fi
@@ -100,12 +119,48 @@ EOF2
 
 count() { if [ -f "$1" ]; then grep -c . "$1" || true; else echo 0; fi; }
 
+# The CI shard (issue 34): a small fixed set of mutants whose bugs let a
+# guest out or lose its writes, all caught today, in one cargo-mutants run
+# (one baseline): the seccomp allowlists (12 mutants, 7 of them unviable)
+# and the KVM dirty log's re-arm of pages (`clear`) and its segment layout
+# (`segmented`): 37 mutants, about 4 minutes on 2 busy cores after a warm
+# build (docs/results.md section 12). Any missed or timed-out mutant, or a
+# run cut short, fails it.
+if [ "$ci" = 1 ]; then
+  out=target/mutants/ci
+  rm -rf "$out"
+  mkdir -p "$out"
+  rc=0
+  start=$(date +%s)
+  timeout --kill-after=60 "$budget" nice -n 15 cargo mutants --no-config "${config_args[@]}" \
+    --jobs 1 --output "$out" \
+    --file vmm/core/src/seccomp/allowlist.rs --file vmm/core/src/kvm_dirty_log.rs \
+    --re 'seccomp/allowlist\.rs|kvm_dirty_log\.rs:.*(<impl DirtyLog for KvmDirtyLog>::clear( |$)|KvmDirtyLog::segmented)' \
+    -- --lib --test seccomp_denylist --test kvm_clear_dirty_log \
+    -- seccomp no_role the_vcpu a_role kvm_dirty_log clearing_pages segmented manual_protect \
+    >"$out/run.log" 2>&1 || rc=$?
+  touch vmm/core/src/seccomp/allowlist.rs vmm/core/src/kvm_dirty_log.rs
+  d="$out/mutants.out"
+  caught=$(count "$d/caught.txt"); missed=$(count "$d/missed.txt")
+  timeout=$(count "$d/timeout.txt"); unviable=$(count "$d/unviable.txt")
+  echo "CI shard: $((caught + missed + timeout + unviable)) mutants: $caught caught, $missed missed, $timeout timed out, $unviable unviable; $(( $(date +%s) - start )) s (cargo-mutants exit $rc)"
+  for k in missed timeout; do
+    if [ -s "$d/$k.txt" ]; then sed "s/^/    $k: /" "$d/$k.txt"; fi
+  done
+  if [ "$rc" != 0 ] || [ "$missed" != 0 ] || [ "$timeout" != 0 ] || [ "$caught" = 0 ]; then
+    echo "CI shard failed: a mutant survived the tests, timed out, or the run failed (see $out/run.log)" >&2
+    exit 1
+  fi
+  exit 0
+fi
+
 status=0
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "no such file: $f" >&2; exit 1; }
   out="target/mutants/$(echo "$f" | tr '/' '_')"
   mkdir -p "$out"
-  args=(--no-config "${config_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"})
+  args=(--no-config "${config_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"})
+  if [ "$iterate" = 1 ]; then args+=(--iterate); fi
   if [ "$list" = 1 ]; then
     nice -n 15 cargo mutants "${args[@]}" --list
     continue

@@ -1114,11 +1114,23 @@ fn a_shrink_demotes_and_gives_memory_back() {
         let r = m.shrink_step(0, 256, None).unwrap();
         steps += 1;
         assert!(r.stuck.is_none(), "{r:?}");
+        assert_eq!(
+            (r.tier, r.target_pages),
+            (0, 512),
+            "the report's tier and target"
+        );
         if r.complete {
             break;
         }
         assert!(steps < 100, "shrink does not converge: {r:?}");
     }
+    // A step on another tier reports that tier and its own target.
+    let r1 = m.shrink_step(1, 1, None).unwrap();
+    assert_eq!(
+        (r1.tier, r1.target_pages),
+        (1, mem.capacity(1) as u64),
+        "{r1:?}"
+    );
     let after = mem.stats();
     assert!(after.tiers[0].pages <= 512, "{after:?}");
     let fast_after = after.tiers[0].resident_bytes.unwrap();
