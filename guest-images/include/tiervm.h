@@ -45,6 +45,7 @@
 #define TIERVM_PAGE_TABLES_GPA 0x100000ULL /* page tables built by the VMM */
 #define TIERVM_IMAGE_BASE_GPA 0x400000ULL  /* lowest address an image may load at */
 #define TIERVM_STACK_SIZE 0x40000ULL       /* stack bytes per vCPU (256 KiB) */
+#define TIERVM_PAGE_SIZE 0x1000ULL          /* bytes in a base page (4 KiB) */
 #define TIERVM_GUEST_LARGE_PAGE 0x200000ULL /* RAM is mapped with 2 MiB pages */
 
 /* Array bounds. */
