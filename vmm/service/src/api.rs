@@ -23,7 +23,7 @@ use super::host::Host;
 use super::metrics::ApiMetrics;
 use super::types::*;
 
-pub use super::host::check_policy;
+pub use super::placement_policy::check_policy;
 
 /// What every handler can reach.
 #[derive(Clone)]

@@ -46,6 +46,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::division::Valuation;
+use super::placement_policy::check_policy;
 use vmm_core::units::{format_size, parse_duration, parse_size};
 
 /// Sizes are multiples of this (the guest's large page).
@@ -455,7 +456,7 @@ impl VmDefaults {
             .clone()
             .or(d.policy.clone())
             .unwrap_or_else(|| "nomad".into());
-        super::host::check_policy(&policy)
+        check_policy(&policy)
             .map_err(|e| ServeConfigError::OutOfRange(format!("policy: {}", e.message)))?;
         let defaults = Self {
             mem: aligned(

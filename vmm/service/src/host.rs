@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use super::config::{check_pools, host_nodes, ServeConfig, SIZE_ALIGN};
 use super::division::{self, Share, Valuation};
 use super::host_error::{HostError, HostErrorKind};
+use super::placement_policy::check_policy;
 use super::protocol::{Command, FromWorker, Reply, VmSpec, WorkerStats};
 use super::protocol::{Refusal, RefusalKind};
 use super::types::*;
@@ -563,19 +564,6 @@ fn link_error(id: &str, e: &WorkerLinkError) -> HostError {
             format!("VM {id}: {}", vmm_core::exit::chain(e)),
             "GET the VM to see its state; its log is in the state directory",
         ),
-    }
-}
-
-/// Checks a placement policy name.
-pub fn check_policy(name: &str) -> Result<(), HostError> {
-    use tiering::policy::PolicyKind;
-    if PolicyKind::POLICIES.iter().any(|k| k.name() == name) {
-        Ok(())
-    } else {
-        Err(HostError::bad_request(
-            format!("'{name}' is not a placement policy"),
-            format!("use one of {}", PolicyKind::names(&PolicyKind::POLICIES)),
-        ))
     }
 }
 

@@ -23,6 +23,7 @@ pub mod host_error;
 pub mod metrics;
 pub mod modeled;
 pub mod paths;
+pub mod placement_policy;
 pub mod protocol;
 pub mod records;
 pub mod types;
