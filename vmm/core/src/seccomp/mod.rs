@@ -560,7 +560,8 @@ mod tests {
 
     /// A call outside a thread's list ends the process with EXIT_SECCOMP
     /// and one line naming the role, the call, its number and, for an
-    /// ioctl, the request; a read-only role's write-open traps too.
+    /// ioctl, the request; a read-only role's open with any flag that
+    /// writes (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC, O_APPEND) traps too.
     #[test]
     fn a_forbidden_call_traps_with_the_role_call_and_request() {
         const TEST: &str = "seccomp::tests::a_forbidden_call_traps_with_the_role_call_and_request";
@@ -576,19 +577,32 @@ mod tests {
                     // SAFETY: an ioctl on no descriptor; it traps first.
                     unsafe { libc::ioctl(-1, 0x1234_abcd as _) };
                 }
-                "write-open" => {
+                flags => {
+                    // An open with one of the flags that write.
+                    let flags: libc::c_int = flags.parse().unwrap();
                     let f = std::env::temp_dir()
                         .join(format!("tiervm-seccomp-w-{}", std::process::id()));
                     std::fs::write(&f, "x").unwrap();
+                    let path = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
                     install(ThreadRole::FaultHandler).unwrap();
-                    let _ = std::fs::OpenOptions::new().write(true).open(&f);
+                    // SAFETY: a NUL-terminated path; the descriptor (were the
+                    // call allowed) is left open: the process exits.
+                    unsafe { libc::open(path.as_ptr(), flags, 0o600) };
                 }
-                _ => unreachable!(),
             }
             // Not trapped: a plain exit the parent tells apart.
             std::process::exit(0);
         }
-        for (case, line) in [
+        let open = "the fault-handler thread made the forbidden system call openat (257); ";
+        let flags = [
+            libc::O_WRONLY,
+            libc::O_RDWR,
+            libc::O_RDONLY | libc::O_CREAT,
+            libc::O_RDONLY | libc::O_TRUNC,
+            libc::O_RDONLY | libc::O_APPEND,
+        ]
+        .map(|f| f.to_string());
+        let cases = [
             (
                 "sysinfo",
                 "the vcpu thread made the forbidden system call sysinfo (99); ",
@@ -597,11 +611,10 @@ mod tests {
                 "ioctl",
                 "the vcpu thread made the forbidden system call ioctl (16, request 0x1234abcd); ",
             ),
-            (
-                "write-open",
-                "the fault-handler thread made the forbidden system call openat (257); ",
-            ),
-        ] {
+        ]
+        .into_iter()
+        .chain(flags.iter().map(|f| (f.as_str(), open)));
+        for (case, line) in cases {
             let out = child(TEST, case);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(EXIT_SECCOMP), "{case}: {err}");
