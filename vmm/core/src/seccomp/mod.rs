@@ -496,6 +496,183 @@ mod tests {
         }
     }
 
+    /// The SIGSYS report's pieces (written by the handler, which cannot
+    /// allocate): bounded appends, hex, the call names it knows.
+    #[test]
+    fn the_report_helpers_write_bounded_bytes_hex_and_names() {
+        let mut buf = [0u8; 6];
+        assert_eq!(put(&mut buf, 0, b"abc"), 3);
+        assert_eq!(put(&mut buf, 3, b"defgh"), 6, "stops at the end");
+        assert_eq!(&buf, b"abcdef");
+        assert_eq!(put(&mut buf, 6, b"x"), 6);
+        let hex = |v: u64| {
+            let mut b = [0u8; 32];
+            let n = put_hex(&mut b, 0, v);
+            String::from_utf8(b[..n].to_vec()).unwrap()
+        };
+        assert_eq!(hex(0), "0x0");
+        assert_eq!(hex(0x1234_abcd), "0x1234abcd");
+        assert_eq!(hex(0xf0), "0xf0");
+        assert_eq!(hex(u64::MAX), "0xffffffffffffffff");
+        let mut b = [0u8; 8];
+        let n = put(&mut b, 0, b"<");
+        assert_eq!(put_hex(&mut b, n, 0xab), 5);
+        assert_eq!(&b[..5], b"<0xab");
+        // Calls no list allows, by name; one a list allows; an unknown one.
+        for (nr, name) in [
+            (libc::SYS_sysinfo, "sysinfo"),
+            (libc::SYS_execve, "execve"),
+            (libc::SYS_execveat, "execveat"),
+            (libc::SYS_fork, "fork"),
+            (libc::SYS_vfork, "vfork"),
+            (libc::SYS_clone, "clone"),
+            (libc::SYS_clone3, "clone3"),
+            (libc::SYS_open, "open"),
+            (libc::SYS_openat, "openat"),
+            (libc::SYS_socket, "socket"),
+            (libc::SYS_connect, "connect"),
+            (libc::SYS_ptrace, "ptrace"),
+            (libc::SYS_kill, "kill"),
+            (libc::SYS_mount, "mount"),
+            (libc::SYS_prctl, "prctl"),
+            (libc::SYS_seccomp, "seccomp"),
+            (libc::SYS_ioctl, "ioctl"),
+            (libc::SYS_read, "read"),
+            (100_000, "?"),
+        ] {
+            assert_eq!(syscall_name(nr), name, "{nr}");
+        }
+        assert_eq!(EXIT_SECCOMP, 159);
+        let fix = SeccompError::NotPrepared.fix().unwrap();
+        assert!(fix.contains("--no-seccomp"), "{fix}");
+    }
+
+    /// Runs this test binary again, only `test`, with `TIERVM_SECCOMP_CHILD`
+    /// set to `case`: for what ends a process (a trap) or needs one in
+    /// which nothing was prepared.
+    fn child(test: &str, case: &str) -> std::process::Output {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env("TIERVM_SECCOMP_CHILD", case)
+            .output()
+            .unwrap()
+    }
+
+    /// A call outside a thread's list ends the process with EXIT_SECCOMP
+    /// and one line naming the role, the call, its number and, for an
+    /// ioctl, the request; a read-only role's open with any flag that
+    /// writes (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC, O_APPEND) traps too.
+    #[test]
+    fn a_forbidden_call_traps_with_the_role_call_and_request() {
+        const TEST: &str = "seccomp::tests::a_forbidden_call_traps_with_the_role_call_and_request";
+        if let Ok(case) = std::env::var("TIERVM_SECCOMP_CHILD") {
+            prepare().unwrap();
+            match case.as_str() {
+                "sysinfo" => {
+                    install(ThreadRole::Vcpu).unwrap();
+                    forbidden_call();
+                }
+                "ioctl" => {
+                    install(ThreadRole::Vcpu).unwrap();
+                    // SAFETY: an ioctl on no descriptor; it traps first.
+                    unsafe { libc::ioctl(-1, 0x1234_abcd as _) };
+                }
+                flags => {
+                    // An open with one of the flags that write.
+                    let flags: libc::c_int = flags.parse().unwrap();
+                    let f = std::env::temp_dir()
+                        .join(format!("tiervm-seccomp-w-{}", std::process::id()));
+                    std::fs::write(&f, "x").unwrap();
+                    let path = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
+                    install(ThreadRole::FaultHandler).unwrap();
+                    // SAFETY: a NUL-terminated path; the descriptor (were the
+                    // call allowed) is left open: the process exits.
+                    unsafe { libc::open(path.as_ptr(), flags, 0o600) };
+                }
+            }
+            // Not trapped: a plain exit the parent tells apart.
+            std::process::exit(0);
+        }
+        let open = "the fault-handler thread made the forbidden system call openat (257); ";
+        let flags = [
+            libc::O_WRONLY,
+            libc::O_RDWR,
+            libc::O_RDONLY | libc::O_CREAT,
+            libc::O_RDONLY | libc::O_TRUNC,
+            libc::O_RDONLY | libc::O_APPEND,
+        ]
+        .map(|f| f.to_string());
+        let cases = [
+            (
+                "sysinfo",
+                "the vcpu thread made the forbidden system call sysinfo (99); ",
+            ),
+            (
+                "ioctl",
+                "the vcpu thread made the forbidden system call ioctl (16, request 0x1234abcd); ",
+            ),
+        ]
+        .into_iter()
+        .chain(flags.iter().map(|f| (f.as_str(), open)));
+        for (case, line) in cases {
+            let out = child(TEST, case);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(EXIT_SECCOMP), "{case}: {err}");
+            let want = format!(
+                "tiervm: seccomp: {line}the run is stopped (allowlists: docs/security.md; \
+                 --no-seccomp to debug)\n"
+            );
+            assert!(err.contains(&want), "{case}: {err}");
+        }
+    }
+
+    /// Tiering threads install their role's filter through the start hook
+    /// once filtering is on; a failure is kept for the run to report.
+    #[test]
+    fn the_tiering_start_hook_installs_when_enabled_and_keeps_its_error() {
+        const TEST: &str =
+            "seccomp::tests::the_tiering_start_hook_installs_when_enabled_and_keeps_its_error";
+        match std::env::var("TIERVM_SECCOMP_CHILD").as_deref() {
+            Ok("unprepared") => {
+                // Nothing prepared in this process: off, the hook does
+                // nothing; on, it fails (not prepared) and keeps that.
+                assert!(!enabled());
+                on_tiering_thread_start(ThreadRole::Engine);
+                assert!(take_hook_error().is_none());
+                ENABLED.store(true, Ordering::SeqCst);
+                on_tiering_thread_start(ThreadRole::Engine);
+                let e = take_hook_error().expect("the hook's error");
+                assert!(e.to_string().contains("before seccomp::prepare"), "{e}");
+                assert!(take_hook_error().is_none(), "taken once");
+                std::process::exit(0);
+            }
+            Ok("enabled") => {
+                // On: a tiering thread's start installs its filter (the
+                // engine may not call sysinfo: it traps).
+                set_enabled(true).unwrap();
+                assert!(enabled());
+                let _ = std::thread::spawn(|| {
+                    tiering::threads::started(ThreadRole::Engine);
+                    forbidden_call();
+                })
+                .join();
+                std::process::exit(0);
+            }
+            Ok(_) => unreachable!(),
+            Err(_) => {}
+        }
+        let out = child(TEST, "unprepared");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        let out = child(TEST, "enabled");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_SECCOMP), "{err}");
+        assert!(
+            err.contains("the engine thread made the forbidden system call sysinfo (99)"),
+            "{err}"
+        );
+    }
+
     /// docs/security.md lists every allowed call of every role.
     #[test]
     fn security_doc_lists_every_allowed_call() {
