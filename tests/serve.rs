@@ -31,23 +31,40 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// Spawns `tiervm serve` on `socket` with its state in `dir/state`, its
+/// stderr in `dir/log`.
+fn spawn_serve(dir: &Path, socket: &Path, log: &str, extra: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join(log)).expect("log");
+    common::tiervm()
+        .arg("serve")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("start tiervm serve")
+}
+
 impl Service {
+    /// A second service on this one's socket and state directory (the
+    /// restart after this one ended; its log is `serve-b.log`). Returns at
+    /// once: the caller waits for it as its case needs.
+    fn restarted(&self, extra: &[&str]) -> Self {
+        Self {
+            child: Some(spawn_serve(&self.dir, &self.socket, "serve-b.log", extra)),
+            dir: self.dir.clone(),
+            socket: self.socket.clone(),
+        }
+    }
+
     fn start(name: &str, extra: &[&str]) -> Self {
         let dir = temp_dir(name);
         let socket = dir.join("run").join("api.sock");
-        let log = std::fs::File::create(dir.join("serve.log")).expect("log");
-        let child = common::tiervm()
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("start tiervm serve");
+        let child = spawn_serve(&dir, &socket, "serve.log", extra);
         let s = Self {
             child: Some(child),
             dir,
@@ -1161,26 +1178,7 @@ fn identity_survives_a_restart_and_a_stopped_vm_is_unresponsive() {
     assert!(a.stop().success(), "{}", a.log());
     // The restart: the same state directory, a new boot id; the VMs of the
     // run before are listed with how they ended; ids are not reused.
-    let b = Service {
-        child: Some(
-            common::tiervm()
-                .arg("serve")
-                .arg("--socket")
-                .arg(&a.socket)
-                .arg("--state-dir")
-                .arg(a.dir.join("state"))
-                .args(flags)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(
-                    std::fs::File::create(a.dir.join("serve-b.log")).unwrap(),
-                ))
-                .spawn()
-                .unwrap(),
-        ),
-        dir: a.dir.clone(),
-        socket: a.socket.clone(),
-    };
+    let b = a.restarted(&flags);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !b.socket.exists() {
         assert!(
@@ -1658,26 +1656,7 @@ fn a_vm_of_a_killed_service_is_listed_lost_after_a_restart() {
         std::thread::sleep(Duration::from_millis(50));
     }
     // SIGKILL left the socket behind: the restart removes it (nobody answers).
-    let b = Service {
-        child: Some(
-            common::tiervm()
-                .arg("serve")
-                .arg("--socket")
-                .arg(&a.socket)
-                .arg("--state-dir")
-                .arg(a.dir.join("state"))
-                .args(flags)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(
-                    std::fs::File::create(a.dir.join("serve-b.log")).unwrap(),
-                ))
-                .spawn()
-                .unwrap(),
-        ),
-        dir: a.dir.clone(),
-        socket: a.socket.clone(),
-    };
+    let b = a.restarted(&flags);
     wait_for("the restarted service", Duration::from_secs(20), || {
         client::request(&b.socket, "GET", "/healthz", None, Duration::from_secs(2))
             .is_err()
