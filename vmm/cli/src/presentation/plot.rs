@@ -137,13 +137,7 @@ pub fn line_chart_svg(
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(PlotError)?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         root.present().map_err(PlotError)?;
     }
     Ok(svg)
@@ -236,13 +230,7 @@ pub fn grouped_bars_svg(
                 .draw_series(bar_labels_of(groups, b, slot))
                 .map_err(PlotError)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(PlotError)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         root.present().map_err(PlotError)?;
     }
     Ok(svg)
@@ -250,6 +238,20 @@ pub fn grouped_bars_svg(
 
 /// Bar `b` of every group: group `g` spans `[g, g + 1)`, its bars share
 /// the middle 80% in slots of `slot`.
+/// The series legend both charts draw, at `position`.
+fn draw_legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> Result<(), PlotError> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(PlotError)
+}
+
 fn bars_of(groups: &[BarGroup], b: usize, slot: f64, c: RGBColor) -> Vec<Rectangle<(f64, f64)>> {
     groups
         .iter()
