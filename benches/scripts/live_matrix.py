@@ -21,17 +21,21 @@ and prints one row per policy:
   and the time they waited for a CPU (host load, not the engine);
 - stalls and how the run ended.
 
-It then checks issue 29's targets per cell and prints the misses.
+It then checks issue 29's targets per cell and prints the misses, each with
+its measured cause (the engine's extra vCPU time blocked and waiting for a
+CPU against static's, migrations and hint faults; for a promoting policy,
+how much of the fast tier it filled in the run).
 
 Usage:
-  benches/scripts/live_matrix.py [--quick] [--duration S] [--fast SIZE]
+  benches/scripts/live_matrix.py [--quick | --preset issue29] [--duration S] [--fast SIZE]
       [--sizes 64M,192M,...] [--workloads zipf,zipf-uniform,gups,kv,pagerank]
       [--policies static,tpp,...] [--placements fast-first,slow-first]
-      [--vcpus 1,2] [--emulate off,on] [--repeat N] [--json FILE] [--md FILE]
+      [--vcpus 1,2] [--emulate off,on] [--json FILE] [--md FILE]
 
 --quick runs a small subset (two sizes, zipf skewed and uniform, slow-first,
 2 vCPUs, no emulation) in a few minutes. The full default matrix is long
-(hours on 2 cores): run subsets with the flags and merge the JSON files.
+(hours on 2 cores): run subsets with the flags, or --preset issue29 (about
+an hour), the subset recorded in docs/results.md.
 """
 
 import argparse
@@ -80,7 +84,8 @@ def workload_args(workload, rss):
         return "kv", [f"records={max(1000, rss // 1120)}", "workload=a"]
     if workload == "pagerank":
         # GAP pull with degree 16: ~ 90 B per vertex (edges x 4 B + vertex arrays).
-        scale = max(10, round(math.log2(max(1, rss / 90))))
+        # floor: the graph stays within the resident set asked for.
+        scale = max(10, math.floor(math.log2(max(1, rss / 90))))
         return "pagerank", [f"scale={scale}", "iterations=0"]
     raise ValueError(workload)
 
@@ -155,6 +160,7 @@ def summarize(policy, r, rc, wall):
     # leaving out time runnable but waiting for a CPU (host load): what the
     # rate would be on an idle host, as an estimate (not a measurement).
     busy_ms = live.get("vcpu_run_ms", 0) + live.get("vcpu_blocked_ms", 0)
+    first = next((p["t_s"] for p in r["timeline"] if p["ops"] > 0), None)
     return {
         "policy": policy,
         "rc": rc,
@@ -170,27 +176,71 @@ def summarize(policy, r, rc, wall):
         "promotions": mig.get("promotions", 0),
         "demotions": mig.get("demotions", 0),
         "hint_faults": trk.get("hint_faults", 0),
+        "first_progress_s": first,
         "wall_s": wall,
     }
 
 
+# `--preset issue29`: the subset recorded in docs/results.md §13, about an
+# hour on 2 cores at 6 s per run. Every workload, resident sets from 64 MiB
+# to 2 GiB (8x the 256 MiB fast tier), slow-first with 1 and 2 vCPUs,
+# fast-first with 2, with and without emulation. PageRank only up to 192M:
+# building a larger graph takes longer than a run (scale 22, ~400 MiB,
+# made no progress in 6 s).
+PRESETS = {
+    "issue29": [
+        dict(workloads="zipf,zipf-uniform,gups,kv", sizes="64M,768M,2G",
+             placements="slow-first", vcpus="1,2", emulate="off,on"),
+        dict(workloads="pagerank", sizes="64M,192M", placements="slow-first",
+             vcpus="2", emulate="off,on"),
+        dict(workloads="zipf,gups", sizes="768M,2G", placements="fast-first",
+             vcpus="2", emulate="off,on"),
+    ],
+}
+
+
+def split(v, conv=str):
+    return [conv(x) for x in v.split(",") if x] if isinstance(v, str) else v
+
+
 def cells(args):
-    for w in args.workloads:
-        for size in args.sizes:
-            for pl in args.placements:
-                for v in args.vcpus:
-                    for e in args.emulate:
-                        yield {"workload": w, "rss": parse_size(size), "size": size,
-                               "placement": pl, "vcpus": v, "emulate": e}
+    groups = PRESETS[args.preset] if args.preset else [dict(
+        workloads=args.workloads, sizes=args.sizes, placements=args.placements,
+        vcpus=args.vcpus, emulate=args.emulate)]
+    for g in groups:
+        for w in split(g["workloads"]):
+            for size in split(g["sizes"]):
+                for pl in split(g["placements"]):
+                    for v in split(g["vcpus"], int):
+                        for e in split(g["emulate"]):
+                            yield {"workload": w, "rss": parse_size(size), "size": size,
+                                   "placement": pl, "vcpus": v, "emulate": e}
 
 
-def check_targets(cell, rows, fast_bytes):
-    """Issue 29's targets for one cell; returns the misses (strings)."""
+def cost_vs_static(r, base):
+    """The engine's measured cost in a row against static's, as text: what
+    a miss is explained by (or not)."""
+    def pct(x):
+        return 0.0 if x is None else x
+    extra = (pct(r["blocked_pct"]) - pct(base["blocked_pct"])) + (
+        pct(r["wait_cpu_pct"]) - pct(base["wait_cpu_pct"]))
+    fp, fs = r.get("first_progress_s"), base.get("first_progress_s")
+    setup = "" if fp is None or fs is None else f"; first progress {fp:.1f} s (static {fs:.1f} s)"
+    return (extra, f"vCPU time blocked {pct(r['blocked_pct']):.1f}% (static {pct(base['blocked_pct']):.1f}%), "
+                   f"waiting for a CPU {pct(r['wait_cpu_pct']):.1f}% (static {pct(base['wait_cpu_pct']):.1f}%): "
+                   f"{extra:+.1f} points of vCPU time; {r['promotions'] + r['demotions']} migrations, "
+                   f"{r['hint_faults']} hint faults{setup}")
+
+
+def check_targets(cell, rows, fast_bytes, duration):
+    """Issue 29's targets for one cell; returns the misses (strings), each
+    with its measured cause."""
     misses = []
     base = next((r for r in rows if r["policy"] == "static" and "error" not in r), None)
     if base is None or base["ops_per_sec"] <= 0:
         return ["no static baseline"]
-    ratio = {r["policy"]: r["ops_per_sec"] / base["ops_per_sec"] for r in rows if "error" not in r}
+    ok = {r["policy"]: r for r in rows if "error" not in r}
+    ratio = {p: r["ops_per_sec"] / base["ops_per_sec"] for p, r in ok.items()}
     for r in rows:
         if "error" in r:
             misses.append(f"{r['policy']}: failed ({r['error'][:80]})")
@@ -200,21 +250,28 @@ def check_targets(cell, rows, fast_bytes):
         for p, x in ratio.items():
             floor = 0.95 if p == "adaptive" else 0.8
             if x < floor:
-                misses.append(f"{p} {x:.2f}x static < {floor}")
+                extra, why = cost_vs_static(ok[p], base)
+                misses.append(f"{p} {x:.2f}x static < {floor} (loss {100 * (1 - x):.0f}%): {why}")
     elif cell["workload"] in SKEWED and cell["rss"] >= 3 * fast_bytes:
         promoting = {p: x for p, x in ratio.items() if p != "static"}
-        best = max(promoting.values(), default=0)
-        if best < 1.2:
-            misses.append(f"best promoting policy {best:.2f}x static < 1.2")
+        best_p = max(promoting, key=promoting.get, default=None)
+        best = promoting.get(best_p, 0)
+        if best < 1.2 and best_p is not None:
+            moved = ok[best_p]["promotions"] * 4096 / fast_bytes
+            misses.append(f"best promoting policy {best_p} {best:.2f}x static < 1.2: it promoted "
+                          f"{ok[best_p]['promotions']} pages ({100 * moved:.0f}% of the fast tier) "
+                          f"in {duration:g} s")
         a = ratio.get("adaptive")
         if a is not None and (a < 0.97 or a < 0.9 * best):
-            misses.append(f"adaptive {a:.2f}x static (best {best:.2f}x)")
+            extra, why = cost_vs_static(ok["adaptive"], base)
+            misses.append(f"adaptive {a:.2f}x static (best {best:.2f}x): {why}")
     return misses
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="a fixed subset (see PRESETS)")
     ap.add_argument("--duration", type=float, default=6)
     ap.add_argument("--fast", default="256M")
     ap.add_argument("--sizes", default=",".join(SIZES))
@@ -247,7 +304,11 @@ def main():
     print(hdr, flush=True)
     print(lines[1], flush=True)
     misses_all = []
+    started = time.time()
     for n, cell in enumerate(all_cells, 1):
+        if n > 1:
+            left = (time.time() - started) / (n - 1) * (len(all_cells) - n + 1)
+            print(f"about {left / 60:.0f} min left", file=sys.stderr, flush=True)
         rows = []
         for p in args.policies:
             print(f"[{n}/{len(all_cells)}] {cell['workload']} {cell['size']} {cell['placement']} "
@@ -272,7 +333,7 @@ def main():
                         f"| {w} | {bp} | {wp} | {r['promotions']} | {r['hint_faults']} | {end} |")
             print(line, flush=True)
             lines.append(line)
-        misses = check_targets(cell, rows, fast_bytes)
+        misses = check_targets(cell, rows, fast_bytes, args.duration)
         for m in misses:
             misses_all.append(f"{cell['workload']} {cell['size']} {cell['placement']} {cell['vcpus']}v "
                               f"emulate={cell['emulate']}: {m}")
