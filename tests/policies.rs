@@ -107,8 +107,7 @@ fn thrash(policy: PolicyArg) -> VmRequest {
 /// TPP promotes in the fault path by stop-and-copy; Nomad promotes
 /// asynchronously by TPM and demotes clean pages by remapping shadows. Each
 /// run lasts until its policy did so (event-based; the guest stall of one
-/// against the other is a measurement: benches/scripts/tpp_vs_nomad_stall.sh,
-/// docs/results.md).
+/// against the other is a measurement: benches/scripts/tpp_vs_nomad_stall.sh).
 #[test]
 fn tpp_promotes_in_the_fault_path_and_nomad_transactionally() {
     if !tiered_kvm_available() {
