@@ -7,8 +7,11 @@
 //! 1. [`enable_manual_dirty_log_protect`] on the VM, before the memslot exists;
 //! 2. create the memslot over `TieredMemory::guest_ptr()/guest_len()` with
 //!    `KVM_MEM_LOG_DIRTY_PAGES`;
-//! 3. hand `Box::new(KvmDirtyLog::new(vm_fd.as_raw_fd(), slot, pages))` to
-//!    `tiering::mem::Migrator::new`.
+//! 3. hand `Box::new(KvmDirtyLog::new(vm.clone(), slot, pages))` (`vm`: the
+//!    VM's `Arc<VmFd>`) to `tiering::mem::Migrator::new`.
+//!
+//! The log holds a share of the VM fd (`Arc<VmFd>`), so the fd its ioctls
+//! use is open for as long as the log exists, whatever order it drops in.
 //!
 //! Two ways to use it:
 //! - [`KvmDirtyLog::new`]: the memslot is logged from its creation, without
@@ -24,8 +27,9 @@
 //!   pages it clears are protected.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use kvm_bindings::{
     kvm_clear_dirty_log, kvm_dirty_log, kvm_enable_cap, kvm_userspace_memory_region,
@@ -97,7 +101,8 @@ pub fn enable_manual_dirty_log_protect_initially_set(vm: &VmFd) -> io::Result<()
 /// The dirty log of guest RAM over one or more KVM memslots (segments).
 #[derive(Debug)]
 pub struct KvmDirtyLog {
-    vm_fd: RawFd,
+    /// A share of the VM fd: it stays open while this log exists.
+    vm: Arc<VmFd>,
     slots: Vec<SlotLog>,
     pages: usize,
     /// Whether logging is switched (false: every slot logged from creation).
@@ -117,10 +122,9 @@ struct SlotLog {
 }
 
 impl KvmDirtyLog {
-    /// A dirty log of `pages` 4 KiB pages of memslot `slot` of the VM whose fd
-    /// is `vm_fd`, created with `KVM_MEM_LOG_DIRTY_PAGES`. The VM fd must
-    /// outlive this value.
-    pub fn new(vm_fd: RawFd, slot: u32, pages: usize) -> Self {
+    /// A dirty log of `pages` 4 KiB pages of memslot `slot` of `vm`, created
+    /// with `KVM_MEM_LOG_DIRTY_PAGES`. The log keeps its share of `vm`.
+    pub fn new(vm: Arc<VmFd>, slot: u32, pages: usize) -> Self {
         let region = kvm_userspace_memory_region {
             slot,
             flags: KVM_MEM_LOG_DIRTY_PAGES,
@@ -128,7 +132,7 @@ impl KvmDirtyLog {
             ..Default::default()
         };
         Self {
-            vm_fd,
+            vm,
             slots: vec![SlotLog {
                 region,
                 first_page: 0,
@@ -143,8 +147,8 @@ impl KvmDirtyLog {
     /// A dirty log whose logging the harvester switches on and off by
     /// re-registering `region` (the memslot exactly as it was created,
     /// without `KVM_MEM_LOG_DIRTY_PAGES`) with only its flags changed.
-    pub fn switchable(vm_fd: RawFd, region: kvm_userspace_memory_region) -> Self {
-        Self::segmented(vm_fd, vec![region])
+    pub fn switchable(vm: Arc<VmFd>, region: kvm_userspace_memory_region) -> Self {
+        Self::segmented(vm, vec![region])
     }
 
     /// A dirty log over consecutive memslots `regions` (guest RAM split in
@@ -152,9 +156,9 @@ impl KvmDirtyLog {
     /// logging the harvester switches per segment: KVM maps a logged slot
     /// with 4 KiB pages only, so the segments where nothing is tracked keep
     /// their huge-page mappings. Every region but the last must hold a
-    /// multiple of 64 pages (the bitmap's words); the VM fd must outlive
-    /// this value.
-    pub fn segmented(vm_fd: RawFd, regions: Vec<kvm_userspace_memory_region>) -> Self {
+    /// multiple of 64 pages (the bitmap's words). The log keeps its share of
+    /// `vm`.
+    pub fn segmented(vm: Arc<VmFd>, regions: Vec<kvm_userspace_memory_region>) -> Self {
         let mut first_page = 0;
         let slots = regions
             .into_iter()
@@ -171,7 +175,7 @@ impl KvmDirtyLog {
             })
             .collect();
         Self {
-            vm_fd,
+            vm,
             slots,
             pages: first_page,
             switchable: true,
@@ -185,9 +189,10 @@ impl KvmDirtyLog {
             ..Default::default()
         };
         log.__bindgen_anon_1.dirty_bitmap = bitmap.as_mut_ptr().cast();
-        // SAFETY: `log` points at `bitmap`, which holds at least one bit per page of the
-        // slot (the caller passes the slot's words); the kernel writes at most that many bits.
-        let r = unsafe { libc::ioctl(self.vm_fd, KVM_GET_DIRTY_LOG() as _, &log) };
+        // SAFETY: the fd is open: `self.vm` is this log's own share of the VM fd. `log`
+        // points at `bitmap`, which holds at least one bit per page of the slot (the
+        // caller passes the slot's words); the kernel writes at most that many bits.
+        let r = unsafe { libc::ioctl(self.vm.as_raw_fd(), KVM_GET_DIRTY_LOG() as _, &log) };
         if r < 0 {
             let e = io::Error::last_os_error();
             return Err(io::Error::new(
@@ -213,9 +218,9 @@ impl KvmDirtyLog {
             ..Default::default()
         };
         clear.__bindgen_anon_1.dirty_bitmap = mask.as_ptr() as *mut _;
-        // SAFETY: `clear` points at `mask`, which holds at least `num_pages` bits; the kernel
-        // only reads it.
-        let r = unsafe { libc::ioctl(self.vm_fd, KVM_CLEAR_DIRTY_LOG() as _, &clear) };
+        // SAFETY: the fd is open: `self.vm` is this log's own share of the VM fd. `clear`
+        // points at `mask`, which holds at least `num_pages` bits; the kernel only reads it.
+        let r = unsafe { libc::ioctl(self.vm.as_raw_fd(), KVM_CLEAR_DIRTY_LOG() as _, &clear) };
         if r < 0 {
             let e = io::Error::last_os_error();
             return Err(io::Error::new(
@@ -299,11 +304,20 @@ impl DirtyLog for KvmDirtyLog {
         };
         let mut region = s.region;
         region.flags = if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
-        // SAFETY: `region` is the memslot exactly as it was registered (same slot, guest
-        // address, size and host mapping, which the tiered memory keeps mapped for the
-        // VM's life); only its flags change, which KVM_SET_USER_MEMORY_REGION allows on a
-        // live slot. The kernel only reads `region`.
-        let r = unsafe { libc::ioctl(self.vm_fd, KVM_SET_USER_MEMORY_REGION() as _, &region) };
+        // SAFETY: the fd is open: `self.vm` is this log's own share of the VM fd. `region`
+        // is the memslot exactly as it was registered (same slot, guest address, size and
+        // host mapping); only its flags change, which KVM_SET_USER_MEMORY_REGION allows on
+        // a live slot, so the mapping KVM reaches is the one it already reached, kept
+        // mapped past every share of the VM fd by whoever registered it (`vstate::Vm`:
+        // the RAM is its last field, after the tiered RAM whose migrator owns this log).
+        // The kernel only reads `region`.
+        let r = unsafe {
+            libc::ioctl(
+                self.vm.as_raw_fd(),
+                KVM_SET_USER_MEMORY_REGION() as _,
+                &region,
+            )
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             return Err(io::Error::new(
@@ -325,7 +339,6 @@ mod tests {
     use super::*;
     use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
     use kvm_ioctls::{Kvm, VcpuExit};
-    use std::os::fd::AsRawFd;
     use std::sync::Arc;
     use tiering::host_support::HostFeature;
     use tiering::mem::{MemConfig, TieredMemory, PAGE_SIZE};
@@ -395,15 +408,16 @@ mod tests {
         }
         let _bound = tiering::host_support::watchdog(std::time::Duration::from_secs(60));
         let kvm = Kvm::new().expect("KVM");
-        let vm = kvm.create_vm().unwrap();
-        enable_manual_dirty_log_protect(&vm).unwrap();
+        // `mem` first: it drops after `vm` (and the log's share of it).
         let mem = Arc::new(
             TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)).expect("tiered memory"),
         );
+        let vm = Arc::new(kvm.create_vm().unwrap());
+        enable_manual_dirty_log_protect(&vm).unwrap();
         // Code at 0x1000: mov byte [0x5000], 1 ; hlt
         let code = [0xc6u8, 0x06, 0x00, 0x50, 0x01, 0xf4];
         install(&vm, &mem, &code, KVM_MEM_LOG_DIRTY_PAGES);
-        let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
+        let log = KvmDirtyLog::new(vm.clone(), 0, mem.guest_pages());
         let mut bm = vec![0u64; 1];
         log.get(&mut bm).unwrap();
         assert_eq!(bm[0], 0, "no INITIALLY_SET: the log starts clean");
@@ -437,21 +451,23 @@ mod tests {
     /// exits to the VMM (port 0x10) each time it runs: the test decides
     /// exactly when every guest write happens. Tiered RAM of 64 pages, 32
     /// fast, all starting slow, with slow headroom for shadows; the
-    /// migrator uses KVM's dirty log.
+    /// migrator uses KVM's dirty log. `mem` is the last field, so guest RAM
+    /// stays mapped until every share of the VM fd (`_vm`, the log's in
+    /// `migrator`) and the vCPU fd are closed.
     struct SteppedGuest {
-        mem: Arc<TieredMemory>,
         migrator: Arc<tiering::mem::Migrator>,
         vcpu: Arc<std::sync::Mutex<kvm_ioctls::VcpuFd>>,
         faults: Option<tiering::mem::FaultHandler>,
         writes: Arc<std::sync::atomic::AtomicU32>,
-        _vm: kvm_ioctls::VmFd,
+        _vm: Arc<kvm_ioctls::VmFd>,
+        mem: Arc<TieredMemory>,
     }
 
     impl SteppedGuest {
         fn new(skip_dirty_check: bool) -> Self {
             use tiering::mem::{FaultHandler, InitialPlacement, Migrator, MigratorConfig};
             let kvm = Kvm::new().expect("KVM");
-            let vm = kvm.create_vm().unwrap();
+            let vm = Arc::new(kvm.create_vm().unwrap());
             enable_manual_dirty_log_protect(&vm).unwrap();
             let mut cfg = MemConfig::two_tier(64 * PAGE_SIZE, 32, 64 + 16, 0, 0);
             cfg.placement = InitialPlacement::SlowFirst;
@@ -459,7 +475,7 @@ mod tests {
             // l: inc dword [0x5000] ; out 0x10, al ; jmp l
             let code = [0x66u8, 0xff, 0x06, 0x00, 0x50, 0xe6, 0x10, 0xeb, 0xf7];
             install(&vm, &mem, &code, KVM_MEM_LOG_DIRTY_PAGES);
-            let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, mem.guest_pages());
+            let log = KvmDirtyLog::new(vm.clone(), 0, mem.guest_pages());
             let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
             m.set_skip_dirty_check(skip_dirty_check);
             let faults = FaultHandler::spawn(mem.clone()).unwrap();
@@ -662,10 +678,11 @@ mod tests {
         }
         let _bound = tiering::host_support::watchdog(std::time::Duration::from_secs(60));
         let kvm = Kvm::new().expect("KVM");
-        let vm = kvm.create_vm().unwrap();
+        // `mem` first: it drops after `vm`.
         let mem = Arc::new(
             TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)).expect("tiered memory"),
         );
+        let vm = kvm.create_vm().unwrap();
         // mov ecx, 3000 ; l: mov eax, [0x5000] ; dec ecx ; jnz l ; hlt
         let code = [
             0x66u8, 0xb9, 0xb8, 0x0b, 0x00, 0x00, 0x66, 0xa1, 0x00, 0x50, 0x66, 0x49, 0x75, 0xf8,

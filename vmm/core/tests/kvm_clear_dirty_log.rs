@@ -10,7 +10,7 @@
 //! cargo-mutants left their slot numbers, segment offsets, switching and
 //! error paths untested before.
 
-use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::Kvm;
@@ -74,7 +74,7 @@ fn clearing_pages_past_the_first_bitmap_word_clears_exactly_them() {
 fn clear_in_a_slot_of(pages: usize) {
     let ram = Ram::new(pages);
     let kvm = Kvm::new().expect("KVM");
-    let vm = kvm.create_vm().unwrap();
+    let vm = Arc::new(kvm.create_vm().unwrap());
     enable_manual_dirty_log_protect_initially_set(&vm).unwrap();
     let region = kvm_userspace_memory_region {
         slot: 0,
@@ -83,10 +83,10 @@ fn clear_in_a_slot_of(pages: usize) {
         memory_size: ram.len as u64,
         userspace_addr: ram.addr as u64,
     };
-    // SAFETY: `ram` is a live anonymous mapping that outlives `vm` (declared
-    // before it, so dropped after it).
+    // SAFETY: `ram` is a live anonymous mapping that outlives `vm` and the
+    // log's share of it (declared before both, so dropped after them).
     unsafe { vm.set_user_memory_region(region).unwrap() };
-    let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, pages);
+    let log = KvmDirtyLog::new(vm.clone(), 0, pages);
     let mut bm = vec![0u64; pages.div_ceil(64)];
     log.get(&mut bm).unwrap();
     let all: Vec<usize> = (0..pages).collect();
@@ -130,7 +130,7 @@ fn a_segmented_log_switches_reads_and_clears_each_segment() {
     const PAGES: usize = SEG + 100;
     let ram = Ram::new(PAGES);
     let kvm = Kvm::new().expect("KVM");
-    let vm = kvm.create_vm().unwrap();
+    let vm = Arc::new(kvm.create_vm().unwrap());
     enable_manual_dirty_log_protect_initially_set(&vm).unwrap();
     let regions: Vec<kvm_userspace_memory_region> = [(0usize, SEG), (SEG, PAGES - SEG)]
         .iter()
@@ -144,11 +144,12 @@ fn a_segmented_log_switches_reads_and_clears_each_segment() {
         })
         .collect();
     for r in &regions {
-        // SAFETY: `ram` is a live anonymous mapping that outlives `vm`;
-        // the two regions are disjoint parts of it.
+        // SAFETY: `ram` is a live anonymous mapping that outlives `vm` and the
+        // log's share of it (declared before both); the two regions are
+        // disjoint parts of it.
         unsafe { vm.set_user_memory_region(*r).unwrap() };
     }
-    let log = KvmDirtyLog::segmented(vm.as_raw_fd(), regions);
+    let log = KvmDirtyLog::segmented(vm.clone(), regions);
     assert_eq!(log.pages(), PAGES);
     assert_eq!(log.segment_pages(), SEG);
     assert!(!log.starts_on(), "a segmented log starts off");
@@ -220,7 +221,7 @@ fn a_segmented_log_switches_reads_and_clears_each_segment() {
     // A switch KVM refuses (a host address that is not page-aligned) is an
     // error, not a silent "logging on" that reads clean forever.
     let bad = KvmDirtyLog::switchable(
-        vm.as_raw_fd(),
+        vm.clone(),
         kvm_userspace_memory_region {
             slot: 9,
             flags: 0,
@@ -248,7 +249,7 @@ fn manual_protect_without_initially_set_starts_clean_and_clears() {
     const PAGES: usize = 100;
     let ram = Ram::new(PAGES);
     let kvm = Kvm::new().expect("KVM");
-    let vm = kvm.create_vm().unwrap();
+    let vm = Arc::new(kvm.create_vm().unwrap());
     vmm_core::kvm_dirty_log::enable_manual_dirty_log_protect(&vm).unwrap();
     let region = kvm_userspace_memory_region {
         slot: 0,
@@ -257,9 +258,10 @@ fn manual_protect_without_initially_set_starts_clean_and_clears() {
         memory_size: ram.len as u64,
         userspace_addr: ram.addr as u64,
     };
-    // SAFETY: `ram` is a live anonymous mapping that outlives `vm`.
+    // SAFETY: `ram` is a live anonymous mapping that outlives `vm` and the
+    // logs' shares of it (declared before them all).
     unsafe { vm.set_user_memory_region(region).unwrap() };
-    let log = KvmDirtyLog::new(vm.as_raw_fd(), 0, PAGES);
+    let log = KvmDirtyLog::new(vm.clone(), 0, PAGES);
     assert_eq!(log.pages(), PAGES);
     assert_eq!(log.segment_pages(), PAGES);
     assert!(log.starts_on(), "a plain log is on from the start");
@@ -275,7 +277,7 @@ fn manual_protect_without_initially_set_starts_clean_and_clears() {
     log.clear(0, &[u64::MAX]).unwrap();
     // A memslot KVM does not have: both calls fail (not a silent success
     // that leaves the bitmap as it was, or re-arms nothing).
-    let none = KvmDirtyLog::new(vm.as_raw_fd(), 7, 64);
+    let none = KvmDirtyLog::new(vm.clone(), 7, 64);
     let mut one = [u64::MAX; 1];
     assert!(none.get(&mut one).is_err(), "KVM_GET_DIRTY_LOG of slot 7");
     assert!(

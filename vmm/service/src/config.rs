@@ -563,6 +563,74 @@ fn division_params(
     Ok((division, period))
 }
 
+/// The fast and slow nodes: the flags', else the file's, else the host's
+/// first node and another (the same one when the host has one node).
+fn nodes_of(file: &ServeFile, flags: &Overrides, nodes: &[(u32, u64)]) -> (u32, u32) {
+    let fast_node = flags
+        .fast_node
+        .or(file.fast_node)
+        .unwrap_or_else(|| nodes.first().map_or(0, |n| n.0));
+    let slow_node = flags.slow_node.or(file.slow_node).unwrap_or_else(|| {
+        nodes
+            .iter()
+            .map(|n| n.0)
+            .find(|&n| n != fast_node)
+            .unwrap_or(fast_node)
+    });
+    (fast_node, slow_node)
+}
+
+/// The fast and slow pools (both required), aligned.
+fn pools_of(file: &ServeFile, flags: &Overrides) -> Result<(u64, u64), ServeConfigError> {
+    let fast_pool = flags
+        .fast_pool
+        .or(size("fast_pool", file.fast_pool.as_ref())?)
+        .ok_or(ServeConfigError::MissingPool("fast-pool"))?;
+    let slow_pool = flags
+        .slow_pool
+        .or(size("slow_pool", file.slow_pool.as_ref())?)
+        .ok_or(ServeConfigError::MissingPool("slow-pool"))?;
+    let fast_pool = aligned("fast_pool", fast_pool)?;
+    let slow_pool = aligned("slow_pool", slow_pool)?;
+    Ok((fast_pool, slow_pool))
+}
+
+/// The metrics address, if the flags or the file give one.
+fn metrics_listen_of(
+    file: &ServeFile,
+    flags: &Overrides,
+) -> Result<Option<std::net::SocketAddr>, ServeConfigError> {
+    match flags
+        .metrics_listen
+        .as_ref()
+        .or(file.metrics_listen.as_ref())
+    {
+        None => Ok(None),
+        Some(a) => Ok(Some(a.parse().map_err(|_| ServeConfigError::BadValue {
+            key: "metrics_listen".into(),
+            value: a.clone(),
+            expected: "an address such as 127.0.0.1:9464",
+        })?)),
+    }
+}
+
+/// The socket's mode: 0600 by default, at most 0660.
+fn socket_mode_of(file: &ServeFile) -> Result<u32, ServeConfigError> {
+    let Some(m) = &file.socket_mode else {
+        return Ok(0o600);
+    };
+    let bad = || ServeConfigError::BadValue {
+        key: "socket_mode".into(),
+        value: m.clone(),
+        expected: "an octal mode such as \"0660\" (at most 0660: the owner and the socket_group)",
+    };
+    let mode = u32::from_str_radix(m.trim_start_matches("0o"), 8).map_err(|_| bad())?;
+    if mode & !0o660 != 0 || mode & 0o600 != 0o600 {
+        return Err(bad());
+    }
+    Ok(mode)
+}
+
 impl ServeConfig {
     /// Validates `file` with `flags` over it, against the host's `nodes`.
     pub fn build(
@@ -571,27 +639,8 @@ impl ServeConfig {
         nodes: &[(u32, u64)],
         worker_exe: PathBuf,
     ) -> Result<Self, ServeConfigError> {
-        let fast_node = flags
-            .fast_node
-            .or(file.fast_node)
-            .unwrap_or_else(|| nodes.first().map_or(0, |n| n.0));
-        let slow_node = flags.slow_node.or(file.slow_node).unwrap_or_else(|| {
-            nodes
-                .iter()
-                .map(|n| n.0)
-                .find(|&n| n != fast_node)
-                .unwrap_or(fast_node)
-        });
-        let fast_pool = flags
-            .fast_pool
-            .or(size("fast_pool", file.fast_pool.as_ref())?)
-            .ok_or(ServeConfigError::MissingPool("fast-pool"))?;
-        let slow_pool = flags
-            .slow_pool
-            .or(size("slow_pool", file.slow_pool.as_ref())?)
-            .ok_or(ServeConfigError::MissingPool("slow-pool"))?;
-        let fast_pool = aligned("fast_pool", fast_pool)?;
-        let slow_pool = aligned("slow_pool", slow_pool)?;
+        let (fast_node, slow_node) = nodes_of(file, flags, nodes);
+        let (fast_pool, slow_pool) = pools_of(file, flags)?;
         check_pools(fast_pool, slow_pool, fast_node, slow_node, nodes)?;
         let defaults = VmDefaults::build(&file.defaults, flags)?;
         let (division, period) = division_params(&file.division, flags)?;
@@ -602,35 +651,8 @@ impl ServeConfig {
             l.request_timeout.as_ref(),
             Duration::from_secs(10),
         )?;
-        let metrics_listen = match flags
-            .metrics_listen
-            .as_ref()
-            .or(file.metrics_listen.as_ref())
-        {
-            None => None,
-            Some(a) => Some(a.parse().map_err(|_| ServeConfigError::BadValue {
-                key: "metrics_listen".into(),
-                value: a.clone(),
-                expected: "an address such as 127.0.0.1:9464",
-            })?),
-        };
-        let socket_mode = match &file.socket_mode {
-            None => 0o600,
-            Some(m) => {
-                let bad = || {
-                    ServeConfigError::BadValue {
-                    key: "socket_mode".into(),
-                    value: m.clone(),
-                    expected: "an octal mode such as \"0660\" (at most 0660: the owner and the socket_group)",
-                }
-                };
-                let mode = u32::from_str_radix(m.trim_start_matches("0o"), 8).map_err(|_| bad())?;
-                if mode & !0o660 != 0 || mode & 0o600 != 0o600 {
-                    return Err(bad());
-                }
-                mode
-            }
-        };
+        let metrics_listen = metrics_listen_of(file, flags)?;
+        let socket_mode = socket_mode_of(file)?;
         Ok(Self {
             socket_group: file.socket_group.clone(),
             socket_mode,

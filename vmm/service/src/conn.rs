@@ -569,8 +569,18 @@ pub async fn serve_tcp(listener: tokio::net::TcpListener, router: axum::Router) 
 /// `NLM_F_DUMP`: one socket by its addresses and ports). `None` for a
 /// remote peer, or when the lookup fails.
 pub fn local_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Option<u32> {
+    let req = sock_diag_request(peer, local)?;
+    let fd = sock_diag_socket()?;
+    sock_diag_uid(&fd, &req)
+}
+
+/// `sock_diag`'s message type for one socket of a family.
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+
+/// The `SOCK_DIAG_BY_FAMILY` request for the TCP socket whose source is
+/// `peer` and destination `local` (`None` when their families differ).
+fn sock_diag_request(peer: std::net::SocketAddr, local: std::net::SocketAddr) -> Option<[u8; 72]> {
     use std::net::IpAddr;
-    const SOCK_DIAG_BY_FAMILY: u16 = 20;
     let words = |ip: IpAddr| -> [u8; 16] {
         match ip {
             IpAddr::V4(a) => {
@@ -594,14 +604,22 @@ pub fn local_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -
     req[8..12].copy_from_slice(&1u32.to_ne_bytes());
     req[16] = family as u8;
     req[17] = libc::IPPROTO_TCP as u8;
-    req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes()); // every state
-                                                          // The peer's socket: its source is the peer, its destination us.
+    // Every state.
+    req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+    // The peer's socket: its source is the peer, its destination us.
     req[24..26].copy_from_slice(&peer.port().to_be_bytes());
     req[26..28].copy_from_slice(&local.port().to_be_bytes());
     req[28..44].copy_from_slice(&words(peer.ip()));
     req[44..60].copy_from_slice(&words(local.ip()));
-    req[64..72].copy_from_slice(&[0xff; 8]); // INET_DIAG_NOCOOKIE
-                                             // SAFETY: a new netlink socket, owned below.
+    // INET_DIAG_NOCOOKIE.
+    req[64..72].copy_from_slice(&[0xff; 8]);
+    Some(req)
+}
+
+/// A `NETLINK_SOCK_DIAG` socket whose receives time out after 100 ms.
+fn sock_diag_socket() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a new netlink socket, owned below.
     let fd = unsafe {
         libc::socket(
             libc::AF_NETLINK,
@@ -614,7 +632,6 @@ pub fn local_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -
     }
     // SAFETY: `fd` is a descriptor this function just opened and owns.
     let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    use std::os::fd::AsRawFd;
     let tv = libc::timeval {
         tv_sec: 0,
         tv_usec: 100_000,
@@ -629,6 +646,13 @@ pub fn local_peer_uid(peer: std::net::SocketAddr, local: std::net::SocketAddr) -
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
+    Some(fd)
+}
+
+/// Sends `req` to the kernel over `fd` and reads the socket's uid from
+/// the answer (`None` when there is no such socket or no answer).
+fn sock_diag_uid(fd: &std::os::fd::OwnedFd, req: &[u8; 72]) -> Option<u32> {
+    use std::os::fd::AsRawFd;
     // SAFETY: an all-zero sockaddr_nl is the kernel's address (pid 0).
     let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     to.nl_family = libc::AF_NETLINK as libc::sa_family_t;

@@ -281,117 +281,161 @@ pub fn plan(pool: u64, shares: &[Share], p: &Params) -> Plan {
             q,
         })
         .collect();
-    let mut t: Vec<u64> = shares.iter().map(|s| s.target).collect();
-    let mut out = Plan::default();
+    let mut r = Round {
+        pool,
+        shares,
+        curves,
+        q,
+        p,
+        t: shares.iter().map(|s| s.target).collect(),
+        out: Plan::default(),
+    };
     // 1. Mandatory: max, then the pool, then min.
-    for (ti, s) in t.iter_mut().zip(shares) {
-        if *ti > s.max {
-            out.mandatory_bytes += *ti - s.max;
-            *ti = s.max;
-        }
-    }
-    while t.iter().sum::<u64>() > pool {
-        let over = t.iter().sum::<u64>() - pool;
-        let Some(i) = cheapest_shrink(&curves, &t, None, false, p) else {
-            break;
-        };
-        let step = (t[i] - shares[i].min).min(q).min(over);
-        t[i] -= step;
-        out.mandatory_bytes += step;
-    }
-    // What VMs hold: their target, or more while a shrink converges.
-    let held = |t: &[u64]| -> u64 { t.iter().zip(shares).map(|(ti, s)| (*ti).max(s.used)).sum() };
-    // Capacity that frees up as shrinks converge, promised to VMs below min.
-    let mut promised = 0u64;
-    for i in 0..shares.len() {
-        if t[i] >= shares[i].min {
-            continue;
-        }
-        // Free capacity first.
-        let free = pool.saturating_sub(held(&t));
-        let step = (shares[i].min - t[i]).min(free);
-        t[i] += step;
-        out.mandatory_bytes += step;
-        // Then the spare of others (their capacity drops at once; the
-        // grant follows in a later round, as their shrinks free it).
-        let free_after = pool
-            .saturating_sub(t.iter().sum::<u64>())
-            .saturating_sub(promised);
-        let short = shares[i].min - t[i];
-        promised += short.min(free_after);
-        let mut need = short.saturating_sub(free_after);
-        while need > 0 {
-            let Some(j) = cheapest_shrink(&curves, &t, Some(i), false, p) else {
-                break;
-            };
-            let step = (t[j] - shares[j].min).min(q).min(need);
-            t[j] -= step;
-            out.mandatory_bytes += step;
-            promised += step;
-            need -= step;
-        }
-    }
+    r.fit_max_and_pool();
+    r.raise_to_min();
     // 2-4. Optional moves within the budget.
-    let mut budget = p.budget_bytes;
-    // The VM that values capacity most has not filled what it holds: the
-    // capacity waits for it (not handed to a lesser VM, nor spread).
-    let mut waiting = false;
-    loop {
-        let free = pool.saturating_sub(held(&t));
-        let Some((g, value)) = best_grow(&curves, &t, p) else {
-            break;
-        };
-        let floor = p.min_share * curves[g].scale;
-        if value <= 0.0 || value < floor {
-            break;
-        }
-        if t[g]
-            >= shares[g]
-                .used
-                .saturating_add(p.fill_ahead.saturating_mul(q))
-        {
-            waiting = true;
-            break;
-        }
-        if free >= q {
-            if budget < q {
-                break;
-            }
-            t[g] += q;
-            budget -= q;
-            out.optional_bytes += q;
-            out.gain += value;
-            continue;
-        }
-        // 3. An exchange.
-        let Some(s) = cheapest_shrink(&curves, &t, Some(g), true, p) else {
-            break;
-        };
-        let (loss, loss_se) = curves[s].down_se(t[s]);
-        let value_se = curves[g].up_se(t[g]).1;
-        // A donor whose quantum nothing was sampled in loses nothing for
-        // sure: there is no noise to beat (however uncertain the gain, it
-        // is not negative), only the floor above.
-        let noise = if loss == 0.0 && loss_se == 0.0 {
-            0.0
-        } else {
-            p.significance * value_se.hypot(loss_se)
-        };
-        if value <= (1.0 + p.hysteresis) * loss || value - loss <= noise || budget < 2 * q {
-            break;
-        }
-        t[s] -= q;
-        t[g] += q;
-        budget -= 2 * q;
-        out.optional_bytes += 2 * q;
-        out.gain += value - loss;
-    }
+    let waiting = r.optional_moves();
     // 5. Unvalued free capacity, split by weight.
     if !waiting {
-        spread_free(pool, shares, &mut t, q, &held);
+        let held = |t: &[u64]| held(shares, t);
+        spread_free(pool, shares, &mut r.t, q, &held);
     }
-    out.targets = t;
-    out
+    r.out.targets = r.t;
+    r.out
+}
+
+/// What VMs hold: their target, or more while a shrink converges.
+fn held(shares: &[Share], t: &[u64]) -> u64 {
+    t.iter().zip(shares).map(|(ti, s)| (*ti).max(s.used)).sum()
+}
+
+/// One round of [`plan`] under way: the targets `t` so far and the plan.
+struct Round<'a> {
+    pool: u64,
+    shares: &'a [Share],
+    curves: Vec<Curve<'a>>,
+    q: u64,
+    p: &'a Params,
+    t: Vec<u64>,
+    out: Plan,
+}
+
+impl Round<'_> {
+    /// Mandatory: no target above its max, then none over the pool.
+    fn fit_max_and_pool(&mut self) {
+        let (shares, t, out) = (self.shares, &mut self.t, &mut self.out);
+        for (ti, s) in t.iter_mut().zip(shares) {
+            if *ti > s.max {
+                out.mandatory_bytes += *ti - s.max;
+                *ti = s.max;
+            }
+        }
+        while t.iter().sum::<u64>() > self.pool {
+            let over = t.iter().sum::<u64>() - self.pool;
+            let Some(i) = cheapest_shrink(&self.curves, t, None, false, self.p) else {
+                break;
+            };
+            let step = (t[i] - shares[i].min).min(self.q).min(over);
+            t[i] -= step;
+            out.mandatory_bytes += step;
+        }
+    }
+
+    /// Mandatory: every VM up to its min, from free capacity, then from the
+    /// spare of others.
+    fn raise_to_min(&mut self) {
+        let (pool, shares, q, p) = (self.pool, self.shares, self.q, self.p);
+        let (t, out) = (&mut self.t, &mut self.out);
+        // Capacity that frees up as shrinks converge, promised to VMs below min.
+        let mut promised = 0u64;
+        for i in 0..shares.len() {
+            if t[i] >= shares[i].min {
+                continue;
+            }
+            // Free capacity first.
+            let free = pool.saturating_sub(held(shares, t));
+            let step = (shares[i].min - t[i]).min(free);
+            t[i] += step;
+            out.mandatory_bytes += step;
+            // Then the spare of others (their capacity drops at once; the
+            // grant follows in a later round, as their shrinks free it).
+            let free_after = pool
+                .saturating_sub(t.iter().sum::<u64>())
+                .saturating_sub(promised);
+            let short = shares[i].min - t[i];
+            promised += short.min(free_after);
+            let mut need = short.saturating_sub(free_after);
+            while need > 0 {
+                let Some(j) = cheapest_shrink(&self.curves, t, Some(i), false, p) else {
+                    break;
+                };
+                let step = (t[j] - shares[j].min).min(q).min(need);
+                t[j] -= step;
+                out.mandatory_bytes += step;
+                promised += step;
+                need -= step;
+            }
+        }
+    }
+
+    /// Optional moves within the budget: grants of free capacity, then
+    /// exchanges. True when the VM that values capacity most has not filled
+    /// what it holds: the capacity waits for it (not handed to a lesser VM,
+    /// nor spread).
+    fn optional_moves(&mut self) -> bool {
+        let (pool, shares, q, p) = (self.pool, self.shares, self.q, self.p);
+        let (curves, t, out) = (&self.curves, &mut self.t, &mut self.out);
+        let mut budget = p.budget_bytes;
+        loop {
+            let free = pool.saturating_sub(held(shares, t));
+            let Some((g, value)) = best_grow(curves, t, p) else {
+                return false;
+            };
+            let floor = p.min_share * curves[g].scale;
+            if value <= 0.0 || value < floor {
+                return false;
+            }
+            if t[g]
+                >= shares[g]
+                    .used
+                    .saturating_add(p.fill_ahead.saturating_mul(q))
+            {
+                return true;
+            }
+            if free >= q {
+                if budget < q {
+                    return false;
+                }
+                t[g] += q;
+                budget -= q;
+                out.optional_bytes += q;
+                out.gain += value;
+                continue;
+            }
+            // 3. An exchange.
+            let Some(s) = cheapest_shrink(curves, t, Some(g), true, p) else {
+                return false;
+            };
+            let (loss, loss_se) = curves[s].down_se(t[s]);
+            let value_se = curves[g].up_se(t[g]).1;
+            // A donor whose quantum nothing was sampled in loses nothing for
+            // sure: there is no noise to beat (however uncertain the gain, it
+            // is not negative), only the floor above.
+            let noise = if loss == 0.0 && loss_se == 0.0 {
+                0.0
+            } else {
+                p.significance * value_se.hypot(loss_se)
+            };
+            if value <= (1.0 + p.hysteresis) * loss || value - loss <= noise || budget < 2 * q {
+                return false;
+            }
+            t[s] -= q;
+            t[g] += q;
+            budget -= 2 * q;
+            out.optional_bytes += 2 * q;
+            out.gain += value - loss;
+        }
+    }
 }
 
 /// The VM (other than `except`) whose quantum at its target is worth least,

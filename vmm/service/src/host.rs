@@ -682,6 +682,19 @@ fn api_words(message: &str, image_path: &str, image_name: &str) -> String {
     m
 }
 
+/// A create request's fields, defaulted and checked.
+struct CheckedCreate {
+    vcpus: u32,
+    mem: u64,
+    /// The fast tier's min, max and weight.
+    min: u64,
+    max: u64,
+    weight: f64,
+    policy: String,
+    tracking: String,
+    duration_s: f64,
+}
+
 fn check_weight(w: f64) -> Result<f64, HostError> {
     if w.is_finite() && w > 0.0 && w <= 1e6 {
         Ok(w)
@@ -1115,6 +1128,41 @@ impl Host {
     ) -> Result<(bool, VmInfo), HostError> {
         self.refuse_if_shutting_down()?;
         check_labels(&req.labels)?;
+        let c = self.checked_create(req)?;
+        // Admission first (read-only here; again under the lock below): a
+        // VM that does not fit is a 409 whatever else the host would say.
+        let image = self.image_of(&req.image)?;
+        {
+            let s = self.state();
+            self.admit(&s, c.min, c.mem)?;
+        }
+        let mut spec = self.spec_of(req, &c, image.clone());
+        // The same validation as `tiervm run` (image, arguments, sizes),
+        // here, so a bad request is a 400 before any process starts.
+        crate::vm_process::request_of(&spec)
+            .and_then(|r| vmm_core::config::VmConfig::from_request(&r))
+            .map_err(|e| {
+                HostError::bad_request(
+                    api_words(&vmm_core::exit::chain(&e), &image, &req.image),
+                    "fix the request's field named above (GET /v1/openapi.json: the CreateVm schema)",
+                )
+            })?;
+        let (key, id) = self.admit_new(req, name, c, &mut spec)?;
+        if let Err(e) = self.spawn_worker(key, &spec) {
+            if let Some(v) = self.state().vms.remove(&key) {
+                self.job(ReportJob::Record(v.id, None));
+            }
+            return Err(e);
+        }
+        self.wake_rebalancer();
+        // Answered at once: the VM shows `starting` until its worker built
+        // it (GET /v1/vms/{id} shows `running`, or `failed` and why).
+        self.vm_info(&id, false).map(|v| (true, v))
+    }
+
+    /// The fields of a create request, defaulted and checked (a 400 names
+    /// the first one out of range).
+    fn checked_create(&self, req: &CreateVm) -> Result<CheckedCreate, HostError> {
         let d = &self.cfg.defaults;
         let vcpus = req.vcpus.unwrap_or(d.vcpus);
         let max_vcpus = tiervm_guest_max_vcpus();
@@ -1164,29 +1212,38 @@ impl Host {
                 .map_err(|e| HostError::bad_request(e.to_string(), "e.g. \"60s\""))?
                 .as_secs_f64(),
         };
-        // Admission first (read-only here; again under the lock below): a
-        // VM that does not fit is a 409 whatever else the host would say.
-        let image = self.image_of(&req.image)?;
-        {
-            let s = self.state();
-            self.admit(&s, min, mem)?;
-        }
-        let mut spec = VmSpec {
-            id: String::new(),
-            image: image.clone(),
-            args: req.args.clone(),
-            mem_bytes: mem,
+        Ok(CheckedCreate {
             vcpus,
+            mem,
+            min,
+            max,
+            weight,
+            policy,
+            tracking,
+            duration_s,
+        })
+    }
+
+    /// The worker's spec of a checked request on `image` (no id yet; fast
+    /// tier at the min until admission says what is free).
+    fn spec_of(&self, req: &CreateVm, c: &CheckedCreate, image: String) -> VmSpec {
+        let d = &self.cfg.defaults;
+        VmSpec {
+            id: String::new(),
+            image,
+            args: req.args.clone(),
+            mem_bytes: c.mem,
+            vcpus: c.vcpus,
             seed: req.seed.unwrap_or(1),
-            policy: policy.clone(),
-            tracking: Some(tracking),
-            fast_bytes: min,
+            policy: c.policy.clone(),
+            tracking: Some(c.tracking.clone()),
+            fast_bytes: c.min,
             // The slow tier holds the whole guest: a short fast tier never
             // fails a launch (the VM starts slow and is promoted later).
-            slow_bytes: mem,
+            slow_bytes: c.mem,
             fast_node: self.cfg.fast_node,
             slow_node: self.cfg.slow_node,
-            duration_s,
+            duration_s: c.duration_s,
             stop_grace_s: d.stop_grace.as_secs_f64(),
             quantum_pages: self.cfg.division.quantum / PAGE_SIZE as u64,
             curve_steps: 64,
@@ -1200,76 +1257,70 @@ impl Host {
                     e.clone()
                 }
             }),
-        };
-        // The same validation as `tiervm run` (image, arguments, sizes),
-        // here, so a bad request is a 400 before any process starts.
-        crate::vm_process::request_of(&spec)
-            .and_then(|r| vmm_core::config::VmConfig::from_request(&r))
-            .map_err(|e| {
-                HostError::bad_request(
-                    api_words(&vmm_core::exit::chain(&e), &image, &req.image),
-                    "fix the request's field named above (GET /v1/openapi.json: the CreateVm schema)",
-                )
-            })?;
-        // Admission.
-        let (key, id) = {
-            let mut s = self.state();
-            self.admit(&s, min, mem)?;
-            if let Some(n) = name {
-                if s.find(n).is_some() {
-                    return Err(HostError::conflict(
-                        format!("VM '{n}' was created meanwhile"),
-                        "GET /v1/vms/{name}",
-                    ));
-                }
-            }
-            // Start with the min if it is free now; else with what is free
-            // (others give their spare back; the VM is promoted later).
-            let free = s.fast_pool.saturating_sub(s.fast_committed());
-            let start = min.min(free / SIZE_ALIGN * SIZE_ALIGN);
-            spec.fast_bytes = start;
-            s.forget_oldest_ended(MAX_ENDED_VMS_KEPT);
-            let key = s.next_key;
-            s.next_key += 1;
-            let id = match name {
-                Some(n) => n.to_string(),
-                None => {
-                    let n = s.next_id;
-                    s.next_id += 1;
-                    // Persisted before the id is handed out: a restarted
-                    // service never generates it again.
-                    self.persist_service(s.next_id);
-                    format!("vm-{n}")
-                }
-            };
-            spec.id = id.clone();
-            s.counters.created += 1;
-            let mut v =
-                VmEntry::starting(id.clone(), spec.clone(), (min, max, weight), start, policy);
-            v.labels = req.labels.clone();
-            v.boot_id = self.boot_id.clone();
-            v.request = Some(req.clone());
-            self.persist(&v);
-            self.emit(Event {
-                kind: "vm_state".into(),
-                vm: v.id.clone(),
-                uuid: v.uuid.clone(),
-                state: Some(v.state.name().into()),
-                ..Event::default()
-            });
-            s.vms.insert(key, v);
-            (key, id)
-        };
-        if let Err(e) = self.spawn_worker(key, &spec) {
-            if let Some(v) = self.state().vms.remove(&key) {
-                self.job(ReportJob::Record(v.id, None));
-            }
-            return Err(e);
         }
-        self.wake_rebalancer();
-        // Answered at once: the VM shows `starting` until its worker built
-        // it (GET /v1/vms/{id} shows `running`, or `failed` and why).
-        self.vm_info(&id, false).map(|v| (true, v))
+    }
+
+    /// Admission under the lock: admits the VM, names it (`name`, or the
+    /// next `vm-N`), sets `spec`'s id and starting fast size, and records
+    /// it as starting. Returns its key and id.
+    fn admit_new(
+        &self,
+        req: &CreateVm,
+        name: Option<&str>,
+        c: CheckedCreate,
+        spec: &mut VmSpec,
+    ) -> Result<(u64, String), HostError> {
+        let mut s = self.state();
+        self.admit(&s, c.min, c.mem)?;
+        if let Some(n) = name {
+            if s.find(n).is_some() {
+                return Err(HostError::conflict(
+                    format!("VM '{n}' was created meanwhile"),
+                    "GET /v1/vms/{name}",
+                ));
+            }
+        }
+        // Start with the min if it is free now; else with what is free
+        // (others give their spare back; the VM is promoted later).
+        let free = s.fast_pool.saturating_sub(s.fast_committed());
+        let start = c.min.min(free / SIZE_ALIGN * SIZE_ALIGN);
+        spec.fast_bytes = start;
+        s.forget_oldest_ended(MAX_ENDED_VMS_KEPT);
+        let key = s.next_key;
+        s.next_key += 1;
+        let id = match name {
+            Some(n) => n.to_string(),
+            None => {
+                let n = s.next_id;
+                s.next_id += 1;
+                // Persisted before the id is handed out: a restarted
+                // service never generates it again.
+                self.persist_service(s.next_id);
+                format!("vm-{n}")
+            }
+        };
+        spec.id = id.clone();
+        s.counters.created += 1;
+        let mut v = VmEntry::starting(
+            id.clone(),
+            spec.clone(),
+            (c.min, c.max, c.weight),
+            start,
+            c.policy,
+        );
+        v.labels = req.labels.clone();
+        v.boot_id = self.boot_id.clone();
+        v.request = Some(req.clone());
+        self.persist(&v);
+        self.emit(Event {
+            kind: "vm_state".into(),
+            vm: v.id.clone(),
+            uuid: v.uuid.clone(),
+            state: Some(v.state.name().into()),
+            ..Event::default()
+        });
+        s.vms.insert(key, v);
+        Ok((key, id))
     }
 
     /// Admission of a VM with fast `min` and `mem` (docs/service.md).
@@ -1970,9 +2021,6 @@ fn share_of(v: &VmEntry, now: Instant, value: Valuation) -> Share {
 /// The API view of a VM.
 pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
     let st = v.stats.as_ref();
-    let fast_tier = st.and_then(|s| s.tiers.first());
-    let used = fast_tier.map_or(0, |t| t.used_bytes);
-    let m = st.map(|s| &s.mem);
     VmInfo {
         id: v.id.clone(),
         uuid: v.uuid.clone(),
@@ -1995,48 +2043,8 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
         policy_requested: v.policy_requested.clone(),
         policy_error: st.and_then(|s| s.policy_error.clone()),
         policy_switches: v.policy_switches,
-        fast: FastInfo {
-            min_bytes: v.min,
-            max_bytes: v.max,
-            weight: v.weight,
-            target_bytes: v.target,
-            // The worker's answer to the last set-capacity (fresher than
-            // the stats, which refresh once a second).
-            capacity_bytes: v.applied,
-            used_bytes: used,
-            resident_bytes: fast_tier.and_then(|t| t.resident_bytes),
-            converged: used <= v.target,
-            gain: st
-                .map(|s| &s.gain)
-                .filter(|g| g.samples >= MIN_SAMPLES)
-                .map(|g| {
-                    let accesses = v.access_estimate();
-                    GainInfo {
-                        next_quantum_share: g.grow.first().copied().unwrap_or(0.0),
-                        last_quantum_share: g.shrink.first().copied().unwrap_or(0.0),
-                        samples: g.samples,
-                        accesses_per_sec: accesses.map(|a| a.0),
-                        accesses_per_sec_se: accesses.map(|a| a.1),
-                    }
-                }),
-        },
-        tiers: if v.state.active() {
-            st.map(|s| {
-                s.tiers
-                    .iter()
-                    .map(|t| VmTierInfo {
-                        name: t.name.clone(),
-                        node: t.node,
-                        capacity_bytes: t.capacity_bytes,
-                        used_bytes: t.used_bytes,
-                        resident_bytes: t.resident_bytes,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-        } else {
-            Vec::new()
-        },
+        fast: fast_info_of(v),
+        tiers: tiers_of(v),
         uptime_s: v.created.elapsed().as_secs_f64(),
         ops: st.map_or(0, |s| s.ops),
         ops_per_sec: if v.state.active() {
@@ -2044,18 +2052,7 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
         } else {
             0.0
         },
-        migration: m
-            .map(|m| MigrationInfo {
-                promotions: m.promotions,
-                demotions: m.demotions,
-                tpm_commits: m.tpm_commits,
-                tpm_aborts: m.tpm_aborts,
-                shadow_demotions: m.shadow_demotions,
-                shadow_reclaims: m.shadow_reclaims,
-                guest_stall_seconds: m.guest_stall_ms / 1e3,
-                hint_faults: m.hint_faults,
-            })
-            .unwrap_or_default(),
+        migration: migration_of(st),
         emulated,
         emulate_latency: v.spec.emulate_latency.clone(),
         exit: v.exit.as_ref().map(|e| ExitInfoBody {
@@ -2068,6 +2065,76 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
         notes: v.notes.clone(),
         report_ready: v.report.is_some(),
     }
+}
+
+/// A VM's fast-tier view: its share and what the worker reports.
+fn fast_info_of(v: &VmEntry) -> FastInfo {
+    let st = v.stats.as_ref();
+    let fast_tier = st.and_then(|s| s.tiers.first());
+    let used = fast_tier.map_or(0, |t| t.used_bytes);
+    FastInfo {
+        min_bytes: v.min,
+        max_bytes: v.max,
+        weight: v.weight,
+        target_bytes: v.target,
+        // The worker's answer to the last set-capacity (fresher than
+        // the stats, which refresh once a second).
+        capacity_bytes: v.applied,
+        used_bytes: used,
+        resident_bytes: fast_tier.and_then(|t| t.resident_bytes),
+        converged: used <= v.target,
+        gain: st
+            .map(|s| &s.gain)
+            .filter(|g| g.samples >= MIN_SAMPLES)
+            .map(|g| {
+                let accesses = v.access_estimate();
+                GainInfo {
+                    next_quantum_share: g.grow.first().copied().unwrap_or(0.0),
+                    last_quantum_share: g.shrink.first().copied().unwrap_or(0.0),
+                    samples: g.samples,
+                    accesses_per_sec: accesses.map(|a| a.0),
+                    accesses_per_sec_se: accesses.map(|a| a.1),
+                }
+            }),
+    }
+}
+
+/// A running VM's tiers (none once it ended).
+fn tiers_of(v: &VmEntry) -> Vec<VmTierInfo> {
+    let st = v.stats.as_ref();
+    if v.state.active() {
+        st.map(|s| {
+            s.tiers
+                .iter()
+                .map(|t| VmTierInfo {
+                    name: t.name.clone(),
+                    node: t.node,
+                    capacity_bytes: t.capacity_bytes,
+                    used_bytes: t.used_bytes,
+                    resident_bytes: t.resident_bytes,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+    } else {
+        Vec::new()
+    }
+}
+
+/// A VM's migration counters (zero before its first stats).
+fn migration_of(st: Option<&WorkerStats>) -> MigrationInfo {
+    st.map(|s| &s.mem)
+        .map(|m| MigrationInfo {
+            promotions: m.promotions,
+            demotions: m.demotions,
+            tpm_commits: m.tpm_commits,
+            tpm_aborts: m.tpm_aborts,
+            shadow_demotions: m.shadow_demotions,
+            shadow_reclaims: m.shadow_reclaims,
+            guest_stall_seconds: m.guest_stall_ms / 1e3,
+            hint_faults: m.hint_faults,
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

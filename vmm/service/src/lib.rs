@@ -265,63 +265,26 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    let rebalancer = {
-        let h = host.clone();
-        std::thread::Builder::new()
-            .name("serve-rebalance".into())
-            .spawn(move || {
-                confine(tiering::threads::ThreadRole::ServeRebalance);
-                h.run_rebalancer()
-            })
-            .map_err(ServeError::Runtime)?
-    };
-    let collector = {
-        let h = host.clone();
-        std::thread::Builder::new()
-            .name("serve-reports".into())
-            .spawn(move || {
-                confine(tiering::threads::ThreadRole::ServeReports);
-                h.run_report_collector()
-            })
-            .map_err(ServeError::Runtime)?
-    };
-    eprintln!(
-        "tiervm serve: listening on {} (fast pool {} on node {}, slow pool {} on node {}{})",
-        socket.display(),
-        vmm_core::units::format_size(host.cfg.fast_pool),
-        host.cfg.fast_node,
-        vmm_core::units::format_size(host.cfg.slow_pool),
-        host.cfg.slow_node,
-        if host.cfg.emulated {
-            "; one node: tiers emulated, latency differences not real"
-        } else {
-            ""
-        }
-    );
+    let h = host.clone();
+    let rebalancer = spawn_confined(
+        "serve-rebalance",
+        tiering::threads::ThreadRole::ServeRebalance,
+        move || h.run_rebalancer(),
+    )?;
+    let h = host.clone();
+    let collector = spawn_confined(
+        "serve-reports",
+        tiering::threads::ThreadRole::ServeReports,
+        move || h.run_report_collector(),
+    )?;
+    announce(&host.cfg);
     let state = AppState {
         host: host.clone(),
         openapi: Arc::new(OnceLock::new()),
         metrics: Arc::new(metrics::ApiMetrics::default()),
     };
     let metrics_router = api::metrics_router(state.clone());
-    let metrics_listener = match host.cfg.metrics_listen {
-        Some(addr) => {
-            let l = std::net::TcpListener::bind(addr).map_err(|source| ServeError::Setup {
-                what: "binding the metrics address",
-                path: addr.to_string(),
-                source,
-            })?;
-            l.set_nonblocking(true)
-                .map_err(|source| ServeError::Setup {
-                    what: "configuring the metrics address",
-                    path: addr.to_string(),
-                    source,
-                })?;
-            eprintln!("tiervm serve: metrics on http://{addr}/metrics");
-            Some(l)
-        }
-        None => None,
-    };
+    let metrics_listener = bind_metrics(host.cfg.metrics_listen)?;
     let (router, _doc) = api::router(state);
     let served = host.clone();
     let result = rt.block_on(async move {
@@ -337,24 +300,7 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
         };
         wait_for_stop_signal().await;
         eprintln!("tiervm serve: stopping the VMs");
-        // On a thread of its own: the blocking pool may be full of
-        // requests, and shutdown must not queue behind them. `shutdown`
-        // bounds its own waits; this deadline covers the state lock too.
-        let h = host.clone();
-        let deadline = host.cfg.defaults.stop_grace + SHUTDOWN_SLACK;
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let spawned = std::thread::Builder::new()
-            .name("serve-shutdown".into())
-            .spawn(move || {
-                h.shutdown();
-                let _ = done_tx.send(());
-            });
-        if spawned.is_err() || tokio::time::timeout(deadline, done_rx).await.is_err() {
-            eprintln!(
-                "tiervm serve: the VMs did not all stop within {} s; leaving the rest",
-                deadline.as_secs()
-            );
-        }
+        stop_vms(&host).await;
         server.abort();
         if let Some(m) = metrics_server {
             m.abort();
@@ -368,6 +314,82 @@ pub fn run(cfg: ServeConfig, seccomp: bool) -> Result<i32, ServeError> {
     let _ = collector.join();
     eprintln!("tiervm serve: stopped");
     result
+}
+
+/// Spawns the service thread `name`, confined to `role` (when seccomp is on).
+fn spawn_confined<T: Send + 'static>(
+    name: &str,
+    role: tiering::threads::ThreadRole,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>, ServeError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            confine(role);
+            f()
+        })
+        .map_err(ServeError::Runtime)
+}
+
+/// Says where the service listens and what its pools are.
+fn announce(cfg: &ServeConfig) {
+    eprintln!(
+        "tiervm serve: listening on {} (fast pool {} on node {}, slow pool {} on node {}{})",
+        cfg.socket.display(),
+        vmm_core::units::format_size(cfg.fast_pool),
+        cfg.fast_node,
+        vmm_core::units::format_size(cfg.slow_pool),
+        cfg.slow_node,
+        if cfg.emulated {
+            "; one node: tiers emulated, latency differences not real"
+        } else {
+            ""
+        }
+    );
+}
+
+/// Binds the metrics address, if one is configured (non-blocking, for tokio).
+fn bind_metrics(
+    addr: Option<std::net::SocketAddr>,
+) -> Result<Option<std::net::TcpListener>, ServeError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let l = std::net::TcpListener::bind(addr).map_err(|source| ServeError::Setup {
+        what: "binding the metrics address",
+        path: addr.to_string(),
+        source,
+    })?;
+    l.set_nonblocking(true)
+        .map_err(|source| ServeError::Setup {
+            what: "configuring the metrics address",
+            path: addr.to_string(),
+            source,
+        })?;
+    eprintln!("tiervm serve: metrics on http://{addr}/metrics");
+    Ok(Some(l))
+}
+
+/// Stops the VMs, waiting at most their stop grace plus [`SHUTDOWN_SLACK`].
+async fn stop_vms(host: &Arc<Host>) {
+    // On a thread of its own: the blocking pool may be full of
+    // requests, and shutdown must not queue behind them. `shutdown`
+    // bounds its own waits; this deadline covers the state lock too.
+    let h = host.clone();
+    let deadline = host.cfg.defaults.stop_grace + SHUTDOWN_SLACK;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("serve-shutdown".into())
+        .spawn(move || {
+            h.shutdown();
+            let _ = done_tx.send(());
+        });
+    if spawned.is_err() || tokio::time::timeout(deadline, done_rx).await.is_err() {
+        eprintln!(
+            "tiervm serve: the VMs did not all stop within {} s; leaving the rest",
+            deadline.as_secs()
+        );
+    }
 }
 
 /// Time beyond the VMs' stop grace that stopping the service may take (the

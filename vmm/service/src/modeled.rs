@@ -83,6 +83,59 @@ fn curve(counts: &[u32], fast_pages: u64, quantum_pages: u64) -> GainCurve {
     gain_curve(counts, fast_pages, quantum_pages, 64, 1.0)
 }
 
+/// Each VM's access profile with the even share: its counts per modeled
+/// page, and the bytes one modeled page stands for.
+fn profiles_of(vms: &[Scenario], even: f64) -> Result<Vec<(Vec<u32>, f64)>, sim::SimError> {
+    let mut profiles = Vec::new();
+    for s in vms {
+        let (counts, scale) = sim::access_counts(&with_fast(s, even), PROFILE_SAMPLES)?;
+        // One modeled page stands for `scale` real pages.
+        let page_bytes = scale * tiering::policy::PAGE_SIZE as f64;
+        profiles.push((counts, page_bytes));
+    }
+    Ok(profiles)
+}
+
+/// The division's view of each VM: holding `alloc`, doing `ops` (modeled
+/// maps per second), valued by its profile's gain curve.
+fn shares_of(
+    vms: &[Scenario],
+    profiles: &[(Vec<u32>, f64)],
+    alloc: &[u64],
+    ops: &[f64],
+    quantum_gib: f64,
+) -> Vec<Share> {
+    let bytes = |g: f64| (g * GIB) as u64;
+    vms.iter()
+        .zip(profiles)
+        .zip(alloc)
+        .zip(ops)
+        .map(|(((s, (counts, page_bytes)), a), o)| {
+            let q_pages = ((quantum_gib * GIB) / page_bytes).round().max(1.0) as u64;
+            let fast_pages = (*a as f64 / page_bytes) as u64;
+            let g = curve(counts, fast_pages, q_pages);
+            Share {
+                min: 0,
+                max: bytes(s.workload.footprint_gib()).max(*a),
+                weight: 1.0,
+                target: *a,
+                used: *a,
+                // The modeled accesses per second: what the live
+                // service's host-measured rate estimates.
+                rate: o * 1e6,
+                rate_se: 0.0,
+                grow: g.grow,
+                shrink: g.shrink,
+                grow_se: g.grow_se,
+                shrink_se: g.shrink_se,
+                informed: true,
+                since_resize_s: None,
+                last_grew: None,
+            }
+        })
+        .collect()
+}
+
 /// Runs the comparison for `vms` sharing `pool_gib` of fast tier.
 pub fn compare(
     vms: &[Scenario],
@@ -93,13 +146,7 @@ pub fn compare(
     let n = vms.len().max(1) as f64;
     let even = pool_gib / n;
     let bytes = |g: f64| (g * GIB) as u64;
-    let mut profiles = Vec::new();
-    for s in vms {
-        let (counts, scale) = sim::access_counts(&with_fast(s, even), PROFILE_SAMPLES)?;
-        // One modeled page stands for `scale` real pages.
-        let page_bytes = scale * tiering::policy::PAGE_SIZE as f64;
-        profiles.push((counts, page_bytes));
-    }
+    let profiles = profiles_of(vms, even)?;
     let even_maps: Vec<f64> = vms
         .iter()
         .map(|s| throughput(s, even, policy))
@@ -118,35 +165,7 @@ pub fn compare(
     let mut rounds = 0;
     for _ in 0..MAX_ROUNDS {
         rounds += 1;
-        let shares: Vec<Share> = vms
-            .iter()
-            .zip(&profiles)
-            .zip(&alloc)
-            .zip(&ops)
-            .map(|(((s, (counts, page_bytes)), a), o)| {
-                let q_pages = ((quantum_gib * GIB) / page_bytes).round().max(1.0) as u64;
-                let fast_pages = (*a as f64 / page_bytes) as u64;
-                let g = curve(counts, fast_pages, q_pages);
-                Share {
-                    min: 0,
-                    max: bytes(s.workload.footprint_gib()).max(*a),
-                    weight: 1.0,
-                    target: *a,
-                    used: *a,
-                    // The modeled accesses per second: what the live
-                    // service's host-measured rate estimates.
-                    rate: o * 1e6,
-                    rate_se: 0.0,
-                    grow: g.grow,
-                    shrink: g.shrink,
-                    grow_se: g.grow_se,
-                    shrink_se: g.shrink_se,
-                    informed: true,
-                    since_resize_s: None,
-                    last_grew: None,
-                }
-            })
-            .collect();
+        let shares = shares_of(vms, &profiles, &alloc, &ops, quantum_gib);
         let plan = division::plan(bytes(pool_gib), &shares, &params);
         if plan.targets == alloc {
             break;

@@ -179,30 +179,9 @@ pub fn open_private_dir(what: &'static str, path: &Path, mode: u32) -> Result<Ow
         problem: format!("cannot be made absolute ({e})"),
         fix: "give an absolute path".into(),
     })?;
-    let bad = |at: &Path, problem: String, fix: String| UnsafePath {
-        what,
-        path: at.to_path_buf(),
-        problem,
-        fix,
-    };
+    let bad = |at: &Path, problem: String, fix: String| unsafe_path(what, at, problem, fix);
     let me = euid();
-    let root = CString::new("/").unwrap_or_default();
-    // SAFETY: a valid C string; open returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::open(
-            root.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(bad(
-            Path::new("/"),
-            format!("cannot be opened ({})", std::io::Error::last_os_error()),
-            "check the host".into(),
-        ));
-    }
-    // SAFETY: just returned by open, owned by nobody else.
-    let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut dir = open_root(what)?;
     let parts: Vec<Component<'_>> = abs.components().collect();
     let mut at = PathBuf::from("/");
     for (i, c) in parts.iter().enumerate() {
@@ -220,117 +199,178 @@ pub fn open_private_dir(what: &'static str, path: &Path, mode: u32) -> Result<Ow
         };
         at.push(name);
         let last = i + 1 == parts.len();
-        let flags = libc::O_RDONLY | libc::O_DIRECTORY;
-        let opened = match openat(dir.as_raw_fd(), name, flags, 0) {
-            Ok(fd) => fd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let c = cstr(name).map_err(|e| bad(&at, e.to_string(), "rename it".into()))?;
-                let m = if last { mode } else { 0o700 };
-                // SAFETY: `c` is a valid C string.
-                if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), m as libc::mode_t) } != 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::AlreadyExists {
-                        return Err(bad(
-                            &at,
-                            format!("cannot be created ({e})"),
-                            "create it, owned by the service's user, mode 0700".into(),
-                        ));
-                    }
-                }
-                openat(dir.as_raw_fd(), name, flags, 0)
-                    .map_err(|e| bad(&at, format!("cannot be opened ({e})"), "check it".into()))?
-            }
-            Err(e)
-                if e.raw_os_error() == Some(libc::ELOOP)
-                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
-            {
-                let link = lstat_at(&dir, &name.to_string_lossy())
-                    .ok()
-                    .flatten()
-                    .is_some_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK);
-                return Err(if link {
-                    bad(
-                        &at,
-                        "is a symbolic link: the service follows no link on the path of its directories".into(),
-                        "give the real path (readlink -f), or replace the link with a directory".into(),
-                    )
-                } else {
-                    bad(
-                        &at,
-                        "is not a directory".into(),
-                        "remove it, or give another path".into(),
-                    )
-                });
-            }
-            Err(e) => {
-                return Err(bad(
-                    &at,
-                    format!("cannot be opened ({e})"),
-                    "check its permissions".into(),
-                ))
-            }
-        };
+        let m = if last { mode } else { 0o700 };
+        let opened = open_or_create(what, &dir, name, &at, m)?;
         let st = fstat(opened.as_raw_fd())
             .map_err(|e| bad(&at, format!("cannot be read ({e})"), "check it".into()))?;
-        let others_write = st.st_mode & 0o022 != 0;
-        let sticky = st.st_mode & libc::S_ISVTX != 0;
         if last {
-            if st.st_uid != me {
-                return Err(bad(
-                    &at,
-                    format!(
-                        "is owned by {}, not by the service's user ({})",
-                        owner_name(st.st_uid),
-                        owner_name(me)
-                    ),
-                    format!(
-                        "remove it (the service creates it) or chown it to {} and chmod it 0700",
-                        owner_name(me)
-                    ),
-                ));
-            }
-            if others_write {
-                return Err(bad(
-                    &at,
-                    format!(
-                        "is writable by its group or others (mode {:04o})",
-                        st.st_mode & 0o7777
-                    ),
-                    "chmod go-w it (0700), or remove it and let the service create it".into(),
-                ));
-            }
+            check_last(what, &st, &at, me)?;
         } else {
-            if st.st_uid != 0 && st.st_uid != me {
-                return Err(bad(
-                    &at,
-                    format!(
-                        "is owned by {}: its owner could replace what lies below it",
-                        owner_name(st.st_uid)
-                    ),
-                    if me == 0 {
-                        "put the service's directories under directories owned by root".to_string()
-                    } else {
-                        format!(
-                            "put the service's directories under directories owned by root or {}",
-                            owner_name(me)
-                        )
-                    },
-                ));
-            }
-            if others_write && !sticky {
-                return Err(bad(
-                    &at,
-                    format!(
-                        "is writable by its group or others and not sticky (mode {:04o}): they could replace what lies below it",
-                        st.st_mode & 0o7777
-                    ),
-                    "chmod go-w it, or put the service's directories elsewhere".into(),
-                ));
-            }
+            check_ancestor(what, &st, &at, me)?;
         }
         dir = opened;
     }
     Ok(dir)
+}
+
+/// An [`UnsafePath`] about `at`.
+fn unsafe_path(what: &'static str, at: &Path, problem: String, fix: String) -> UnsafePath {
+    UnsafePath {
+        what,
+        path: at.to_path_buf(),
+        problem,
+        fix,
+    }
+}
+
+/// Opens `/`, where every walk starts.
+fn open_root(what: &'static str) -> Result<OwnedFd, UnsafePath> {
+    let root = CString::new("/").unwrap_or_default();
+    // SAFETY: a valid C string; open returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::open(
+            root.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(unsafe_path(
+            what,
+            Path::new("/"),
+            format!("cannot be opened ({})", std::io::Error::last_os_error()),
+            "check the host".into(),
+        ));
+    }
+    // SAFETY: just returned by open, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens directory `name` (at path `at`) in `dir` without following a
+/// link, creating it with `mode` when it is missing.
+fn open_or_create(
+    what: &'static str,
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    at: &Path,
+    mode: u32,
+) -> Result<OwnedFd, UnsafePath> {
+    let bad = |problem: String, fix: String| unsafe_path(what, at, problem, fix);
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    match openat(dir.as_raw_fd(), name, flags, 0) {
+        Ok(fd) => Ok(fd),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let c = cstr(name).map_err(|e| bad(e.to_string(), "rename it".into()))?;
+            // SAFETY: `c` is a valid C string.
+            if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    return Err(bad(
+                        format!("cannot be created ({e})"),
+                        "create it, owned by the service's user, mode 0700".into(),
+                    ));
+                }
+            }
+            openat(dir.as_raw_fd(), name, flags, 0)
+                .map_err(|e| bad(format!("cannot be opened ({e})"), "check it".into()))
+        }
+        Err(e)
+            if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            let link = lstat_at(dir, &name.to_string_lossy())
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK);
+            Err(if link {
+                bad(
+                    "is a symbolic link: the service follows no link on the path of its directories".into(),
+                    "give the real path (readlink -f), or replace the link with a directory".into(),
+                )
+            } else {
+                bad(
+                    "is not a directory".into(),
+                    "remove it, or give another path".into(),
+                )
+            })
+        }
+        Err(e) => Err(bad(
+            format!("cannot be opened ({e})"),
+            "check its permissions".into(),
+        )),
+    }
+}
+
+/// The directory itself (`st`, at `at`): owned by the service's user `me`
+/// and writable by nobody else.
+fn check_last(what: &'static str, st: &libc::stat, at: &Path, me: u32) -> Result<(), UnsafePath> {
+    if st.st_uid != me {
+        return Err(unsafe_path(
+            what,
+            at,
+            format!(
+                "is owned by {}, not by the service's user ({})",
+                owner_name(st.st_uid),
+                owner_name(me)
+            ),
+            format!(
+                "remove it (the service creates it) or chown it to {} and chmod it 0700",
+                owner_name(me)
+            ),
+        ));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(unsafe_path(
+            what,
+            at,
+            format!(
+                "is writable by its group or others (mode {:04o})",
+                st.st_mode & 0o7777
+            ),
+            "chmod go-w it (0700), or remove it and let the service create it".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// An ancestor (`st`, at `at`): owned by root or the service's user `me`,
+/// and writable by nobody else unless sticky.
+fn check_ancestor(
+    what: &'static str,
+    st: &libc::stat,
+    at: &Path,
+    me: u32,
+) -> Result<(), UnsafePath> {
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(unsafe_path(
+            what,
+            at,
+            format!(
+                "is owned by {}: its owner could replace what lies below it",
+                owner_name(st.st_uid)
+            ),
+            if me == 0 {
+                "put the service's directories under directories owned by root".to_string()
+            } else {
+                format!(
+                    "put the service's directories under directories owned by root or {}",
+                    owner_name(me)
+                )
+            },
+        ));
+    }
+    let others_write = st.st_mode & 0o022 != 0;
+    let sticky = st.st_mode & libc::S_ISVTX != 0;
+    if others_write && !sticky {
+        return Err(unsafe_path(
+            what,
+            at,
+            format!(
+                "is writable by its group or others and not sticky (mode {:04o}): they could replace what lies below it",
+                st.st_mode & 0o7777
+            ),
+            "chmod go-w it, or put the service's directories elsewhere".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Opens (creating) subdirectory `name` of the checked directory `parent`

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tiering::engine::profile::{access_rate, gain_curve_covered, AccessProfile};
-use tiering::mem::{ResizeHandle, TieredMemory, PAGE_SIZE};
+use tiering::engine::profile::{access_rate, gain_curve_covered, AccessProfile, GainCurve};
+use tiering::mem::{MemStats, ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
 use vmm_core::config::{ConfigError, VmConfig, VmRequest};
@@ -423,25 +423,16 @@ impl WorkerHooks {
         {
             return;
         }
-        let Some(mem) = &self.mem else { return };
+        let Some(mem) = self.mem.clone() else {
+            return;
+        };
         let ops_per_sec = match self.last_stats {
             Some((_, t, ops)) if ctx.t_s > t => ctx.ops.saturating_sub(ops) as f64 / (ctx.t_s - t),
             _ => 0.0,
         };
         self.last_stats = Some((now, ctx.t_s, ctx.ops));
         let stats = mem.stats();
-        let page = PAGE_SIZE as u64;
-        let tiers: Vec<TierNow> = stats
-            .tiers
-            .iter()
-            .map(|t| TierNow {
-                name: t.name.clone(),
-                node: t.node,
-                capacity_bytes: t.capacity_pages * page,
-                used_bytes: t.pages * page,
-                resident_bytes: t.resident_bytes,
-            })
-            .collect();
+        let tiers = tiers_now(&stats);
         if self.profile.is_none() {
             self.profile = ctx.tiered.and_then(|t| t.access_profile());
         }
@@ -455,37 +446,8 @@ impl WorkerHooks {
         );
         // Before the sampler's first full pass, what it covered stands for
         // the whole (gain_curve_covered).
-        let coverage = accesses.map_or(1.0, |a| a.coverage);
-        let mut gain = match &self.profile {
-            Some(p) => gain_curve_covered(
-                &p.snapshot(),
-                fast_capacity,
-                self.quantum_pages,
-                self.curve_steps,
-                p.mean_weight(),
-                coverage,
-            ),
-            None => Default::default(),
-        };
-        if self.policy == PolicyKind::Static {
-            // Static never promotes: more fast capacity buys it nothing.
-            gain.grow.iter_mut().for_each(|g| *g = 0.0);
-        }
-        // The profile's memory: halve once the sampler covered every page
-        // since the last halving (so no page's count reflects only how
-        // recently the scan passed it), and at least a half-life apart; a
-        // VM without a sampler halves every HALVE_WITHOUT_SCAN half-lives.
-        let since = now.duration_since(self.last_halve);
-        let cycles = mem.scan_cycles();
-        if (cycles > self.halve_cycles && since >= self.half_life)
-            || since >= self.half_life * HALVE_WITHOUT_SCAN
-        {
-            if let Some(p) = &self.profile {
-                p.halve();
-            }
-            self.last_halve = now;
-            self.halve_cycles = cycles;
-        }
+        let gain = self.gain_now(fast_capacity, accesses.map_or(1.0, |a| a.coverage));
+        self.maybe_halve(now, mem.scan_cycles());
         let resize = lock(&self.shared.resize)
             .as_ref()
             .map(ResizeHandle::report)
@@ -504,6 +466,61 @@ impl WorkerHooks {
             gain,
         });
     }
+
+    /// The gain curve of the access profile with `fast_capacity` pages
+    /// fast, its sampling `coverage` so far (flat without a profile).
+    fn gain_now(&self, fast_capacity: u64, coverage: f64) -> GainCurve {
+        let mut gain = match &self.profile {
+            Some(p) => gain_curve_covered(
+                &p.snapshot(),
+                fast_capacity,
+                self.quantum_pages,
+                self.curve_steps,
+                p.mean_weight(),
+                coverage,
+            ),
+            None => Default::default(),
+        };
+        if self.policy == PolicyKind::Static {
+            // Static never promotes: more fast capacity buys it nothing.
+            gain.grow.iter_mut().for_each(|g| *g = 0.0);
+        }
+        gain
+    }
+
+    /// The profile's memory: halve once the sampler covered every page
+    /// since the last halving (`cycles`: its full passes so far; so no
+    /// page's count reflects only how recently the scan passed it), and at
+    /// least a half-life apart; a VM without a sampler halves every
+    /// HALVE_WITHOUT_SCAN half-lives.
+    fn maybe_halve(&mut self, now: Instant, cycles: u64) {
+        let since = now.duration_since(self.last_halve);
+        if (cycles > self.halve_cycles && since >= self.half_life)
+            || since >= self.half_life * HALVE_WITHOUT_SCAN
+        {
+            if let Some(p) = &self.profile {
+                p.halve();
+            }
+            self.last_halve = now;
+            self.halve_cycles = cycles;
+        }
+    }
+}
+
+/// The worker's view of each tier now, in bytes.
+fn tiers_now(stats: &MemStats) -> Vec<TierNow> {
+    let page = PAGE_SIZE as u64;
+    stats
+        .tiers
+        .iter()
+        .map(|t| TierNow {
+            name: t.name.clone(),
+            node: t.node,
+            capacity_bytes: t.capacity_pages * page,
+            used_bytes: t.pages * page,
+            resident_bytes: t.resident_bytes,
+        })
+        .collect()
 }
 
 impl RunHooks for WorkerHooks {

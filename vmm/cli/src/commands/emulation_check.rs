@@ -185,107 +185,148 @@ fn request(image: &str, mem: u64, args: &[&str], duration: Duration) -> VmReques
 
 /// The variants of `check`.
 fn variants(check: Check, a: &EmulationCheckArgs) -> Vec<Variant> {
-    let d = a.duration;
-    let spec = |extra: &str| Some(format!("{},{extra}", a.latency));
-    let tiered = |mut r: VmRequest, fast: u64, placement: PlacementArg, emu: Option<String>| {
-        r.tiering.fast = Some(fast);
-        r.tiering.policy = Some(PolicyArg::Static);
-        r.tiering.placement = placement;
-        r.emulate_latency = emu;
-        r
-    };
-    let v = |name: &str, req: VmRequest| Variant {
+    match check {
+        Check::Linearity => linearity_variants(a),
+        Check::Cache => cache_variants(a),
+        Check::Overhead => overhead_variants(a),
+    }
+}
+
+/// The check's `--latency` tiers with `extra` settings.
+fn spec(a: &EmulationCheckArgs, extra: &str) -> Option<String> {
+    Some(format!("{},{extra}", a.latency))
+}
+
+/// `r` on tiered RAM of `fast` bytes fast, static placement `placement`,
+/// emulated as `emu`.
+fn tiered(mut r: VmRequest, fast: u64, placement: PlacementArg, emu: Option<String>) -> VmRequest {
+    r.tiering.fast = Some(fast);
+    r.tiering.policy = Some(PolicyArg::Static);
+    r.tiering.placement = placement;
+    r.emulate_latency = emu;
+    r
+}
+
+fn variant(check: Check, name: &str, req: VmRequest) -> Variant {
+    Variant {
         check,
         name: name.into(),
         req,
+    }
+}
+
+/// Linearity: uniform GUPS all fast, half slow and all slow; kv all fast
+/// and all slow.
+fn linearity_variants(a: &EmulationCheckArgs) -> Vec<Variant> {
+    let d = a.duration;
+    let v = |name: &str, req: VmRequest| variant(Check::Linearity, name, req);
+    let kv = || {
+        request(
+            "kv",
+            256 << 20,
+            &["records=100000", "workload=c", "value_size=1024"],
+            d,
+        )
     };
-    match check {
-        Check::Linearity => {
-            let kv = || {
-                request(
-                    "kv",
-                    256 << 20,
-                    &["records=100000", "workload=c", "value_size=1024"],
-                    d,
-                )
-            };
-            let gups = || {
-                request(
-                    "gups",
-                    512 << 20,
-                    &["size=256M", "hot_prob=0", "object=64"],
-                    d,
-                )
-            };
-            vec![
-                v(
-                    "all fast",
-                    tiered(gups(), 512 << 20, PlacementArg::FastFirst, spec("llc=0")),
-                ),
-                v(
-                    "half slow",
-                    tiered(gups(), 256 << 20, PlacementArg::Interleave, spec("llc=0")),
-                ),
-                v(
-                    "all slow",
-                    tiered(gups(), 64 << 20, PlacementArg::SlowFirst, spec("llc=0")),
-                ),
-                // kv pays per operation: its median latency moves by the
-                // charge of one operation (YCSB-C: a bucket and 16 value
-                // lines, every one charged).
-                v(
-                    "kv all fast",
-                    tiered(kv(), 256 << 20, PlacementArg::FastFirst, spec("llc=0")),
-                ),
-                v(
-                    "kv all slow",
-                    tiered(kv(), 64 << 20, PlacementArg::SlowFirst, spec("llc=0")),
-                ),
-            ]
-        }
-        Check::Cache => {
-            let gups = |hot: &str| {
-                request(
-                    "gups",
-                    512 << 20,
-                    &["size=256M", hot, "hot_prob=1", "object=64"],
-                    d,
-                )
-            };
-            let mut out = Vec::new();
-            // A fixed 16 MiB model, whatever this host's LLC (a 256 MiB
-            // host-sized model would hold the 64 MiB set too): 1 MiB fits,
-            // 64 MiB is four times beyond.
-            for (hot, label) in [("hot_size=1M", "1M hot"), ("hot_size=64M", "64M hot")] {
-                for (llc, model) in [(CACHE_CHECK_LLC, "model"), ("llc=0", "no model")] {
-                    let fast = tiered(gups(hot), 512 << 20, PlacementArg::FastFirst, spec(llc));
-                    let slow = tiered(gups(hot), 64 << 20, PlacementArg::SlowFirst, spec(llc));
-                    out.push(v(&format!("{label}, {model}, all fast"), fast));
-                    out.push(v(&format!("{label}, {model}, all slow"), slow));
-                }
-            }
-            out
-        }
-        Check::Overhead => {
-            // Every tier costs exactly the host's DRAM latency, loaded or
-            // not (queue-k=0: the queueing model adds nothing), so nothing
-            // is charged and what remains is the cost of emulating.
-            let zero = Some("fast=100ns,slow=100ns,host-dram=100ns,queue-k=0,ab=on".to_string());
-            let images: [(&str, u64, &[&str]); 3] = [
-                ("zipf", 512 << 20, &["rss=256M", "wss=128M"]),
-                ("gups", 512 << 20, &["size=256M"]),
-                ("kv", 512 << 20, &["records=100000", "workload=a"]),
-            ];
-            let mut out = Vec::new();
-            for (image, mem, args) in images {
-                out.push(v(&format!("{image} plain"), request(image, mem, args, d)));
-                let mut r = request(image, mem, args, d);
-                r.emulate_latency = zero.clone();
-                out.push(v(&format!("{image} emulated, charge 0, ab=on"), r));
-            }
-            out
+    let gups = || {
+        request(
+            "gups",
+            512 << 20,
+            &["size=256M", "hot_prob=0", "object=64"],
+            d,
+        )
+    };
+    let llc0 = || spec(a, "llc=0");
+    vec![
+        v(
+            "all fast",
+            tiered(gups(), 512 << 20, PlacementArg::FastFirst, llc0()),
+        ),
+        v(
+            "half slow",
+            tiered(gups(), 256 << 20, PlacementArg::Interleave, llc0()),
+        ),
+        v(
+            "all slow",
+            tiered(gups(), 64 << 20, PlacementArg::SlowFirst, llc0()),
+        ),
+        // kv pays per operation: its median latency moves by the
+        // charge of one operation (YCSB-C: a bucket and 16 value
+        // lines, every one charged).
+        v(
+            "kv all fast",
+            tiered(kv(), 256 << 20, PlacementArg::FastFirst, llc0()),
+        ),
+        v(
+            "kv all slow",
+            tiered(kv(), 64 << 20, PlacementArg::SlowFirst, llc0()),
+        ),
+    ]
+}
+
+/// Cache: a 1 MiB and a 64 MiB hot set, with and without the cache
+/// model, all fast and all slow.
+fn cache_variants(a: &EmulationCheckArgs) -> Vec<Variant> {
+    let d = a.duration;
+    let gups = |hot: &str| {
+        request(
+            "gups",
+            512 << 20,
+            &["size=256M", hot, "hot_prob=1", "object=64"],
+            d,
+        )
+    };
+    let mut out = Vec::new();
+    // A fixed 16 MiB model, whatever this host's LLC (a 256 MiB
+    // host-sized model would hold the 64 MiB set too): 1 MiB fits,
+    // 64 MiB is four times beyond.
+    for (hot, label) in [("hot_size=1M", "1M hot"), ("hot_size=64M", "64M hot")] {
+        for (llc, model) in [(CACHE_CHECK_LLC, "model"), ("llc=0", "no model")] {
+            let fast = tiered(gups(hot), 512 << 20, PlacementArg::FastFirst, spec(a, llc));
+            let slow = tiered(gups(hot), 64 << 20, PlacementArg::SlowFirst, spec(a, llc));
+            out.push(variant(
+                Check::Cache,
+                &format!("{label}, {model}, all fast"),
+                fast,
+            ));
+            out.push(variant(
+                Check::Cache,
+                &format!("{label}, {model}, all slow"),
+                slow,
+            ));
         }
     }
+    out
+}
+
+/// Overhead: zipf, gups and kv plain and emulated with a zero charge.
+fn overhead_variants(a: &EmulationCheckArgs) -> Vec<Variant> {
+    let d = a.duration;
+    // Every tier costs exactly the host's DRAM latency, loaded or
+    // not (queue-k=0: the queueing model adds nothing), so nothing
+    // is charged and what remains is the cost of emulating.
+    let zero = Some("fast=100ns,slow=100ns,host-dram=100ns,queue-k=0,ab=on".to_string());
+    let images: [(&str, u64, &[&str]); 3] = [
+        ("zipf", 512 << 20, &["rss=256M", "wss=128M"]),
+        ("gups", 512 << 20, &["size=256M"]),
+        ("kv", 512 << 20, &["records=100000", "workload=a"]),
+    ];
+    let mut out = Vec::new();
+    for (image, mem, args) in images {
+        out.push(variant(
+            Check::Overhead,
+            &format!("{image} plain"),
+            request(image, mem, args, d),
+        ));
+        let mut r = request(image, mem, args, d);
+        r.emulate_latency = zero.clone();
+        out.push(variant(
+            Check::Overhead,
+            &format!("{image} emulated, charge 0, ab=on"),
+            r,
+        ));
+    }
+    out
 }
 
 /// Runs `tiervm emulation-check`; returns the exit code (1 if a run failed
@@ -296,57 +337,13 @@ pub fn run(a: &EmulationCheckArgs, started: Instant) -> Result<i32> {
     } else {
         a.checks.clone()
     };
-    let mut all: Vec<Variant> = checks.iter().flat_map(|&c| variants(c, a)).collect();
+    let all: Vec<Variant> = checks.iter().flat_map(|&c| variants(c, a)).collect();
     // Validate every variant before the first run.
-    let mut configs: Vec<VmConfig> = all
+    let configs: Vec<VmConfig> = all
         .iter()
         .map(|v| VmConfig::from_request(&v.req).map_err(Error::from))
         .collect::<Result<_>>()?;
-    let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); all.len()];
-    let mut runs = vec![0usize; all.len()];
-    let mut dram: Option<f64> = None;
-    for rep in 1..=a.repeat.max(1) {
-        for (i, v) in all.iter_mut().enumerate() {
-            let sink = Sink::memory();
-            runs[i] += 1;
-            let r = runner::run(&configs[i], started, Console::Memory(sink), &mut NoHooks);
-            match r {
-                Ok(report) if report.exit_code == Some(0) && report.ops_per_sec <= 0.0 => {
-                    // Nothing to time (e.g. the boot measurement took the
-                    // run): a failed run, not a number.
-                    eprintln!(
-                        "  {} {rep}/{}: no operation completed: not counted (the check fails; try a longer --duration)",
-                        v.name, a.repeat
-                    );
-                }
-                Ok(report) if report.exit_code == Some(0) => {
-                    if !a.quiet {
-                        eprintln!(
-                            "  {} {rep}/{}: {:.1} ns/op",
-                            v.name,
-                            a.repeat,
-                            1e9 / report.ops_per_sec.max(1e-9)
-                        );
-                    }
-                    let measured = report.emulation.as_ref().and_then(|e| e.host_dram_ns);
-                    if let (None, Some(d)) = (dram, measured) {
-                        dram = Some(d);
-                        for c in &mut configs {
-                            if let Some(e) = c.emulation.as_mut() {
-                                e.host_dram_ns.get_or_insert(d);
-                            }
-                        }
-                    }
-                    reports[i].push(report);
-                }
-                Ok(report) => eprintln!(
-                    "  {} {rep}: guest exit {:?} ({:?})",
-                    v.name, report.exit_code, report.stop_reason
-                ),
-                Err(e) => eprintln!("  {} {rep}: FAILED: {}", v.name, Error::from(e).describe()),
-            }
-        }
-    }
+    let (reports, runs, dram) = run_interleaved(a, &all, configs, started);
     let variants: Vec<VariantResult> = all
         .iter()
         .zip(&reports)
@@ -377,6 +374,84 @@ pub fn run(a: &EmulationCheckArgs, started: Instant) -> Result<i32> {
     }
     let failed = res.variants.iter().any(|v| v.runs_ok < v.runs);
     Ok(i32::from(failed || res.verdicts.iter().any(|v| !v.pass)))
+}
+
+/// Runs every variant `a.repeat` times, interleaved: each variant's good
+/// reports, its runs made, and the host DRAM latency the first run
+/// measured (every later run is charged against it).
+fn run_interleaved(
+    a: &EmulationCheckArgs,
+    all: &[Variant],
+    mut configs: Vec<VmConfig>,
+    started: Instant,
+) -> (Vec<Vec<RunReport>>, Vec<usize>, Option<f64>) {
+    let mut reports: Vec<Vec<RunReport>> = vec![Vec::new(); all.len()];
+    let mut runs = vec![0usize; all.len()];
+    let mut dram: Option<f64> = None;
+    for rep in 1..=a.repeat.max(1) {
+        for (i, v) in all.iter().enumerate() {
+            let sink = Sink::memory();
+            runs[i] += 1;
+            let r = runner::run(&configs[i], started, Console::Memory(sink), &mut NoHooks);
+            let Some(report) = counted(a, v, rep, r) else {
+                continue;
+            };
+            let measured = report.emulation.as_ref().and_then(|e| e.host_dram_ns);
+            if let (None, Some(d)) = (dram, measured) {
+                dram = Some(d);
+                for c in &mut configs {
+                    if let Some(e) = c.emulation.as_mut() {
+                        e.host_dram_ns.get_or_insert(d);
+                    }
+                }
+            }
+            reports[i].push(report);
+        }
+    }
+    (reports, runs, dram)
+}
+
+/// Run `rep` of `v`'s report when it counts (guest exit 0, operations
+/// done); says on stderr why it does not, or how fast it was.
+fn counted(
+    a: &EmulationCheckArgs,
+    v: &Variant,
+    rep: u32,
+    r: std::result::Result<RunReport, runner::RunError>,
+) -> Option<RunReport> {
+    match r {
+        Ok(report) if report.exit_code == Some(0) && report.ops_per_sec <= 0.0 => {
+            // Nothing to time (e.g. the boot measurement took the
+            // run): a failed run, not a number.
+            eprintln!(
+                "  {} {rep}/{}: no operation completed: not counted (the check fails; try a longer --duration)",
+                v.name, a.repeat
+            );
+            None
+        }
+        Ok(report) if report.exit_code == Some(0) => {
+            if !a.quiet {
+                eprintln!(
+                    "  {} {rep}/{}: {:.1} ns/op",
+                    v.name,
+                    a.repeat,
+                    1e9 / report.ops_per_sec.max(1e-9)
+                );
+            }
+            Some(report)
+        }
+        Ok(report) => {
+            eprintln!(
+                "  {} {rep}: guest exit {:?} ({:?})",
+                v.name, report.exit_code, report.stop_reason
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("  {} {rep}: FAILED: {}", v.name, Error::from(e).describe());
+            None
+        }
+    }
 }
 
 fn summarize(v: &Variant, reports: &[RunReport], runs: usize) -> VariantResult {
@@ -455,15 +530,38 @@ fn find<'a>(v: &'a [VariantResult], name: &str) -> Option<&'a VariantResult> {
 
 fn verdicts(v: &[VariantResult]) -> Vec<CheckVerdict> {
     let mut out = Vec::new();
-    let mut push = |check, what: String, value: Option<f64>, range: (f64, f64)| {
-        let pass = value.is_some_and(|x| x >= range.0 && x <= range.1);
-        out.push(CheckVerdict {
-            check,
-            what,
-            value,
-            range,
-            pass,
-        });
+    linearity_verdicts(v, &mut out);
+    cache_verdicts(v, &mut out);
+    for image in ["zipf", "gups", "kv"] {
+        if let Some(e) = find(v, &format!("{image} emulated, charge 0, ab=on")) {
+            out.push(verdict(
+                Check::Overhead,
+                format!("{image}: op time charging / not (charge 0), alternating phases within each run, median pair"),
+                e.ab_pair_median,
+                (0.0, 1.05),
+            ));
+        }
+    }
+    out
+}
+
+/// `value` against `range` (a missing value fails).
+fn verdict(check: Check, what: String, value: Option<f64>, range: (f64, f64)) -> CheckVerdict {
+    let pass = value.is_some_and(|x| x >= range.0 && x <= range.1);
+    CheckVerdict {
+        check,
+        what,
+        value,
+        range,
+        pass,
+    }
+}
+
+/// The linearity verdicts: GUPS's charge accounting, op time against the
+/// charge and half slow halfway; kv's p50 shift against its charge.
+fn linearity_verdicts(v: &[VariantResult], out: &mut Vec<CheckVerdict>) {
+    let mut push = |what: &str, value: Option<f64>, range: (f64, f64)| {
+        out.push(verdict(Check::Linearity, what.into(), value, range));
     };
     if let (Some(fast), Some(half), Some(slow)) = (
         find(v, "all fast"),
@@ -471,8 +569,7 @@ fn verdicts(v: &[VariantResult]) -> Vec<CheckVerdict> {
         find(v, "all slow"),
     ) {
         push(
-            Check::Linearity,
-            "all slow: charged / (slow accesses x (loaded slow latency - charge base))".into(),
+            "all slow: charged / (slow accesses x (loaded slow latency - charge base))",
             slow.charge_accounting,
             (0.99, 1.01),
         );
@@ -485,14 +582,12 @@ fn verdicts(v: &[VariantResult]) -> Vec<CheckVerdict> {
             .zip(Some(fast.charged_ns_per_op.unwrap_or(0.0)))
             .map(|(s, f)| s - f);
         push(
-            Check::Linearity,
-            "op time growth (all slow - all fast) / charge growth".into(),
+            "op time growth (all slow - all fast) / charge growth",
             dt.zip(dc).filter(|(_, c)| *c > 0.0).map(|(t, c)| t / c),
             (0.9, 1.1),
         );
         push(
-            Check::Linearity,
-            "half slow: (half - fast) / (slow - fast) op time".into(),
+            "half slow: (half - fast) / (slow - fast) op time",
             half.ns_per_op_best
                 .zip(fast.ns_per_op_best)
                 .zip(dt)
@@ -508,11 +603,17 @@ fn verdicts(v: &[VariantResult]) -> Vec<CheckVerdict> {
             .zip(fast.charged_ns_per_op)
             .map(|(s, f)| s - f);
         push(
-            Check::Linearity,
-            "kv (pays per operation): p50 shift / charge per operation".into(),
+            "kv (pays per operation): p50 shift / charge per operation",
             dp.zip(dc).filter(|(_, c)| *c > 0.0).map(|(p, c)| p / c),
             (0.85, 1.15),
         );
+    }
+}
+
+/// The cache verdicts: the fastest runs' op time, all slow over all fast.
+fn cache_verdicts(v: &[VariantResult], out: &mut Vec<CheckVerdict>) {
+    if find(v, "1M hot, model, all slow").is_none() {
+        return;
     }
     let ratio = |a: &str, b: &str| {
         find(v, a)
@@ -520,37 +621,28 @@ fn verdicts(v: &[VariantResult]) -> Vec<CheckVerdict> {
             .zip(find(v, b).and_then(|x| x.ns_per_op_best))
             .map(|(x, y)| x / y)
     };
-    if find(v, "1M hot, model, all slow").is_some() {
-        push(
-            Check::Cache,
-            "1M hot set, cache model: all slow / all fast op time".into(),
-            ratio("1M hot, model, all slow", "1M hot, model, all fast"),
+    for (what, slow, fast, range) in [
+        (
+            "1M hot set, cache model: all slow / all fast op time",
+            "1M hot, model, all slow",
+            "1M hot, model, all fast",
             (0.0, 1.05),
-        );
-        push(
-            Check::Cache,
-            "1M hot set, no model (negative control): all slow / all fast op time".into(),
-            ratio("1M hot, no model, all slow", "1M hot, no model, all fast"),
+        ),
+        (
+            "1M hot set, no model (negative control): all slow / all fast op time",
+            "1M hot, no model, all slow",
+            "1M hot, no model, all fast",
             (1.5, f64::INFINITY),
-        );
-        push(
-            Check::Cache,
-            "64M hot set (beyond the model), cache model: all slow / all fast op time".into(),
-            ratio("64M hot, model, all slow", "64M hot, model, all fast"),
+        ),
+        (
+            "64M hot set (beyond the model), cache model: all slow / all fast op time",
+            "64M hot, model, all slow",
+            "64M hot, model, all fast",
             (1.5, f64::INFINITY),
-        );
+        ),
+    ] {
+        out.push(verdict(Check::Cache, what.into(), ratio(slow, fast), range));
     }
-    for image in ["zipf", "gups", "kv"] {
-        if let Some(e) = find(v, &format!("{image} emulated, charge 0, ab=on")) {
-            push(
-                Check::Overhead,
-                format!("{image}: op time charging / not (charge 0), alternating phases within each run, median pair"),
-                e.ab_pair_median,
-                (0.0, 1.05),
-            );
-        }
-    }
-    out
 }
 
 fn human(res: &CheckResults) -> String {
@@ -568,7 +660,6 @@ fn human(res: &CheckResults) -> String {
         res.repeat,
         res.duration_s
     );
-    let f = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |x| format!("{x:.p$}"));
     let headers = [
         "variant",
         "ns/op",
@@ -581,53 +672,21 @@ fn human(res: &CheckResults) -> String {
         "runs",
     ];
     for check in [Check::Linearity, Check::Cache, Check::Overhead] {
-        let rows: Vec<Vec<String>> = res
-            .variants
-            .iter()
-            .filter(|v| v.check == Some(check))
-            .map(|v| {
-                vec![
-                    v.name.clone(),
-                    f(v.ns_per_op, 1),
-                    v.ns_per_op_range
-                        .map_or("-".into(), |(a, b)| format!("{a:.1}-{b:.1}")),
-                    f(v.charged_ns_per_op, 1),
-                    f(v.paid_over_charged, 3),
-                    f(v.slow_share, 3),
-                    f(v.cache_hit_pct, 1),
-                    f(v.p50_ns, 0),
-                    format!("{}/{}", v.runs_ok, v.runs),
-                ]
-            })
-            .collect();
+        let rows = table_rows(res, check);
         if rows.is_empty() {
             continue;
         }
         let _ = writeln!(s, "\n{check:?}");
         s.push_str(&render_table(&headers, &rows));
         if check == Check::Overhead {
-            for image in ["zipf", "gups", "kv"] {
-                let (Some(e), Some(p)) = (
-                    find(&res.variants, &format!("{image} emulated, charge 0, ab=on")),
-                    find(&res.variants, &format!("{image} plain")),
-                ) else {
-                    continue;
-                };
-                let _ = writeln!(
-                    s,
-                    "  {image}: within runs (ab=on), median pair per run {}; between runs, fastest emulated / fastest plain {} (not a verdict: between runs the host moves op times by more)",
-                    e.ab_pair_median_range
-                        .map_or("-".into(), |(a, b)| format!("{a:.3}-{b:.3}")),
-                    f(e.ns_per_op_best.zip(p.ns_per_op_best).map(|(x, y)| x / y), 3)
-                );
-            }
+            overhead_notes(res, &mut s);
         }
         for vd in res.verdicts.iter().filter(|x| x.check == check) {
             let _ = writeln!(
                 s,
                 "  {}: {} (accepted {}..{}): {}",
                 vd.what,
-                f(vd.value, 3),
+                num(vd.value, 3),
                 vd.range.0,
                 vd.range.1,
                 if vd.pass { "ok" } else { "OUT OF RANGE" }
@@ -635,6 +694,52 @@ fn human(res: &CheckResults) -> String {
         }
     }
     s
+}
+
+/// `v` with `p` decimals, or "-".
+fn num(v: Option<f64>, p: usize) -> String {
+    v.map_or("-".to_string(), |x| format!("{x:.p$}"))
+}
+
+/// The table rows of `check`'s variants.
+fn table_rows(res: &CheckResults, check: Check) -> Vec<Vec<String>> {
+    res.variants
+        .iter()
+        .filter(|v| v.check == Some(check))
+        .map(|v| {
+            vec![
+                v.name.clone(),
+                num(v.ns_per_op, 1),
+                v.ns_per_op_range
+                    .map_or("-".into(), |(a, b)| format!("{a:.1}-{b:.1}")),
+                num(v.charged_ns_per_op, 1),
+                num(v.paid_over_charged, 3),
+                num(v.slow_share, 3),
+                num(v.cache_hit_pct, 1),
+                num(v.p50_ns, 0),
+                format!("{}/{}", v.runs_ok, v.runs),
+            ]
+        })
+        .collect()
+}
+
+/// The overhead check's comparisons within and between runs, per image.
+fn overhead_notes(res: &CheckResults, s: &mut String) {
+    for image in ["zipf", "gups", "kv"] {
+        let (Some(e), Some(p)) = (
+            find(&res.variants, &format!("{image} emulated, charge 0, ab=on")),
+            find(&res.variants, &format!("{image} plain")),
+        ) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "  {image}: within runs (ab=on), median pair per run {}; between runs, fastest emulated / fastest plain {} (not a verdict: between runs the host moves op times by more)",
+            e.ab_pair_median_range
+                .map_or("-".into(), |(a, b)| format!("{a:.3}-{b:.3}")),
+            num(e.ns_per_op_best.zip(p.ns_per_op_best).map(|(x, y)| x / y), 3)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! it to vm-memory and KVM, and runs the tiering threads (userfaultfd fault
 //! handler, migrator with KVM's dirty log, chaos driver) for one VM.
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use kvm_ioctls::VmFd;
@@ -411,11 +410,12 @@ impl TieredRam {
         self.engine.as_ref().map(Engine::mode_slot)
     }
 
-    /// Starts the migrator (and chaos) once the VM's memslot exists.
-    pub fn start(&mut self, vm: &VmFd) -> Result<()> {
+    /// Starts the migrator (and chaos) once the VM's memslot exists; the
+    /// migrator's dirty log keeps a share of `vm`.
+    pub fn start(&mut self, vm: &Arc<VmFd>) -> Result<()> {
         // The memory slots `Vm::register_ram` registered for guest RAM.
         let slots = ram_segments(0, self.mem.guest_len() as u64, self.mem.guest_ptr() as u64);
-        let log = KvmDirtyLog::segmented(vm.as_raw_fd(), slots);
+        let log = KvmDirtyLog::segmented(Arc::clone(vm), slots);
         let migrator = Arc::new(
             Migrator::new(self.mem.clone(), Box::new(log), MigratorConfig::default())
                 .map_err(TieredRamError::StartMigrator)?,

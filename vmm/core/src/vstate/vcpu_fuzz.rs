@@ -66,47 +66,10 @@ fn exit() -> impl Strategy<Value = Exit> {
 }
 
 /// Feeds one exit to `handle_exit` and checks the result.
-/// Long (~87 lines): one arm per exit kind, each with its expectation.
 fn check(e: &Exit, sh: &VcpuShared) -> std::result::Result<Step, TestCaseError> {
-    let unhandled = sh.unhandled_io.load(Ordering::Relaxed);
     let step = match e {
-        Exit::Out(port, data) => {
-            let step = handle_exit(Ok(VcpuExit::IoOut(*port, data)), sh);
-            match *port {
-                PORT_EXIT => {
-                    let mut b = [0u8; 4];
-                    let n = data.len().min(4);
-                    b[..n].copy_from_slice(&data[..n]);
-                    prop_assert_eq!(&step, &Step::Exited(u32::from_le_bytes(b)));
-                }
-                PORT_BOOTED => {
-                    prop_assert_eq!(&step, &Step::Continue);
-                    prop_assert!(sh.booted_at.get().is_some());
-                }
-                p => {
-                    prop_assert_eq!(&step, &Step::Continue);
-                    let claimed = (PORT_SERIAL..PORT_SERIAL + 8).contains(&p);
-                    prop_assert_eq!(
-                        sh.unhandled_io.load(Ordering::Relaxed),
-                        unhandled + u64::from(!claimed)
-                    );
-                }
-            }
-            step
-        }
-        Exit::In(port, n) => {
-            // Poison the buffer: every byte the guest reads must be written.
-            let mut data = vec![0x5a; *n];
-            let step = handle_exit(Ok(VcpuExit::IoIn(*port, &mut data)), sh);
-            prop_assert_eq!(&step, &Step::Continue);
-            let claimed = (PORT_SERIAL..PORT_SERIAL + 8).contains(port);
-            if claimed {
-                prop_assert!(data.iter().skip(1).all(|&b| b == 0), "{:?}", data);
-            } else {
-                prop_assert!(data.iter().all(|&b| b == 0xff), "{:?}", data);
-            }
-            step
-        }
+        Exit::Out(port, data) => check_out(*port, data, sh)?,
+        Exit::In(port, n) => check_in(*port, *n, sh)?,
         Exit::MmioRead(addr, n) => {
             let mut data = vec![0x5a; *n];
             let step = handle_exit(Ok(VcpuExit::MmioRead(*addr, &mut data)), sh);
@@ -142,16 +105,64 @@ fn check(e: &Exit, sh: &VcpuShared) -> std::result::Result<Step, TestCaseError> 
             prop_assert_eq!(&step, &Step::Continue);
             step
         }
-        Exit::Errno(errno) => {
-            let step = handle_exit(Err(vmm_sys_util::errno::Error::new(*errno)), sh);
-            match *errno {
-                libc::EINTR | libc::EAGAIN => prop_assert_eq!(&step, &Step::Continue),
-                libc::EFAULT => prop_assert!(matches!(step, Step::Crash(_)), "{:?}", step),
-                _ => prop_assert!(matches!(step, Step::HostError(_)), "{:?}", step),
-            }
-            step
-        }
+        Exit::Errno(errno) => check_errno(*errno, sh)?,
     };
+    Ok(step)
+}
+
+/// An OUT of `data` to `port`: the exit port ends the run with its code,
+/// the boot port records the boot, any other port continues (counted as
+/// unhandled unless the serial port claims it).
+fn check_out(port: u16, data: &[u8], sh: &VcpuShared) -> std::result::Result<Step, TestCaseError> {
+    let unhandled = sh.unhandled_io.load(Ordering::Relaxed);
+    let step = handle_exit(Ok(VcpuExit::IoOut(port, data)), sh);
+    match port {
+        PORT_EXIT => {
+            let mut b = [0u8; 4];
+            let n = data.len().min(4);
+            b[..n].copy_from_slice(&data[..n]);
+            prop_assert_eq!(&step, &Step::Exited(u32::from_le_bytes(b)));
+        }
+        PORT_BOOTED => {
+            prop_assert_eq!(&step, &Step::Continue);
+            prop_assert!(sh.booted_at.get().is_some());
+        }
+        p => {
+            prop_assert_eq!(&step, &Step::Continue);
+            let claimed = (PORT_SERIAL..PORT_SERIAL + 8).contains(&p);
+            prop_assert_eq!(
+                sh.unhandled_io.load(Ordering::Relaxed),
+                unhandled + u64::from(!claimed)
+            );
+        }
+    }
+    Ok(step)
+}
+
+/// An IN of `n` bytes from `port`: every byte the guest reads is written.
+fn check_in(port: u16, n: usize, sh: &VcpuShared) -> std::result::Result<Step, TestCaseError> {
+    // Poison the buffer: every byte the guest reads must be written.
+    let mut data = vec![0x5a; n];
+    let step = handle_exit(Ok(VcpuExit::IoIn(port, &mut data)), sh);
+    prop_assert_eq!(&step, &Step::Continue);
+    let claimed = (PORT_SERIAL..PORT_SERIAL + 8).contains(&port);
+    if claimed {
+        prop_assert!(data.iter().skip(1).all(|&b| b == 0), "{:?}", data);
+    } else {
+        prop_assert!(data.iter().all(|&b| b == 0xff), "{:?}", data);
+    }
+    Ok(step)
+}
+
+/// A failed KVM_RUN with `errno`: interrupted runs continue, EFAULT is a
+/// guest crash, anything else a host error.
+fn check_errno(errno: i32, sh: &VcpuShared) -> std::result::Result<Step, TestCaseError> {
+    let step = handle_exit(Err(vmm_sys_util::errno::Error::new(errno)), sh);
+    match errno {
+        libc::EINTR | libc::EAGAIN => prop_assert_eq!(&step, &Step::Continue),
+        libc::EFAULT => prop_assert!(matches!(step, Step::Crash(_)), "{:?}", step),
+        _ => prop_assert!(matches!(step, Step::HostError(_)), "{:?}", step),
+    }
     Ok(step)
 }
 

@@ -158,12 +158,13 @@ impl GuestRam {
 }
 
 /// A VM with its guest RAM registered. Fields drop in order: the tiering
-/// threads stop (the migrator harvests the dirty log through `fd`), then
-/// the VM fd closes, then this share of the RAM goes.
+/// threads stop and the migrator goes with its dirty log (which holds a
+/// share of `fd`), then this share of the VM fd closes, then this share of
+/// the RAM goes.
 pub struct Vm {
     emulation: Option<Emulation>,
     tiered: Option<TieredRam>,
-    fd: VmFd,
+    fd: Arc<VmFd>,
     ram: Arc<GuestRam>,
 }
 
@@ -190,7 +191,7 @@ impl Vm {
         let vm = Self {
             emulation: None,
             tiered,
-            fd,
+            fd: Arc::new(fd),
             ram,
         };
         vm.register_ram()?;
