@@ -806,7 +806,7 @@ impl MeasuredRun {
                 if q + 1 == clock.phase_quanta {
                     self.first_phase_end = sim.raw.clone();
                 }
-                clock.phase_quanta > 0 && (q + 1) % clock.phase_quanta == 0
+                clock.phase_quanta > 0 && (q + 1).is_multiple_of(clock.phase_quanta)
             }
         }
     }
