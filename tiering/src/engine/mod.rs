@@ -181,6 +181,22 @@ pub struct EngineReport {
     pub capacity_rebuilds: u64,
 }
 
+impl EngineReport {
+    /// The empty report of an engine set up as `cfg` says: where its
+    /// latencies come from.
+    fn for_config(cfg: &EngineConfig) -> Self {
+        Self {
+            latency_modeled: cfg.modeled_latency.is_some() || cfg.live_latency.is_some(),
+            latency_source: match (&cfg.live_latency, &cfg.modeled_latency) {
+                (Some(l), _) => Some(l.describe()),
+                (None, Some(_)) => Some(MODELED_SHARES_SOURCE),
+                (None, None) => None,
+            },
+            ..Default::default()
+        }
+    }
+}
+
 /// How long a hint-fault touch counts as the page's accessed bit.
 pub const ACCESSED_WINDOW: Duration = Duration::from_secs(1);
 
@@ -426,7 +442,41 @@ impl EngineState {
         }
     }
 
+    /// One policy tick: the tiers' status and the accesses since the last
+    /// tick go to the policy, and its decisions are carried out.
     fn tick(&mut self, now_ns: u64) {
+        let tiers = self.tick_tiers();
+        let mem = self.migrator.memory().clone();
+        self.gather_accesses(&mem, now_ns);
+        let samples = std::mem::take(&mut self.samples);
+        self.report.samples += samples.len() as u64;
+        let obs = policy::Observations {
+            now_ns,
+            tiers: &tiers,
+            samples: &samples,
+            tpm_outcomes: &[],
+            dirty: &[],
+        };
+        self.to_arm.clear();
+        let mut view = LiveView {
+            mem: &mem,
+            touched: &mut self.touched,
+            probe: (self.probes.is_some() || self.damon.is_some()).then_some(Probing {
+                touched: &mut self.probe_touched,
+                to_arm: &mut self.to_arm,
+            }),
+        };
+        let d: Decisions = self.policy.tick(&obs, &mut view);
+        self.report.ticks += 1;
+        self.publish_mode();
+        self.tier_hits.iter_mut().for_each(|h| *h = 0);
+        self.carry_out(&d, &mem);
+        let _ = self.migrator.run_due_retries();
+    }
+
+    /// The tiers' status for a tick, with the loaded latency and request
+    /// rate of the live model, else of the share model, if either runs.
+    fn tick_tiers(&self) -> Vec<TierStatus> {
         let live = self.live_latency.as_ref().and_then(|s| s.tier_loads());
         let latencies = self.latency.map(|l| l.latencies(self.class_hits()));
         let mut tiers = self.tiers(latencies);
@@ -448,7 +498,12 @@ impl EngineState {
                     Some(MODELED_REQUESTS_PER_SEC * self.tier_hits[t] as f64 / total);
             }
         }
-        let mem = self.migrator.memory().clone();
+        tiers
+    }
+
+    /// The accesses since the last tick that the probes or DAMON saw, into
+    /// the touched bits, the profile and the tick's samples.
+    fn gather_accesses(&mut self, mem: &TieredMemory, now_ns: u64) {
         if let Some(p) = &mut self.probes {
             // Map back the probes the guest did not touch, then record every
             // touch up to now: the policy re-arms what it tests.
@@ -475,28 +530,11 @@ impl EngineState {
                 }
             }
         }
-        let samples = std::mem::take(&mut self.samples);
-        self.report.samples += samples.len() as u64;
-        let obs = policy::Observations {
-            now_ns,
-            tiers: &tiers,
-            samples: &samples,
-            tpm_outcomes: &[],
-            dirty: &[],
-        };
-        self.to_arm.clear();
-        let mut view = LiveView {
-            mem: &mem,
-            touched: &mut self.touched,
-            probe: (self.probes.is_some() || self.damon.is_some()).then_some(Probing {
-                touched: &mut self.probe_touched,
-                to_arm: &mut self.to_arm,
-            }),
-        };
-        let d: Decisions = self.policy.tick(&obs, &mut view);
-        self.report.ticks += 1;
-        self.publish_mode();
-        self.tier_hits.iter_mut().for_each(|h| *h = 0);
+    }
+
+    /// Carries out a tick's decisions `d`: the tested pages armed around
+    /// the migrations, then the shadow reclaims.
+    fn carry_out(&mut self, d: &Decisions, mem: &TieredMemory) {
         // Arm the tested pages (none unless probing) at once, so touches
         // during the migrations count; pages about to migrate are armed
         // after (the migrator skips parked pages).
@@ -516,7 +554,6 @@ impl EngineState {
             let want = mem.free_pages(tier) + pages as usize;
             mem.reclaim_shadows(tier, want);
         }
-        let _ = self.migrator.run_due_retries();
     }
 
     /// Publishes the policy's mode (if it has modes) and counts its ticks.
@@ -602,6 +639,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The policy's tick period, at least 1 ms.
 fn tick_period(policy: &dyn Policy) -> Duration {
     Duration::from_nanos(policy.tick_interval_ns().max(1_000_000))
+}
+
+/// Starts DAMON on the guest memory `mem` if `cfg` tracks with it.
+fn start_damon(
+    cfg: &EngineConfig,
+    mem: &TieredMemory,
+) -> Result<Option<DamonTracker>, EngineError> {
+    let Some(dc) = &cfg.damon else {
+        return Ok(None);
+    };
+    Ok(Some(DamonTracker::start(
+        &dc.sysfs_root,
+        !damon::is_machine_damon(&dc.sysfs_root) || damon::allowed_by_env(),
+        dc,
+        std::process::id(),
+        mem.guest_ptr() as usize,
+        mem.guest_pages(),
+    )?))
 }
 
 /// A command to a running engine.
@@ -695,16 +750,22 @@ impl Engine {
         cfg
     }
 
-    /// Starts the engine over `migrator`: builds the first policy, installs
-    /// the fault-path hook if it decides in the fault path, and spawns the
-    /// engine thread ([`EngineThread::run`]).
-    pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, EngineError> {
-        let mut pcfg = Self::policy_config(migrator.memory());
+    /// [`Self::policy_config`] for `mem` tracked as `cfg` says.
+    fn tracked_policy_config(mem: &TieredMemory, cfg: &EngineConfig) -> PolicyConfig {
+        let mut pcfg = Self::policy_config(mem);
         if cfg.damon.is_some() {
             // With DAMON a test costs the guest no hint fault: policies
             // budget with their own assumed cost (MTM: 1 us per scan).
             pcfg.accessed_test_cost_ns = None;
         }
+        pcfg
+    }
+
+    /// Starts the engine over `migrator`: builds the first policy, installs
+    /// the fault-path hook if it decides in the fault path, and spawns the
+    /// engine thread ([`EngineThread::run`]).
+    pub fn spawn(migrator: Arc<Migrator>, cfg: EngineConfig) -> Result<Self, EngineError> {
+        let pcfg = Self::tracked_policy_config(migrator.memory(), &cfg);
         let first = cfg
             .policy
             .build(&config_for(&pcfg, &cfg.intervals, cfg.policy))?;
@@ -712,20 +773,7 @@ impl Engine {
         // Policies that read write counts keep the dirty log on; the others
         // let it go off while nothing is migrating (huge-page mappings).
         migrator.set_dirty_log_required(trackers.dirty_log);
-        let damon = match &cfg.damon {
-            Some(dc) => {
-                let mem = migrator.memory();
-                Some(DamonTracker::start(
-                    &dc.sysfs_root,
-                    !damon::is_machine_damon(&dc.sysfs_root) || damon::allowed_by_env(),
-                    dc,
-                    std::process::id(),
-                    mem.guest_ptr() as usize,
-                    mem.guest_pages(),
-                )?)
-            }
-            None => None,
-        };
+        let damon = start_damon(&cfg, migrator.memory())?;
         let words = migrator.memory().guest_pages().div_ceil(64);
         let mode: ModeSlot = Arc::new(Mutex::new(None));
         let profile = Arc::new(profile::AccessProfile::new(migrator.memory().guest_pages()));
@@ -745,15 +793,7 @@ impl Engine {
             hint_tiers: trackers.hint_fault_tiers.clone(),
             latency: cfg.modeled_latency,
             live_latency: cfg.live_latency.clone(),
-            report: EngineReport {
-                latency_modeled: cfg.modeled_latency.is_some() || cfg.live_latency.is_some(),
-                latency_source: match (&cfg.live_latency, &cfg.modeled_latency) {
-                    (Some(l), _) => Some(l.describe()),
-                    (None, Some(_)) => Some(MODELED_SHARES_SOURCE),
-                    (None, None) => None,
-                },
-                ..Default::default()
-            },
+            report: EngineReport::for_config(&cfg),
             profile: profile.clone(),
         }));
         let start = Instant::now();

@@ -202,6 +202,23 @@ impl HintSampler {
         ));
         let had_window = !self.window.is_empty();
         let untouched = self.unpark_all()?;
+        let overhead_pct = self.measure_overhead(&mem);
+        if had_window {
+            self.adapt_scan_pages(overhead_pct);
+        } // else nothing was sampled over the last period: keep the scan size.
+        let parked = self.park_window(&mem)?;
+        Ok(SamplerTick {
+            parked,
+            untouched,
+            overhead_pct,
+            scan_pages: self.scan_pages,
+        })
+    }
+
+    /// The hint faults' overhead since the last tick, percent of vCPU time:
+    /// measured if the guest clock allows, else estimated from the hint
+    /// stall time; published to `mem` (this sampler's memory).
+    fn measure_overhead(&mut self, mem: &TieredMemory) -> f64 {
         let now = Instant::now();
         let hint_ns = mem.counters.hint_stall_ns.load(Ordering::Relaxed);
         let wall_ns = now.duration_since(self.last_tick).as_nanos().max(1) as f64;
@@ -211,23 +228,29 @@ impl HintSampler {
         self.last_tick = now;
         self.last_hint_ns = hint_ns;
         mem.set_overhead_pct(overhead_pct);
-        if !had_window {
-            // Nothing was sampled over the last period: keep the scan size.
+        overhead_pct
+    }
+
+    /// Proportional control of the scan size towards the budget, at most
+    /// 4x down or up per period (the first window was sized pessimistically).
+    fn adapt_scan_pages(&mut self, overhead_pct: f64) {
+        let ratio = if overhead_pct > 0.0 {
+            self.cfg.budget_pct / overhead_pct
         } else {
-            // Proportional control towards the budget, at most 4x down or
-            // up per period (the first window was sized pessimistically).
-            let ratio = if overhead_pct > 0.0 {
-                self.cfg.budget_pct / overhead_pct
-            } else {
-                4.0
-            };
-            let next = (self.scan_pages as f64 * ratio.clamp(0.25, 4.0)).round() as usize;
-            self.scan_pages = next.clamp(
-                self.cfg.min_scan_pages.max(1),
-                self.cfg.max_scan_pages.max(1),
-            );
-        }
-        // Park the next window: runs of pages we own move with one range move.
+            4.0
+        };
+        let next = (self.scan_pages as f64 * ratio.clamp(0.25, 4.0)).round() as usize;
+        self.scan_pages = next.clamp(
+            self.cfg.min_scan_pages.max(1),
+            self.cfg.max_scan_pages.max(1),
+        );
+    }
+
+    /// Parks the next window of `mem` (this sampler's memory), up to
+    /// `scan_pages` pages from the cursor:
+    /// runs of pages we own move with one range move. Returns the pages
+    /// parked.
+    fn park_window(&mut self, mem: &TieredMemory) -> io::Result<usize> {
         *lock(&mem.park_epoch) = Instant::now();
         let n = mem.guest_pages();
         let want = self.scan_pages.min(n);
@@ -276,12 +299,7 @@ impl HintSampler {
                 break;
             }
         }
-        Ok(SamplerTick {
-            parked,
-            untouched,
-            overhead_pct,
-            scan_pages: self.scan_pages,
-        })
+        Ok(parked)
     }
 
     /// The guest's measured cost of hint faults since the last tick, percent

@@ -261,6 +261,67 @@ struct PairSide {
     pages: u64,
 }
 
+/// The scan-and-sort search under way ([`Colloid::swap_pages`]): its
+/// candidates (moved ones `None`), the destination's count-0 pages left,
+/// and the modeled pages moved (both directions).
+struct PairSearch {
+    top: Vec<Option<PairSide>>,
+    bottom: Vec<Option<PairSide>>,
+    zero_pages: u64,
+    moved: u64,
+}
+
+/// The pair step 3 picked: indices in `top` and `bottom`, the count
+/// difference, the sides, and the `top` side's tracked page.
+struct Pair {
+    i: usize,
+    j: usize,
+    diff: u64,
+    top: PairSide,
+    top_unit: u64,
+    bottom: PairSide,
+}
+
+/// How a pair's swap went.
+enum Swap {
+    /// Both sides moved (or room made): the pair leaves the candidates.
+    Done,
+    /// No room made for the `top` page: try the next pair.
+    Skipped,
+    /// A destination is full: the search stops.
+    Stopped,
+}
+
+impl PairSearch {
+    /// Step 3: the pair that fits in the `remaining` shift ([`best_pair`]),
+    /// or `None` when there is none.
+    fn best(&self, remaining: u64) -> Option<Pair> {
+        let (i, j, diff) = best_pair(&self.top, &self.bottom, remaining)?;
+        let (Some(Some(t)), Some(Some(b))) =
+            (self.top.get(i).copied(), self.bottom.get(j).copied())
+        else {
+            return None;
+        };
+        // `top` holds tracked pages only.
+        let top_unit = t.unit?;
+        Some(Pair {
+            i,
+            j,
+            diff,
+            top: t,
+            top_unit,
+            bottom: b,
+        })
+    }
+
+    /// `bottom[j]` leaves the candidates.
+    fn drop_bottom(&mut self, j: usize) {
+        if let Some(e) = self.bottom.get_mut(j) {
+            *e = None;
+        }
+    }
+}
+
 /// The pair with the largest count difference `top - bottom` that is
 /// positive and at most `max_diff`, as (index in `top`, index in
 /// `bottom`, difference); `None` when no pair fits.
@@ -531,6 +592,47 @@ impl Colloid {
             return; // pebs.c: "total_accesses=0 exit"
         }
         // Step 1.
+        let mut pairs = self.pair_candidates(view, shift, tiers, moves);
+        // Step 2.
+        let mut remaining = (shift.dp * total as f64).floor().max(0.0) as u64;
+        // Step 3.
+        while pairs.moved < limit {
+            let Some(pair) = pairs.best(remaining) else {
+                break;
+            };
+            let swapped = if shift.promote {
+                // Step 4.
+                self.swap_up(view, &mut pairs, &pair, moves)
+            } else {
+                // Step 5.
+                self.swap_down(&mut pairs, &pair, moves)
+            };
+            match swapped {
+                Swap::Done => {}
+                Swap::Skipped => continue,
+                Swap::Stopped => break,
+            }
+            // Step 6.
+            if let Some(e) = pairs.top.get_mut(pair.i) {
+                *e = None;
+            }
+            remaining -= pair.diff;
+        }
+        // The excess over the limit comes off the next quanta's limits.
+        if pairs.moved > limit {
+            self.limit_carry -= (pairs.moved - limit) as f64;
+        }
+    }
+
+    /// Step 1 of [`Self::swap_pages`]: the `top` and `bottom` candidates,
+    /// sorted by count, and the destination's pages with count 0.
+    fn pair_candidates(
+        &self,
+        view: &dyn MemoryView,
+        shift: &Shift,
+        tiers: &[TierStatus],
+        moves: &Moves<'_>,
+    ) -> PairSearch {
         let mut top = Vec::new();
         let mut bottom = Vec::new();
         let mut counted_in_dst = 0u64;
@@ -564,7 +666,7 @@ impl Colloid {
                 .saturating_sub(t.free_pages)
                 .saturating_sub(t.shadow_pages)
         });
-        let mut zero_pages = resident.saturating_sub(counted_in_dst);
+        let zero_pages = resident.saturating_sub(counted_in_dst);
         if zero_pages > 0 {
             bottom.push(Some(PairSide {
                 count: 0,
@@ -574,84 +676,76 @@ impl Colloid {
         }
         top.sort_unstable();
         bottom.sort_unstable();
-        // Step 2.
-        let mut remaining = (shift.dp * total as f64).floor().max(0.0) as u64;
-        let mut moved = 0u64;
-        // Step 3.
-        while moved < limit {
-            let Some((i, j, diff)) = best_pair(&top, &bottom, remaining) else {
-                break;
-            };
-            let (Some(Some(t)), Some(Some(b))) = (top.get(i).copied(), bottom.get(j).copied())
-            else {
-                break;
-            };
-            let Some(tu) = t.unit else {
-                break; // `top` holds tracked pages only
-            };
-            if shift.promote {
-                // Step 4.
-                match b.unit {
-                    None => {
-                        let before = moves.out.migrations.len();
-                        let room = self.make_room(view, t.pages, 1, moves);
-                        let demoted: u64 = moves
-                            .out
-                            .migrations
-                            .get(before..)
-                            .map_or(0, |m| m.iter().map(|m| u64::from(m.unit.pages)).sum());
-                        moved += demoted;
-                        zero_pages = zero_pages.saturating_sub(demoted);
-                        if !room || zero_pages == 0 {
-                            // No count-0 page left in the default tier.
-                            if let Some(e) = bottom.get_mut(j) {
-                                *e = None;
-                            }
-                        }
-                        if !room {
-                            continue;
-                        }
-                    }
-                    Some(bu) => {
-                        if !self.move_unit(bu, b.pages, 0, 1, moves) {
-                            break;
-                        }
-                        moved += b.pages;
-                        if let Some(e) = bottom.get_mut(j) {
-                            *e = None;
-                        }
-                    }
+        PairSearch {
+            top,
+            bottom,
+            zero_pages,
+            moved: 0,
+        }
+    }
+
+    /// Step 4 of [`Self::swap_pages`], promotion: `pair`'s `bottom` side
+    /// demoted (or room made for a count-0 one), then its `top` page
+    /// promoted in its place.
+    fn swap_up(
+        &mut self,
+        view: &mut dyn MemoryView,
+        pairs: &mut PairSearch,
+        pair: &Pair,
+        moves: &mut Moves<'_>,
+    ) -> Swap {
+        let (t, b) = (pair.top, pair.bottom);
+        match b.unit {
+            None => {
+                let before = moves.out.migrations.len();
+                let room = self.make_room(view, t.pages, 1, moves);
+                let demoted: u64 = moves
+                    .out
+                    .migrations
+                    .get(before..)
+                    .map_or(0, |m| m.iter().map(|m| u64::from(m.unit.pages)).sum());
+                pairs.moved += demoted;
+                pairs.zero_pages = pairs.zero_pages.saturating_sub(demoted);
+                if !room || pairs.zero_pages == 0 {
+                    // No count-0 page left in the default tier.
+                    pairs.drop_bottom(pair.j);
                 }
-                if !self.move_unit(tu, t.pages, 1, 0, moves) {
-                    break;
-                }
-                moved += t.pages;
-            } else {
-                // Step 5.
-                if !self.move_unit(tu, t.pages, 0, 1, moves) {
-                    break;
-                }
-                moved += t.pages;
-                if let Some(bu) = b.unit {
-                    if !self.move_unit(bu, b.pages, 1, 0, moves) {
-                        break;
-                    }
-                    moved += b.pages;
-                    if let Some(e) = bottom.get_mut(j) {
-                        *e = None;
-                    }
+                if !room {
+                    return Swap::Skipped;
                 }
             }
-            // Step 6.
-            if let Some(e) = top.get_mut(i) {
-                *e = None;
+            Some(bu) => {
+                if !self.move_unit(bu, b.pages, 0, 1, moves) {
+                    return Swap::Stopped;
+                }
+                pairs.moved += b.pages;
+                pairs.drop_bottom(pair.j);
             }
-            remaining -= diff;
         }
-        // The excess over the limit comes off the next quanta's limits.
-        if moved > limit {
-            self.limit_carry -= (moved - limit) as f64;
+        if !self.move_unit(pair.top_unit, t.pages, 1, 0, moves) {
+            return Swap::Stopped;
         }
+        pairs.moved += t.pages;
+        Swap::Done
+    }
+
+    /// Step 5 of [`Self::swap_pages`], demotion: `pair`'s `top` page
+    /// demoted, then its `bottom` page, unless count 0, promoted in its
+    /// place.
+    fn swap_down(&self, pairs: &mut PairSearch, pair: &Pair, moves: &mut Moves<'_>) -> Swap {
+        let (t, b) = (pair.top, pair.bottom);
+        if !self.move_unit(pair.top_unit, t.pages, 0, 1, moves) {
+            return Swap::Stopped;
+        }
+        pairs.moved += t.pages;
+        if let Some(bu) = b.unit {
+            if !self.move_unit(bu, b.pages, 1, 0, moves) {
+                return Swap::Stopped;
+            }
+            pairs.moved += b.pages;
+            pairs.drop_bottom(pair.j);
+        }
+        Swap::Done
     }
 
     /// Colloid for `config`.

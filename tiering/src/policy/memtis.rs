@@ -443,8 +443,108 @@ impl Memtis {
         }
     }
 
+    /// Step 1 of [`Policy::tick`]: the candidates with pages in slower
+    /// tiers whose bin is at or above the threshold, hottest first, with
+    /// their pages per tier; and the colder ones sampled since, which stay
+    /// candidates. The others leave the list.
+    fn hot_units(&mut self, view: &dyn MemoryView) -> (Vec<(u64, PerTier)>, Vec<u64>) {
+        let th = self.threshold_bin;
+        let mut hot: Vec<(u64, PerTier)> = Vec::new();
+        let mut keep: Vec<u64> = Vec::new();
+        for &u in &self.candidates {
+            let placed = self.placement(u, view);
+            let slow: u64 = placed[1..].iter().sum();
+            if slow == 0 {
+                self.is_candidate[u as usize] = false;
+            } else if self.counts.bin(u) >= th {
+                hot.push((u, placed));
+            } else if self.counts.count(u) > 0 {
+                keep.push(u);
+            } else {
+                self.is_candidate[u as usize] = false;
+            }
+        }
+        hot.sort_by_key(|&(u, _)| (std::cmp::Reverse(self.counts.count(u)), u));
+        (hot, keep)
+    }
+
+    /// Step 2 of [`Policy::tick`]: cold tracked pages (below the
+    /// threshold) wholly in the fast tier demoted to make room for the
+    /// period's promotions and the reserve.
+    fn demote_cold(&mut self, period: &mut Period, view: &mut dyn MemoryView) {
+        let th = self.threshold_bin;
+        let need = (period.want + self.reserve).saturating_sub(period.budget.free(0));
+        if need == 0 || self.tiers <= 1 {
+            return;
+        }
+        let counts = &self.counts;
+        let max_scan = view.pages();
+        let unit_pages = counts.grain.unit_pages;
+        // The hand stops at the first page of each cold tracked page.
+        let cold_units: Vec<u64> = self
+            .hand
+            .find(
+                view,
+                0,
+                need.min(period.budget_pages).div_ceil(unit_pages),
+                max_scan,
+                |p, _| p.is_multiple_of(unit_pages) && counts.bin(counts.unit_of(p)) < th,
+            )
+            .into_iter()
+            .map(|p| counts.unit_of(p))
+            .collect();
+        for u in cold_units {
+            let placed = self.placement(u, view);
+            let len = placed[0];
+            let Some(dest) = (1..self.tiers)
+                .map(|d| d as TierId)
+                .find(|&d| period.budget.take(d, len))
+            else {
+                break;
+            };
+            period.budget.release(0, len);
+            period.demoted += len;
+            period.out.migrations.push(self.migration(u, dest));
+        }
+    }
+
+    /// Step 3 of [`Policy::tick`]: the `hot` pages promoted whole, within
+    /// the period's budget; those left over stay candidates (`keep`).
+    fn promote_hot(&mut self, period: &mut Period, hot: Vec<(u64, PerTier)>, keep: &mut Vec<u64>) {
+        let mut promoted = 0u64;
+        for (u, placed) in hot {
+            let len: u64 = placed[1..].iter().sum();
+            // A huge page may overshoot the budget by one (the first).
+            if (promoted > 0 && promoted + len > period.want)
+                || period.demoted + promoted + len > 2 * period.budget_pages
+                || !period.budget.take(0, len)
+            {
+                keep.push(u);
+                continue;
+            }
+            for (t, &n) in placed.iter().enumerate().skip(1) {
+                period.budget.release(t as TierId, n);
+            }
+            self.is_candidate[u as usize] = false;
+            promoted += len;
+            period.out.migrations.push(self.migration(u, 0));
+        }
+    }
+
+    /// The background stop-and-copy migration of tracked page `unit` to
+    /// `to`.
+    fn migration(&self, unit: u64, to: TierId) -> Migration {
+        let r = self.counts.pages_of(unit);
+        Migration {
+            unit: Unit::run(r.start, (r.end - r.start) as u32),
+            to,
+            mechanism: Mechanism::StopAndCopy,
+            urgency: Urgency::Background,
+        }
+    }
+
     /// Pages of tracked page `unit` per tier (index = tier).
-    fn placement(&self, unit: u64, view: &dyn MemoryView) -> [u64; crate::vocab::MAX_TIERS] {
+    fn placement(&self, unit: u64, view: &dyn MemoryView) -> PerTier {
         let mut per_tier = [0u64; crate::vocab::MAX_TIERS];
         for p in self.counts.pages_of(unit) {
             if let Some(n) = per_tier.get_mut(usize::from(view.tier_of(p))) {
@@ -453,6 +553,34 @@ impl Memtis {
         }
         per_tier
     }
+}
+
+/// Pages of a tracked page per tier (index = tier).
+type PerTier = [u64; crate::vocab::MAX_TIERS];
+
+/// One kmigraterd period being planned ([`Policy::tick`]).
+struct Period {
+    out: Decisions,
+    budget: FreeBudget,
+    /// Pages the interval's migration budget allows.
+    budget_pages: u64,
+    /// Pages the hot tracked pages promote, within `budget_pages`.
+    want: u64,
+    /// Pages demoted to make room.
+    demoted: u64,
+}
+
+/// Pages the `hot` tracked pages (hottest first) would promote, taken
+/// whole until they reach `budget_pages`; at most `budget_pages`.
+fn promotion_want(hot: &[(u64, PerTier)], budget_pages: u64) -> u64 {
+    let mut want = 0u64;
+    for (_, placed) in hot {
+        if want >= budget_pages {
+            break;
+        }
+        want += placed[1..].iter().sum::<u64>();
+    }
+    want.min(budget_pages)
 }
 
 /// Greatest common divisor (both > 0).
@@ -496,102 +624,22 @@ impl Policy for Memtis {
     /// 3. hot ones are promoted whole, within the interval's budget.
     fn tick(&mut self, obs: &Observations<'_>, view: &mut dyn MemoryView) -> Decisions {
         self.ingest(obs.samples);
-        let th = self.threshold_bin;
-        let mut out = Decisions::none();
-        let mut budget = FreeBudget::from_tiers(obs.tiers);
         // Step 1.
-        let mut hot: Vec<(u64, [u64; crate::vocab::MAX_TIERS])> = Vec::new();
-        let mut keep: Vec<u64> = Vec::new();
-        for &u in &self.candidates {
-            let placed = self.placement(u, view);
-            let slow: u64 = placed[1..].iter().sum();
-            if slow == 0 {
-                self.is_candidate[u as usize] = false;
-            } else if self.counts.bin(u) >= th {
-                hot.push((u, placed));
-            } else if self.counts.count(u) > 0 {
-                keep.push(u);
-            } else {
-                self.is_candidate[u as usize] = false;
-            }
-        }
-        hot.sort_by_key(|&(u, _)| (std::cmp::Reverse(self.counts.count(u)), u));
+        let (hot, mut keep) = self.hot_units(view);
         let budget_pages = self.budget.next_interval();
-        let mut want = 0u64;
-        for (_, placed) in &hot {
-            if want >= budget_pages {
-                break;
-            }
-            want += placed[1..].iter().sum::<u64>();
-        }
-        let want = want.min(budget_pages);
+        let mut period = Period {
+            out: Decisions::none(),
+            budget: FreeBudget::from_tiers(obs.tiers),
+            budget_pages,
+            want: promotion_want(&hot, budget_pages),
+            demoted: 0,
+        };
         // Step 2.
-        let need = (want + self.reserve).saturating_sub(budget.free(0));
-        let mut moved = 0u64;
-        if need > 0 && self.tiers > 1 {
-            let counts = &self.counts;
-            let max_scan = view.pages();
-            let unit_pages = counts.grain.unit_pages;
-            // The hand stops at the first page of each cold tracked page.
-            let cold_units: Vec<u64> = self
-                .hand
-                .find(
-                    view,
-                    0,
-                    need.min(budget_pages).div_ceil(unit_pages),
-                    max_scan,
-                    |p, _| p.is_multiple_of(unit_pages) && counts.bin(counts.unit_of(p)) < th,
-                )
-                .into_iter()
-                .map(|p| counts.unit_of(p))
-                .collect();
-            for u in cold_units {
-                let placed = self.placement(u, view);
-                let len = placed[0];
-                let Some(dest) = (1..self.tiers)
-                    .map(|d| d as TierId)
-                    .find(|&d| budget.take(d, len))
-                else {
-                    break;
-                };
-                budget.release(0, len);
-                moved += len;
-                let r = self.counts.pages_of(u);
-                out.migrations.push(Migration {
-                    unit: Unit::run(r.start, (r.end - r.start) as u32),
-                    to: dest,
-                    mechanism: Mechanism::StopAndCopy,
-                    urgency: Urgency::Background,
-                });
-            }
-        }
+        self.demote_cold(&mut period, view);
         // Step 3.
-        let mut promoted = 0u64;
-        for (u, placed) in hot {
-            let len: u64 = placed[1..].iter().sum();
-            // A huge page may overshoot the budget by one (the first).
-            if (promoted > 0 && promoted + len > want)
-                || moved + promoted + len > 2 * budget_pages
-                || !budget.take(0, len)
-            {
-                keep.push(u);
-                continue;
-            }
-            for (t, &n) in placed.iter().enumerate().skip(1) {
-                budget.release(t as TierId, n);
-            }
-            self.is_candidate[u as usize] = false;
-            promoted += len;
-            let r = self.counts.pages_of(u);
-            out.migrations.push(Migration {
-                unit: Unit::run(r.start, (r.end - r.start) as u32),
-                to: 0,
-                mechanism: Mechanism::StopAndCopy,
-                urgency: Urgency::Background,
-            });
-        }
+        self.promote_hot(&mut period, hot, &mut keep);
         self.candidates = keep;
-        out
+        period.out
     }
 
     fn export_state(&self) -> PolicyState {

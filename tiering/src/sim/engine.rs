@@ -91,6 +91,20 @@ struct ModeledPages {
     tpm_copy_start: Vec<u64>,
 }
 
+impl ModeledPages {
+    /// `pages` pages in tiers `tier`, with no flags, shadows or history.
+    fn new(tier: Vec<TierId>, pages: usize) -> Self {
+        Self {
+            tier,
+            flags: vec![0; pages],
+            shadow: vec![NO_SHADOW; pages],
+            scan_time: vec![0; pages],
+            locked_until: vec![0; pages],
+            tpm_copy_start: vec![0; pages],
+        }
+    }
+}
+
 impl MemoryView for ModeledPages {
     fn pages(&self) -> u64 {
         self.tier.len() as u64
@@ -114,6 +128,15 @@ impl MemoryView for ModeledPages {
             None => false,
         }
     }
+}
+
+/// What moving one modeled page costs the application
+/// ([`Sim::shootdown`]).
+struct Shootdown {
+    /// The IPIs of its TLB shootdowns (slot-ns).
+    ipi: f64,
+    /// How long the page is held (unmapped) for its copy, ns.
+    hold_ns: f64,
 }
 
 struct TpmInFlight {
@@ -557,6 +580,35 @@ impl Modes {
     }
 }
 
+/// A tier's status before the first tick measures it.
+const UNKNOWN_STATUS: TierStatus = TierStatus {
+    capacity_pages: 0,
+    free_pages: 0,
+    shadow_pages: 0,
+    loaded_latency_ns: None,
+    request_rate: None,
+};
+
+/// The tiers (of `n`) whose hint faults the policy asks for, as a bit mask.
+fn hint_mask(trackers: &TrackerRequest, n: usize) -> u64 {
+    trackers
+        .hint_fault_tiers
+        .iter()
+        .filter(|&&t| usize::from(t) < n)
+        .fold(0u64, |m, &t| m | 1 << t)
+}
+
+/// The antagonist's utilization of each of the `n` tiers.
+fn antagonist_utilization(scn: &Scenario, n: usize) -> Vec<f64> {
+    let mut ant_u = vec![0.0; n];
+    if let Some(a) = &scn.antagonist {
+        if let Some(u) = ant_u.get_mut(usize::from(a.tier)) {
+            *u = a.utilization;
+        }
+    }
+    ant_u
+}
+
 /// Runs `policy` on `scn` with first-touch placement.
 pub fn run(scn: &Scenario, policy: PolicyKind) -> Result<SimReport, SimError> {
     run_with(scn, policy, SimPlacement::FirstTouch)
@@ -614,52 +666,124 @@ pub fn run_built(
         )),
         _ => None,
     };
-    let t0 = sim.t0;
-    let mut throughput = Throughput::new(&clock);
-    // The simulator's work counts the initialization's accesses too.
-    throughput.accesses = sim.init_accesses;
-    let mut tally = QuantumTally::new(sim.cap.len());
-    let mut carry = 0.0f64;
-    let mut first_phase_end = Raw::default();
-    let mut last_phase_start = Raw::default();
-    let mut rounds = scn.rounds.as_ref().map(|r| RoundClock::new(r, sim.scale));
-    // The sleeps between rounds, if run: their time is off the run's clock.
-    let between = scn
-        .bench_init
-        .as_ref()
-        .filter(|i| i.sleep_between_rounds && warmup.is_some())
-        .map(|i| i.sleep_s);
-    let mut slept_ns = 0u64;
-    let mut slept = Raw::default();
+    let mut run = MeasuredRun::new(scn, &sim, &clock, slots_per_q, warmup.is_some());
     for q in 0..clock.quanta {
-        if rounds.as_ref().is_some_and(RoundClock::finished) {
+        if run.rounds.as_ref().is_some_and(RoundClock::finished) {
             break;
         }
-        if rounds.is_none() && q == clock.quanta - clock.phase_quanta {
-            last_phase_start = sim.raw.clone();
+        run.quantum(q, &mut sim, &mut clock, policy.as_mut(), &costs);
+    }
+    run.cut_short(&sim);
+    Ok(run.report(scn, &sim, &clock, started, warmup))
+}
+
+/// The measured run under way (step 3 after the benchmark's
+/// initialization): its throughput, the counts where its phases begin
+/// and end, its rounds and the sleeps between them.
+struct MeasuredRun {
+    /// When it began (modeled ns).
+    t0: u64,
+    slots_per_q: f64,
+    access_bytes: f64,
+    throughput: Throughput,
+    tally: QuantumTally,
+    /// Request slots carried to the next quantum.
+    carry: f64,
+    first_phase_end: Raw,
+    last_phase_start: Raw,
+    rounds: Option<RoundClock>,
+    /// The sleeps between rounds, if run: their time is off the run's clock.
+    between: Option<f64>,
+    slept_ns: u64,
+    slept: Raw,
+}
+
+impl MeasuredRun {
+    /// The run starting where `sim`'s initialization (`warmed_up`, if run)
+    /// left it.
+    fn new(scn: &Scenario, sim: &Sim, clock: &RunClock, slots_per_q: f64, warmed_up: bool) -> Self {
+        let mut throughput = Throughput::new(clock);
+        // The simulator's work counts the initialization's accesses too.
+        throughput.accesses = sim.init_accesses;
+        Self {
+            t0: sim.t0,
+            slots_per_q,
+            access_bytes: scn.access_bytes,
+            throughput,
+            tally: QuantumTally::new(sim.cap.len()),
+            carry: 0.0,
+            first_phase_end: Raw::default(),
+            last_phase_start: Raw::default(),
+            rounds: scn.rounds.as_ref().map(|r| RoundClock::new(r, sim.scale)),
+            between: scn
+                .bench_init
+                .as_ref()
+                .filter(|i| i.sleep_between_rounds && warmed_up)
+                .map(|i| i.sleep_s),
+            slept_ns: 0,
+            slept: Raw::default(),
         }
-        let q_start = t0 + slept_ns + q * clock.quantum_ns;
+    }
+
+    /// Quantum `q`: served and ended, its phase and round marks taken, and
+    /// the sleep between rounds run after a round it ends.
+    fn quantum(
+        &mut self,
+        q: u64,
+        sim: &mut Sim,
+        clock: &mut RunClock,
+        policy: &mut dyn Policy,
+        costs: &StallCosts,
+    ) {
+        if self.rounds.is_none() && q == clock.quanta - clock.phase_quanta {
+            self.last_phase_start = sim.raw.clone();
+        }
+        let q_start = self.t0 + self.slept_ns + q * clock.quantum_ns;
         let slots = Slots {
-            per_quantum: slots_per_q,
-            carry,
+            per_quantum: self.slots_per_q,
+            carry: self.carry,
         };
-        let served_before = throughput.accesses;
+        let served_before = self.throughput.accesses;
         let (c, ended) = sim.serve_quantum(
             q_start,
-            &clock,
+            clock,
             slots,
-            policy.as_mut(),
-            &costs,
-            &mut tally,
-            &mut throughput,
-            rounds.as_ref().map(RoundClock::left),
+            policy,
+            costs,
+            &mut self.tally,
+            &mut self.throughput,
+            self.rounds.as_ref().map(RoundClock::left),
         );
-        carry = c;
-        sim.end_quantum(&tally, scn.access_bytes, &mut clock, policy.as_mut());
-        throughput.add_quantum(q, sim.now - t0 - slept_ns, &tally, &clock);
-        let round_ends = match rounds.as_mut() {
+        self.carry = c;
+        sim.end_quantum(&self.tally, self.access_bytes, clock, policy);
+        self.throughput
+            .add_quantum(q, sim.now - self.t0 - self.slept_ns, &self.tally, clock);
+        let round_ends = self.mark_phases(q, ended, served_before, sim, clock);
+        let more = match self.rounds.as_ref() {
+            Some(r) => !r.finished(),
+            None => q + 1 < clock.quanta,
+        };
+        if let (Some(s), true) = (self.between, round_ends && more) {
+            self.sleep_between_rounds(s, sim, clock, policy);
+        }
+    }
+
+    /// After quantum `q` (which reached the round's accesses at `ended`,
+    /// if it did): the round's accesses, and the counts where the phases
+    /// end and begin. Returns whether a round ended (without rounds: a
+    /// phase's length of quanta).
+    fn mark_phases(
+        &mut self,
+        q: u64,
+        ended: Option<u64>,
+        served_before: u64,
+        sim: &Sim,
+        clock: &RunClock,
+    ) -> bool {
+        let (t0, slept_ns) = (self.t0, self.slept_ns);
+        match self.rounds.as_mut() {
             Some(r) => {
-                r.served += throughput.accesses - served_before;
+                r.served += self.throughput.accesses - served_before;
                 match ended {
                     Some(end) => {
                         let end = end.saturating_sub(t0 + slept_ns);
@@ -668,10 +792,10 @@ pub fn run_built(
                         r.served = 0;
                         r.start_ns = sim.now - t0 - slept_ns;
                         if r.done == 1 {
-                            first_phase_end = sim.raw.clone();
+                            self.first_phase_end = sim.raw.clone();
                         }
                         if r.done + 1 == r.count {
-                            last_phase_start = sim.raw.clone();
+                            self.last_phase_start = sim.raw.clone();
                         }
                         true
                     }
@@ -680,58 +804,79 @@ pub fn run_built(
             }
             None => {
                 if q + 1 == clock.phase_quanta {
-                    first_phase_end = sim.raw.clone();
+                    self.first_phase_end = sim.raw.clone();
                 }
-                clock.phase_quanta > 0 && (q + 1) % clock.phase_quanta == 0
-            }
-        };
-        let more = match rounds.as_ref() {
-            Some(r) => !r.finished(),
-            None => q + 1 < clock.quanta,
-        };
-        if let (Some(s), true) = (between, round_ends && more) {
-            let (before, mig_bytes) = (sim.raw.clone(), sim.tot_mig_bytes.clone());
-            let start = sim.now;
-            let end = sim.sleep(start, s, &mut clock, policy.as_mut());
-            slept_ns += end - start;
-            // A round's counts are read at its start and end (Table 2):
-            // the sleep's are in none of them (nor is its migration
-            // traffic in the tiers'), but reported on their own.
-            slept = slept.plus(&sim.raw.since(&before));
-            sim.raw = before;
-            sim.tot_mig_bytes = mig_bytes;
-        }
-    }
-    // A run its cap stopped short of its rounds: the round under way counts
-    // as its last, cut short.
-    if let Some(r) = rounds.as_mut() {
-        if !r.finished() && r.served > 0 {
-            let now = sim.now - t0 - slept_ns;
-            r.rounds.push((r.served, now.saturating_sub(r.start_ns)));
-            if r.rounds.len() == 1 {
-                first_phase_end = sim.raw.clone();
+                clock.phase_quanta > 0 && (q + 1).is_multiple_of(clock.phase_quanta)
             }
         }
     }
-    let measured_ns = sim.now.saturating_sub(t0 + slept_ns);
-    let mut report = sim.report(scn, &clock, throughput, started, measured_ns);
-    if let Some(r) = &rounds {
-        let rate = |&(acc, ns): &(u64, u64)| {
-            if ns > 0 {
-                acc as f64 * sim.scale / (ns as f64 / 1e9) / 1e6
-            } else {
-                0.0
-            }
-        };
-        report.in_progress_maps = r.rounds.first().map_or(0.0, rate);
-        report.stable_maps = r.rounds.last().map_or(0.0, rate);
-        report.round_s = r.rounds.iter().map(|&(_, ns)| ns as f64 / 1e9).collect();
+
+    /// The benchmark's sleep of `sleep_s` between two rounds, off the
+    /// run's clock and counts.
+    fn sleep_between_rounds(
+        &mut self,
+        sleep_s: f64,
+        sim: &mut Sim,
+        clock: &mut RunClock,
+        policy: &mut dyn Policy,
+    ) {
+        let (before, mig_bytes) = (sim.raw.clone(), sim.tot_mig_bytes.clone());
+        let start = sim.now;
+        let end = sim.sleep(start, sleep_s, clock, policy);
+        self.slept_ns += end - start;
+        // A round's counts are read at its start and end (Table 2):
+        // the sleep's are in none of them (nor is its migration
+        // traffic in the tiers'), but reported on their own.
+        self.slept = self.slept.plus(&sim.raw.since(&before));
+        sim.raw = before;
+        sim.tot_mig_bytes = mig_bytes;
     }
-    report.in_progress_counters = sim.counts_of(&first_phase_end);
-    report.stable_counters = sim.counts_of(&sim.raw.since(&last_phase_start));
-    report.warmup_counters = warmup;
-    report.between_rounds_counters = between.map(|_| sim.counts_of(&slept));
-    Ok(report)
+
+    /// A run its cap stopped short of its rounds: the round under way counts
+    /// as its last, cut short.
+    fn cut_short(&mut self, sim: &Sim) {
+        let (t0, slept_ns) = (self.t0, self.slept_ns);
+        if let Some(r) = self.rounds.as_mut() {
+            if !r.finished() && r.served > 0 {
+                let now = sim.now - t0 - slept_ns;
+                r.rounds.push((r.served, now.saturating_sub(r.start_ns)));
+                if r.rounds.len() == 1 {
+                    self.first_phase_end = sim.raw.clone();
+                }
+            }
+        }
+    }
+
+    /// Step 4: the report, with the phases' and rounds' throughput and
+    /// counts and the initialization's (`warmup`).
+    fn report(
+        self,
+        scn: &Scenario,
+        sim: &Sim,
+        clock: &RunClock,
+        started: Instant,
+        warmup: Option<EventCounts>,
+    ) -> SimReport {
+        let measured_ns = sim.now.saturating_sub(self.t0 + self.slept_ns);
+        let mut report = sim.report(scn, clock, self.throughput, started, measured_ns);
+        if let Some(r) = &self.rounds {
+            let rate = |&(acc, ns): &(u64, u64)| {
+                if ns > 0 {
+                    acc as f64 * sim.scale / (ns as f64 / 1e9) / 1e6
+                } else {
+                    0.0
+                }
+            };
+            report.in_progress_maps = r.rounds.first().map_or(0.0, rate);
+            report.stable_maps = r.rounds.last().map_or(0.0, rate);
+            report.round_s = r.rounds.iter().map(|&(_, ns)| ns as f64 / 1e9).collect();
+        }
+        report.in_progress_counters = sim.counts_of(&self.first_phase_end);
+        report.stable_counters = sim.counts_of(&sim.raw.since(&self.last_phase_start));
+        report.warmup_counters = warmup;
+        report.between_rounds_counters = self.between.map(|_| sim.counts_of(&self.slept));
+        report
+    }
 }
 
 impl Sim {
@@ -739,17 +884,8 @@ impl Sim {
         let n = start.cap.len();
         let pages = start.pages;
         let trackers = policy.trackers();
-        let hint_mask = trackers
-            .hint_fault_tiers
-            .iter()
-            .filter(|&&t| usize::from(t) < n)
-            .fold(0u64, |m, &t| m | 1 << t);
-        let mut ant_u = vec![0.0; n];
-        if let Some(a) = &scn.antagonist {
-            if let Some(u) = ant_u.get_mut(usize::from(a.tier)) {
-                *u = a.utilization;
-            }
-        }
+        let hint_mask = hint_mask(&trackers, n);
+        let ant_u = antagonist_utilization(scn, n);
         let mix: Vec<f64> = {
             let tot = pages as f64;
             start.used.iter().map(|&u| u as f64 / tot).collect()
@@ -765,14 +901,7 @@ impl Sim {
             cap: start.cap,
             used: start.used,
             shadows: vec![0; n],
-            map: ModeledPages {
-                tier: start.tier,
-                flags: vec![0; pages as usize],
-                shadow: vec![NO_SHADOW; pages as usize],
-                scan_time: vec![0; pages as usize],
-                locked_until: vec![0; pages as usize],
-                tpm_copy_start: vec![0; pages as usize],
-            },
+            map: ModeledPages::new(start.tier, pages as usize),
             shadow_fifo: VecDeque::new(),
             stream: start.stream,
             rng: Rng::for_stream(scn.seed, 0),
@@ -809,16 +938,7 @@ impl Sim {
             win_acc: vec![0; n],
             win_lat: vec![0.0; n],
             win_start: 0,
-            status: vec![
-                TierStatus {
-                    capacity_pages: 0,
-                    free_pages: 0,
-                    shadow_pages: 0,
-                    loaded_latency_ns: None,
-                    request_rate: None
-                };
-                n
-            ],
+            status: vec![UNKNOWN_STATUS; n],
             tot_acc: vec![0; n],
             tot_lat: vec![0.0; n],
             tot_bytes: vec![0.0; n],
@@ -1023,33 +1143,7 @@ impl Sim {
         self.next_cpu = if cpu + 1 >= self.cpus { 0 } else { cpu + 1 };
         if fl & (PROTECTED | IN_TPM | LOCKED) != 0 || (a.write && self.map.shadow[pi] != NO_SHADOW)
         {
-            let now = now();
-            if fl & LOCKED != 0 {
-                // Matryoshka §2.2: a thread touching a page that a
-                // stop-and-copy migration holds (locked, unmapped) busy-waits
-                // until it is mapped again.
-                let until = self.map.locked_until[pi];
-                if now < until {
-                    stall += (until - now) as f64 * costs.wait_per_ns;
-                    self.raw.page_lock_waits += 1;
-                }
-                fl &= !LOCKED;
-                self.map.flags[pi] = fl;
-            }
-            if fl & PROTECTED != 0 {
-                stall += self.hint_fault(a, cpu, t, now, policy, costs);
-                t = self.map.tier[pi];
-                fl = self.map.flags[pi];
-            }
-            if a.write && self.map.shadow[pi] != NO_SHADOW {
-                // Shadowed masters are read-only: a write faults and drops the shadow.
-                self.drop_shadow(pi);
-                self.raw.shadow_write_faults += 1;
-                stall += costs.fault;
-            }
-            if a.write && fl & IN_TPM != 0 && self.in_tpm_copy(pi, now) {
-                fl |= TPM_ABORT;
-            }
+            (t, fl, stall) = self.access_faults(a, cpu, now(), policy, costs);
         }
         if a.write {
             if fl & DIRTY == 0 && self.trackers.dirty_log {
@@ -1058,15 +1152,69 @@ impl Sim {
             fl |= DIRTY;
         }
         self.map.flags[pi] = fl | ACCESSED;
-        // Sampling, as PEBS counts events: only those it can see, one
-        // sample per period of them.
-        //   1. Stores with a period of their own (Memtis' `ALL_STORES`): a
-        //      write is a store event on `store_sample_period`, and also a
-        //      load event unless the workload's writes are stores alone
-        //      (a read-modify-write loads the line first).
-        //   2. Otherwise every access is one event on `sample_period`.
-        //   A load event from a slow tier is invisible on a platform whose
-        //   PEBS is blind to slow-tier loads (`sim::pebs`).
+        self.sample_access(a, t);
+        (t, stall)
+    }
+
+    /// The faults access `a` by the thread on `cpu` takes at `now`: a wait
+    /// on a page a stop-and-copy migration holds, a hint fault on a
+    /// protected page, a write to a shadowed master, a write during a
+    /// transactional copy. Returns the page's tier and flags after them,
+    /// and the stall (slot-ns) they cost.
+    #[inline]
+    fn access_faults(
+        &mut self,
+        a: PageAccess,
+        cpu: u32,
+        now: u64,
+        policy: &mut dyn Policy,
+        costs: &StallCosts,
+    ) -> (TierId, u8, f64) {
+        let pi = a.page as usize;
+        let mut fl = self.map.flags[pi];
+        let mut t = self.map.tier[pi];
+        let mut stall = 0.0;
+        if fl & LOCKED != 0 {
+            // Matryoshka §2.2: a thread touching a page that a
+            // stop-and-copy migration holds (locked, unmapped) busy-waits
+            // until it is mapped again.
+            let until = self.map.locked_until[pi];
+            if now < until {
+                stall += (until - now) as f64 * costs.wait_per_ns;
+                self.raw.page_lock_waits += 1;
+            }
+            fl &= !LOCKED;
+            self.map.flags[pi] = fl;
+        }
+        if fl & PROTECTED != 0 {
+            stall += self.hint_fault(a, cpu, t, now, policy, costs);
+            t = self.map.tier[pi];
+            fl = self.map.flags[pi];
+        }
+        if a.write && self.map.shadow[pi] != NO_SHADOW {
+            // Shadowed masters are read-only: a write faults and drops the shadow.
+            self.drop_shadow(pi);
+            self.raw.shadow_write_faults += 1;
+            stall += costs.fault;
+        }
+        if a.write && fl & IN_TPM != 0 && self.in_tpm_copy(pi, now) {
+            fl |= TPM_ABORT;
+        }
+        (t, fl, stall)
+    }
+
+    /// Access `a`'s samples, served from tier `t`, as PEBS counts events:
+    /// only those it can see, one sample per period of them.
+    /// 1. Stores with a period of their own (Memtis' `ALL_STORES`): a
+    ///    write is a store event on `store_sample_period`, and also a
+    ///    load event unless the workload's writes are stores alone
+    ///    (a read-modify-write loads the line first).
+    /// 2. Otherwise every access is one event on `sample_period`.
+    ///
+    /// A load event from a slow tier is invisible on a platform whose
+    /// PEBS is blind to slow-tier loads (`sim::pebs`).
+    #[inline]
+    fn sample_access(&mut self, a: PageAccess, t: TierId) {
         let blind = self.pebs_blind;
         let visible = |write: bool| !blind || pebs::sees(t, write);
         let sample = AccessSample {
@@ -1105,7 +1253,6 @@ impl Sim {
                 sample,
             );
         }
-        (t, stall)
     }
 
     /// A hint fault on a protected page, in tier `t`, taken by the thread
@@ -1456,7 +1603,6 @@ impl Sim {
     /// Carries out one migration page by page; returns the stall (slot-ns)
     /// charged to the application (IPIs).
     fn apply(&mut self, m: &Migration) -> f64 {
-        let policy_name = self.policy_name;
         let mut stall_slots = 0.0;
         let n = self.cap.len();
         let to = m.to;
@@ -1464,18 +1610,7 @@ impl Sim {
             self.raw.rejected += u64::from(m.unit.pages);
             return 0.0;
         }
-        // One shootdown per mapping moved: a modeled page stands for
-        // `scale` 4 KiB mappings, or `scale / 512` 2 MiB ones when the
-        // policy maps huge pages (HeMem), each held for a 2 MiB copy.
-        let (mappings, hold_ns) = if self.trackers.huge_pages {
-            (
-                self.scale / f64::from(PAGES_PER_2M),
-                self.costs.stop_and_copy_2m_ns(),
-            )
-        } else {
-            (self.scale, self.costs.stop_and_copy_ns())
-        };
-        let ipi = mappings * self.threads * self.mlp * self.costs.ipi_receive_ns;
+        let shootdown = self.shootdown();
         let end = (m.unit.page + u64::from(m.unit.pages)).min(self.map.tier.len() as u64);
         for p in m.unit.page..end {
             let pi = p as usize;
@@ -1486,65 +1621,114 @@ impl Sim {
             let mut mech = m.mechanism;
             if mech == Mechanism::ShadowDemotion {
                 if self.map.shadow[pi] == to {
-                    self.map.tier[pi] = to;
-                    self.map.shadow[pi] = NO_SHADOW;
-                    self.shadows[usize::from(to)] -= 1;
-                    self.used[usize::from(to)] += 1;
-                    self.used[usize::from(from)] -= 1;
-                    self.raw.shadow_demotions += 1;
-                    self.raw.demotions += 1;
-                    stall_slots += ipi;
-                    if self.costs.shadow_remap_ns > 0.0 {
-                        // Unmapped while its shadow is mapped in.
-                        self.map.flags[pi] |= LOCKED;
-                        // `as` saturates, so any finite or infinite setting is safe.
-                        self.map.locked_until[pi] =
-                            self.now.saturating_add(self.costs.shadow_remap_ns as u64);
-                    }
+                    stall_slots += self.remap_to_shadow(pi, from, to, shootdown.ipi);
                     continue;
                 }
                 self.raw.shadow_misses += 1;
                 mech = Mechanism::StopAndCopy;
             }
-            if self.free(usize::from(to)) < 1 && !self.reclaim_for_allocation(to, 1) {
-                self.raw.rejected += 1;
-                if self.raw.rejected == 1 {
-                    tracing::debug!(policy_name, page = p, to, "destination full");
-                }
+            if !self.has_room_for(p, to) {
                 continue;
             }
-            let copy = PAGE_SIZE as f64;
-            self.mig_out_q[usize::from(from)] += copy;
-            self.mig_in_q[usize::from(to)] += copy;
-            match mech {
-                Mechanism::Transactional { keep_shadow } => {
-                    self.used[usize::from(to)] += 1; // reserved until commit/abort
-                    self.map.flags[pi] = (self.map.flags[pi] | IN_TPM) & !TPM_ABORT;
-                    self.tpm.push(TpmInFlight {
-                        page: p,
-                        from,
-                        to,
-                        keep_shadow,
-                    });
-                    // The mover copies its batch page by page: this page's
-                    // copy begins when the one before it ends.
-                    let start = self.tpm_end_ns.max(self.now);
-                    self.map.tpm_copy_start[pi] = start;
-                    // `as` saturates: any finite or infinite cost is safe.
-                    self.tpm_end_ns = start.saturating_add(self.costs.tpm_page_ns() as u64);
-                    stall_slots += 2.0 * ipi;
-                }
-                _ => {
-                    self.move_page(pi, from, to);
-                    // Held from now until its copy is mapped (the
-                    // faulting thread itself pays this as its stall).
-                    self.map.flags[pi] |= LOCKED;
-                    self.map.locked_until[pi] = self.now + hold_ns as u64;
-                    stall_slots += ipi;
-                }
-            }
+            stall_slots += self.copy_page(p, from, to, mech, &shootdown);
         }
         stall_slots
+    }
+
+    /// What moving a modeled page costs the application. One shootdown per
+    /// mapping moved: a modeled page stands for `scale` 4 KiB mappings, or
+    /// `scale / 512` 2 MiB ones when the policy maps huge pages (HeMem),
+    /// each held for a 2 MiB copy.
+    fn shootdown(&self) -> Shootdown {
+        let (mappings, hold_ns) = if self.trackers.huge_pages {
+            (
+                self.scale / f64::from(PAGES_PER_2M),
+                self.costs.stop_and_copy_2m_ns(),
+            )
+        } else {
+            (self.scale, self.costs.stop_and_copy_ns())
+        };
+        Shootdown {
+            ipi: mappings * self.threads * self.mlp * self.costs.ipi_receive_ns,
+            hold_ns,
+        }
+    }
+
+    /// A shadow demotion of page `pi` from `from` onto its shadow in `to`;
+    /// returns the stall (slot-ns) charged (`ipi`).
+    fn remap_to_shadow(&mut self, pi: usize, from: TierId, to: TierId, ipi: f64) -> f64 {
+        self.map.tier[pi] = to;
+        self.map.shadow[pi] = NO_SHADOW;
+        self.shadows[usize::from(to)] -= 1;
+        self.used[usize::from(to)] += 1;
+        self.used[usize::from(from)] -= 1;
+        self.raw.shadow_demotions += 1;
+        self.raw.demotions += 1;
+        if self.costs.shadow_remap_ns > 0.0 {
+            // Unmapped while its shadow is mapped in.
+            self.map.flags[pi] |= LOCKED;
+            // `as` saturates, so any finite or infinite setting is safe.
+            self.map.locked_until[pi] = self.now.saturating_add(self.costs.shadow_remap_ns as u64);
+        }
+        ipi
+    }
+
+    /// Whether tier `to` has a free page for page `p`, shadows reclaimed
+    /// if need be; if not, the page is rejected.
+    fn has_room_for(&mut self, p: u64, to: TierId) -> bool {
+        if self.free(usize::from(to)) < 1 && !self.reclaim_for_allocation(to, 1) {
+            self.raw.rejected += 1;
+            if self.raw.rejected == 1 {
+                let policy_name = self.policy_name;
+                tracing::debug!(policy_name, page = p, to, "destination full");
+            }
+            return false;
+        }
+        true
+    }
+
+    /// Copies page `p` from `from` to `to` by `mech`: a transactional copy
+    /// starts (committed or aborted later), any other moves the page now.
+    /// Returns the stall (slot-ns) charged to the application.
+    fn copy_page(
+        &mut self,
+        p: u64,
+        from: TierId,
+        to: TierId,
+        mech: Mechanism,
+        shootdown: &Shootdown,
+    ) -> f64 {
+        let pi = p as usize;
+        let copy = PAGE_SIZE as f64;
+        self.mig_out_q[usize::from(from)] += copy;
+        self.mig_in_q[usize::from(to)] += copy;
+        match mech {
+            Mechanism::Transactional { keep_shadow } => {
+                self.used[usize::from(to)] += 1; // reserved until commit/abort
+                self.map.flags[pi] = (self.map.flags[pi] | IN_TPM) & !TPM_ABORT;
+                self.tpm.push(TpmInFlight {
+                    page: p,
+                    from,
+                    to,
+                    keep_shadow,
+                });
+                // The mover copies its batch page by page: this page's
+                // copy begins when the one before it ends.
+                let start = self.tpm_end_ns.max(self.now);
+                self.map.tpm_copy_start[pi] = start;
+                // `as` saturates: any finite or infinite cost is safe.
+                self.tpm_end_ns = start.saturating_add(self.costs.tpm_page_ns() as u64);
+                2.0 * shootdown.ipi
+            }
+            _ => {
+                self.move_page(pi, from, to);
+                // Held from now until its copy is mapped (the
+                // faulting thread itself pays this as its stall).
+                self.map.flags[pi] |= LOCKED;
+                self.map.locked_until[pi] = self.now + shootdown.hold_ns as u64;
+                shootdown.ipi
+            }
+        }
     }
 
     /// Whether `now` falls in the transactional copy of page `pi`, from

@@ -741,173 +741,234 @@ impl Adaptive {
         min_dst: TierId,
         view: &mut dyn MemoryView,
     ) -> u64 {
-        let mut cands: Vec<(u16, u64, TierId)> = self
-            .tracked
-            .iter()
-            .filter_map(|&p| {
-                let h = self.heat[p as usize];
-                let dst = rank.target(h).max(min_dst);
-                (view.tier_of(p) > dst).then_some((h, p, dst))
-            })
-            .collect();
-        cands.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let total_heat: f64 = self
-            .tracked
-            .iter()
-            .map(|&p| f64::from(self.heat[p as usize]))
-            .sum::<f64>()
-            .max(1.0);
+        let cands = self.promotion_candidates(rank, min_dst, view);
+        let total_heat = self.total_heat();
         let mut share_left = share_limit.unwrap_or(f64::INFINITY);
         let mut promoted = 0u64;
-        // Room first: per destination, the cold pages to push down.
-        let n = self.caps.len();
         // A tier near its reserve got its free pages by displacing others
         // (this tick or the last ones): promotions into it displace.
-        let tight: Vec<bool> = (0..n)
+        let tight: Vec<bool> = (0..self.caps.len())
             .map(|t| plan.budget.free(t as TierId) <= 2 * self.reserve[t])
             .collect();
-        for dst in 0..n.saturating_sub(1) {
-            let dst = dst as TierId;
-            let want = cands
-                .iter()
-                .filter(|c| c.2 == dst)
-                .count()
-                .min(plan.limit.saturating_sub(plan.moved) as usize / 2)
-                as u64;
-            let need =
-                (want + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst));
-            let th = rank.th[usize::from(dst)];
-            if rank.no_skew() {
-                continue; // no skew: promote into free room only
-            }
-            // Only pages clearly hotter than the threshold displace others.
-            // and none of a stream's ([`burst`]).
-            let stream = !self.thrash.bursts.displacing_allowed();
-            let flags = &self.flags;
-            let strong = cands
-                .iter()
-                .filter(|c| {
-                    c.2 == dst
-                        && c.0 >= th.saturating_mul(displace_factor(dst))
-                        && !stream
-                        && flags[c.1 as usize] & BURSTY == 0
-                })
-                .count() as u64;
-            // Pages ranked for a faster tier that has no room fall back to
-            // this one (MTM §6: the next bucket goes to the next tier), and
-            // displace its pages below its threshold: they are hotter by
-            // rank, so no factor is needed for them.
-            let room_above: u64 = (0..usize::from(dst))
-                .map(|t| {
-                    plan.budget
-                        .free(t as TierId)
-                        .saturating_sub(self.reserve[t])
-                })
-                .sum();
-            let spill = if dst > 0 {
-                (cands
-                    .iter()
-                    .filter(|c| {
-                        c.2 < dst
-                            && view.tier_of(c.1) > dst
-                            && !stream
-                            && flags[c.1 as usize] & BURSTY == 0
-                    })
-                    .count() as u64)
-                    .saturating_sub(room_above)
-                    .min(plan.limit.saturating_sub(plan.moved) / 2)
-            } else {
-                0
-            };
-            // Room for the strong ones and the reserve, less what is free.
-            let need = (need + spill).min(
-                (strong + spill + self.reserve[usize::from(dst)])
-                    .saturating_sub(plan.budget.free(dst)),
-            );
-            if self.demote_cold(plan, dst, need, th, view) > 0 {
-                plan.displaced[usize::from(dst)] = true;
-            }
-        }
-        for (h, p, dst) in cands {
+        // Room first: per destination, the cold pages to push down.
+        self.make_room(plan, rank, &cands, view);
+        for c in &cands {
             if plan.moved >= plan.limit {
                 break;
             }
-            if plan.chosen.contains(&p) {
+            if plan.chosen.contains(&c.page) {
                 continue;
             }
-            let src = view.tier_of(p);
-            if src <= dst {
-                continue;
-            }
-            // The target tier, else the fastest tier between it and the
-            // page's own that takes it (MTM §6).
-            let mut placed = None;
-            for d in dst..src {
-                let th = rank.th[usize::from(d)];
-                let unit = self.unit_for(p, src, th, true, view);
-                let pages = u64::from(unit.pages);
-                if plan.budget.free(d) < pages + self.reserve[usize::from(d)] / 2 {
-                    continue;
-                }
-                // Into the target only clearly hotter pages displace; a
-                // fallback page is hotter by rank than what it displaced.
-                let factor = if d == dst { displace_factor(d) } else { 1 };
-                if plan.displaced[usize::from(d)] && h < th.saturating_mul(factor) {
-                    continue;
-                }
-                let displacing = plan.displaced[usize::from(d)] || tight[usize::from(d)];
-                if displacing
-                    && (self.flags[p as usize] & BURSTY != 0
-                        || !self.thrash.bursts.displacing_allowed())
-                {
-                    continue;
-                }
-                placed = Some((d, th, unit));
-                break;
-            }
-            let Some((dst, th, unit)) = placed else {
+            let Some(placed) = self.placement(plan, rank, &tight, c, view) else {
                 continue;
             };
-            let pages = u64::from(unit.pages);
-            if dst == 0 {
-                let prob = f64::from(h) / total_heat;
+            if placed.dst == 0 {
+                let prob = f64::from(c.heat) / total_heat;
                 if prob > share_left {
                     continue;
                 }
                 share_left -= prob;
             }
-            let mut facts = self.facts(p, th);
-            facts.writes = (unit.page..unit.end())
-                .map(|q| self.writes[q as usize])
-                .max()
-                .unwrap_or(0);
-            facts.aborts = (unit.page..unit.end())
-                .map(|q| self.aborts[q as usize])
-                .max()
-                .unwrap_or(0);
-            let (mech, why) = self
-                .chooser
-                .promotion(&facts, &plan.tiers[usize::from(src)]);
-            self.count_reason(why);
-            plan.written = facts.writes > 0;
-            for q in unit.page..unit.end() {
-                plan.chosen.insert(q);
-            }
-            self.emit(plan, unit, src, dst, mech);
-            promoted += pages;
+            promoted += self.promote(plan, c.page, &placed);
         }
         promoted
+    }
+
+    /// Step 7's candidates: tracked pages slower than their target tier
+    /// (at least `min_dst`), hottest first.
+    fn promotion_candidates(
+        &self,
+        rank: &Ranking,
+        min_dst: TierId,
+        view: &dyn MemoryView,
+    ) -> Vec<Candidate> {
+        let mut cands: Vec<Candidate> = self
+            .tracked
+            .iter()
+            .filter_map(|&p| {
+                let h = self.heat[p as usize];
+                let dst = rank.target(h).max(min_dst);
+                (view.tier_of(p) > dst).then_some(Candidate {
+                    heat: h,
+                    page: p,
+                    dst,
+                })
+            })
+            .collect();
+        cands.sort_unstable_by(|a, b| b.heat.cmp(&a.heat).then(a.page.cmp(&b.page)));
+        cands
+    }
+
+    /// The heat of all tracked pages (at least 1): each page's share of
+    /// it is its share of the requests.
+    fn total_heat(&self) -> f64 {
+        self.tracked
+            .iter()
+            .map(|&p| f64::from(self.heat[p as usize]))
+            .sum::<f64>()
+            .max(1.0)
+    }
+
+    /// Makes room for `cands` in every non-slowest tier by demoting pages
+    /// below its threshold; marks the tiers where this displaced pages.
+    fn make_room(
+        &mut self,
+        plan: &mut Plan,
+        rank: &Ranking,
+        cands: &[Candidate],
+        view: &mut dyn MemoryView,
+    ) {
+        if rank.no_skew() {
+            return; // no skew: promote into free room only
+        }
+        for dst in 0..self.caps.len().saturating_sub(1) {
+            let dst = dst as TierId;
+            let need = self.room_needed(plan, rank, cands, dst, view);
+            let th = rank.th[usize::from(dst)];
+            if self.demote_cold(plan, dst, need, th, view) > 0 {
+                plan.displaced[usize::from(dst)] = true;
+            }
+        }
+    }
+
+    /// Pages to free in `dst` for the candidates that may displace pages
+    /// there, and its reserve.
+    fn room_needed(
+        &self,
+        plan: &Plan,
+        rank: &Ranking,
+        cands: &[Candidate],
+        dst: TierId,
+        view: &dyn MemoryView,
+    ) -> u64 {
+        let want = cands
+            .iter()
+            .filter(|c| c.dst == dst)
+            .count()
+            .min(plan.limit.saturating_sub(plan.moved) as usize / 2) as u64;
+        let need = (want + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst));
+        let th = rank.th[usize::from(dst)];
+        // Only pages clearly hotter than the threshold displace others.
+        // and none of a stream's ([`burst`]).
+        let stream = !self.thrash.bursts.displacing_allowed();
+        let flags = &self.flags;
+        let strong = cands
+            .iter()
+            .filter(|c| {
+                c.dst == dst
+                    && c.heat >= th.saturating_mul(displace_factor(dst))
+                    && !stream
+                    && flags[c.page as usize] & BURSTY == 0
+            })
+            .count() as u64;
+        // Pages ranked for a faster tier that has no room fall back to
+        // this one (MTM §6: the next bucket goes to the next tier), and
+        // displace its pages below its threshold: they are hotter by
+        // rank, so no factor is needed for them.
+        let room_above: u64 = (0..usize::from(dst))
+            .map(|t| {
+                plan.budget
+                    .free(t as TierId)
+                    .saturating_sub(self.reserve[t])
+            })
+            .sum();
+        let spill = if dst > 0 {
+            (cands
+                .iter()
+                .filter(|c| {
+                    c.dst < dst
+                        && view.tier_of(c.page) > dst
+                        && !stream
+                        && flags[c.page as usize] & BURSTY == 0
+                })
+                .count() as u64)
+                .saturating_sub(room_above)
+                .min(plan.limit.saturating_sub(plan.moved) / 2)
+        } else {
+            0
+        };
+        // Room for the strong ones and the reserve, less what is free.
+        (need + spill).min(
+            (strong + spill + self.reserve[usize::from(dst)]).saturating_sub(plan.budget.free(dst)),
+        )
+    }
+
+    /// Where candidate `c` goes: its target tier, else the fastest tier
+    /// between it and the page's own that takes it (MTM §6); `None` when
+    /// none does.
+    fn placement(
+        &self,
+        plan: &Plan,
+        rank: &Ranking,
+        tight: &[bool],
+        c: &Candidate,
+        view: &dyn MemoryView,
+    ) -> Option<Placement> {
+        let (h, p) = (c.heat, c.page);
+        let src = view.tier_of(p);
+        if src <= c.dst {
+            return None;
+        }
+        for d in c.dst..src {
+            let th = rank.th[usize::from(d)];
+            let unit = self.unit_for(p, src, th, true, view);
+            let pages = u64::from(unit.pages);
+            if plan.budget.free(d) < pages + self.reserve[usize::from(d)] / 2 {
+                continue;
+            }
+            // Into the target only clearly hotter pages displace; a
+            // fallback page is hotter by rank than what it displaced.
+            let factor = if d == c.dst { displace_factor(d) } else { 1 };
+            if plan.displaced[usize::from(d)] && h < th.saturating_mul(factor) {
+                continue;
+            }
+            let displacing = plan.displaced[usize::from(d)] || tight[usize::from(d)];
+            if displacing
+                && (self.flags[p as usize] & BURSTY != 0
+                    || !self.thrash.bursts.displacing_allowed())
+            {
+                continue;
+            }
+            return Some(Placement {
+                src,
+                dst: d,
+                th,
+                unit,
+            });
+        }
+        None
+    }
+
+    /// Promotes `page`'s unit as `placed` says, with the mechanism its
+    /// facts call for; returns the pages moved.
+    fn promote(&mut self, plan: &mut Plan, page: u64, placed: &Placement) -> u64 {
+        let Placement { src, dst, th, unit } = *placed;
+        let pages = u64::from(unit.pages);
+        let mut facts = self.facts(page, th);
+        facts.writes = (unit.page..unit.end())
+            .map(|q| self.writes[q as usize])
+            .max()
+            .unwrap_or(0);
+        facts.aborts = (unit.page..unit.end())
+            .map(|q| self.aborts[q as usize])
+            .max()
+            .unwrap_or(0);
+        let (mech, why) = self
+            .chooser
+            .promotion(&facts, &plan.tiers[usize::from(src)]);
+        self.count_reason(why);
+        plan.written = facts.writes > 0;
+        for q in unit.page..unit.end() {
+            plan.chosen.insert(q);
+        }
+        self.emit(plan, unit, src, dst, mech);
+        pages
     }
 
     /// Step 7 in `balance` mode: Colloid's demotion of tier 0's hottest
     /// pages whose request share fits in `dp`.
     fn push_down(&mut self, plan: &mut Plan, dp: f64, view: &mut dyn MemoryView) -> u64 {
-        let total_heat: f64 = self
-            .tracked
-            .iter()
-            .map(|&p| f64::from(self.heat[p as usize]))
-            .sum::<f64>()
-            .max(1.0);
+        let total_heat = self.total_heat();
         let mut hot: Vec<(u16, u64)> = self
             .tracked
             .iter()
@@ -949,6 +1010,192 @@ impl Adaptive {
         (dp * total * tick_ns as f64 / 1e9 * REQUEST_BYTES / PAGE_SIZE as f64 / self.scale).ceil()
             as u64
     }
+
+    /// Step 4: values past migrations against the loaded-latency gap
+    /// between tiers 0 and 1 (or [`ASSUMED_GAP_NS`]), flags the streaming
+    /// pages found, and returns the share of the migration budget allowed.
+    fn value_migrations(&mut self, tick: u64, obs: &Observations<'_>) -> f64 {
+        let gap = match (
+            obs.tiers.first().and_then(|t| t.loaded_latency_ns),
+            obs.tiers.get(1).and_then(|t| t.loaded_latency_ns),
+        ) {
+            (Some(f), Some(s)) if s.is_finite() && f.is_finite() => (s - f).max(0.0),
+            _ => ASSUMED_GAP_NS,
+        };
+        let mut thrash = std::mem::take(&mut self.thrash);
+        thrash.evaluate(
+            tick,
+            &*self,
+            SAMPLE_PERIOD as f64 * gap,
+            !obs.samples.is_empty(),
+        );
+        for p in thrash.bursts.found.drain(..) {
+            if let Some(f) = self.flags.get_mut(p as usize) {
+                *f |= BURSTY;
+            }
+        }
+        self.thrash = thrash;
+        self.thrash.budget_share(tick)
+    }
+
+    /// Pages this tick may move: the rate limit times the throttle's
+    /// `share`.
+    fn migration_limit(&mut self, share: f64) -> u64 {
+        // The throttle scales the rate, fractions carried: a small budget
+        // (a low rate limit, a large simulation scale) is not rounded away.
+        let allowed = self.rate_pages * share + self.rate_carry;
+        let limit = allowed.floor() as u64;
+        self.rate_carry = (allowed - limit as f64).min(self.rate_pages.max(1.0));
+        limit
+    }
+
+    /// Steps 6-7: plans the moves the latency verdict calls for; returns
+    /// the mode and what was done.
+    fn plan_moves(
+        &mut self,
+        plan: &mut Plan,
+        rank: &Ranking,
+        verdict: LatencyVerdict,
+        view: &mut dyn MemoryView,
+    ) -> (Mode, String) {
+        let tiers = plan.tiers;
+        let latency = |t: usize| {
+            tiers
+                .get(t)
+                .and_then(|x| x.loaded_latency_ns)
+                .unwrap_or(0.0)
+        };
+        let (l0, l1) = (latency(0), latency(1));
+        match verdict {
+            LatencyVerdict::Demote(dp) => {
+                plan.limit = plan.limit.min(self.dynamic_limit(dp, tiers, TICK_NS));
+                let n = self.push_down(plan, dp, view);
+                // Lower tiers still pack among themselves.
+                let m = self.pack(plan, rank, None, 1, view);
+                (
+                    Mode::Balance,
+                    format!(
+                        "tier 0 loaded latency {:.0} ns above tier 1's {:.0} ns: moving {:.1}% of requests down ({n} pages down, {m} packed below)",
+                        l0,
+                        l1,
+                        dp * 100.0
+                    ),
+                )
+            }
+            LatencyVerdict::Balanced => {
+                let m = self.pack(plan, rank, None, 1, view);
+                (
+                    Mode::Balance,
+                    format!(
+                        "tiers 0 and 1 balanced (loaded latency {:.0} vs {:.0} ns, within {:.0}%): {m} pages packed below",
+                        l0,
+                        l1,
+                        DELTA * 100.0
+                    ),
+                )
+            }
+            LatencyVerdict::Promote(dp) => {
+                let m = self.pack(plan, rank, Some(dp), 0, view);
+                (
+                    Mode::Promote,
+                    format!(
+                        "{m} pages up (hot threshold heat {} for tier 0; tier 0 faster: {:.0} vs {:.0} ns, up to {:.1}% of requests)",
+                        rank.th[0],
+                        l0,
+                        l1,
+                        dp * 100.0
+                    ),
+                )
+            }
+            LatencyVerdict::NoSignal => {
+                let m = self.pack(plan, rank, None, 0, view);
+                (
+                    Mode::Promote,
+                    format!(
+                        "{m} pages up (hot threshold heat {} for tier 0; no latency signal)",
+                        rank.th[0]
+                    ),
+                )
+            }
+        }
+    }
+
+    /// The note on a stream gating promotions ([`burst`]), if it does.
+    fn stream_note(&self) -> String {
+        if self.thrash.bursts.displacing_allowed() {
+            String::new()
+        } else {
+            format!(
+                "; {:.0}% of promotions were bursts (sampled, then untouched): a stream, promotions only fill free room",
+                self.thrash.bursts.share() * 100.0
+            )
+        }
+    }
+
+    /// Sets the mode and why from what the tick did: throttled when the
+    /// throttle is on, else `mode`; a pattern change this tick keeps its
+    /// note in front.
+    fn set_mode(&mut self, mode: Mode, what: String, share: f64, phase_before: u64) {
+        if self.thrash.level() > 0 {
+            self.stats.throttled_ticks += 1;
+            self.mode = Mode::Throttled;
+            let budget = if share == 0.0 {
+                "no migration".to_string()
+            } else {
+                format!("budget 1/{:.0}", 1.0 / share)
+            };
+            self.why = format!(
+                "migrations returned {:.2}x their cost ({:.0}% ping-pong): {budget}; {what}",
+                self.thrash.last_ratio.unwrap_or(0.0),
+                self.thrash.pingpong_share() * 100.0
+            );
+        } else {
+            self.mode = mode;
+            if self.stats.phase_changes == phase_before {
+                self.why = what;
+            } else {
+                self.why = format!("{}; {what}", self.why);
+            }
+        }
+    }
+}
+
+/// The note on heat without skew (no page displaced), if so.
+fn skew_note(rank: &Ranking) -> String {
+    if rank.no_skew() {
+        format!(
+            "; heat shows no skew (dispersion {:.2} < {SKEW_MIN}): no page displaced",
+            rank.dispersion
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// The note on pages the scout found, if any.
+fn scout_note(scouted: u64) -> String {
+    if scouted > 0 {
+        format!("; scout found {scouted} touched slower pages while a faster tier has room")
+    } else {
+        String::new()
+    }
+}
+
+/// A page `pack` may promote: its heat and target tier.
+struct Candidate {
+    heat: u16,
+    page: u64,
+    dst: TierId,
+}
+
+/// Where `pack` promotes a candidate: the unit to move from `src` to
+/// `dst`, and `dst`'s heat threshold.
+#[derive(Clone, Copy)]
+struct Placement {
+    src: TierId,
+    dst: TierId,
+    th: u16,
+    unit: Unit,
 }
 
 /// The decisions of one tick being built.
@@ -962,6 +1209,22 @@ struct Plan<'a> {
     written: bool,
     /// Per tier: promotions into it displaced pages this tick.
     displaced: Vec<bool>,
+}
+
+impl<'a> Plan<'a> {
+    /// An empty plan over `tiers` that may move `limit` pages.
+    fn new(tiers: &'a [TierStatus], limit: u64) -> Self {
+        Self {
+            out: Decisions::none(),
+            budget: FreeBudget::from_tiers(tiers),
+            tiers,
+            chosen: HashSet::new(),
+            limit,
+            moved: 0,
+            written: false,
+            displaced: vec![false; tiers.len()],
+        }
+    }
 }
 
 impl Policy for Adaptive {
@@ -992,32 +1255,8 @@ impl Policy for Adaptive {
         self.detect_phase(slow_share);
         let scouted = self.scout(obs.tiers, view);
         // Step 4.
-        let gap = match (
-            obs.tiers.first().and_then(|t| t.loaded_latency_ns),
-            obs.tiers.get(1).and_then(|t| t.loaded_latency_ns),
-        ) {
-            (Some(f), Some(s)) if s.is_finite() && f.is_finite() => (s - f).max(0.0),
-            _ => ASSUMED_GAP_NS,
-        };
-        let mut thrash = std::mem::take(&mut self.thrash);
-        thrash.evaluate(
-            tick,
-            &*self,
-            SAMPLE_PERIOD as f64 * gap,
-            !obs.samples.is_empty(),
-        );
-        for p in thrash.bursts.found.drain(..) {
-            if let Some(f) = self.flags.get_mut(p as usize) {
-                *f |= BURSTY;
-            }
-        }
-        self.thrash = thrash;
-        let share = self.thrash.budget_share(tick);
-        // The throttle scales the rate, fractions carried: a small budget
-        // (a low rate limit, a large simulation scale) is not rounded away.
-        let allowed = self.rate_pages * share + self.rate_carry;
-        let limit = allowed.floor() as u64;
-        self.rate_carry = (allowed - limit as f64).min(self.rate_pages.max(1.0));
+        let share = self.value_migrations(tick, obs);
+        let limit = self.migration_limit(share);
         if obs.tiers.len() < 2 || self.tracked.is_empty() {
             if self.tracked.is_empty() {
                 self.mode = Mode::Warming;
@@ -1028,118 +1267,13 @@ impl Policy for Adaptive {
         // Steps 5-7.
         let rank = self.rank();
         let verdict = self.latency_verdict(obs.tiers);
-        let skew = if rank.no_skew() {
-            format!(
-                "; heat shows no skew (dispersion {:.2} < {SKEW_MIN}): no page displaced",
-                rank.dispersion
-            )
-        } else {
-            String::new()
-        };
-        let mut plan = Plan {
-            out: Decisions::none(),
-            budget: FreeBudget::from_tiers(obs.tiers),
-            tiers: obs.tiers,
-            chosen: HashSet::new(),
-            limit,
-            moved: 0,
-            written: false,
-            displaced: vec![false; obs.tiers.len()],
-        };
-        let latency = |t: usize| {
-            obs.tiers
-                .get(t)
-                .and_then(|x| x.loaded_latency_ns)
-                .unwrap_or(0.0)
-        };
-        let (l0, l1) = (latency(0), latency(1));
-        let (mode, what) = match verdict {
-            LatencyVerdict::Demote(dp) => {
-                plan.limit = plan.limit.min(self.dynamic_limit(dp, obs.tiers, TICK_NS));
-                let n = self.push_down(&mut plan, dp, view);
-                // Lower tiers still pack among themselves.
-                let m = self.pack(&mut plan, &rank, None, 1, view);
-                (
-                    Mode::Balance,
-                    format!(
-                        "tier 0 loaded latency {:.0} ns above tier 1's {:.0} ns: moving {:.1}% of requests down ({n} pages down, {m} packed below)",
-                        l0,
-                        l1,
-                        dp * 100.0
-                    ),
-                )
-            }
-            LatencyVerdict::Balanced => {
-                let m = self.pack(&mut plan, &rank, None, 1, view);
-                (
-                    Mode::Balance,
-                    format!(
-                        "tiers 0 and 1 balanced (loaded latency {:.0} vs {:.0} ns, within {:.0}%): {m} pages packed below",
-                        l0,
-                        l1,
-                        DELTA * 100.0
-                    ),
-                )
-            }
-            LatencyVerdict::Promote(dp) => {
-                let m = self.pack(&mut plan, &rank, Some(dp), 0, view);
-                (
-                    Mode::Promote,
-                    format!(
-                        "{m} pages up (hot threshold heat {} for tier 0; tier 0 faster: {:.0} vs {:.0} ns, up to {:.1}% of requests)",
-                        rank.th[0],
-                        l0,
-                        l1,
-                        dp * 100.0
-                    ),
-                )
-            }
-            LatencyVerdict::NoSignal => {
-                let m = self.pack(&mut plan, &rank, None, 0, view);
-                (
-                    Mode::Promote,
-                    format!(
-                        "{m} pages up (hot threshold heat {} for tier 0; no latency signal)",
-                        rank.th[0]
-                    ),
-                )
-            }
-        };
-        let scouted = if scouted > 0 {
-            format!("; scout found {scouted} touched slower pages while a faster tier has room")
-        } else {
-            String::new()
-        };
-        let gated = if self.thrash.bursts.displacing_allowed() {
-            String::new()
-        } else {
-            format!(
-                "; {:.0}% of promotions were bursts (sampled, then untouched): a stream, promotions only fill free room",
-                self.thrash.bursts.share() * 100.0
-            )
-        };
+        let skew = skew_note(&rank);
+        let mut plan = Plan::new(obs.tiers, limit);
+        let (mode, what) = self.plan_moves(&mut plan, &rank, verdict, view);
+        let scouted = scout_note(scouted);
+        let gated = self.stream_note();
         let what = format!("{what}{skew}{gated}{scouted}");
-        if self.thrash.level() > 0 {
-            self.stats.throttled_ticks += 1;
-            self.mode = Mode::Throttled;
-            let budget = if share == 0.0 {
-                "no migration".to_string()
-            } else {
-                format!("budget 1/{:.0}", 1.0 / share)
-            };
-            self.why = format!(
-                "migrations returned {:.2}x their cost ({:.0}% ping-pong): {budget}; {what}",
-                self.thrash.last_ratio.unwrap_or(0.0),
-                self.thrash.pingpong_share() * 100.0
-            );
-        } else {
-            self.mode = mode;
-            if self.stats.phase_changes == phase_before {
-                self.why = what;
-            } else {
-                self.why = format!("{}; {what}", self.why);
-            }
-        }
+        self.set_mode(mode, what, share, phase_before);
         plan.out
     }
 
