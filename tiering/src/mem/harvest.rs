@@ -339,7 +339,7 @@ impl DirtyHarvester {
             while w < mask.len() && mask[w] != 0 {
                 w += 1;
             }
-            mem.inject.io(crate::sys::FaultPoint::DirtyClear)?;
+            mem.inject.io(crate::inject::FaultPoint::DirtyClear)?;
             self.log.clear(start * 64, &mask[start..w])?;
             mem.vmm_dirty_clear(start * 64, &mask[start..w])?;
         }
@@ -362,7 +362,10 @@ impl DirtyHarvester {
         }
         let first = page / 64 * 64;
         let mask = [1u64 << (page % 64)];
-        if mem.inject.io(crate::sys::FaultPoint::DirtyClear).is_err()
+        if mem
+            .inject
+            .io(crate::inject::FaultPoint::DirtyClear)
+            .is_err()
             || self.log.clear(first, &mask).is_err()
             || mem.vmm_dirty_clear(first, &mask).is_err()
         {
@@ -405,7 +408,7 @@ impl DirtyHarvester {
             deferred,
             ..
         } = scratch;
-        mem.inject.io(crate::sys::FaultPoint::DirtyGet)?;
+        mem.inject.io(crate::inject::FaultPoint::DirtyGet)?;
         self.log.get(kvm)?;
         mem.vmm_dirty_get(soft)?;
         let n = mem.guest_pages();

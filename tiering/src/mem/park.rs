@@ -181,7 +181,7 @@ impl TieredMemory {
                         self.release_page(p, 0, 0);
                     }
                     _ => {
-                        if self.uffd.move_range(guest, park, PAGE_SIZE, true).is_err()
+                        if self.move_range(guest, park, PAGE_SIZE, true).is_err()
                             && resident(park).unwrap_or(true)
                         {
                             self.release_page(p, tag, 0);
@@ -205,7 +205,7 @@ impl TieredMemory {
     /// is no one's data), so the next park of `page` can use the slot.
     fn heal_park_slot(&self, page: usize) {
         self.counters.slot_heals.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = sys::discard(self.park_addr(page), PAGE_SIZE) {
+        if let Err(e) = self.discard(self.park_addr(page), PAGE_SIZE) {
             tracing::warn!("discarding the stale parking slot of page {page}: {e}");
         }
     }
@@ -433,10 +433,7 @@ impl TieredMemory {
         // (a hole is allocated by the write); they do not overlap.
         unsafe { sys::copy_volatile(dst as *mut u8, self.park_addr(page) as *const u8, PAGE_SIZE) };
         self.publish_placement(page, 1, to);
-        if let Err(e) = self
-            .uffd
-            .move_range(self.guest_addr(page), dst, PAGE_SIZE, true)
-        {
+        if let Err(e) = self.move_range(self.guest_addr(page), dst, PAGE_SIZE, true) {
             self.release_staging_checked(to, &staging);
             self.tiers[usize::from(to)].unreserve(1);
             self.publish_placement(page, 1, from);
