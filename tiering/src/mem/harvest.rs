@@ -412,6 +412,7 @@ impl DirtyHarvester {
         self.log.get(kvm)?;
         mem.vmm_dirty_get(soft)?;
         let n = mem.guest_pages();
+        let is_fresh = |page: usize| fresh_segs.get(page / seg_pages).copied().unwrap_or(false);
         let mut consumed = 0;
         for w in 0..soft.len() {
             let bits = kvm[w] | soft[w];
@@ -427,37 +428,10 @@ impl DirtyHarvester {
                 if page >= n {
                     continue;
                 }
-                if mem.pages.load(page) & (BUSY | SHADOW) == 0 {
-                    // Nobody tracks this page: count the write once and leave
-                    // its bit set so the guest keeps writing without faults
-                    // (the first harvest after switching on counts nothing:
-                    // every bit was set by the switch).
-                    if fresh_segs.get(page / seg_pages).copied().unwrap_or(false) {
-                        mem.pages.mark_unarmed_uncounted(page);
-                    } else {
-                        consumed += usize::from(mem.pages.mark_unarmed(page));
-                    }
-                    continue;
-                }
-                let word = mem.pages.load(page);
-                if word & (BUSY | PARKED | SHADOW) == PARKED | SHADOW {
-                    // A parked shadowed page cannot be written while parked;
-                    // its bit predates the parking. Leave it set (unconsumed)
-                    // for the harvest after its touch maps it back: taking
-                    // the page now would make that touch wait for us.
-                    continue;
-                }
-                consumed += 1;
-                rearm[w] |= 1 << i;
-                if let Consumed::OwnedForInvalidation(word) = mem.pages.consume_dirty(page) {
-                    // Revalidation re-arms the page itself (see there);
-                    // invalidation leaves it unarmed (no shadow to protect).
-                    rearm[w] &= !(1 << i);
-                    if defer {
-                        deferred.push((page, word));
-                    } else {
-                        self.invalidate_or_keep(mem, page, word);
-                    }
+                let (taken, keep_armed) = self.harvest_page(mem, page, &is_fresh, defer, deferred);
+                consumed += taken;
+                if keep_armed {
+                    rearm[w] |= 1 << i;
                 }
             }
         }
@@ -472,5 +446,50 @@ impl DirtyHarvester {
         self.clear_ranges(mem, rearm)?;
         mem.counters.harvests.fetch_add(1, Ordering::Relaxed);
         Ok(consumed)
+    }
+
+    /// One dirty `page` of [`Self::harvest_locked`]'s logs. Returns the
+    /// writes it consumed (0 or 1) and whether its bit is re-armed
+    /// (cleared in the log, so the next write is seen again): a tracked
+    /// page that stays tracked. `is_fresh` says whether the page's segment
+    /// was switched on since the last harvest.
+    fn harvest_page(
+        &self,
+        mem: &TieredMemory,
+        page: usize,
+        is_fresh: &dyn Fn(usize) -> bool,
+        defer: bool,
+        deferred: &mut Vec<(usize, u64)>,
+    ) -> (usize, bool) {
+        if mem.pages.load(page) & (BUSY | SHADOW) == 0 {
+            // Nobody tracks this page: count the write once and leave
+            // its bit set so the guest keeps writing without faults
+            // (the first harvest after switching on counts nothing:
+            // every bit was set by the switch).
+            if is_fresh(page) {
+                mem.pages.mark_unarmed_uncounted(page);
+                return (0, false);
+            }
+            return (usize::from(mem.pages.mark_unarmed(page)), false);
+        }
+        let word = mem.pages.load(page);
+        if word & (BUSY | PARKED | SHADOW) == PARKED | SHADOW {
+            // A parked shadowed page cannot be written while parked;
+            // its bit predates the parking. Leave it set (unconsumed)
+            // for the harvest after its touch maps it back: taking
+            // the page now would make that touch wait for us.
+            return (0, false);
+        }
+        if let Consumed::OwnedForInvalidation(word) = mem.pages.consume_dirty(page) {
+            // Revalidation re-arms the page itself (see there);
+            // invalidation leaves it unarmed (no shadow to protect).
+            if defer {
+                deferred.push((page, word));
+            } else {
+                self.invalidate_or_keep(mem, page, word);
+            }
+            return (1, false);
+        }
+        (1, true)
     }
 }
