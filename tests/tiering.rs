@@ -344,7 +344,7 @@ fn fast_tier_resize_under_chaos_loses_nothing_and_returns_memory() {
 }
 
 /// Injected system-call failures under chaos migration in a live VM (the
-/// test-only fault plans of `tiering::sys::Injector`): the VM carries on,
+/// test-only fault plans of `tiering::inject::Injector`): the VM carries on,
 /// memcheck loses nothing, the bookkeeping ends consistent, and the run ends
 /// on time (the whole run is bounded by the common watchdog of `run`).
 #[test]

@@ -32,6 +32,7 @@ use super::page_map::{self, PageMap, SHADOW};
 use super::pool::{Holds, Pool, Slot, CHUNK_SLOTS};
 use super::stats::{Counters, MemStats, TierStats};
 use super::{HintFaultRecord, MemConfigError, MemError};
+use crate::inject::Injector;
 use crate::sys::{self, Advice, Mapping, MoveError, RegisterMode, Uffd, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::vocab::{TierId, MAX_TIERS};
 
@@ -298,7 +299,7 @@ pub struct TieredMemory {
     pub(crate) sweep: Vec<super::resize::SweepCursor>,
     pub(crate) chunks: super::thp::ChunkStates,
     pub(crate) scanner: sys::PageScanner,
-    pub(crate) inject: Arc<sys::Injector>,
+    pub(crate) inject: Arc<Injector>,
     locked: bool,
     /// The reservation every area lives in. Declared last: it is unmapped
     /// only after everything above (which may hold addresses into it) is
@@ -345,12 +346,12 @@ fn reserve_layout(cfg: &MemConfig, n: usize) -> Result<(Mapping, Layout, Vec<usi
 /// Locks the whole range on fault; false (with a warning naming the fix)
 /// where the host does not allow it.
 fn lock_or_warn(map: &Mapping) -> bool {
-    // Locked on fault: see `sys::lock_on_fault`. Without CAP_IPC_LOCK or
+    // Locked on fault: see `Mapping::lock_on_fault`. Without CAP_IPC_LOCK or
     // a large RLIMIT_MEMLOCK this fails, and tiervm runs unlocked (the
     // run summary says so): a split huge page may then put the kernel's
     // zero page in guest RAM, and a write to it gets a page from the
     // kernel's choice of node.
-    match sys::lock_on_fault(map.addr(), map.len()) {
+    match map.lock_on_fault() {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(
@@ -364,7 +365,7 @@ fn lock_or_warn(map: &Mapping) -> bool {
 
 /// A userfaultfd over the areas: missing faults of guest RAM, shadows and
 /// parking slots; write-protect faults of the pools.
-fn register_areas(layout: &Layout, inject: Arc<sys::Injector>) -> Result<Uffd, MemError> {
+fn register_areas(layout: &Layout, inject: Arc<Injector>) -> Result<Uffd, MemError> {
     let uffd = Uffd::new(inject)?;
     let area = layout.area_pages * PAGE_SIZE;
     uffd.register(layout.guest, area, RegisterMode::Missing)?;
@@ -397,7 +398,7 @@ impl TieredMemory {
         let (map, layout, pool_halves) = reserve_layout(cfg, n)?;
         set_up_areas(&map, &layout, cfg)?;
         let locked = lock_or_warn(&map);
-        let inject = Arc::new(sys::Injector::default());
+        let inject = Arc::new(Injector::default());
         let uffd = register_areas(&layout, inject.clone())?;
         let (release_tx, release_rx) = unbounded();
         let low = cfg
@@ -673,6 +674,65 @@ impl TieredMemory {
             .store(pct.to_bits(), Ordering::Relaxed);
     }
 
+    /// The reservation every area lives in, for the `Mapping` methods that
+    /// act on a range of it (madvise, mbind).
+    pub(crate) fn mapping(&self) -> &Mapping {
+        &self.map
+    }
+
+    /// [`Uffd::move_range`] of `len` bytes from `src` to the hole at `dst`,
+    /// both ranges of this memory's reservation. A range outside the
+    /// reservation is refused (`EINVAL`, nothing moved) before any ioctl.
+    /// Which pages may move is the caller's business (it owns them, see
+    /// `account`): the content of `src` is afterwards only at `dst`.
+    pub(crate) fn move_range(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        wake: bool,
+    ) -> Result<(), MoveError> {
+        if !self.map.contains_range(dst, len) || !self.map.contains_range(src, len) {
+            return Err(MoveError {
+                dst,
+                src,
+                len,
+                moved: 0,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: both ranges lie in `self.map` (checked above), the private anonymous
+        // reservation this value owns and unmaps only on drop, after every `&self` is
+        // gone; the areas moves go into are registered with `self.uffd`
+        // (`register_areas`; the kernel refuses any other destination); and no Rust
+        // reference points into the reservation except to atomics (this crate and the
+        // VMM reach its memory only through raw pointers, volatile copies and atomics,
+        // KVM through the guest's page tables).
+        unsafe { self.uffd.move_range(dst, src, len, wake) }
+    }
+
+    /// [`sys::discard`] of `[addr, addr+len)`, a range of this memory's
+    /// reservation: its pages are freed and it becomes a hole. A range
+    /// outside the reservation is refused (`InvalidInput`) before any
+    /// system call. The caller passes only ranges whose content nobody
+    /// needs (pages it owns that are elsewhere, or free slots).
+    pub(crate) fn discard(&self, addr: usize, len: usize) -> std::io::Result<()> {
+        if !self.map.contains_range(addr, len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "discard of {addr:#x}+{len:#x}: not inside the tiered memory's reservation"
+                ),
+            ));
+        }
+        // SAFETY: the range lies in `self.map` (checked above), the private anonymous
+        // reservation this value owns, mapped until drop; no Rust reference points into it
+        // except to atomics (see `move_range`), which read the hole as zero; the content is
+        // no one's by the caller's contract above (a lost page is a bug of the page
+        // ownership, not a memory-safety one).
+        unsafe { sys::discard(addr, len) }
+    }
+
     pub(crate) fn guest_addr(&self, page: usize) -> usize {
         self.layout.guest + page * PAGE_SIZE
     }
@@ -733,7 +793,7 @@ impl TieredMemory {
                 j += 1;
             }
             let len = (j - i) * PAGE_SIZE;
-            self.uffd.move_range(d0, s0, len, true)?;
+            self.move_range(d0, s0, len, true)?;
             self.note_guest_move(d0, len);
             self.note_guest_move(s0, len);
             i = j;
@@ -778,7 +838,7 @@ impl TieredMemory {
     ) -> Result<(), MoveError> {
         let mut last = None;
         for attempt in 0..ROLLBACK_ATTEMPTS {
-            match self.uffd.move_range(dst, src, len, true) {
+            match self.move_range(dst, src, len, true) {
                 Ok(()) => {
                     self.note_guest_move(dst, len);
                     self.note_guest_move(src, len);
@@ -857,8 +917,8 @@ impl TieredMemory {
     }
 
     /// Failure injection into this memory's system calls (tests: see
-    /// [`sys::Injector`]; nothing fires unless plans are set).
-    pub fn injector(&self) -> &sys::Injector {
+    /// [`Injector`]; nothing fires unless plans are set).
+    pub fn injector(&self) -> &Injector {
         &self.inject
     }
 
@@ -1014,12 +1074,12 @@ fn set_up_areas(map: &Mapping, l: &Layout, cfg: &MemConfig) -> Result<(), MemErr
     // tier. Shadow and parking areas, and the pools' small halves, never
     // get huge pages from the kernel.
     let guest_len = l.area_pages * PAGE_SIZE;
-    sys::advise(map.addr(), map.len(), Advice::NoHugePage)?;
+    map.advise(map.addr(), map.len(), Advice::NoHugePage)?;
     if cfg.huge_pages {
-        sys::advise(l.guest, guest_len, Advice::HugePage)?;
+        map.advise(l.guest, guest_len, Advice::HugePage)?;
         for (t, &p) in l.pools.iter().enumerate() {
             let half = l.pool_slots[t] / 2 * PAGE_SIZE;
-            sys::advise(p, half, Advice::HugePage)?;
+            map.advise(p, half, Advice::HugePage)?;
         }
     }
     let nodes: Vec<u32> = {
@@ -1031,10 +1091,10 @@ fn set_up_areas(map: &Mapping, l: &Layout, cfg: &MemConfig) -> Result<(), MemErr
     // An explicit policy on every area keeps NUMA balancing's scanner away
     // (it only scans ranges with the default policy), so the kernel does not
     // unmap guest pages for hint faults or migrate them behind our back.
-    sys::mbind(l.guest, l.area_pages * PAGE_SIZE, &nodes)?;
-    sys::mbind(l.shadow, 2 * l.area_pages * PAGE_SIZE, &nodes)?;
+    map.mbind(l.guest, l.area_pages * PAGE_SIZE, &nodes)?;
+    map.mbind(l.shadow, 2 * l.area_pages * PAGE_SIZE, &nodes)?;
     for (t, spec) in cfg.tiers.iter().enumerate() {
-        sys::mbind(l.pools[t], l.pool_slots[t] * PAGE_SIZE, &[spec.node])?;
+        map.mbind(l.pools[t], l.pool_slots[t] * PAGE_SIZE, &[spec.node])?;
     }
     debug_assert!(l.guest.is_multiple_of(HUGE_PAGE_SIZE));
     Ok(())

@@ -168,54 +168,10 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
         let k = owed as usize;
         owed -= k as f64;
         let tiers = m.memory().tier_count().max(1);
-        let mut batches: Vec<Vec<Unit>> = vec![Vec::new(); tiers];
-        let total_w = u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight);
-        for _ in 0..k {
-            let u = Unit::run(
-                ((base_slot + rng.next() as usize % slots) * cfg.unit_pages) as u64,
-                cfg.unit_pages as u32,
-            );
-            let to = if rng.next() % total_w < u64::from(cfg.promote_weight) || tiers == 1 {
-                0
-            } else {
-                1 + rng.next() as usize % (tiers - 1)
-            };
-            batches[to].push(u);
-        }
+        let batches = draw_batches(cfg, &mut rng, base_slot, slots, tiers, k);
         rep.units += k as u64;
-        // At most MAX_BATCH_PAGES per call, and a stop is honoured between
-        // calls: a stop waits for one such batch whatever the unit size.
-        let chunk = (MAX_BATCH_PAGES / cfg.unit_pages).max(1);
-        let calls = batches
-            .iter()
-            .enumerate()
-            .flat_map(|(to, units)| units.chunks(chunk).map(move |c| (to, c)));
-        for (to, units) in calls {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            rep.batches += 1;
-            let r = m.migrate(units, to as TierId, cfg.mechanism);
-            match r {
-                Ok(o) => rep.outcome.add(&o),
-                Err(e) => {
-                    rep.errors += 1;
-                    tracing::warn!("chaos batch: {e}");
-                    rep.first_error.get_or_insert(e.to_string());
-                }
-            }
-        }
-        match m.run_due_retries() {
-            Ok(o) => rep.outcome.add(&o),
-            Err(e) => {
-                rep.errors += 1;
-                rep.first_error.get_or_insert(e.to_string());
-            }
-        }
-        if let Err(e) = m.harvest() {
-            rep.errors += 1;
-            rep.first_error.get_or_insert(e.to_string());
-        }
+        issue_batches(m, cfg, stop, &batches, &mut rep);
+        upkeep(m, &mut rep);
         next += cfg.interval;
         let now = Instant::now();
         if next > now {
@@ -226,4 +182,82 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
     }
     rep.elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
     rep
+}
+
+/// `k` random units of `cfg.unit_pages` pages, each at a random one of the
+/// `slots` unit slots from `base_slot`, sorted by their random destination: a batch per
+/// tier of `tiers`, promotions (to tier 0) weighted against demotions by
+/// the configuration.
+fn draw_batches(
+    cfg: &ChaosConfig,
+    rng: &mut Rng,
+    base_slot: usize,
+    slots: usize,
+    tiers: usize,
+    k: usize,
+) -> Vec<Vec<Unit>> {
+    let mut batches: Vec<Vec<Unit>> = vec![Vec::new(); tiers];
+    let total_w = u64::from(cfg.promote_weight) + u64::from(cfg.demote_weight);
+    for _ in 0..k {
+        let u = Unit::run(
+            ((base_slot + rng.next() as usize % slots) * cfg.unit_pages) as u64,
+            cfg.unit_pages as u32,
+        );
+        let to = if rng.next() % total_w < u64::from(cfg.promote_weight) || tiers == 1 {
+            0
+        } else {
+            1 + rng.next() as usize % (tiers - 1)
+        };
+        batches[to].push(u);
+    }
+    batches
+}
+
+/// Migrates each tier's batch to that tier, counting outcomes and errors
+/// into `rep`.
+fn issue_batches(
+    m: &Migrator,
+    cfg: &ChaosConfig,
+    stop: &AtomicBool,
+    batches: &[Vec<Unit>],
+    rep: &mut ChaosReport,
+) {
+    // At most MAX_BATCH_PAGES per call, and a stop is honoured between
+    // calls: a stop waits for one such batch whatever the unit size.
+    let chunk = (MAX_BATCH_PAGES / cfg.unit_pages).max(1);
+    let calls = batches
+        .iter()
+        .enumerate()
+        .flat_map(|(to, units)| units.chunks(chunk).map(move |c| (to, c)));
+    for (to, units) in calls {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        rep.batches += 1;
+        let r = m.migrate(units, to as TierId, cfg.mechanism);
+        match r {
+            Ok(o) => rep.outcome.add(&o),
+            Err(e) => {
+                rep.errors += 1;
+                tracing::warn!("chaos batch: {e}");
+                rep.first_error.get_or_insert(e.to_string());
+            }
+        }
+    }
+}
+
+/// What a mover does between batches: the due retries and a harvest,
+/// counting outcomes and errors into `rep`.
+fn upkeep(m: &Migrator, rep: &mut ChaosReport) {
+    match m.run_due_retries() {
+        Ok(o) => rep.outcome.add(&o),
+        Err(e) => {
+            rep.errors += 1;
+            rep.first_error.get_or_insert(e.to_string());
+        }
+    }
+    if let Err(e) = m.harvest() {
+        rep.errors += 1;
+        rep.first_error.get_or_insert(e.to_string());
+    }
 }

@@ -369,8 +369,9 @@ impl TieredMemory {
                         // uses it while we hold the reservation.
                         unsafe { sys::zero_volatile(a as *mut u8, HUGE_PAGE_SIZE) };
                     } else {
-                        self.inject.io(sys::FaultPoint::Populate)?;
-                        sys::advise(a, HUGE_PAGE_SIZE, Advice::PopulateWrite)?;
+                        self.inject.io(crate::inject::FaultPoint::Populate)?;
+                        self.mapping()
+                            .advise(a, HUGE_PAGE_SIZE, Advice::PopulateWrite)?;
                     }
                     let huge = self
                         .scanner
@@ -378,7 +379,7 @@ impl TieredMemory {
                         .map(|p| p.huge == HUGE_PAGE_SIZE as u64)
                         .unwrap_or(false);
                     self.publish_placement(first, count, tier);
-                    self.uffd.move_range(self.guest_addr(first), a, len, true)?;
+                    self.move_range(self.guest_addr(first), a, len, true)?;
                     if huge {
                         self.note_huge(first, count);
                     }
@@ -391,8 +392,8 @@ impl TieredMemory {
                             // SAFETY: a reserved, resident pool page nobody else uses.
                             unsafe { sys::zero_volatile(a as *mut u8, PAGE_SIZE) };
                         } else {
-                            self.inject.io(sys::FaultPoint::Populate)?;
-                            sys::advise(a, PAGE_SIZE, Advice::PopulateWrite)?;
+                            self.inject.io(crate::inject::FaultPoint::Populate)?;
+                            self.mapping().advise(a, PAGE_SIZE, Advice::PopulateWrite)?;
                         }
                         let _ = i;
                     }

@@ -359,9 +359,8 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
         }
         None => lock(&mem.samples).push(sample),
     }
-    if mem.inject.io(crate::sys::FaultPoint::Wake).is_err()
+    if mem.inject.io(crate::inject::FaultPoint::Wake).is_err()
         && mem
-            .uffd
             .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, false)
             .is_ok()
     {

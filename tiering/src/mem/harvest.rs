@@ -339,7 +339,7 @@ impl DirtyHarvester {
             while w < mask.len() && mask[w] != 0 {
                 w += 1;
             }
-            mem.inject.io(crate::sys::FaultPoint::DirtyClear)?;
+            mem.inject.io(crate::inject::FaultPoint::DirtyClear)?;
             self.log.clear(start * 64, &mask[start..w])?;
             mem.vmm_dirty_clear(start * 64, &mask[start..w])?;
         }
@@ -362,7 +362,10 @@ impl DirtyHarvester {
         }
         let first = page / 64 * 64;
         let mask = [1u64 << (page % 64)];
-        if mem.inject.io(crate::sys::FaultPoint::DirtyClear).is_err()
+        if mem
+            .inject
+            .io(crate::inject::FaultPoint::DirtyClear)
+            .is_err()
             || self.log.clear(first, &mask).is_err()
             || mem.vmm_dirty_clear(first, &mask).is_err()
         {
@@ -405,10 +408,11 @@ impl DirtyHarvester {
             deferred,
             ..
         } = scratch;
-        mem.inject.io(crate::sys::FaultPoint::DirtyGet)?;
+        mem.inject.io(crate::inject::FaultPoint::DirtyGet)?;
         self.log.get(kvm)?;
         mem.vmm_dirty_get(soft)?;
         let n = mem.guest_pages();
+        let is_fresh = |page: usize| fresh_segs.get(page / seg_pages).copied().unwrap_or(false);
         let mut consumed = 0;
         for w in 0..soft.len() {
             let bits = kvm[w] | soft[w];
@@ -424,37 +428,10 @@ impl DirtyHarvester {
                 if page >= n {
                     continue;
                 }
-                if mem.pages.load(page) & (BUSY | SHADOW) == 0 {
-                    // Nobody tracks this page: count the write once and leave
-                    // its bit set so the guest keeps writing without faults
-                    // (the first harvest after switching on counts nothing:
-                    // every bit was set by the switch).
-                    if fresh_segs.get(page / seg_pages).copied().unwrap_or(false) {
-                        mem.pages.mark_unarmed_uncounted(page);
-                    } else {
-                        consumed += usize::from(mem.pages.mark_unarmed(page));
-                    }
-                    continue;
-                }
-                let word = mem.pages.load(page);
-                if word & (BUSY | PARKED | SHADOW) == PARKED | SHADOW {
-                    // A parked shadowed page cannot be written while parked;
-                    // its bit predates the parking. Leave it set (unconsumed)
-                    // for the harvest after its touch maps it back: taking
-                    // the page now would make that touch wait for us.
-                    continue;
-                }
-                consumed += 1;
-                rearm[w] |= 1 << i;
-                if let Consumed::OwnedForInvalidation(word) = mem.pages.consume_dirty(page) {
-                    // Revalidation re-arms the page itself (see there);
-                    // invalidation leaves it unarmed (no shadow to protect).
-                    rearm[w] &= !(1 << i);
-                    if defer {
-                        deferred.push((page, word));
-                    } else {
-                        self.invalidate_or_keep(mem, page, word);
-                    }
+                let (taken, keep_armed) = self.harvest_page(mem, page, &is_fresh, defer, deferred);
+                consumed += taken;
+                if keep_armed {
+                    rearm[w] |= 1 << i;
                 }
             }
         }
@@ -469,5 +446,50 @@ impl DirtyHarvester {
         self.clear_ranges(mem, rearm)?;
         mem.counters.harvests.fetch_add(1, Ordering::Relaxed);
         Ok(consumed)
+    }
+
+    /// One dirty `page` of [`Self::harvest_locked`]'s logs. Returns the
+    /// writes it consumed (0 or 1) and whether its bit is re-armed
+    /// (cleared in the log, so the next write is seen again): a tracked
+    /// page that stays tracked. `is_fresh` says whether the page's segment
+    /// was switched on since the last harvest.
+    fn harvest_page(
+        &self,
+        mem: &TieredMemory,
+        page: usize,
+        is_fresh: &dyn Fn(usize) -> bool,
+        defer: bool,
+        deferred: &mut Vec<(usize, u64)>,
+    ) -> (usize, bool) {
+        if mem.pages.load(page) & (BUSY | SHADOW) == 0 {
+            // Nobody tracks this page: count the write once and leave
+            // its bit set so the guest keeps writing without faults
+            // (the first harvest after switching on counts nothing:
+            // every bit was set by the switch).
+            if is_fresh(page) {
+                mem.pages.mark_unarmed_uncounted(page);
+                return (0, false);
+            }
+            return (usize::from(mem.pages.mark_unarmed(page)), false);
+        }
+        let word = mem.pages.load(page);
+        if word & (BUSY | PARKED | SHADOW) == PARKED | SHADOW {
+            // A parked shadowed page cannot be written while parked;
+            // its bit predates the parking. Leave it set (unconsumed)
+            // for the harvest after its touch maps it back: taking
+            // the page now would make that touch wait for us.
+            return (0, false);
+        }
+        if let Consumed::OwnedForInvalidation(word) = mem.pages.consume_dirty(page) {
+            // Revalidation re-arms the page itself (see there);
+            // invalidation leaves it unarmed (no shadow to protect).
+            if defer {
+                deferred.push((page, word));
+            } else {
+                self.invalidate_or_keep(mem, page, word);
+            }
+            return (1, false);
+        }
+        (1, true)
     }
 }

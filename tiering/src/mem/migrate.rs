@@ -516,7 +516,7 @@ impl Migrator {
                     let dst_full = sys::resident(dst, 1).map(|r| r[0]).unwrap_or(false);
                     let src_full = sys::resident(src, 1).map(|r| r[0]).unwrap_or(false);
                     if dst_full && src_full {
-                        let _ = sys::discard(dst, PAGE_SIZE);
+                        let _ = mem.discard(dst, PAGE_SIZE);
                         healed += 1;
                     }
                 }
@@ -913,7 +913,7 @@ impl Migrator {
             let node = mem.node(to) as i32;
             let status = mem
                 .inject
-                .io(sys::FaultPoint::MovePages)
+                .io(crate::inject::FaultPoint::MovePages)
                 .and_then(|()| sys::move_pages_to(&addrs, node as u32))
                 .unwrap_or_else(|e| {
                     tracing::warn!("move_pages: {e}");

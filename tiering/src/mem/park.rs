@@ -71,6 +71,17 @@ impl std::fmt::Display for MapBack {
     }
 }
 
+/// How [`TieredMemory::park_pages`]'s one-by-one retry after `EBUSY` ended.
+enum BusyParks {
+    /// Every owned page is in its parking slot now.
+    AllParked,
+    /// The pages that stayed busy are in guest RAM and were released
+    /// unparked; these were parked (and released tagged).
+    BusySkipped(Vec<usize>),
+    /// Some page is neither parked nor in guest RAM: roll the call back.
+    Failed,
+}
+
 impl TieredMemory {
     /// Parks `pages` for hint faults on behalf of `parker` (runs of
     /// consecutive pages move with one range move). Busy and never-touched
@@ -86,6 +97,42 @@ impl TieredMemory {
     ) -> std::io::Result<Vec<usize>> {
         let probe = parker == Parker::Probe;
         let tag = if probe { PARKED | PROBE } else { PARKED };
+        let (mut owned, taken_over) = self.claim_for_parking(pages, probe);
+        let pairs: Vec<_> = owned
+            .iter()
+            .map(|&p| (self.park_addr(p), self.guest_addr(p)))
+            .collect();
+        let mut moved = self.move_pairs(&pairs);
+        if let Err(e) = moved {
+            if e.errno == libc::EBUSY {
+                match self.park_busy_one_by_one(&owned, tag, e) {
+                    BusyParks::AllParked => moved = Ok(()),
+                    BusyParks::BusySkipped(mut parked) => {
+                        parked.extend(taken_over);
+                        return Ok(parked);
+                    }
+                    BusyParks::Failed => {}
+                }
+            }
+        }
+        if let Err(e) = moved {
+            self.put_back_after_failed_park(&owned, tag);
+            return Err(e.into());
+        }
+        for &p in &owned {
+            self.release_page(p, tag, 0);
+        }
+        owned.extend(taken_over);
+        Ok(owned)
+    }
+
+    /// The first step of [`Self::park_pages`]: acquires each page of
+    /// `pages` in guest RAM that is free to park. Returns the pages owned
+    /// now (populated, not parked: to be moved) and the sampler window
+    /// pages a probe took over (already released, tagged `PROBE`). Busy,
+    /// never-touched and already probed pages are skipped (released as
+    /// they were).
+    fn claim_for_parking(&self, pages: &[usize], probe: bool) -> (Vec<usize>, Vec<usize>) {
         let mut taken_over = Vec::new();
         let mut owned = Vec::new();
         for &p in pages.iter().filter(|&&p| p < self.guest_pages) {
@@ -103,101 +150,92 @@ impl TieredMemory {
                 self.release_page(p, 0, 0);
             }
         }
-        let pairs: Vec<_> = owned
+        (owned, taken_over)
+    }
+
+    /// [`Self::park_pages`] after a batch move of `owned` failed with
+    /// `EBUSY` (`e`): the kernel refused to move a page it sees as shared
+    /// or pinned (not `PageAnonExclusive`, or pinned for DMA); under KVM a
+    /// page it holds for an access is pinned for microseconds. Nothing moved
+    /// for that page and nothing is lost: the pages still in guest RAM are
+    /// retried one by one (bounded, `move_retrying`), and a page that stays
+    /// busy is left unparked (skipped, like a page a mover owns) instead of
+    /// failing the rest of the window.
+    fn park_busy_one_by_one(&self, owned: &[usize], tag: u64, e: MoveError) -> BusyParks {
+        self.counters
+            .park_busy_retries
+            .fetch_add(1, Ordering::Relaxed);
+        let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
+        let mut parked = Vec::with_capacity(owned.len());
+        for &p in owned {
+            let (guest, park) = (self.guest_addr(p), self.park_addr(p));
+            let in_park = if present(guest) {
+                !present(park) && self.move_retrying(park, guest, PAGE_SIZE).is_ok()
+            } else {
+                present(park)
+            };
+            if in_park {
+                parked.push(p);
+            }
+        }
+        if parked.len() == owned.len() {
+            return BusyParks::AllParked;
+        }
+        let still: Vec<usize> = owned
             .iter()
-            .map(|&p| (self.park_addr(p), self.guest_addr(p)))
+            .copied()
+            .filter(|p| !parked.contains(p))
             .collect();
-        let mut moved = self.move_pairs(&pairs);
-        if let Err(e) = moved {
-            if e.errno == libc::EBUSY {
-                // EBUSY: the kernel refused to move a page it sees as shared
-                // or pinned (not `PageAnonExclusive`, or pinned for DMA);
-                // under KVM a page it holds for an access is pinned for
-                // microseconds. Nothing moved for that page and nothing is
-                // lost: retry the pages still in guest RAM one by one
-                // (bounded, `move_retrying`), and leave a page that stays
-                // busy unparked (skipped, like a page a mover owns) instead
-                // of failing the rest of the window.
-                self.counters
-                    .park_busy_retries
-                    .fetch_add(1, Ordering::Relaxed);
-                let present = |a: usize| sys::resident(a, 1).map(|r| r[0]).unwrap_or(false);
-                let mut parked = Vec::with_capacity(owned.len());
-                for &p in &owned {
-                    let (guest, park) = (self.guest_addr(p), self.park_addr(p));
-                    let in_park = if present(guest) {
-                        !present(park) && self.move_retrying(park, guest, PAGE_SIZE).is_ok()
-                    } else {
-                        present(park)
-                    };
-                    if in_park {
-                        parked.push(p);
-                    }
-                }
-                if parked.len() == owned.len() {
-                    moved = Ok(());
-                } else {
-                    let still: Vec<usize> = owned
-                        .iter()
-                        .copied()
-                        .filter(|p| !parked.contains(p))
-                        .collect();
-                    if still.iter().all(|&p| present(self.guest_addr(p))) {
-                        // The pages that stayed busy are in guest RAM: they
-                        // simply are not parked this time.
-                        tracing::debug!(
-                            "parking: {} of {} pages stayed busy ({e}); skipped",
-                            still.len(),
-                            owned.len()
-                        );
-                        for &p in &still {
-                            self.release_page(p, 0, 0);
-                        }
-                        for &p in &parked {
-                            self.release_page(p, tag, 0);
-                        }
-                        parked.extend(taken_over);
-                        return Ok(parked);
-                    }
-                }
-            }
+        if !still.iter().all(|&p| present(self.guest_addr(p))) {
+            return BusyParks::Failed;
         }
-        if let Err(e) = moved {
-            // Pages that moved are put back; one that cannot move back
-            // stays parked, and the fault handler maps it back on its touch.
-            // Guest RAM decides which moved, not the parking slot: a slot
-            // that held a stale page (a failed discard) fails the move with
-            // EEXIST while the page stays in guest RAM, and reading the slot
-            // would tag a page the guest still has as parked (stuck: every
-            // unpark then fails with EEXIST). Such a slot is healed.
-            let resident = |a: usize| sys::resident(a, 1).map(|r| r[0]);
-            for &p in &owned {
-                let (guest, park) = (self.guest_addr(p), self.park_addr(p));
-                match resident(guest) {
-                    Ok(true) => {
-                        if resident(park).unwrap_or(false) {
-                            self.heal_park_slot(p);
-                        }
-                        self.release_page(p, 0, 0);
-                    }
-                    _ => {
-                        if self.uffd.move_range(guest, park, PAGE_SIZE, true).is_err()
-                            && resident(park).unwrap_or(true)
-                        {
-                            self.release_page(p, tag, 0);
-                        } else {
-                            self.release_page(p, 0, 0);
-                        }
-                    }
-                }
-            }
-            return Err(e.into());
+        // The pages that stayed busy are in guest RAM: they simply are not
+        // parked this time.
+        tracing::debug!(
+            "parking: {} of {} pages stayed busy ({e}); skipped",
+            still.len(),
+            owned.len()
+        );
+        for &p in &still {
+            self.release_page(p, 0, 0);
         }
-        for &p in &owned {
+        for &p in &parked {
             self.release_page(p, tag, 0);
         }
-        owned.extend(taken_over);
-        Ok(owned)
+        BusyParks::BusySkipped(parked)
+    }
+
+    /// The roll-back of a failed [`Self::park_pages`]: every page of
+    /// `owned` is released where the kernel says it is. Pages that moved
+    /// are put back; one that cannot move back stays parked (tagged `tag`),
+    /// and the fault handler maps it back on its touch. Guest RAM decides
+    /// which moved, not the parking slot: a slot that held a stale page (a
+    /// failed discard) fails the move with EEXIST while the page stays in
+    /// guest RAM, and reading the slot would tag a page the guest still has
+    /// as parked (stuck: every unpark then fails with EEXIST). Such a slot
+    /// is healed.
+    fn put_back_after_failed_park(&self, owned: &[usize], tag: u64) {
+        let resident = |a: usize| sys::resident(a, 1).map(|r| r[0]);
+        for &p in owned {
+            let (guest, park) = (self.guest_addr(p), self.park_addr(p));
+            match resident(guest) {
+                Ok(true) => {
+                    if resident(park).unwrap_or(false) {
+                        self.heal_park_slot(p);
+                    }
+                    self.release_page(p, 0, 0);
+                }
+                _ => {
+                    if self.move_range(guest, park, PAGE_SIZE, true).is_err()
+                        && resident(park).unwrap_or(true)
+                    {
+                        self.release_page(p, tag, 0);
+                    } else {
+                        self.release_page(p, 0, 0);
+                    }
+                }
+            }
+        }
     }
 
     /// Discards the stale page found in the parking slot of the owned,
@@ -205,7 +243,7 @@ impl TieredMemory {
     /// is no one's data), so the next park of `page` can use the slot.
     fn heal_park_slot(&self, page: usize) {
         self.counters.slot_heals.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = sys::discard(self.park_addr(page), PAGE_SIZE) {
+        if let Err(e) = self.discard(self.park_addr(page), PAGE_SIZE) {
             tracing::warn!("discarding the stale parking slot of page {page}: {e}");
         }
     }
@@ -307,54 +345,7 @@ impl TieredMemory {
                 self.release_page(page, 0, PARKED | PROBE);
                 MapBack::AlreadyBack(err)
             }
-            // Two copies. Which one is the guest's data:
-            // - equal bytes: either; the parked one is a duplicate, freed.
-            // - the guest RAM copy is all zeros and the parked one is not:
-            //   the guest RAM copy is a fresh fill (a zero page or a new
-            //   page a path mapped into the hole); nothing of the guest's is
-            //   in it that the parked copy lacks, except writes of zeros, so
-            //   the parked copy (the page's content when it was parked, and
-            //   no write can reach a parked page) is put back and the fill
-            //   freed.
-            // - both hold different non-zero data: the guest RAM copy has
-            //   been the page for every access since it appeared (no access
-            //   faults any more), so it holds the newest writes and is kept;
-            //   the parked copy is older. It is dropped with an error naming
-            //   the page, never silently.
-            (true, true) => {
-                self.counters
-                    .unpark_conflicts
-                    .fetch_add(1, Ordering::Relaxed);
-                let tier = page_map::tier_of(self.pages.load(page)).unwrap_or(0);
-                // SAFETY: both are page-aligned present pages of our mapping (residency
-                // checked just above; we own the page, so no mover unmaps either);
-                // volatile reads because a vCPU may write the guest RAM copy.
-                let (same, guest_zero) = unsafe {
-                    (
-                        sys::equal_volatile(guest as *const u8, park as *const u8, PAGE_SIZE),
-                        sys::is_zero_volatile(guest as *const u8, PAGE_SIZE),
-                    )
-                };
-                if same || !guest_zero {
-                    self.dispose(tier, &[park]);
-                    self.release_page(page, 0, PARKED | PROBE);
-                    return if same {
-                        MapBack::Duplicate(err)
-                    } else {
-                        MapBack::KeptGuestCopy(err)
-                    };
-                }
-                // The zero fill out, the parked copy in (the guest waits
-                // on the hole in between: we own the page).
-                self.dispose(tier, &[guest]);
-                match self.move_retrying(guest, park, PAGE_SIZE) {
-                    Ok(()) => {
-                        self.release_page(page, 0, PARKED | PROBE);
-                        MapBack::ParkedCopyWon(err)
-                    }
-                    Err(e) => self.copy_back_or_stop(page, e),
-                }
-            }
+            (true, true) => self.resolve_two_copies(page, err),
             // Guest RAM still has the hole and the parked copy is there: the
             // move kept failing (e.g. EBUSY: the parked page is pinned or
             // shared right now). Copy it instead of moving it.
@@ -367,6 +358,59 @@ impl TieredMemory {
                 }
                 MapBack::Lost(err)
             }
+        }
+    }
+
+    /// [`Self::map_back_touched`] when the move back failed and the owned
+    /// `page` has two copies, both resident: in guest RAM and in its parking
+    /// slot. Which
+    /// one is the guest's data:
+    /// - equal bytes: either; the parked one is a duplicate, freed.
+    /// - the guest RAM copy is all zeros and the parked one is not: the
+    ///   guest RAM copy is a fresh fill (a zero page or a new page a path
+    ///   mapped into the hole); nothing of the guest's is in it that the
+    ///   parked copy lacks, except writes of zeros, so the parked copy (the
+    ///   page's content when it was parked, and no write can reach a parked
+    ///   page) is put back and the fill freed.
+    /// - both hold different non-zero data: the guest RAM copy has been the
+    ///   page for every access since it appeared (no access faults any
+    ///   more), so it holds the newest writes and is kept; the parked copy
+    ///   is older. It is dropped with an error naming the page, never
+    ///   silently.
+    fn resolve_two_copies(&self, page: usize, err: MoveError) -> MapBack {
+        let (guest, park) = (self.guest_addr(page), self.park_addr(page));
+        self.counters
+            .unpark_conflicts
+            .fetch_add(1, Ordering::Relaxed);
+        let tier = page_map::tier_of(self.pages.load(page)).unwrap_or(0);
+        // SAFETY: both are page-aligned present pages of our mapping (the caller,
+        // `map_back_touched`, calls this only when it found both resident; we own the
+        // page, so no mover unmaps either); volatile reads because a vCPU may write the
+        // guest RAM copy.
+        let (same, guest_zero) = unsafe {
+            (
+                sys::equal_volatile(guest as *const u8, park as *const u8, PAGE_SIZE),
+                sys::is_zero_volatile(guest as *const u8, PAGE_SIZE),
+            )
+        };
+        if same || !guest_zero {
+            self.dispose(tier, &[park]);
+            self.release_page(page, 0, PARKED | PROBE);
+            return if same {
+                MapBack::Duplicate(err)
+            } else {
+                MapBack::KeptGuestCopy(err)
+            };
+        }
+        // The zero fill out, the parked copy in (the guest waits
+        // on the hole in between: we own the page).
+        self.dispose(tier, &[guest]);
+        match self.move_retrying(guest, park, PAGE_SIZE) {
+            Ok(()) => {
+                self.release_page(page, 0, PARKED | PROBE);
+                MapBack::ParkedCopyWon(err)
+            }
+            Err(e) => self.copy_back_or_stop(page, e),
         }
     }
 
@@ -433,10 +477,7 @@ impl TieredMemory {
         // (a hole is allocated by the write); they do not overlap.
         unsafe { sys::copy_volatile(dst as *mut u8, self.park_addr(page) as *const u8, PAGE_SIZE) };
         self.publish_placement(page, 1, to);
-        if let Err(e) = self
-            .uffd
-            .move_range(self.guest_addr(page), dst, PAGE_SIZE, true)
-        {
+        if let Err(e) = self.move_range(self.guest_addr(page), dst, PAGE_SIZE, true) {
             self.release_staging_checked(to, &staging);
             self.tiers[usize::from(to)].unreserve(1);
             self.publish_placement(page, 1, from);

@@ -196,6 +196,28 @@ impl Migrator {
             rep.shadows_reclaimed = mem.reclaim_shadows(tier, 1) as u64;
         }
         // 2. Pages with a valid shadow below: remap, no copy.
+        left = self.shrink_by_shadow_remap(&mem, tier, left, &mut rep)?;
+        // 3. The coldest pages, to the next slower tier with room.
+        self.shrink_by_demotion(&mem, tier, order, left, &mut rep)?;
+        // 4. Give the freed memory back: keep only the cache the tier can use.
+        let keep = (account.free() as usize).min(mem.pool_cache_pages);
+        rep.returned_pages = mem.trim_tier_cache(tier, keep) as u64;
+        rep.used_pages = account.guest() + account.shadows();
+        rep.complete = account.excess() == 0;
+        Ok(rep)
+    }
+
+    /// Step 2 of [`Self::shrink_step`]: pages of `tier` with a valid shadow
+    /// on a slower tier are remapped onto it (no copy). Returns the budget
+    /// `left` after it.
+    fn shrink_by_shadow_remap(
+        &self,
+        mem: &TieredMemory,
+        tier: TierId,
+        mut left: usize,
+        rep: &mut ResizeReport,
+    ) -> std::io::Result<usize> {
+        let account = &mem.tiers[usize::from(tier)];
         if account.excess() > 0 {
             let want = (account.excess() as usize).min(left);
             let mut by_tier: std::collections::BTreeMap<TierId, Vec<Unit>> = Default::default();
@@ -208,7 +230,21 @@ impl Migrator {
                 left = left.saturating_sub(o.migrated);
             }
         }
-        // 3. The coldest pages, to the next slower tier with room.
+        Ok(left)
+    }
+
+    /// Step 3 of [`Self::shrink_step`]: the coldest pages of `tier` (in
+    /// `order`, or swept) go to the next slower tier with room, within the
+    /// budget `left`.
+    fn shrink_by_demotion(
+        &self,
+        mem: &TieredMemory,
+        tier: TierId,
+        order: Option<&[Unit]>,
+        mut left: usize,
+        rep: &mut ResizeReport,
+    ) -> std::io::Result<()> {
+        let account = &mem.tiers[usize::from(tier)];
         while account.excess() > 0 && left > 0 {
             let want = (account.excess() as usize).min(left);
             let victims: Vec<Unit> = match order {
@@ -227,7 +263,7 @@ impl Migrator {
             let Some(dst) = self.slower_tier_with_room(tier, need.min(CHUNK_SLOTS)) else {
                 rep.stuck = Some(format!(
                     "no slower tier has room for the {} pages above the target of tier {} (their \
-                     shadows were reclaimed); the shrink stops at {} pages",
+                 shadows were reclaimed); the shrink stops at {} pages",
                     account.excess(),
                     account.spec.name,
                     account.guest() + account.shadows()
@@ -253,12 +289,7 @@ impl Migrator {
                 break; // the policy's victims are gone; sweep next time
             }
         }
-        // 4. Give the freed memory back: keep only the cache the tier can use.
-        let keep = (account.free() as usize).min(mem.pool_cache_pages);
-        rep.returned_pages = mem.trim_tier_cache(tier, keep) as u64;
-        rep.used_pages = account.guest() + account.shadows();
-        rep.complete = account.excess() == 0;
-        Ok(rep)
+        Ok(())
     }
 
     /// The first tier slower than `tier` with `pages` free (reclaiming its

@@ -141,7 +141,7 @@ impl TieredMemory {
             let chunk = self.pool(tier).reserve_chunk(Holds::Hole);
             if let Some((slot, Holds::Hole)) = chunk {
                 let dst = self.slot_addr(tier, slot);
-                match self.uffd.move_range(dst, addr, HUGE_PAGE_SIZE, false) {
+                match self.move_range(dst, addr, HUGE_PAGE_SIZE, false) {
                     Ok(()) => {
                         self.pool(tier).release_chunk(slot, Holds::Cached, true);
                         return;
@@ -186,10 +186,7 @@ impl TieredMemory {
                     None => return false,
                 }
             };
-            match self
-                .uffd
-                .move_range(self.slot_addr(tier, slot), addr, PAGE_SIZE, false)
-            {
+            match self.move_range(self.slot_addr(tier, slot), addr, PAGE_SIZE, false) {
                 Ok(()) => {
                     self.pool(tier).release_pages(&[slot], Holds::Cached);
                     return true;
@@ -220,8 +217,8 @@ impl TieredMemory {
         for _ in 0..4 {
             last = self
                 .inject
-                .io(sys::FaultPoint::Discard)
-                .and_then(|()| sys::discard(addr, len));
+                .io(crate::inject::FaultPoint::Discard)
+                .and_then(|()| self.discard(addr, len));
             if last.is_ok() {
                 break;
             }
@@ -262,7 +259,7 @@ impl TieredMemory {
             let addrs: Vec<usize> = pages.iter().map(|&s| self.slot_addr(t, s)).collect();
             self.discard_coalesced(&addrs);
             for &c in &chunks {
-                if let Err(e) = sys::discard(self.slot_addr(t, c), HUGE_PAGE_SIZE) {
+                if let Err(e) = self.discard(self.slot_addr(t, c), HUGE_PAGE_SIZE) {
                     tracing::error!("discarding a cached chunk: {e}");
                 }
             }

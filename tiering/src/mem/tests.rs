@@ -892,7 +892,7 @@ fn bounded<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Sen
 /// writing hot pages and `plans` make system calls fail. Returns the
 /// writer's (writes, lost writes), the stats and what fired.
 fn chaos_under_injected_failures(
-    plans: &[crate::sys::FaultPlan],
+    plans: &[crate::inject::FaultPlan],
     mech: Mechanism,
     unit_pages: usize,
     prefault: bool,
@@ -956,7 +956,7 @@ fn chaos_under_injected_failures(
 /// write is lost, the bookkeeping stays consistent.
 #[test]
 fn injected_syscall_failures_lose_nothing_and_never_hang() {
-    use crate::sys::{FaultPlan, FaultPoint};
+    use crate::inject::{FaultPlan, FaultPoint};
     let cases: Vec<(&str, bool)> = vec![
         ("move:every=7:errno=EBUSY", true),
         ("move:every=3:errno=EAGAIN", true),
@@ -1000,7 +1000,7 @@ fn injected_syscall_failures_lose_nothing_and_never_hang() {
 /// commit) stops with a clear error instead of hanging.
 #[test]
 fn injected_failures_fire_and_a_final_one_stops_with_an_error() {
-    use crate::sys::{FaultPlan, FaultPoint};
+    use crate::inject::{FaultPlan, FaultPoint};
     let Some((mem, _log, m, faults)) = setup(1024, 512, InitialPlacement::SlowFirst) else {
         return;
     };
@@ -1629,8 +1629,7 @@ fn a_touched_parked_page_already_back_in_guest_ram_is_served() {
         vec![page]
     );
     // The page comes back behind the bookkeeping's back.
-    mem.uffd
-        .move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, false)
+    mem.move_range(mem.guest_addr(page), mem.park_addr(page), PAGE_SIZE, false)
         .unwrap();
     // Make its touch reach the handler: the word says parked, so a touch
     // is what the handler sees as a hint fault (simulated with the event
@@ -1654,7 +1653,7 @@ fn a_touched_parked_page_already_back_in_guest_ram_is_served() {
 /// Without the fix the toucher waits forever (the bounded touch fails).
 #[test]
 fn a_touched_parked_page_that_cannot_move_back_is_copied_back() {
-    use crate::sys::{FaultPlan, FaultPoint};
+    use crate::inject::{FaultPlan, FaultPoint};
     let Some((mem, _log, _m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
         return;
     };
@@ -1722,7 +1721,7 @@ fn a_parked_page_with_a_filled_guest_slot_keeps_the_right_copy() {
 /// rest of the window is parked.
 #[test]
 fn ebusy_while_parking_retries_and_parks_the_window() {
-    use crate::sys::FaultPlan;
+    use crate::inject::FaultPlan;
     let Some((mem, _log, _m, faults)) = setup(256, 128, InitialPlacement::Interleave) else {
         return;
     };

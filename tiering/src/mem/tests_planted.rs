@@ -10,7 +10,7 @@ use super::backing::{Parker, Staging};
 use super::pool::Holds;
 use super::tests::setup;
 use super::*;
-use crate::sys::{FaultPlan, FaultPoint};
+use crate::inject::{FaultPlan, FaultPoint};
 
 fn word(mem: &TieredMemory, page: usize) -> &AtomicU64 {
     // SAFETY: page < guest_pages (callers), guest RAM is mapped for the memory's lifetime
@@ -85,8 +85,7 @@ fn fill_hole_quietly(mem: &TieredMemory, dst: usize, src: Option<usize>, word0: 
         // SAFETY: `a` is the page just written, 8-byte aligned.
         unsafe { (a as *mut u64).write_volatile(w) };
     }
-    mem.uffd
-        .move_range(dst, a, PAGE_SIZE, false)
+    mem.move_range(dst, a, PAGE_SIZE, false)
         .expect("fill the hole");
     mem.release_staging(tier, &st, Holds::Hole, false);
 }
@@ -96,7 +95,6 @@ fn act(mem: &TieredMemory, page: usize, before: Before) -> bool {
     match before {
         Before::Nothing => {}
         Before::MoveBackQuietly => mem
-            .uffd
             .move_range(guest, park, PAGE_SIZE, false)
             .expect("move the parked page back quietly"),
         Before::SameCopy => fill_hole_quietly(mem, guest, Some(park), None),
@@ -471,8 +469,7 @@ fn plant_page(mem: &TieredMemory, dst: usize) {
     let a = st.addr(mem, 1, 0);
     // SAFETY: `a` is a reserved pool slot of our mapping (a hole is allocated by the write).
     unsafe { (a as *mut u64).write_volatile(0xdead) };
-    mem.uffd
-        .move_range(dst, a, PAGE_SIZE, true)
+    mem.move_range(dst, a, PAGE_SIZE, true)
         .expect("plant a page");
     mem.release_staging(1, &st, Holds::Hole, false);
 }
@@ -498,13 +495,13 @@ fn the_consistency_checker_reports_a_stray_page_in_every_area() {
         }
         other => panic!("page {page}: expected '{what}', got {other:?}"),
     };
-    let discard = |a: usize| crate::sys::discard(a, PAGE_SIZE).unwrap();
+    let discard = |a: usize| mem.discard(a, PAGE_SIZE).unwrap();
     // Guest RAM: a committed page gone (moved to its parking slot, its
     // word not parked).
     let (g3, p3) = (mem.guest_addr(3), mem.park_addr(3));
-    mem.uffd.move_range(p3, g3, PAGE_SIZE, false).unwrap();
+    mem.move_range(p3, g3, PAGE_SIZE, false).unwrap();
     expect(3, "populated but not present in guest RAM");
-    mem.uffd.move_range(g3, p3, PAGE_SIZE, false).unwrap();
+    mem.move_range(g3, p3, PAGE_SIZE, false).unwrap();
     mem.check_consistency().unwrap();
     // Guest RAM: a page where nothing was committed.
     let last = pages - 1;

@@ -7,7 +7,7 @@
 //! unit moves in whole, and after a collapse. A 4 KiB move into or out of a
 //! huge range splits it (the kernel splits the mapping and the folio; the
 //! areas are locked, so no part of it becomes the shared zero page, see
-//! `sys::lock_on_fault`). A collapse copies the range into a new huge page
+//! `Mapping::lock_on_fault`). A collapse copies the range into a new huge page
 //! on the node most of its pages are on: the tier's node, since every page
 //! is on that tier. When the tiers are on different nodes, the kernel never
 //! collapses guest RAM by itself (a split range is NOHUGEPAGE): it would
@@ -85,7 +85,7 @@ impl TieredMemory {
                 // Broken into pages (or committed page by page): keep
                 // khugepaged away from it (see `backing::set_up_areas`).
                 let a = g + c * HUGE_PAGE_SIZE;
-                if let Err(e) = sys::advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
+                if let Err(e) = self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
                     tracing::debug!("guest range {}: NOHUGEPAGE: {e}", c * CHUNK_SLOTS);
                 }
             }
@@ -150,13 +150,14 @@ impl TieredMemory {
                 let a = self.guest_addr(first);
                 let collapsed = if self.emulated() {
                     // Never made NOHUGEPAGE (see `note_guest_move`).
-                    sys::advise(a, HUGE_PAGE_SIZE, Advice::Collapse)
+                    self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse)
                 } else {
-                    sys::advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
-                        .and_then(|()| sys::advise(a, HUGE_PAGE_SIZE, Advice::Collapse))
+                    self.mapping()
+                        .advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
+                        .and_then(|()| self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse))
                 };
                 if collapsed.is_err() && !self.emulated() {
-                    if let Err(e) = sys::advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
+                    if let Err(e) = self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
                         tracing::warn!("guest range {first}: back to NOHUGEPAGE: {e}");
                     }
                 }

@@ -141,7 +141,7 @@ pub struct TieringRequest {
     /// Test-only: commit migrations without the dirty check.
     pub skip_dirty_check: bool,
     /// Test-only: failures to inject into the memory layer's system calls
-    /// (`tiering::sys::FaultPlan` specs, comma-separated). Set by tests in
+    /// (`tiering::inject::FaultPlan` specs, comma-separated). Set by tests in
     /// process, or by `--test-fault-inject` in builds with the
     /// `fault-injection` feature.
     pub test_fault_plans: Option<String>,
@@ -221,7 +221,7 @@ pub struct TieringConfig {
     /// Test-only switch.
     pub skip_dirty_check: bool,
     /// Test-only: injected system-call failures.
-    pub fault_plans: Vec<tiering::sys::FaultPlan>,
+    pub fault_plans: Vec<tiering::inject::FaultPlan>,
     /// Hint-fault sampler settings when tracking is on.
     pub sampler: Option<SamplerConfig>,
     /// The policy engine, for the placement policies.
@@ -243,7 +243,7 @@ fn placement_policies() -> String {
 pub enum TieringConfigError {
     /// A test fault plan that does not parse.
     #[error("--test-fault-inject")]
-    BadFaultPlan(#[source] tiering::sys::FaultPlanError),
+    BadFaultPlan(#[source] tiering::inject::FaultPlanError),
     /// `--tier` together with `--fast`/`--slow`/`--fast-node`/`--slow-node`.
     #[error(
         "--tier describes every tier: drop --fast/--slow/--fast-node/--slow-node, or drop --tier"
@@ -524,7 +524,7 @@ impl TieringRequest {
             fault_plans: match &self.test_fault_plans {
                 Some(s) => s
                     .split(',')
-                    .map(tiering::sys::FaultPlan::parse)
+                    .map(tiering::inject::FaultPlan::parse)
                     .collect::<Result<_, _>>()
                     .map_err(TieringConfigError::BadFaultPlan)?,
                 None => Vec::new(),

@@ -152,7 +152,7 @@ impl EmulationRegion {
             .map_err(|_| EmulationError::TooLarge { end: layout.end() })?;
         let map = Mapping::reserve(len).map_err(EmulationError::Map)?;
         // THP only matters for the chase's TLB behaviour; a refusal is fine.
-        let _ = sys::advise(map.addr(), map.len(), Advice::HugePage);
+        let _ = map.advise(map.addr(), map.len(), Advice::HugePage);
         let tiers = tiers.clamp(1, EMULATION_MAX_TIERS);
         let ps = |ns: f64| (ns * 1e3).round() as u64;
         let mut unloaded = [0u64; EMULATION_MAX_TIERS];
@@ -298,7 +298,19 @@ impl EmulationRegion {
     /// measurement; a later guest touch just sees zeros).
     pub fn release_chase(&self) -> std::io::Result<()> {
         let at = self.map.addr() + self.layout.chase_off as usize;
-        sys::discard(at, self.layout.chase_bytes as usize)
+        let len = self.layout.chase_bytes as usize;
+        if !self.map.contains_range(at, len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the chase buffer is not inside the emulation region's mapping",
+            ));
+        }
+        // SAFETY: the chase buffer lies inside `self.map` (checked above), a private
+        // anonymous mapping this region owns and keeps mapped while `&self` lives; the VMM holds no reference
+        // into the chase buffer (only the header words and the tier map, elsewhere in
+        // the region, are handed out, and only as atomics); and its content is the
+        // guest's finished boot measurement, which nobody needs any more.
+        unsafe { sys::discard(at, len) }
     }
 }
 
