@@ -144,24 +144,7 @@ impl TieredMemory {
                 }
             }
             if owned == CHUNK_SLOTS {
-                // A split range is NOHUGEPAGE (see `backing::set_up_areas`),
-                // which MADV_COLLAPSE refuses: eligible again for the
-                // collapse, and staying so once it is huge.
-                let a = self.guest_addr(first);
-                let collapsed = if self.emulated() {
-                    // Never made NOHUGEPAGE (see `note_guest_move`).
-                    self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse)
-                } else {
-                    self.mapping()
-                        .advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
-                        .and_then(|()| self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse))
-                };
-                if collapsed.is_err() && !self.emulated() {
-                    if let Err(e) = self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
-                        tracing::warn!("guest range {first}: back to NOHUGEPAGE: {e}");
-                    }
-                }
-                match collapsed {
+                match self.collapse_owned_range(first) {
                     Ok(()) => {
                         state.store(HUGE, Ordering::Relaxed);
                         self.counters.collapses.fetch_add(1, Ordering::Relaxed);
@@ -175,5 +158,28 @@ impl TieredMemory {
             }
         }
         done
+    }
+
+    /// `MADV_COLLAPSE` of the 2 MiB guest range starting at page `first`,
+    /// whose pages the caller owns.
+    fn collapse_owned_range(&self, first: usize) -> std::io::Result<()> {
+        // A split range is NOHUGEPAGE (see `backing::set_up_areas`), which
+        // MADV_COLLAPSE refuses: eligible again for the collapse, and
+        // staying so once it is huge.
+        let a = self.guest_addr(first);
+        let collapsed = if self.emulated() {
+            // Never made NOHUGEPAGE (see `note_guest_move`).
+            self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse)
+        } else {
+            self.mapping()
+                .advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
+                .and_then(|()| self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse))
+        };
+        if collapsed.is_err() && !self.emulated() {
+            if let Err(e) = self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
+                tracing::warn!("guest range {first}: back to NOHUGEPAGE: {e}");
+            }
+        }
+        collapsed
     }
 }
