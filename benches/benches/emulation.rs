@@ -14,7 +14,8 @@
 use std::hint::black_box;
 use std::sync::atomic::AtomicU64;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use tiervm_guest::abi::tier_map_set;
 use tiervm_guest::emulation::{CacheModel, Charger, FRAC_BITS};
 use tiervm_guest::gen::Rng;
@@ -46,8 +47,8 @@ fn ready(ch: Charger<'_>) -> Charger<'_> {
     ch
 }
 
-fn bench(c: &mut Criterion) {
-    // A map with every other page slow.
+/// A map of [`PAGES`] with every other page slow.
+fn alternating_map() -> Vec<AtomicU64> {
     let map = zeroed((PAGES / 32) as usize);
     for (w, word) in map.iter().enumerate() {
         let mut v = 0;
@@ -56,25 +57,30 @@ fn bench(c: &mut Criterion) {
         }
         word.store(v, std::sync::atomic::Ordering::Relaxed);
     }
+    map
+}
+
+/// Every access of `addrs` through `ch`.
+fn accesses(ch: &Charger<'_>, addrs: &[u64]) {
+    for &a in addrs {
+        ch.access(black_box(a), false);
+    }
+}
+
+/// Every access charged: the tier lookup alone, then with the sampled
+/// 32 MiB model missing (1 GiB random) and hitting (a 256 KiB hot set);
+/// then the default path (set sampling alone).
+fn per_access(g: &mut BenchmarkGroup<'_, WallTime>, map: &[AtomicU64], wide: &[u64]) {
     let sets = zeroed((32 << 20) / 256); // a 32 MiB model: 1 MiB of sets
-    let mut g = c.benchmark_group("emulation_access");
-    g.throughput(Throughput::Elements(N as u64));
-    let wide = addresses(PAGES * 4096, 1);
     let hot = addresses(256 << 10, 2);
-    // Every access of `addrs` through `ch`.
-    let accesses = |ch: &Charger<'_>, addrs: &[u64]| {
-        for &a in addrs {
-            ch.access(black_box(a), false);
-        }
-    };
-    let lookup = ready(Charger::new(&map, PAGES, None, clock));
+    let lookup = ready(Charger::new(map, PAGES, None, clock));
     g.bench_function("tier lookup (no cache model)", |b| {
-        b.iter(|| accesses(&lookup, &wide))
+        b.iter(|| accesses(&lookup, wide))
     });
-    let model = ready(Charger::new(&map, PAGES, CacheModel::new(&sets), clock));
+    let model = ready(Charger::new(map, PAGES, CacheModel::new(&sets), clock));
     g.bench_function(
         "every access charged: sampled 32 MiB model + tier lookup (1 GiB random)",
-        |b| b.iter(|| accesses(&model, &wide)),
+        |b| b.iter(|| accesses(&model, wide)),
     );
     g.bench_function(
         "every access charged: 256 KiB hot set hitting the model",
@@ -83,25 +89,32 @@ fn bench(c: &mut Criterion) {
     // What a default run pays per access: the sampled model charging by
     // set sampling alone (`sample=8`, the default): a 32 MiB LLC's model
     // looks one line in 16 up, a 256 MiB one's one in 128.
-    let dflt = ready(Charger::new(&map, PAGES, CacheModel::new(&sets), clock));
+    let dflt = ready(Charger::new(map, PAGES, CacheModel::new(&sets), clock));
     dflt.set_access_sampling(8);
     g.bench_function(
         "default path: 32 MiB model, set sampling alone (1 GiB random)",
-        |b| b.iter(|| accesses(&dflt, &wide)),
+        |b| b.iter(|| accesses(&dflt, wide)),
     );
     let big_sets = zeroed((256 << 20) / 256);
-    let big = ready(Charger::new(&map, PAGES, CacheModel::new(&big_sets), clock));
+    let big = ready(Charger::new(map, PAGES, CacheModel::new(&big_sets), clock));
     big.set_access_sampling(8);
     g.bench_function(
         "default path: 256 MiB model, set sampling alone (1 GiB random)",
-        |b| b.iter(|| accesses(&big, &wide)),
+        |b| b.iter(|| accesses(&big, wide)),
     );
-    // What kv pays per operation (it settles, so every access is charged):
-    // a bucket line, a 1 KiB value (16 lines, one span), the slot's meta
-    // line, then the settle; 256 MiB model (the host's LLC here), with
-    // the host-LLC model off. Element = one operation.
+    black_box(lookup.counters());
+    black_box(model.counters());
+    black_box(dflt.counters());
+    black_box(big.counters());
+}
+
+/// What kv pays per operation (it settles, so every access is charged):
+/// a bucket line, a 1 KiB value (16 lines, one span), the slot's meta
+/// line, then the settle; 256 MiB model (the host's LLC here), with
+/// the host-LLC model off. Element = one operation.
+fn per_kv_op(g: &mut BenchmarkGroup<'_, WallTime>, map: &[AtomicU64], wide: &[u64]) {
     let kv_sets = zeroed((256 << 20) / 256);
-    let kv = ready(Charger::new(&map, PAGES, CacheModel::new(&kv_sets), clock));
+    let kv = ready(Charger::new(map, PAGES, CacheModel::new(&kv_sets), clock));
     kv.set_access_sampling(8);
     let values = addresses(PAGES * 4096 / 2, 3);
     g.throughput(Throughput::Elements(N as u64 / 4));
@@ -128,6 +141,16 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+    black_box(kv.counters());
+}
+
+fn bench(c: &mut Criterion) {
+    let map = alternating_map();
+    let mut g = c.benchmark_group("emulation_access");
+    g.throughput(Throughput::Elements(N as u64));
+    let wide = addresses(PAGES * 4096, 1);
+    per_access(&mut g, &map, &wide);
+    per_kv_op(&mut g, &map, &wide);
     g.throughput(Throughput::Elements(N as u64));
     // The loop alone, to subtract.
     g.bench_function("loop without a charger (1 GiB random)", |b| {
@@ -138,11 +161,6 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
-    black_box(lookup.counters());
-    black_box(model.counters());
-    black_box(dflt.counters());
-    black_box(big.counters());
-    black_box(kv.counters());
 }
 
 criterion_group!(benches, bench);

@@ -72,83 +72,18 @@ impl GuestEmulation {
     /// measures host DRAM latency first while the others wait for it.
     /// `None`: no emulation (or a header this runtime does not understand).
     pub(crate) fn attach(boot: &'static BootInfo, vcpu: u32) -> Option<Self> {
-        let gpa = boot.emulation_gpa;
-        if gpa == 0 || !gpa.is_multiple_of(4096) || gpa < boot.ram_size {
-            return None;
-        }
-        let h = gpa as *mut EmulationHeader;
-        let tier_count = hread!(h, tier_count) as usize;
-        if hread!(h, magic) != abi::EMULATION_MAGIC
-            || hread!(h, version) != abi::EMULATION_VERSION
-            || !(1..=EMULATION_MAX_TIERS).contains(&tier_count)
-        {
-            return None;
-        }
-        if vcpu == 0 {
-            hwrite!(h, EMU_GUEST_MEASURING, guest_state);
-            // With a fixed host DRAM latency (`host-dram=`, a comparison's
-            // later runs) DRAM is not measured.
-            if hread!(h, dram_fixed_ps) == 0 {
-                measure_dram(h, boot.tsc_khz.max(1));
-            }
-            if hread!(h, host_cache_bytes) != 0 {
-                measure_llc_hit(h, boot.tsc_khz.max(1));
-            }
-            core::sync::atomic::fence(Ordering::Release);
-            hwrite!(h, EMU_GUEST_CHARGING, guest_state);
-        } else {
-            while hread!(h, guest_state) != EMU_GUEST_CHARGING {
-                core::hint::spin_loop();
-            }
-        }
-        core::sync::atomic::fence(Ordering::Acquire);
-        let words = abi::tier_map_bytes(hread!(h, tier_map_pages)) / 8;
-        // SAFETY: the VMM maps the tier map (words x 8 bytes at
-        // `tier_map_gpa`) for the whole run and only writes it atomically;
-        // AtomicU64 has no invalid bit patterns.
-        let map = unsafe {
-            core::slice::from_raw_parts(hread!(h, tier_map_gpa) as *const AtomicU64, words as usize)
-        };
-        let stride = hread!(h, cache_model_stride);
-        let cache = if hread!(h, cache_bytes) == 0 || stride == 0 {
-            None
-        } else {
-            let at = hread!(h, cache_model_gpa) + u64::from(vcpu) * stride;
-            // SAFETY: the VMM reserved `stride` zeroed bytes per vCPU at
-            // `cache_model_gpa`; only this vCPU touches its own array.
-            let sets = unsafe {
-                core::slice::from_raw_parts(at as *const AtomicU64, (stride / 8) as usize)
-            };
-            CacheModel::new(sets)
-        };
+        let (h, tier_count) = published_header(boot)?;
+        measure_or_wait(h, boot, vcpu);
+        let map = tier_map(h);
+        let cache = cache_model(h, vcpu);
         let i = (vcpu as usize).min(MAX_VCPUS - 1);
         let tsc_khz = boot.tsc_khz.max(1);
         let dram_ps = match hread!(h, dram_fixed_ps) {
             0 => hread!(h, dram_ps),
             fixed => fixed,
         };
-        let mut charger = Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc_ordered);
-        let (host_bytes, host_stride) = (
-            hread!(h, host_cache_bytes),
-            hread!(h, host_cache_model_stride),
-        );
-        let llc_ps = hread!(h, llc_hit_ps);
-        if host_bytes != 0
-            && host_stride != 0
-            && LLC_HIT_PS_RANGE.contains(&llc_ps)
-            && dram_ps > llc_ps
-        {
-            let at = hread!(h, host_cache_model_gpa) + u64::from(vcpu) * host_stride;
-            // SAFETY: the VMM reserved `host_cache_model_stride` zeroed bytes
-            // per vCPU at `host_cache_model_gpa`; only this vCPU touches its
-            // own array.
-            let sets = unsafe {
-                core::slice::from_raw_parts(at as *const AtomicU64, (host_stride / 8) as usize)
-            };
-            let host_sets = host_bytes / abi::CACHE_LINE / abi::CACHE_MODEL_WAYS;
-            charger =
-                charger.with_host_cache(sets, host_sets, charge_fixed(dram_ps, llc_ps, tsc_khz));
-        }
+        let charger = Charger::new(map, hread!(h, tier_map_pages), cache, rdtsc_ordered);
+        let charger = with_host_cache(charger, h, vcpu, dram_ps, tsc_khz);
         let e = Self {
             header: h,
             // SAFETY: in bounds of the header's vCPU slots.
@@ -245,6 +180,103 @@ impl GuestEmulation {
     fn set_gap(&self) {
         self.charger
             .set_preemption_gap(self.tsc_khz.saturating_mul(PREEMPTION_GAP_US) / 1000);
+    }
+}
+
+/// The emulation header `boot` points at and its tier count, if the VMM
+/// published one this runtime understands.
+fn published_header(boot: &BootInfo) -> Option<(*mut EmulationHeader, usize)> {
+    let gpa = boot.emulation_gpa;
+    if gpa == 0 || !gpa.is_multiple_of(4096) || gpa < boot.ram_size {
+        return None;
+    }
+    let h = gpa as *mut EmulationHeader;
+    let tier_count = hread!(h, tier_count) as usize;
+    if hread!(h, magic) != abi::EMULATION_MAGIC
+        || hread!(h, version) != abi::EMULATION_VERSION
+        || !(1..=EMULATION_MAX_TIERS).contains(&tier_count)
+    {
+        return None;
+    }
+    Some((h, tier_count))
+}
+
+/// vCPU 0 measures the host latencies (DRAM unless fixed, the LLC hit with
+/// a host cache model) and starts charging; the others wait for it.
+fn measure_or_wait(h: *mut EmulationHeader, boot: &BootInfo, vcpu: u32) {
+    if vcpu == 0 {
+        hwrite!(h, EMU_GUEST_MEASURING, guest_state);
+        // With a fixed host DRAM latency (`host-dram=`, a comparison's
+        // later runs) DRAM is not measured.
+        if hread!(h, dram_fixed_ps) == 0 {
+            measure_dram(h, boot.tsc_khz.max(1));
+        }
+        if hread!(h, host_cache_bytes) != 0 {
+            measure_llc_hit(h, boot.tsc_khz.max(1));
+        }
+        core::sync::atomic::fence(Ordering::Release);
+        hwrite!(h, EMU_GUEST_CHARGING, guest_state);
+    } else {
+        while hread!(h, guest_state) != EMU_GUEST_CHARGING {
+            core::hint::spin_loop();
+        }
+    }
+    core::sync::atomic::fence(Ordering::Acquire);
+}
+
+/// The tier map the header points at.
+fn tier_map(h: *mut EmulationHeader) -> &'static [AtomicU64] {
+    let words = abi::tier_map_bytes(hread!(h, tier_map_pages)) / 8;
+    // SAFETY: the VMM maps the tier map (words x 8 bytes at
+    // `tier_map_gpa`) for the whole run and only writes it atomically;
+    // AtomicU64 has no invalid bit patterns.
+    unsafe {
+        core::slice::from_raw_parts(hread!(h, tier_map_gpa) as *const AtomicU64, words as usize)
+    }
+}
+
+/// vCPU `vcpu`'s cache model, if the header has one.
+fn cache_model(h: *mut EmulationHeader, vcpu: u32) -> Option<CacheModel<'static>> {
+    let stride = hread!(h, cache_model_stride);
+    if hread!(h, cache_bytes) == 0 || stride == 0 {
+        None
+    } else {
+        let at = hread!(h, cache_model_gpa) + u64::from(vcpu) * stride;
+        // SAFETY: the VMM reserved `stride` zeroed bytes per vCPU at
+        // `cache_model_gpa`; only this vCPU touches its own array.
+        let sets =
+            unsafe { core::slice::from_raw_parts(at as *const AtomicU64, (stride / 8) as usize) };
+        CacheModel::new(sets)
+    }
+}
+
+/// `charger` with vCPU `vcpu`'s host-LLC model, if the header has one and
+/// the measured LLC hit latency is plausible and below `dram_ps`.
+fn with_host_cache(
+    charger: Charger<'static>,
+    h: *mut EmulationHeader,
+    vcpu: u32,
+    dram_ps: u64,
+    tsc_khz: u64,
+) -> Charger<'static> {
+    let (host_bytes, host_stride) = (
+        hread!(h, host_cache_bytes),
+        hread!(h, host_cache_model_stride),
+    );
+    let llc_ps = hread!(h, llc_hit_ps);
+    if host_bytes != 0 && host_stride != 0 && LLC_HIT_PS_RANGE.contains(&llc_ps) && dram_ps > llc_ps
+    {
+        let at = hread!(h, host_cache_model_gpa) + u64::from(vcpu) * host_stride;
+        // SAFETY: the VMM reserved `host_cache_model_stride` zeroed bytes
+        // per vCPU at `host_cache_model_gpa`; only this vCPU touches its
+        // own array.
+        let sets = unsafe {
+            core::slice::from_raw_parts(at as *const AtomicU64, (host_stride / 8) as usize)
+        };
+        let host_sets = host_bytes / abi::CACHE_LINE / abi::CACHE_MODEL_WAYS;
+        charger.with_host_cache(sets, host_sets, charge_fixed(dram_ps, llc_ps, tsc_khz))
+    } else {
+        charger
     }
 }
 

@@ -760,12 +760,28 @@ const S_LOAD_FAIL: usize = 22;
 const S_CYCLES: usize = 23;
 const S_MAX: usize = 24;
 
+/// One worker's counts from the run phase.
+#[derive(Default)]
+struct RunTotals {
+    reads: u64,
+    updates: u64,
+    rmws: u64,
+    misses: u64,
+    corrupt: u64,
+    stale: u64,
+    /// Cycles summed over the operations.
+    cycles: u64,
+    /// The slowest operation, cycles.
+    max: u64,
+    /// Keeps the value reads observable.
+    sink: u64,
+}
+
 /// Runs the workload on one worker; returns this worker's
 /// `misses + corrupt + stale + load failures` (0 = no data lost).
 ///
-/// Kept whole (over 80 lines) on purpose: it is one worker's life, phases
-/// separated by team barriers every worker must reach in the same order
-/// (load, run, verify, report), and that order is the thing to read.
+/// One worker's life, phases separated by team barriers every worker must
+/// reach in the same order: load, run, verify (publish the totals), report.
 pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let params = KvParams::from_args(&env.args());
     let layout = params.layout();
@@ -775,9 +791,32 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         return u32::MAX;
     };
     let merged = &data[(layout.hist_off / 8) as usize..][..HIST_BUCKETS];
-    let scratch = |i: usize| &mem[i];
 
     env.set_phase(Phase::Init);
+    let (load_fail, load_cycles, loaded) = load(env, &table, &params);
+    env.set_phase(Phase::Run);
+
+    let mut hist = LatencyHistogram::default();
+    let t = if loaded {
+        run_ops(env, &table, &params, &mut hist)
+    } else {
+        RunTotals::default()
+    };
+    env.set_phase(Phase::Verify);
+    publish_totals(env, mem, merged, &hist, &t, load_fail);
+    env.barrier();
+    if env.vcpu() == 0 {
+        report(env, mem, merged, &params, load_cycles, loaded);
+    }
+    env.set_phase(Phase::Done);
+    let bad = t.misses + t.corrupt + t.stale + load_fail;
+    u32::try_from(bad).unwrap_or(u32::MAX)
+}
+
+/// The load phase: inserts this worker's share of the records, then waits
+/// for the team. Returns the failed inserts, the phase's cycles and whether
+/// the load completed.
+fn load<E: Env>(env: &E, table: &KvTable<'_>, params: &KvParams) -> (u64, u64, bool) {
     let load_start = env.cycles();
     let mut load_fail = 0u64;
     for key in partition(params.records, env.vcpus(), env.vcpu()) {
@@ -792,12 +831,20 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     // would count them as misses). The stop flag is sticky, so every worker
     // that gets here after the barrier sees it.
     let loaded = !env.stop_requested();
-    env.set_phase(Phase::Run);
+    (load_fail, load_cycles, loaded)
+}
 
-    let ops_gen = KvOps::new(&params);
+/// The run phase: operations until a stop or `ops=`, each timed into `hist`.
+/// The operation loop is kept whole here (it is what the benchmark measures).
+fn run_ops<E: Env>(
+    env: &E,
+    table: &KvTable<'_>,
+    params: &KvParams,
+    hist: &mut LatencyHistogram,
+) -> RunTotals {
+    let ops_gen = KvOps::new(params);
     let mut rng = Rng::for_stream(env.seed(), u64::from(env.vcpu()));
     let limit = env.args().u64("ops", 0);
-    let mut hist = LatencyHistogram::default();
     let (mut reads, mut updates, mut rmws) = (0u64, 0u64, 0u64);
     let (mut misses, mut corrupt, mut stale) = (0u64, 0u64, 0u64);
     let (mut ops, mut cycles, mut max, mut sink) = (0u64, 0u64, 0u64, 0u64);
@@ -807,105 +854,131 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         ReadOutcome::Corrupt => corrupt += 1,
         ReadOutcome::Stale => stale += 1,
     };
-    if loaded {
-        loop {
-            for _ in 0..PUBLISH_EVERY {
-                let op = ops_gen.next(&mut rng);
-                let t0 = env.cycles();
-                match op.kind {
-                    OpKind::Read => {
-                        tally(table.read_with(op.key, env), &mut sink);
-                        reads += 1;
-                    }
-                    OpKind::Update => {
-                        tally(table.update_with(op.key, env), &mut sink);
-                        updates += 1;
-                    }
-                    OpKind::ReadModifyWrite => {
-                        let o = table.read_with(op.key, env);
-                        let found = o != ReadOutcome::Miss;
-                        tally(o, &mut sink);
-                        if found {
-                            tally(table.update_with(op.key, env), &mut sink);
-                        }
-                        rmws += 1;
-                    }
+    loop {
+        for _ in 0..PUBLISH_EVERY {
+            let op = ops_gen.next(&mut rng);
+            let t0 = env.cycles();
+            match op.kind {
+                OpKind::Read => {
+                    tally(table.read_with(op.key, env), &mut sink);
+                    reads += 1;
                 }
-                // The operation pays its own emulated latency, so the
-                // percentiles hold it (not whichever operation crosses the
-                // payment threshold).
-                env.settle();
-                let dt = env.cycles().wrapping_sub(t0);
-                cycles = cycles.wrapping_add(dt);
-                max = max.max(dt);
-                hist.record(dt);
+                OpKind::Update => {
+                    tally(table.update_with(op.key, env), &mut sink);
+                    updates += 1;
+                }
+                OpKind::ReadModifyWrite => {
+                    let o = table.read_with(op.key, env);
+                    let found = o != ReadOutcome::Miss;
+                    tally(o, &mut sink);
+                    if found {
+                        tally(table.update_with(op.key, env), &mut sink);
+                    }
+                    rmws += 1;
+                }
             }
-            ops += PUBLISH_EVERY;
-            env.set_ops(ops);
-            if env.stop_requested() || (limit != 0 && ops >= limit) {
-                break;
-            }
+            // The operation pays its own emulated latency, so the
+            // percentiles hold it (not whichever operation crosses the
+            // payment threshold).
+            env.settle();
+            let dt = env.cycles().wrapping_sub(t0);
+            cycles = cycles.wrapping_add(dt);
+            max = max.max(dt);
+            hist.record(dt);
+        }
+        ops += PUBLISH_EVERY;
+        env.set_ops(ops);
+        if env.stop_requested() || (limit != 0 && ops >= limit) {
+            break;
         }
     }
-    env.set_phase(Phase::Verify);
+    RunTotals {
+        reads,
+        updates,
+        rmws,
+        misses,
+        corrupt,
+        stale,
+        cycles,
+        max,
+        sink,
+    }
+}
+
+/// Adds this worker's histogram and counts to the team totals (the
+/// histogram in `merged`, the counts in the scratch words).
+fn publish_totals<E: Env>(
+    env: &E,
+    mem: &[AtomicU64],
+    merged: &[AtomicU64],
+    hist: &LatencyHistogram,
+    t: &RunTotals,
+    load_fail: u64,
+) {
     for (m, &c) in merged.iter().zip(hist.counts.iter()) {
         if c != 0 {
             m.fetch_add(c, Relaxed);
         }
     }
     for (i, v) in [
-        (S_READS, reads),
-        (S_UPDATES, updates),
-        (S_RMWS, rmws),
-        (S_MISSES, misses),
-        (S_CORRUPT, corrupt),
-        (S_STALE, stale),
+        (S_READS, t.reads),
+        (S_UPDATES, t.updates),
+        (S_RMWS, t.rmws),
+        (S_MISSES, t.misses),
+        (S_CORRUPT, t.corrupt),
+        (S_STALE, t.stale),
         (S_LOAD_FAIL, load_fail),
-        (S_CYCLES, cycles),
+        (S_CYCLES, t.cycles),
     ] {
-        scratch(i).fetch_add(v, Relaxed);
+        mem[i].fetch_add(v, Relaxed);
     }
-    scratch(S_MAX).fetch_max(max, Relaxed);
+    mem[S_MAX].fetch_max(t.max, Relaxed);
     // Keep the value reads observable.
     if let Some(s) = mem.get(64 + env.vcpu() as usize) {
-        s.store(sink, Relaxed);
+        s.store(t.sink, Relaxed);
     }
-    env.barrier();
-    if env.vcpu() == 0 {
-        let mut all = LatencyHistogram::default();
-        for (c, m) in all.counts.iter_mut().zip(merged) {
-            *c = m.load(Relaxed);
-        }
-        let khz = env.tsc_khz().max(1) as f64;
-        let ns = |c: u64| c as f64 * 1e6 / khz;
-        let total = all.total();
-        env.metric("p50_ns", ns(all.percentile(0.50)));
-        env.metric("p99_ns", ns(all.percentile(0.99)));
-        env.metric("p999_ns", ns(all.percentile(0.999)));
-        env.metric("p9999_ns", ns(all.percentile(0.9999)));
-        env.metric("max_ns", ns(scratch(S_MAX).load(Relaxed)));
-        env.metric(
-            "mean_ns",
-            if total == 0 {
-                0.0
-            } else {
-                ns(scratch(S_CYCLES).load(Relaxed)) / total as f64
-            },
-        );
-        env.metric("reads", scratch(S_READS).load(Relaxed) as f64);
-        env.metric("updates", scratch(S_UPDATES).load(Relaxed) as f64);
-        env.metric("rmws", scratch(S_RMWS).load(Relaxed) as f64);
-        env.metric("records", params.records as f64);
-        env.metric("misses", scratch(S_MISSES).load(Relaxed) as f64);
-        env.metric("corrupt", scratch(S_CORRUPT).load(Relaxed) as f64);
-        env.metric("stale", scratch(S_STALE).load(Relaxed) as f64);
-        env.metric("load_failures", scratch(S_LOAD_FAIL).load(Relaxed) as f64);
-        env.metric("load_ms", load_cycles as f64 / khz);
-        env.metric("load_complete", f64::from(u8::from(loaded)));
+}
+
+/// Worker 0, after the team has published: the team's metrics.
+fn report<E: Env>(
+    env: &E,
+    mem: &[AtomicU64],
+    merged: &[AtomicU64],
+    params: &KvParams,
+    load_cycles: u64,
+    loaded: bool,
+) {
+    let scratch = |i: usize| mem[i].load(Relaxed);
+    let mut all = LatencyHistogram::default();
+    for (c, m) in all.counts.iter_mut().zip(merged) {
+        *c = m.load(Relaxed);
     }
-    env.set_phase(Phase::Done);
-    let bad = misses + corrupt + stale + load_fail;
-    u32::try_from(bad).unwrap_or(u32::MAX)
+    let khz = env.tsc_khz().max(1) as f64;
+    let ns = |c: u64| c as f64 * 1e6 / khz;
+    let total = all.total();
+    env.metric("p50_ns", ns(all.percentile(0.50)));
+    env.metric("p99_ns", ns(all.percentile(0.99)));
+    env.metric("p999_ns", ns(all.percentile(0.999)));
+    env.metric("p9999_ns", ns(all.percentile(0.9999)));
+    env.metric("max_ns", ns(scratch(S_MAX)));
+    env.metric(
+        "mean_ns",
+        if total == 0 {
+            0.0
+        } else {
+            ns(scratch(S_CYCLES)) / total as f64
+        },
+    );
+    env.metric("reads", scratch(S_READS) as f64);
+    env.metric("updates", scratch(S_UPDATES) as f64);
+    env.metric("rmws", scratch(S_RMWS) as f64);
+    env.metric("records", params.records as f64);
+    env.metric("misses", scratch(S_MISSES) as f64);
+    env.metric("corrupt", scratch(S_CORRUPT) as f64);
+    env.metric("stale", scratch(S_STALE) as f64);
+    env.metric("load_failures", scratch(S_LOAD_FAIL) as f64);
+    env.metric("load_ms", load_cycles as f64 / khz);
+    env.metric("load_complete", f64::from(u8::from(loaded)));
 }
 
 #[cfg(test)]

@@ -198,12 +198,18 @@ impl Checker<'_> {
     }
 }
 
+/// One worker's counts from the run phase.
+struct RunTotals {
+    ops: u64,
+    passes: u64,
+    periodic_bad: u64,
+}
+
 /// Runs memcheck on one worker; returns the number of this worker's pages
 /// that failed a verification.
 ///
-/// Kept whole (over 80 lines) on purpose: it is one worker's life, phases
-/// separated by team barriers every worker must reach in the same order,
-/// and that order is the thing to read.
+/// One worker's life, phases separated by team barriers every worker must
+/// reach in the same order: init (stamp every page), run, verify, report.
 pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let params = MemcheckParams::from_args(&env.args());
     let all = data_words(mem, params.bytes_needed());
@@ -218,14 +224,29 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         book: &rest[..params.pages as usize],
     };
     let mine = partition(params.pages, env.vcpus(), env.vcpu());
-    let n = mine.end - mine.start;
     env.set_phase(Phase::Init);
     for p in mine.clone() {
         checker.write(p, &());
     }
     env.barrier();
     env.set_phase(Phase::Run);
+    let t = run_writes(env, &checker, &params, mine.clone());
+    env.set_phase(Phase::Verify);
+    let flagged = verify_and_report(env, mem, &checker, &params, mine, &t);
+    env.set_phase(Phase::Done);
+    u32::try_from(flagged).unwrap_or(u32::MAX)
+}
 
+/// The run phase: writes to this worker's pages `mine` until a stop or
+/// `ops=`, verifying them every `verify_ms`. The write loop is kept whole
+/// here (it is what the benchmark measures).
+fn run_writes<E: Env>(
+    env: &E,
+    checker: &Checker<'_>,
+    params: &MemcheckParams,
+    mine: core::ops::Range<u64>,
+) -> RunTotals {
+    let n = mine.end - mine.start;
     let mut rng = Rng::for_stream(env.seed(), u64::from(env.vcpu()));
     let hot_n = ((n as f64 * params.hot_fraction) as u64).clamp(1, n.max(1));
     let perm = AffinePermutation::new(n, env.seed() ^ u64::from(env.vcpu()));
@@ -282,17 +303,33 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
             }
         }
     }
-    env.set_phase(Phase::Verify);
+    RunTotals {
+        ops,
+        passes,
+        periodic_bad,
+    }
+}
+
+/// The final verification of this worker's pages `mine`, the team totals
+/// (worker 0 reports them); returns this worker's flagged pages.
+fn verify_and_report<E: Env>(
+    env: &E,
+    mem: &[AtomicU64],
+    checker: &Checker<'_>,
+    params: &MemcheckParams,
+    mine: core::ops::Range<u64>,
+    t: &RunTotals,
+) -> u64 {
     for p in mine.clone() {
         checker.verify(p, true);
     }
-    let flagged = mine.clone().filter(|&p| checker.flagged(p)).count() as u64;
+    let flagged = mine.filter(|&p| checker.flagged(p)).count() as u64;
     // Cross-vCPU totals through the scratch area: words 8..12.
     let scratch = |i: usize| &mem[8 + i];
     scratch(0).fetch_add(flagged, Relaxed);
-    scratch(1).fetch_add(ops, Relaxed);
-    scratch(2).fetch_add(passes, Relaxed);
-    scratch(3).fetch_add(periodic_bad, Relaxed);
+    scratch(1).fetch_add(t.ops, Relaxed);
+    scratch(2).fetch_add(t.passes, Relaxed);
+    scratch(3).fetch_add(t.periodic_bad, Relaxed);
     env.barrier();
     if env.vcpu() == 0 {
         env.metric("mismatched_pages", scratch(0).load(Relaxed) as f64);
@@ -301,8 +338,7 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
         env.metric("verify_passes", scratch(2).load(Relaxed) as f64);
         env.metric("periodic_mismatches", scratch(3).load(Relaxed) as f64);
     }
-    env.set_phase(Phase::Done);
-    u32::try_from(flagged).unwrap_or(u32::MAX)
+    flagged
 }
 
 #[cfg(test)]

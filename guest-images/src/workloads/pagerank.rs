@@ -431,8 +431,8 @@ fn in_batches(edges: &dyn EdgeSource, c: u64, apply: impl Fn(&[(u64, u64)])) {
 /// Builds the in-edge CSR and initial scores; returns `false` if the CSR
 /// does not hold `edges` edges.
 ///
-/// Kept whole (just over 80 lines) on purpose: its passes (degrees, offsets,
-/// edges, scores) are separated by team barriers in one fixed order.
+/// Its passes (degrees, offsets, edges, scores) are separated by team
+/// barriers in one fixed order.
 fn build(team: &Team<'_>, csr: &Csr<'_>, edges: &dyn EdgeSource, m: u64) -> bool {
     let n = csr.out_degree.len() as u64;
     let mine = partition(n, team.vcpus, team.vcpu);
@@ -445,6 +445,43 @@ fn build(team: &Team<'_>, csr: &Csr<'_>, edges: &dyn EdgeSource, m: u64) -> bool
     }
     (team.barrier)();
     let my_chunks = partition(edges.chunks(), team.vcpus, team.vcpu);
+    count_degrees(team, csr, edges, my_chunks.clone());
+    (team.barrier)();
+    if team.vcpu == 0 {
+        let mut sum = 0u64;
+        for o in &csr.offsets[1..] {
+            sum += o.load(Relaxed);
+            o.store(sum, Relaxed);
+        }
+    }
+    (team.barrier)();
+    fill_neighbors(team, csr, edges, my_chunks);
+    (team.barrier)();
+    if team.vcpu == 0 {
+        // offsets[v] now holds the end of v = the start of v + 1: shift back.
+        for v in (1..=n as usize).rev() {
+            csr.offsets[v].store(csr.offsets[v - 1].load(Relaxed), Relaxed);
+        }
+        csr.offsets[0].store(0, Relaxed);
+    }
+    let init = (1.0 / n as f64) as f32;
+    for v in mine {
+        csr.scores[v as usize].store(init.to_bits(), Relaxed);
+    }
+    (team.barrier)();
+    csr.offsets[n as usize].load(Relaxed) == m
+}
+
+/// The degrees pass of [`build`] over the edge chunks `my_chunks`: each
+/// edge `u -> v` counts in `u`'s out-degree and `v`'s in-degree (held in
+/// `offsets[v + 1]`).
+#[inline(always)]
+fn count_degrees(
+    team: &Team<'_>,
+    csr: &Csr<'_>,
+    edges: &dyn EdgeSource,
+    my_chunks: core::ops::Range<u64>,
+) {
     let count = |batch: &[(u64, u64)]| {
         for &(u, v) in batch {
             prefetch(csr.out_degree.get(u as usize));
@@ -460,21 +497,24 @@ fn build(team: &Team<'_>, csr: &Csr<'_>, edges: &dyn EdgeSource, m: u64) -> bool
             }
         }
     };
-    for c in my_chunks.clone() {
+    for c in my_chunks {
         in_batches(edges, c, count);
         if (team.stop)() {
             break;
         }
     }
-    (team.barrier)();
-    if team.vcpu == 0 {
-        let mut sum = 0u64;
-        for o in &csr.offsets[1..] {
-            sum += o.load(Relaxed);
-            o.store(sum, Relaxed);
-        }
-    }
-    (team.barrier)();
+}
+
+/// The edges pass of [`build`] over the edge chunks `my_chunks`: each edge
+/// `u -> v` claims the next slot of `v`'s in-neighbors (`offsets[v]`, the
+/// start of `v` after the prefix sum) and stores `u` there.
+#[inline(always)]
+fn fill_neighbors(
+    team: &Team<'_>,
+    csr: &Csr<'_>,
+    edges: &dyn EdgeSource,
+    my_chunks: core::ops::Range<u64>,
+) {
     let fill = |batch: &[(u64, u64)]| {
         for &(_, v) in batch {
             prefetch(csr.offsets.get(v as usize));
@@ -500,20 +540,6 @@ fn build(team: &Team<'_>, csr: &Csr<'_>, edges: &dyn EdgeSource, m: u64) -> bool
             break;
         }
     }
-    (team.barrier)();
-    if team.vcpu == 0 {
-        // offsets[v] now holds the end of v = the start of v + 1: shift back.
-        for v in (1..=n as usize).rev() {
-            csr.offsets[v].store(csr.offsets[v - 1].load(Relaxed), Relaxed);
-        }
-        csr.offsets[0].store(0, Relaxed);
-    }
-    let init = (1.0 / n as f64) as f32;
-    for v in mine {
-        csr.scores[v as usize].store(init.to_bits(), Relaxed);
-    }
-    (team.barrier)();
-    csr.offsets[n as usize].load(Relaxed) == m
 }
 
 /// Builds the graph of `p` for `seed` in `data` on the calling thread alone
@@ -556,10 +582,59 @@ fn stream_access<C: Charge + ?Sized, T>(c: &C, x: &T, write: bool) {
     }
 }
 
+/// Worker 0's bookkeeping of the iterations: their times and the rank mass
+/// check.
+struct IterStats {
+    iters: u64,
+    sum_ms: f64,
+    min_ms: f64,
+    max_ms: f64,
+    /// The largest deviation of the rank sum from the conservation identity.
+    worst_dev: f64,
+    rank_sum: f64,
+    expected: f64,
+    err_last: f64,
+}
+
+impl IterStats {
+    fn new() -> Self {
+        Self {
+            iters: 0,
+            sum_ms: 0.0,
+            min_ms: f64::MAX,
+            max_ms: 0.0,
+            worst_dev: 0.0,
+            rank_sum: 1.0,
+            expected: 1.0,
+            err_last: 0.0,
+        }
+    }
+
+    /// Adds an iteration of `ms` whose per-worker sums the `vcpus` workers
+    /// left in the scratch words of `mem`.
+    fn record(&mut self, mem: &[AtomicU64], vcpus: u32, ms: f64) {
+        self.iters += 1;
+        self.sum_ms += ms;
+        self.min_ms = self.min_ms.min(ms);
+        self.max_ms = self.max_ms.max(ms);
+        let team = 0..vcpus as usize;
+        let nd_mass: f64 = team.clone().map(|i| f64_slot(&mem[S_MASS + i])).sum();
+        self.rank_sum = team.clone().map(|i| f64_slot(&mem[S_SUM + i])).sum();
+        self.err_last = team.map(|i| f64_slot(&mem[S_ERR + i])).sum();
+        self.expected = (1.0 - f64::from(DAMPING)) + f64::from(DAMPING) * nd_mass;
+        let dev = (self.rank_sum - self.expected).abs();
+        self.worst_dev = if dev.is_nan() {
+            f64::MAX
+        } else {
+            self.worst_dev.max(dev)
+        };
+    }
+}
+
 /// Runs PageRank iterations on a built CSR; returns the exit code bits.
 ///
-/// Kept whole (over 80 lines) on purpose: each iteration's steps are
-/// separated by team barriers every worker must reach in the same order.
+/// Each iteration's steps are separated by team barriers every worker must
+/// reach in the same order.
 fn iterate<E: Env>(env: &E, mem: &[AtomicU64], csr: &Csr<'_>, p: &PagerankParams) -> u32 {
     let n = csr.out_degree.len() as u64;
     let vcpus = env.vcpus().min(MAX_TEAM as u32);
@@ -568,8 +643,7 @@ fn iterate<E: Env>(env: &E, mem: &[AtomicU64], csr: &Csr<'_>, p: &PagerankParams
     let base = ((1.0 - f64::from(DAMPING)) / n as f64) as f32;
     let khz = env.tsc_khz().max(1);
     let chunk = &mem[S_CHUNK];
-    let (mut iters, mut sum_ms, mut min_ms, mut max_ms) = (0u64, 0.0f64, f64::MAX, 0.0f64);
-    let (mut worst_dev, mut rank_sum, mut expected, mut err_last) = (0.0f64, 1.0f64, 1.0, 0.0);
+    let mut stats = IterStats::new();
     let mut edges_done = 0u64;
     if env.vcpu() == 0 {
         chunk.store(0, Relaxed);
@@ -579,74 +653,19 @@ fn iterate<E: Env>(env: &E, mem: &[AtomicU64], csr: &Csr<'_>, p: &PagerankParams
     while mem[S_CONTINUE].load(Relaxed) == 1 {
         let t0 = env.cycles();
         // Step 1: outgoing contributions.
-        let mut mass = 0.0f64;
-        for v in mine.clone() {
-            let s = f32::from_bits(csr.scores[v as usize].load(Relaxed));
-            let d = csr.out_degree[v as usize].load(Relaxed);
-            let c = if d == 0 {
-                0.0
-            } else {
-                mass += f64::from(s);
-                s / d as f32
-            };
-            csr.contrib[v as usize].store(c.to_bits(), Relaxed);
-            stream_access(env, &csr.scores[v as usize], false);
-            stream_access(env, &csr.out_degree[v as usize], false);
-            stream_access(env, &csr.contrib[v as usize], true);
-        }
+        let mass = contribute(env, csr, mine.clone());
         mem[S_MASS + me].store(mass.to_bits(), Relaxed);
         env.barrier();
         // Step 2: pull.
-        let (mut sum, mut err) = (0.0f64, 0.0f64);
-        loop {
-            let start = chunk.fetch_add(1, Relaxed) * VERTEX_CHUNK;
-            if start >= n {
-                break;
-            }
-            for u in start..(start + VERTEX_CHUNK).min(n) {
-                let nbrs = csr.in_neighbors(u);
-                stream_access(env, &csr.offsets[u as usize + 1], false);
-                let mut incoming = 0.0f32;
-                for w in nbrs {
-                    let c = csr.contrib.get(w.load(Relaxed) as usize);
-                    incoming += f32::from_bits(c.map_or(0, |c| c.load(Relaxed)));
-                    stream_access(env, w, false);
-                    if let Some(c) = c {
-                        env.access(addr_of(c), false);
-                    }
-                }
-                let new = base + DAMPING * incoming;
-                let old = f32::from_bits(csr.scores[u as usize].load(Relaxed));
-                csr.scores[u as usize].store(new.to_bits(), Relaxed);
-                stream_access(env, &csr.scores[u as usize], true);
-                err += f64::from((new - old).abs());
-                sum += f64::from(new);
-                edges_done += nbrs.len() as u64;
-            }
-            env.set_ops(edges_done);
-        }
+        let (sum, err) = pull(env, csr, chunk, base, &mut edges_done);
         mem[S_SUM + me].store(sum.to_bits(), Relaxed);
         mem[S_ERR + me].store(err.to_bits(), Relaxed);
         env.barrier();
         if env.vcpu() == 0 {
             let ms = env.cycles().wrapping_sub(t0) as f64 / khz as f64;
-            iters += 1;
-            sum_ms += ms;
-            min_ms = min_ms.min(ms);
-            max_ms = max_ms.max(ms);
-            let team = 0..vcpus as usize;
-            let nd_mass: f64 = team.clone().map(|i| f64_slot(&mem[S_MASS + i])).sum();
-            rank_sum = team.clone().map(|i| f64_slot(&mem[S_SUM + i])).sum();
-            err_last = team.map(|i| f64_slot(&mem[S_ERR + i])).sum();
-            expected = (1.0 - f64::from(DAMPING)) + f64::from(DAMPING) * nd_mass;
-            let dev = (rank_sum - expected).abs();
-            worst_dev = if dev.is_nan() {
-                f64::MAX
-            } else {
-                worst_dev.max(dev)
-            };
+            stats.record(mem, vcpus, ms);
             chunk.store(0, Relaxed);
-            let more = p.iterations == 0 || iters < p.iterations;
+            let more = p.iterations == 0 || stats.iters < p.iterations;
             mem[S_CONTINUE].store(u64::from(more && !env.stop_requested()), Relaxed);
         }
         env.barrier();
@@ -654,23 +673,96 @@ fn iterate<E: Env>(env: &E, mem: &[AtomicU64], csr: &Csr<'_>, p: &PagerankParams
     if env.vcpu() != 0 {
         return 0;
     }
-    env.metric("iterations", iters as f64);
-    if iters > 0 {
-        env.metric("iteration_ms_avg", sum_ms / iters as f64);
-        env.metric("iteration_ms_min", min_ms);
-        env.metric("iteration_ms_max", max_ms);
+    report(env, csr, &stats)
+}
+
+/// Step 1 of an iteration: the outgoing contribution of each vertex of
+/// `mine` (its score over its out-degree). Returns the score mass of those
+/// with out-edges.
+#[inline(always)]
+fn contribute<E: Env>(env: &E, csr: &Csr<'_>, mine: core::ops::Range<u64>) -> f64 {
+    let mut mass = 0.0f64;
+    for v in mine {
+        let s = f32::from_bits(csr.scores[v as usize].load(Relaxed));
+        let d = csr.out_degree[v as usize].load(Relaxed);
+        let c = if d == 0 {
+            0.0
+        } else {
+            mass += f64::from(s);
+            s / d as f32
+        };
+        csr.contrib[v as usize].store(c.to_bits(), Relaxed);
+        stream_access(env, &csr.scores[v as usize], false);
+        stream_access(env, &csr.out_degree[v as usize], false);
+        stream_access(env, &csr.contrib[v as usize], true);
     }
-    env.metric("rank_sum", rank_sum);
-    env.metric("rank_sum_expected", expected);
-    env.metric("rank_sum_max_dev", worst_dev);
-    env.metric("error_last", err_last);
+    mass
+}
+
+/// Step 2 of an iteration: new scores pulled from the in-neighbors'
+/// contributions, over vertex chunks claimed from `chunk` until none are
+/// left; counts the edges into `edges_done`. Returns the sum of the new
+/// scores and of their changes.
+#[inline(always)]
+fn pull<E: Env>(
+    env: &E,
+    csr: &Csr<'_>,
+    chunk: &AtomicU64,
+    base: f32,
+    edges_done: &mut u64,
+) -> (f64, f64) {
+    let n = csr.out_degree.len() as u64;
+    let (mut sum, mut err) = (0.0f64, 0.0f64);
+    loop {
+        let start = chunk.fetch_add(1, Relaxed) * VERTEX_CHUNK;
+        if start >= n {
+            break;
+        }
+        for u in start..(start + VERTEX_CHUNK).min(n) {
+            let nbrs = csr.in_neighbors(u);
+            stream_access(env, &csr.offsets[u as usize + 1], false);
+            let mut incoming = 0.0f32;
+            for w in nbrs {
+                let c = csr.contrib.get(w.load(Relaxed) as usize);
+                incoming += f32::from_bits(c.map_or(0, |c| c.load(Relaxed)));
+                stream_access(env, w, false);
+                if let Some(c) = c {
+                    env.access(addr_of(c), false);
+                }
+            }
+            let new = base + DAMPING * incoming;
+            let old = f32::from_bits(csr.scores[u as usize].load(Relaxed));
+            csr.scores[u as usize].store(new.to_bits(), Relaxed);
+            stream_access(env, &csr.scores[u as usize], true);
+            err += f64::from((new - old).abs());
+            sum += f64::from(new);
+            *edges_done += nbrs.len() as u64;
+        }
+        env.set_ops(*edges_done);
+    }
+    (sum, err)
+}
+
+/// Worker 0, after the last iteration: the metrics; returns the exit code
+/// bits.
+fn report<E: Env>(env: &E, csr: &Csr<'_>, st: &IterStats) -> u32 {
+    env.metric("iterations", st.iters as f64);
+    if st.iters > 0 {
+        env.metric("iteration_ms_avg", st.sum_ms / st.iters as f64);
+        env.metric("iteration_ms_min", st.min_ms);
+        env.metric("iteration_ms_max", st.max_ms);
+    }
+    env.metric("rank_sum", st.rank_sum);
+    env.metric("rank_sum_expected", st.expected);
+    env.metric("rank_sum_max_dev", st.worst_dev);
+    env.metric("error_last", st.err_last);
     let dangling = csr
         .out_degree
         .iter()
         .filter(|d| d.load(Relaxed) == 0)
         .count();
     env.metric("dangling", dangling as f64);
-    if worst_dev > MASS_TOLERANCE {
+    if st.worst_dev > MASS_TOLERANCE {
         env.log("pagerank: rank mass check failed (sum of ranks off the conservation identity)");
         EXIT_MASS
     } else {
