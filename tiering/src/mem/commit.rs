@@ -30,8 +30,14 @@ use super::pool::{Holds, CHUNK_SLOTS};
 use crate::sys::{self, Advice, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::vocab::TierId;
 
-/// Attempts of a failed commit (other than out of memory) before the VM stops.
-const COMMIT_RETRIES: usize = 4;
+/// Attempts of a failed commit (other than out of memory) before the VM
+/// stops, with a backoff from 100 us doubling up to 1.6 ms (about 8 ms in
+/// all): a multi-page fill that meets a transient failure on one of its
+/// pages starts over, and under CPU contention the failing condition may
+/// outlast a few 100 us retries (the injected `populate:every=2` case of
+/// `injected_syscall_failures_lose_nothing_and_never_hang` failed so on a
+/// loaded host with 4 retries of 100 us).
+const COMMIT_RETRIES: u32 = 8;
 
 /// How often the guard re-reads the node's free memory at most.
 const GUARD_RECHECK: Duration = Duration::from_millis(100);
@@ -233,11 +239,11 @@ impl TieredMemory {
                 .fetch_add(count as u64, Ordering::Relaxed);
         }
         let mut filled = self.fill_from_pool(tier, first, count);
-        for _ in 0..COMMIT_RETRIES {
+        for attempt in 0..COMMIT_RETRIES {
             match &filled {
                 // Out of memory is final; anything else may be transient.
                 Err(e) if e.raw_os_error() != Some(libc::ENOMEM) => {
-                    std::thread::sleep(Duration::from_micros(100));
+                    std::thread::sleep(Duration::from_micros(100 << attempt.min(4)));
                     filled = self.fill_from_pool(tier, first, count);
                 }
                 _ => break,
