@@ -113,11 +113,14 @@ fn tpp_promotes_in_the_fault_path_and_nomad_transactionally() {
     if !tiered_kvm_available() {
         return;
     }
-    let mut tpp_done =
-        common::UntilEvents::new(|s: &tiering::mem::MemStats| s.promotions > 0 && s.stop_copy > 0);
+    let mut tpp_done = common::UntilEvents::new(|s: &tiering::mem::MemStats| {
+        s.migration.promotions > 0 && s.migration.stop_copy > 0
+    });
     let (tpp, _) = run_with(&thrash(PolicyArg::Tpp), &mut tpp_done);
     let mut nomad_done = common::UntilEvents::new(|s: &tiering::mem::MemStats| {
-        s.promotions > 0 && s.tpm_commits > 0 && s.shadow_demotions > 0
+        s.migration.promotions > 0
+            && s.migration.tpm_commits > 0
+            && s.migration.shadow_demotions > 0
     });
     let (nomad, _) = run_with(&thrash(PolicyArg::Nomad), &mut nomad_done);
     let (t, n) = (

@@ -72,11 +72,11 @@ fn memcheck_under_tpm_chaos_loses_nothing() {
     // shadow demotion, both directions), however long that takes here; the
     // 120 s run length and the watchdog bound it.
     let mut until = common::UntilEvents::new(|s: &tiering::mem::MemStats| {
-        s.tpm_commits >= 1000
-            && s.tpm_aborts > 0
-            && s.shadow_demotions > 0
-            && s.promotions > 0
-            && s.demotions > 0
+        s.migration.tpm_commits >= 1000
+            && s.migration.tpm_aborts > 0
+            && s.migration.shadow_demotions > 0
+            && s.migration.promotions > 0
+            && s.migration.demotions > 0
     });
     let (r, console) = run_with(
         &chaos(120, 50_000.0, MechanismArg::Tpm, UnitArg::Page4k, false),
@@ -145,7 +145,7 @@ fn memcheck_under_stop_and_copy_of_2m_runs_loses_nothing() {
         return;
     }
     let mut until = common::UntilEvents::new(|s: &tiering::mem::MemStats| {
-        s.stop_copy >= 8 && s.promotions > 0 && s.demotions > 0
+        s.migration.stop_copy >= 8 && s.migration.promotions > 0 && s.migration.demotions > 0
     });
     let (r, console) = run_with(
         &chaos(60, 200.0, MechanismArg::StopCopy, UnitArg::Run2m, false),
@@ -164,7 +164,7 @@ fn memcheck_under_tpm_of_2m_runs_loses_nothing() {
         return;
     }
     let mut until = common::UntilEvents::new(|s: &tiering::mem::MemStats| {
-        s.tpm_commits >= 8 && s.promotions > 0 && s.demotions > 0
+        s.migration.tpm_commits >= 8 && s.migration.promotions > 0 && s.migration.demotions > 0
     });
     let (r, console) = run_with(
         &chaos(60, 200.0, MechanismArg::Tpm, UnitArg::Run2m, false),

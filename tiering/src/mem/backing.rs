@@ -614,9 +614,9 @@ impl TieredMemory {
         let residency = self.residency().ok();
         let mut s = self.counters.snapshot();
         s.tracking_overhead_pct = f64::from_bits(self.overhead_pct_bits.load(Ordering::Relaxed));
-        s.shadow_pages = self.shadow_pages() as u64;
-        s.populated_pages = self.populated_pages() as u64;
-        s.locked = self.locked;
+        s.migration.shadow_pages = self.shadow_pages() as u64;
+        s.backing.populated_pages = self.populated_pages() as u64;
+        s.backing.locked = self.locked;
         s.tiers = self
             .tiers
             .iter()

@@ -448,7 +448,7 @@ mod tests {
             handle_event(&mem, &ev, &mut pending);
         }
         assert!(pending.is_empty());
-        assert_eq!(mem.stats().unexpected_faults, 3);
+        assert_eq!(mem.stats().migration.unexpected_faults, 3);
         // A fault on a never-touched page commits it (16 pages: no whole
         // 2 MiB range, so one 4 KiB page on the fast tier).
         let ev = FaultEvent {
@@ -459,14 +459,17 @@ mod tests {
         handle_event(&mem, &ev, &mut pending);
         assert!(pending.is_empty());
         let st = mem.stats();
-        assert_eq!((st.committed_pages, st.populated_pages), (1, 1));
+        assert_eq!(
+            (st.backing.committed_pages, st.backing.populated_pages),
+            (1, 1)
+        );
         assert_eq!(mem.tier_of(3), Some(0));
         assert_eq!(st.tiers[0].resident_bytes, Some(PAGE_SIZE as u64));
         // A fault on a present page (filled before the event was read)
         // resolves at once, counted as a stall.
         handle_event(&mem, &ev, &mut pending);
         assert!(pending.is_empty());
-        assert_eq!(mem.stats().guest_stalls, 1);
+        assert_eq!(mem.stats().migration.guest_stalls, 1);
         mem.check_consistency().unwrap();
     }
 }

@@ -92,7 +92,7 @@ pub use resize::{
     ResizeDriverReport, ResizeHandle, ResizeReport,
 };
 pub use sampler::{HintSampler, SamplerAccount, SamplerConfig, SamplerHandle, SamplerTick};
-pub use stats::{MemStats, TierStats};
+pub use stats::{BackingCounters, MemStats, MigrationCounters, TierStats};
 pub use watch::{Activity, StallView, Unstick, WaitingFault};
 
 /// One hint fault the fault handler recorded: the guest touched a parked

@@ -33,8 +33,32 @@ pub struct TierStats {
 }
 
 /// Snapshot of the mechanism counters. Page counts unless noted.
+///
+/// The counters come in groups the run report shows as they are (its
+/// `migration` and `backing` objects); in the serde form the groups are
+/// flattened, so a snapshot is one flat object.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MemStats {
+    /// Migration-mechanism counters.
+    #[serde(flatten)]
+    pub migration: MigrationCounters,
+    /// How the tiers' host memory was committed.
+    #[serde(flatten)]
+    pub backing: BackingCounters,
+    /// Hint faults (parked pages touched).
+    pub hint_faults: u64,
+    /// Total stall of hint faults (parked pages touched), ms: tracking cost.
+    pub hint_stall_ms: f64,
+    /// Share of vCPU time spent in hint faults over the last sampler period, percent.
+    pub tracking_overhead_pct: f64,
+    /// Per tier, fastest first.
+    pub tiers: Vec<TierStats>,
+}
+
+/// Migration-mechanism counters (the run report's `migration` object).
+/// Page counts unless noted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MigrationCounters {
     /// Pages promoted (slow to fast), all mechanisms.
     pub promotions: u64,
     /// Pages demoted (fast to slow), all mechanisms.
@@ -68,6 +92,9 @@ pub struct MemStats {
     pub shadow_demotion_ms: f64,
     /// Shadows freed on the first write after promotion.
     pub shadow_invalidations: u64,
+    /// Shadows kept after a dirty bit because the page still equals its
+    /// shadow (dirty-on-read under shadow paging).
+    pub shadow_revalidations: u64,
     /// Shadows reclaimed under slow-tier pressure (oldest first).
     pub shadow_reclaims: u64,
     /// Shadows currently held.
@@ -80,19 +107,19 @@ pub struct MemStats {
     pub guest_stalls: u64,
     /// Total stall of those faults (handler's read of the event to the wake), ms.
     pub guest_stall_ms: f64,
-    /// Total stall of hint faults (parked pages touched), ms: tracking cost.
-    pub hint_stall_ms: f64,
-    /// Shadows kept after a dirty bit because the page still equals its
-    /// shadow (dirty-on-read under shadow paging).
-    pub shadow_revalidations: u64,
-    /// Hint faults (parked pages touched).
-    pub hint_faults: u64,
-    /// Share of vCPU time spent in hint faults over the last sampler period, percent.
-    pub tracking_overhead_pct: f64,
-    /// Faults on addresses no mechanism explains (a bug indicator; woken and counted).
-    pub unexpected_faults: u64,
     /// Dirty-log harvests (GET + CLEAR rounds).
     pub harvests: u64,
+    /// Faults on addresses no mechanism explains (a bug indicator; woken and counted).
+    pub unexpected_faults: u64,
+    /// Rollback steps that failed (each one logged; the page stays where
+    /// the kernel says it is).
+    pub rollback_errors: u64,
+}
+
+/// How the tiers' host memory was committed (the run report's `backing`
+/// object). Page counts unless noted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BackingCounters {
     /// Guest pages with host memory (touched at least once).
     pub populated_pages: u64,
     /// Guest pages committed on first touch (lazy commit).
@@ -109,25 +136,20 @@ pub struct MemStats {
     pub emergency_commits: u64,
     /// Pool slots the bookkeeping called holes that held a page (healed).
     pub slot_heals: u64,
-    /// Rollback steps that failed (each one logged; the page stays where
-    /// the kernel says it is).
-    pub rollback_errors: u64,
-    /// 2 MiB guest ranges broken into 4 KiB pages by a page-sized move
-    /// (placement inside a huge page, hint-fault sampling).
-    pub splits: u64,
     /// Split 2 MiB guest ranges collapsed back into a huge page once whole
     /// on one tier again.
     pub collapses: u64,
     /// Capacity changes (resizes) applied.
     pub resizes: u64,
+    /// 2 MiB guest ranges broken into 4 KiB pages by a page-sized move
+    /// (placement inside a huge page, hint-fault sampling).
+    pub splits: u64,
     /// Times the dirty log was switched on or off (it is on only while
     /// something is tracked: KVM maps an unlogged memslot with huge pages).
     pub dirty_log_switches: u64,
     /// Whether the areas are locked on fault (false: `RLIMIT_MEMLOCK` too
     /// low and no `CAP_IPC_LOCK`; docs/host-requirements.md).
     pub locked: bool,
-    /// Per tier, fastest first.
-    pub tiers: Vec<TierStats>,
 }
 
 /// Live counters.
@@ -191,47 +213,76 @@ impl Counters {
     /// Snapshot (tier fields left empty).
     pub fn snapshot(&self) -> MemStats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let ms = |a: &AtomicU64| g(a) as f64 / 1e6;
         MemStats {
-            promotions: g(&self.promotions),
-            demotions: g(&self.demotions),
-            tpm_commits: g(&self.tpm_commits),
-            tpm_aborts: g(&self.tpm_aborts),
-            tpm_aborted_pages: g(&self.tpm_aborted_pages),
-            tpm_abort_ms: g(&self.tpm_abort_ns) as f64 / 1e6,
-            tpm_retries: g(&self.tpm_retries),
-            tpm_gave_up: g(&self.tpm_gave_up),
-            stop_copy: g(&self.stop_copy),
-            kernel_move_pages: g(&self.kernel_move_pages),
-            shadow_demotions: g(&self.shadow_demotions),
-            shadow_demotions_copied: g(&self.shadow_demotions_copied),
-            shadow_demotion_ms: g(&self.shadow_demotion_ns) as f64 / 1e6,
-            shadow_invalidations: g(&self.shadow_invalidations),
-            shadow_reclaims: g(&self.shadow_reclaims),
-            shadow_pages: 0,
-            skipped_no_space: g(&self.skipped_no_space),
-            skipped_busy: g(&self.skipped_busy),
-            guest_stalls: g(&self.guest_stalls),
-            guest_stall_ms: g(&self.guest_stall_ns) as f64 / 1e6,
-            hint_stall_ms: g(&self.hint_stall_ns) as f64 / 1e6,
-            shadow_revalidations: g(&self.shadow_revalidations),
+            migration: MigrationCounters {
+                promotions: g(&self.promotions),
+                demotions: g(&self.demotions),
+                tpm_commits: g(&self.tpm_commits),
+                tpm_aborts: g(&self.tpm_aborts),
+                tpm_aborted_pages: g(&self.tpm_aborted_pages),
+                tpm_abort_ms: ms(&self.tpm_abort_ns),
+                tpm_retries: g(&self.tpm_retries),
+                tpm_gave_up: g(&self.tpm_gave_up),
+                stop_copy: g(&self.stop_copy),
+                kernel_move_pages: g(&self.kernel_move_pages),
+                shadow_demotions: g(&self.shadow_demotions),
+                shadow_demotions_copied: g(&self.shadow_demotions_copied),
+                shadow_demotion_ms: ms(&self.shadow_demotion_ns),
+                shadow_invalidations: g(&self.shadow_invalidations),
+                shadow_revalidations: g(&self.shadow_revalidations),
+                shadow_reclaims: g(&self.shadow_reclaims),
+                shadow_pages: 0,
+                skipped_no_space: g(&self.skipped_no_space),
+                skipped_busy: g(&self.skipped_busy),
+                guest_stalls: g(&self.guest_stalls),
+                guest_stall_ms: ms(&self.guest_stall_ns),
+                harvests: g(&self.harvests),
+                unexpected_faults: g(&self.unexpected_faults),
+                rollback_errors: g(&self.rollback_errors),
+            },
+            backing: BackingCounters {
+                populated_pages: 0,
+                committed_pages: g(&self.committed_pages),
+                huge_commits: g(&self.huge_commits),
+                ahead_commits: g(&self.ahead_commits),
+                watchdog_unsticks: g(&self.watchdog_unsticks),
+                emergency_commits: g(&self.emergency_commits),
+                slot_heals: g(&self.slot_heals),
+                collapses: g(&self.collapses),
+                resizes: g(&self.resizes),
+                splits: g(&self.splits),
+                dirty_log_switches: g(&self.dirty_log_switches),
+                locked: false,
+            },
             hint_faults: g(&self.hint_faults),
+            hint_stall_ms: ms(&self.hint_stall_ns),
             tracking_overhead_pct: 0.0,
-            unexpected_faults: g(&self.unexpected_faults),
-            harvests: g(&self.harvests),
-            populated_pages: 0,
-            committed_pages: g(&self.committed_pages),
-            huge_commits: g(&self.huge_commits),
-            ahead_commits: g(&self.ahead_commits),
-            watchdog_unsticks: g(&self.watchdog_unsticks),
-            emergency_commits: g(&self.emergency_commits),
-            slot_heals: g(&self.slot_heals),
-            rollback_errors: g(&self.rollback_errors),
-            collapses: g(&self.collapses),
-            splits: g(&self.splits),
-            resizes: g(&self.resizes),
-            dirty_log_switches: g(&self.dirty_log_switches),
-            locked: false,
             tiers: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The serde form stays one flat object (the worker channel carries
+    /// it): the groups add no keys, and it reads back whole.
+    #[test]
+    fn serde_form_is_flat_and_round_trips() {
+        let mut s = MemStats::default();
+        s.migration.promotions = 3;
+        s.migration.tpm_abort_ms = 1.5;
+        s.backing.locked = true;
+        s.backing.splits = 7;
+        s.hint_faults = 9;
+        let v = serde_json::to_value(&s).unwrap();
+        let obj = v.as_object().unwrap();
+        assert!(!obj.contains_key("migration") && !obj.contains_key("backing"));
+        assert_eq!(obj.len(), 24 + 12 + 4);
+        assert_eq!(obj["promotions"], 3);
+        assert_eq!(obj["locked"], true);
+        assert_eq!(serde_json::from_value::<MemStats>(v).unwrap(), s);
     }
 }

@@ -157,17 +157,21 @@ fn every_mechanism_moves_pages_and_keeps_contents() {
         check_fill(&mem);
     }
     let st = mem.stats();
-    assert_eq!(st.promotions, 3 * 514);
-    assert_eq!(st.tpm_commits, 3);
-    assert_eq!(st.stop_copy, 514);
-    assert_eq!(st.kernel_move_pages, 514);
+    assert_eq!(st.migration.promotions, 3 * 514);
+    assert_eq!(st.migration.tpm_commits, 3);
+    assert_eq!(st.migration.stop_copy, 514);
+    assert_eq!(st.migration.kernel_move_pages, 514);
     // Demote TPM-promoted pages: clean shadows are remapped without a copy.
     let o = m.demote(&[run_unit(0, 10)], Mechanism::TPM).unwrap();
     assert_eq!(o.shadow_demoted, 10);
     // The mover's time in them is measured; nothing aborted, nothing timed there.
     let st = mem.stats();
-    assert!(st.shadow_demotion_ms > 0.0, "{st:?}");
-    assert_eq!((st.tpm_aborted_pages, st.tpm_abort_ms), (0, 0.0), "{st:?}");
+    assert!(st.migration.shadow_demotion_ms > 0.0, "{st:?}");
+    assert_eq!(
+        (st.migration.tpm_aborted_pages, st.migration.tpm_abort_ms),
+        (0, 0.0),
+        "{st:?}"
+    );
     // Demote stop-copy promoted pages: a real copy.
     let o = m.demote(&[run_unit(601, 100)], Mechanism::TPM).unwrap();
     assert_eq!(o.migrated, 100);
@@ -195,7 +199,7 @@ fn shadow_invalidation_then_copy_and_reclaim() {
     }
     m.harvest().unwrap();
     assert!(!mem.has_shadow(3));
-    assert_eq!(mem.stats().shadow_invalidations, 1);
+    assert_eq!(mem.stats().migration.shadow_invalidations, 1);
     // A write to page 5 not yet harvested: demotion must copy into the shadow.
     {
         let _g = log.write_guard(5, 1);
@@ -227,7 +231,7 @@ fn no_space_skips_and_counts() {
     };
     let o = m.promote(&[run_unit(100, 4)], Mechanism::TPM).unwrap();
     assert_eq!(o.skipped_no_space, 4);
-    assert_eq!(mem.stats().skipped_no_space, 4);
+    assert_eq!(mem.stats().migration.skipped_no_space, 4);
     mem.check_consistency().unwrap();
 }
 
@@ -300,13 +304,16 @@ fn concurrent_writer_loses_nothing_with_dirty_check() {
     assert_eq!(lost, 0, "lost writes with the dirty check on: {st:?}");
     assert!(writes > 1000, "the writer ran ({writes} writes)");
     assert!(
-        st.tpm_aborts > 0,
+        st.migration.tpm_aborts > 0,
         "concurrent writes must abort some transactions: {st:?}"
     );
-    assert!(st.tpm_commits > 0, "{st:?}");
+    assert!(st.migration.tpm_commits > 0, "{st:?}");
     // Every abort is timed and its pages counted (single-page units here).
-    assert!(st.tpm_abort_ms > 0.0, "{st:?}");
-    assert_eq!(st.tpm_aborted_pages, st.tpm_aborts, "{st:?}");
+    assert!(st.migration.tpm_abort_ms > 0.0, "{st:?}");
+    assert_eq!(
+        st.migration.tpm_aborted_pages, st.migration.tpm_aborts,
+        "{st:?}"
+    );
     mem.check_consistency().unwrap();
 }
 
@@ -476,8 +483,8 @@ fn reads_under_chaos_see_intact_data() {
     assert!(rep.outcome.migrated > 0, "{rep:?}");
     assert_eq!(rep.errors, 0);
     faults.stop().unwrap();
-    assert_eq!(mem.stats().unexpected_faults, 0);
-    assert!(mem.stats().promotions > 0);
+    assert_eq!(mem.stats().migration.unexpected_faults, 0);
+    assert!(mem.stats().migration.promotions > 0);
     assert!(ChaosDriver::spawn(
         m.clone(),
         ChaosConfig {
@@ -810,7 +817,7 @@ fn recovering_a_hole_a_mover_filled_meanwhile_just_releases_the_page() {
     mem.recover_hole(3);
     assert_eq!(mem.fatal_error(), None);
     assert_eq!(mem.pages.load(3) & page_map::BUSY, 0, "released");
-    assert_eq!(mem.stats().unexpected_faults, 0);
+    assert_eq!(mem.stats().migration.unexpected_faults, 0);
     assert_eq!(word(&mem, 3).load(Ordering::SeqCst), 3000);
     mem.check_consistency().unwrap();
 }
@@ -1020,7 +1027,7 @@ fn injected_failures_fire_and_a_final_one_stops_with_an_error() {
     mem.injector().set(&[]);
     check_fill(&mem);
     mem.check_consistency().unwrap();
-    assert!(mem.stats().rollback_errors > 0, "rollbacks ran");
+    assert!(mem.stats().migration.rollback_errors > 0, "rollbacks ran");
     drop(faults);
     // A fresh memory whose every commit fails with ENOMEM: the first touch
     // stops the VM with a message (the fatal hook fires) and the toucher is
@@ -1089,7 +1096,7 @@ fn a_pool_hole_that_holds_a_page_heals_instead_of_failing() {
         let o = m.demote(&units, Mechanism::StopAndCopy).unwrap();
         assert_eq!(o.migrated, 200, "{o:?}");
     }
-    assert!(mem.stats().slot_heals > 0, "{:?}", mem.stats());
+    assert!(mem.stats().backing.slot_heals > 0, "{:?}", mem.stats());
     check_fill(&mem);
     mem.check_consistency().unwrap();
 }
@@ -1232,7 +1239,7 @@ fn resize_storm_with_chaos_loses_nothing() {
         };
         assert_eq!(lost, 0, "{what}: {st:?}");
         assert!(
-            writes > 0 && resizes >= 10 && st.demotions > 0,
+            writes > 0 && resizes >= 10 && st.migration.demotions > 0,
             "{what}: {st:?}"
         );
     }
@@ -1262,7 +1269,10 @@ fn a_split_huge_page_leaves_no_zero_page_in_guest_ram() {
     let Some((mem, _log, m, _faults)) = setup_with(cfg) else {
         return;
     };
-    assert!(mem.stats().huge_commits >= 1, "the guest got huge pages");
+    assert!(
+        mem.stats().backing.huge_commits >= 1,
+        "the guest got huge pages"
+    );
     // Write one page of the first huge page; the rest stays zero.
     word(&mem, 7).store(1, Ordering::SeqCst);
     let o = m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
@@ -1349,7 +1359,7 @@ fn a_split_range_collapses_back_when_whole_on_one_tier() {
     };
     assert_eq!(huge(&mem), 4 << 20, "committed as huge pages");
     m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
-    assert_eq!(mem.stats().splits, 1);
+    assert_eq!(mem.stats().backing.splits, 1);
     assert_eq!(huge(&mem), 2 << 20, "the first range is split");
     // Not whole on one tier: no collapse.
     assert_eq!(mem.collapse_split_ranges(8), 0);
@@ -1365,7 +1375,7 @@ fn a_split_range_collapses_back_when_whole_on_one_tier() {
         "split again since the first scan"
     );
     assert_eq!(mem.collapse_split_ranges(8), 1);
-    assert_eq!(mem.stats().collapses, 1);
+    assert_eq!(mem.stats().backing.collapses, 1);
     assert_eq!(huge(&mem), 4 << 20, "collapsed back");
     check_fill(&mem);
     mem.check_consistency().unwrap();
@@ -1409,7 +1419,7 @@ fn a_park_into_a_stale_slot_leaves_the_page_unparked_and_heals_the_slot() {
         "a page in guest RAM tagged parked"
     );
     mem.check_consistency().unwrap();
-    assert!(mem.stats().slot_heals > 0, "{:?}", mem.stats());
+    assert!(mem.stats().backing.slot_heals > 0, "{:?}", mem.stats());
     // The healed slot parks and unparks again.
     assert_eq!(
         mem.park_pages(&[page], Parker::Sampler).unwrap(),
@@ -1563,11 +1573,11 @@ fn stress_parking_against_every_mover() {
                  slot heals {} rollbacks {} collapses {} splits {} shadow demotions {}",
                 c.unpark_failures.load(Ordering::Relaxed),
                 st.hint_faults,
-                st.slot_heals,
-                st.rollback_errors,
-                st.collapses,
-                st.splits,
-                st.shadow_demotions,
+                st.backing.slot_heals,
+                st.migration.rollback_errors,
+                st.backing.collapses,
+                st.backing.splits,
+                st.migration.shadow_demotions,
             );
             let consistent = mem.check_consistency().map_err(|e| e.to_string());
             eprintln!(

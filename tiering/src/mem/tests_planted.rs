@@ -310,8 +310,8 @@ fn first_touches_draw_from_the_pool_of_their_tier() {
         }
     }
     let st = mem.stats();
-    assert_eq!(st.committed_pages, pages as u64, "{st:?}");
-    assert_eq!(st.huge_commits, 2, "{st:?}");
+    assert_eq!(st.backing.committed_pages, pages as u64, "{st:?}");
+    assert_eq!(st.backing.huge_commits, 2, "{st:?}");
     mem.check_consistency().unwrap();
 }
 
@@ -329,7 +329,7 @@ fn tpm_of_the_last_page_with_a_write_in_the_copy_window_keeps_the_write() {
     };
     fill(&mem);
     for page in [99, 64] {
-        let before = mem.stats().tpm_aborts;
+        let before = mem.stats().migration.tpm_aborts;
         let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (mm, lg, f) = (mem.clone(), log.clone(), fired.clone());
         let out = crate::test_point::with_action(
@@ -349,7 +349,7 @@ fn tpm_of_the_last_page_with_a_write_in_the_copy_window_keeps_the_write() {
             "page {page}: the write in the copy window was lost ({out:?})"
         );
         assert_eq!(out.aborted, 1, "page {page}: {out:?}");
-        assert_eq!(mem.stats().tpm_aborts, before + 1, "page {page}");
+        assert_eq!(mem.stats().migration.tpm_aborts, before + 1, "page {page}");
         // Not promoted by this transaction: still on the slow tier.
         assert_eq!(mem.tier_of(page), Some(1), "page {page}");
     }

@@ -597,7 +597,7 @@ mod tests {
         let (v, writes, st) = tpm_with_a_write_in_every_copy_window(false);
         assert_eq!(writes, 3 * ROUNDS);
         assert_eq!(v, writes, "lost guest writes: {st:?}");
-        assert_eq!(st.tpm_aborts, u64::from(ROUNDS), "{st:?}");
+        assert_eq!(st.migration.tpm_aborts, u64::from(ROUNDS), "{st:?}");
     }
 
     /// The negative control: without the dirty check exactly the writes
@@ -611,7 +611,7 @@ mod tests {
         let (v, writes, st) = tpm_with_a_write_in_every_copy_window(true);
         assert_eq!(writes, 3 * ROUNDS);
         assert_eq!(v, 2 * ROUNDS, "exactly the window writes are lost: {st:?}");
-        assert_eq!(st.tpm_commits, u64::from(ROUNDS), "{st:?}");
+        assert_eq!(st.migration.tpm_commits, u64::from(ROUNDS), "{st:?}");
     }
 
     /// Shadow demotion on real KVM: a page promoted with TPM keeps its slow
@@ -631,15 +631,15 @@ mod tests {
         g.migrate(true, Mechanism::TPM, false);
         g.migrator.harvest().unwrap();
         let before = g.mem.stats();
-        assert_eq!(before.promotions, 1, "{before:?}");
+        assert_eq!(before.migration.promotions, 1, "{before:?}");
         assert!(
-            before.shadow_pages > 0 || before.tiers[1].shadow_pages > 0,
+            before.migration.shadow_pages > 0 || before.tiers[1].shadow_pages > 0,
             "{before:?}"
         );
         g.migrate(false, Mechanism::TPM, false);
         let clean = g.mem.stats();
         assert_eq!(
-            clean.shadow_demotions, 1,
+            clean.migration.shadow_demotions, 1,
             "clean page demoted by remap: {clean:?}"
         );
         assert_eq!(g.counter(), 1);
@@ -649,8 +649,8 @@ mod tests {
         g.migrator.harvest().unwrap();
         let dirty = g.mem.stats();
         assert_eq!(
-            dirty.shadow_invalidations,
-            clean.shadow_invalidations + 1,
+            dirty.migration.shadow_invalidations,
+            clean.migration.shadow_invalidations + 1,
             "{dirty:?}"
         );
         g.migrate(false, Mechanism::TPM, false);
@@ -661,10 +661,10 @@ mod tests {
         );
         let st = g.finish();
         assert_eq!(
-            st.shadow_demotions, 1,
+            st.migration.shadow_demotions, 1,
             "the stale shadow was not remapped: {st:?}"
         );
-        assert_eq!(st.demotions, 2, "{st:?}");
+        assert_eq!(st.migration.demotions, 2, "{st:?}");
     }
 
     /// Hint-fault sampling on a live guest: parked pages are touched by KVM
@@ -714,7 +714,7 @@ mod tests {
         assert_eq!(tick.untouched, 6);
         let st = mem.stats();
         assert!(st.hint_faults >= 2, "{st:?}");
-        assert_eq!(st.unexpected_faults, 0);
+        assert_eq!(st.migration.unexpected_faults, 0);
         mem.check_consistency().unwrap();
     }
 }

@@ -9,9 +9,9 @@ use serde::Serialize;
 use crate::exit::EXIT_GUEST_CRASH;
 use crate::status::TimelinePoint;
 use crate::units::{format_size, group};
-use crate::vstate::tiered::{BackingReport, MigrationReport, TieringReport, TrackingReport};
+use crate::vstate::tiered::{TieringReport, TrackingReport};
 use tiering::engine::EngineReport;
-use tiering::mem::TierStats;
+use tiering::mem::{BackingCounters, MigrationCounters, TierStats};
 
 /// Why the VM stopped.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -82,9 +82,9 @@ pub struct RunReport {
     /// Per-tier page counts (tiered runs only).
     pub tiers: Option<Vec<TierStats>>,
     /// How the tiers' host memory was committed (tiered runs only).
-    pub backing: Option<BackingReport>,
+    pub backing: Option<BackingCounters>,
     /// Migration counters (tiered runs only).
-    pub migration: Option<MigrationReport>,
+    pub migration: Option<MigrationCounters>,
     /// Access-tracking counters (tiered runs only).
     pub tracking: Option<TrackingReport>,
     /// The tiering setup, its threads and its checks (tiered runs only).
@@ -261,7 +261,7 @@ impl RunReport {
 }
 
 /// The migration and shadow lines.
-fn write_migration(s: &mut String, m: &MigrationReport) {
+fn write_migration(s: &mut String, m: &MigrationCounters) {
     let _ = writeln!(
         s,
         "  migration  promotions {} demotions {} tpm commits {} aborts {} retries {} stop-copy {}",

@@ -2124,7 +2124,8 @@ fn tiers_of(v: &VmEntry) -> Vec<VmTierInfo> {
 /// A VM's migration counters (zero before its first stats).
 fn migration_of(st: Option<&WorkerStats>) -> MigrationInfo {
     st.map(|s| &s.mem)
-        .map(|m| MigrationInfo {
+        .map(|m| (&m.migration, m.hint_faults))
+        .map(|(m, hint_faults)| MigrationInfo {
             promotions: m.promotions,
             demotions: m.demotions,
             tpm_commits: m.tpm_commits,
@@ -2132,7 +2133,7 @@ fn migration_of(st: Option<&WorkerStats>) -> MigrationInfo {
             shadow_demotions: m.shadow_demotions,
             shadow_reclaims: m.shadow_reclaims,
             guest_stall_seconds: m.guest_stall_ms / 1e3,
-            hint_faults: m.hint_faults,
+            hint_faults,
         })
         .unwrap_or_default()
 }

@@ -549,7 +549,7 @@ impl VmCounters {
         add(&self.switches, &vm, v.policy_switches as f64);
         add(&self.accesses, &vm, v.sampled_accesses);
         let Some(st) = &v.stats else { return };
-        let m = &st.mem;
+        let m = &st.mem.migration;
         let emu = v.spec.emulate_latency.as_deref().unwrap_or("off");
         add(&self.ops, &[vm[0], vm[1], emu], st.ops as f64);
         add(&self.promote, &vm, m.promotions as f64);
@@ -559,7 +559,7 @@ impl VmCounters {
         add(&self.shadow_demote, &vm, m.shadow_demotions as f64);
         add(&self.shadow_reclaim, &vm, m.shadow_reclaims as f64);
         add(&self.stall, &vm, m.guest_stall_ms / 1e3);
-        add(&self.hint, &vm, m.hint_faults as f64);
+        add(&self.hint, &vm, st.mem.hint_faults as f64);
     }
 }
 

@@ -620,9 +620,10 @@ pub fn migrations_svg(res: &CompareResults) -> std::result::Result<String, plot:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tiering::mem::MigrationCounters;
     use vmm_core::report::StopReason;
     use vmm_core::status::TimelinePoint;
-    use vmm_core::vstate::tiered::{MigrationReport, TrackingReport};
+    use vmm_core::vstate::tiered::TrackingReport;
 
     fn report(ops_per_sec: f64, promotions: u64, p99: Option<f64>) -> RunReport {
         let mut guest_metrics = BTreeMap::new();
@@ -658,14 +659,14 @@ mod tests {
             crash: None,
             tiers: None,
             backing: None,
-            migration: Some(MigrationReport {
+            migration: Some(MigrationCounters {
                 promotions,
                 demotions: promotions / 2,
                 tpm_commits: promotions,
                 tpm_aborts: 3,
                 shadow_demotions: 1,
                 guest_stall_ms: 2.5,
-                ..MigrationReport::default()
+                ..MigrationCounters::default()
             }),
             tracking: Some(TrackingReport {
                 hint_faults: 10,

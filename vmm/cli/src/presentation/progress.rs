@@ -49,7 +49,8 @@ pub fn tiered_probe(mem: Arc<TieredMemory>) -> TierProbe {
                 resident_bytes: t.resident_bytes,
             })
             .collect();
-        (s.promotions.saturating_add(s.demotions), tiers)
+        let m = &s.migration;
+        (m.promotions.saturating_add(m.demotions), tiers)
     })
 }
 

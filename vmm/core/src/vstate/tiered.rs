@@ -7,9 +7,9 @@ use std::sync::Arc;
 use kvm_ioctls::VmFd;
 use serde::Serialize;
 use tiering::mem::{
-    ChaosDriver, ChaosReport, FaultHandler, HintSampler, MemStats, Migrator, MigratorConfig,
-    ResizeDriver, ResizeDriverReport, ResizeHandle, SamplerHandle, TierStats, TieredMemory,
-    PAGE_SIZE,
+    BackingCounters, ChaosDriver, ChaosReport, FaultHandler, HintSampler, MemStats,
+    MigrationCounters, Migrator, MigratorConfig, ResizeDriver, ResizeDriverReport, ResizeHandle,
+    SamplerHandle, TierStats, TieredMemory, PAGE_SIZE,
 };
 
 use crate::status::TierSample;
@@ -139,91 +139,6 @@ pub struct TieringReport {
     pub node_pages: Option<Vec<u64>>,
 }
 
-/// The report's `migration` object: every migration-mechanism counter.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct MigrationReport {
-    /// Pages moved slow -> fast.
-    pub promotions: u64,
-    /// Pages moved fast -> slow.
-    pub demotions: u64,
-    /// Committed transactions.
-    pub tpm_commits: u64,
-    /// Aborted transactions (page written during the copy).
-    pub tpm_aborts: u64,
-    /// Pages of the aborted transactions.
-    pub tpm_aborted_pages: u64,
-    /// Mover time putting aborted transactions back, ms.
-    pub tpm_abort_ms: f64,
-    /// Aborted transactions retried.
-    pub tpm_retries: u64,
-    /// Aborted units dropped after the last retry.
-    pub tpm_gave_up: u64,
-    /// Pages moved by stop-and-copy.
-    pub stop_copy: u64,
-    /// Pages moved with the kernel's `move_pages(2)`.
-    pub kernel_move_pages: u64,
-    /// Demotions that remapped a shadow.
-    pub shadow_demotions: u64,
-    /// Demotions of shadowed pages written meanwhile (copied into the shadow).
-    pub shadow_demotions_copied: u64,
-    /// Mover time in shadow demotions (both kinds), ms.
-    pub shadow_demotion_ms: f64,
-    /// Shadows dropped because the page was written after promotion.
-    pub shadow_invalidations: u64,
-    /// Shadows kept after a dirty bit because the page still equals its
-    /// shadow (dirty-on-read under shadow paging).
-    pub shadow_revalidations: u64,
-    /// Shadows reclaimed under slow-tier pressure.
-    pub shadow_reclaims: u64,
-    /// Shadows held at the end.
-    pub shadow_pages: u64,
-    /// Migrations skipped because the destination tier was full.
-    pub skipped_no_space: u64,
-    /// Pages skipped because another mover or the sampler owned them.
-    pub skipped_busy: u64,
-    /// Guest faults on pages in flight.
-    pub guest_stalls: u64,
-    /// vCPU time blocked in migration userfaults, ms.
-    pub guest_stall_ms: f64,
-    /// Dirty-log harvests (GET + CLEAR rounds).
-    pub harvests: u64,
-    /// Faults on addresses no mechanism explains (a bug indicator).
-    pub unexpected_faults: u64,
-    /// Rollback steps that failed (the page stays where the kernel says it is).
-    pub rollback_errors: u64,
-}
-
-/// The report's `backing` object: how the tiers' host memory was committed.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct BackingReport {
-    /// Guest pages with host memory (touched at least once).
-    pub populated_pages: u64,
-    /// Guest pages committed on first touch (lazy commit).
-    pub committed_pages: u64,
-    /// First touches committed as a whole 2 MiB huge page.
-    pub huge_commits: u64,
-    /// 2 MiB chunks committed ahead of a sequential stream of first touches.
-    pub ahead_commits: u64,
-    /// Pages the stall watchdog released for a vCPU that waited too long.
-    pub watchdog_unsticks: u64,
-    /// Pages committed after the host ran short of memory, while the VM stopped.
-    pub emergency_commits: u64,
-    /// Pool slots the bookkeeping called holes that held a page (healed).
-    pub slot_heals: u64,
-    /// 2 MiB runs collapsed back into a huge page.
-    pub collapses: u64,
-    /// Capacity changes (resizes) applied.
-    pub resizes: u64,
-    /// 2 MiB guest ranges broken into 4 KiB pages by page-sized moves.
-    pub splits: u64,
-    /// Times the dirty log was switched on or off (on only while something
-    /// is tracked: KVM maps an unlogged memslot with huge pages).
-    pub dirty_log_switches: u64,
-    /// Whether tier memory is locked on fault (false: raise RLIMIT_MEMLOCK
-    /// or grant CAP_IPC_LOCK; docs/host-requirements.md).
-    pub locked: bool,
-}
-
 /// The report's `tracking` object.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct TrackingReport {
@@ -245,53 +160,13 @@ impl TieringReport {
     }
 
     /// The `migration` object.
-    pub fn migration(&self) -> MigrationReport {
-        let s = &self.stats;
-        MigrationReport {
-            promotions: s.promotions,
-            demotions: s.demotions,
-            tpm_commits: s.tpm_commits,
-            tpm_aborts: s.tpm_aborts,
-            tpm_aborted_pages: s.tpm_aborted_pages,
-            tpm_abort_ms: s.tpm_abort_ms,
-            tpm_retries: s.tpm_retries,
-            tpm_gave_up: s.tpm_gave_up,
-            stop_copy: s.stop_copy,
-            kernel_move_pages: s.kernel_move_pages,
-            shadow_demotions: s.shadow_demotions,
-            shadow_demotions_copied: s.shadow_demotions_copied,
-            shadow_demotion_ms: s.shadow_demotion_ms,
-            shadow_invalidations: s.shadow_invalidations,
-            shadow_revalidations: s.shadow_revalidations,
-            shadow_reclaims: s.shadow_reclaims,
-            shadow_pages: s.shadow_pages,
-            skipped_no_space: s.skipped_no_space,
-            skipped_busy: s.skipped_busy,
-            guest_stalls: s.guest_stalls,
-            guest_stall_ms: s.guest_stall_ms,
-            harvests: s.harvests,
-            unexpected_faults: s.unexpected_faults,
-            rollback_errors: s.rollback_errors,
-        }
+    pub fn migration(&self) -> MigrationCounters {
+        self.stats.migration.clone()
     }
 
     /// The `backing` object.
-    pub fn backing(&self) -> BackingReport {
-        let s = &self.stats;
-        BackingReport {
-            populated_pages: s.populated_pages,
-            committed_pages: s.committed_pages,
-            huge_commits: s.huge_commits,
-            ahead_commits: s.ahead_commits,
-            watchdog_unsticks: s.watchdog_unsticks,
-            emergency_commits: s.emergency_commits,
-            slot_heals: s.slot_heals,
-            collapses: s.collapses,
-            resizes: s.resizes,
-            splits: s.splits,
-            dirty_log_switches: s.dirty_log_switches,
-            locked: s.locked,
-        }
+    pub fn backing(&self) -> BackingCounters {
+        self.stats.backing.clone()
     }
 
     /// The `tracking` object for a run of `vcpus` vCPUs lasting `run_s` seconds.
