@@ -163,3 +163,40 @@ fn migrating_policies_lose_no_write_on_a_busy_host() {
         assert_live(&format!("memcheck {policy:?}"), &rep, &console);
     }
 }
+
+/// A run whose `--duration` ends while the guest is still touching its
+/// resident set (a 768M zipf and gups on a busy host, stopped after 0.2 s)
+/// ends on time and cleanly: the workloads look at the stop flag while
+/// they set up and skip the run loop, so the guest acknowledges the stop
+/// instead of first-touching the rest in its first batch and being forced
+/// 0.5 s later (exit code none, `forced`, as before the fix).
+#[test]
+fn a_stop_during_set_up_is_acknowledged_on_time() {
+    if !tiered_kvm_available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _busy = Busy::start();
+    for (image, args) in [
+        ("zipf", &["rss=768M", "wss=768M", "theta=0"][..]),
+        ("gups", &["size=768M"][..]),
+    ] {
+        let mut req = request(image, 1024 << 20, 2, Duration::from_millis(200), args);
+        req.tiering.fast = Some(128 << 20);
+        req.tiering.policy = Some(PolicyArg::Static);
+        req.tiering.placement = vmm_core::tiering_config::PlacementArg::SlowFirst;
+        let (r, console) = run(&req);
+        let l = &r.liveness;
+        assert_eq!(
+            r.stop_reason,
+            StopReason::Duration,
+            "{image}: a stop during set-up is acknowledged: {l:?} {console}"
+        );
+        assert!(
+            l.stop_latency_ms.is_some_and(|ms| ms < 500.0),
+            "{image}: ended {:?} ms after the stop request",
+            l.stop_latency_ms
+        );
+        assert_eq!(r.exit_code, Some(0), "{image}: {console}");
+    }
+}

@@ -220,6 +220,11 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let start = env.cycles();
     let mut ops = 0u64;
     loop {
+        // A stop that came during set-up ends the run before a batch whose
+        // accesses would first-touch what the set-up left untouched.
+        if env.stop_requested() {
+            break;
+        }
         if move_cycles > 0 && moved_s < 0.0 {
             let now = env.cycles().wrapping_sub(start);
             if now >= move_cycles {

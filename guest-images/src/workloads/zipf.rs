@@ -155,6 +155,11 @@ pub fn run<E: Env>(env: &E, mem: &[AtomicU64]) -> u32 {
     let mut ops = 0u64;
     let mut sink = 0u64;
     'run: loop {
+        // A stop that came during set-up ends the run before a batch whose
+        // accesses would first-touch what the set-up left untouched.
+        if env.stop_requested() {
+            break 'run;
+        }
         for _ in 0..PUBLISH_EVERY {
             let a = pattern.next_access(&mut rng);
             let w = (a.addr / 8) as usize;
