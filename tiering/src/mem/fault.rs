@@ -425,6 +425,13 @@ mod tests {
         assert_eq!(drain(&mut a), Vec::<usize>::new());
         a.on_first_touch(7, 6);
         assert_eq!(drain(&mut a), vec![7]);
+        // Another first touch in the same chunk (committed page by page)
+        // is not a step of the stream: nothing queued, and the stream
+        // starts over from that chunk.
+        a.on_first_touch(7, 6);
+        assert_eq!(drain(&mut a), Vec::<usize>::new());
+        a.on_first_touch(7, 7);
+        assert_eq!(drain(&mut a), vec![8]);
     }
 
     #[test]
