@@ -289,6 +289,7 @@ pub struct TieredMemory {
     /// The latest weighted hint fault of every page in a sampler window.
     pub(crate) sampled_weights: super::sampler::SampledWeights,
     overhead_pct_bits: AtomicU64,
+    guest_cost_factor_bits: AtomicU64,
     setup_time: Duration,
     fault_path_hook: HookSlot<FaultPathHook>,
     fatal_hook: HookSlot<FatalHook>,
@@ -438,6 +439,7 @@ impl TieredMemory {
             park_epoch: Mutex::new(Instant::now()),
             sampled_weights: super::sampler::SampledWeights::new(n)?,
             overhead_pct_bits: AtomicU64::new(0),
+            guest_cost_factor_bits: AtomicU64::new(super::sampler::GUEST_COST_FACTOR.to_bits()),
             setup_time: t0.elapsed(),
             fault_path_hook: HookSlot::default(),
             fatal_hook: HookSlot::default(),
@@ -614,6 +616,7 @@ impl TieredMemory {
         let residency = self.residency().ok();
         let mut s = self.counters.snapshot();
         s.tracking_overhead_pct = f64::from_bits(self.overhead_pct_bits.load(Ordering::Relaxed));
+        s.guest_cost_factor = self.guest_cost_factor();
         s.migration.shadow_pages = self.shadow_pages() as u64;
         s.backing.populated_pages = self.populated_pages() as u64;
         s.backing.locked = self.locked;
@@ -943,6 +946,33 @@ impl TieredMemory {
     /// the VMM measures it.
     pub fn guest_blocked_ns(&self) -> Option<u64> {
         self.guest_clock.get().and_then(|c| c())
+    }
+
+    /// The stall of every hint fault so far as the fault handler saw it
+    /// (event read to wake-up), ns.
+    pub fn hint_stall_ns(&self) -> u64 {
+        self.counters.hint_stall_ns.load(Ordering::Relaxed)
+    }
+
+    /// What one hint fault costs the guest, as a multiple of the stall the
+    /// fault handler observes (starts at
+    /// [`super::sampler::GUEST_COST_FACTOR`]; a run that measures it, with
+    /// `--tracking-ab`, sets its own).
+    pub fn guest_cost_factor(&self) -> f64 {
+        f64::from_bits(self.guest_cost_factor_bits.load(Ordering::Relaxed))
+    }
+
+    /// Sets the guest cost factor of hint faults (see
+    /// [`Self::guest_cost_factor`]), clamped to
+    /// [`super::sampler::GUEST_COST_FACTOR_RANGE`]; a value that is not a
+    /// number is ignored.
+    pub fn set_guest_cost_factor(&self, factor: f64) {
+        if factor.is_nan() {
+            return;
+        }
+        let (lo, hi) = super::sampler::GUEST_COST_FACTOR_RANGE;
+        self.guest_cost_factor_bits
+            .store(factor.clamp(lo, hi).to_bits(), Ordering::Relaxed);
     }
 
     /// Installs (or removes) the placement observer (latency emulation's

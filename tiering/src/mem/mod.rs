@@ -91,7 +91,10 @@ pub use resize::{
     parse_capacity_schedule, CapacityScheduleError, CapacityStep, ResizeConfig, ResizeDriver,
     ResizeDriverReport, ResizeHandle, ResizeReport,
 };
-pub use sampler::{HintSampler, SamplerAccount, SamplerConfig, SamplerHandle, SamplerTick};
+pub use sampler::{
+    HintSampler, SamplerAccount, SamplerConfig, SamplerHandle, SamplerTick, GUEST_COST_FACTOR,
+    GUEST_COST_FACTOR_RANGE,
+};
 pub use stats::{BackingCounters, MemStats, MigrationCounters, TierStats};
 pub use watch::{Activity, StallView, Unstick, WaitingFault};
 

@@ -49,8 +49,15 @@ pub struct MemStats {
     pub hint_faults: u64,
     /// Total stall of hint faults (parked pages touched), ms: tracking cost.
     pub hint_stall_ms: f64,
-    /// Share of vCPU time spent in hint faults over the last sampler period, percent.
+    /// What hint faults cost the guest over the last sampler period,
+    /// percent of vCPU time (what the sampler budgets against; see
+    /// `guest_cost_factor`).
     pub tracking_overhead_pct: f64,
+    /// What one hint fault costs the guest as a multiple of the stall the
+    /// fault handler sees (`tiering::mem::GUEST_COST_FACTOR`, or what the
+    /// run measured with `--tracking-ab`).
+    #[serde(default)]
+    pub guest_cost_factor: f64,
     /// Per tier, fastest first.
     pub tiers: Vec<TierStats>,
 }
@@ -258,6 +265,7 @@ impl Counters {
             hint_faults: g(&self.hint_faults),
             hint_stall_ms: ms(&self.hint_stall_ns),
             tracking_overhead_pct: 0.0,
+            guest_cost_factor: 0.0,
             tiers: Vec::new(),
         }
     }

@@ -407,6 +407,61 @@ fn overhead_above_the_budget_shrinks_the_scan_window() {
     mem.check_consistency().unwrap();
 }
 
+/// The sampler budgets what hint faults cost the guest, not only what the
+/// vCPUs are seen blocked: the handler's stall times the guest cost factor.
+/// A guest clock that sees no blocked time (as on PVM, where most of a hint
+/// fault's cost is spent running) must not hide the stall. Planted bug:
+/// the budget counts the blocked time alone (the scan then grows, 4x).
+#[test]
+fn the_scan_budgets_the_guest_cost_of_hint_faults() {
+    let Some((mem, _log, _m, faults)) = setup(4096, 2048, InitialPlacement::Interleave) else {
+        return;
+    };
+    mem.set_guest_clock(Some(Arc::new(|| Some(0))));
+    let cfg = SamplerConfig {
+        scan_pages: 256,
+        min_scan_pages: 32,
+        max_scan_pages: 65536,
+        period: Duration::from_secs(1),
+        budget_pct: 100.0,
+        vcpus: 1,
+    };
+    let tick_with = |factor: f64| {
+        mem.set_guest_cost_factor(factor);
+        let mut s = HintSampler::new(mem.clone(), cfg.clone());
+        s.tick().unwrap();
+        s.tick().unwrap(); // the guest clock's first reading
+        std::thread::sleep(Duration::from_millis(100));
+        // 50 ms of hint stall seen in about 100 ms: at most 50 % of the
+        // vCPU's time as the handler saw it.
+        mem.counters
+            .hint_stall_ns
+            .fetch_add(50_000_000, Ordering::Relaxed);
+        let before = s.scan_pages();
+        let t = s.tick().unwrap();
+        s.unpark_all().unwrap();
+        (t, before)
+    };
+    // Factor 1: what the handler saw, under the 100 % budget: the scan grows.
+    let (t, before) = tick_with(1.0);
+    assert!(t.overhead_pct <= 50.0 && t.overhead_pct > 0.0, "{t:?}");
+    assert!(t.scan_pages > before, "{t:?} (was {before})");
+    // Factor 100: far over the budget (unless ticks were 5 s apart): shrinks.
+    let (t, before) = tick_with(100.0);
+    assert!(t.overhead_pct > 100.0, "{t:?}");
+    assert!(t.scan_pages < before, "{t:?} (was {before})");
+    assert_eq!(mem.stats().guest_cost_factor, 100.0);
+    // Out of range or not a number: clamped, or ignored.
+    mem.set_guest_cost_factor(1e9);
+    assert_eq!(mem.guest_cost_factor(), GUEST_COST_FACTOR_RANGE.1);
+    mem.set_guest_cost_factor(f64::NAN);
+    assert_eq!(mem.guest_cost_factor(), GUEST_COST_FACTOR_RANGE.1);
+    mem.set_guest_cost_factor(0.0);
+    assert_eq!(mem.guest_cost_factor(), GUEST_COST_FACTOR_RANGE.0);
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
+
 // ---- 8. Resize at the exact boundaries ----
 
 /// A resize that leaves the tiers exactly the guest's size is accepted;

@@ -450,7 +450,7 @@ fn watch(
             .tiering
             .as_ref()
             .and_then(|t| t.tracking_ab)
-            .map(|p| AbDriver::new(p.as_secs_f64())),
+            .map(|p| AbDriver::new(p.as_secs_f64(), cfg.vcpus)),
         live: LivenessWatch::new(run_start),
     };
     let mut vcpu0_exited_at: Option<Instant> = None;
@@ -592,11 +592,18 @@ fn sample(cfg: &VmConfig, vm: &mut Vm, hooks: &mut dyn RunHooks, w: &mut Watched
             });
         }
         t.drain_samples();
-        if let Some(on) =
-            w.ab.as_mut()
-                .and_then(|a| a.on_sample(t_s, snap.total_ops()))
-        {
-            t.set_tracking_paused(!on);
+        if let Some(ab) = w.ab.as_mut() {
+            let mem = t.memory();
+            let switch = ab.on_sample(t_s, snap.total_ops(), mem.hint_stall_ns());
+            // The sampler budgets with what this run measured a hint fault
+            // to cost the guest, once the phases have enough to say.
+            let r = ab.result();
+            if let (true, Some(f)) = (r.calibrated, r.guest_cost_factor) {
+                mem.set_guest_cost_factor(f);
+            }
+            if let Some(on) = switch {
+                t.set_tracking_paused(!on);
+            }
         }
     }
     hooks.on_sample(&SampleCtx {

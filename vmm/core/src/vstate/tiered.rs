@@ -147,8 +147,16 @@ pub struct TrackingReport {
     /// vCPU time blocked in hint faults, ms.
     pub hint_stall_ms: f64,
     /// Share of vCPU time spent in hint faults over the whole run, percent
-    /// (hint_stall_ms / (vCPUs x run time)).
+    /// (hint_stall_ms / (vCPUs x run time)): what the fault handler sees.
     pub tracking_overhead_pct: f64,
+    /// What one hint fault cost the guest as a multiple of the stall the
+    /// handler saw: measured by this run with `--tracking-ab`, else
+    /// `tiering::mem::GUEST_COST_FACTOR` (measured on the development host).
+    pub guest_cost_factor: f64,
+    /// What the hint faults cost the guest over the whole run, percent of
+    /// vCPU time: `tracking_overhead_pct` x `guest_cost_factor` (MODELED
+    /// from the factor; the sampler budgets against this figure).
+    pub guest_cost_pct: f64,
     /// Access samples the fault handler recorded.
     pub samples: u64,
 }
@@ -176,6 +184,9 @@ impl TieringReport {
             hint_faults: self.stats.hint_faults,
             hint_stall_ms: self.stats.hint_stall_ms,
             tracking_overhead_pct: 100.0 * self.stats.hint_stall_ms / vcpu_ms,
+            guest_cost_factor: self.stats.guest_cost_factor,
+            guest_cost_pct: 100.0 * self.stats.hint_stall_ms * self.stats.guest_cost_factor
+                / vcpu_ms,
             samples: self.samples,
         }
     }
