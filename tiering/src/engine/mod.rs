@@ -372,9 +372,19 @@ impl EngineState {
         let tier_id = mem.tier_of(s.page as usize)?;
         self.profile
             .record_weighted(s.page, profile::hint_weight(s.ns_since_park));
+        // A huge range mapped back whole: every page of it reads as
+        // touched, as with the accessed bit of a huge page table entry.
+        let pages = if s.huge {
+            let n = u64::from(crate::vocab::PAGES_PER_2M);
+            s.page / n * n..s.page / n * n + n
+        } else {
+            s.page..s.page + 1
+        };
         for bits in [&mut self.touched, &mut self.probe_touched] {
-            if let Some(w) = bits.get_mut((s.page / 64) as usize) {
-                *w |= 1 << (s.page % 64);
+            for page in pages.clone() {
+                if let Some(w) = bits.get_mut((page / 64) as usize) {
+                    *w |= 1 << (page % 64);
+                }
             }
         }
         if let Some(h) = self.tier_hits.get_mut(usize::from(tier_id)) {

@@ -323,11 +323,19 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
     // Record the sample before the move wakes the toucher, so that a drain
     // right after the touch sees it.
     let since_park = lock(&mem.park_epoch).elapsed();
+    // A huge page parked whole goes back whole (with a fault-path policy,
+    // once it has chosen not to promote the touched page alone).
+    let hook = mem.fault_path_hook();
+    let mut range = match hook {
+        None => mem.acquire_parked_range(page),
+        Some(_) => None,
+    };
     let sample = HintFaultRecord {
         page: page as u64,
         ns_since_park: since_park.as_nanos() as u64,
         thread_id: p.thread_id,
         write: p.write,
+        huge: range.is_some(),
     };
     mem.counters.hint_faults.fetch_add(1, Ordering::Relaxed);
     if mem.pages.load(page) & PROBE == 0 {
@@ -338,7 +346,7 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
         mem.sampled_weights
             .record(page, u16::try_from(w).unwrap_or(u16::MAX));
     }
-    match mem.fault_path_hook() {
+    match hook {
         Some(hook) => {
             // The policy decides now; a promotion happens before the faulting
             // access resumes, and its whole duration is a migration stall.
@@ -356,8 +364,14 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
                     Err(e) => tracing::error!("fault-path promotion of page {page}: {e}"),
                 }
             }
+            range = mem.acquire_parked_range(page);
         }
         None => lock(&mem.samples).push(sample),
+    }
+    if let Some(first) = range {
+        map_back_range(mem, first, page);
+        count_hint_stall(mem, &p);
+        return;
     }
     if mem.inject.io(crate::inject::FaultPoint::Wake).is_err()
         && mem
@@ -377,10 +391,37 @@ fn hint_fault(mem: &TieredMemory, page: usize, p: Pending) {
     // (the page was back already, a copy, a stop) needs the wake, or the
     // toucher would wait for an event that never comes.
     let _ = mem.uffd.wake(mem.guest_addr(page), PAGE_SIZE);
+    count_hint_stall(mem, &p);
+}
+
+/// Maps back the owned, parked huge range at `first` after a touch of its
+/// `page` (see [`TieredMemory::map_back_touched_range`]) and wakes every
+/// toucher of the range.
+fn map_back_range(mem: &TieredMemory, first: usize, page: usize) {
+    let (guest, len) = (mem.guest_addr(first), crate::sys::HUGE_PAGE_SIZE);
+    if mem.inject.io(crate::inject::FaultPoint::Wake).is_err()
+        && mem
+            .move_range(guest, mem.park_addr(first), len, false)
+            .is_ok()
+    {
+        // TEST ONLY: as in `hint_fault`, back and not woken.
+        for p in first..first + crate::mem::pool::CHUNK_SLOTS {
+            mem.release_page(p, 0, PARKED | PROBE);
+        }
+        return;
+    }
+    let outcome = mem.map_back_touched_range(first, page);
+    if !matches!(outcome, MapBack::Moved) {
+        tracing::error!("unparking touched page {page} (its huge range): {outcome}");
+    }
+    let _ = mem.uffd.wake(guest, len);
+}
+
+/// A hint fault is tracking cost, not a migration stall: it is counted
+/// apart (tracking overhead), so `guest_stall_ms` measures what the
+/// mechanisms cost the guest.
+fn count_hint_stall(mem: &TieredMemory, p: &Pending) {
     let stall = p.arrival.elapsed().as_nanos() as u64;
-    // A hint fault is tracking cost, not a migration stall: it is counted
-    // apart (tracking overhead), so `guest_stall_ms` measures what the
-    // mechanisms cost the guest.
     mem.counters
         .hint_stall_ns
         .fetch_add(stall, Ordering::Relaxed);

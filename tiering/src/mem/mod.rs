@@ -111,6 +111,12 @@ pub struct HintFaultRecord {
     pub thread_id: u32,
     /// Whether the touch was a write.
     pub write: bool,
+    /// The touch mapped back the page's whole 2 MiB range, parked as one
+    /// huge page: like the accessed bit of a huge page table entry, it
+    /// stands for every page of the range (which page of it was touched
+    /// first is `page`).
+    #[serde(default)]
+    pub huge: bool,
 }
 
 /// Errors of the tiered memory.

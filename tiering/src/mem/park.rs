@@ -13,7 +13,8 @@ use std::time::Duration;
 use super::backing::{Parker, TieredMemory};
 use super::page_map::{self, on_tier, PARKED, PLACEMENT_BITS, POPULATED, PROBE};
 use super::pool::Holds;
-use crate::sys::{self, MoveError, PAGE_SIZE};
+use super::pool::CHUNK_SLOTS;
+use crate::sys::{self, MoveError, HUGE_PAGE_SIZE, PAGE_SIZE};
 
 /// What [`TieredMemory::map_back_touched`] did with a touched parked page.
 #[derive(Debug)]
@@ -271,12 +272,18 @@ impl TieredMemory {
                 self.release_page(page, 0, 0);
                 continue;
             }
-            // The same settlement as a touch's (`map_back_touched`): a
-            // failed move must not leave the page parked for good (the
-            // stress test found parked pages already back in guest RAM,
-            // whose every unpark then failed with EEXIST).
-            match self.map_back_touched(page) {
-                MapBack::Moved => n += 1,
+            // A huge range parked whole goes back whole (its other pages
+            // are then found unparked below and skipped).
+            let (outcome, pages) = match self.acquire_parked_range(page) {
+                Some(first) => (self.map_back_touched_range(first, page), CHUNK_SLOTS),
+                // The same settlement as a touch's (`map_back_touched`): a
+                // failed move must not leave the page parked for good (the
+                // stress test found parked pages already back in guest RAM,
+                // whose every unpark then failed with EEXIST).
+                None => (self.map_back_touched(page), 1),
+            };
+            match outcome {
+                MapBack::Moved => n += pages,
                 MapBack::Lost(e) | MapBack::Stopped(e) => {
                     tracing::error!(
                         "unparking page {page}: {e}: no copy could be put back (recovered or \
@@ -313,6 +320,60 @@ impl TieredMemory {
             n += self.unpark_pages(&retry, parker, &mut busy)?;
         }
         Ok(n)
+    }
+
+    /// After a touch of the owned, parked `page`: if its 2 MiB range was
+    /// parked whole as one huge page, by the same parker, takes every other
+    /// page of the range (all parked alike and free). Returns the first page
+    /// of the range when all are owned now (the caller maps the range back
+    /// with [`Self::map_back_touched_range`]); `None`, owning nothing more,
+    /// otherwise (the page is mapped back alone).
+    pub(crate) fn acquire_parked_range(&self, page: usize) -> Option<usize> {
+        let first = self.huge_range_of(page)?;
+        let tag = self.pages.load(page) & (PARKED | PROBE);
+        let mut owned = Vec::with_capacity(CHUNK_SLOTS);
+        for p in (first..first + CHUNK_SLOTS).filter(|&p| p != page) {
+            match self.pages.try_acquire(p, true) {
+                Some(w) if w & (PARKED | PROBE) == tag && w & POPULATED != 0 => owned.push(p),
+                Some(_) => {
+                    self.release_page(p, 0, 0);
+                    break;
+                }
+                None => break,
+            }
+        }
+        if owned.len() == CHUNK_SLOTS - 1 {
+            return Some(first);
+        }
+        for p in owned {
+            self.release_page(p, 0, 0);
+        }
+        None
+    }
+
+    /// Maps the owned, parked 2 MiB range at `first` (every page of it
+    /// owned, [`Self::acquire_parked_range`]) back into guest RAM with one
+    /// move, so the huge page stays whole (a 4 KiB move would split it:
+    /// every page of it then refaults into the guest as a 4 KiB mapping),
+    /// and releases its pages unparked. If the range move fails, each page
+    /// is settled on its own ([`Self::map_back_touched`]). Returns what was
+    /// done with `touched`.
+    pub(crate) fn map_back_touched_range(&self, first: usize, touched: usize) -> MapBack {
+        let (guest, park) = (self.guest_addr(first), self.park_addr(first));
+        if self.move_retrying(guest, park, HUGE_PAGE_SIZE).is_ok() {
+            for p in first..first + CHUNK_SLOTS {
+                self.release_page(p, 0, PARKED | PROBE);
+            }
+            self.counters.range_unparks.fetch_add(1, Ordering::Relaxed);
+            return MapBack::Moved;
+        }
+        for p in (first..first + CHUNK_SLOTS).filter(|&p| p != touched) {
+            let outcome = self.map_back_touched(p);
+            if !matches!(outcome, MapBack::Moved) {
+                tracing::warn!("unparking page {p} of a huge range: {outcome}");
+            }
+        }
+        self.map_back_touched(touched)
     }
 
     /// Maps the owned, parked `page` back into guest RAM after a touch and

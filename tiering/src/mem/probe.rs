@@ -17,6 +17,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::backing::{Parker, TieredMemory};
+use super::pool::CHUNK_SLOTS;
 
 /// Guest cost of one hint fault measured on the development host (PVM,
 /// 2 cores) with `--tracking-ab`: [`super::sampler::GUEST_COST_FACTOR`] times
@@ -43,9 +44,22 @@ impl AccessProbes {
     }
 
     /// Arms `pages` (out-of-range, busy and already parked pages are
-    /// skipped). Returns how many were armed.
+    /// skipped). A page in a 2 MiB range mapped by one huge page arms its
+    /// whole range, parked as one huge page: like the accessed bit of a huge
+    /// page table entry, a touch anywhere in it reads as a touch of every
+    /// page of it, and the huge page is never split by a probe. Returns how
+    /// many pages were armed.
     pub fn arm(&mut self, pages: &[usize]) -> io::Result<usize> {
-        let got = self.mem.park_pages(pages, Parker::Probe)?;
+        let mut wide: Vec<usize> = Vec::with_capacity(pages.len());
+        for &p in pages {
+            match self.mem.huge_range_of(p) {
+                Some(first) => wide.extend(first..first + CHUNK_SLOTS),
+                None => wide.push(p),
+            }
+        }
+        wide.sort_unstable();
+        wide.dedup();
+        let got = self.mem.park_pages(&wide, Parker::Probe)?;
         self.armed_total += got.len() as u64;
         let n = got.len();
         self.armed.extend(got);

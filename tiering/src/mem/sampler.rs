@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::backing::{lock, Parker, TieredMemory};
+use super::pool::CHUNK_SLOTS;
 
 /// What one hint fault costs the guest, relative to the stall the fault
 /// handler observes (event read to wake-up). The handler does not see the
@@ -269,7 +270,16 @@ impl HintSampler {
     fn park_window(&mut self, mem: &TieredMemory) -> io::Result<usize> {
         *lock(&mem.park_epoch) = Instant::now();
         let n = mem.guest_pages();
-        let want = self.scan_pages.min(n);
+        let mut want = self.scan_pages.min(n);
+        // A window never ends inside a huge page: parked whole, it is mapped
+        // back whole on its first touch (one hint fault, the huge page
+        // kept), where a window ending inside it would split it.
+        let end = self.cursor + want;
+        if want > 0 && end < n {
+            if let Some(first) = mem.huge_range_of(end - 1) {
+                want = (first + CHUNK_SLOTS).min(n) - self.cursor;
+            }
+        }
         let mut parked = 0;
         let mut scanned = 0;
         while scanned < want {

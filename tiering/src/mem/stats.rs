@@ -151,6 +151,10 @@ pub struct BackingCounters {
     /// 2 MiB guest ranges broken into 4 KiB pages by a page-sized move
     /// (placement inside a huge page, hint-fault sampling).
     pub splits: u64,
+    /// Touched parked 2 MiB ranges mapped back whole (parked as one huge
+    /// page; the huge page stays whole, see `map_back_touched_range`).
+    #[serde(default)]
+    pub huge_range_unparks: u64,
     /// Times the dirty log was switched on or off (it is on only while
     /// something is tracked: KVM maps an unlogged memslot with huge pages).
     pub dirty_log_switches: u64,
@@ -197,6 +201,7 @@ pub struct Counters {
     pub(crate) rollback_errors: AtomicU64,
     pub(crate) collapses: AtomicU64,
     pub(crate) splits: AtomicU64,
+    pub(crate) range_unparks: AtomicU64,
     pub(crate) resizes: AtomicU64,
     pub(crate) dirty_log_switches: AtomicU64,
     /// Full passes of the hint-fault sampler over guest memory (not in the
@@ -259,6 +264,7 @@ impl Counters {
                 collapses: g(&self.collapses),
                 resizes: g(&self.resizes),
                 splits: g(&self.splits),
+                huge_range_unparks: g(&self.range_unparks),
                 dirty_log_switches: g(&self.dirty_log_switches),
                 locked: false,
             },
@@ -288,7 +294,7 @@ mod tests {
         let v = serde_json::to_value(&s).unwrap();
         let obj = v.as_object().unwrap();
         assert!(!obj.contains_key("migration") && !obj.contains_key("backing"));
-        assert_eq!(obj.len(), 24 + 12 + 4);
+        assert_eq!(obj.len(), 24 + 13 + 5);
         assert_eq!(obj["promotions"], 3);
         assert_eq!(obj["locked"], true);
         assert_eq!(serde_json::from_value::<MemStats>(v).unwrap(), s);

@@ -1684,6 +1684,16 @@ fn a_touched_parked_page_that_cannot_move_back_is_copied_back() {
     assert!(mem.drain_samples().len() == 8);
     assert_eq!(mem.fatal_error(), None);
     check_fill(&mem);
+    // The copy that served the last toucher woke it before the handler
+    // released the page: wait (bounded) for the handler to finish.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while pages
+        .iter()
+        .any(|&p| mem.pages.load(p) & page_map::BUSY != 0)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     mem.check_consistency().unwrap();
 }
 
@@ -1764,5 +1774,70 @@ fn ebusy_while_parking_retries_and_parks_the_window() {
     s.unpark_all().unwrap();
     faults.stop().unwrap();
     check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
+
+/// A huge page parked whole (a sampler window or a probe covering its 2 MiB
+/// range) goes back whole on its first touch: one hint fault for the range,
+/// marked `huge`, the range never split, every page of it unparked with its
+/// data. An untouched one is unparked whole too. Planted bug: mapping back
+/// the touched page alone (the range splits; 511 pages stay parked).
+#[test]
+fn a_huge_page_parked_whole_is_mapped_back_whole() {
+    let Some((mem, _log, _m, faults)) = setup(2048, 2048, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let (first, second) = (512, 1024);
+    assert_eq!(
+        mem.huge_range_of(first + 7),
+        Some(first),
+        "first-touched whole"
+    );
+    let splits = mem.stats().backing.splits;
+    let range: Vec<usize> = (first..first + 512).collect();
+    assert_eq!(mem.park_pages(&range, Parker::Sampler).unwrap().len(), 512);
+    assert_eq!(
+        mem.huge_range_of(first),
+        Some(first),
+        "parked as one huge page"
+    );
+    // A touch in the middle of the range.
+    assert_eq!(
+        touch_bounded(&mem, first + 300, "a touch of a parked huge page"),
+        (first as u64 + 300) * 1000
+    );
+    let samples = mem.drain_samples();
+    assert_eq!(samples.len(), 1, "{samples:?}");
+    assert!(
+        samples[0].huge && samples[0].page == (first + 300) as u64,
+        "{samples:?}"
+    );
+    let parked = range
+        .iter()
+        .filter(|&&p| mem.pages.load(p) & page_map::PARKED != 0)
+        .count();
+    assert_eq!(parked, 0, "every page of the range is back");
+    let st = mem.stats();
+    assert_eq!(st.backing.huge_range_unparks, 1);
+    assert_eq!(st.backing.splits, splits, "the range was not split");
+    assert_eq!(mem.huge_range_of(first), Some(first));
+    // An untouched range parked whole is unparked whole.
+    let range2: Vec<usize> = (second..second + 512).collect();
+    assert_eq!(mem.park_pages(&range2, Parker::Sampler).unwrap().len(), 512);
+    let mut busy = Vec::new();
+    assert_eq!(
+        mem.unpark_pages(&range2, Parker::Sampler, &mut busy)
+            .unwrap(),
+        512
+    );
+    assert!(busy.is_empty());
+    let st = mem.stats();
+    assert_eq!(
+        (st.backing.huge_range_unparks, st.backing.splits),
+        (2, splits)
+    );
+    check_fill(&mem);
+    faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }

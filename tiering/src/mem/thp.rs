@@ -56,6 +56,18 @@ impl TieredMemory {
         }
     }
 
+    /// The whole 2 MiB range of guest RAM that `page` is in, as its first
+    /// page, if tiervm believes one huge page maps it (never split since
+    /// it was last whole) and huge pages are on.
+    pub(crate) fn huge_range_of(&self, page: usize) -> Option<usize> {
+        let first = page / CHUNK_SLOTS * CHUNK_SLOTS;
+        let state = self.chunks.0.get(page / CHUNK_SLOTS)?;
+        (self.huge_pages
+            && first + CHUNK_SLOTS <= self.guest_pages
+            && state.load(Ordering::Relaxed) == HUGE)
+            .then_some(first)
+    }
+
     /// A move of `len` bytes at guest address `addr` happened (in or out).
     /// A move of less than a whole aligned 2 MiB range splits it.
     pub(crate) fn note_guest_move(&self, addr: usize, len: usize) {
