@@ -58,7 +58,9 @@ impl UnknownChoice {
 /// Defines an enum whose variants are named, each with a help line:
 /// `Variant = "name": "help"`. The help is also the variant's doc comment,
 /// the name also its serde name. Implements [`Choice`], `FromStr` (exact
-/// names; the error lists the valid ones) and `Display` (the name).
+/// names; the error lists the valid ones), `Display` (the name), and serde
+/// both ways as the name (deserialising through `FromStr`, so an unknown
+/// name fails with [`UnknownChoice`]'s message).
 macro_rules! choices {
     ($(
         $(#[$meta:meta])*
@@ -102,6 +104,13 @@ macro_rules! choices {
             }
         }
 
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let name = <String as serde::Deserialize>::deserialize(d)?;
+                name.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
         impl std::fmt::Display for $ty {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str($crate::choice::Choice::name(*self))
@@ -140,6 +149,16 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Color::DarkBlue).unwrap(),
             "\"dark-blue\""
+        );
+        assert_eq!(
+            serde_json::from_str::<Color>("\"dark-blue\"").unwrap(),
+            Color::DarkBlue
+        );
+        let e = serde_json::from_str::<Color>("\"Red\"").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("unknown color 'Red': valid values are red, dark-blue"),
+            "{e}"
         );
     }
 }

@@ -167,8 +167,15 @@ pub struct VmConfig {
     pub test_forbidden_syscall: bool,
 }
 
-/// Unvalidated inputs (what the CLI parsed).
-#[derive(Clone, Debug)]
+/// Unvalidated inputs: what the CLI parsed, and the description of a VM
+/// the service sends its VM process and keeps in the VM's record.
+///
+/// On the wire (JSON): the fields by name, durations as float seconds
+/// (`duration_s`, `stop_grace_s`), choices as their flag values; fields
+/// left out take their defaults (`{"image": "gups"}` is a request), `None`
+/// fields are left out.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct VmRequest {
     /// Built-in name or path.
     pub image: String,
@@ -179,16 +186,19 @@ pub struct VmRequest {
     /// vCPUs.
     pub vcpus: u32,
     /// Run length (zero = until the guest exits).
+    #[serde(rename = "duration_s", with = "crate::units::secs")]
     pub duration: Duration,
     /// Sampling period in ms.
     pub sample_ms: u64,
     /// Seed.
     pub seed: u64,
     /// Stop grace.
+    #[serde(rename = "stop_grace_s", with = "crate::units::secs")]
     pub stop_grace: Duration,
     /// Tiering flags.
     pub tiering: TieringRequest,
     /// `--emulate-latency SPEC` (`Some("")`: the defaults).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub emulate_latency: Option<String>,
     /// Per-thread seccomp filters (`--no-seccomp` turns them off).
     pub seccomp: bool,
@@ -489,6 +499,83 @@ mod tests {
             r.emulate_latency = Some(String::new());
         }))
         .contains("no room for the latency-emulation region"));
+    }
+
+    #[test]
+    fn requests_round_trip_as_json_and_sparse_json_takes_the_defaults() {
+        use crate::tiering_config::{MechanismArg, PlacementArg, PolicyArg, TrackingArg, UnitArg};
+        let r = req(|r| {
+            r.image = "gups".into();
+            r.args = vec!["wss=64M".into()];
+            r.mem_bytes = 512 << 20;
+            r.vcpus = 2;
+            r.duration = Duration::from_millis(2500);
+            r.sample_ms = 50;
+            r.seed = 42;
+            r.stop_grace = Duration::from_secs(3);
+            r.emulate_latency = Some("nomad-a".into());
+            r.seccomp = false;
+            let t = &mut r.tiering;
+            t.fast = Some(128 << 20);
+            t.slow = Some(512 << 20);
+            t.fast_node = Some(0);
+            t.slow_node = Some(1);
+            t.placement = PlacementArg::SlowFirst;
+            t.policy = Some(PolicyArg::Chaos);
+            t.chaos_rate = Some(2000.0);
+            t.chaos_mix = Some("3:1".into());
+            t.mechanism = Some(MechanismArg::StopCopy);
+            t.chaos_unit = Some(UnitArg::Run2m);
+            t.skip_dirty_check = true;
+            t.tracking = Some(TrackingArg::HintFaults);
+            t.scan_pages = Some(4096);
+            t.scan_period = Some(Duration::from_millis(250));
+            t.tracking_budget_pct = Some(3.5);
+            t.chaos_heap_only = true;
+            t.tracking_ab = Some(Duration::from_secs(1));
+            t.fast_schedule = Some("64M@0s,128M@5s".into());
+        });
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["duration_s"], 2.5);
+        assert_eq!(j["tiering"]["placement"], "slow-first");
+        assert_eq!(j["tiering"]["mechanism"], "stop-copy");
+        assert_eq!(j["tiering"]["chaos_unit"], "2m");
+        assert_eq!(j["tiering"]["scan_period_s"], 0.25);
+        assert_eq!(serde_json::from_value::<VmRequest>(j).unwrap(), r);
+        // Defaults are left out or written as they are, and read back.
+        let d = serde_json::to_value(VmRequest::default()).unwrap();
+        assert_eq!(d["tiering"], serde_json::json!({"placement": "fast-first"}));
+        assert!(d.get("emulate_latency").is_none());
+        assert_eq!(
+            serde_json::from_value::<VmRequest>(d).unwrap(),
+            VmRequest::default()
+        );
+        let sparse: VmRequest =
+            serde_json::from_str(r#"{"image": "gups", "tiering": {"policy": "tpp"}}"#).unwrap();
+        assert_eq!(
+            sparse,
+            req(|r| {
+                r.image = "gups".into();
+                r.tiering.policy = Some(PolicyArg::Tpp);
+            })
+        );
+    }
+
+    #[test]
+    fn bad_json_requests_are_refused_with_the_problem_named() {
+        let e = |j: &str| {
+            serde_json::from_str::<VmRequest>(j)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e(r#"{"tiering": {"policy": "bogus"}}"#)
+            .starts_with("unknown policy 'bogus': valid values are none, static"));
+        assert!(e(r#"{"tiering": {"tracking": "x"}}"#).starts_with("unknown tracking 'x'"));
+        assert!(e(r#"{"duration_s": -1}"#).contains("-1 is not a duration in seconds"));
+        assert!(e(r#"{"stop_grace_s": 1e300}"#).contains("is not a duration in seconds"));
+        assert!(e(r#"{"tiering": {"scan_period_s": -2}}"#).contains("not a duration"));
+        assert!(e(r#"{"vcpus": -1}"#).contains("invalid value"));
+        assert!(e(r#"[1]"#).contains("invalid type"));
     }
 
     #[test]

@@ -116,58 +116,99 @@ impl UnitArg {
 }
 
 /// Tiering flags as parsed (unvalidated).
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Also the tiering part of a VM's description on the wire (the service
+/// to its VM processes, its VM records): flag names as field names,
+/// choices as their flag values, durations as float seconds (`_s`),
+/// fields left out (or `null`) taking their defaults.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct TieringRequest {
     /// `--fast`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fast: Option<u64>,
     /// `--slow`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub slow: Option<u64>,
     /// `--fast-node`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fast_node: Option<u32>,
     /// `--slow-node`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub slow_node: Option<u32>,
     /// `--placement`.
     pub placement: PlacementArg,
     /// `--policy` (None = not given).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyArg>,
     /// `--chaos-rate` units per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub chaos_rate: Option<f64>,
     /// `--chaos-mix P:D`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub chaos_mix: Option<String>,
     /// `--mechanism`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mechanism: Option<MechanismArg>,
     /// `--chaos-unit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub chaos_unit: Option<UnitArg>,
     /// Test-only: commit migrations without the dirty check.
+    #[serde(skip_serializing_if = "is_false")]
     pub skip_dirty_check: bool,
     /// Test-only: failures to inject into the memory layer's system calls
     /// (`tiering::inject::FaultPlan` specs, comma-separated). Set by tests in
     /// process, or by `--test-fault-inject` in builds with the
     /// `fault-injection` feature.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub test_fault_plans: Option<String>,
     /// `--tracking`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tracking: Option<TrackingArg>,
     /// `--scan-pages`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub scan_pages: Option<usize>,
     /// `--scan-period`.
+    #[serde(
+        rename = "scan_period_s",
+        with = "crate::units::opt_secs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub scan_period: Option<Duration>,
     /// `--tracking-budget` (percent of vCPU time).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tracking_budget_pct: Option<f64>,
     /// `--policy-schedule` (e.g. `nomad@0s,tpp@20s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_schedule: Option<String>,
     /// `--policy-interval` (e.g. `mtm=2s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_interval: Option<String>,
     /// Test-only: chaos migrates only the workload's heap (not the image,
     /// stacks, page tables or status page).
+    #[serde(skip_serializing_if = "is_false")]
     pub chaos_heap_only: bool,
     /// Measurement: switch hint-fault tracking on and off every this long.
+    #[serde(
+        rename = "tracking_ab_s",
+        with = "crate::units::opt_secs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tracking_ab: Option<Duration>,
     /// `--fast-schedule` (e.g. `256M@0s,32M@5s,256M@10s`): the fast tier's
     /// capacity over time.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fast_schedule: Option<String>,
     /// `--tier NAME:node=N:size=SIZE`, repeated, fastest first (instead of
     /// `--fast`/`--slow`/`--fast-node`/`--slow-node`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tiers: Vec<String>,
+}
+
+/// Whether `b` is false (test-only switches are left out of the wire
+/// format while off).
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 choices! {

@@ -12,11 +12,13 @@ use super::config::{check_pools, host_nodes, ServeConfig, SIZE_ALIGN};
 use super::division::{self, Share, Valuation};
 use super::host_error::{HostError, HostErrorKind};
 use super::placement_policy::check_policy;
-use super::protocol::{Command, FromWorker, Reply, VmSpec, WorkerStats};
+use super::protocol::{Command, FromWorker, ProfileSettings, Reply, WorkerStart, WorkerStats};
 use super::protocol::{Refusal, RefusalKind};
 use super::types::*;
 use super::worker::{ExitInfo, WorkerLink, WorkerLinkError};
 use tiering::vocab::PAGE_SIZE;
+use vmm_core::config::VmRequest;
+use vmm_core::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
 use vmm_core::units::format_size;
 
 /// How long a stats request may take.
@@ -168,7 +170,7 @@ pub struct VmEntry {
     /// `service_stopped`.
     pub stop_cause: Option<&'static str>,
     /// What its worker runs.
-    pub spec: VmSpec,
+    pub spec: WorkerStart,
     /// Guaranteed fast bytes.
     pub min: u64,
     /// Most fast bytes.
@@ -219,7 +221,7 @@ impl VmEntry {
     /// the fast bytes it starts with.
     fn starting(
         id: String,
-        spec: VmSpec,
+        spec: WorkerStart,
         (min, max, weight): (u64, u64, f64),
         start: u64,
         policy: String,
@@ -407,7 +409,7 @@ impl HostState {
 
     /// Slow bytes reserved (the slow capacity of active VMs).
     pub fn slow_reserved(&self) -> u64 {
-        self.active().map(|v| v.spec.slow_bytes).sum()
+        self.active().map(|v| v.spec.slow_bytes()).sum()
     }
 
     /// Fast bytes handed out: each VM's target, or its use while a shrink converges.
@@ -692,7 +694,8 @@ struct CheckedCreate {
     weight: f64,
     policy: String,
     tracking: String,
-    duration_s: f64,
+    /// Run length (zero: until the guest exits or the VM is stopped).
+    duration: Duration,
 }
 
 fn check_weight(w: f64) -> Result<f64, HostError> {
@@ -1136,11 +1139,11 @@ impl Host {
             let s = self.state();
             self.admit(&s, c.min, c.mem)?;
         }
-        let mut spec = self.spec_of(req, &c, image.clone());
         // The same validation as `tiervm run` (image, arguments, sizes),
         // here, so a bad request is a 400 before any process starts.
-        crate::vm_process::request_of(&spec)
-            .and_then(|r| vmm_core::config::VmConfig::from_request(&r))
+        let mut spec = self
+            .spec_of(req, &c, image.clone())
+            .and_then(|s| vmm_core::config::VmConfig::from_request(&s.vm).map(|_| s))
             .map_err(|e| {
                 HostError::bad_request(
                     api_words(&vmm_core::exit::chain(&e), &image, &req.image),
@@ -1206,11 +1209,10 @@ impl Host {
                 "use \"hint-faults\" (default) or \"off\"",
             ));
         }
-        let duration_s = match &req.duration {
-            None => 0.0,
+        let duration = match &req.duration {
+            None => Duration::ZERO,
             Some(t) => vmm_core::units::parse_duration(t)
-                .map_err(|e| HostError::bad_request(e.to_string(), "e.g. \"60s\""))?
-                .as_secs_f64(),
+                .map_err(|e| HostError::bad_request(e.to_string(), "e.g. \"60s\""))?,
         };
         Ok(CheckedCreate {
             vcpus,
@@ -1220,34 +1222,39 @@ impl Host {
             weight,
             policy,
             tracking,
-            duration_s,
+            duration,
         })
     }
 
-    /// The worker's spec of a checked request on `image` (no id yet; fast
-    /// tier at the min until admission says what is free).
-    fn spec_of(&self, req: &CreateVm, c: &CheckedCreate, image: String) -> VmSpec {
+    /// The worker's start of a checked request on `image` (no id yet; fast
+    /// tier at the min until admission says what is free). A policy or
+    /// tracking name the VM request does not know is the request's error.
+    fn spec_of(
+        &self,
+        req: &CreateVm,
+        c: &CheckedCreate,
+        image: String,
+    ) -> Result<WorkerStart, vmm_core::config::ConfigError> {
         let d = &self.cfg.defaults;
-        VmSpec {
-            id: String::new(),
+        let vm = VmRequest {
             image,
             args: req.args.clone(),
             mem_bytes: c.mem,
             vcpus: c.vcpus,
             seed: req.seed.unwrap_or(1),
-            policy: c.policy.clone(),
-            tracking: Some(c.tracking.clone()),
-            fast_bytes: c.min,
-            // The slow tier holds the whole guest: a short fast tier never
-            // fails a launch (the VM starts slow and is promoted later).
-            slow_bytes: c.mem,
-            fast_node: self.cfg.fast_node,
-            slow_node: self.cfg.slow_node,
-            duration_s: c.duration_s,
-            stop_grace_s: d.stop_grace.as_secs_f64(),
-            quantum_pages: self.cfg.division.quantum / PAGE_SIZE as u64,
-            curve_steps: 64,
-            profile_half_life_s: 20.0,
+            duration: c.duration,
+            stop_grace: d.stop_grace,
+            tiering: TieringRequest {
+                fast: Some(c.min),
+                // The slow tier holds the whole guest: a short fast tier never
+                // fails a launch (the VM starts slow and is promoted later).
+                slow: Some(c.mem),
+                fast_node: Some(self.cfg.fast_node),
+                slow_node: Some(self.cfg.slow_node),
+                policy: Some(c.policy.parse::<PolicyArg>()?),
+                tracking: Some(c.tracking.parse::<TrackingArg>()?),
+                ..TieringRequest::default()
+            },
             seccomp: super::seccomp_on(),
             // "" is the default preset: named, so answers and metrics say which.
             emulate_latency: req.emulate_latency.as_ref().map(|e| {
@@ -1257,7 +1264,17 @@ impl Host {
                     e.clone()
                 }
             }),
-        }
+            ..VmRequest::default()
+        };
+        Ok(WorkerStart {
+            id: String::new(),
+            vm,
+            profile: ProfileSettings {
+                quantum_pages: self.cfg.division.quantum / PAGE_SIZE as u64,
+                curve_steps: 64,
+                half_life_s: 20.0,
+            },
+        })
     }
 
     /// Admission under the lock: admits the VM, names it (`name`, or the
@@ -1268,7 +1285,7 @@ impl Host {
         req: &CreateVm,
         name: Option<&str>,
         c: CheckedCreate,
-        spec: &mut VmSpec,
+        spec: &mut WorkerStart,
     ) -> Result<(u64, String), HostError> {
         let mut s = self.state();
         self.admit(&s, c.min, c.mem)?;
@@ -1284,7 +1301,7 @@ impl Host {
         // (others give their spare back; the VM is promoted later).
         let free = s.fast_pool.saturating_sub(s.fast_committed());
         let start = c.min.min(free / SIZE_ALIGN * SIZE_ALIGN);
-        spec.fast_bytes = start;
+        spec.vm.tiering.fast = Some(start);
         s.forget_oldest_ended(MAX_ENDED_VMS_KEPT);
         let key = s.next_key;
         s.next_key += 1;
@@ -1358,7 +1375,7 @@ impl Host {
         Ok(())
     }
 
-    fn spawn_worker(self: &Arc<Self>, key: u64, spec: &VmSpec) -> Result<(), HostError> {
+    fn spawn_worker(self: &Arc<Self>, key: u64, spec: &WorkerStart) -> Result<(), HostError> {
         // The log, opened in the checked directory, never through a link.
         let name = format!("{}.log", spec.id);
         let log = match &self.dirs {
@@ -1707,13 +1724,13 @@ impl Host {
                 .transpose()?
                 .unwrap_or(v.max);
             let weight = p.weight.map(check_weight).transpose()?.unwrap_or(v.weight);
-            if min > max || max > v.spec.mem_bytes {
+            if min > max || max > v.spec.vm.mem_bytes {
                 return Err(HostError::bad_request(
                     format!(
                         "min {} / max {} with mem {}: need min <= max <= mem",
                         format_size(min),
                         format_size(max),
-                        format_size(v.spec.mem_bytes)
+                        format_size(v.spec.vm.mem_bytes)
                     ),
                     "lower min or raise max",
                 ));
@@ -2035,10 +2052,10 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
             .filter(|_| v.state.active())
             .map(|l| l.silent_for().as_secs_f64()),
         pid: v.pid,
-        image: v.spec.image.clone(),
-        args: v.spec.args.clone(),
-        mem_bytes: v.spec.mem_bytes,
-        vcpus: v.spec.vcpus,
+        image: v.spec.vm.image.clone(),
+        args: v.spec.vm.args.clone(),
+        mem_bytes: v.spec.vm.mem_bytes,
+        vcpus: v.spec.vm.vcpus,
         policy: v.active_policy().to_string(),
         policy_requested: v.policy_requested.clone(),
         policy_error: st.and_then(|s| s.policy_error.clone()),
@@ -2054,7 +2071,7 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
         },
         migration: migration_of(st),
         emulated,
-        emulate_latency: v.spec.emulate_latency.clone(),
+        emulate_latency: v.spec.vm.emulate_latency.clone(),
         exit: v.exit.as_ref().map(|e| ExitInfoBody {
             code: e.code,
             signal: e.signal,
@@ -2143,26 +2160,31 @@ mod tests {
     use super::*;
 
     fn entry(id: &str, state: VmState) -> VmEntry {
-        let spec = VmSpec {
+        let spec = WorkerStart {
             id: id.into(),
-            image: "zipf".into(),
-            args: Vec::new(),
-            mem_bytes: 64 << 20,
-            vcpus: 1,
-            seed: 1,
-            policy: "nomad".into(),
-            tracking: None,
-            fast_bytes: 0,
-            slow_bytes: 64 << 20,
-            fast_node: 0,
-            slow_node: 0,
-            duration_s: 0.0,
-            stop_grace_s: 1.0,
-            quantum_pages: 1,
-            curve_steps: 1,
-            profile_half_life_s: 1.0,
-            seccomp: false,
-            emulate_latency: None,
+            vm: VmRequest {
+                image: "zipf".into(),
+                mem_bytes: 64 << 20,
+                vcpus: 1,
+                seed: 1,
+                duration: Duration::ZERO,
+                stop_grace: Duration::from_secs(1),
+                tiering: TieringRequest {
+                    fast: Some(0),
+                    slow: Some(64 << 20),
+                    fast_node: Some(0),
+                    slow_node: Some(0),
+                    policy: Some(PolicyArg::Nomad),
+                    ..TieringRequest::default()
+                },
+                seccomp: false,
+                ..VmRequest::default()
+            },
+            profile: ProfileSettings {
+                quantum_pages: 1,
+                curve_steps: 1,
+                half_life_s: 1.0,
+            },
         };
         let mut v = VmEntry::starting(id.into(), spec, (0, 64 << 20, 1.0), 0, "nomad".into());
         v.state = state;
@@ -2176,7 +2198,7 @@ mod tests {
     /// yet), with the same gain curve as every other.
     fn running(id: &str, ops_per_sec: f64, accesses: Option<f64>) -> VmEntry {
         let mut v = entry(id, VmState::Running);
-        v.spec.mem_bytes = 1 << 30;
+        v.spec.vm.mem_bytes = 1 << 30;
         v.max = 1 << 30;
         let stats = |t_s: f64| WorkerStats {
             t_s,

@@ -440,9 +440,9 @@ impl VmGauges {
             &[
                 id,
                 uuid,
-                &v.spec.image,
+                &v.spec.vm.image,
                 v.active_policy(),
-                v.spec.emulate_latency.as_deref().unwrap_or("off"),
+                v.spec.vm.emulate_latency.as_deref().unwrap_or("off"),
             ],
             1.0,
         );
@@ -550,7 +550,7 @@ impl VmCounters {
         add(&self.accesses, &vm, v.sampled_accesses);
         let Some(st) = &v.stats else { return };
         let m = &st.mem.migration;
-        let emu = v.spec.emulate_latency.as_deref().unwrap_or("off");
+        let emu = v.spec.vm.emulate_latency.as_deref().unwrap_or("off");
         add(&self.ops, &[vm[0], vm[1], emu], st.ops as f64);
         add(&self.promote, &vm, m.promotions as f64);
         add(&self.demote, &vm, m.demotions as f64);

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  service                                worker
-//!  Start(VmSpec)                    ->
+//!  Start(WorkerStart)               ->
 //!                                   <-    Event::Started { pid } | Event::Failed
 //!  Request { id, SetCapacity | SwitchPolicy | Stats | Report | Stop | Exit }  ->
 //!                                   <-    Reply { id, Ok(Reply) | Err(message) }
@@ -19,59 +19,42 @@ use std::io::{BufRead, Read};
 use serde::{Deserialize, Serialize};
 use tiering::engine::profile::{AccessRate, GainCurve};
 use tiering::mem::{MemStats, ResizeDriverReport};
+use vmm_core::config::VmRequest;
 
 /// Longest line either side accepts (a report with a long timeline fits).
 pub const MAX_LINE: usize = 64 << 20;
 
-/// What the service asks a worker to run.
+/// What the service asks a worker to run: the VM (as `tiervm run` would
+/// take it) and what only the service needs of it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct VmSpec {
+pub struct WorkerStart {
     /// The service's id of the VM.
     pub id: String,
-    /// Built-in image name or path of a static ELF.
-    pub image: String,
-    /// Workload arguments `key=value`.
-    pub args: Vec<String>,
-    /// Guest RAM, bytes.
-    pub mem_bytes: u64,
-    /// vCPUs.
-    pub vcpus: u32,
-    /// Seed of the guest's generators.
-    pub seed: u64,
-    /// Placement policy (a `--policy` name).
-    pub policy: String,
-    /// Access tracking (`hint-faults`, `off`); `None`: the policy's default.
-    pub tracking: Option<String>,
-    /// Initial fast-tier capacity, bytes.
-    pub fast_bytes: u64,
-    /// Slow-tier capacity, bytes.
-    pub slow_bytes: u64,
-    /// Host node of the fast tier.
-    pub fast_node: u32,
-    /// Host node of the slow tier.
-    pub slow_node: u32,
-    /// Run length in seconds (0: until the guest exits or the VM is stopped).
-    pub duration_s: f64,
-    /// Time the guest gets to report after a stop request, seconds.
-    pub stop_grace_s: f64,
+    /// The VM: its image, size, tiers (`tiering.fast`: the fast tier's
+    /// starting capacity), policy, run length.
+    pub vm: VmRequest,
+    /// How the worker measures the VM's access profile.
+    pub profile: ProfileSettings,
+}
+
+/// How a worker keeps its VM's access profile and gain curve (the
+/// service's division of the fast pool reads them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProfileSettings {
     /// Pages per step of the gain curve.
     pub quantum_pages: u64,
     /// Steps of the gain curve each way.
     pub curve_steps: usize,
     /// Half-life of the access profile, seconds.
-    pub profile_half_life_s: f64,
-    /// The VM's threads install seccomp filters (`tiervm serve
-    /// --no-seccomp` turns them off).
-    #[serde(default = "seccomp_on")]
-    pub seccomp: bool,
-    /// Tier latency emulated in the guest (`tiervm run --emulate-latency
-    /// SPEC`: "" for the default preset); `None`: off.
-    #[serde(default)]
-    pub emulate_latency: Option<String>,
+    pub half_life_s: f64,
 }
 
-fn seccomp_on() -> bool {
-    true
+impl WorkerStart {
+    /// The slow tier's capacity, bytes (without `tiering.slow`, the slow
+    /// tier holds the whole guest).
+    pub fn slow_bytes(&self) -> u64 {
+        self.vm.tiering.slow.unwrap_or(self.vm.mem_bytes)
+    }
 }
 
 /// A command to the worker.
@@ -106,7 +89,7 @@ pub enum Command {
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum ToWorker {
     /// The first line: what to run.
-    Start(VmSpec),
+    Start(Box<WorkerStart>),
     /// A command with the id its reply carries.
     Request {
         /// Request id.
@@ -304,5 +287,36 @@ mod tests {
         };
         let back: FromWorker = serde_json::from_slice(&encode(&r).unwrap()).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn the_start_line_carries_the_vm_request() {
+        let mut vm = VmRequest::default();
+        vm.tiering.fast = Some(64 << 20);
+        vm.tiering.policy = Some(vmm_core::tiering_config::PolicyArg::Tpp);
+        let m = ToWorker::Start(Box::new(WorkerStart {
+            id: "vm-1".into(),
+            vm,
+            profile: ProfileSettings {
+                quantum_pages: 512,
+                curve_steps: 64,
+                half_life_s: 20.0,
+            },
+        }));
+        let line = encode(&m).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["type"], "start");
+        assert_eq!(v["vm"]["tiering"]["policy"], "tpp");
+        assert_eq!(v["vm"]["duration_s"], 5.0);
+        let back: ToWorker = serde_json::from_slice(&line).unwrap();
+        assert_eq!(back, m);
+        let ToWorker::Start(s) = back else {
+            unreachable!()
+        };
+        assert_eq!(
+            s.slow_bytes(),
+            1 << 30,
+            "without --slow the slow tier holds the guest"
+        );
     }
 }

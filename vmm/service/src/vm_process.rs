@@ -20,15 +20,15 @@ use tiering::engine::profile::{access_rate, gain_curve_covered, AccessProfile, G
 use tiering::mem::{MemStats, ResizeHandle, TieredMemory, PAGE_SIZE};
 use tiering::policy::PolicyKind;
 
-use vmm_core::config::{ConfigError, VmConfig, VmRequest};
+use vmm_core::config::{ConfigError, VmConfig};
 use vmm_core::report::code_of as exit_code_of;
 use vmm_core::runner::{self, Console, RunError, RunHooks, SampleCtx};
 use vmm_core::seccomp::SeccompError;
-use vmm_core::tiering_config::{PolicyArg, TieringRequest, TrackingArg};
+use vmm_core::tiering_config::PolicyArg;
 
 use crate::protocol::{
-    encode, read_line, Command, FromWorker, Refusal, RefusalKind, Reply, TierNow, ToWorker, VmSpec,
-    WorkerStats,
+    encode, read_line, Command, FromWorker, Refusal, RefusalKind, Reply, TierNow, ToWorker,
+    WorkerStart, WorkerStats,
 };
 
 /// How often the worker refreshes its statistics and gain curve.
@@ -133,13 +133,8 @@ pub fn run(channel_fd: i32, started: Instant) -> Result<i32, WorkerError> {
         .set_write_timeout(Some(WRITE_TIMEOUT))
         .map_err(WorkerError::Channel)?;
     let mut reader = BufReader::new(stream.try_clone().map_err(WorkerError::Channel)?);
-    let spec = match read_line(&mut reader).map_err(WorkerError::Channel)? {
-        Some(line) => match serde_json::from_slice::<ToWorker>(&line) {
-            Ok(ToWorker::Start(spec)) => spec,
-            Ok(other) => return Err(WorkerError::BadStart(format!("{other:?}"))),
-            Err(e) => return Err(WorkerError::BadStart(e.to_string())),
-        },
-        None => return Ok(0),
+    let Some(spec) = read_start(&mut reader, &stream)? else {
+        return Ok(0);
     };
     let shared = Arc::new(Shared {
         writer: Mutex::new(stream),
@@ -152,7 +147,7 @@ pub fn run(channel_fd: i32, started: Instant) -> Result<i32, WorkerError> {
         switches: Mutex::new(Vec::new()),
         report: Mutex::new(None),
     });
-    let cfg = match request_of(&spec).and_then(|r| VmConfig::from_request(&r)) {
+    let cfg = match VmConfig::from_request(&spec.vm) {
         Ok(c) => c,
         Err(e) => return Ok(fail(&shared, &e.into())),
     };
@@ -207,6 +202,34 @@ pub fn run(channel_fd: i32, started: Instant) -> Result<i32, WorkerError> {
     Ok(code)
 }
 
+/// The service's start message (`None`: the channel closed first). One
+/// that does not parse (a VM description with a value the request does
+/// not know) is reported to the service as the VM's failure, naming the
+/// problem, before the worker ends.
+fn read_start(
+    reader: &mut BufReader<UnixStream>,
+    mut stream: &UnixStream,
+) -> Result<Option<WorkerStart>, WorkerError> {
+    let Some(line) = read_line(reader).map_err(WorkerError::Channel)? else {
+        return Ok(None);
+    };
+    let (bad, usage) = match serde_json::from_slice::<ToWorker>(&line) {
+        Ok(ToWorker::Start(start)) => return Ok(Some(*start)),
+        Ok(other) => (WorkerError::BadStart(format!("{other:?}")), false),
+        // Well-formed JSON with a value that is wrong: the request's fault.
+        Err(e) => (WorkerError::BadStart(e.to_string()), e.is_data()),
+    };
+    let failed = FromWorker::Failed {
+        error: bad.to_string(),
+        usage,
+    };
+    if let Ok(line) = encode(&failed) {
+        // Best effort: the error is returned either way.
+        let _ = stream.write_all(&line);
+    }
+    Err(bad)
+}
+
 /// Reports a failure to the service and returns the exit code.
 fn fail(shared: &Shared, e: &VmFailure) -> i32 {
     shared.send(&FromWorker::Failed {
@@ -231,40 +254,6 @@ fn open_channel(fd: i32) -> std::result::Result<UnixStream, WorkerError> {
     // placed at this number for this process alone (dup2 before exec);
     // nothing else in this process refers to it, so the stream owns it.
     Ok(unsafe { UnixStream::from_raw_fd(fd) })
-}
-
-/// The VM request a spec describes (the same validation as `tiervm run`).
-pub fn request_of(spec: &VmSpec) -> Result<VmRequest, ConfigError> {
-    let policy: PolicyArg = spec.policy.parse()?;
-    let tracking = spec
-        .tracking
-        .as_deref()
-        .map(str::parse::<TrackingArg>)
-        .transpose()?;
-    let duration = Duration::try_from_secs_f64(spec.duration_s.max(0.0)).unwrap_or_default();
-    let stop_grace =
-        Duration::try_from_secs_f64(spec.stop_grace_s.max(0.0)).unwrap_or(Duration::from_secs(10));
-    Ok(VmRequest {
-        image: spec.image.clone(),
-        args: spec.args.clone(),
-        mem_bytes: spec.mem_bytes,
-        vcpus: spec.vcpus,
-        duration,
-        seed: spec.seed,
-        stop_grace,
-        seccomp: spec.seccomp,
-        tiering: TieringRequest {
-            fast: Some(spec.fast_bytes),
-            slow: Some(spec.slow_bytes),
-            fast_node: Some(spec.fast_node),
-            slow_node: Some(spec.slow_node),
-            policy: Some(policy),
-            tracking,
-            ..TieringRequest::default()
-        },
-        emulate_latency: spec.emulate_latency.clone(),
-        ..VmRequest::default()
-    })
 }
 
 /// Answers commands until the channel closes.
@@ -368,17 +357,22 @@ struct WorkerHooks {
 }
 
 impl WorkerHooks {
-    fn new(shared: Arc<Shared>, spec: &VmSpec, notes: Vec<String>) -> Self {
+    fn new(shared: Arc<Shared>, spec: &WorkerStart, notes: Vec<String>) -> Self {
+        let tiering = &spec.vm.tiering;
+        let profile = &spec.profile;
         Self {
             shared,
             mem: None,
             profile: None,
             notes,
-            policy: spec.policy.parse().unwrap_or(PolicyKind::Static),
+            policy: tiering
+                .policy
+                .and_then(PolicyArg::placement_policy)
+                .unwrap_or(PolicyKind::Static),
             policy_error: None,
-            quantum_pages: spec.quantum_pages.max(1),
-            curve_steps: spec.curve_steps.clamp(1, 4096),
-            half_life: Duration::try_from_secs_f64(spec.profile_half_life_s.max(1.0))
+            quantum_pages: profile.quantum_pages.max(1),
+            curve_steps: profile.curve_steps.clamp(1, 4096),
+            half_life: Duration::try_from_secs_f64(profile.half_life_s.max(1.0))
                 .unwrap_or(Duration::from_secs(20)),
             last_stats: None,
             last_halve: Instant::now(),
@@ -545,5 +539,41 @@ impl RunHooks for WorkerHooks {
 
     fn wants_stop(&mut self) -> bool {
         self.shared.stop.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufRead;
+
+    use super::*;
+
+    #[test]
+    fn a_start_that_does_not_parse_is_reported_as_the_vms_failure() {
+        let (service, worker) = UnixStream::pair().unwrap();
+        let mut reader = BufReader::new(worker.try_clone().unwrap());
+        let line = r#"{"type":"start","id":"vm-1","vm":{"tiering":{"policy":"bogus"}},"profile":{"quantum_pages":1,"curve_steps":1,"half_life_s":1.0}}"#;
+        (&service)
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        let e = read_start(&mut reader, &worker).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown policy 'bogus': valid values are"),
+            "{e}"
+        );
+        let mut back = String::new();
+        BufReader::new(&service).read_line(&mut back).unwrap();
+        match serde_json::from_str::<FromWorker>(&back).unwrap() {
+            FromWorker::Failed { error, usage } => {
+                assert!(
+                    error.starts_with("the service's start message: unknown policy 'bogus'"),
+                    "{error}"
+                );
+                assert!(usage);
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(service);
+        assert!(read_start(&mut reader, &worker).unwrap().is_none());
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::protocol::{encode, Command, FromWorker, Refusal, Reply, ToWorker, VmSpec};
+use super::protocol::{encode, Command, FromWorker, Refusal, Reply, ToWorker, WorkerStart};
 
 /// The fd number the channel has in the worker.
 pub const CHANNEL_FD: i32 = 3;
@@ -113,7 +113,7 @@ impl WorkerLink {
     /// once the channel closes.
     pub fn spawn(
         exe: &Path,
-        spec: &VmSpec,
+        spec: &WorkerStart,
         log: std::fs::File,
         on_event: impl Fn(FromWorker) + Send + 'static,
         on_eof: impl FnOnce() + Send + 'static,
@@ -162,7 +162,7 @@ impl WorkerLink {
             pid,
             last_heard: Arc::new(Mutex::new(Instant::now())),
         });
-        link.send(&ToWorker::Start(spec.clone()))?;
+        link.send(&ToWorker::Start(Box::new(spec.clone())))?;
         let pending = link.pending.clone();
         let heard = link.last_heard.clone();
         std::thread::Builder::new()
