@@ -672,6 +672,8 @@ mod tests {
                 hint_faults: 10,
                 hint_stall_ms: 5.0,
                 tracking_overhead_pct: 0.25,
+                guest_cost_factor: 7.5,
+                guest_cost_pct: 1.875,
                 samples: 10,
             }),
             tiering: None,
