@@ -544,3 +544,40 @@ fn stopping_or_dropping_the_fault_handler_ends_its_thread() {
         );
     }
 }
+
+// ---- cargo-mutants of fault.rs: the handler's waiters, its end, its idle poll ----
+
+/// Waits (up to 10 s) for `cond`; whether it held.
+fn wait_until(cond: impl Fn() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// A handler thread that ends in an error (its read of userfaultfd events
+/// fails, injected) hands the error to `stop`. cargo-mutants:
+/// `FaultHandler::stop` returning `Ok(())` (the error only logged by `Drop`).
+#[test]
+fn stop_returns_the_error_the_fault_handler_thread_ended_with() {
+    let Some(mem) = bare(&MemConfig::new(64 * PAGE_SIZE, 64)) else {
+        return;
+    };
+    mem.injector()
+        .set(&[FaultPlan::parse("fault-read:errno=EIO:max=1").unwrap()]);
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    assert!(wait_until(
+        || mem.injector().fired(FaultPoint::FaultRead) == 1
+    ));
+    let err = faults
+        .stop()
+        .expect_err("stop returns the error the handler thread ended with");
+    assert!(
+        err.to_string().contains("FaultRead: injected failure"),
+        "{err}"
+    );
+}
