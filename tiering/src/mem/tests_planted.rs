@@ -559,6 +559,14 @@ fn wait_until(cond: impl Fn() -> bool) -> bool {
     true
 }
 
+/// A memory of 64 pages, its first 32 committed, with a fault handler.
+fn handled() -> Option<(Arc<TieredMemory>, FaultHandler)> {
+    let mem = bare(&MemConfig::new(64 * PAGE_SIZE, 64))?;
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    mem.prefault(0, 32).unwrap();
+    Some((mem, faults))
+}
+
 /// A handler thread that ends in an error (its read of userfaultfd events
 /// fails, injected) hands the error to `stop`. cargo-mutants:
 /// `FaultHandler::stop` returning `Ok(())` (the error only logged by `Drop`).
@@ -580,4 +588,25 @@ fn stop_returns_the_error_the_fault_handler_thread_ended_with() {
         err.to_string().contains("FaultRead: injected failure"),
         "{err}"
     );
+}
+
+/// The idle fault handler sleeps in its poll (50 ms a turn) instead of
+/// spinning: over 300 ms with nothing to do it makes a few turns, not
+/// thousands. cargo-mutants: `!` deleted in `if !ahead.is_empty()` (an idle
+/// handler polls with timeout 0: a host core burnt per VM).
+#[test]
+fn the_idle_fault_handler_does_not_spin() {
+    let Some((mem, faults)) = handled() else {
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let before = mem.backlog.turns();
+    std::thread::sleep(Duration::from_millis(300));
+    let turns = mem.backlog.turns() - before;
+    assert!(turns > 0, "the handler made no turn in 300 ms");
+    assert!(
+        turns <= 30,
+        "{turns} turns in 300 ms idle (a 50 ms poll makes about 6)"
+    );
+    faults.stop().unwrap();
 }
