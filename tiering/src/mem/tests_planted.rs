@@ -547,6 +547,53 @@ fn stopping_or_dropping_the_fault_handler_ends_its_thread() {
 
 // ---- cargo-mutants of fault.rs: the handler's waiters, its end, its idle poll ----
 
+/// A thread that reads the word at `addr` (a hole of the memory's areas) as
+/// a vCPU would: it sleeps in the kernel on its userfault until the handler
+/// (or the test) wakes it with the page there.
+struct Toucher {
+    addr: usize,
+    rx: std::sync::mpsc::Receiver<u64>,
+    join: std::thread::JoinHandle<()>,
+}
+
+impl Toucher {
+    fn spawn(mem: &Arc<TieredMemory>, addr: usize) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let m = mem.clone();
+        let join = std::thread::spawn(move || {
+            // SAFETY: `addr` is an aligned word of the memory's mapping, which `m` keeps
+            // mapped while this thread runs; all test accesses to it are atomic.
+            let v = unsafe { &*(addr as *const AtomicU64) }.load(Ordering::SeqCst);
+            drop(m);
+            let _ = tx.send(v);
+        });
+        Self { addr, rx, join }
+    }
+
+    /// The word read, or `Err` if the thread did not return within 10 s;
+    /// then the test frees it itself (a zero page into its hole, which
+    /// wakes it, or a plain wake), so that nothing stays blocked.
+    fn returned(self, mem: &TieredMemory, what: &str) -> Result<u64, String> {
+        match self.rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(v) => {
+                self.join.join().unwrap();
+                Ok(v)
+            }
+            Err(_) => {
+                let page = self.addr & !(PAGE_SIZE - 1);
+                let _ = mem.uffd.zero_page(page, PAGE_SIZE);
+                let _ = mem.uffd.wake(page, PAGE_SIZE);
+                if self.rx.recv_timeout(Duration::from_secs(5)).is_ok() {
+                    self.join.join().unwrap();
+                }
+                Err(format!(
+                    "{what}: the blocked thread was not woken within 10 s"
+                ))
+            }
+        }
+    }
+}
+
 /// Waits (up to 10 s) for `cond`; whether it held.
 fn wait_until(cond: impl Fn() -> bool) -> bool {
     let t0 = std::time::Instant::now();
@@ -565,6 +612,102 @@ fn handled() -> Option<(Arc<TieredMemory>, FaultHandler)> {
     let faults = FaultHandler::spawn(mem.clone()).unwrap();
     mem.prefault(0, 32).unwrap();
     Some((mem, faults))
+}
+
+/// A mover releases a page a thread is blocked on, and takes it again
+/// before the handler reads the release: the handler must keep waiting (the
+/// page is still owned), and the next release must wake the thread.
+/// Ordered from inside the handler: the release and the new acquisition
+/// happen in the fault-path hook of another page's hint fault, so the
+/// handler reads that release in the same turn, with the page owned.
+fn release_and_take_again(mem: &Arc<TieredMemory>, a: usize, b: usize) -> Result<u64, String> {
+    assert!(mem.pages.try_acquire(a, false).is_some(), "own page {a}");
+    let t = Toucher::spawn(mem, mem.guest_addr(a));
+    let waits = || mem.pages.load(a) & page_map::WAITER != 0;
+    assert!(wait_until(waits), "the handler never waited on page {a}");
+    let taken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (weak, tk) = (Arc::downgrade(mem), taken.clone());
+    mem.set_fault_path_hook(Some(Arc::new(move |rec: &HintFaultRecord| {
+        // (Never a panic here: it would end the fault handler thread.)
+        if let Some(m) = weak.upgrade() {
+            if rec.page as usize == b && !tk.load(Ordering::SeqCst) {
+                m.release_page(a, 0, 0);
+                tk.store(m.pages.try_acquire(a, false).is_some(), Ordering::SeqCst);
+            }
+        }
+        false
+    })));
+    assert_eq!(mem.park_pages(&[b], Parker::Sampler).unwrap(), vec![b]);
+    let got_b = touch_parked(mem, b, "the parked page");
+    mem.set_fault_path_hook(None);
+    assert_eq!(got_b, Ok(0), "page {b} (never written)");
+    assert!(
+        taken.load(Ordering::SeqCst),
+        "the hook released and took page {a}"
+    );
+    // The handler read the release and waits again (WAITER set anew).
+    assert!(
+        wait_until(waits),
+        "the handler dropped its wait on page {a}"
+    );
+    mem.release_page(a, 0, 0);
+    t.returned(mem, "released, taken again, released")
+}
+
+/// The first touch of a page finds no room on any tier: the handler holds
+/// the fault and retries it every turn (no release will come for it); room
+/// appears, and the thread must be woken with its page committed.
+fn no_room_then_room(mem: &Arc<TieredMemory>, c: usize) -> Result<u64, String> {
+    let held: Vec<u64> = mem
+        .tiers
+        .iter()
+        .map(|t| {
+            let n = t.free();
+            assert!(t.try_reserve(n));
+            n
+        })
+        .collect();
+    let t = Toucher::spawn(mem, mem.guest_addr(c));
+    let holds = wait_until(|| mem.stall_view(None).waiting_faults == 1);
+    for (t, n) in mem.tiers.iter().zip(held) {
+        t.unreserve(n);
+    }
+    assert!(holds, "the handler never held the fault on page {c}");
+    t.returned(mem, "no room, then room")
+}
+
+/// Real threads blocked on pages the fault handler waits on are woken in
+/// bounded time when the wait ends: a release notification that arrives
+/// while the page is owned again (the handler must wait on, then see the
+/// next release), and a first touch with no room at first (only the
+/// handler's re-check of held faults sees room come back). cargo-mutants:
+/// `!` deleted in `if !evaluate(..)` (the first: the waiter is dropped, a
+/// lost wake-up) and in `if !pending.is_empty()` (the second: no re-check).
+#[test]
+fn threads_blocked_on_pages_the_fault_handler_waits_on_are_woken() {
+    let Some((mem, faults)) = handled() else {
+        return;
+    };
+    let mut hung = Vec::new();
+    match release_and_take_again(&mem, 40, 10) {
+        Ok(v) => assert_eq!(v, 0, "a fresh page"),
+        Err(e) => hung.push(e),
+    }
+    match no_room_then_room(&mem, 50) {
+        Ok(v) => assert_eq!(v, 0, "a fresh page"),
+        Err(e) => hung.push(e),
+    }
+    assert!(hung.is_empty(), "{}", hung.join("\n"));
+    faults.stop().unwrap();
+    assert_eq!(mem.fatal_error(), None);
+    for p in [40, 50] {
+        assert_ne!(
+            mem.pages.load(p) & page_map::POPULATED,
+            0,
+            "page {p} committed"
+        );
+    }
+    mem.check_consistency().unwrap();
 }
 
 /// A handler thread that ends in an error (its read of userfaultfd events
