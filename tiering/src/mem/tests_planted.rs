@@ -753,3 +753,62 @@ fn the_idle_fault_handler_does_not_spin() {
     );
     faults.stop().unwrap();
 }
+
+/// Commit-ahead runs between the handler's turns without waiting for its
+/// poll: after a thread's second sequential first touch of a 2 MiB chunk,
+/// the chunk after it is committed ahead at once (the next turn polls with
+/// timeout 0), not an idle poll (50 ms) later. The least delay of 5 streams
+/// counts, so that a busy host's scheduling does not decide. cargo-mutants:
+/// `CommitAhead::is_empty` returning true (one chunk ahead per 50 ms: a
+/// guest initialising its memory outruns the window), and the handler's
+/// report of a first touch's chunk (`untouched` or the chunk index wrong:
+/// nothing ahead; any resolved fault reported: hint faults start streams).
+#[test]
+fn commit_ahead_follows_first_touches_at_once_and_only_them() {
+    use super::pool::CHUNK_SLOTS;
+    let trials = 5;
+    let pages = 4 * trials * CHUNK_SLOTS;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    assert!(mem.huge_pages(), "commit-ahead follows whole-chunk commits");
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    let ahead = || mem.counters.ahead_commits.load(Ordering::Relaxed);
+    let mut least = Duration::MAX;
+    for t in 0..trials {
+        let first = 4 * t * CHUNK_SLOTS;
+        let before = ahead();
+        // First touches of chunks 4t and 4t+1 by this thread: a stream
+        // (the one before ended two chunks back), chunk 4t+2 queued.
+        word(&mem, first).load(Ordering::SeqCst);
+        word(&mem, first + CHUNK_SLOTS).load(Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        assert!(
+            wait_until(|| ahead() > before),
+            "stream {t}: nothing committed ahead"
+        );
+        least = least.min(t0.elapsed());
+        let next = first + 2 * CHUNK_SLOTS;
+        assert_ne!(mem.pages.load(next) & page_map::POPULATED, 0, "stream {t}");
+    }
+    // Faults that are not first touches (hint faults on parked pages of the
+    // last stream's chunks 4t+1 and 4t+2) start no stream: chunk 4t+3 stays
+    // untouched. cargo-mutants: `&&` to `||` in `untouched && huge_pages`.
+    let c = 4 * (trials - 1) + 1;
+    let parked = vec![c * CHUNK_SLOTS + 7, (c + 1) * CHUNK_SLOTS + 7];
+    assert_eq!(mem.park_pages(&parked, Parker::Sampler).unwrap(), parked);
+    let before = ahead();
+    for &p in &parked {
+        word(&mem, p).load(Ordering::SeqCst);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(ahead(), before, "hint faults started a stream");
+    let untouched = (c + 2) * CHUNK_SLOTS;
+    assert_eq!(mem.pages.load(untouched) & page_map::POPULATED, 0);
+    faults.stop().unwrap();
+    assert!(
+        least < Duration::from_millis(25),
+        "the least delay of a commit ahead was {least:?} (an idle poll is 50 ms)"
+    );
+    mem.check_consistency().unwrap();
+}
