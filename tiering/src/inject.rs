@@ -29,6 +29,9 @@ pub enum FaultPoint {
     /// move does not wake and the explicit `UFFDIO_WAKE` is skipped): a
     /// lost wake-up, for the stall watchdog's tests.
     Wake,
+    /// The fault handler's read of userfaultfd events: the handler thread
+    /// ends with the error, which its `stop` returns (tests of that path).
+    FaultRead,
 }
 
 impl std::str::FromStr for FaultPoint {
@@ -43,6 +46,7 @@ impl std::str::FromStr for FaultPoint {
             "dirty-get" => FaultPoint::DirtyGet,
             "dirty-clear" => FaultPoint::DirtyClear,
             "wake" => FaultPoint::Wake,
+            "fault-read" => FaultPoint::FaultRead,
             _ => return Err(FaultPlanError::UnknownPoint(s.to_string())),
         })
     }
@@ -55,7 +59,7 @@ pub enum FaultPlanError {
     /// Not one of the fault points.
     #[error(
         "unknown fault point '{0}': use move, zero-page, populate, discard, move-pages, \
-         dirty-get, dirty-clear or wake"
+         dirty-get, dirty-clear, wake or fault-read"
     )]
     UnknownPoint(String),
     /// A part after the point that is not `key=value`.

@@ -480,8 +480,10 @@ mod tests {
         if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
             return;
         }
-        let mem = TieredMemory::new(&MemConfig::new(16 * PAGE_SIZE, 16))
-            .expect("TieredMemory::new on a capable host");
+        let mem = Arc::new(
+            TieredMemory::new(&MemConfig::new(16 * PAGE_SIZE, 16))
+                .expect("TieredMemory::new on a capable host"),
+        );
         let mut pending = HashMap::new();
         for address in [
             0u64,
@@ -519,5 +521,64 @@ mod tests {
         assert!(pending.is_empty());
         assert_eq!(mem.stats().migration.guest_stalls, 1);
         mem.check_consistency().unwrap();
+        a_thread_blocked_outside_guest_ram_is_woken(&mem);
+        mem.check_consistency().unwrap();
+    }
+
+    /// A real thread blocked on a hole of ours outside guest RAM (the
+    /// parking slot of a page that is not parked) is woken at its own
+    /// address: it faults again until the test fills the hole quietly (no
+    /// wake), then returns with the page's word. On a page whose address
+    /// has bit 12 set, read at an offset, so that any wrong mask of the
+    /// address (cargo-mutants: 5 mutants of `ev.address & !(PAGE_SIZE - 1)`)
+    /// wakes another address and leaves the thread blocked.
+    fn a_thread_blocked_outside_guest_ram_is_woken(mem: &Arc<TieredMemory>) {
+        use std::sync::atomic::AtomicU64;
+        use std::time::Duration;
+        let faults = FaultHandler::spawn(mem.clone()).unwrap();
+        let page = (0..2).find(|&p| mem.park_addr(p) & PAGE_SIZE != 0).unwrap();
+        let slot = mem.park_addr(page);
+        let before = mem.stats().migration.unexpected_faults;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let m = mem.clone();
+        let toucher = std::thread::spawn(move || {
+            // SAFETY: an aligned word of the memory's mapping, which `m` keeps mapped
+            // while this thread runs; all test accesses to it are atomic.
+            let v = unsafe { &*((slot + 8) as *const AtomicU64) }.load(Ordering::SeqCst);
+            drop(m);
+            let _ = tx.send(v);
+        });
+        let t0 = Instant::now();
+        while mem.stats().migration.unexpected_faults == before
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            mem.stats().migration.unexpected_faults > before,
+            "no fault seen"
+        );
+        // Fill the hole without waking anyone: a pool page, word 1 = 0xfeed.
+        let st = mem
+            .reserve_staging(1, 1, super::super::pool::Holds::Hole)
+            .expect("a pool slot");
+        let a = st.addr(mem, 1, 0);
+        // SAFETY: `a` is a reserved pool slot of our mapping (a hole is allocated by the
+        // write), 8-byte aligned; nobody else uses it while we hold the reservation.
+        unsafe { (a as *mut u64).add(1).write_volatile(0xfeed) };
+        mem.move_range(slot, a, PAGE_SIZE, false)
+            .expect("fill the hole quietly");
+        mem.release_staging(1, &st, super::super::pool::Holds::Hole, false);
+        let got = rx.recv_timeout(Duration::from_secs(10)).ok();
+        if got.is_none() {
+            // Free the toucher (the hole is filled: a wake lets it read).
+            let _ = mem.uffd.wake(slot, PAGE_SIZE);
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        } else {
+            toucher.join().unwrap();
+        }
+        assert_eq!(got, Some(0xfeed), "the thread was not woken within 10 s");
+        faults.stop().unwrap();
+        mem.discard(slot, PAGE_SIZE).unwrap();
     }
 }

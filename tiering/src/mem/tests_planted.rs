@@ -599,3 +599,271 @@ fn stopping_or_dropping_the_fault_handler_ends_its_thread() {
         );
     }
 }
+
+// ---- cargo-mutants of fault.rs: the handler's waiters, its end, its idle poll ----
+
+/// A thread that reads the word at `addr` (a hole of the memory's areas) as
+/// a vCPU would: it sleeps in the kernel on its userfault until the handler
+/// (or the test) wakes it with the page there.
+struct Toucher {
+    addr: usize,
+    rx: std::sync::mpsc::Receiver<u64>,
+    join: std::thread::JoinHandle<()>,
+}
+
+impl Toucher {
+    fn spawn(mem: &Arc<TieredMemory>, addr: usize) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let m = mem.clone();
+        let join = std::thread::spawn(move || {
+            // SAFETY: `addr` is an aligned word of the memory's mapping, which `m` keeps
+            // mapped while this thread runs; all test accesses to it are atomic.
+            let v = unsafe { &*(addr as *const AtomicU64) }.load(Ordering::SeqCst);
+            drop(m);
+            let _ = tx.send(v);
+        });
+        Self { addr, rx, join }
+    }
+
+    /// The word read, or `Err` if the thread did not return within 10 s;
+    /// then the test frees it itself (a zero page into its hole, which
+    /// wakes it, or a plain wake), so that nothing stays blocked.
+    fn returned(self, mem: &TieredMemory, what: &str) -> Result<u64, String> {
+        match self.rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(v) => {
+                self.join.join().unwrap();
+                Ok(v)
+            }
+            Err(_) => {
+                let page = self.addr & !(PAGE_SIZE - 1);
+                let _ = mem.uffd.zero_page(page, PAGE_SIZE);
+                let _ = mem.uffd.wake(page, PAGE_SIZE);
+                if self.rx.recv_timeout(Duration::from_secs(5)).is_ok() {
+                    self.join.join().unwrap();
+                }
+                Err(format!(
+                    "{what}: the blocked thread was not woken within 10 s"
+                ))
+            }
+        }
+    }
+}
+
+/// Waits (up to 10 s) for `cond`; whether it held.
+fn wait_until(cond: impl Fn() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// A memory of 64 pages, its first 32 committed, with a fault handler.
+fn handled() -> Option<(Arc<TieredMemory>, FaultHandler)> {
+    let mem = bare(&MemConfig::new(64 * PAGE_SIZE, 64))?;
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    mem.prefault(0, 32).unwrap();
+    Some((mem, faults))
+}
+
+/// A mover releases a page a thread is blocked on, and takes it again
+/// before the handler reads the release: the handler must keep waiting (the
+/// page is still owned), and the next release must wake the thread.
+/// Ordered from inside the handler: the release and the new acquisition
+/// happen in the fault-path hook of another page's hint fault, so the
+/// handler reads that release in the same turn, with the page owned.
+fn release_and_take_again(mem: &Arc<TieredMemory>, a: usize, b: usize) -> Result<u64, String> {
+    assert!(mem.pages.try_acquire(a, false).is_some(), "own page {a}");
+    let t = Toucher::spawn(mem, mem.guest_addr(a));
+    let waits = || mem.pages.load(a) & page_map::WAITER != 0;
+    assert!(wait_until(waits), "the handler never waited on page {a}");
+    let taken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (weak, tk) = (Arc::downgrade(mem), taken.clone());
+    mem.set_fault_path_hook(Some(Arc::new(move |rec: &HintFaultRecord| {
+        // (Never a panic here: it would end the fault handler thread.)
+        if let Some(m) = weak.upgrade() {
+            if rec.page as usize == b && !tk.load(Ordering::SeqCst) {
+                m.release_page(a, 0, 0);
+                tk.store(m.pages.try_acquire(a, false).is_some(), Ordering::SeqCst);
+            }
+        }
+        false
+    })));
+    assert_eq!(mem.park_pages(&[b], Parker::Sampler).unwrap(), vec![b]);
+    let got_b = touch_parked(mem, b, "the parked page");
+    mem.set_fault_path_hook(None);
+    assert_eq!(got_b, Ok(0), "page {b} (never written)");
+    assert!(
+        taken.load(Ordering::SeqCst),
+        "the hook released and took page {a}"
+    );
+    // The handler read the release and waits again (WAITER set anew).
+    assert!(
+        wait_until(waits),
+        "the handler dropped its wait on page {a}"
+    );
+    mem.release_page(a, 0, 0);
+    t.returned(mem, "released, taken again, released")
+}
+
+/// The first touch of a page finds no room on any tier: the handler holds
+/// the fault and retries it every turn (no release will come for it); room
+/// appears, and the thread must be woken with its page committed.
+fn no_room_then_room(mem: &Arc<TieredMemory>, c: usize) -> Result<u64, String> {
+    let held: Vec<u64> = mem
+        .tiers
+        .iter()
+        .map(|t| {
+            let n = t.free();
+            assert!(t.try_reserve(n));
+            n
+        })
+        .collect();
+    let t = Toucher::spawn(mem, mem.guest_addr(c));
+    let holds = wait_until(|| mem.stall_view(None).waiting_faults == 1);
+    for (t, n) in mem.tiers.iter().zip(held) {
+        t.unreserve(n);
+    }
+    assert!(holds, "the handler never held the fault on page {c}");
+    t.returned(mem, "no room, then room")
+}
+
+/// Real threads blocked on pages the fault handler waits on are woken in
+/// bounded time when the wait ends: a release notification that arrives
+/// while the page is owned again (the handler must wait on, then see the
+/// next release), and a first touch with no room at first (only the
+/// handler's re-check of held faults sees room come back). cargo-mutants:
+/// `!` deleted in `if !evaluate(..)` (the first: the waiter is dropped, a
+/// lost wake-up) and in `if !pending.is_empty()` (the second: no re-check).
+#[test]
+fn threads_blocked_on_pages_the_fault_handler_waits_on_are_woken() {
+    let Some((mem, faults)) = handled() else {
+        return;
+    };
+    let mut hung = Vec::new();
+    match release_and_take_again(&mem, 40, 10) {
+        Ok(v) => assert_eq!(v, 0, "a fresh page"),
+        Err(e) => hung.push(e),
+    }
+    match no_room_then_room(&mem, 50) {
+        Ok(v) => assert_eq!(v, 0, "a fresh page"),
+        Err(e) => hung.push(e),
+    }
+    assert!(hung.is_empty(), "{}", hung.join("\n"));
+    faults.stop().unwrap();
+    assert_eq!(mem.fatal_error(), None);
+    for p in [40, 50] {
+        assert_ne!(
+            mem.pages.load(p) & page_map::POPULATED,
+            0,
+            "page {p} committed"
+        );
+    }
+    mem.check_consistency().unwrap();
+}
+
+/// A handler thread that ends in an error (its read of userfaultfd events
+/// fails, injected) hands the error to `stop`. cargo-mutants:
+/// `FaultHandler::stop` returning `Ok(())` (the error only logged by `Drop`).
+#[test]
+fn stop_returns_the_error_the_fault_handler_thread_ended_with() {
+    let Some(mem) = bare(&MemConfig::new(64 * PAGE_SIZE, 64)) else {
+        return;
+    };
+    mem.injector()
+        .set(&[FaultPlan::parse("fault-read:errno=EIO:max=1").unwrap()]);
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    assert!(wait_until(
+        || mem.injector().fired(FaultPoint::FaultRead) == 1
+    ));
+    let err = faults
+        .stop()
+        .expect_err("stop returns the error the handler thread ended with");
+    assert!(
+        err.to_string().contains("FaultRead: injected failure"),
+        "{err}"
+    );
+}
+
+/// The idle fault handler sleeps in its poll (50 ms a turn) instead of
+/// spinning: over 300 ms with nothing to do it makes a few turns, not
+/// thousands. cargo-mutants: `!` deleted in `if !ahead.is_empty()` (an idle
+/// handler polls with timeout 0: a host core burnt per VM).
+#[test]
+fn the_idle_fault_handler_does_not_spin() {
+    let Some((mem, faults)) = handled() else {
+        return;
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let before = mem.backlog.turns();
+    std::thread::sleep(Duration::from_millis(300));
+    let turns = mem.backlog.turns() - before;
+    assert!(turns > 0, "the handler made no turn in 300 ms");
+    assert!(
+        turns <= 30,
+        "{turns} turns in 300 ms idle (a 50 ms poll makes about 6)"
+    );
+    faults.stop().unwrap();
+}
+
+/// Commit-ahead runs between the handler's turns without waiting for its
+/// poll: after a thread's second sequential first touch of a 2 MiB chunk,
+/// the chunk after it is committed ahead at once (the next turn polls with
+/// timeout 0), not an idle poll (50 ms) later. The least delay of 5 streams
+/// counts, so that a busy host's scheduling does not decide. cargo-mutants:
+/// `CommitAhead::is_empty` returning true (one chunk ahead per 50 ms: a
+/// guest initialising its memory outruns the window), and the handler's
+/// report of a first touch's chunk (`untouched` or the chunk index wrong:
+/// nothing ahead; any resolved fault reported: hint faults start streams).
+#[test]
+fn commit_ahead_follows_first_touches_at_once_and_only_them() {
+    use super::pool::CHUNK_SLOTS;
+    let trials = 5;
+    let pages = 4 * trials * CHUNK_SLOTS;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    assert!(mem.huge_pages(), "commit-ahead follows whole-chunk commits");
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    let ahead = || mem.counters.ahead_commits.load(Ordering::Relaxed);
+    let mut least = Duration::MAX;
+    for t in 0..trials {
+        let first = 4 * t * CHUNK_SLOTS;
+        let before = ahead();
+        // First touches of chunks 4t and 4t+1 by this thread: a stream
+        // (the one before ended two chunks back), chunk 4t+2 queued.
+        word(&mem, first).load(Ordering::SeqCst);
+        word(&mem, first + CHUNK_SLOTS).load(Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        assert!(
+            wait_until(|| ahead() > before),
+            "stream {t}: nothing committed ahead"
+        );
+        least = least.min(t0.elapsed());
+        let next = first + 2 * CHUNK_SLOTS;
+        assert_ne!(mem.pages.load(next) & page_map::POPULATED, 0, "stream {t}");
+    }
+    // Faults that are not first touches (hint faults on parked pages of the
+    // last stream's chunks 4t+1 and 4t+2) start no stream: chunk 4t+3 stays
+    // untouched. cargo-mutants: `&&` to `||` in `untouched && huge_pages`.
+    let c = 4 * (trials - 1) + 1;
+    let parked = vec![c * CHUNK_SLOTS + 7, (c + 1) * CHUNK_SLOTS + 7];
+    assert_eq!(mem.park_pages(&parked, Parker::Sampler).unwrap(), parked);
+    let before = ahead();
+    for &p in &parked {
+        word(&mem, p).load(Ordering::SeqCst);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(ahead(), before, "hint faults started a stream");
+    let untouched = (c + 2) * CHUNK_SLOTS;
+    assert_eq!(mem.pages.load(untouched) & page_map::POPULATED, 0);
+    faults.stop().unwrap();
+    assert!(
+        least < Duration::from_millis(25),
+        "the least delay of a commit ahead was {least:?} (an idle poll is 50 ms)"
+    );
+    mem.check_consistency().unwrap();
+}

@@ -31,6 +31,9 @@ pub struct WaitingFault {
 #[derive(Debug, Default)]
 pub(crate) struct FaultBacklog {
     state: Mutex<Backlog>,
+    /// Turns of the handler's loop (one publish each): an idle handler
+    /// makes one per poll timeout, not one per spin.
+    turns: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +55,13 @@ impl FaultBacklog {
         let mut s = lock(&self.state);
         s.waiting = waiting;
         s.oldest = oldest;
+        self.turns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Turns the handler has made so far.
+    #[cfg(test)]
+    pub(crate) fn turns(&self) -> u64 {
+        self.turns.load(Ordering::Relaxed)
     }
 
     /// The handler read a fault on `page` from thread `tid`.

@@ -412,6 +412,7 @@ impl Uffd {
 
     /// Reads pending page-fault events without blocking (the fd is non-blocking).
     pub fn read_events(&self, out: &mut Vec<FaultEvent>) -> io::Result<()> {
+        self.inject.io(FaultPoint::FaultRead)?;
         let mut msgs = [UffdMsg::default(); 16];
         loop {
             // SAFETY: `msgs` is a writable buffer of exactly the length passed.
