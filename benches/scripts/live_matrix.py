@@ -171,6 +171,9 @@ def summarize(policy, r, rc, wall):
         "blocked_pct": 100.0 * live.get("vcpu_blocked_ms", 0) / vcpu_ms if vcpu_ms else None,
         "wait_cpu_pct": 100.0 * live.get("vcpu_wait_cpu_ms", 0) / vcpu_ms if vcpu_ms else None,
         "stalls": len(live.get("stalls", [])),
+        # The first few stall records as the report gives them (page, owner,
+        # how long), so a stall seen in a long matrix can be looked into.
+        "stall_records": live.get("stalls", [])[:3],
         "stop_latency_ms": live.get("stop_latency_ms"),
         "longest_no_progress_s": live.get("longest_no_progress_s"),
         "promotions": mig.get("promotions", 0),
