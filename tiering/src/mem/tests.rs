@@ -1841,3 +1841,32 @@ fn a_huge_page_parked_whole_is_mapped_back_whole() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// The census of sampled weights (the host's measure of the guest's access
+/// rate) takes a sampler window's touches and not a probe's: probes park
+/// pages a policy picked, which would bias it. Catches cargo-mutants'
+/// misses at `mem.pages.load(page) & PROBE == 0` in `hint_fault` (issue 34).
+#[test]
+fn only_sampler_touches_enter_the_census_of_sampled_weights() {
+    let Some((mem, _, _, faults)) = setup(256, 128, InitialPlacement::Interleave) else {
+        return;
+    };
+    fill(&mem);
+    assert_eq!(mem.sampled_weights.sums(), (0, 0));
+    let mut probes = AccessProbes::new(mem.clone());
+    assert_eq!(probes.arm(&[10]).unwrap(), 1);
+    assert_eq!(touch_bounded(&mem, 10, "a probe's page"), 10_000);
+    assert_eq!(
+        mem.sampled_weights.sums(),
+        (0, 0),
+        "a probe's touch is not in it"
+    );
+    assert_eq!(mem.park_pages(&[20], Parker::Sampler).unwrap(), vec![20]);
+    assert_eq!(touch_bounded(&mem, 20, "a sampler window's page"), 20_000);
+    let (sum, _) = mem.sampled_weights.sums();
+    assert!(sum > 0, "a sampler window's touch is in it");
+    assert_eq!(mem.drain_samples().len(), 2, "both are hint faults");
+    drop(probes);
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
