@@ -359,6 +359,35 @@ impl TieredMemory {
     /// Makes `count` fresh zeroed pages on `tier` and moves them into guest
     /// RAM at `first` (one huge page when `count` is a whole chunk and a
     /// huge pool chunk is free).
+    /// `MADV_POPULATE_WRITE` of `len` bytes of our pool at `a`, retried
+    /// (bounded, [`COMMIT_RETRIES`]) when the failure may be transient, so
+    /// a fill of many pages does not start over for one page's failure
+    /// (a fill that needs two populates in a row never got through
+    /// `populate:every=2`). The backoff is jittered: two threads retrying
+    /// in lockstep must not keep drawing the failing turn of a shared
+    /// cause (seen: CI, `injected_syscall_failures_lose_nothing_and_never_hang`).
+    fn populate_retrying(&self, a: usize, len: usize) -> std::io::Result<()> {
+        let populate = || -> std::io::Result<()> {
+            self.inject.io(crate::inject::FaultPoint::Populate)?;
+            self.mapping().advise(a, len, Advice::PopulateWrite)
+        };
+        let mut result = populate();
+        for attempt in 0..COMMIT_RETRIES {
+            match &result {
+                Err(e) if e.raw_os_error() != Some(libc::ENOMEM) => {
+                    let clock = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.subsec_nanos());
+                    let jitter = u64::from(clock % 97) + (a as u64 >> 12) % 53;
+                    std::thread::sleep(Duration::from_micros((100 << attempt.min(4)) + jitter));
+                    result = populate();
+                }
+                _ => break,
+            }
+        }
+        result
+    }
+
     fn fill_from_pool(&self, tier: TierId, first: usize, count: usize) -> std::io::Result<()> {
         let staging = self
             .reserve_staging(tier, count, Holds::Hole)
@@ -375,9 +404,7 @@ impl TieredMemory {
                         // uses it while we hold the reservation.
                         unsafe { sys::zero_volatile(a as *mut u8, HUGE_PAGE_SIZE) };
                     } else {
-                        self.inject.io(crate::inject::FaultPoint::Populate)?;
-                        self.mapping()
-                            .advise(a, HUGE_PAGE_SIZE, Advice::PopulateWrite)?;
+                        self.populate_retrying(a, HUGE_PAGE_SIZE)?;
                     }
                     let huge = self
                         .scanner
@@ -398,8 +425,7 @@ impl TieredMemory {
                             // SAFETY: a reserved, resident pool page nobody else uses.
                             unsafe { sys::zero_volatile(a as *mut u8, PAGE_SIZE) };
                         } else {
-                            self.inject.io(crate::inject::FaultPoint::Populate)?;
-                            self.mapping().advise(a, PAGE_SIZE, Advice::PopulateWrite)?;
+                            self.populate_retrying(a, PAGE_SIZE)?;
                         }
                         let _ = i;
                     }
