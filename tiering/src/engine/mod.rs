@@ -374,17 +374,16 @@ impl EngineState {
             .record_weighted(s.page, profile::hint_weight(s.ns_since_park));
         // A huge range mapped back whole: every page of it reads as
         // touched, as with the accessed bit of a huge page table entry.
-        let pages = if s.huge {
-            let n = u64::from(crate::vocab::PAGES_PER_2M);
-            s.page / n * n..s.page / n * n + n
-        } else {
-            s.page..s.page + 1
-        };
+        // (A 2 MiB range is 8 whole words of the bitmaps.)
+        let n = u64::from(crate::vocab::PAGES_PER_2M);
         for bits in [&mut self.touched, &mut self.probe_touched] {
-            for page in pages.clone() {
-                if let Some(w) = bits.get_mut((page / 64) as usize) {
-                    *w |= 1 << (page % 64);
+            if s.huge {
+                let w = (s.page / n * n / 64) as usize;
+                if let Some(words) = bits.get_mut(w..w + (n / 64) as usize) {
+                    words.fill(u64::MAX);
                 }
+            } else if let Some(w) = bits.get_mut((s.page / 64) as usize) {
+                *w |= 1 << (s.page % 64);
             }
         }
         if let Some(h) = self.tier_hits.get_mut(usize::from(tier_id)) {

@@ -39,6 +39,32 @@ use crate::vocab::TierId;
 /// loaded host with 4 retries of 100 us).
 const COMMIT_RETRIES: u32 = 8;
 
+/// Runs `attempt` until it succeeds, fails with out of memory (final), or
+/// [`COMMIT_RETRIES`] retries failed, sleeping between tries from 100 us
+/// doubling to 1.6 ms plus a jitter from the clock and `seed`: two threads
+/// retrying in lockstep must not keep drawing the failing turn of a shared
+/// cause (seen in CI: `injected_syscall_failures_lose_nothing_and_never_hang`).
+fn retry_transient(
+    seed: u64,
+    mut attempt: impl FnMut() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut result = attempt();
+    for n in 0..COMMIT_RETRIES {
+        match &result {
+            Err(e) if e.raw_os_error() != Some(libc::ENOMEM) => {
+                let clock = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                let jitter = u64::from(clock % 97) + seed % 53;
+                std::thread::sleep(Duration::from_micros((100 << n.min(4)) + jitter));
+                result = attempt();
+            }
+            _ => break,
+        }
+    }
+    result
+}
+
 /// How often the guard re-reads the node's free memory at most.
 const GUARD_RECHECK: Duration = Duration::from_millis(100);
 /// Bytes committed after which the guard re-reads at once.
@@ -238,18 +264,7 @@ impl TieredMemory {
                 .emergency_commits
                 .fetch_add(count as u64, Ordering::Relaxed);
         }
-        let mut filled = self.fill_from_pool(tier, first, count);
-        for attempt in 0..COMMIT_RETRIES {
-            match &filled {
-                // Out of memory is final; anything else may be transient.
-                Err(e) if e.raw_os_error() != Some(libc::ENOMEM) => {
-                    std::thread::sleep(Duration::from_micros(100 << attempt.min(4)));
-                    filled = self.fill_from_pool(tier, first, count);
-                }
-                _ => break,
-            }
-        }
-        match filled {
+        match retry_transient(first as u64, || self.fill_from_pool(tier, first, count)) {
             Ok(()) => {
                 for p in first..first + count {
                     self.release_page(p, on_tier(tier), page_map::PLACEMENT_BITS);
@@ -356,38 +371,20 @@ impl TieredMemory {
         None
     }
 
+    /// `MADV_POPULATE_WRITE` of `len` bytes of our pool at `a`, retried on
+    /// its own ([`retry_transient`]), so a fill of many pages does not start
+    /// over for one page's failure (a fill that needs two populates in a row
+    /// never got through `populate:every=2`).
+    fn populate_retrying(&self, a: usize, len: usize) -> std::io::Result<()> {
+        retry_transient(a as u64 >> 12, || {
+            self.inject.io(crate::inject::FaultPoint::Populate)?;
+            self.mapping().advise(a, len, Advice::PopulateWrite)
+        })
+    }
+
     /// Makes `count` fresh zeroed pages on `tier` and moves them into guest
     /// RAM at `first` (one huge page when `count` is a whole chunk and a
     /// huge pool chunk is free).
-    /// `MADV_POPULATE_WRITE` of `len` bytes of our pool at `a`, retried
-    /// (bounded, [`COMMIT_RETRIES`]) when the failure may be transient, so
-    /// a fill of many pages does not start over for one page's failure
-    /// (a fill that needs two populates in a row never got through
-    /// `populate:every=2`). The backoff is jittered: two threads retrying
-    /// in lockstep must not keep drawing the failing turn of a shared
-    /// cause (seen: CI, `injected_syscall_failures_lose_nothing_and_never_hang`).
-    fn populate_retrying(&self, a: usize, len: usize) -> std::io::Result<()> {
-        let populate = || -> std::io::Result<()> {
-            self.inject.io(crate::inject::FaultPoint::Populate)?;
-            self.mapping().advise(a, len, Advice::PopulateWrite)
-        };
-        let mut result = populate();
-        for attempt in 0..COMMIT_RETRIES {
-            match &result {
-                Err(e) if e.raw_os_error() != Some(libc::ENOMEM) => {
-                    let clock = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.subsec_nanos());
-                    let jitter = u64::from(clock % 97) + (a as u64 >> 12) % 53;
-                    std::thread::sleep(Duration::from_micros((100 << attempt.min(4)) + jitter));
-                    result = populate();
-                }
-                _ => break,
-            }
-        }
-        result
-    }
-
     fn fill_from_pool(&self, tier: TierId, first: usize, count: usize) -> std::io::Result<()> {
         let staging = self
             .reserve_staging(tier, count, Holds::Hole)
