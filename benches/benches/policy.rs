@@ -69,6 +69,7 @@ fn bench(c: &mut Criterion) {
             shadow_pages: 0,
             loaded_latency_ns: Some(90.0),
             request_rate: Some(5e7),
+            unloaded_latency_ns: Some(80.0),
         },
         TierStatus {
             capacity_pages: PAGES,
@@ -76,6 +77,7 @@ fn bench(c: &mut Criterion) {
             shadow_pages: 0,
             loaded_latency_ns: Some(200.0),
             request_rate: Some(5e7),
+            unloaded_latency_ns: Some(135.0),
         },
     ];
     let s = samples();

@@ -30,6 +30,7 @@ use serde::Serialize;
 use crate::mem::{self, Migrator, TieredMemory};
 pub mod profile;
 pub mod schedule;
+pub mod unloaded_latency;
 
 pub use schedule::{
     parse_duration, parse_intervals, parse_schedule, policies_with_interval, IntervalError,
@@ -104,6 +105,8 @@ pub struct TierLoad {
     pub loaded_latency_ns: f64,
     /// Memory requests served per second.
     pub requests_per_sec: f64,
+    /// The tier's latency without load, ns.
+    pub unloaded_latency_ns: f64,
 }
 
 /// A live source of per-tier loaded latency and request rate: the VMM's
@@ -179,6 +182,10 @@ pub struct EngineReport {
     pub final_mode: Option<PolicyMode>,
     /// Times the policy was rebuilt for changed tier capacities (live resize).
     pub capacity_rebuilds: u64,
+    /// The tiers' unloaded latency as measured at start, for policies that
+    /// read it (`adaptive`); see [`unloaded_latency::MEASURED_SOURCE`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unloaded_latency: Option<unloaded_latency::UnloadedLatency>,
 }
 
 impl EngineReport {
@@ -287,6 +294,9 @@ struct EngineState {
     latency: Option<ModeledLatency>,
     /// Latency emulation's live model; takes precedence over `latency`.
     live_latency: Option<Arc<dyn TierLoadSource>>,
+    /// The tiers' unloaded latency, measured at start for policies that
+    /// read it (`None` before, or when none does).
+    unloaded: Option<unloaded_latency::UnloadedLatency>,
     report: EngineReport,
     /// Sampled accesses per page, for the service's division of the fast tier.
     profile: Arc<profile::AccessProfile>,
@@ -347,6 +357,10 @@ impl EngineState {
                     // is fast, every other tier slow.
                     loaded_latency_ns: latencies.map(|l| l[i.min(1)]),
                     request_rate: None,
+                    unloaded_latency_ns: self
+                        .unloaded
+                        .as_ref()
+                        .and_then(|u| u.per_tier_ns.get(i).copied()),
                 }
             })
             .collect()
@@ -493,12 +507,15 @@ impl EngineState {
             for (status, load) in tiers.iter_mut().zip(&loads) {
                 status.loaded_latency_ns = Some(load.loaded_latency_ns);
                 status.request_rate = Some(load.requests_per_sec);
+                status.unloaded_latency_ns = Some(load.unloaded_latency_ns);
             }
         } else if self.live_latency.is_some() {
-            // No window yet: no latency rather than the share model's.
+            // No window yet: no latency rather than the share model's (nor
+            // the host's unloaded one, which emulation replaces).
             for status in &mut tiers {
                 status.loaded_latency_ns = None;
                 status.request_rate = None;
+                status.unloaded_latency_ns = None;
             }
         } else if self.latency.is_some() {
             let total = self.tier_hits.iter().sum::<u64>().max(1) as f64;
@@ -802,6 +819,7 @@ impl Engine {
             hint_tiers: trackers.hint_fault_tiers.clone(),
             latency: cfg.modeled_latency,
             live_latency: cfg.live_latency.clone(),
+            unloaded: None,
             report: EngineReport::for_config(&cfg),
             profile: profile.clone(),
         }));
@@ -821,6 +839,9 @@ impl Engine {
             start,
             stop: stop.clone(),
             commands: commands.clone(),
+            // Latency emulation gives the emulated tiers' own latencies.
+            measure_unloaded: cfg.live_latency.is_none()
+                && cfg.policies().any(PolicyKind::reads_unloaded_latency),
             schedule: cfg.schedule.into_iter().collect(),
             next_tick: Duration::ZERO,
             next_window: ACCESSED_WINDOW,
@@ -904,6 +925,8 @@ struct EngineThread {
     stop: Arc<AtomicBool>,
     commands: Arc<Mutex<VecDeque<Command>>>,
     schedule: VecDeque<ScheduledSwitch>,
+    /// Measure the tiers' unloaded latency before the first tick.
+    measure_unloaded: bool,
     next_tick: Duration,
     next_window: Duration,
     /// When tier capacities were last compared with the policy's.
@@ -949,8 +972,26 @@ impl EngineThread {
         st.report.clone()
     }
 
-    /// Records the first policy and starts its probes.
+    /// Records the first policy and starts its probes; measures the tiers'
+    /// unloaded latency first if a policy of the run reads it.
     fn begin(&mut self) {
+        if self.measure_unloaded {
+            let nodes: Vec<u32> = {
+                let mem = self.migrator.memory();
+                mem.tier_ids().map(|t| mem.node(t)).collect()
+            };
+            // The guest runs meanwhile; the first tick waits for this.
+            match unloaded_latency::measure(&nodes) {
+                Ok(u) => {
+                    let mut st = lock(&self.state);
+                    st.report.unloaded_latency = Some(u.clone());
+                    st.unloaded = Some(u);
+                }
+                Err(e) => tracing::warn!(
+                    "measuring the tiers' unloaded latency: {e}; adaptive values moves by the modeled latency instead"
+                ),
+            }
+        }
         let mut st = lock(&self.state);
         let kind = st.policy.kind();
         st.report.policies.push((kind, 0.0));

@@ -185,6 +185,12 @@ impl PolicyKind {
     pub fn reads_loaded_latency(self) -> bool {
         matches!(self, Self::Colloid | Self::ColloidBase | Self::Adaptive)
     }
+
+    /// Whether the policy reads the tiers' unloaded latency (live, measured
+    /// at engine start unless latency emulation gives it).
+    pub fn reads_unloaded_latency(self) -> bool {
+        matches!(self, Self::Adaptive)
+    }
 }
 
 impl fmt::Display for PolicyKind {

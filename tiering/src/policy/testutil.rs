@@ -42,6 +42,7 @@ impl VecView {
                     shadow_pages: 0,
                     loaded_latency_ns: None,
                     request_rate: None,
+                    unloaded_latency_ns: None,
                 }
             })
             .collect()

@@ -110,6 +110,11 @@ pub struct TierStatus {
     pub loaded_latency_ns: Option<f64>,
     /// Requests per second to this tier over the last interval, if measured.
     pub request_rate: Option<f64>,
+    /// The tier's latency without load, ns, if known: live, measured at
+    /// engine start (a pointer chase on the tier's NUMA node) or emulated;
+    /// in the simulator, the tier model's.
+    #[serde(default)]
+    pub unloaded_latency_ns: Option<f64>,
 }
 
 /// Everything a policy observes at a tick (besides the [`MemoryView`]).

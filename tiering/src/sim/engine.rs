@@ -587,6 +587,7 @@ const UNKNOWN_STATUS: TierStatus = TierStatus {
     shadow_pages: 0,
     loaded_latency_ns: None,
     request_rate: None,
+    unloaded_latency_ns: None,
 };
 
 /// The tiers (of `n`) whose hint faults the policy asks for, as a bit mask.
@@ -989,6 +990,7 @@ impl Sim {
                 } else {
                     0.0
                 }),
+                unloaded_latency_ns: self.tiers_model.get(t).map(|m| m.unloaded_ns),
             };
         }
     }

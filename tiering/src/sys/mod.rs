@@ -8,6 +8,8 @@
 //! - `mapping`: the anonymous reservation (`mmap`/`munmap`) and what is done
 //!   to ranges of it (`madvise`, `mlock2`).
 //! - `numa`: `mbind` and `move_pages`.
+//! - `node_buffer`: a private buffer bound to one NUMA node, lent out as words
+//!   (the engine's latency measurement of a tier's node).
 //! - `pagemap`: residency and page-table queries (`mincore`, `PAGEMAP_SCAN`).
 //! - `copy`: volatile copies and compares of memory other threads (vCPUs)
 //!   may write concurrently.
@@ -29,6 +31,7 @@ pub use crate::vocab::{HUGE_PAGE_SIZE, PAGE_SIZE};
 mod alloc;
 mod copy;
 mod mapping;
+mod node_buffer;
 mod numa;
 mod pagemap;
 mod uffd;
@@ -36,6 +39,7 @@ mod uffd;
 pub use alloc::{zeroed_atomics, ZeroableAtomic};
 pub use copy::{copy_volatile, equal_volatile, is_zero_volatile, zero_volatile};
 pub use mapping::{discard, Advice, Mapping};
+pub use node_buffer::NodeBuffer;
 pub use numa::{move_pages_to, query_nodes, MAX_NODES};
 pub use pagemap::{resident, PageScanner, Presence};
 pub use uffd::{

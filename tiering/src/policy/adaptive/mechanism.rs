@@ -129,6 +129,7 @@ mod tests {
             shadow_pages: 0,
             loaded_latency_ns: None,
             request_rate: None,
+            unloaded_latency_ns: None,
         }
     }
 

@@ -30,6 +30,14 @@
 //!    Without a signal: pack the fastest tiers (`promote`).
 //! 7. **Plan** the migrations within budget and free room, each with its
 //!    mechanism ([`mechanism::Chooser`]), and record them for step 4.
+//!
+//! Before steps 1b-7: when tiers 0 and 1 are known to be equally fast
+//! unloaded (within Colloid's [`DELTA`]: live, measured by a pointer chase
+//! on each tier's node at start, or emulated), no placement can gain, and
+//! every move, sample and scout test costs the guest: `adaptive` holds
+//! (`hold`), moving and scouting nothing. It does not balance load between
+//! such tiers on the engine's share model (a model, not a measurement);
+//! with a measured gap, or latency emulation's, it runs as above.
 
 pub mod burst;
 pub mod mechanism;
@@ -107,6 +115,9 @@ pub enum Mode {
     Balance,
     /// Migration budget cut because migrations do not pay for themselves.
     Throttled,
+    /// Tiers 0 and 1 are equally fast unloaded: no move can gain, none is
+    /// made.
+    Hold,
 }
 
 impl Mode {
@@ -117,6 +128,7 @@ impl Mode {
             Mode::Promote => "promote",
             Mode::Balance => "balance",
             Mode::Throttled => "throttled: thrashing",
+            Mode::Hold => "hold: tiers equally fast",
         }
     }
 }
@@ -1160,6 +1172,15 @@ impl Adaptive {
     }
 }
 
+/// Tiers 0 and 1's unloaded latencies, if both are known and within
+/// Colloid's [`DELTA`] of each other.
+fn equally_fast(tiers: &[TierStatus]) -> Option<(f64, f64)> {
+    let u0 = tiers.first()?.unloaded_latency_ns?;
+    let u1 = tiers.get(1)?.unloaded_latency_ns?;
+    let known = u0.is_finite() && u1.is_finite() && u0 > 0.0 && u1 > 0.0;
+    (known && (u1 - u0).abs() < DELTA * u0).then_some((u0, u1))
+}
+
 /// The note on heat without skew (no page displaced), if so.
 fn skew_note(rank: &Ranking) -> String {
     if rank.no_skew() {
@@ -1253,6 +1274,14 @@ impl Policy for Adaptive {
         self.learn_outcomes(obs.tpm_outcomes, view);
         let phase_before = self.stats.phase_changes;
         self.detect_phase(slow_share);
+        if let Some((u0, u1)) = equally_fast(obs.tiers) {
+            self.mode = Mode::Hold;
+            self.why = format!(
+                "tiers 0 and 1 equally fast without load ({u0:.0} vs {u1:.0} ns, within {:.0}%): no move can gain, none made",
+                DELTA * 100.0
+            );
+            return Decisions::none();
+        }
         let scouted = self.scout(obs.tiers, view);
         // Step 4.
         let share = self.value_migrations(tick, obs);

@@ -422,3 +422,49 @@ fn a_stream_stops_displacing_promotions() {
         off.counters.promotions
     );
 }
+
+/// Hot pages on the slow tier, sampled for a few ticks, with the tiers'
+/// unloaded latencies `u`: the pages `adaptive` moved and its final mode.
+fn moves_with_unloaded(u: Option<(f64, f64)>) -> (usize, Mode, String) {
+    let caps = [40u64, 200];
+    let mut v = VecView::two_tier(200, 20);
+    let mut a = Adaptive::new(&PolicyConfig::new(200, caps.to_vec()));
+    let mut moved = 0;
+    for round in 0..5u64 {
+        let s: Vec<AccessSample> = (0..10)
+            .flat_map(|_| (100..110).map(|p| sample(p, 1, false)))
+            .collect();
+        let mut st = caps_status(&v, &caps);
+        if let Some((u0, u1)) = u {
+            st[0].unloaded_latency_ns = Some(u0);
+            st[1].unloaded_latency_ns = Some(u1);
+        }
+        let o = Observations {
+            now_ns: round * TICK_NS,
+            tiers: &st,
+            samples: &s,
+            tpm_outcomes: &[],
+            dirty: &[],
+        };
+        let d = a.tick(&o, &mut v);
+        moved += d.migrations.len();
+        v.apply(&d.migrations);
+    }
+    (moved, a.current_mode(), a.why.clone())
+}
+
+#[test]
+fn equally_fast_tiers_hold_and_a_measured_gap_promotes() {
+    // The same DRAM under both tiers (one NUMA node, no emulation).
+    let (moved, mode, why) = moves_with_unloaded(Some((296.0, 296.0)));
+    assert_eq!((moved, mode), (0, Mode::Hold), "{why}");
+    assert!(why.contains("296 vs 296 ns"), "{why}");
+    // Within Colloid's 5% still holds; 6% apart does not.
+    assert_eq!(moves_with_unloaded(Some((100.0, 104.9))).1, Mode::Hold);
+    // Negative controls: a measured gap, and no measurement at all, promote.
+    for u in [Some((100.0, 106.0)), Some((80.0, 135.0)), None] {
+        let (moved, mode, why) = moves_with_unloaded(u);
+        assert!(moved > 0, "{u:?}: nothing moved ({mode:?}: {why})");
+        assert_ne!(mode, Mode::Hold, "{u:?}");
+    }
+}

@@ -103,6 +103,11 @@ impl LoadModel {
         }
     }
 
+    /// Each tier's emulated latency without load, ns.
+    pub fn unloaded_ns(&self) -> impl Iterator<Item = f64> + '_ {
+        self.models.iter().map(|m| m.unloaded_ns)
+    }
+
     /// Each tier's loaded latency, ns.
     pub fn latency_ns(&self) -> &[f64] {
         &self.latency_ns

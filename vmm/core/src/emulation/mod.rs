@@ -341,9 +341,11 @@ impl Window {
         self.loads.set(
             lat.iter()
                 .zip(rates.iter().chain(std::iter::repeat(&0.0)))
-                .map(|(&l, &r)| TierLoad {
+                .zip(self.model.unloaded_ns())
+                .map(|((&l, &r), u)| TierLoad {
                     loaded_latency_ns: l,
                     requests_per_sec: r,
+                    unloaded_latency_ns: u,
                 })
                 .collect(),
         );
