@@ -492,6 +492,7 @@ impl EngineState {
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
         self.publish_mode();
+        mem.hold_sampling(!self.policy.wants_samples());
         self.tier_hits.iter_mut().for_each(|h| *h = 0);
         self.carry_out(&d, &mem);
         let _ = self.migrator.run_due_retries();
@@ -1032,6 +1033,9 @@ impl EngineThread {
         match policy::switch_to(kind, &pcfg, &exported) {
             Ok(p) => {
                 st.policy = p;
+                st.migrator
+                    .memory()
+                    .hold_sampling(!st.policy.wants_samples());
                 st.set_probing();
                 st.report.capacity_rebuilds += 1;
             }
@@ -1147,6 +1151,81 @@ mod tests {
         let fast: Vec<usize> = (0..PAGES).filter(|&p| m.tier_of(p) == Some(0)).collect();
         assert_eq!(fast, HOT.collect::<Vec<_>>(), "{report:?}");
         m.check_consistency().unwrap();
+    }
+
+    /// `adaptive` live over tiers on one NUMA node, without emulation: the
+    /// engine measures one unloaded latency for both, the policy holds,
+    /// moves nothing, and hint-fault sampling is held. With emulated tiers
+    /// 80 and 135 ns apart (a live source), it does not hold.
+    #[test]
+    fn adaptive_holds_and_stops_sampling_over_equally_fast_tiers() {
+        #[derive(Debug)]
+        struct Emulated;
+        impl TierLoadSource for Emulated {
+            fn tier_loads(&self) -> Option<Vec<TierLoad>> {
+                Some(
+                    [(80.0, 135.0), (135.0, 80.0)]
+                        .map(|(u, _)| TierLoad {
+                            loaded_latency_ns: u * 1.5,
+                            requests_per_sec: 1e7,
+                            unloaded_latency_ns: u,
+                        })
+                        .to_vec(),
+                )
+            }
+            fn describe(&self) -> &'static str {
+                "test: emulated tiers"
+            }
+        }
+        const PAGES: usize = 2048;
+        let mut mc = mem::MemConfig::new(PAGES * mem::PAGE_SIZE, 600);
+        mc.placement = mem::InitialPlacement::SlowFirst;
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let _bound = crate::host_support::watchdog(std::time::Duration::from_secs(120));
+        for live in [None, Some(Arc::new(Emulated) as Arc<dyn TierLoadSource>)] {
+            let m = Arc::new(TieredMemory::new(&mc).expect("tiered memory"));
+            let faults = mem::FaultHandler::spawn(m.clone()).unwrap();
+            let log = Box::new(mem::SoftDirtyLog::new(PAGES));
+            let migrator = Arc::new(Migrator::new(m.clone(), log, Default::default()).unwrap());
+            let emulated = live.is_some();
+            let engine = Engine::spawn(
+                migrator,
+                EngineConfig {
+                    policy: PolicyKind::Adaptive,
+                    schedule: Vec::new(),
+                    modeled_latency: Some(ModeledLatency::default()),
+                    live_latency: live,
+                    intervals: Vec::new(),
+                    damon: None,
+                },
+            )
+            .unwrap();
+            // Emulated: a second of ticks in which it must not hold.
+            let wait = Duration::from_secs(if emulated { 1 } else { 10 });
+            let deadline = Instant::now() + wait;
+            while !m.sampling_held() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let held = m.sampling_held();
+            let report = engine.stop().unwrap();
+            faults.stop().unwrap();
+            let mode = report.final_mode.clone().map(|m| m.mode);
+            if emulated {
+                assert!(!held, "emulated tiers apart: sampling held ({mode:?})");
+                assert_ne!(mode.as_deref(), Some("hold: tiers equally fast"));
+                assert!(report.unloaded_latency.is_none(), "emulation gives them");
+            } else {
+                assert!(held, "one node: sampling not held ({mode:?})");
+                assert_eq!(mode.as_deref(), Some("hold: tiers equally fast"));
+                let u = report.unloaded_latency.clone().expect("measured");
+                assert_eq!(u.per_tier_ns[0], u.per_tier_ns[1], "{u:?}");
+                assert_eq!(report.pages_migrated, 0, "{report:?}");
+            }
+            m.check_consistency().unwrap();
+        }
     }
 
     /// A live resize rebuilds the policy with the new capacities: MTM

@@ -17,7 +17,7 @@
 //! pool slot can still be a `UFFDIO_MOVE` destination.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -290,6 +290,9 @@ pub struct TieredMemory {
     pub(crate) sampled_weights: super::sampler::SampledWeights,
     overhead_pct_bits: AtomicU64,
     guest_cost_factor_bits: AtomicU64,
+    /// The policy needs no samples now: the hint-fault sampler parks
+    /// nothing (see [`Self::hold_sampling`]).
+    sampling_held: AtomicBool,
     setup_time: Duration,
     fault_path_hook: HookSlot<FaultPathHook>,
     fatal_hook: HookSlot<FatalHook>,
@@ -440,6 +443,7 @@ impl TieredMemory {
             sampled_weights: super::sampler::SampledWeights::new(n)?,
             overhead_pct_bits: AtomicU64::new(0),
             guest_cost_factor_bits: AtomicU64::new(super::sampler::GUEST_COST_FACTOR.to_bits()),
+            sampling_held: AtomicBool::new(false),
             setup_time: t0.elapsed(),
             fault_path_hook: HookSlot::default(),
             fatal_hook: HookSlot::default(),
@@ -973,6 +977,19 @@ impl TieredMemory {
         let (lo, hi) = super::sampler::GUEST_COST_FACTOR_RANGE;
         self.guest_cost_factor_bits
             .store(factor.clamp(lo, hi).to_bits(), Ordering::Relaxed);
+    }
+
+    /// Holds (or resumes) hint-fault sampling for the policy: while held,
+    /// the sampler unparks its window and parks nothing, as when paused (the
+    /// engine holds it while its policy needs no samples: `adaptive` over
+    /// equally fast tiers).
+    pub fn hold_sampling(&self, held: bool) {
+        self.sampling_held.store(held, Ordering::Relaxed);
+    }
+
+    /// Whether the policy holds sampling (see [`Self::hold_sampling`]).
+    pub fn sampling_held(&self) -> bool {
+        self.sampling_held.load(Ordering::Relaxed)
     }
 
     /// Installs (or removes) the placement observer (latency emulation's

@@ -364,9 +364,11 @@ impl HintSampler {
             .name("tiervm-sampler".into())
             .spawn(move || {
                 crate::threads::started(crate::threads::ThreadRole::Sampler);
+                let paused = |mem: &TieredMemory| p.load(Ordering::Relaxed) || mem.sampling_held();
                 while !s.load(Ordering::Relaxed) {
-                    if p.load(Ordering::Relaxed) {
-                        // Paused: nothing parked, nothing sampled.
+                    if paused(&self.mem) {
+                        // Paused (A/B) or held (the policy needs no
+                        // samples): nothing parked, nothing sampled.
                         if !self.window.is_empty() {
                             if let Err(e) = self.unpark_all() {
                                 tracing::error!("hint sampler: {e}");
@@ -378,10 +380,10 @@ impl HintSampler {
                         tracing::error!("hint sampler: {e}");
                     }
                     let until = Instant::now() + self.cfg.period;
-                    let was_paused = p.load(Ordering::Relaxed);
+                    let was_paused = paused(&self.mem);
                     while !s.load(Ordering::Relaxed)
                         && Instant::now() < until
-                        && p.load(Ordering::Relaxed) == was_paused
+                        && paused(&self.mem) == was_paused
                     {
                         std::thread::sleep(Duration::from_millis(5).min(self.cfg.period));
                     }

@@ -101,6 +101,13 @@ pub trait Policy: Send {
     fn mode(&self) -> Option<PolicyMode> {
         None
     }
+
+    /// Whether the policy needs access samples now (the live engine holds
+    /// hint-fault sampling while it does not, so the guest pays nothing for
+    /// tracking nobody reads).
+    fn wants_samples(&self) -> bool {
+        true
+    }
 }
 
 /// Builds `kind` and seeds it with `state` exported from the policy in use.

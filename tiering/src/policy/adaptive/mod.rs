@@ -1338,6 +1338,12 @@ impl Policy for Adaptive {
         }
     }
 
+    /// Over equally fast tiers (`hold`) nothing is moved, so nothing needs
+    /// sampling.
+    fn wants_samples(&self) -> bool {
+        self.mode != Mode::Hold
+    }
+
     fn mode(&self) -> Option<PolicyMode> {
         Some(PolicyMode {
             mode: self.mode.name().to_string(),
