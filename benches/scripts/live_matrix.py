@@ -21,6 +21,11 @@ and prints one row per policy:
   and the time they waited for a CPU (host load, not the engine);
 - stalls and how the run ended.
 
+Before each cell's runs a discarded static run (`--warmup S`, default 2 s;
+0 for none) leaves the host's memory as a run of that size does, so the
+cell's first measured run does not alone pay for making room (see the
+comment at the warm-up).
+
 It then checks issue 29's targets per cell and prints the misses, each with
 its measured cause (the engine's extra vCPU time blocked and waiting for a
 CPU against static's, migrations and hint faults; for a promoting policy,
@@ -284,6 +289,8 @@ def main():
     ap.add_argument("--vcpus", default="1,2")
     ap.add_argument("--emulate", default="off,on")
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--warmup", type=float, default=2,
+                    help="seconds of a discarded static run before each cell (0: none)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()
@@ -313,6 +320,16 @@ def main():
             left = (time.time() - started) / (n - 1) * (len(all_cells) - n + 1)
             print(f"about {left / 60:.0f} min left", file=sys.stderr, flush=True)
         rows = []
+        if args.warmup:
+            # A discarded static run first, so the cell's first measured run
+            # does not alone pay the host's making room for a resident set of
+            # another size (the previous cell's): a 2 GiB cell's first run
+            # after smaller ones spent 1.5 s more blocked in set-up, and the
+            # ops/s of a run count from its first operation, so runs with
+            # different set-up times are measured over different phases.
+            print(f"[{n}/{len(all_cells)}] warm-up (static, {args.warmup:g} s, discarded) ...",
+                  file=sys.stderr, flush=True)
+            run_one(cell, "static", argparse.Namespace(**{**vars(args), "duration": args.warmup}))
         for p in args.policies:
             print(f"[{n}/{len(all_cells)}] {cell['workload']} {cell['size']} {cell['placement']} "
                   f"{cell['vcpus']}v emulate={cell['emulate']} {p} ...", file=sys.stderr, flush=True)
