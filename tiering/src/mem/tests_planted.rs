@@ -1014,3 +1014,82 @@ fn a_thread_touching_a_present_page_missing_from_guest_ram_gets_it_back() {
     assert!(freed, "page {page}: the test's zero page freed the thread");
     faults.stop().unwrap();
 }
+
+/// A page unparked (by its parker) between the handler's look at a fault
+/// (the page parked) and its taking the page is a present page, not a hint
+/// fault: no sample, no map-back of a page already back, the toucher woken
+/// with the page's word. Ordered with the `FaultSawParked` test point: the
+/// test reads the real toucher's fault event itself (no handler thread)
+/// and serves it as the handler would, on its own thread, unparking the
+/// page at the point. cargo-mutants: `&` to `|` or `^` in
+/// `mem.pages.load(page) & PARKED == 0` (the page served as a hint fault:
+/// a bogus sample and a failed map-back).
+#[test]
+fn a_page_unparked_between_the_handlers_look_and_its_taking_is_no_hint_fault() {
+    use crate::test_point::{with_action, TestPoint};
+    use std::os::fd::AsRawFd;
+    let Some(mem) = bare(&MemConfig::new(64 * PAGE_SIZE, 64)) else {
+        return;
+    };
+    mem.prefault(0, 32).unwrap();
+    let page = 20;
+    word(&mem, page).store(20_000, Ordering::SeqCst);
+    assert_eq!(
+        mem.park_pages(&[page], Parker::Sampler).unwrap(),
+        vec![page]
+    );
+    let t = Toucher::spawn(&mem, mem.guest_addr(page));
+    let mut events = Vec::new();
+    let t0 = std::time::Instant::now();
+    while events.is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        let _ = mem.uffd.poll2(mem.release_event.as_raw_fd(), 10).unwrap();
+        mem.uffd.read_events(&mut events).unwrap();
+    }
+    assert_eq!(events.len(), 1, "the toucher's fault: {events:?}");
+    let ev = events[0];
+    assert_eq!(mem.guest_page_of(ev.address), Some(page));
+    let counters = |m: &TieredMemory| {
+        (
+            m.counters.hint_faults.load(Ordering::Relaxed),
+            m.counters.unpark_failures.load(Ordering::Relaxed),
+            m.counters.guest_stalls.load(Ordering::Relaxed),
+        )
+    };
+    let before = counters(&mem);
+    let unparked = Arc::new(AtomicU64::new(u64::MAX));
+    let (m, u) = (mem.clone(), unparked.clone());
+    let mut pending = std::collections::HashMap::new();
+    with_action(
+        move |point| {
+            if point == TestPoint::FaultSawParked && u.load(Ordering::SeqCst) == u64::MAX {
+                let n = m.unpark_pages_settled(&[page], Parker::Sampler);
+                u.store(n.map_or(0, |n| n as u64), Ordering::SeqCst);
+            }
+        },
+        || fault::handle_event_for_test(&mem, &ev, &mut pending),
+    );
+    assert_eq!(
+        unparked.load(Ordering::SeqCst),
+        1,
+        "the test point fired and unparked the page"
+    );
+    assert!(pending.is_empty(), "the fault was resolved");
+    let after = counters(&mem);
+    assert_eq!(
+        mem.drain_samples(),
+        vec![],
+        "a page unparked before the handler took it was recorded as a hint fault"
+    );
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (0, 0, 1),
+        "(hint faults, failed map-backs, stalls served as a present page)"
+    );
+    assert_eq!(t.returned(&mem, "unparked"), Ok(20_000));
+    assert_eq!(
+        mem.pages.load(page) & (page_map::BUSY | page_map::PARKED | page_map::PROBE),
+        0
+    );
+    assert_eq!(mem.fatal_error(), None);
+    mem.check_consistency().unwrap();
+}
