@@ -13,6 +13,11 @@ pub enum TestPoint {
     /// Transactional migration: the pages were copied to staging, the old
     /// pages are still mapped (step 2 done, step 3 not begun).
     TpmCopied,
+    /// The fault handler's evaluation of a fault saw the page parked and
+    /// has not taken it yet (a mover may unpark it here). Reached on the
+    /// thread that serves the event: in tests, one that calls the
+    /// handler's event function itself instead of the handler thread.
+    FaultSawParked,
 }
 
 type Action = Arc<dyn Fn(TestPoint) + Send + Sync>;

@@ -273,6 +273,8 @@ fn evaluate(mem: &TieredMemory, page: usize, p: Pending, filled: Option<Instant>
             return false;
         }
         if w & PARKED != 0 {
+            // Tests: the page may be unparked between this look and the taking.
+            crate::test_point::reached(crate::test_point::TestPoint::FaultSawParked);
             if mem.pages.try_acquire(page, true).is_none() {
                 continue;
             }

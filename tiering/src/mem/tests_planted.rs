@@ -867,3 +867,229 @@ fn commit_ahead_follows_first_touches_at_once_and_only_them() {
     );
     mem.check_consistency().unwrap();
 }
+
+// ---- cargo-mutants of fault.rs: the wake injection, hole recovery, the unpark race ----
+
+/// `--test-fault-inject wake` (a lost wake-up planted for the stall
+/// watchdog): the handler maps the touched parked page back without waking
+/// its toucher. Only the wake may be lost: the page must be back and
+/// unflagged (not `PARKED`, not `PROBE`, not owned), for a sampler's page
+/// and a probe's; the watchdog's way then finds the page the thread waits
+/// on, sees it present and only wakes it (`Unstick::Woken`), and the thread
+/// reads the page's word. cargo-mutants: `|` to `&` in
+/// `release_page(page, 0, PARKED | PROBE)` (the page stays flagged parked
+/// after it was moved back).
+#[test]
+fn the_wake_injection_maps_the_page_back_unflagged_and_loses_only_the_wake() {
+    let Some((mem, faults)) = handled() else {
+        return;
+    };
+    for p in 0..32 {
+        word(&mem, p).store(p as u64 * 1000, Ordering::SeqCst);
+    }
+    for (page, parker) in [(10, Parker::Sampler), (11, Parker::Probe)] {
+        let what = format!("{parker:?}'s page {page}");
+        mem.injector()
+            .set(&[FaultPlan::parse("wake:every=1:max=1").unwrap()]);
+        assert_eq!(mem.park_pages(&[page], parker).unwrap(), vec![page]);
+        let t = Toucher::spawn(&mem, mem.guest_addr(page));
+        assert!(
+            wait_until(|| mem.injector().fired(FaultPoint::Wake) == 1),
+            "{what}: the handler never mapped the touched page back"
+        );
+        // The release comes right after the map-back's move.
+        assert!(
+            wait_until(|| mem.pages.load(page) & page_map::BUSY == 0),
+            "{what}: still owned"
+        );
+        let w = mem.pages.load(page);
+        assert_eq!(
+            w & (page_map::PARKED | page_map::PROBE),
+            0,
+            "{what}: moved back but still flagged {}",
+            super::watch::describe_word(w)
+        );
+        assert_ne!(w & page_map::POPULATED, 0, "{what}");
+        mem.check_consistency()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        // The wake was lost: the thread still sleeps on its userfault.
+        assert!(
+            t.rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "{what}: the toucher was woken (the injection lost no wake-up)"
+        );
+        // What the stall watchdog does: the thread's last fault names the
+        // page; the page is present, so a wake is all it needs.
+        let samples = mem.drain_samples();
+        assert_eq!(samples.len(), 1, "{what}: {samples:?}");
+        assert_eq!(samples[0].page, page as u64, "{what}");
+        let view = mem.stall_view(Some(samples[0].thread_id));
+        assert_eq!(mem.page_waited_by(&view), Some(page), "{what}: {view}");
+        assert_eq!(mem.unstick(page), Unstick::Woken, "{what}");
+        assert_eq!(
+            t.returned(&mem, &what),
+            Ok(page as u64 * 1000),
+            "{what}: the page's word"
+        );
+    }
+    mem.injector().set(&[]);
+    faults.stop().unwrap();
+    assert_eq!(mem.fatal_error(), None);
+    mem.check_consistency().unwrap();
+}
+
+/// A page the bookkeeping calls present (committed, not parked, nobody
+/// owns it) whose guest copy went away quietly (a bug elsewhere): waking
+/// its toucher would only make it fault again, for ever (a vCPU that never
+/// resumes). The handler must recover it (`recover_hole`): a copy in the
+/// page's parking slot or shadow slot is put back and the thread reads the
+/// page's word; with no copy anywhere the VM is stopped (a fatal error),
+/// never run on lost data. cargo-mutants: `==` to `!=` and `&` to `^` in
+/// `... & (BUSY | PARKED) == 0` (no recovery: the toucher is woken into the
+/// same fault again and again, and no fatal error).
+#[test]
+fn a_thread_touching_a_present_page_missing_from_guest_ram_gets_it_back() {
+    let Some((mem, faults)) = handled() else {
+        return;
+    };
+    for p in 0..32 {
+        word(&mem, p).store(p as u64 * 1000, Ordering::SeqCst);
+    }
+    let unexpected = || mem.stats().migration.unexpected_faults;
+    let mut hung = Vec::new();
+    for (page, slot, area) in [
+        (12, mem.park_addr(12), "its parking slot"),
+        (13, mem.shadow_addr(13), "its shadow slot"),
+    ] {
+        let what = format!("page {page}, its guest copy moved to {area}");
+        let before = unexpected();
+        mem.move_range(slot, mem.guest_addr(page), PAGE_SIZE, false)
+            .expect("move the guest copy away quietly");
+        match Toucher::spawn(&mem, mem.guest_addr(page)).returned(&mem, &what) {
+            Ok(v) => assert_eq!(v, page as u64 * 1000, "{what}: the page's word"),
+            Err(e) => {
+                hung.push(e);
+                // The test's zero fill freed the thread: put the copy back.
+                let _ = mem.discard(mem.guest_addr(page), PAGE_SIZE);
+                let _ = mem.move_range(mem.guest_addr(page), slot, PAGE_SIZE, false);
+                continue;
+            }
+        }
+        assert!(
+            wait_until(|| mem.pages.load(page) & page_map::BUSY == 0),
+            "{what}: still owned"
+        );
+        let w = mem.pages.load(page);
+        assert_eq!(
+            w & (page_map::PARKED | page_map::POPULATED),
+            page_map::POPULATED,
+            "{what}: {}",
+            super::watch::describe_word(w)
+        );
+        assert_eq!(unexpected(), before + 1, "{what}: one hole recovered");
+    }
+    assert!(hung.is_empty(), "{}", hung.join("\n"));
+    assert_eq!(mem.fatal_error(), None);
+    mem.check_consistency().unwrap();
+    // No copy anywhere: the VM is stopped. The thread stays blocked (its
+    // vCPU would be stopped); the test frees it with a zero page.
+    let page = 14;
+    mem.discard(mem.guest_addr(page), PAGE_SIZE).unwrap();
+    let t = Toucher::spawn(&mem, mem.guest_addr(page));
+    let stopped = wait_until(|| mem.fatal_error().is_some());
+    let _ = mem.uffd.zero_page(mem.guest_addr(page), PAGE_SIZE);
+    let _ = mem.uffd.wake(mem.guest_addr(page), PAGE_SIZE);
+    let freed = t.rx.recv_timeout(Duration::from_secs(5)).is_ok();
+    if freed {
+        t.join.join().unwrap();
+    }
+    assert!(
+        stopped,
+        "page {page}, discarded: no fatal error within 10 s (the hole was never recovered)"
+    );
+    let fatal = mem.fatal_error().unwrap();
+    assert!(
+        fatal.contains("guest page 14 is missing from guest RAM"),
+        "{fatal}"
+    );
+    assert!(freed, "page {page}: the test's zero page freed the thread");
+    faults.stop().unwrap();
+}
+
+/// A page unparked (by its parker) between the handler's look at a fault
+/// (the page parked) and its taking the page is a present page, not a hint
+/// fault: no sample, no map-back of a page already back, the toucher woken
+/// with the page's word. Ordered with the `FaultSawParked` test point: the
+/// test reads the real toucher's fault event itself (no handler thread)
+/// and serves it as the handler would, on its own thread, unparking the
+/// page at the point. cargo-mutants: `&` to `|` or `^` in
+/// `mem.pages.load(page) & PARKED == 0` (the page served as a hint fault:
+/// a bogus sample and a failed map-back).
+#[test]
+fn a_page_unparked_between_the_handlers_look_and_its_taking_is_no_hint_fault() {
+    use crate::test_point::{with_action, TestPoint};
+    use std::os::fd::AsRawFd;
+    let Some(mem) = bare(&MemConfig::new(64 * PAGE_SIZE, 64)) else {
+        return;
+    };
+    mem.prefault(0, 32).unwrap();
+    let page = 20;
+    word(&mem, page).store(20_000, Ordering::SeqCst);
+    assert_eq!(
+        mem.park_pages(&[page], Parker::Sampler).unwrap(),
+        vec![page]
+    );
+    let t = Toucher::spawn(&mem, mem.guest_addr(page));
+    let mut events = Vec::new();
+    let t0 = std::time::Instant::now();
+    while events.is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        let _ = mem.uffd.poll2(mem.release_event.as_raw_fd(), 10).unwrap();
+        mem.uffd.read_events(&mut events).unwrap();
+    }
+    assert_eq!(events.len(), 1, "the toucher's fault: {events:?}");
+    let ev = events[0];
+    assert_eq!(mem.guest_page_of(ev.address), Some(page));
+    let counters = |m: &TieredMemory| {
+        (
+            m.counters.hint_faults.load(Ordering::Relaxed),
+            m.counters.unpark_failures.load(Ordering::Relaxed),
+            m.counters.guest_stalls.load(Ordering::Relaxed),
+        )
+    };
+    let before = counters(&mem);
+    let unparked = Arc::new(AtomicU64::new(u64::MAX));
+    let (m, u) = (mem.clone(), unparked.clone());
+    let mut pending = std::collections::HashMap::new();
+    with_action(
+        move |point| {
+            if point == TestPoint::FaultSawParked && u.load(Ordering::SeqCst) == u64::MAX {
+                let n = m.unpark_pages_settled(&[page], Parker::Sampler);
+                u.store(n.map_or(0, |n| n as u64), Ordering::SeqCst);
+            }
+        },
+        || fault::handle_event_for_test(&mem, &ev, &mut pending),
+    );
+    assert_eq!(
+        unparked.load(Ordering::SeqCst),
+        1,
+        "the test point fired and unparked the page"
+    );
+    assert!(pending.is_empty(), "the fault was resolved");
+    let after = counters(&mem);
+    assert_eq!(
+        mem.drain_samples(),
+        vec![],
+        "a page unparked before the handler took it was recorded as a hint fault"
+    );
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (0, 0, 1),
+        "(hint faults, failed map-backs, stalls served as a present page)"
+    );
+    assert_eq!(t.returned(&mem, "unparked"), Ok(20_000));
+    assert_eq!(
+        mem.pages.load(page) & (page_map::BUSY | page_map::PARKED | page_map::PROBE),
+        0
+    );
+    assert_eq!(mem.fatal_error(), None);
+    mem.check_consistency().unwrap();
+}
