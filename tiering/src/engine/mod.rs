@@ -262,9 +262,6 @@ impl MemoryView for LiveView<'_> {
     fn shadow_tier(&self, page: u64) -> Option<TierId> {
         self.mem.shadow_tier(page as usize)
     }
-    fn is_committed(&self, page: u64) -> bool {
-        self.mem.tier_of(page as usize).is_some()
-    }
     fn accessed_unit(&self, page: u64) -> (u64, u64) {
         // Probes arm a huge page's whole range (`mem::AccessProbes::arm`).
         match self

@@ -157,12 +157,6 @@ pub trait MemoryView {
     fn accessed_unit(&self, page: u64) -> (u64, u64) {
         (page, 1)
     }
-    /// Whether the guest ever touched the page (live, a page never touched
-    /// has no memory and no tier; [`Self::tier_of`] places it in the
-    /// slowest). Always, where every page exists from the start.
-    fn is_committed(&self, _page: u64) -> bool {
-        true
-    }
 }
 
 /// Which trackers a policy needs the engine to run.
