@@ -262,17 +262,6 @@ impl MemoryView for LiveView<'_> {
     fn shadow_tier(&self, page: u64) -> Option<TierId> {
         self.mem.shadow_tier(page as usize)
     }
-    fn accessed_unit(&self, page: u64) -> (u64, u64) {
-        // Probes arm a huge page's whole range (`mem::AccessProbes::arm`).
-        match self
-            .probe
-            .as_ref()
-            .and(self.mem.huge_range_of(page as usize))
-        {
-            Some(first) => (first as u64, u64::from(crate::vocab::PAGES_PER_2M)),
-            None => (page, 1),
-        }
-    }
     fn test_and_clear_accessed(&mut self, page: u64) -> bool {
         if let Some(p) = &mut self.probe {
             p.to_arm.push(page as usize);

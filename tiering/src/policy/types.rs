@@ -149,14 +149,6 @@ pub trait MemoryView {
     }
     /// Reads and clears the page's accessed bit (accessed since the last call).
     fn test_and_clear_accessed(&mut self, page: u64) -> bool;
-    /// The pages one accessed-bit test of `page` answers for, as its first
-    /// page and its length: live, a 2 MiB range mapped by one huge page is
-    /// tested (armed) whole, and a touch anywhere in it is a touch of every
-    /// page of it, as with a huge page table entry's accessed bit; else the
-    /// page alone.
-    fn accessed_unit(&self, page: u64) -> (u64, u64) {
-        (page, 1)
-    }
 }
 
 /// Which trackers a policy needs the engine to run.

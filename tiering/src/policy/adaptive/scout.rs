@@ -93,27 +93,9 @@ impl Scout {
             }
             left -= 1;
             self.tests += 1;
-            // One test of a huge page answers for its whole range: the
-            // walk steps over it, and a touch is a hit of each of its
-            // slower, not yet known pages.
-            let (first, len) = view.accessed_unit(p);
-            let end = first.saturating_add(len).min(n);
-            if len > 1 && end > p + 1 {
-                looked += end - p - 1;
-                self.cursor = end % n.max(1);
-            }
             if view.test_and_clear_accessed(p) {
-                if len > 1 {
-                    let before = hits.len();
-                    hits.extend(
-                        (first..end)
-                            .filter(|&q| q == p || (view.tier_of(q) > room && !is_known(q))),
-                    );
-                    self.hits += (hits.len() - before) as u64;
-                } else {
-                    self.hits += 1;
-                    hits.push(p);
-                }
+                self.hits += 1;
+                hits.push(p);
             }
         }
     }
@@ -150,50 +132,5 @@ mod tests {
         let before = s.tests;
         s.run(10_000.0, None, &mut v, |_| false, &mut hits);
         assert_eq!(s.tests, before);
-    }
-
-    /// A view whose accessed bits answer for aligned units of 8 pages (as
-    /// live probes answer for a huge page's whole range).
-    struct Units(VecView);
-    impl MemoryView for Units {
-        fn pages(&self) -> u64 {
-            self.0.pages()
-        }
-        fn tier_of(&self, page: u64) -> TierId {
-            self.0.tier_of(page)
-        }
-        fn shadow_tier(&self, page: u64) -> Option<TierId> {
-            self.0.shadow_tier(page)
-        }
-        fn test_and_clear_accessed(&mut self, page: u64) -> bool {
-            let first = page / 8 * 8;
-            let mut any = false;
-            for q in first..(first + 8).min(self.pages()) {
-                any |= self.0.test_and_clear_accessed(q);
-            }
-            any
-        }
-        fn accessed_unit(&self, page: u64) -> (u64, u64) {
-            (page / 8 * 8, 8)
-        }
-    }
-
-    #[test]
-    fn one_test_answers_for_a_whole_huge_unit_and_steps_over_it() {
-        // 16 fast pages, 84 slow ones in units of 8 (16..24, ..., 96..100).
-        let mut v = Units(VecView::two_tier(100, 16));
-        v.0.accessed[42] = true; // unit 40..48
-        v.0.accessed[97] = true; // the last, partial unit 96..100
-        let mut s = Scout::new(Some(1_000.0));
-        let mut hits = Vec::new();
-        // 3, 3, 3 and 2 tests: the 11 slow units once (page 41 is known).
-        for budget in [3_000.0, 3_000.0, 3_000.0, 2_000.0] {
-            s.run(budget, Some(0), &mut v, |p| p == 41, &mut hits);
-        }
-        assert_eq!(s.tests, 11, "one test per unit, not per page");
-        let mut want: Vec<u64> = (40..48).filter(|&p| p != 41).collect();
-        want.extend(96..100);
-        assert_eq!(hits, want, "a touched unit's pages, known ones left out");
-        assert_eq!(s.hits, 11);
     }
 }
