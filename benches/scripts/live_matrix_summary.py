@@ -19,10 +19,14 @@ POLICIES = ["tpp", "nomad", "memtis", "colloid", "mtm", "adaptive"]
 
 
 def ratios(res):
+    """Static's baseline (the mean of `static` and, in a bracketed run,
+    `static-end`) and every policy's ratio to it."""
     rows = {r["policy"]: r for r in res["rows"] if "error" not in r}
-    base = rows.get("static")
-    if not base or base["ops_per_sec"] <= 0:
+    st = [rows[p] for p in ("static", "static-end") if p in rows]
+    if not st or st[0]["ops_per_sec"] <= 0:
         return None, {}
+    base = dict(st[0])
+    base["ops_per_sec"] = sum(r["ops_per_sec"] for r in st) / len(st)
     return base, {p: r["ops_per_sec"] / base["ops_per_sec"] for p, r in rows.items()}
 
 
@@ -37,7 +41,7 @@ def cell_row(res, fast_bytes):
         return f"| {c['workload']} | {c['size']} | {c['placement']} | {c['vcpus']} | {c['emulate']} | no static baseline |"
     rows = [r for r in res["rows"] if "error" not in r]
     worst = min((r["worst_1s"] for r in rows if r["worst_1s"] is not None), default=None)
-    prom = [r for r in rows if r["policy"] != "static"]
+    prom = [r for r in rows if r["policy"] not in ("static", "static-end")]
     blocked = [r["blocked_pct"] for r in prom if r["blocked_pct"] is not None]
     best = max(prom, key=lambda r: r["promotions"], default=None)
     moved = (f"{best['policy']} {best['promotions']} ({100 * best['promotions'] * 4096 / fast_bytes:.0f}%)"
@@ -53,7 +57,8 @@ def cell_row(res, fast_bytes):
 
 def per_policy(results):
     out = {}
-    for p in POLICIES:
+    # static-end (bracketed runs): static run again last, the A/A control.
+    for p in POLICIES + ["static-end"]:
         xs = [ratios(r)[1].get(p) for r in results if r["cell"]["emulate"] == "off"]
         xs = [x for x in xs if x is not None]
         if xs:
@@ -89,7 +94,8 @@ def main():
     print("|---|---|---|---|---|" + ("---|" if before else ""))
     for p, (lo, med, hi, ok, n) in per_policy(res).items():
         extra = f" {before[p][1]:.2f} |" if before and p in before else (" - |" if before else "")
-        print(f"| {p} | {lo:.2f} | {med:.2f} | {hi:.2f} | {ok}/{n}{' (0.95x)' if p == 'adaptive' else ''} |{extra}")
+        at = "A/A control" if p == "static-end" else f"{ok}/{n}{' (0.95x)' if p == 'adaptive' else ''}"
+        print(f"| {p} | {lo:.2f} | {med:.2f} | {hi:.2f} | {at} |{extra}")
     return 0
 
 
