@@ -19,8 +19,9 @@ use crate::sys::NodeBuffer;
 pub const CHASE_BYTES: usize = 64 << 20;
 /// One load per cache line.
 const LINE_WORDS: usize = 64 / std::mem::size_of::<u64>();
-/// Loads per round, and rounds (the median is kept): 5 x 40k loads of
-/// ~100 ns, about 20 ms per node.
+/// Loads per round, and rounds (the median is kept): 5 x 40k loads, about
+/// 60 ms per node at the 296 ns a load takes under PVM here, plus filling
+/// the buffer.
 const ROUND_LOADS: usize = 40_000;
 const ROUNDS: usize = 5;
 
@@ -35,6 +36,8 @@ pub struct UnloadedLatency {
     pub per_tier_ns: Vec<f64>,
     /// Per tier, its NUMA node.
     pub nodes: Vec<u32>,
+    /// How they were obtained ([`MEASURED_SOURCE`]).
+    pub source: &'static str,
 }
 
 /// Measures the nodes of the tiers (`nodes[t]` is tier `t`'s node).
@@ -55,6 +58,7 @@ pub fn measure(nodes: &[u32]) -> io::Result<UnloadedLatency> {
     Ok(UnloadedLatency {
         per_tier_ns,
         nodes: nodes.to_vec(),
+        source: MEASURED_SOURCE,
     })
 }
 
