@@ -1093,3 +1093,64 @@ fn a_page_unparked_between_the_handlers_look_and_its_taking_is_no_hint_fault() {
     assert_eq!(mem.fatal_error(), None);
     mem.check_consistency().unwrap();
 }
+
+/// The `wake` injection on a huge range parked whole (`map_back_range`'s
+/// test-only path, issue 29's range map-back): the range goes back whole,
+/// every one of its 512 pages is released, unowned and neither `PARKED`
+/// nor `PROBE`, and only the toucher's wake is lost (the stall watchdog's
+/// wake frees it). cargo-mutants: `+` to `-` or `*` in the release loop's
+/// bound (pages left owned), `|` to `&` in `PARKED | PROBE` (pages left
+/// flagged parked).
+#[test]
+fn the_wake_injection_on_a_huge_range_releases_every_page_of_it_unflagged() {
+    let Some((mem, _log, _m, faults)) = setup(2048, 2048, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    let first = 512;
+    let range: Vec<usize> = (first..first + 512).collect();
+    for &p in &range {
+        word(&mem, p).store(p as u64 * 1000, Ordering::SeqCst);
+    }
+    assert_eq!(mem.huge_range_of(first), Some(first), "first-touched whole");
+    mem.injector()
+        .set(&[FaultPlan::parse("wake:every=1:max=1").unwrap()]);
+    assert_eq!(mem.park_pages(&range, Parker::Sampler).unwrap().len(), 512);
+    let touched = first + 300;
+    let t = Toucher::spawn(&mem, mem.guest_addr(touched));
+    assert!(
+        wait_until(|| mem.injector().fired(FaultPoint::Wake) == 1),
+        "the handler never mapped the touched range back"
+    );
+    let owned = || {
+        range
+            .iter()
+            .filter(|&&p| mem.pages.load(p) & page_map::BUSY != 0)
+            .count()
+    };
+    assert!(wait_until(|| owned() == 0), "{} pages still owned", owned());
+    let flagged: Vec<usize> = range
+        .iter()
+        .copied()
+        .filter(|&p| mem.pages.load(p) & (page_map::PARKED | page_map::PROBE) != 0)
+        .collect();
+    assert!(
+        flagged.is_empty(),
+        "moved back but {} pages still flagged, the first {:?}",
+        flagged.len(),
+        flagged.first()
+    );
+    assert!(
+        t.rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "the toucher was woken (the injection lost no wake-up)"
+    );
+    // The stall watchdog's part: the page is present, a wake frees it.
+    let _ = mem.uffd.wake(mem.guest_addr(touched), PAGE_SIZE);
+    assert_eq!(
+        t.returned(&mem, "the range's toucher"),
+        Ok(touched as u64 * 1000)
+    );
+    mem.injector().set(&[]);
+    faults.stop().unwrap();
+    assert_eq!(mem.fatal_error(), None);
+    mem.check_consistency().unwrap();
+}
