@@ -1813,11 +1813,19 @@ fn a_huge_page_parked_whole_is_mapped_back_whole() {
         samples[0].huge && samples[0].page == (first + 300) as u64,
         "{samples:?}"
     );
-    let parked = range
-        .iter()
-        .filter(|&&p| mem.pages.load(p) & page_map::PARKED != 0)
-        .count();
-    assert_eq!(parked, 0, "every page of the range is back");
+    // The move that fills the hole wakes the toucher before the handler
+    // releases the range's pages: wait (bounded) for the release.
+    let parked = || {
+        range
+            .iter()
+            .filter(|&&p| mem.pages.load(p) & (page_map::PARKED | page_map::BUSY) != 0)
+            .count()
+    };
+    let t0 = std::time::Instant::now();
+    while parked() != 0 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(parked(), 0, "every page of the range is back");
     let st = mem.stats();
     assert_eq!(st.backing.huge_range_unparks, 1);
     assert_eq!(st.backing.splits, splits, "the range was not split");
