@@ -294,9 +294,6 @@ struct EngineState {
     latency: Option<ModeledLatency>,
     /// Latency emulation's live model; takes precedence over `latency`.
     live_latency: Option<Arc<dyn TierLoadSource>>,
-    /// The tiers' unloaded latency, measured at start for policies that
-    /// read it (`None` before, or when none does).
-    unloaded: Option<unloaded_latency::UnloadedLatency>,
     report: EngineReport,
     /// Sampled accesses per page, for the service's division of the fast tier.
     profile: Arc<profile::AccessProfile>,
@@ -308,8 +305,13 @@ impl EngineState {
         config_for(&self.cfg, &self.intervals, kind)
     }
 
-    /// Starts or stops the accessed-bit probes for the current policy.
-    fn set_probing(&mut self) {
+    /// Starts or stops the accessed-bit probes, and holds or resumes
+    /// hint-fault sampling, for the current policy (after every change of
+    /// policy; the hold is also followed at every tick).
+    fn follow_policy_trackers(&mut self) {
+        self.migrator
+            .memory()
+            .hold_sampling(!self.policy.wants_samples());
         // DAMON supplies the accessed bits: no probes.
         let wants = self.policy.trackers().accessed_bits && self.damon.is_none();
         if wants && self.probes.is_none() {
@@ -358,7 +360,8 @@ impl EngineState {
                     loaded_latency_ns: latencies.map(|l| l[i.min(1)]),
                     request_rate: None,
                     unloaded_latency_ns: self
-                        .unloaded
+                        .report
+                        .unloaded_latency
                         .as_ref()
                         .and_then(|u| u.per_tier_ns.get(i).copied()),
                 }
@@ -820,7 +823,6 @@ impl Engine {
             hint_tiers: trackers.hint_fault_tiers.clone(),
             latency: cfg.modeled_latency,
             live_latency: cfg.live_latency.clone(),
-            unloaded: None,
             report: EngineReport::for_config(&cfg),
             profile: profile.clone(),
         }));
@@ -983,11 +985,7 @@ impl EngineThread {
             };
             // The guest runs meanwhile; the first tick waits for this.
             match unloaded_latency::measure(&nodes) {
-                Ok(u) => {
-                    let mut st = lock(&self.state);
-                    st.report.unloaded_latency = Some(u.clone());
-                    st.unloaded = Some(u);
-                }
+                Ok(u) => lock(&self.state).report.unloaded_latency = Some(u),
                 Err(e) => tracing::warn!(
                     "measuring the tiers' unloaded latency: {e}; adaptive values moves by the modeled latency instead"
                 ),
@@ -996,7 +994,7 @@ impl EngineThread {
         let mut st = lock(&self.state);
         let kind = st.policy.kind();
         st.report.policies.push((kind, 0.0));
-        st.set_probing();
+        st.follow_policy_trackers();
         self.next_tick = tick_period(st.policy.as_ref());
     }
 
@@ -1033,10 +1031,7 @@ impl EngineThread {
         match policy::switch_to(kind, &pcfg, &exported) {
             Ok(p) => {
                 st.policy = p;
-                st.migrator
-                    .memory()
-                    .hold_sampling(!st.policy.wants_samples());
-                st.set_probing();
+                st.follow_policy_trackers();
                 st.report.capacity_rebuilds += 1;
             }
             Err(e) => tracing::warn!("rebuilding {kind} for new tier capacities: {e}"),
@@ -1054,7 +1049,7 @@ impl EngineThread {
         match policy::switch_to(kind, &pcfg, &exported) {
             Ok(p) => {
                 st.policy = p;
-                st.set_probing();
+                st.follow_policy_trackers();
                 self.next_tick = now + tick_period(st.policy.as_ref());
                 st.report.policies.push((kind, now.as_secs_f64()));
                 drop(st);
