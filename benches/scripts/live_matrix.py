@@ -9,7 +9,8 @@ and prints one row per policy:
 
 - ops/s and the ratio to static (measured; with --emulate-latency the tiers'
   latency is emulated in the guest, otherwise both tiers are the same DRAM and
-  the ratio is pure overhead);
+  the ratio is pure overhead), over the whole run and over its second half
+  (once a policy had half the run to place pages);
 - the ratio of guest ops per second of vCPU time spent running or blocked
   on the engine (time runnable but waiting for a CPU left out): an estimate
   of the ratio on an idle host, for hosts whose cores are shared;
@@ -26,6 +27,9 @@ cell's last policy (`static-end`); ratios are to the mean of the two, so a
 drift of the host over a cell's runs cancels to first order (the two
 static rows' own ratios show that drift: an A/A control).
 
+With `--ceiling`, static also runs with a fast tier as large as guest RAM
+(`all-fast`): every page fast, the most any placement can gain in the cell.
+
 Before each cell's runs a discarded static run (`--warmup S`, default 2 s;
 0 for none) leaves the host's memory as a run of that size does, so the
 cell's first measured run does not alone pay for making room (see the
@@ -40,7 +44,7 @@ Usage:
   benches/scripts/live_matrix.py [--quick | --preset issue29] [--duration S] [--fast SIZE]
       [--sizes 64M,192M,...] [--workloads zipf,zipf-uniform,gups,kv,pagerank]
       [--policies static,tpp,...] [--placements fast-first,slow-first]
-      [--vcpus 1,2] [--emulate off,on] [--json FILE] [--md FILE]
+      [--vcpus 1,2] [--emulate off,on] [--ceiling] [--json FILE] [--md FILE]
 
 --quick runs a small subset (two sizes, zipf skewed and uniform, slow-first,
 2 vCPUs, no emulation) in a few minutes. The full default matrix is long
@@ -106,15 +110,23 @@ def guest_mem(rss):
     return (m + (2 << 20) - 1) // (2 << 20) * (2 << 20)
 
 
+# Not a policy: static with a fast tier as large as guest RAM, so every
+# page is fast (`--ceiling`). Its ratio to static is the most any placement
+# can gain in the cell (with emulation; without, both tiers are one DRAM).
+ALL_FAST = "all-fast"
+
+
 def run_one(cell, policy, args):
     image, wargs = workload_args(cell["workload"], cell["rss"])
+    mem = fmt_size(guest_mem(cell["rss"]))
     cmd = [
         TIERVM, "run", image,
-        "--mem", fmt_size(guest_mem(cell["rss"])),
-        "--fast", args.fast,
-        "--placement", cell["placement"],
+        "--mem", mem,
+        "--fast", mem if policy == ALL_FAST else args.fast,
+        # All fast: fast-first (slow-first would fill the slow tier first).
+        "--placement", "fast-first" if policy == ALL_FAST else cell["placement"],
         "--vcpus", str(cell["vcpus"]),
-        "--policy", policy,
+        "--policy", "static" if policy == ALL_FAST else policy,
         "--duration", f"{args.duration}s",
         "--seed", str(args.seed),
         "--quiet", "--report", "json",
@@ -160,6 +172,21 @@ def worst_window(timeline, stop_s):
     return None if worst is math.inf else worst / mean
 
 
+def late_rate(timeline, stop_s):
+    """Ops per second over the second half of the span from the first
+    progress to `stop_s`: the rate once a policy had half the run to place
+    pages (the whole-run rate counts its start-up too)."""
+    pts = [(p["t_s"], p["ops"]) for p in timeline]
+    first = next((t for t, o in pts if o > 0), None)
+    if first is None:
+        return 0.0
+    mid = first + (stop_s - first) / 2
+    span = [(t, o) for t, o in pts if mid <= t <= stop_s]
+    if len(span) < 2 or span[-1][0] <= span[0][0]:
+        return None
+    return (span[-1][1] - span[0][1]) / (span[-1][0] - span[0][0])
+
+
 def summarize(policy, r, rc, wall):
     live = r.get("liveness", {})
     vcpu_ms = live.get("vcpu_run_ms", 0) + live.get("vcpu_wait_cpu_ms", 0) + live.get("vcpu_blocked_ms", 0)
@@ -175,6 +202,7 @@ def summarize(policy, r, rc, wall):
         "policy": policy,
         "rc": rc,
         "ops_per_sec": r["ops_per_sec"],
+        "late_ops_per_sec": late_rate(r["timeline"], stop_s),
         "ops_per_busy_vcpu_s": r["ops"] / (busy_ms / 1e3) if busy_ms else None,
         "stop_reason": r["stop_reason"],
         "worst_1s": worst_window(r["timeline"], stop_s),
@@ -243,6 +271,8 @@ def baseline(rows):
         return None
     base = dict(st[0])
     base["ops_per_sec"] = sum(r["ops_per_sec"] for r in st) / len(st)
+    late = [r["late_ops_per_sec"] for r in st if r.get("late_ops_per_sec")]
+    base["late_ops_per_sec"] = sum(late) / len(late) if late else None
     busy = [r["ops_per_busy_vcpu_s"] for r in st if r.get("ops_per_busy_vcpu_s")]
     base["ops_per_busy_vcpu_s"] = sum(busy) / len(busy) if busy else None
     return base
@@ -263,6 +293,12 @@ def cost_vs_static(r, base):
                    f"{r['hint_faults']} hint faults{setup}")
 
 
+def late_ratio(r, base):
+    """`r`'s second-half rate over the baseline's, if both are known."""
+    a, b = r.get("late_ops_per_sec"), base.get("late_ops_per_sec")
+    return a / b if a and b else None
+
+
 def check_targets(cell, rows, fast_bytes, duration):
     """Issue 29's targets for one cell; returns the misses (strings), each
     with its measured cause."""
@@ -279,21 +315,24 @@ def check_targets(cell, rows, fast_bytes, duration):
             misses.append(f"{r['policy']}: ended {r['stop_reason']}, {r['stalls']} stall(s)")
     if cell["emulate"] == "off":
         for p, x in ratio.items():
-            if p in STATICS:
+            if p in STATICS or p == ALL_FAST:
                 continue
             floor = 0.95 if p == "adaptive" else 0.8
             if x < floor:
                 extra, why = cost_vs_static(ok[p], base)
                 misses.append(f"{p} {x:.2f}x static < {floor} (loss {100 * (1 - x):.0f}%): {why}")
     elif cell["workload"] in SKEWED and cell["rss"] >= 3 * fast_bytes:
-        promoting = {p: x for p, x in ratio.items() if p not in STATICS}
+        promoting = {p: x for p, x in ratio.items() if p not in STATICS and p != ALL_FAST}
         best_p = max(promoting, key=promoting.get, default=None)
         best = promoting.get(best_p, 0)
         if best < 1.2 and best_p is not None:
             moved = ok[best_p]["promotions"] * 4096 / fast_bytes
+            ceiling = f"; all pages fast: {ratio[ALL_FAST]:.2f}x" if ALL_FAST in ratio else ""
+            late = late_ratio(ok[best_p], base)
+            late = "" if late is None else f"; second half of the run {late:.2f}x"
             misses.append(f"best promoting policy {best_p} {best:.2f}x static < 1.2: it promoted "
                           f"{ok[best_p]['promotions']} pages ({100 * moved:.0f}% of the fast tier) "
-                          f"in {duration:g} s")
+                          f"in {duration:g} s{late}{ceiling}")
         a = ratio.get("adaptive")
         if a is not None and (a < 0.97 or a < 0.9 * best):
             extra, why = cost_vs_static(ok["adaptive"], base)
@@ -319,6 +358,9 @@ def main():
                          "static runs' mean (--no-bracket: static first only)")
     ap.add_argument("--warmup", type=float, default=2,
                     help="seconds of a discarded static run before each cell (0: none)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also run static with every page fast (`all-fast`, after static): the most "
+                         "any placement can gain in the cell")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()
@@ -331,14 +373,17 @@ def main():
     if "static" not in args.policies:
         args.policies.insert(0, "static")
     args.policies.sort(key=lambda p: p != "static")
+    if args.ceiling and ALL_FAST not in args.policies:
+        args.policies.insert(1, ALL_FAST)
     if not os.access(TIERVM, os.X_OK):
         subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
     fast_bytes = parse_size(args.fast)
     results = []
     all_cells = list(cells(args))
-    hdr = ("| workload | RSS | placement | vCPUs | emulated | policy | ops/s | x static | x static per busy vCPU-s "
+    hdr = ("| workload | RSS | placement | vCPUs | emulated | policy | ops/s | x static "
+           "| x static, 2nd half | x static per busy vCPU-s "
            "| worst 1 s | blocked % | wait CPU % | promotions | hint faults | end |")
-    lines = [hdr, "|" + "---|" * 15]
+    lines = [hdr, "|" + "---|" * 16]
     print(hdr, flush=True)
     print(lines[1], flush=True)
     misses_all = []
@@ -370,18 +415,20 @@ def main():
         for r in rows:
             if "error" in r:
                 line = (f"| {cell['workload']} | {cell['size']} | {cell['placement']} | {cell['vcpus']} "
-                        f"| {cell['emulate']} | {r['policy']} | failed: {r['error'][:60]!r} ||||||||")
+                        f"| {cell['emulate']} | {r['policy']} | failed: {r['error'][:60]!r} |||||||||")
             else:
                 ratio = r["ops_per_sec"] / base["ops_per_sec"] if base and base["ops_per_sec"] else float("nan")
                 nb = base.get("ops_per_busy_vcpu_s") if base else None
                 nr = r.get("ops_per_busy_vcpu_s")
                 nratio = f"{nr / nb:.2f}" if nb and nr else "-"
+                lr = late_ratio(r, base) if base else None
+                late = "-" if lr is None else f"{lr:.2f}"
                 w = "-" if r["worst_1s"] is None else f"{r['worst_1s']:.2f}"
                 bp = "-" if r["blocked_pct"] is None else f"{r['blocked_pct']:.1f}"
                 wp = "-" if r["wait_cpu_pct"] is None else f"{r['wait_cpu_pct']:.1f}"
                 end = r["stop_reason"] + (f", {r['stalls']} stall(s)" if r["stalls"] else "")
                 line = (f"| {cell['workload']} | {cell['size']} | {cell['placement']} | {cell['vcpus']} "
-                        f"| {cell['emulate']} | {r['policy']} | {r['ops_per_sec'] / 1e6:.2f}M | {ratio:.2f} | {nratio} "
+                        f"| {cell['emulate']} | {r['policy']} | {r['ops_per_sec'] / 1e6:.2f}M | {ratio:.2f} | {late} | {nratio} "
                         f"| {w} | {bp} | {wp} | {r['promotions']} | {r['hint_faults']} | {end} |")
             print(line, flush=True)
             lines.append(line)

@@ -41,7 +41,7 @@ def cell_row(res, fast_bytes):
         return f"| {c['workload']} | {c['size']} | {c['placement']} | {c['vcpus']} | {c['emulate']} | no static baseline |"
     rows = [r for r in res["rows"] if "error" not in r]
     worst = min((r["worst_1s"] for r in rows if r["worst_1s"] is not None), default=None)
-    prom = [r for r in rows if r["policy"] not in ("static", "static-end")]
+    prom = [r for r in rows if r["policy"] not in ("static", "static-end", "all-fast")]
     blocked = [r["blocked_pct"] for r in prom if r["blocked_pct"] is not None]
     best = max(prom, key=lambda r: r["promotions"], default=None)
     moved = (f"{best['policy']} {best['promotions']} ({100 * best['promotions'] * 4096 / fast_bytes:.0f}%)"

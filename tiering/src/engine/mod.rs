@@ -777,6 +777,10 @@ impl Engine {
         );
         // An accessed-bit test costs the guest one hint fault here.
         cfg.accessed_test_cost_ns = Some(mem::MEASURED_HINT_FAULT_GUEST_NS);
+        // TPM's dirty log is KVM's, per memslot segment (results §13).
+        cfg.dirty_log_costly = true;
+        // Guest RAM is backed by 2 MiB ranges; a 4 KiB move splits one.
+        cfg.huge_split_costly = true;
         cfg
     }
 

@@ -270,6 +270,31 @@ pub struct PolicyConfig {
     /// policy's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_reserve_fraction: Option<f64>,
+    /// The dirty log that a transactional migration needs costs the guest
+    /// beyond the pages in flight: live under KVM, where switching logging
+    /// on for a memslot segment (64 MiB) makes KVM map it with 4 KiB pages
+    /// and every harvest write-protects the pages it re-arms, for as long
+    /// as a transaction or a shadow lives in the segment. MEASURED here
+    /// (docs/results.md §13, "TPM's dirty log"): at the same promotion
+    /// rate, TPM cost the guest 12-20% more throughput than stop-and-copy.
+    /// `adaptive` then promotes by stop-and-copy ([`Mechanism`] choice);
+    /// the paper baselines keep their own mechanisms. Off in the
+    /// simulator, whose TPM model charges per page.
+    #[serde(default)]
+    pub dirty_log_costly: bool,
+    /// Guest memory is mapped in 2 MiB pages, and moving a 4 KiB page out
+    /// of a 2 MiB range that sits whole in one tier costs the guest that
+    /// range's huge mapping (live: the range is split into 4 KiB pages in
+    /// the host and in KVM, and stays split while its pages are in two
+    /// tiers), as Linux splits a THP to migrate part of it. MEASURED here
+    /// (docs/results.md §13, "whole ranges"): with scattered hot pages,
+    /// `adaptive` moving single pages out of whole ranges gained nothing
+    /// in 30 s runs, moving the ranges whole gained 1.13-1.26x. `adaptive`
+    /// then promotes such a range whole; the paper baselines keep their
+    /// own units. Off in the simulator, which does not model the cost of
+    /// a split mapping.
+    #[serde(default)]
+    pub huge_split_costly: bool,
 }
 
 impl PolicyConfig {
@@ -285,6 +310,8 @@ impl PolicyConfig {
             huge_pages: false,
             transparent_huge_pages: false,
             free_reserve_fraction: None,
+            dirty_log_costly: false,
+            huge_split_costly: false,
         }
     }
 

@@ -261,6 +261,10 @@ pub(super) fn policy_config(scn: &Scenario, start: &InitialState) -> PolicyConfi
         huge_pages: scn.huge_pages,
         transparent_huge_pages: scn.transparent_huge_pages,
         free_reserve_fraction: scn.free_reserve_fraction,
+        // The model charges TPM per page; no memslot-wide log cost.
+        dirty_log_costly: false,
+        // Nor the cost of a split huge mapping.
+        huge_split_costly: false,
     }
 }
 

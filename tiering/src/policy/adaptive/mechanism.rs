@@ -10,6 +10,12 @@
 //!   TPM keeps failing on it: after [`ABORT_LIMIT`] aborts of its own, or
 //!   once the measured abort rate of write-sampled pages is above
 //!   [`WRITE_ABORT_RATE`], it is moved by stop-and-copy;
+//! - where the dirty log TPM needs costs the guest more than the stalls it
+//!   saves ([`PolicyConfig::dirty_log_costly`](super::super::PolicyConfig):
+//!   live under KVM, measured), every promotion is stop-and-copy: the
+//!   guest waits only if it touches the page in its copy window (a 4 KiB
+//!   page: tens of microseconds), while TPM keeps a 64 MiB segment logged
+//!   for as long as the transaction or its shadow lives;
 //! - a transactional promotion **keeps its shadow** when the page is likely
 //!   to come back down (its heat is within [`SHADOW_MARGIN`] of the fast
 //!   tier's threshold, or it was demoted before), it was not written
@@ -59,6 +65,9 @@ pub enum Reason {
     WrittenTpm,
     /// Write-hot page on which TPM keeps aborting: stop-and-copy.
     WriteHotStopCopy,
+    /// The dirty log TPM needs costs the guest more than a copy's stall:
+    /// stop-and-copy.
+    UnloggedStopCopy,
 }
 
 /// Per-migration mechanism choice, with the measured abort rate.
@@ -69,6 +78,10 @@ pub struct Chooser {
     /// Disabled: every promotion is TPM with a shadow (Nomad's choice), as
     /// a negative control in tests.
     pub fixed: bool,
+    /// The dirty log costs the guest more than a copy's stall
+    /// ([`PolicyConfig::dirty_log_costly`](super::super::PolicyConfig)):
+    /// promotions skip TPM.
+    pub dirty_log_costly: bool,
 }
 
 impl Chooser {
@@ -85,6 +98,9 @@ impl Chooser {
     pub fn promotion(&self, f: &PageFacts, src: &TierStatus) -> (Mechanism, Reason) {
         if self.fixed {
             return (Mechanism::TPM, Reason::ShadowedTpm);
+        }
+        if self.dirty_log_costly {
+            return (Mechanism::StopAndCopy, Reason::UnloggedStopCopy);
         }
         if f.writes > 0 {
             if f.aborts >= ABORT_LIMIT || self.write_abort_rate > WRITE_ABORT_RATE {
@@ -170,6 +186,20 @@ mod tests {
         );
         assert_eq!(c.demotion(Some(1), 1).0, Mechanism::ShadowDemotion);
         assert_eq!(c.demotion(None, 1).0, Mechanism::StopAndCopy);
+        // A costly dirty log: every promotion by stop-and-copy, whatever
+        // the page; demotions unchanged.
+        let unlogged = Chooser {
+            dirty_log_costly: true,
+            ..Chooser::default()
+        };
+        for f in [&hot_clean, &marginal, &written, &write_hot] {
+            assert_eq!(
+                unlogged.promotion(f, &tier(500)),
+                (Mechanism::StopAndCopy, Reason::UnloggedStopCopy),
+                "{f:?}"
+            );
+        }
+        assert_eq!(unlogged.demotion(Some(1), 1).0, Mechanism::ShadowDemotion);
         let mut learned = Chooser::default();
         for _ in 0..20 {
             learned.learn(true, true);

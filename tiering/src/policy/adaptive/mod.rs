@@ -21,7 +21,9 @@
 //! 5. **Rank** pages by heat and give each a target tier by cumulative
 //!    capacity, fastest first, over any number of tiers (MTM §6); a 2 MiB
 //!    region whose pages are all hot (or all cold) moves as one unit, a
-//!    mixed one page by page.
+//!    mixed one page by page. Where a 4 KiB move costs a huge mapping
+//!    (live), a hot page's region is promoted whole while every page of it
+//!    sits in one tier ([`PolicyConfig::huge_split_costly`]).
 //! 6. **Choose the mode**: with a loaded-latency signal, tier 0 versus tier
 //!    1 is Colloid's search (Algorithm 2): promotions into tier 0 only
 //!    while tier 0 is the faster, limited to the shift of request share
@@ -144,6 +146,8 @@ pub struct AdaptiveStats {
     pub written_tpm: u64,
     /// Promotions of write-hot pages by stop-and-copy.
     pub write_hot_stop_copy: u64,
+    /// Promotions by stop-and-copy because the dirty log is costly.
+    pub unlogged_stop_copy: u64,
     /// Demotions onto a shadow.
     pub shadow_remaps: u64,
     /// Demotions by copy.
@@ -181,6 +185,8 @@ pub struct Adaptive {
     reserve: Vec<u64>,
     scale: f64,
     region: u64,
+    /// Promote an intact region whole ([`PolicyConfig::huge_split_costly`]).
+    whole_ranges: bool,
     /// Pages per tick the rate limit allows, and the fraction carried.
     rate_pages: f64,
     rate_carry: f64,
@@ -301,6 +307,7 @@ impl Adaptive {
                 .collect(),
             scale,
             region: config.scaled_pages(REGION_PAGES as f64),
+            whole_ranges: config.huge_split_costly,
             rate_pages: config.mb_to_pages_f64(rate),
             rate_carry: 0.0,
             profile: IntervalBudget::new(samples_per_tick),
@@ -309,7 +316,10 @@ impl Adaptive {
             scout: Scout::new(config.accessed_test_cost_ns),
             search: ShiftSearch::default(),
             thrash: Thrash::default(),
-            chooser: Chooser::default(),
+            chooser: Chooser {
+                dirty_log_costly: config.dirty_log_costly,
+                ..Chooser::default()
+            },
             in_flight: Vec::new(),
             tick_no: 0,
             slow_share_base: None,
@@ -611,6 +621,7 @@ impl Adaptive {
             Reason::ShadowedTpm => s.shadowed_tpm += 1,
             Reason::WrittenTpm => s.written_tpm += 1,
             Reason::WriteHotStopCopy => s.write_hot_stop_copy += 1,
+            Reason::UnloggedStopCopy => s.unlogged_stop_copy += 1,
             Reason::ShadowRemap => s.shadow_remaps += 1,
             Reason::ColdCopy => s.cold_copies += 1,
         }
@@ -672,7 +683,10 @@ impl Adaptive {
 
     /// The unit to move for `page` going from `src` to `dst`: its whole
     /// 2 MiB region when every page of it sits in `src` and is on the same
-    /// side of the heat threshold `th` (`hot`), else the page alone.
+    /// side of the heat threshold `th` (`hot`), else the page alone. Where
+    /// a 4 KiB move costs a huge mapping (`whole_ranges`), a promotion
+    /// moves the region whole whenever every page of it sits in `src`:
+    /// the range stays mapped huge, and one decision moves 512 pages.
     fn unit_for(&self, page: u64, src: TierId, th: u16, hot: bool, view: &dyn MemoryView) -> Unit {
         let r = self.region;
         if r <= 1 || r > u64::from(PAGES_PER_2M) {
@@ -682,6 +696,9 @@ impl Adaptive {
         let end = start + r;
         if end > self.heat.len() as u64 {
             return Unit::page(page);
+        }
+        if hot && self.whole_ranges && (start..end).all(|p| view.tier_of(p) == src) {
+            return Unit::run(start, r as u32);
         }
         let uniform = (start..end)
             .all(|p| view.tier_of(p) == src && (self.heat[p as usize] >= th.max(1)) == hot);

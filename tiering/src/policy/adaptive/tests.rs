@@ -468,3 +468,55 @@ fn equally_fast_tiers_hold_and_a_measured_gap_promotes() {
         assert_ne!(mode, Mode::Hold, "{u:?}");
     }
 }
+
+/// Hot pages 700 and 1500 on the slow tier of a 2048-page guest (two
+/// tiers of 1024 and 2048 pages), page 600 already promoted alone, so
+/// region 1 (pages 512-1023) is split and region 2 (1024-1535) whole:
+/// the units `adaptive` promotes, with `huge_split_costly` or without.
+fn promoted_units(huge_split_costly: bool) -> Vec<Unit> {
+    let caps = [1024u64, 2048];
+    let mut v = VecView::two_tier(2048, 0);
+    v.apply(&[Migration {
+        unit: Unit::page(600),
+        to: 0,
+        mechanism: Mechanism::StopAndCopy,
+        urgency: Urgency::Background,
+    }]);
+    let mut cfg = PolicyConfig::new(2048, caps.to_vec());
+    cfg.huge_split_costly = huge_split_costly;
+    let mut a = Adaptive::new(&cfg);
+    let mut units = Vec::new();
+    for round in 0..5u64 {
+        let s: Vec<AccessSample> = (0..10)
+            .flat_map(|_| [sample(700, 1, false), sample(1500, 1, false)])
+            .collect();
+        let st = caps_status(&v, &caps);
+        let o = Observations {
+            now_ns: round * TICK_NS,
+            tiers: &st,
+            samples: &s,
+            tpm_outcomes: &[],
+            dirty: &[],
+        };
+        let d = a.tick(&o, &mut v);
+        units.extend(d.migrations.iter().filter(|m| m.to == 0).map(|m| m.unit));
+        v.apply(&d.migrations);
+    }
+    units.sort_by_key(|u| u.page);
+    units
+}
+
+#[test]
+fn a_hot_page_of_a_whole_range_promotes_the_range_where_splits_cost() {
+    // Live: region 2 sits whole on the slow tier and moves whole; region 1
+    // is split already (page 600 is fast), so page 700 moves alone.
+    assert_eq!(
+        promoted_units(true),
+        vec![Unit::page(700), Unit::run(1024, 512)]
+    );
+    // Negative control (the simulator's rule): mixed heat, pages alone.
+    assert_eq!(
+        promoted_units(false),
+        vec![Unit::page(700), Unit::page(1500)]
+    );
+}
