@@ -4,7 +4,7 @@
 //!   huge pages, which every Memtis setup in the seeds enables (Nomad's
 //!   Memtis scripts: `thp_setting=always`), base pages otherwise
 //!   ([`Grain`]; [`PolicyConfig::transparent_huge_pages`]: the simulator
-//!   sets it, the live engine tracks 4 KiB pages).
+//!   sets it, and the live engine over guest RAM backed by 2 MiB ranges).
 //! - Access samples (PEBS in Memtis; sampled accesses here) feed per-page
 //!   counts and Memtis' log2 histogram ([`AccessCounts`]): a huge page's
 //!   count rises by one per sample, a base page's by 512. Loads are sampled

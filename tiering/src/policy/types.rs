@@ -183,9 +183,10 @@ pub struct TrackerRequest {
     pub accessed_bits: bool,
     /// The policy maps and migrates 2 MiB pages ([`PolicyConfig::huge_pages`]):
     /// the simulator charges one TLB shootdown per 2 MiB moved (not per
-    /// 4 KiB) and holds the page for a 2 MiB copy. Live, the engine's
-    /// [`PolicyConfig::huge_pages`] is off, so no policy asks for this (and
-    /// the live engine does not act on it).
+    /// 4 KiB) and holds the page for a 2 MiB copy. Live, `memtis` asks
+    /// for it under [`PolicyConfig::transparent_huge_pages`]; the live
+    /// engine does not act on it (its movers take the policy's units as
+    /// they come, and guest RAM is mapped in 2 MiB ranges anyway).
     #[serde(default)]
     pub huge_pages: bool,
 }
@@ -259,8 +260,9 @@ pub struct PolicyConfig {
     /// setup in the seeds runs them (Nomad's Memtis scripts set
     /// `thp_setting=always`; Memtis is built around them): `memtis` and
     /// `memtis-quickcool` then count samples and move pages per 2 MiB
-    /// ([`Grain`]); the others ignore it. The simulator sets
-    /// it; the live engine leaves it off (it tracks and moves 4 KiB pages).
+    /// ([`Grain`]); the others ignore it. The simulator sets it; the live
+    /// engine sets it when guest RAM is backed by 2 MiB ranges (the
+    /// default), which is what THP gives a process.
     #[serde(default)]
     pub transparent_huge_pages: bool,
     /// Overrides the free fraction of a tier that policies without a
@@ -276,7 +278,7 @@ pub struct PolicyConfig {
     /// and every harvest write-protects the pages it re-arms, for as long
     /// as a transaction or a shadow lives in the segment. MEASURED here
     /// (docs/results.md §13, "TPM's dirty log"): at the same promotion
-    /// rate, TPM cost the guest 12-20% more throughput than stop-and-copy.
+    /// rate, TPM cost the guest 8-20% more throughput than stop-and-copy.
     /// `adaptive` then promotes by stop-and-copy ([`Mechanism`] choice);
     /// the paper baselines keep their own mechanisms. Off in the
     /// simulator, whose TPM model charges per page.
@@ -289,7 +291,7 @@ pub struct PolicyConfig {
     /// tiers), as Linux splits a THP to migrate part of it. MEASURED here
     /// (docs/results.md §13, "whole ranges"): with scattered hot pages,
     /// `adaptive` moving single pages out of whole ranges gained nothing
-    /// in 30 s runs, moving the ranges whole gained 1.13-1.26x. `adaptive`
+    /// in 30 s runs, moving the ranges whole gained 1.08-1.36x. `adaptive`
     /// then promotes such a range whole; the paper baselines keep their
     /// own units. Off in the simulator, which does not model the cost of
     /// a split mapping.
