@@ -210,4 +210,43 @@ mod tests {
             "measured aborts skip TPM for written pages"
         );
     }
+
+    /// Each threshold of the choice, exactly at its boundary (cargo-mutants
+    /// missed `>` to `>=` and `<` to `<=` here: results §12).
+    #[test]
+    fn the_choice_thresholds_hold_at_their_boundaries() {
+        let written = PageFacts {
+            writes: 1,
+            heat: 20,
+            threshold: 4,
+            ..Default::default()
+        };
+        // An abort rate of exactly WRITE_ABORT_RATE still tries TPM.
+        let at_rate = Chooser {
+            write_abort_rate: WRITE_ABORT_RATE,
+            ..Chooser::default()
+        };
+        assert_eq!(
+            at_rate.promotion(&written, &tier(500)).1,
+            Reason::WrittenTpm
+        );
+        // Heat threshold + SHADOW_MARGIN is no longer marginal; one less is.
+        let at = |heat| PageFacts {
+            heat,
+            threshold: 4,
+            ..Default::default()
+        };
+        let c = Chooser::default();
+        let margin = 4 + SHADOW_MARGIN;
+        assert_eq!(c.promotion(&at(margin), &tier(500)).1, Reason::CleanTpm);
+        assert_eq!(
+            c.promotion(&at(margin - 1), &tier(500)).1,
+            Reason::ShadowedTpm
+        );
+        // A shadow needs more than SHADOW_FREE_FRACTION of the source free:
+        // exactly that fraction (50 of 1000 pages) keeps none, one more does.
+        let exact = (SHADOW_FREE_FRACTION * 1000.0) as u64;
+        assert_eq!(c.promotion(&at(4), &tier(exact)).1, Reason::CleanTpm);
+        assert_eq!(c.promotion(&at(4), &tier(exact + 1)).1, Reason::ShadowedTpm);
+    }
 }

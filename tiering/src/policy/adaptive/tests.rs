@@ -520,3 +520,40 @@ fn a_hot_page_of_a_whole_range_promotes_the_range_where_splits_cost() {
         vec![Unit::page(700), Unit::page(1500)]
     );
 }
+
+/// At scale 4 (a region is 128 modeled pages) on a 1024-page guest over
+/// tiers of 512 and 1024 pages, all on the slow tier: every page of the
+/// last region (896-1023) sampled hot, and page 300 alone. The simulator's
+/// rule (`huge_split_costly` off) moves the uniformly hot region whole and
+/// the lone page alone (cargo-mutants missed the region rule's `==`, `>=`
+/// and bounds: results §12).
+#[test]
+fn a_uniformly_hot_region_moves_whole_and_a_lone_hot_page_alone() {
+    let caps = [512u64, 1024];
+    let mut v = VecView::two_tier(1024, 0);
+    let cfg = PolicyConfig {
+        scale: 4.0,
+        ..PolicyConfig::new(1024, caps.to_vec())
+    };
+    let mut a = Adaptive::new(&cfg);
+    assert!(a.trackers().accessed_bits, "the scout tests accessed bits");
+    let mut units = Vec::new();
+    for round in 0..5u64 {
+        let s: Vec<AccessSample> = (0..4)
+            .flat_map(|_| (896..1024).chain([300]).map(|p| sample(p, 1, false)))
+            .collect();
+        let st = caps_status(&v, &caps);
+        let o = Observations {
+            now_ns: round * TICK_NS,
+            tiers: &st,
+            samples: &s,
+            tpm_outcomes: &[],
+            dirty: &[],
+        };
+        let d = a.tick(&o, &mut v);
+        units.extend(d.migrations.iter().filter(|m| m.to == 0).map(|m| m.unit));
+        v.apply(&d.migrations);
+    }
+    units.sort_by_key(|u| u.page);
+    assert_eq!(units, vec![Unit::page(300), Unit::run(896, 128)]);
+}
