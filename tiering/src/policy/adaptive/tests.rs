@@ -484,21 +484,31 @@ fn promoted_units(huge_split_costly: bool) -> Vec<Unit> {
     }]);
     let mut cfg = PolicyConfig::new(2048, caps.to_vec());
     cfg.huge_split_costly = huge_split_costly;
-    let mut a = Adaptive::new(&cfg);
+    let s: Vec<AccessSample> = (0..10)
+        .flat_map(|_| [sample(700, 1, false), sample(1500, 1, false)])
+        .collect();
+    promoted_in_five_ticks(&mut Adaptive::new(&cfg), &mut v, &caps, &s)
+}
+
+/// Five ticks of `a` over `v`, each with the samples `s`: the units it
+/// promoted into tier 0, by first page.
+fn promoted_in_five_ticks(
+    a: &mut Adaptive,
+    v: &mut VecView,
+    caps: &[u64],
+    s: &[AccessSample],
+) -> Vec<Unit> {
     let mut units = Vec::new();
     for round in 0..5u64 {
-        let s: Vec<AccessSample> = (0..10)
-            .flat_map(|_| [sample(700, 1, false), sample(1500, 1, false)])
-            .collect();
-        let st = caps_status(&v, &caps);
+        let st = caps_status(v, caps);
         let o = Observations {
             now_ns: round * TICK_NS,
             tiers: &st,
-            samples: &s,
+            samples: s,
             tpm_outcomes: &[],
             dirty: &[],
         };
-        let d = a.tick(&o, &mut v);
+        let d = a.tick(&o, v);
         units.extend(d.migrations.iter().filter(|m| m.to == 0).map(|m| m.unit));
         v.apply(&d.migrations);
     }
@@ -537,23 +547,11 @@ fn a_uniformly_hot_region_moves_whole_and_a_lone_hot_page_alone() {
     };
     let mut a = Adaptive::new(&cfg);
     assert!(a.trackers().accessed_bits, "the scout tests accessed bits");
-    let mut units = Vec::new();
-    for round in 0..5u64 {
-        let s: Vec<AccessSample> = (0..4)
-            .flat_map(|_| (896..1024).chain([300]).map(|p| sample(p, 1, false)))
-            .collect();
-        let st = caps_status(&v, &caps);
-        let o = Observations {
-            now_ns: round * TICK_NS,
-            tiers: &st,
-            samples: &s,
-            tpm_outcomes: &[],
-            dirty: &[],
-        };
-        let d = a.tick(&o, &mut v);
-        units.extend(d.migrations.iter().filter(|m| m.to == 0).map(|m| m.unit));
-        v.apply(&d.migrations);
-    }
-    units.sort_by_key(|u| u.page);
-    assert_eq!(units, vec![Unit::page(300), Unit::run(896, 128)]);
+    let s: Vec<AccessSample> = (0..4)
+        .flat_map(|_| (896..1024).chain([300]).map(|p| sample(p, 1, false)))
+        .collect();
+    assert_eq!(
+        promoted_in_five_ticks(&mut a, &mut v, &caps, &s),
+        vec![Unit::page(300), Unit::run(896, 128)]
+    );
 }
