@@ -236,6 +236,7 @@ impl Policy for Nomad {
 #[cfg(test)]
 mod tests {
     use super::super::testutil::*;
+    use super::super::tpp::Watermarks;
     use super::*;
 
     fn fault(page: u64, now_ms: u64) -> HintFault {
@@ -337,5 +338,195 @@ mod tests {
             .all(|m| m.mechanism == Mechanism::StopAndCopy));
         // The aborted page is retried, with room freed by the demotions.
         assert!(d.migrations.iter().any(|m| m.unit.page == 700 && m.to == 0));
+    }
+
+    /// The PCQ, newest first, entry by entry (Nomad artifact
+    /// `decide_queue_page`): each fault marks the older entries once, and
+    /// the third mark moves an entry to the MPQ; a page that left the slow
+    /// tier is dropped from it.
+    #[test]
+    fn the_pcq_keeps_the_newest_faults_first_and_drops_pages_already_fast() {
+        let (mut n, mut v, st) = setup();
+        let pcq = |n: &Nomad| n.pcq().collect::<Vec<_>>();
+        n.on_hint_fault(&fault(500, 1), &st, &mut v);
+        assert_eq!(pcq(&n), vec![500]);
+        n.on_hint_fault(&fault(501, 2), &st, &mut v);
+        assert_eq!(pcq(&n), vec![501, 500]);
+        assert!(n.flags[500].referenced() && !n.flags[500].active());
+        n.on_hint_fault(&fault(502, 3), &st, &mut v);
+        assert_eq!(pcq(&n), vec![502, 501, 500]);
+        assert!(n.flags[500].active());
+        // 502 was promoted by someone else: the next scan drops it.
+        v.tier[502] = 0;
+        n.on_hint_fault(&fault(503, 4), &st, &mut v);
+        assert_eq!(pcq(&n), vec![503, 501]);
+        assert_eq!(n.mpq().collect::<Vec<_>>(), vec![500]);
+    }
+
+    /// Faults that are not a slow page's (a fast page, a page past the
+    /// guest) are ignored; a page already queued is not queued twice.
+    #[test]
+    fn only_slow_pages_not_yet_queued_enter_the_pcq() {
+        let (mut n, mut v, st) = setup();
+        let fast = HintFault {
+            tier: 0,
+            ..fault(10, 1)
+        };
+        assert_eq!(n.on_hint_fault(&fast, &st, &mut v), None);
+        assert_eq!(n.on_hint_fault(&fault(1000, 2), &st, &mut v), None);
+        assert_eq!(n.on_hint_fault(&fault(u64::MAX, 3), &st, &mut v), None);
+        assert_eq!(n.pcq().count(), 0, "{:?}", n.pcq().collect::<Vec<_>>());
+        // The same page twice in a row: one entry (marked once by the scan).
+        n.on_hint_fault(&fault(600, 4), &st, &mut v);
+        n.on_hint_fault(&fault(600, 5), &st, &mut v);
+        assert_eq!(n.pcq().collect::<Vec<_>>(), vec![600]);
+        // 600 reaches the MPQ; its next fault does not put it back on the PCQ.
+        n.on_hint_fault(&fault(601, 6), &st, &mut v);
+        n.on_hint_fault(&fault(602, 7), &st, &mut v);
+        assert_eq!(n.mpq().collect::<Vec<_>>(), vec![600]);
+        n.on_hint_fault(&fault(600, 8), &st, &mut v);
+        assert!(
+            !n.pcq().any(|p| p == 600),
+            "{:?}",
+            n.pcq().collect::<Vec<_>>()
+        );
+        assert_eq!(n.mpq().collect::<Vec<_>>(), vec![600]);
+    }
+
+    /// The MPQ is a ring of `MPQ_LEN` entries: pages that find it full
+    /// are dropped.
+    #[test]
+    fn the_mpq_holds_at_most_its_length() {
+        let cfg = PolicyConfig::new(2000, vec![100, 2000]);
+        let mut v = VecView::two_tier(2000, 90);
+        let st = v.status(&[100, 2000]);
+        let mut n = Nomad::new(&cfg);
+        let faults = MPQ_LEN as u64 + 100;
+        for i in 0..faults {
+            n.on_hint_fault(&fault(300 + i, 1 + i), &st, &mut v);
+        }
+        let want: Vec<u64> = (300..300 + MPQ_LEN as u64).collect();
+        assert_eq!(n.mpq().collect::<Vec<_>>(), want);
+    }
+
+    /// kpromote needs the fast tier above its min watermark: at the
+    /// watermark it promotes nothing, wakes kswapd, and drops the batch
+    /// (the pages can queue again); one page above it, it promotes one.
+    #[test]
+    fn kpromote_stops_at_the_min_watermark_and_drops_the_batch() {
+        let cfg = PolicyConfig::new(1000, vec![100, 1000]);
+        let min = Watermarks::for_capacity(100).min;
+        for (free, promoted) in [(min, 0), (min + 1, 1)] {
+            let mut n = Nomad::new(&cfg);
+            let mut v = VecView::two_tier(1000, 90);
+            for p in [700, 701] {
+                n.enqueue_mpq(p);
+            }
+            let mut st = v.status(&[100, 1000]);
+            st[0].free_pages = free;
+            // kswapd demotes nothing here: its low watermark is the demote one.
+            n.kswapd.watermarks[0].low = 0;
+            let d = n.tick(&obs(5_000_000, &st, &[]), &mut v);
+            assert_eq!(pages_moved_to(&d, 0).len(), promoted, "free {free}");
+            assert!(n.kswapd.woken[0], "free {free}: no room left wakes kswapd");
+            assert_eq!(n.mpq().count(), 0, "free {free}");
+            assert!(
+                n.queued.iter().all(|&q| !q),
+                "free {free}: queued flags left"
+            );
+        }
+    }
+
+    /// A committed TPM is not retried; an aborted one is, once.
+    #[test]
+    fn only_aborted_tpm_is_retried() {
+        let (mut n, mut v, st) = setup();
+        let outcomes = [
+            TpmOutcome {
+                page: 700,
+                committed: true,
+            },
+            TpmOutcome {
+                page: 701,
+                committed: false,
+            },
+        ];
+        let o = Observations {
+            tpm_outcomes: &outcomes,
+            ..obs(1, &st, &[])
+        };
+        let d = n.tick(&o, &mut v);
+        assert_eq!(pages_moved_to(&d, 0), vec![701]);
+    }
+
+    /// Slow-tier pressure (free below its low watermark) with shadows
+    /// there: reclaim shadows up to the promotion watermark, at most as
+    /// many as there are (Nomad §3.2). No pressure or no shadow: none.
+    #[test]
+    fn slow_tier_pressure_reclaims_shadows_up_to_the_promotion_watermark() {
+        let cfg = PolicyConfig::new(1000, vec![100, 10_000]);
+        let wm = Watermarks::for_capacity(10_000);
+        let v = VecView::two_tier(1000, 10);
+        let tiers = |free: u64, shadows: u64| {
+            let mut st = v.status(&[100, 10_000]);
+            st[1].free_pages = free;
+            st[1].shadow_pages = shadows;
+            st
+        };
+        for (free, shadows, want) in [
+            (wm.low - 1, 1000, vec![(1, wm.promo - wm.low + 1)]),
+            (wm.low - 1, 3, vec![(1, 3)]),
+            (0, 1000, vec![(1, wm.promo)]),
+            (wm.low, 1000, vec![]),
+            (wm.low - 1, 0, vec![]),
+        ] {
+            let mut n = Nomad::new(&cfg);
+            let mut v = v.clone();
+            let st = tiers(free, shadows);
+            let d = n.tick(&obs(1, &st, &[]), &mut v);
+            assert_eq!(d.reclaim_shadows, want, "free {free}, shadows {shadows}");
+        }
+    }
+
+    /// Nomad samples like TPP (256 MB per second of slow-tier hint faults)
+    /// and asks for nothing else; it ticks every millisecond.
+    #[test]
+    fn nomad_asks_for_tpp_hint_faults_on_every_slow_tier() {
+        let n = Nomad::new(&PolicyConfig::new(1000, vec![100, 400, 1000]));
+        let t = n.trackers();
+        assert_eq!(t.hint_fault_tiers, vec![1, 2]);
+        assert_eq!(t.hint_scan_pages_per_sec, 65_536.0);
+        assert!(!t.dirty_log && !t.accessed_bits && !t.hardware_samples);
+        assert_eq!(n.tick_interval_ns(), 1_000_000);
+        assert_eq!(n.kind(), PolicyKind::Nomad);
+    }
+
+    /// The hand-over: heat 0.75 and up is active, 0.25 and up referenced;
+    /// exported, the MPQ is hottest (1.0), then active (0.9), referenced (0.5).
+    #[test]
+    fn state_hands_over_at_the_heat_boundaries() {
+        let (mut n, _, _) = setup();
+        n.import_state(&PolicyState {
+            from: PolicyKind::Tpp,
+            now_ns: 0,
+            hot_pages: vec![
+                (501, 0.75),
+                (502, 0.74),
+                (503, 0.25),
+                (504, 0.24),
+                (5000, 1.0),
+            ],
+        });
+        let f = |n: &Nomad, p: usize| (n.flags[p].active(), n.flags[p].referenced());
+        assert_eq!(
+            [f(&n, 501), f(&n, 502), f(&n, 503), f(&n, 504)],
+            [(true, false), (false, true), (false, true), (false, false)]
+        );
+        n.enqueue_mpq(700);
+        let state = n.export_state();
+        assert_eq!(state.from, PolicyKind::Nomad);
+        let mut got = state.hot_pages;
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, vec![(501, 0.9), (502, 0.5), (503, 0.5), (700, 1.0)]);
     }
 }

@@ -550,7 +550,6 @@ pub struct Tpp {
     refault: bool,
     tiers: usize,
     scan_pages_per_sec: f64,
-    promotions: u64,
     require_active: bool,
 }
 
@@ -568,7 +567,6 @@ impl Tpp {
             scan_pages_per_sec: SCAN_SIZE_MB * 1024.0 * 1024.0
                 / PAGE_SIZE as f64
                 / (SCAN_PERIOD_MIN_NS as f64 / 1e9),
-            promotions: 0,
             require_active: false,
         }
     }
@@ -652,7 +650,6 @@ impl Policy for Tpp {
             self.kswapd.woken[0] = true;
             return None;
         }
-        self.promotions += 1;
         Some(Migration {
             unit: Unit::page(fault.page),
             to: 0,
@@ -959,5 +956,252 @@ mod tests {
             tpp.threshold_ns(),
             HOT_THRESHOLD_NS - HOT_THRESHOLD_NS * 2 / ADJUST_STEPS
         );
+    }
+
+    /// The watermarks are `watermark_scale_factor` (10 per 10,000) of the
+    /// tier apart, at least one page; the TPP patch's kswapd keeps a tenth
+    /// of the top tier free (at least twice its high watermark).
+    #[test]
+    fn watermarks_are_a_thousandth_of_the_tier_apart() {
+        let w = |min, low, high, promo| Watermarks {
+            min,
+            low,
+            high,
+            promo,
+        };
+        assert_eq!(Watermarks::for_capacity(10_000), w(10, 20, 30, 40));
+        assert_eq!(Watermarks::for_capacity(2_500), w(3, 6, 9, 12)); // 2.5 rounds up
+        assert_eq!(Watermarks::for_capacity(100), w(1, 2, 3, 4)); // at least a page
+        let k = Kswapd::with_demote_watermark(&PolicyConfig::new(100, vec![10_000, 20_000]));
+        assert_eq!((k.watermarks[0].low, k.watermarks[0].promo), (1000, 1000));
+        assert_eq!(k.watermarks[1], Watermarks::for_capacity(20_000));
+        // A tiny top tier: a tenth (1) is less than twice the high mark (6).
+        let k = Kswapd::with_demote_watermark(&PolicyConfig::new(100, vec![10, 100]));
+        assert_eq!((k.watermarks[0].low, k.watermarks[0].promo), (6, 6));
+    }
+
+    /// `pgdat_free_space_enough`: more than max(1 GB, a sixteenth of the
+    /// node) free above the promotion watermark promotes any slow page at
+    /// its first fault, however cold; a page less and the threshold applies.
+    #[test]
+    fn plenty_of_free_fast_memory_promotes_whatever_the_hotness() {
+        let fast = 1u64 << 20; // 4 GiB of pages: a sixteenth is 256 MB
+        let cfg = PolicyConfig::new(2 * fast, vec![fast, 2 * fast]);
+        let mut v = VecView::two_tier(1000, 0);
+        let enough = (1u64 << 30) / PAGE_SIZE as u64;
+        let promo = Watermarks::for_capacity(fast).promo;
+        for (free, promotes) in [(promo + enough + 1, true), (promo + enough, false)] {
+            let mut tpp = Tpp::new(&cfg);
+            let mut st = v.status(&[fast, 2 * fast]);
+            st[0].free_pages = free;
+            let cold = fault(500, 5_000, 1);
+            let m = tpp.on_hint_fault(&cold, &st, &mut v);
+            assert_eq!(m.is_some(), promotes, "free {free}");
+        }
+    }
+
+    /// `numa_promotion_adjust_threshold`, the other way: fewer candidates
+    /// in a 60 s period than 90% of what the rate limit allows raise the
+    /// threshold a step (2 x 1000 ms / 16), up to 2000 ms; from 90% to
+    /// 110% it stays. A period ends only after 60 s.
+    #[test]
+    fn threshold_rises_when_candidates_fall_short_and_holds_in_the_band() {
+        let step = HOT_THRESHOLD_NS * 2 / ADJUST_STEPS;
+        let after_a_minute_of = |candidates: u64| {
+            let (mut tpp, mut v, st) = one_page_per_second(Tpp::new);
+            assert_eq!(tpp.gate.rate_limit_pages, 1.0, "60 per period");
+            // The last candidate at exactly 60 s: the period is not over.
+            for i in 0..candidates {
+                let now = i * 60_000 / (candidates - 1);
+                tpp.on_hint_fault(&fault(100 + i % 800, 1, now), &st, &mut v);
+            }
+            assert_eq!(
+                tpp.threshold_ns(),
+                HOT_THRESHOLD_NS,
+                "{candidates}: within 60 s"
+            );
+            tpp.on_hint_fault(&fault(950, 1, 60_001), &st, &mut v);
+            tpp.threshold_ns()
+        };
+        assert_eq!(after_a_minute_of(10), HOT_THRESHOLD_NS + step);
+        assert_eq!(after_a_minute_of(53), HOT_THRESHOLD_NS + step);
+        assert_eq!(after_a_minute_of(54), HOT_THRESHOLD_NS, "90%: holds");
+        assert_eq!(after_a_minute_of(65), HOT_THRESHOLD_NS);
+        assert_eq!(after_a_minute_of(67), HOT_THRESHOLD_NS - step);
+        // One candidate a period: it rises to twice the default and stays.
+        let (mut tpp, mut v, st) = one_page_per_second(Tpp::new);
+        for k in 0..12u64 {
+            tpp.on_hint_fault(&fault(100 + k, 1, k * 61_000), &st, &mut v);
+        }
+        assert_eq!(tpp.threshold_ns(), 2 * HOT_THRESHOLD_NS);
+    }
+
+    /// `numa_promotion_rate_limit` at one page per second: the window's
+    /// first candidate already reaches the limit; a new window opens only
+    /// more than a second after the last one opened.
+    #[test]
+    fn the_rate_limit_window_opens_after_a_second() {
+        let (mut tpp, mut v, st) = one_page_per_second(Tpp::new);
+        let promotes = |tpp: &mut Tpp, v: &mut VecView, page, now_ms| {
+            tpp.on_hint_fault(&fault(page, 1, now_ms), &st, v).is_some()
+        };
+        assert!(!promotes(&mut tpp, &mut v, 500, 0));
+        assert!(!promotes(&mut tpp, &mut v, 501, 1000), "the same window");
+        assert!(promotes(&mut tpp, &mut v, 502, 1001), "a new window");
+        assert!(!promotes(&mut tpp, &mut v, 503, 1500), "its limit reached");
+    }
+
+    /// The 5.13 variant keeps a cap the scenario imposes: a page whose
+    /// train activated it is not promoted over the cap, and is a second
+    /// later.
+    #[test]
+    fn the_lru_variant_keeps_an_imposed_cap() {
+        let (mut tpp, mut v, st) = one_page_per_second(Tpp::with_active_lru_check);
+        assert_eq!(tpp.kind(), PolicyKind::TppLru);
+        for k in 1..=30 {
+            assert_eq!(tpp.on_hint_fault(&fault(500, 5000, k), &st, &mut v), None);
+        }
+        assert_eq!(
+            tpp.on_hint_fault(&fault(500, 5000, 31), &st, &mut v),
+            None,
+            "capped"
+        );
+        assert!(!tpp.take_refault(), "over the cap the page is mapped back");
+        assert!(tpp
+            .on_hint_fault(&fault(500, 5000, 1100), &st, &mut v)
+            .is_some());
+    }
+
+    /// A fault on a top-tier page (or with no tiers known) never migrates.
+    #[test]
+    fn faults_on_fast_pages_do_nothing() {
+        let (mut tpp, mut v, caps) = setup();
+        let st = v.status(&caps);
+        let fast = HintFault {
+            tier: 0,
+            ..fault(5, 1, 1)
+        };
+        assert_eq!(tpp.on_hint_fault(&fast, &st, &mut v), None);
+        assert_eq!(
+            tpp.on_hint_fault(&fault(500, 1, 2), &[], &mut v),
+            None,
+            "no tiers"
+        );
+        assert!(tpp.on_hint_fault(&fault(500, 1, 3), &st, &mut v).is_some());
+    }
+
+    /// kswapd demotes each tier's cold pages into the next tier down with
+    /// room (a full one is skipped, never the tier itself); a tier above
+    /// its low watermark demotes only when woken, down to its promotion
+    /// watermark; a page with a shadow below goes by shadow demotion when
+    /// the policy allows it; with room nowhere below, Nomad's kswapd asks
+    /// for the shadows there to be reclaimed.
+    #[test]
+    fn kswapd_demotes_to_the_next_tier_with_room() {
+        let cfg = PolicyConfig::new(400, vec![100, 100, 1000]);
+        let caps = [100, 100, 1000];
+        // Tier 0: pages 0..99 (1 free), tier 1: 100..200 (full), tier 2: the rest.
+        let mut v = VecView::two_tier(400, 99);
+        for p in 99..400 {
+            v.tier[p] = if (100..200).contains(&p) { 1 } else { 2 };
+        }
+        v.tier[99] = 2;
+        v.shadow[101] = true; // VecView's shadows are in tier 1: not below tier 1
+        let st = v.status(&caps);
+        let mut k = Kswapd::new(&cfg);
+        let mut out = Decisions::none();
+        let mut flags = vec![LruFlags::default(); 400];
+        k.run(
+            &st,
+            &mut v,
+            &mut FreeBudget::from_tiers(&st),
+            true,
+            &mut flags,
+            &mut out,
+        );
+        let moved: Vec<(u64, TierId, Mechanism)> = out
+            .migrations
+            .iter()
+            .map(|m| (m.unit.page, m.to, m.mechanism))
+            .collect();
+        let sc = Mechanism::StopAndCopy;
+        // Tier 0 wants promo (4) - free (1) = 3; tier 1 wants 4.
+        assert_eq!(
+            moved,
+            vec![
+                (0, 2, sc),
+                (1, 2, sc),
+                (2, 2, sc),
+                (100, 2, sc),
+                (101, 2, sc),
+                (102, 2, sc),
+                (103, 2, sc)
+            ]
+        );
+        assert!(out.reclaim_shadows.is_empty());
+
+        // Two tiers, the lower one full: a shadowed page goes by remap;
+        // the rest has nowhere to go.
+        let cfg = PolicyConfig::new(200, vec![100, 100]);
+        let mut v = VecView::two_tier(200, 100);
+        v.shadow[0] = true;
+        let st = v.status(&[100, 100]);
+        let mut out = Decisions::none();
+        Kswapd::new(&cfg).run(
+            &st,
+            &mut v,
+            &mut FreeBudget::from_tiers(&st),
+            true,
+            &mut flags,
+            &mut out,
+        );
+        assert_eq!(pages_moved_to(&out, 1), vec![0]);
+        assert_eq!(out.migrations[0].mechanism, Mechanism::ShadowDemotion);
+        assert_eq!(out.reclaim_shadows, vec![(1, 4)]);
+
+        // Above the low watermark: nothing, unless woken (then down to promo).
+        let mut v = VecView::two_tier(200, 97); // 3 free: low 2, promo 4
+        let st = v.status(&[100, 200]);
+        let mut k = Kswapd::new(&cfg);
+        for (woken, want) in [(false, 0), (true, 1)] {
+            k.woken[0] = woken;
+            let mut out = Decisions::none();
+            k.run(
+                &st,
+                &mut v,
+                &mut FreeBudget::from_tiers(&st),
+                false,
+                &mut flags,
+                &mut out,
+            );
+            assert_eq!(out.migrations.len(), want, "woken {woken}");
+            assert!(!k.woken[0], "a run clears the wake-up");
+        }
+    }
+
+    /// TPP asks for hint faults on every slow tier at 256 MB per second,
+    /// ticks every millisecond, and hands its LRU state over: heat 0.75
+    /// and up is active (exported as 1.0), 0.25 and up referenced (0.5).
+    #[test]
+    fn tpp_samples_slow_tiers_and_hands_its_lru_state_over() {
+        let cfg = PolicyConfig::new(1000, vec![100, 400, 1000]);
+        let tpp = Tpp::new(&cfg);
+        let t = tpp.trackers();
+        assert_eq!(t.hint_fault_tiers, vec![1, 2]);
+        assert_eq!(t.hint_scan_pages_per_sec, 65_536.0);
+        assert!(!t.dirty_log && !t.accessed_bits && !t.hardware_samples);
+        assert_eq!(tpp.tick_interval_ns(), 1_000_000);
+        assert_eq!(tpp.kind(), PolicyKind::Tpp);
+        let mut lru = Tpp::with_active_lru_check(&cfg);
+        lru.import_state(&PolicyState {
+            from: PolicyKind::Nomad,
+            now_ns: 0,
+            hot_pages: vec![(1, 0.75), (2, 0.74), (3, 0.25), (4, 0.24), (5000, 1.0)],
+        });
+        let state = lru.export_state();
+        assert_eq!(state.from, PolicyKind::TppLru);
+        let mut got = state.hot_pages;
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, vec![(1, 1.0), (2, 0.5), (3, 0.5)]);
     }
 }
