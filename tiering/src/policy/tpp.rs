@@ -1027,7 +1027,21 @@ mod tests {
         assert_eq!(after_a_minute_of(53), HOT_THRESHOLD_NS + step);
         assert_eq!(after_a_minute_of(54), HOT_THRESHOLD_NS, "90%: holds");
         assert_eq!(after_a_minute_of(65), HOT_THRESHOLD_NS);
+        assert_eq!(after_a_minute_of(66), HOT_THRESHOLD_NS, "110%: holds");
         assert_eq!(after_a_minute_of(67), HOT_THRESHOLD_NS - step);
+        // Candidates count per period: 60 in the first (in the band), 10
+        // in the next (short: it rises).
+        let (mut tpp, mut v, st) = one_page_per_second(Tpp::new);
+        for i in 0..60u64 {
+            tpp.on_hint_fault(&fault(100 + i, 1, i * 1000), &st, &mut v);
+        }
+        tpp.on_hint_fault(&fault(300, 1, 60_001), &st, &mut v);
+        assert_eq!(tpp.threshold_ns(), HOT_THRESHOLD_NS);
+        for i in 0..9u64 {
+            tpp.on_hint_fault(&fault(400 + i, 1, 61_000 + i * 1000), &st, &mut v);
+        }
+        tpp.on_hint_fault(&fault(500, 1, 121_000), &st, &mut v);
+        assert_eq!(tpp.threshold_ns(), HOT_THRESHOLD_NS + step);
         // One candidate a period: it rises to twice the default and stays.
         let (mut tpp, mut v, st) = one_page_per_second(Tpp::new);
         for k in 0..12u64 {
@@ -1177,6 +1191,19 @@ mod tests {
             assert_eq!(out.migrations.len(), want, "woken {woken}");
             assert!(!k.woken[0], "a run clears the wake-up");
         }
+        // At the low watermark exactly (2 free): not below it, nothing.
+        let mut v = VecView::two_tier(200, 98);
+        let st = v.status(&[100, 200]);
+        let mut out = Decisions::none();
+        k.run(
+            &st,
+            &mut v,
+            &mut FreeBudget::from_tiers(&st),
+            false,
+            &mut flags,
+            &mut out,
+        );
+        assert!(out.migrations.is_empty(), "{:?}", out.migrations);
     }
 
     /// TPP asks for hint faults on every slow tier at 256 MB per second,
