@@ -526,7 +526,7 @@ mod tests {
         let state = n.export_state();
         assert_eq!(state.from, PolicyKind::Nomad);
         let mut got = state.hot_pages;
-        got.sort_by(|a, b| a.0.cmp(&b.0));
+        got.sort_by_key(|a| a.0);
         assert_eq!(got, vec![(501, 0.9), (502, 0.5), (503, 0.5), (700, 1.0)]);
     }
 }

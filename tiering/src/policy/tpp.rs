@@ -1228,7 +1228,7 @@ mod tests {
         let state = lru.export_state();
         assert_eq!(state.from, PolicyKind::TppLru);
         let mut got = state.hot_pages;
-        got.sort_by(|a, b| a.0.cmp(&b.0));
+        got.sort_by_key(|a| a.0);
         assert_eq!(got, vec![(1, 1.0), (2, 0.5), (3, 0.5)]);
     }
 }
