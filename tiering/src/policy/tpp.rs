@@ -1104,6 +1104,22 @@ mod tests {
         assert!(tpp.on_hint_fault(&fault(500, 1, 3), &st, &mut v).is_some());
     }
 
+    /// One kswapd run over `st` and `v` (`shadow_ok`: Nomad's shadow
+    /// demotion), its decisions.
+    fn demote(k: &mut Kswapd, st: &[TierStatus], v: &mut VecView, shadow_ok: bool) -> Decisions {
+        let mut out = Decisions::none();
+        let mut flags = vec![LruFlags::default(); v.tier.len()];
+        k.run(
+            st,
+            v,
+            &mut FreeBudget::from_tiers(st),
+            shadow_ok,
+            &mut flags,
+            &mut out,
+        );
+        out
+    }
+
     /// kswapd demotes each tier's cold pages into the next tier down with
     /// room (a full one is skipped, never the tier itself); a tier above
     /// its low watermark demotes only when woken, down to its promotion
@@ -1122,17 +1138,7 @@ mod tests {
         v.tier[99] = 2;
         v.shadow[101] = true; // VecView's shadows are in tier 1: not below tier 1
         let st = v.status(&caps);
-        let mut k = Kswapd::new(&cfg);
-        let mut out = Decisions::none();
-        let mut flags = vec![LruFlags::default(); 400];
-        k.run(
-            &st,
-            &mut v,
-            &mut FreeBudget::from_tiers(&st),
-            true,
-            &mut flags,
-            &mut out,
-        );
+        let out = demote(&mut Kswapd::new(&cfg), &st, &mut v, true);
         let moved: Vec<(u64, TierId, Mechanism)> = out
             .migrations
             .iter()
@@ -1160,15 +1166,7 @@ mod tests {
         let mut v = VecView::two_tier(200, 100);
         v.shadow[0] = true;
         let st = v.status(&[100, 100]);
-        let mut out = Decisions::none();
-        Kswapd::new(&cfg).run(
-            &st,
-            &mut v,
-            &mut FreeBudget::from_tiers(&st),
-            true,
-            &mut flags,
-            &mut out,
-        );
+        let out = demote(&mut Kswapd::new(&cfg), &st, &mut v, true);
         assert_eq!(pages_moved_to(&out, 1), vec![0]);
         assert_eq!(out.migrations[0].mechanism, Mechanism::ShadowDemotion);
         assert_eq!(out.reclaim_shadows, vec![(1, 4)]);
@@ -1179,30 +1177,14 @@ mod tests {
         let mut k = Kswapd::new(&cfg);
         for (woken, want) in [(false, 0), (true, 1)] {
             k.woken[0] = woken;
-            let mut out = Decisions::none();
-            k.run(
-                &st,
-                &mut v,
-                &mut FreeBudget::from_tiers(&st),
-                false,
-                &mut flags,
-                &mut out,
-            );
+            let out = demote(&mut k, &st, &mut v, false);
             assert_eq!(out.migrations.len(), want, "woken {woken}");
             assert!(!k.woken[0], "a run clears the wake-up");
         }
         // At the low watermark exactly (2 free): not below it, nothing.
         let mut v = VecView::two_tier(200, 98);
         let st = v.status(&[100, 200]);
-        let mut out = Decisions::none();
-        k.run(
-            &st,
-            &mut v,
-            &mut FreeBudget::from_tiers(&st),
-            false,
-            &mut flags,
-            &mut out,
-        );
+        let out = demote(&mut k, &st, &mut v, false);
         assert!(out.migrations.is_empty(), "{:?}", out.migrations);
     }
 
