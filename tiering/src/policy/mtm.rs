@@ -115,6 +115,9 @@ pub struct Mtm {
     tau_m: f64,
     tau_s: f64,
     num_ps: u64,
+    /// Real pages per modeled page ([`PolicyConfig::scale`]): Eq. 1's
+    /// budget is in real samples.
+    scale: f64,
     budget: IntervalBudget,
     interval_ns: u64,
     scan_idx: u32,
@@ -146,6 +149,11 @@ impl Mtm {
             one_scan_ns,
             NUM_SCANS,
         ));
+        let scale = if config.scale.is_finite() && config.scale > 0.0 {
+            config.scale
+        } else {
+            1.0
+        };
         let mut regions = Vec::new();
         let mut start = 0;
         while start < config.pages {
@@ -165,6 +173,7 @@ impl Mtm {
             tau_m: TAU_MERGE,
             tau_s: TAU_SPLIT,
             num_ps,
+            scale,
             budget: IntervalBudget::new(config.mb_to_pages_f64(rate)),
             interval_ns,
             scan_idx: 0,
@@ -185,6 +194,25 @@ impl Mtm {
     /// Sample budget per interval (Eq. 1, scaled).
     pub fn sample_budget(&self) -> u64 {
         self.num_ps
+    }
+
+    /// Eq. 1 again with `one_scan_ns`, a cost measured on this host
+    /// (the paper measures `one_scan_overhead` offline, hint faults
+    /// included; live, a test that finds its page touched is a hint fault
+    /// whose cost depends on the host's load and the size of the mapping
+    /// put back, so the engine measures it as the run goes). A value that
+    /// is not a positive number is ignored.
+    pub fn rebudget(&mut self, one_scan_ns: f64) {
+        if !(one_scan_ns.is_finite() && one_scan_ns > 0.0) {
+            return;
+        }
+        let real = sample_budget(self.interval_ns, OVERHEAD_TARGET, one_scan_ns, NUM_SCANS);
+        self.num_ps = ((real / self.scale).round() as u64).max(1);
+    }
+
+    /// Samples over all regions (each region has at least one).
+    pub fn total_samples(&self) -> u64 {
+        self.regions.iter().map(|r| u64::from(r.samples)).sum()
     }
 
     /// Current merge and split thresholds.
@@ -302,8 +330,14 @@ impl Mtm {
     }
 
     /// Step 4: `freed` samples, one at a time, round-robin over the
-    /// [`TOP_VARIANCE_REGIONS`] regions of highest hotness variance.
+    /// [`TOP_VARIANCE_REGIONS`] regions of highest hotness variance, as
+    /// long as the total stays within Eq. 1's `num_ps` (§5.3: `num_ps` is
+    /// the total of samples over all regions; samples freed beyond it are
+    /// dropped, which is how a budget that fell, or a guest with more
+    /// regions than it, comes back within the budget).
     fn give_freed_samples(&mut self, freed: u32) {
+        let room = self.num_ps.saturating_sub(self.total_samples());
+        let freed = u32::try_from(room).unwrap_or(u32::MAX).min(freed);
         if freed == 0 || self.regions.is_empty() {
             return;
         }
@@ -592,6 +626,9 @@ impl Policy for Mtm {
             return Decisions::none();
         }
         self.scan_idx = 0;
+        if let Some(cost) = view.accessed_test_cost_ns() {
+            self.rebudget(cost);
+        }
         self.end_interval();
         let d = self.migrate(obs, view);
         self.pick_samples(view);
@@ -757,5 +794,66 @@ mod tests {
             "the lukewarm region's tier-0 pages went down: {:?}",
             d.migrations
         );
+    }
+
+    /// Merges free samples; they go to the regions of highest variance
+    /// only while the total stays within `num_ps` (§5.3).
+    #[test]
+    fn freed_samples_never_take_the_total_past_num_ps() {
+        // 8 cold regions merge into one: 7 samples freed.
+        let run = |num_ps: u64| {
+            let mut m = mtm();
+            m.num_ps = num_ps;
+            set_counts(&mut m, &[&[0u8][..]; 8]);
+            m.end_interval();
+            (m.regions().len(), m.total_samples())
+        };
+        // Room for all of them: the 8 samples are kept.
+        assert_eq!(run(8), (1, 8));
+        assert_eq!(run(100), (1, 8));
+        // Room for 2 more than the merged region's 1: 3 in all.
+        assert_eq!(run(3), (1, 3));
+        assert_eq!(run(1), (1, 1));
+        // Four merges of pairs free 4 samples: room for 1 of them.
+        let mut m = mtm();
+        m.num_ps = 5;
+        set_counts(&mut m, &[&[0], &[0], &[3], &[3], &[0], &[0], &[3], &[3]]);
+        m.end_interval();
+        assert_eq!(m.regions().len(), 4);
+        assert_eq!(m.total_samples(), 5);
+    }
+
+    /// A measured test cost redoes Eq. 1 at the end of the interval: 2 s
+    /// at 5% over 3 scans of 250 us is 133 real samples, scale 128: 1.
+    #[test]
+    fn a_measured_test_cost_redoes_eq1_at_the_end_of_the_interval() {
+        let mut cfg = PolicyConfig::new(32 * 128, vec![8 * 128, 32 * 128]);
+        cfg.interval_ns = Some(2_000_000_000);
+        cfg.accessed_test_cost_ns = Some(1_000.0);
+        let mut m = Mtm::new(&cfg);
+        // 2e9 * 0.05 / (1e3 * 3) = 33,333.
+        assert_eq!(m.sample_budget(), 33_333);
+        let mut v = VecView::two_tier(32 * 128, 8 * 128);
+        let st = v.status(&[8 * 128, 32 * 128]);
+        v.test_cost_ns = Some(250_000.0);
+        // The first tick picks samples; a budget is redone only at an
+        // interval's end (after NUM_SCANS scans).
+        for k in 0..NUM_SCANS {
+            m.tick(&obs(u64::from(k), &st, &[]), &mut v);
+            assert_eq!(m.sample_budget(), 33_333, "scan {k}");
+        }
+        m.tick(&obs(9, &st, &[]), &mut v);
+        assert_eq!(m.sample_budget(), 133);
+        // Not a cost: kept.
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            m.rebudget(bad);
+            assert_eq!(m.sample_budget(), 133, "{bad}");
+        }
+        // Scaled as the configured budget is.
+        let mut cfg = cfg.clone();
+        cfg.scale = 4.0;
+        let mut m = Mtm::new(&cfg);
+        m.rebudget(250_000.0);
+        assert_eq!(m.sample_budget(), 33);
     }
 }
