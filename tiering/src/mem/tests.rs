@@ -8,7 +8,7 @@ use super::page_map;
 use super::*;
 use crate::vocab::TierId;
 
-type Env = (
+pub(super) type Env = (
     Arc<TieredMemory>,
     Arc<SoftDirtyLog>,
     Arc<Migrator>,
@@ -55,7 +55,7 @@ pub(super) fn setup_with(cfg: MemConfig) -> Option<Env> {
     Some((mem, log, Arc::new(m), faults))
 }
 
-fn word(mem: &TieredMemory, page: usize) -> &AtomicU64 {
+pub(super) fn word(mem: &TieredMemory, page: usize) -> &AtomicU64 {
     // SAFETY: page < guest_pages (callers), guest RAM is mapped for the memory's lifetime
     // and 8-byte aligned; all test accesses to it are atomic.
     unsafe { &*((mem.guest_ptr() as usize + page * PAGE_SIZE) as *const AtomicU64) }

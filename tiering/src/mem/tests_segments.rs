@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::tests::setup_with;
+use super::page_map::BUSY;
+use super::tests::{setup_with, word, Env};
 use super::*;
 
 /// A switchable log of segments over the software log: records every
@@ -19,6 +20,21 @@ struct Segmented {
     seg_pages: usize,
     on: Vec<AtomicBool>,
     switches: Mutex<Vec<(usize, bool)>>,
+    /// Logging is on from the start (a log that is never switched).
+    starts_on: bool,
+}
+
+impl Segmented {
+    /// Four segments of 128 pages over `soft`, all off (or all on).
+    fn four(soft: Arc<SoftDirtyLog>, starts_on: bool) -> Arc<Self> {
+        Arc::new(Self {
+            soft,
+            seg_pages: 128,
+            on: (0..4).map(|_| AtomicBool::new(starts_on)).collect(),
+            switches: Mutex::new(Vec::new()),
+            starts_on,
+        })
+    }
 }
 
 impl DirtyLog for Segmented {
@@ -38,7 +54,7 @@ impl DirtyLog for Segmented {
         self.soft.clear(first_page, mask)
     }
     fn starts_on(&self) -> bool {
-        false
+        self.starts_on
     }
     fn segment_pages(&self) -> usize {
         self.seg_pages
@@ -60,12 +76,7 @@ fn only_the_segments_of_tracked_pages_are_logged() {
     let Some((mem, soft, _, _faults)) = setup_with(cfg) else {
         return;
     };
-    let log = Arc::new(Segmented {
-        soft,
-        seg_pages: 128,
-        on: (0..4).map(|_| AtomicBool::new(false)).collect(),
-        switches: Mutex::new(Vec::new()),
-    });
+    let log = Segmented::four(soft, false);
     let m = Migrator::new(
         mem.clone(),
         Box::new(log.clone()),
@@ -105,5 +116,166 @@ fn only_the_segments_of_tracked_pages_are_logged() {
     m.harvest().unwrap();
     assert_eq!(m.harvester_segments_on(), (0, 4));
     assert_eq!(log.switches.lock().unwrap().last(), Some(&(2, false)));
+    mem.check_consistency().unwrap();
+}
+
+/// A policy that reads write counts (`set_dirty_log_required`) has every
+/// segment logged from the next harvest on, past the idle delay; once it
+/// no longer does, they go off after the delay. `dirty_log_state` says
+/// whether logging is on.
+#[test]
+fn required_logging_switches_every_segment_on_until_released() {
+    let pages = 512;
+    let mut cfg = MemConfig::new(pages * PAGE_SIZE, 256);
+    cfg.placement = InitialPlacement::SlowFirst;
+    let Some((mem, soft, _, _faults)) = setup_with(cfg) else {
+        return;
+    };
+    let log = Segmented::four(soft, false);
+    let m = Migrator::new(
+        mem.clone(),
+        Box::new(log.clone()),
+        MigratorConfig::default(),
+    )
+    .unwrap();
+    let idle = || std::thread::sleep(harvest::LOGGING_IDLE_OFF + Duration::from_millis(50));
+    assert_eq!(m.dirty_log_state(), (false, 0), "nothing tracked: off");
+    m.harvest().unwrap();
+    assert_eq!(m.harvester_segments_on(), (0, 4));
+    m.set_dirty_log_required(true);
+    m.harvest().unwrap();
+    assert_eq!(m.harvester_segments_on(), (4, 4));
+    assert_eq!(m.dirty_log_state(), (true, 4));
+    // Required: no segment goes off, however long it is idle.
+    idle();
+    m.harvest().unwrap();
+    idle();
+    m.harvest().unwrap();
+    assert_eq!(m.dirty_log_state(), (true, 4), "required logging held");
+    // Released: off once idle for the delay, and not before.
+    m.set_dirty_log_required(false);
+    m.harvest().unwrap();
+    assert_eq!(
+        m.harvester_segments_on(),
+        (4, 4),
+        "not idle long enough yet"
+    );
+    idle();
+    m.harvest().unwrap();
+    assert_eq!(m.dirty_log_state(), (false, 8));
+    let off: Vec<(usize, bool)> = log.switches.lock().unwrap()[4..].to_vec();
+    assert_eq!(off, vec![(0, false), (1, false), (2, false), (3, false)]);
+    mem.check_consistency().unwrap();
+}
+
+/// 512 pages, half fast, every page slow first, with the test's soft log.
+fn segmented_env() -> Option<Env> {
+    let pages = 512;
+    let mut cfg = MemConfig::new(pages * PAGE_SIZE, 256);
+    cfg.placement = InitialPlacement::SlowFirst;
+    cfg.tiers[1].capacity_pages = pages + 64;
+    cfg.tiers[1].max_capacity_pages = pages + 64;
+    setup_with(cfg)
+}
+
+fn idle() {
+    std::thread::sleep(harvest::LOGGING_IDLE_OFF + Duration::from_millis(50));
+}
+
+/// A transaction in flight keeps its segment logged however long the
+/// harvests find nothing else to track (switched off mid-transaction, a
+/// write to the page would be missed: a lost write at commit); after it
+/// ends, the segment goes off once idle. A log that starts on (one that is
+/// never switched) is never switched off.
+#[test]
+fn a_transaction_in_flight_keeps_its_segment_logged_and_an_always_on_log_stays_on() {
+    let Some((mem, soft, _, _faults)) = segmented_env() else {
+        return;
+    };
+    let log = Segmented::four(soft.clone(), false);
+    let h = harvest::DirtyHarvester::new(Box::new(log.clone()), &mem).unwrap();
+    h.begin();
+    h.arm(&mem, [10usize].into_iter()).unwrap();
+    assert_eq!(h.segments_on(), (1, 4));
+    h.harvest(&mem).unwrap();
+    idle();
+    h.harvest(&mem).unwrap();
+    assert_eq!(h.segments_on(), (1, 4), "in flight: logged");
+    h.end();
+    h.harvest(&mem).unwrap();
+    idle();
+    h.harvest(&mem).unwrap();
+    assert_eq!(h.segments_on(), (0, 4), "ended and idle: off");
+
+    let always = Segmented::four(soft, true);
+    let h = harvest::DirtyHarvester::new(Box::new(always.clone()), &mem).unwrap();
+    assert_eq!(h.segments_on(), (4, 4));
+    h.harvest(&mem).unwrap();
+    idle();
+    h.harvest(&mem).unwrap();
+    assert_eq!(h.segments_on(), (4, 4), "a log that starts on stays on");
+    assert!(always.switches.lock().unwrap().is_empty());
+}
+
+/// A shadow keeps its segment logged, in the first segment as in any
+/// other (the segment's pages are looked up from its first page).
+#[test]
+fn a_shadow_in_the_first_segment_keeps_it_logged() {
+    let Some((mem, soft, _, _faults)) = segmented_env() else {
+        return;
+    };
+    let log = Segmented::four(soft, false);
+    let m = Migrator::new(
+        mem.clone(),
+        Box::new(log.clone()),
+        MigratorConfig::default(),
+    )
+    .unwrap();
+    let out = m
+        .promote(
+            &[Unit::page(10)],
+            Mechanism::Transactional { keep_shadow: true },
+        )
+        .unwrap();
+    assert_eq!(out.committed, 1, "{out:?}");
+    assert!(mem.has_shadow(10));
+    m.harvest().unwrap();
+    idle();
+    m.harvest().unwrap();
+    assert_eq!(
+        m.harvester_segments_on(),
+        (1, 4),
+        "page 10's shadow needs its writes"
+    );
+    mem.check_consistency().unwrap();
+}
+
+/// A deferring harvest takes a written shadowed page and sets its shadow
+/// aside; `finish_deferred` invalidates the shadow and gives the page back
+/// at once (a guest touching it waits until then), not at the next harvest.
+#[test]
+fn finish_deferred_invalidates_set_aside_shadows_and_releases_their_pages() {
+    let Some((mem, soft, m, _faults)) = segmented_env() else {
+        return;
+    };
+    let out = m
+        .promote(
+            &[Unit::page(3)],
+            Mechanism::Transactional { keep_shadow: true },
+        )
+        .unwrap();
+    assert_eq!(out.committed, 1, "{out:?}");
+    assert!(mem.has_shadow(3));
+    let h = harvest::DirtyHarvester::new(Box::new(soft.clone()), &mem).unwrap();
+    {
+        let _g = soft.write_guard(3, 1);
+        word(&mem, 3).store(0x5a, Ordering::SeqCst);
+    }
+    assert_eq!(h.harvest_deferring(&mem).unwrap(), 1);
+    assert_ne!(mem.pages.load(3) & BUSY, 0, "set aside: owned");
+    assert!(mem.has_shadow(3));
+    h.finish_deferred(&mem);
+    assert_eq!(mem.pages.load(3) & BUSY, 0, "given back");
+    assert!(!mem.has_shadow(3), "written: the shadow is stale");
     mem.check_consistency().unwrap();
 }
