@@ -224,6 +224,58 @@ fn shadow_invalidation_then_copy_and_reclaim() {
     mem.check_consistency().unwrap();
 }
 
+/// A page written while nobody tracked it keeps its dirty bit set in the
+/// log (left unarmed, so the guest writes on without faults). A mover that
+/// takes it re-arms exactly its bit first: the old write is not read as a
+/// write in the copy window, so the TPM commits at its first attempt. Pages
+/// 70 and 193 sit at bit 6 of word 1 and bit 1 of word 3.
+#[test]
+fn a_page_written_before_its_tpm_commits_at_the_first_attempt() {
+    let Some((mem, log, m, _faults)) = setup(256, 128, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    for p in [70, 193] {
+        let _g = log.write_guard(p, 1);
+        word(&mem, p).store(p as u64 + 1, Ordering::SeqCst);
+    }
+    m.harvest().unwrap();
+    for p in [70, 193] {
+        let o = m.promote(&[page_unit(p)], Mechanism::TPM).unwrap();
+        assert_eq!((o.committed, o.aborted), (1, 0), "page {p}: {o:?}");
+        assert_eq!(mem.tier_of(p), Some(0));
+        assert_eq!(word(&mem, p).load(Ordering::SeqCst), p as u64 + 1);
+    }
+    mem.check_consistency().unwrap();
+}
+
+/// Under shadow paging a read can log a page dirty without a write. A
+/// shadowed page logged dirty whose content still equals its shadow keeps
+/// the shadow (revalidated); one really written loses it.
+#[test]
+fn a_shadowed_page_logged_dirty_but_unchanged_keeps_its_shadow() {
+    let Some((mem, log, m, _faults)) = setup(256, 128, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let o = m.promote(&[run_unit(0, 8)], Mechanism::TPM).unwrap();
+    assert_eq!(o.committed, 1);
+    assert!(mem.has_shadow(2) && mem.has_shadow(5));
+    for (p, value) in [(2, 2000), (5, 77)] {
+        let _g = log.write_guard(p, 1);
+        word(&mem, p).store(value, Ordering::SeqCst);
+    }
+    m.harvest().unwrap();
+    assert!(
+        mem.has_shadow(2),
+        "the same content: the shadow stays valid"
+    );
+    assert!(!mem.has_shadow(5), "written: the shadow is stale");
+    let s = mem.stats().migration;
+    assert_eq!((s.shadow_revalidations, s.shadow_invalidations), (1, 1));
+    mem.check_consistency().unwrap();
+}
+
 #[test]
 fn no_space_skips_and_counts() {
     let Some((mem, _, m, _faults)) = setup(256, 16, InitialPlacement::FastFirst) else {
