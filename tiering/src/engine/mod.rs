@@ -172,11 +172,6 @@ pub struct EngineReport {
     /// tested page is armed and hint-faults once on its next touch; a page
     /// re-armed at every scan counts each time).
     pub probes_armed: u64,
-    /// The guest's measured cost of one accessed-bit test that found its
-    /// page touched (one hint fault), us, as policies last read it
-    /// ([`mem::TestCost`]; `None` if no probe measured one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub accessed_test_cost_us: Option<f64>,
     /// The DAMON tracker's account (`--tracking damon`).
     pub damon: Option<DamonReport>,
     /// Ticks per mode, for policies with modes (`adaptive`).
@@ -233,8 +228,6 @@ struct LiveView<'a> {
     mem: &'a TieredMemory,
     touched: &'a mut [u64],
     probe: Option<Probing<'a>>,
-    /// The measured cost of a test, while probes measure it.
-    test_cost_ns: Option<f64>,
 }
 
 /// Accessed bits kept exactly for the pages a policy tests.
@@ -277,9 +270,6 @@ impl MemoryView for LiveView<'_> {
         let (w, b) = ((page / 64) as usize, page % 64);
         self.touched.get(w).is_some_and(|word| word & (1 << b) != 0)
     }
-    fn accessed_test_cost_ns(&self) -> Option<f64> {
-        self.test_cost_ns
-    }
 }
 
 struct EngineState {
@@ -293,8 +283,6 @@ struct EngineState {
     touched: Vec<u64>,
     /// Armed accessed-bit probes, while the policy asks for accessed bits.
     probes: Option<mem::AccessProbes>,
-    /// What a probe's hint fault costs the guest, measured while probing.
-    test_cost: mem::TestCost,
     probe_touched: Vec<u64>,
     to_arm: Vec<usize>,
     /// Accessed bits and samples from DAMON instead of probes and hint
@@ -439,7 +427,6 @@ impl EngineState {
             mem: &mem,
             touched: &mut self.touched,
             probe: None,
-            test_cost_ns: self.test_cost.cost_ns(),
         };
         self.policy.on_hint_fault(&fault, tiers, &mut view)
     }
@@ -489,13 +476,6 @@ impl EngineState {
         self.gather_accesses(&mem, now_ns);
         let samples = std::mem::take(&mut self.samples);
         self.report.samples += samples.len() as u64;
-        // Only probes' faults measure a test (DAMON's tests cost no fault).
-        let test_cost_ns = self
-            .probes
-            .is_some()
-            .then(|| self.test_cost.update(&mem))
-            .flatten();
-        self.report.accessed_test_cost_us = self.test_cost.cost_ns().map(|c| c / 1e3);
         let obs = policy::Observations {
             now_ns,
             tiers: &tiers,
@@ -511,7 +491,6 @@ impl EngineState {
                 touched: &mut self.probe_touched,
                 to_arm: &mut self.to_arm,
             }),
-            test_cost_ns,
         };
         let d: Decisions = self.policy.tick(&obs, &mut view);
         self.report.ticks += 1;
@@ -844,7 +823,6 @@ impl Engine {
             migrator: migrator.clone(),
             touched: vec![0; words],
             probes: None,
-            test_cost: mem::TestCost::default(),
             probe_touched: vec![0; words],
             to_arm: Vec::new(),
             damon,

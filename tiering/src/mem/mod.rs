@@ -85,7 +85,7 @@ pub use fault::FaultHandler;
 pub use harvest::DirtyHarvester;
 pub use migrate::{BatchOutcome, Migrator, MigratorConfig, MAX_UNIT_PAGES};
 pub use pool::Slot;
-pub use probe::{AccessProbes, TestCost, MEASURED_HINT_FAULT_GUEST_NS, TEST_COST_MIN_FAULTS};
+pub use probe::{AccessProbes, MEASURED_HINT_FAULT_GUEST_NS};
 pub use residency::{Residency, TierResidency};
 pub use resize::{
     parse_capacity_schedule, CapacityScheduleError, CapacityStep, ResizeConfig, ResizeDriver,

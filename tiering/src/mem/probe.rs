@@ -14,7 +14,6 @@
 //! counted in the tracking overhead like every hint fault.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::backing::{Parker, TieredMemory};
@@ -78,86 +77,6 @@ impl AccessProbes {
     /// Armings since creation (a page re-armed at every scan counts each time).
     pub fn armed_total(&self) -> u64 {
         self.armed_total
-    }
-}
-
-/// Hint faults a measurement of [`TestCost`] needs: fewer say little about
-/// the cost of one (the blocked time of a handful of faults is mostly noise).
-pub const TEST_COST_MIN_FAULTS: u64 = 16;
-
-/// The guest's measured cost of one accessed-bit test that finds its page
-/// touched: one hint fault, as the guest pays it. Policies that budget
-/// their profiling (MTM's Eq. 1, where `one_scan_overhead` "includes the
-/// amortized hint-fault cost") read it through
-/// [`crate::policy::MemoryView::accessed_test_cost_ns`] instead of the
-/// offline [`MEASURED_HINT_FAULT_GUEST_NS`], which a huge range mapped back
-/// on a loaded host exceeds several times (results §13: about 230 us).
-///
-/// Measured as the sampler measures its overhead: the vCPUs' blocked time
-/// per fault served (the VMM's guest clock; blocked time is not labelled by
-/// cause, so every fault takes its share by count), or, without a guest
-/// clock or if more, the fault handler's stall per hint fault times the
-/// guest cost factor. Smoothed over measurements (half the last).
-#[derive(Debug, Default)]
-pub struct TestCost {
-    since: Option<CostReading>,
-    cost_ns: Option<f64>,
-}
-
-/// The counters a [`TestCost`] measurement starts from.
-#[derive(Clone, Copy, Debug)]
-struct CostReading {
-    blocked_ns: Option<u64>,
-    faults_served: u64,
-    hint_faults: u64,
-    hint_stall_ns: u64,
-}
-
-impl CostReading {
-    fn now(mem: &TieredMemory) -> Self {
-        let c = &mem.counters;
-        Self {
-            blocked_ns: mem.guest_blocked_ns(),
-            faults_served: c.faults_served.load(Ordering::Relaxed),
-            hint_faults: c.hint_faults.load(Ordering::Relaxed),
-            hint_stall_ns: c.hint_stall_ns.load(Ordering::Relaxed),
-        }
-    }
-}
-
-impl TestCost {
-    /// Takes a measurement of `mem` once [`TEST_COST_MIN_FAULTS`] hint
-    /// faults happened since the last one; returns the cost so far, ns
-    /// (`None` until the first measurement).
-    pub fn update(&mut self, mem: &TieredMemory) -> Option<f64> {
-        let now = CostReading::now(mem);
-        let Some(since) = self.since else {
-            self.since = Some(now);
-            return self.cost_ns;
-        };
-        let hint = now.hint_faults.saturating_sub(since.hint_faults);
-        if hint < TEST_COST_MIN_FAULTS {
-            return self.cost_ns;
-        }
-        let stall = now.hint_stall_ns.saturating_sub(since.hint_stall_ns) as f64;
-        let estimated = mem.guest_cost_factor() * stall / hint as f64;
-        let faults = now
-            .faults_served
-            .saturating_sub(since.faults_served)
-            .max(hint);
-        let blocked = match (now.blocked_ns, since.blocked_ns) {
-            (Some(b), Some(b0)) => Some(b.saturating_sub(b0) as f64 / faults as f64),
-            _ => None,
-        };
-        let measured = blocked.map_or(estimated, |b| b.max(estimated));
-        self.since = Some(now);
-        self.cost_ns = Some(self.cost_ns.map_or(measured, |c| (c + measured) / 2.0));
-        self.cost_ns
-    }
-
-    /// The cost so far, ns (`None` until the first measurement).
-    pub fn cost_ns(&self) -> Option<f64> {
-        self.cost_ns
     }
 }
 

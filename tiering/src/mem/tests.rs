@@ -478,49 +478,6 @@ fn probes_park_exactly_the_tested_pages_and_lose_nothing() {
     mem.check_consistency().unwrap();
 }
 
-/// What an accessed-bit test costs the guest ([`TestCost`]): the vCPUs'
-/// blocked time per fault served, or the handler's stall per hint fault
-/// times the guest cost factor if that is more; nothing measured under
-/// [`TEST_COST_MIN_FAULTS`] hint faults; each measurement averaged with the
-/// last.
-#[test]
-fn the_test_cost_is_the_guests_blocked_time_per_fault_served() {
-    let Some((mem, _, _, faults)) = setup(64, 32, InitialPlacement::FastFirst) else {
-        return;
-    };
-    let blocked = Arc::new(AtomicU64::new(0));
-    let clock = blocked.clone();
-    mem.set_guest_clock(Some(Arc::new(move || Some(clock.load(Ordering::SeqCst)))));
-    let add = |hint: u64, other: u64, stall_ns: u64, blocked_ns: u64| {
-        let c = &mem.counters;
-        c.hint_faults.fetch_add(hint, Ordering::SeqCst);
-        c.faults_served.fetch_add(hint + other, Ordering::SeqCst);
-        c.hint_stall_ns.fetch_add(stall_ns, Ordering::SeqCst);
-        blocked.fetch_add(blocked_ns, Ordering::SeqCst);
-    };
-    let mut cost = TestCost::default();
-    assert_eq!(cost.update(&mem), None, "the first call only reads");
-    add(TEST_COST_MIN_FAULTS - 1, 0, 0, 3_000_000);
-    assert_eq!(cost.update(&mem), None, "too few hint faults to measure");
-    // 16 hint faults and 4 others since the first read: 3 ms blocked.
-    add(1, 4, 0, 0);
-    assert_eq!(cost.update(&mem), Some(150_000.0));
-    assert_eq!(cost.cost_ns(), Some(150_000.0));
-    // The handler's stall, scaled, above the blocked time: it counts.
-    let factor = mem.guest_cost_factor();
-    add(16, 0, 16 * 100_000, 16 * 1_000);
-    let scaled = factor * 100_000.0;
-    assert!(scaled > 1_000.0);
-    assert_eq!(cost.update(&mem), Some((150_000.0 + scaled) / 2.0));
-    // Without a guest clock, the scaled stall alone.
-    mem.set_guest_clock(None);
-    let before = cost.cost_ns().unwrap();
-    add(32, 0, 32 * 10_000, 0);
-    let scaled = factor * 10_000.0;
-    assert_eq!(cost.update(&mem), Some((before + scaled) / 2.0));
-    faults.stop().unwrap();
-}
-
 #[test]
 fn probes_and_sampler_windows_map_back_only_their_own_pages() {
     let Some((mem, _, _, faults)) = setup(256, 128, InitialPlacement::Interleave) else {

@@ -115,9 +115,6 @@ pub struct Mtm {
     tau_m: f64,
     tau_s: f64,
     num_ps: u64,
-    /// Real pages per modeled page ([`PolicyConfig::scale`]): Eq. 1's
-    /// budget is in real samples.
-    scale: f64,
     budget: IntervalBudget,
     interval_ns: u64,
     scan_idx: u32,
@@ -149,11 +146,6 @@ impl Mtm {
             one_scan_ns,
             NUM_SCANS,
         ));
-        let scale = if config.scale.is_finite() && config.scale > 0.0 {
-            config.scale
-        } else {
-            1.0
-        };
         let mut regions = Vec::new();
         let mut start = 0;
         while start < config.pages {
@@ -173,7 +165,6 @@ impl Mtm {
             tau_m: TAU_MERGE,
             tau_s: TAU_SPLIT,
             num_ps,
-            scale,
             budget: IntervalBudget::new(config.mb_to_pages_f64(rate)),
             interval_ns,
             scan_idx: 0,
@@ -194,20 +185,6 @@ impl Mtm {
     /// Sample budget per interval (Eq. 1, scaled).
     pub fn sample_budget(&self) -> u64 {
         self.num_ps
-    }
-
-    /// Eq. 1 again with `one_scan_ns`, a cost measured on this host
-    /// (the paper measures `one_scan_overhead` offline, hint faults
-    /// included; live, a test that finds its page touched is a hint fault
-    /// whose cost depends on the host's load and the size of the mapping
-    /// put back, so the engine measures it as the run goes). A value that
-    /// is not a positive number is ignored.
-    pub fn rebudget(&mut self, one_scan_ns: f64) {
-        if !(one_scan_ns.is_finite() && one_scan_ns > 0.0) {
-            return;
-        }
-        let real = sample_budget(self.interval_ns, OVERHEAD_TARGET, one_scan_ns, NUM_SCANS);
-        self.num_ps = ((real / self.scale).round() as u64).max(1);
     }
 
     /// Samples over all regions (each region has at least one).
@@ -333,8 +310,8 @@ impl Mtm {
     /// [`TOP_VARIANCE_REGIONS`] regions of highest hotness variance, as
     /// long as the total stays within Eq. 1's `num_ps` (§5.3: `num_ps` is
     /// the total of samples over all regions; samples freed beyond it are
-    /// dropped, which is how a budget that fell, or a guest with more
-    /// regions than it, comes back within the budget).
+    /// dropped, which is how a guest with more regions than `num_ps` comes
+    /// back within the budget once its regions merge).
     fn give_freed_samples(&mut self, freed: u32) {
         let room = self.num_ps.saturating_sub(self.total_samples());
         let freed = u32::try_from(room).unwrap_or(u32::MAX).min(freed);
@@ -626,9 +603,6 @@ impl Policy for Mtm {
             return Decisions::none();
         }
         self.scan_idx = 0;
-        if let Some(cost) = view.accessed_test_cost_ns() {
-            self.rebudget(cost);
-        }
         self.end_interval();
         let d = self.migrate(obs, view);
         self.pick_samples(view);
@@ -821,39 +795,5 @@ mod tests {
         m.end_interval();
         assert_eq!(m.regions().len(), 4);
         assert_eq!(m.total_samples(), 5);
-    }
-
-    /// A measured test cost redoes Eq. 1 at the end of the interval: 2 s
-    /// at 5% over 3 scans of 250 us is 133 real samples, scale 128: 1.
-    #[test]
-    fn a_measured_test_cost_redoes_eq1_at_the_end_of_the_interval() {
-        let mut cfg = PolicyConfig::new(32 * 128, vec![8 * 128, 32 * 128]);
-        cfg.interval_ns = Some(2_000_000_000);
-        cfg.accessed_test_cost_ns = Some(1_000.0);
-        let mut m = Mtm::new(&cfg);
-        // 2e9 * 0.05 / (1e3 * 3) = 33,333.
-        assert_eq!(m.sample_budget(), 33_333);
-        let mut v = VecView::two_tier(32 * 128, 8 * 128);
-        let st = v.status(&[8 * 128, 32 * 128]);
-        v.test_cost_ns = Some(250_000.0);
-        // The first tick picks samples; a budget is redone only at an
-        // interval's end (after NUM_SCANS scans).
-        for k in 0..NUM_SCANS {
-            m.tick(&obs(u64::from(k), &st, &[]), &mut v);
-            assert_eq!(m.sample_budget(), 33_333, "scan {k}");
-        }
-        m.tick(&obs(9, &st, &[]), &mut v);
-        assert_eq!(m.sample_budget(), 133);
-        // Not a cost: kept.
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            m.rebudget(bad);
-            assert_eq!(m.sample_budget(), 133, "{bad}");
-        }
-        // Scaled as the configured budget is.
-        let mut cfg = cfg.clone();
-        cfg.scale = 4.0;
-        let mut m = Mtm::new(&cfg);
-        m.rebudget(250_000.0);
-        assert_eq!(m.sample_budget(), 33);
     }
 }

@@ -149,13 +149,6 @@ pub trait MemoryView {
     }
     /// Reads and clears the page's accessed bit (accessed since the last call).
     fn test_and_clear_accessed(&mut self, page: u64) -> bool;
-    /// What one test that finds its page accessed has cost the guest, as
-    /// measured so far, ns; `None` where nothing measures it (the
-    /// simulator, DAMON), and a policy keeps its configured cost
-    /// ([`PolicyConfig::accessed_test_cost_ns`]).
-    fn accessed_test_cost_ns(&self) -> Option<f64> {
-        None
-    }
 }
 
 /// Which trackers a policy needs the engine to run.
