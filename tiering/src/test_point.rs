@@ -18,6 +18,10 @@ pub enum TestPoint {
     /// thread that serves the event: in tests, one that calls the
     /// handler's event function itself instead of the handler thread.
     FaultSawParked,
+    /// The dirty harvester's `arm`: its harvest is done, the armed pages'
+    /// bits are not cleared yet (a guest write here is one the re-arm
+    /// forgets for those pages, and must keep for every other page).
+    ArmHarvested,
 }
 
 type Action = Arc<dyn Fn(TestPoint) + Send + Sync>;

@@ -314,6 +314,7 @@ impl DirtyHarvester {
         let mut g = lock(&self.scratch);
         self.switch_on_for(mem, &mut g, &pages)?;
         self.harvest_locked(mem, &mut g, false)?;
+        crate::test_point::reached(crate::test_point::TestPoint::ArmHarvested);
         let Scratch { rearm, .. } = &mut *g;
         rearm.iter_mut().for_each(|w| *w = 0);
         for p in pages {

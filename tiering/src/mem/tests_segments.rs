@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::page_map::BUSY;
+use super::page_map::{BUSY, DIRTY_SEEN};
 use super::tests::{setup_with, word, Env};
 use super::*;
 
@@ -278,4 +278,43 @@ fn finish_deferred_invalidates_set_aside_shadows_and_releases_their_pages() {
     assert_eq!(mem.pages.load(3) & BUSY, 0, "given back");
     assert!(!mem.has_shadow(3), "written: the shadow is stale");
     mem.check_consistency().unwrap();
+}
+
+/// `arm` re-arms exactly its pages. A write that lands between its harvest
+/// and its re-arm is forgotten for the armed page (the copy that follows
+/// reads it), and kept for every other page: pages 65 and 390, another
+/// transaction's in its copy window, must show it at the next harvest, or
+/// that transaction would commit a copy without the write. 65 shares page
+/// 70's bitmap word (bit 1), 390 is bit 6 of word 6.
+#[test]
+fn arm_re_arms_exactly_its_pages_and_keeps_other_pages_writes() {
+    let Some((mem, soft, _, _faults)) = segmented_env() else {
+        return;
+    };
+    let h = harvest::DirtyHarvester::new(Box::new(soft.clone()), &mem).unwrap();
+    let others = [65usize, 390];
+    for p in others.into_iter().chain([70]) {
+        assert!(mem.pages.try_acquire(p, false).is_some(), "page {p} owned");
+    }
+    h.arm(&mem, others.into_iter()).unwrap();
+    let (m2, s2) = (mem.clone(), soft.clone());
+    crate::test_point::with_action(
+        move |point| {
+            if point == crate::test_point::TestPoint::ArmHarvested {
+                for p in [70, 65, 390] {
+                    let _g = s2.write_guard(p, 1);
+                    word(&m2, p).store(p as u64 + 7, Ordering::SeqCst);
+                }
+            }
+        },
+        || h.arm(&mem, [70usize].into_iter()),
+    )
+    .unwrap();
+    h.harvest(&mem).unwrap();
+    let seen = |p: usize| mem.pages.load(p) & DIRTY_SEEN != 0;
+    assert!(seen(65) && seen(390), "another transaction's write kept");
+    assert!(!seen(70), "the armed page's earlier write forgotten");
+    for p in others.into_iter().chain([70]) {
+        mem.pages.release(p, 0, DIRTY_SEEN);
+    }
 }
