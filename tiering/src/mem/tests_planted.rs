@@ -333,8 +333,10 @@ fn tpm_of_the_last_page_with_a_write_in_the_copy_window_keeps_the_write() {
         let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (mm, lg, f) = (mem.clone(), log.clone(), fired.clone());
         let out = crate::test_point::with_action(
-            move |_| {
-                if !f.swap(true, Ordering::SeqCst) {
+            move |point| {
+                if point == crate::test_point::TestPoint::TpmCopied
+                    && !f.swap(true, Ordering::SeqCst)
+                {
                     let _g = lg.write_guard(page, 1);
                     word(&mm, page).store(777_000 + page as u64, Ordering::SeqCst);
                 }

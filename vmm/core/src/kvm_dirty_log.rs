@@ -533,8 +533,10 @@ mod tests {
             let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let f = fired.clone();
             tiering::test_point::with_action(
-                move |_| {
-                    if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                move |point| {
+                    if point == tiering::test_point::TestPoint::TpmCopied
+                        && !f.swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
                         Self::step(&vcpu, &writes);
                     }
                 },
