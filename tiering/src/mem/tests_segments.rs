@@ -155,6 +155,7 @@ fn required_logging_switches_every_segment_on_until_released() {
     // Released: off once idle for the delay, and not before.
     m.set_dirty_log_required(false);
     m.harvest().unwrap();
+    m.harvest().unwrap();
     assert_eq!(
         m.harvester_segments_on(),
         (4, 4),
