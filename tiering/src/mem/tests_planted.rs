@@ -359,6 +359,39 @@ fn tpm_of_the_last_page_with_a_write_in_the_copy_window_keeps_the_write() {
     mem.check_consistency().unwrap();
 }
 
+/// A page written in the copy window through both dirty logs at once (a
+/// guest write, in KVM's log, and a VMM write such as a device's DMA into
+/// guest RAM, in the VMM-write log) is dirty: the TPM aborts and the write
+/// survives. (The two logs' bits are joined with `|`; `^` would cancel
+/// them and commit a copy without the write.)
+#[test]
+fn a_write_in_both_dirty_logs_in_the_copy_window_aborts_the_tpm() {
+    let Some((mem, log, m, _faults)) = setup(256, 128, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let page = 70usize;
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (mm, lg, f) = (mem.clone(), log.clone(), fired.clone());
+    let out = crate::test_point::with_action(
+        move |point| {
+            if point == crate::test_point::TestPoint::TpmCopied && !f.swap(true, Ordering::SeqCst) {
+                let _guest = lg.write_guard(page, 1);
+                let _vmm = mm.vmm_writes().write_guard(page, 1);
+                word(&mm, page).store(555, Ordering::SeqCst);
+            }
+        },
+        || m.promote(&[Unit::page(page as u64)], Mechanism::TPM),
+    )
+    .unwrap();
+    assert!(fired.load(Ordering::SeqCst), "the copy-window point fired");
+    assert_eq!(out.aborted, 1, "{out:?}");
+    assert_eq!(word(&mem, page).load(Ordering::SeqCst), 555, "{out:?}");
+    assert_eq!(mem.tier_of(page), Some(1));
+    m.harvest().unwrap();
+    mem.check_consistency().unwrap();
+}
+
 // ---- 7. The sampler's scan size shrinks when the overhead is above budget ----
 
 /// Hint-fault overhead far above the budget shrinks the scan window (by at

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::page_map::{BUSY, DIRTY_SEEN};
+use super::page_map::{self, BUSY, DIRTY_SEEN};
 use super::tests::{setup_with, word, Env};
 use super::*;
 
@@ -318,4 +318,42 @@ fn arm_re_arms_exactly_its_pages_and_keeps_other_pages_writes() {
     for p in others.into_iter().chain([70]) {
         mem.pages.release(p, 0, DIRTY_SEEN);
     }
+}
+
+/// A segment switched on reads every page dirty at its first harvest (KVM's
+/// `INITIALLY_SET`): that harvest counts no write for untracked pages, in
+/// whichever segment it is; the write counts are a policy input.
+#[test]
+fn the_first_harvest_of_a_segment_counts_no_writes() {
+    let Some((mem, soft, _, _faults)) = segmented_env() else {
+        return;
+    };
+    let log = Segmented::four(soft.clone(), false);
+    let m = Migrator::new(
+        mem.clone(),
+        Box::new(log.clone()),
+        MigratorConfig::default(),
+    )
+    .unwrap();
+    // Page 300 (segment 2) written while its segment is off: its bit
+    // shows once the segment is on, as every bit does on KVM.
+    {
+        let _g = soft.write_guard(300, 1);
+        word(&mem, 300).store(1, Ordering::SeqCst);
+    }
+    let out = m
+        .promote(
+            &[Unit::page(260)],
+            Mechanism::Transactional { keep_shadow: false },
+        )
+        .unwrap();
+    assert_eq!(out.committed, 1, "{out:?}");
+    assert_eq!(m.harvester_segments_on(), (1, 4));
+    m.harvest().unwrap();
+    assert_eq!(
+        page_map::write_count_of(mem.pages.load(300)),
+        0,
+        "a fresh segment's bits are no writes"
+    );
+    mem.check_consistency().unwrap();
 }
