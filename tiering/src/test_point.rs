@@ -22,6 +22,9 @@ pub enum TestPoint {
     /// bits are not cleared yet (a guest write here is one the re-arm
     /// forgets for those pages, and must keep for every other page).
     ArmHarvested,
+    /// A harvest has read both dirty logs and consumed nothing yet (a
+    /// write here is not in what it read: it must stay for the next).
+    HarvestRead,
 }
 
 type Action = Arc<dyn Fn(TestPoint) + Send + Sync>;

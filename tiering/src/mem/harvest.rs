@@ -412,6 +412,7 @@ impl DirtyHarvester {
         mem.inject.io(crate::inject::FaultPoint::DirtyGet)?;
         self.log.get(kvm)?;
         mem.vmm_dirty_get(soft)?;
+        crate::test_point::reached(crate::test_point::TestPoint::HarvestRead);
         let n = mem.guest_pages();
         let is_fresh = |page: usize| fresh_segs.get(page / seg_pages).copied().unwrap_or(false);
         let mut consumed = 0;

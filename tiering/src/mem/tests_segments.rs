@@ -357,3 +357,38 @@ fn the_first_harvest_of_a_segment_counts_no_writes() {
     );
     mem.check_consistency().unwrap();
 }
+
+/// A VMM write (a device's DMA into guest RAM) to a shadowed page made
+/// after a harvest read the logs is not in what it read, so that harvest
+/// must leave its bit for the next one, which invalidates the stale
+/// shadow (kept, a later demotion would remap the shadow and lose the
+/// write).
+#[test]
+fn a_vmm_write_after_the_harvests_read_is_left_for_the_next_harvest() {
+    let Some((mem, _, m, _faults)) = segmented_env() else {
+        return;
+    };
+    let out = m
+        .promote(
+            &[Unit::page(70)],
+            Mechanism::Transactional { keep_shadow: true },
+        )
+        .unwrap();
+    assert_eq!(out.committed, 1, "{out:?}");
+    assert!(mem.has_shadow(70));
+    let mm = mem.clone();
+    crate::test_point::with_action(
+        move |point| {
+            if point == crate::test_point::TestPoint::HarvestRead {
+                let _vmm = mm.vmm_writes().write_guard(70, 1);
+                word(&mm, 70).store(4242, Ordering::SeqCst);
+            }
+        },
+        || m.harvest(),
+    )
+    .unwrap();
+    assert!(mem.has_shadow(70), "not in what the harvest read");
+    m.harvest().unwrap();
+    assert!(!mem.has_shadow(70), "the next harvest sees the VMM write");
+    mem.check_consistency().unwrap();
+}
