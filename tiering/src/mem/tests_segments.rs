@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::page_map::{self, BUSY, DIRTY_SEEN};
+use super::backing::Parker;
+use super::page_map::{self, BUSY, DIRTY_SEEN, PARKED};
 use super::tests::{setup_with, word, Env};
 use super::*;
 
@@ -390,5 +391,51 @@ fn a_vmm_write_after_the_harvests_read_is_left_for_the_next_harvest() {
     assert!(mem.has_shadow(70), "not in what the harvest read");
     m.harvest().unwrap();
     assert!(!mem.has_shadow(70), "the next harvest sees the VMM write");
+    mem.check_consistency().unwrap();
+}
+
+/// What a harvest leaves in the logs: an untracked page's bit stays set in
+/// the guest's log (left unarmed: the guest writes on without faults) and
+/// is gone from the VMM-write log (which costs nothing to re-arm); a
+/// shadowed page that is parked keeps its bit and its shadow for the
+/// harvest after its touch (the bit predates the parking).
+#[test]
+fn a_harvest_leaves_untracked_bits_set_and_parked_shadowed_pages_for_later() {
+    let Some((mem, soft, m, faults)) = segmented_env() else {
+        return;
+    };
+    let out = m
+        .promote(
+            &[Unit::page(70)],
+            Mechanism::Transactional { keep_shadow: true },
+        )
+        .unwrap();
+    assert_eq!(out.committed, 1, "{out:?}");
+    for p in [5usize, 69, 70] {
+        let _g = soft.write_guard(p, 1);
+        let _v = mem.vmm_writes().write_guard(p, 1);
+        word(&mem, p).store(word(&mem, p).load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+    assert_eq!(mem.park_pages(&[70], Parker::Sampler).unwrap(), vec![70]);
+    m.harvest().unwrap();
+    let bits = |log: &SoftDirtyLog| {
+        let mut b = vec![0u64; 8];
+        log.get(&mut b).unwrap();
+        (b[0] >> 5 & 1, b[1] >> 5 & 1, b[1] >> 6 & 1)
+    };
+    assert_eq!(
+        bits(&soft),
+        (1, 1, 1),
+        "pages 5 and 69 left unarmed; parked page 70 left for later"
+    );
+    let vmm = bits(mem.vmm_writes());
+    assert_eq!((vmm.0, vmm.1), (0, 0), "the VMM-write log's bits consumed");
+    assert!(
+        mem.has_shadow(70),
+        "a parked shadowed page keeps its shadow"
+    );
+    assert_ne!(mem.pages.load(70) & PARKED, 0);
+    mem.unpark_pages_settled(&[70], Parker::Sampler).unwrap();
+    faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
