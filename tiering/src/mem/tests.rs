@@ -55,6 +55,12 @@ pub(super) fn setup_with(cfg: MemConfig) -> Option<Env> {
     Some((mem, log, Arc::new(m), faults))
 }
 
+/// A guest write of `value` to `page`, recorded in `log`.
+pub(super) fn guest_write(mem: &TieredMemory, log: &SoftDirtyLog, page: usize, value: u64) {
+    let _g = log.write_guard(page, 1);
+    word(mem, page).store(value, Ordering::SeqCst);
+}
+
 pub(super) fn word(mem: &TieredMemory, page: usize) -> &AtomicU64 {
     // SAFETY: page < guest_pages (callers), guest RAM is mapped for the memory's lifetime
     // and 8-byte aligned; all test accesses to it are atomic.
@@ -236,8 +242,7 @@ fn a_page_written_before_its_tpm_commits_at_the_first_attempt() {
     };
     fill(&mem);
     for p in [70, 193] {
-        let _g = log.write_guard(p, 1);
-        word(&mem, p).store(p as u64 + 1, Ordering::SeqCst);
+        guest_write(&mem, &log, p, p as u64 + 1);
     }
     m.harvest().unwrap();
     for p in [70, 193] {
@@ -261,10 +266,7 @@ fn a_shadowed_page_logged_dirty_but_unchanged_keeps_its_shadow() {
     let o = m.promote(&[run_unit(64, 16)], Mechanism::TPM).unwrap();
     assert_eq!(o.committed, 1);
     assert!(mem.has_shadow(70) && mem.has_shadow(73));
-    let write = |p: usize, value: u64| {
-        let _g = log.write_guard(p, 1);
-        word(&mem, p).store(value, Ordering::SeqCst);
-    };
+    let write = |p: usize, value: u64| guest_write(&mem, &log, p, value);
     // Page 70 (bit 6 of word 1) logged dirty with its content unchanged,
     // page 73 really written.
     write(70, 70_000);

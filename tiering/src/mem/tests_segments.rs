@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::backing::Parker;
 use super::page_map::{self, BUSY, DIRTY_SEEN, PARKED};
-use super::tests::{setup_with, word, Env};
+use super::tests::{guest_write, setup_with, word, Env};
 use super::*;
 
 /// A switchable log of segments over the software log: records every
@@ -69,36 +69,19 @@ impl DirtyLog for Segmented {
 
 #[test]
 fn only_the_segments_of_tracked_pages_are_logged() {
-    let pages = 512;
-    let mut cfg = MemConfig::new(pages * PAGE_SIZE, 256);
-    cfg.placement = InitialPlacement::SlowFirst;
-    cfg.tiers[1].capacity_pages = pages + 64;
-    cfg.tiers[1].max_capacity_pages = pages + 64;
-    let Some((mem, soft, _, _faults)) = setup_with(cfg) else {
+    let Some((mem, soft, _, _faults)) = segmented_env() else {
         return;
     };
     let log = Segmented::four(soft, false);
-    let m = Migrator::new(
-        mem.clone(),
-        Box::new(log.clone()),
-        MigratorConfig::default(),
-    )
-    .unwrap();
+    let m = migrator_over(&mem, &log);
     // A transactional promotion of a page of segment 2 (pages 256..384)
     // switches that segment on, and only it.
-    let out = m
-        .promote(
-            &[Unit::page(300)],
-            Mechanism::Transactional { keep_shadow: true },
-        )
-        .unwrap();
-    assert_eq!(out.committed, 1, "{out:?}");
-    assert!(mem.has_shadow(300));
+    promote_keeping_shadow(&m, &mem, 300);
     assert_eq!(*log.switches.lock().unwrap(), vec![(2, true)]);
     assert_eq!(m.harvester_segments_on(), (1, 4));
     // The shadow keeps segment 2 on past the idle delay.
     m.harvest().unwrap();
-    std::thread::sleep(harvest::LOGGING_IDLE_OFF + Duration::from_millis(50));
+    idle();
     m.harvest().unwrap();
     assert_eq!(
         m.harvester_segments_on(),
@@ -113,7 +96,7 @@ fn only_the_segments_of_tracked_pages_are_logged() {
     assert_eq!(out.shadow_demoted, 1, "{out:?}");
     assert!(!mem.has_shadow(300));
     m.harvest().unwrap();
-    std::thread::sleep(harvest::LOGGING_IDLE_OFF + Duration::from_millis(50));
+    idle();
     m.harvest().unwrap();
     assert_eq!(m.harvester_segments_on(), (0, 4));
     assert_eq!(log.switches.lock().unwrap().last(), Some(&(2, false)));
@@ -126,20 +109,11 @@ fn only_the_segments_of_tracked_pages_are_logged() {
 /// whether logging is on.
 #[test]
 fn required_logging_switches_every_segment_on_until_released() {
-    let pages = 512;
-    let mut cfg = MemConfig::new(pages * PAGE_SIZE, 256);
-    cfg.placement = InitialPlacement::SlowFirst;
-    let Some((mem, soft, _, _faults)) = setup_with(cfg) else {
+    let Some((mem, soft, _, _faults)) = segmented_env() else {
         return;
     };
     let log = Segmented::four(soft, false);
-    let m = Migrator::new(
-        mem.clone(),
-        Box::new(log.clone()),
-        MigratorConfig::default(),
-    )
-    .unwrap();
-    let idle = || std::thread::sleep(harvest::LOGGING_IDLE_OFF + Duration::from_millis(50));
+    let m = migrator_over(&mem, &log);
     assert_eq!(m.dirty_log_state(), (false, 0), "nothing tracked: off");
     m.harvest().unwrap();
     assert_eq!(m.harvester_segments_on(), (0, 4));
@@ -182,6 +156,28 @@ fn segmented_env() -> Option<Env> {
 
 fn idle() {
     std::thread::sleep(harvest::LOGGING_IDLE_OFF + Duration::from_millis(50));
+}
+
+/// A migrator of `mem` over the test's segmented `log`.
+fn migrator_over(mem: &Arc<TieredMemory>, log: &Arc<Segmented>) -> Migrator {
+    Migrator::new(
+        mem.clone(),
+        Box::new(log.clone()),
+        MigratorConfig::default(),
+    )
+    .unwrap()
+}
+
+/// Promotes `page` by TPM keeping its shadow (committed, shadowed).
+fn promote_keeping_shadow(m: &Migrator, mem: &TieredMemory, page: u64) {
+    let out = m
+        .promote(
+            &[Unit::page(page)],
+            Mechanism::Transactional { keep_shadow: true },
+        )
+        .unwrap();
+    assert_eq!(out.committed, 1, "{out:?}");
+    assert!(mem.has_shadow(page as usize));
 }
 
 /// A transaction in flight keeps its segment logged however long the
@@ -227,20 +223,8 @@ fn a_shadow_in_the_first_segment_keeps_it_logged() {
         return;
     };
     let log = Segmented::four(soft, false);
-    let m = Migrator::new(
-        mem.clone(),
-        Box::new(log.clone()),
-        MigratorConfig::default(),
-    )
-    .unwrap();
-    let out = m
-        .promote(
-            &[Unit::page(10)],
-            Mechanism::Transactional { keep_shadow: true },
-        )
-        .unwrap();
-    assert_eq!(out.committed, 1, "{out:?}");
-    assert!(mem.has_shadow(10));
+    let m = migrator_over(&mem, &log);
+    promote_keeping_shadow(&m, &mem, 10);
     m.harvest().unwrap();
     idle();
     m.harvest().unwrap();
@@ -260,19 +244,9 @@ fn finish_deferred_invalidates_set_aside_shadows_and_releases_their_pages() {
     let Some((mem, soft, m, _faults)) = segmented_env() else {
         return;
     };
-    let out = m
-        .promote(
-            &[Unit::page(3)],
-            Mechanism::Transactional { keep_shadow: true },
-        )
-        .unwrap();
-    assert_eq!(out.committed, 1, "{out:?}");
-    assert!(mem.has_shadow(3));
+    promote_keeping_shadow(&m, &mem, 3);
     let h = harvest::DirtyHarvester::new(Box::new(soft.clone()), &mem).unwrap();
-    {
-        let _g = soft.write_guard(3, 1);
-        word(&mem, 3).store(0x5a, Ordering::SeqCst);
-    }
+    guest_write(&mem, &soft, 3, 0x5a);
     assert_eq!(h.harvest_deferring(&mem).unwrap(), 1);
     assert_ne!(mem.pages.load(3) & BUSY, 0, "set aside: owned");
     assert!(mem.has_shadow(3));
@@ -330,18 +304,10 @@ fn the_first_harvest_of_a_segment_counts_no_writes() {
         return;
     };
     let log = Segmented::four(soft.clone(), false);
-    let m = Migrator::new(
-        mem.clone(),
-        Box::new(log.clone()),
-        MigratorConfig::default(),
-    )
-    .unwrap();
+    let m = migrator_over(&mem, &log);
     // Page 300 (segment 2) written while its segment is off: its bit
     // shows once the segment is on, as every bit does on KVM.
-    {
-        let _g = soft.write_guard(300, 1);
-        word(&mem, 300).store(1, Ordering::SeqCst);
-    }
+    guest_write(&mem, &soft, 300, 1);
     let out = m
         .promote(
             &[Unit::page(260)],
@@ -369,14 +335,7 @@ fn a_vmm_write_after_the_harvests_read_is_left_for_the_next_harvest() {
     let Some((mem, _, m, _faults)) = segmented_env() else {
         return;
     };
-    let out = m
-        .promote(
-            &[Unit::page(70)],
-            Mechanism::Transactional { keep_shadow: true },
-        )
-        .unwrap();
-    assert_eq!(out.committed, 1, "{out:?}");
-    assert!(mem.has_shadow(70));
+    promote_keeping_shadow(&m, &mem, 70);
     let mm = mem.clone();
     crate::test_point::with_action(
         move |point| {
@@ -404,13 +363,7 @@ fn a_harvest_leaves_untracked_bits_set_and_parked_shadowed_pages_for_later() {
     let Some((mem, soft, m, faults)) = segmented_env() else {
         return;
     };
-    let out = m
-        .promote(
-            &[Unit::page(70)],
-            Mechanism::Transactional { keep_shadow: true },
-        )
-        .unwrap();
-    assert_eq!(out.committed, 1, "{out:?}");
+    promote_keeping_shadow(&m, &mem, 70);
     for p in [5usize, 69, 70] {
         let _g = soft.write_guard(p, 1);
         let _v = mem.vmm_writes().write_guard(p, 1);
