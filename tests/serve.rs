@@ -1276,7 +1276,7 @@ while not select.select([sys.stdin], [], [], 0.05)[0]:
 /// on TCP) holds a bounded number of connections and a full listener closes
 /// an idle connection of its biggest client: with 300 + 300 idle and
 /// slowloris connections of uid 65534, reopened as fast as the service
-/// closes them, root's requests and scrapes each answer within a second.
+/// closes them, root's requests and scrapes each answer within 2 s.
 #[test]
 fn hundreds_of_idle_connections_of_another_user_do_not_starve_a_client() {
     let test = "hundreds_of_idle_connections_of_another_user_do_not_starve_a_client";
@@ -1385,8 +1385,11 @@ fn hundreds_of_idle_connections_of_another_user_do_not_starve_a_client() {
         "{test}: slowest request {:?}, slowest scrape {:?}",
         worst.0, worst.1
     );
+    // The defect made a client wait 5 s or time out; 2 s tells that apart
+    // from a loaded 2-core CI host, where one scrape took 1.03 s
+    // (2026-11-29) beside the hog while the rest of the suite ran.
     assert!(
-        worst.0 < Duration::from_secs(1) && worst.1 < Duration::from_secs(1),
+        worst.0 < Duration::from_secs(2) && worst.1 < Duration::from_secs(2),
         "a client waited beside the hog: request {:?}, scrape {:?}",
         worst.0,
         worst.1
