@@ -26,6 +26,13 @@
 # for tiering/src/mem, the policies' for tiering/src/policy, the seccomp and
 # dirty-log tests of tiervm-core, the service's admission tests.
 #
+# Test tool: cargo-nextest when it is installed (MUTANTS_TEST_TOOL=cargo
+# forces `cargo test`): it stops a mutant's tests at the first failure, so a
+# caught mutant of the memory layer costs its build and a few seconds
+# instead of the whole 14-20 s of tests; a missed one costs the same. The
+# filters are the same (nextest takes libtest's `-- NAME...`). The CI shard
+# keeps `cargo test` (nothing more to install there).
+#
 # Output: target/mutants/<file>/ (cargo-mutants' outcomes.json and
 # caught.txt, missed.txt, timeout.txt, unviable.txt, with a diff and a log per
 # mutant), and per file one line on stdout for docs/results.md:
@@ -117,6 +124,13 @@ if "minimum_test_timeout" in cfg:
 EOF2
 )
 
+# The test tool of the per-file runs (see the header).
+tool_args=()
+if [ "${MUTANTS_TEST_TOOL:-}" != cargo ] && cargo nextest --version >/dev/null 2>&1; then
+  tool_args=(--test-tool=nextest)
+  export NEXTEST_TEST_THREADS=2
+fi
+
 count() { if [ -f "$1" ]; then grep -c . "$1" || true; else echo 0; fi; }
 
 # The CI shard (issue 34): a small fixed set of mutants whose bugs let a
@@ -159,7 +173,7 @@ for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "no such file: $f" >&2; exit 1; }
   out="target/mutants/$(echo "$f" | tr '/' '_')"
   mkdir -p "$out"
-  args=(--no-config "${config_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"})
+  args=(--no-config "${config_args[@]}" "${tool_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"})
   if [ "$iterate" = 1 ]; then args+=(--iterate); fi
   if [ "$list" = 1 ]; then
     nice -n 15 cargo mutants "${args[@]}" --list

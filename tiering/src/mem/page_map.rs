@@ -323,4 +323,149 @@ mod tests {
         assert_eq!(write_count_of(w), 255);
         assert_eq!((tier_of(w), shadow_tier_of(w)), (Some(1), Some(3)));
     }
+
+    #[test]
+    fn field_helpers_read_and_write_exactly_their_bits() {
+        for t in 0..8u8 {
+            assert_eq!(on_tier(t), POPULATED | u64::from(t));
+            assert_eq!(shadow_on(t), SHADOW | (u64::from(t) << 5));
+            assert_eq!(tier_of(on_tier(t)), Some(t));
+            assert_eq!(shadow_tier_of(shadow_on(t)), Some(t));
+        }
+        // A tier past 3 bits wraps inside its field, never into a flag.
+        assert_eq!(on_tier(9), POPULATED | 1);
+        assert_eq!(shadow_on(9), SHADOW | (1 << 5));
+        // Every other bit set: each reader sees only its own field.
+        let all = u64::MAX;
+        assert_eq!(tier_of(all), Some(7));
+        assert_eq!(shadow_tier_of(all), Some(7));
+        assert_eq!(write_count_of(all), 255);
+        assert_eq!(generation_of(all), u32::MAX);
+        let none = !(POPULATED | SHADOW);
+        assert_eq!((tier_of(none), shadow_tier_of(none)), (None, None));
+        let w = (5u64 << 16) | (3u64 << 32) | POPULATED | 2 | shadow_on(6);
+        assert_eq!(write_count_of(w), 5);
+        assert_eq!(generation_of(w), 3);
+        assert_eq!((tier_of(w), shadow_tier_of(w)), (Some(2), Some(6)));
+        assert_eq!(PLACEMENT_BITS, 0b1111);
+        assert_eq!(SHADOW_BITS, 0b1111 << 4);
+    }
+
+    /// A map of two pages whose page 0 holds `word`.
+    fn map_with(word: u64) -> PageMap {
+        let m = PageMap::new(2).unwrap();
+        m.words[0].store(word, Ordering::Release);
+        m
+    }
+
+    #[test]
+    fn acquire_takes_free_pages_and_parked_ones_only_when_allowed() {
+        let base = on_tier(1) | shadow_on(2) | (4 << 16) | (9 << 32);
+        let m = map_with(base | DIRTY_SEEN | WAITER);
+        assert_eq!(m.try_acquire(0, false), Some(base | DIRTY_SEEN | WAITER));
+        assert_eq!(m.load(0), base | WAITER | BUSY);
+        assert_eq!(m.try_acquire(0, true), None);
+        assert_eq!(m.try_acquire(0, false), None);
+        assert_eq!(m.load(0), base | WAITER | BUSY);
+        let m = map_with(base | PARKED);
+        assert_eq!(m.try_acquire(0, false), None);
+        assert_eq!(m.load(0), base | PARKED);
+        assert_eq!(m.try_acquire(0, true), Some(base | PARKED));
+        assert_eq!(m.load(0), base | PARKED | BUSY);
+        assert_eq!(m.load(1), 0);
+    }
+
+    #[test]
+    fn release_refuses_only_a_kept_shadow_with_a_write_seen() {
+        let base = on_tier(1) | shadow_on(2) | (4 << 16);
+        let owned = base | BUSY | WAITER;
+        // No write seen: released, `set` applied after `clear`.
+        let m = map_with(owned);
+        let r = m.release_unless_stale_shadow(0, on_tier(3), PLACEMENT_BITS);
+        assert_eq!(r, Ok((owned, on_tier(3) | shadow_on(2) | (4 << 16))));
+        assert_eq!(m.load(0), on_tier(3) | shadow_on(2) | (4 << 16));
+        // A write seen and the shadow kept: refused, the word unchanged.
+        let m = map_with(owned | DIRTY_SEEN);
+        let r = m.release_unless_stale_shadow(0, 0, 0);
+        assert_eq!(r, Err(owned | DIRTY_SEEN));
+        assert_eq!(m.load(0), owned | DIRTY_SEEN);
+        // A write seen, the shadow dropped: released, the flags cleared.
+        let r = m.release_unless_stale_shadow(0, 0, SHADOW_BITS);
+        assert_eq!(r, Ok((owned | DIRTY_SEEN, on_tier(1) | (4 << 16))));
+        // A write seen, no shadow before, one set now: refused.
+        let m = map_with(on_tier(1) | BUSY | DIRTY_SEEN);
+        assert!(m.release_unless_stale_shadow(0, shadow_on(0), 0).is_err());
+        // A write seen and no shadow at all: released.
+        let r = m.release_unless_stale_shadow(0, 0, 0);
+        assert_eq!(r, Ok((on_tier(1) | BUSY | DIRTY_SEEN, on_tier(1))));
+    }
+
+    #[test]
+    fn generation_keeps_the_low_half_of_the_word() {
+        let low = 0xdead_beefu64;
+        let m = map_with(low | (7 << 32));
+        m.set_generation(0, 0x8000_0001);
+        assert_eq!(m.load(0), low | (0x8000_0001u64 << 32));
+        m.set_generation(0, 0);
+        assert_eq!(m.load(0), low);
+    }
+
+    #[test]
+    fn a_consumed_dirty_bit_counts_and_goes_to_the_owner_or_takes_a_shadow() {
+        let base = on_tier(1) | (254 << 16);
+        // Owned: counted, noted as seen by the owner.
+        let m = map_with(base | BUSY | shadow_on(2));
+        assert_eq!(m.consume_dirty(0), Consumed::Noted);
+        assert_eq!(
+            m.load(0),
+            on_tier(1) | (255 << 16) | BUSY | shadow_on(2) | DIRTY_SEEN
+        );
+        // Saturated: the count stays, no carry into the generation.
+        assert_eq!(m.consume_dirty(0), Consumed::Noted);
+        assert_eq!(
+            m.load(0),
+            on_tier(1) | (255 << 16) | BUSY | shadow_on(2) | DIRTY_SEEN
+        );
+        // Free with a shadow: taken for invalidation, the new word returned.
+        let m = map_with(base | shadow_on(2) | DIRTY_SEEN);
+        let want = on_tier(1) | (255 << 16) | shadow_on(2) | BUSY;
+        assert_eq!(m.consume_dirty(0), Consumed::OwnedForInvalidation(want));
+        assert_eq!(m.load(0), want);
+        // Free without a shadow: counted only.
+        let m = map_with(on_tier(1));
+        assert_eq!(m.consume_dirty(0), Consumed::Noted);
+        assert_eq!(m.load(0), on_tier(1) | (1 << 16));
+    }
+
+    #[test]
+    fn unarmed_marks_count_once_and_flag_helpers_touch_one_bit() {
+        let m = map_with(on_tier(1) | (254 << 16));
+        assert!(m.mark_unarmed(0));
+        assert_eq!(m.load(0), on_tier(1) | (255 << 16) | UNARMED);
+        assert!(!m.mark_unarmed(0));
+        assert_eq!(m.load(0), on_tier(1) | (255 << 16) | UNARMED);
+        m.clear_unarmed(0);
+        assert!(m.mark_unarmed(0), "saturated: flagged, not counted");
+        assert_eq!(m.load(0), on_tier(1) | (255 << 16) | UNARMED);
+        m.clear_unarmed(0);
+        assert_eq!(m.load(0), on_tier(1) | (255 << 16));
+        m.mark_unarmed_uncounted(0);
+        assert_eq!(m.load(0), on_tier(1) | (255 << 16) | UNARMED);
+        assert_eq!(m.take_write_count(0), 255);
+        assert_eq!(m.load(0), on_tier(1) | UNARMED);
+        assert_eq!(m.take_write_count(0), 0);
+        let m = map_with(on_tier(1) | BUSY | DIRTY_SEEN | WAITER);
+        m.clear_dirty_seen(0);
+        assert_eq!(m.load(0), on_tier(1) | BUSY | WAITER);
+    }
+
+    #[test]
+    fn wait_if_busy_flags_only_an_owned_page() {
+        let m = map_with(on_tier(1) | PARKED);
+        assert_eq!(m.wait_if_busy(0), on_tier(1) | PARKED);
+        assert_eq!(m.load(0), on_tier(1) | PARKED);
+        let m = map_with(on_tier(1) | BUSY);
+        assert_eq!(m.wait_if_busy(0), on_tier(1) | BUSY);
+        assert_eq!(m.load(0), on_tier(1) | BUSY | WAITER);
+    }
 }
