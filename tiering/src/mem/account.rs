@@ -231,4 +231,43 @@ mod tests {
         apply_word_change(&tiers, on_tier(0), on_tier(0) | shadow_on(1));
         assert_eq!(tiers[1].shadows(), 0);
     }
+
+    #[test]
+    fn used_free_and_excess_count_guest_pages_shadows_and_reservations() {
+        let t = tier(10);
+        t.add_guest(3);
+        t.add_shadows(2);
+        assert!(t.try_reserve(4));
+        assert_eq!((t.guest(), t.shadows(), t.reserved()), (3, 2, 4));
+        assert_eq!((t.used(), t.free(), t.excess()), (9, 1, 0));
+        assert!(!t.try_reserve(2), "one page over");
+        assert!(t.try_reserve(1), "exactly the last page");
+        assert_eq!((t.used(), t.free()), (10, 0));
+        assert_eq!(t.set_capacity(4), 4);
+        assert_eq!(t.excess(), 1, "guest 3 + shadows 2 over 4; reservations are not excess");
+        t.unreserve(5);
+        assert_eq!((t.reserved(), t.used()), (0, 5));
+        t.add_shadows(-2);
+        t.add_guest(-1);
+        assert_eq!((t.guest(), t.shadows(), t.capacity()), (2, 0, 4));
+        assert_eq!(tier_ids(3).collect::<Vec<_>>(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn word_changes_count_once_and_ignore_tiers_the_vm_does_not_have() {
+        let tiers = [tier(10), tier(10)];
+        // A shadow moved from tier 0 to tier 1, the page staying on tier 1.
+        apply_word_change(&tiers, on_tier(1) | shadow_on(0), on_tier(1) | shadow_on(1));
+        assert_eq!((tiers[0].guest(), tiers[1].guest()), (0, 0));
+        assert_eq!((tiers[0].shadows(), tiers[1].shadows()), (0, 1));
+        // No change: nothing counted.
+        apply_word_change(&tiers, on_tier(1), on_tier(1));
+        assert_eq!(tiers[1].guest(), 0);
+        // A tier past the VM's (a corrupt word): ignored, no panic.
+        apply_word_change(&tiers, 0, on_tier(5) | shadow_on(6));
+        let counts: Vec<_> = tiers.iter().map(|t| (t.guest(), t.shadows())).collect();
+        assert_eq!(counts, vec![(0, 0), (0, 1)]);
+        apply_word_change(&tiers, on_tier(5), on_tier(0));
+        assert_eq!((tiers[0].guest(), tiers[0].shadows()), (1, 0));
+    }
 }
