@@ -244,7 +244,11 @@ mod tests {
         assert!(t.try_reserve(1), "exactly the last page");
         assert_eq!((t.used(), t.free()), (10, 0));
         assert_eq!(t.set_capacity(4), 4);
-        assert_eq!(t.excess(), 1, "guest 3 + shadows 2 over 4; reservations are not excess");
+        assert_eq!(
+            t.excess(),
+            1,
+            "guest 3 + shadows 2 over 4; reservations are not excess"
+        );
         t.unreserve(5);
         assert_eq!((t.reserved(), t.used()), (0, 5));
         t.add_shadows(-2);

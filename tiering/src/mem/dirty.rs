@@ -222,4 +222,98 @@ mod tests {
         );
         assert!(log.clear(1, &[1]).is_err());
     }
+
+    #[test]
+    fn marks_and_guards_cover_exactly_their_pages_across_words_and_clamp() {
+        let log = SoftDirtyLog::new(130);
+        assert_eq!(log.pages(), 130);
+        let mut bm = vec![0u64; 3];
+        log.mark(62, 4);
+        log.mark(128, 10);
+        log.mark(200, 5);
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm, vec![0b11 << 62, 0b11, 0b11]);
+        log.clear(64, &[u64::MAX, 0b01, u64::MAX]).unwrap();
+        log.get(&mut bm).unwrap();
+        assert_eq!(
+            bm,
+            vec![0b11 << 62, 0, 0b10],
+            "from page 64; past the log ignored"
+        );
+        log.clear(0, &[u64::MAX, 0, u64::MAX]).unwrap();
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm, vec![0, 0, 0]);
+        // A guard over pages 60..68: they read dirty while it is held, even
+        // cleared; their neighbours in the same words do not.
+        let g = log.write_guard(60, 8);
+        log.clear(0, &[u64::MAX, u64::MAX, u64::MAX]).unwrap();
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm, vec![0b1111 << 60, 0b1111, 0]);
+        drop(g);
+        log.clear(0, &[u64::MAX, u64::MAX, u64::MAX]).unwrap();
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm, vec![0, 0, 0], "the guard's writers end with it");
+        // Guards clamp to the log.
+        drop(log.write_guard(129, 5));
+        drop(log.write_guard(500, 3));
+        log.get(&mut bm).unwrap();
+        assert_eq!(bm, vec![0, 0, 0b10]);
+        assert!(
+            log.get(&mut [0u64; 2]).is_err(),
+            "a short bitmap is refused"
+        );
+        let mut long = [7u64; 4];
+        log.get(&mut long).unwrap();
+        assert_eq!(long, [0, 0, 0b10, 7]);
+    }
+
+    /// A log that records its switches.
+    #[derive(Default)]
+    struct Switches(std::sync::Mutex<Vec<(usize, bool)>>);
+
+    impl DirtyLog for Switches {
+        fn pages(&self) -> usize {
+            100
+        }
+        fn get(&self, bitmap: &mut [u64]) -> io::Result<()> {
+            bitmap.fill(5);
+            Ok(())
+        }
+        fn clear(&self, first_page: usize, _mask: &[u64]) -> io::Result<()> {
+            self.0.lock().unwrap().push((first_page, false));
+            Ok(())
+        }
+        fn starts_on(&self) -> bool {
+            false
+        }
+        fn set_logging(&self, on: bool) -> io::Result<()> {
+            self.0.lock().unwrap().push((usize::MAX, on));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_arc_forwards_every_call_and_the_defaults_switch_the_whole_log() {
+        let log = std::sync::Arc::new(Switches::default());
+        assert_eq!(
+            (log.pages(), log.segment_pages(), log.starts_on()),
+            (100, 100, false)
+        );
+        let mut bm = [0u64; 2];
+        DirtyLog::get(&log, &mut bm).unwrap();
+        assert_eq!(bm, [5, 5]);
+        DirtyLog::clear(&log, 64, &[1]).unwrap();
+        log.set_logging(true).unwrap();
+        log.set_segment_logging(3, false).unwrap();
+        let calls = log.0.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            vec![(64, false), (usize::MAX, true), (usize::MAX, false)]
+        );
+        let soft = std::sync::Arc::new(SoftDirtyLog::new(70));
+        assert_eq!(
+            (soft.pages(), soft.segment_pages(), soft.starts_on()),
+            (70, 70, true)
+        );
+    }
 }
