@@ -30,7 +30,10 @@
 # forces `cargo test`): it stops a mutant's tests at the first failure, so a
 # caught mutant of the memory layer costs its build and a few seconds
 # instead of the whole 14-20 s of tests; a missed one costs the same. The
-# filters are the same (nextest takes libtest's `-- NAME...`). The CI shard
+# first failure also ends the tests still running (`--max-fail=1:immediate`):
+# a mutant that hangs some tests (a lock or a wait never released) is caught
+# by another test's failure instead of waiting out the timeout. The filters
+# are the same (nextest takes libtest's `-- NAME...`). The CI shard
 # keeps `cargo test` (nothing more to install there).
 #
 # Output: target/mutants/<file>/ (cargo-mutants' outcomes.json and
@@ -180,6 +183,7 @@ for f in "${files[@]}"; do
     continue
   fi
   read -r -a test_args <<<"$(tests_for "$f")"
+  if [ ${#tool_args[@]} -gt 0 ]; then test_args=(--max-fail=1:immediate "${test_args[@]}"); fi
   rc=0
   timeout --kill-after=60 "$budget" nice -n 15 \
     cargo mutants "${args[@]}" -- "${test_args[@]}" >"$out/run.log" 2>&1 || rc=$?
