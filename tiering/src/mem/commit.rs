@@ -74,7 +74,16 @@ const GUARD_RECHECK_BYTES: u64 = 32 << 20;
 #[derive(Debug)]
 pub(crate) struct HostGuard {
     reserve: u64,
+    /// Reads a node's available bytes: the host's meminfo ([`host_available`];
+    /// tests give a fake).
+    available_on: fn(u32) -> u64,
     state: Mutex<HashMap<u32, NodeView>>,
+}
+
+/// A node's available bytes as the host reports them; a node whose figure
+/// cannot be read is not guarded (`u64::MAX`).
+fn host_available(node: u32) -> u64 {
+    crate::host::available_bytes_on(node).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -107,8 +116,13 @@ pub struct OutOfHostMemory {
 
 impl HostGuard {
     pub(crate) fn new(reserve: u64) -> Self {
+        Self::reading(reserve, host_available)
+    }
+
+    fn reading(reserve: u64, available_on: fn(u32) -> u64) -> Self {
         Self {
             reserve,
+            available_on,
             state: Mutex::new(HashMap::new()),
         }
     }
@@ -123,7 +137,7 @@ impl HostGuard {
         let view = match st.get(&node) {
             Some(v) if !stale(v) => *v,
             _ => {
-                let available = crate::host::available_bytes_on(node).unwrap_or(u64::MAX);
+                let available = (self.available_on)(node);
                 let v = NodeView {
                     read_at: now,
                     available,
@@ -461,4 +475,155 @@ fn split_mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::mem::account::TierSpec;
+    use crate::mem::MemConfig;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_guard_counts_what_it_admitted_until_it_reads_the_node_again() {
+        // Node 0 has 1 GiB, node 1 100 MiB (a fake read: exact figures).
+        fn read(node: u32) -> u64 {
+            if node == 0 {
+                GIB
+            } else {
+                100 * MIB
+            }
+        }
+        // The calls are microseconds apart; a run preempted past the
+        // 100 ms re-read window reads again and is retried.
+        for attempt in 0.. {
+            let g = HostGuard::reading(GIB - 10 * MIB, read);
+            let start = Instant::now();
+            let r = [4 * MIB, 4 * MIB, 2 * MIB, 1].map(|b| g.admit(0, b));
+            if start.elapsed() > GUARD_RECHECK / 2 && attempt < 5 {
+                continue;
+            }
+            assert_eq!(
+                r[..3],
+                [Ok(()), Ok(()), Ok(())],
+                "exactly down to the reserve"
+            );
+            let want = OutOfHostMemory {
+                node: 0,
+                bytes: 1,
+                available: GIB - 10 * MIB,
+                reserve: GIB - 10 * MIB,
+            };
+            assert_eq!(r[3], Err(want), "one byte past the reserve");
+            // Each node has its own view.
+            let e = g.admit(1, 4096).unwrap_err();
+            assert_eq!((e.node, e.available), (1, 100 * MIB));
+            break;
+        }
+    }
+
+    #[test]
+    fn the_guard_reads_again_after_32_mib_taken() {
+        static READS: AtomicUsize = AtomicUsize::new(0);
+        fn read(_: u32) -> u64 {
+            READS.fetch_add(1, Ordering::SeqCst);
+            GIB
+        }
+        let g = HostGuard::reading(GIB - 40 * MIB, read);
+        g.admit(0, 31 * MIB).unwrap();
+        g.admit(0, MIB).unwrap();
+        assert_eq!(READS.load(Ordering::SeqCst), 1);
+        // 32 MiB taken since the read: the next admission reads the node
+        // again (nothing was allocated, so it has its 1 GiB).
+        g.admit(0, 16 * MIB).unwrap();
+        assert_eq!(READS.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn the_guard_reads_again_after_100_ms() {
+        static READS: AtomicUsize = AtomicUsize::new(0);
+        fn read(_: u32) -> u64 {
+            READS.fetch_add(1, Ordering::SeqCst);
+            GIB
+        }
+        let g = HostGuard::reading(GIB - 10 * MIB, read);
+        g.admit(0, 8 * MIB).unwrap();
+        std::thread::sleep(GUARD_RECHECK + Duration::from_millis(10));
+        g.admit(0, 8 * MIB).unwrap();
+        assert_eq!(READS.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn transient_failures_are_retried_with_a_growing_backoff_and_enomem_is_final() {
+        let eio = || std::io::Error::from_raw_os_error(libc::EIO);
+        let mut n = 0;
+        let r = retry_transient(7, || {
+            n += 1;
+            if n < 4 {
+                Err(eio())
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_ok());
+        assert_eq!(n, 4);
+        let mut n = 0;
+        let r = retry_transient(7, || {
+            n += 1;
+            Err(std::io::Error::from_raw_os_error(libc::ENOMEM))
+        });
+        assert_eq!((n, r.unwrap_err().raw_os_error()), (1, Some(libc::ENOMEM)));
+        // Always failing: 1 + COMMIT_RETRIES attempts, sleeping 100, 200,
+        // 400, 800 us and then 1.6 ms (plus jitter under 150 us each).
+        let mut n = 0;
+        let start = Instant::now();
+        let r = retry_transient(u64::MAX, || {
+            n += 1;
+            Err(eio())
+        });
+        let took = start.elapsed();
+        assert_eq!((n, r.unwrap_err().raw_os_error()), (9, Some(libc::EIO)));
+        assert!(took >= Duration::from_micros(7900), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn split_mix_is_splitmix64() {
+        // The first output of SplitMix64 seeded with 0 and with 1.
+        assert_eq!(split_mix(0), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(split_mix(1), 0x910a_2dec_8902_5cc1);
+    }
+
+    #[test]
+    fn the_placement_order_starts_where_the_placement_says_and_tries_every_tier() {
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let order = |placement: InitialPlacement, unit: usize| {
+            let mut cfg = MemConfig::new(4 << 20, 256);
+            cfg.tiers.push(TierSpec {
+                name: "cxl".into(),
+                node: 0,
+                capacity_pages: 1024,
+                max_capacity_pages: 1024,
+            });
+            cfg.placement = placement;
+            TieredMemory::new(&cfg).unwrap().placement_order(unit)
+        };
+        assert_eq!(order(InitialPlacement::FastFirst, 5), vec![0, 1, 2]);
+        assert_eq!(order(InitialPlacement::SlowFirst, 5), vec![2, 1, 0]);
+        assert_eq!(order(InitialPlacement::Interleave, 4), vec![1, 0, 2]);
+        assert_eq!(order(InitialPlacement::Interleave, 5), vec![2, 0, 1]);
+        for unit in 0..6 {
+            let seed = 11;
+            let first = (split_mix(seed ^ unit as u64) % 3) as TierId;
+            let mut want = vec![first];
+            want.extend((0..3).filter(|&t| t != first));
+            assert_eq!(order(InitialPlacement::Random { seed }, unit), want);
+        }
+    }
 }
