@@ -1951,3 +1951,43 @@ fn only_sampler_touches_enter_the_census_of_sampled_weights() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// Accessed-bit probes on a huge page arm its whole 2 MiB range (each
+/// range armed once, whichever of its pages were asked for), and dropping the probes maps back every page they
+/// still hold (issue 34: `AccessProbes::arm`'s range and its `Drop`).
+#[test]
+fn a_probe_arms_a_huge_range_whole_and_its_drop_disarms_every_page() {
+    let Some((mem, _log, _m, faults)) = setup(2048, 2048, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let first = 1024;
+    assert_eq!(
+        mem.huge_range_of(first + 9),
+        Some(first),
+        "first-touched whole"
+    );
+    let flagged = |range: std::ops::Range<usize>| {
+        range
+            .filter(|&p| mem.pages.load(p) & (page_map::PARKED | page_map::PROBE) != 0)
+            .count()
+    };
+    let mut probes = AccessProbes::new(mem.clone());
+    // Two pages of one range and one of another: two ranges armed whole.
+    assert_eq!(probes.arm(&[first + 9, first + 500, 3]).unwrap(), 1024);
+    assert_eq!(probes.armed_total(), 1024);
+    assert_eq!(flagged(first..first + 512), 512, "the range armed whole");
+    assert_eq!(flagged(0..512), 512, "and page 3's");
+    assert_eq!(flagged(512..first) + flagged(first + 512..2048), 0);
+    assert_eq!(
+        mem.huge_range_of(first),
+        Some(first),
+        "parked as one huge page"
+    );
+    drop(probes);
+    assert_eq!(flagged(0..2048), 0, "dropping the probes disarmed them");
+    assert_eq!(mem.drain_samples().len(), 0, "nothing was touched");
+    faults.stop().unwrap();
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
