@@ -398,6 +398,10 @@ mod tests {
         // A write seen and no shadow at all: released.
         let r = m.release_unless_stale_shadow(0, 0, 0);
         assert_eq!(r, Ok((on_tier(1) | BUSY | DIRTY_SEEN, on_tier(1))));
+        // Bits `set` that the word has already stay set.
+        let m = map_with(on_tier(1) | PARKED | BUSY);
+        let r = m.release_unless_stale_shadow(0, on_tier(1) | PARKED, 0);
+        assert_eq!(r, Ok((on_tier(1) | PARKED | BUSY, on_tier(1) | PARKED)));
     }
 
     #[test]
