@@ -1991,3 +1991,75 @@ fn a_probe_arms_a_huge_range_whole_and_its_drop_disarms_every_page() {
     check_fill(&mem);
     mem.check_consistency().unwrap();
 }
+
+/// Shadow reclaim on one tier of three: oldest first among that tier's
+/// shadows, passing over (never freeing) the other tiers' and skipping the
+/// entries of shadows invalidated since; no shadows or no such tier: nothing
+/// and dropping those entries (issue 34: `reclaim_shadows`' tier test and
+/// stale-entry test).
+#[test]
+fn reclaim_frees_only_the_asked_tiers_shadows_oldest_first() {
+    let mut cfg = MemConfig::new(96 * PAGE_SIZE, 64);
+    cfg.placement = InitialPlacement::Interleave;
+    cfg.tiers[1].capacity_pages = 64;
+    cfg.tiers[1].max_capacity_pages = 64;
+    cfg.tiers.push(crate::mem::TierSpec {
+        name: "cxl".into(),
+        node: 0,
+        capacity_pages: 64,
+        max_capacity_pages: 64,
+    });
+    cfg.shadow_low_watermark_pages = Some(0);
+    let Some((mem, log, m, faults)) = setup_with(cfg) else {
+        return;
+    };
+    fill(&mem);
+    // Page p sits on tier p % 3: promote 8 pages of tier 1 and 8 of tier 2,
+    // interleaved, so each tier's shadows alternate in the FIFO.
+    let promoted: Vec<usize> = (0..24).filter(|p| p % 3 != 0).collect();
+    let units: Vec<Unit> = promoted.iter().map(|&p| page_unit(p)).collect();
+    assert_eq!(m.promote(&units, Mechanism::TPM).unwrap().committed, 16);
+    let shadowed = |tier: usize| -> Vec<usize> {
+        (0..96)
+            .filter(|&p| page_map::shadow_tier_of(mem.pages.load(p)) == Some(tier as u8))
+            .collect()
+    };
+    assert_eq!(shadowed(1), vec![1, 4, 7, 10, 13, 16, 19, 22]);
+    assert_eq!(shadowed(2), vec![2, 5, 8, 11, 14, 17, 20, 23]);
+    let free2 = mem.free_pages(2);
+    assert_eq!(mem.reclaim_shadows(2, free2 + 3), 3);
+    assert_eq!(mem.free_pages(2), free2 + 3);
+    assert_eq!(
+        shadowed(2),
+        vec![11, 14, 17, 20, 23],
+        "tier 2's oldest three"
+    );
+    assert_eq!(shadowed(1).len(), 8, "tier 1's passed over");
+    assert_eq!(mem.stats().migration.shadow_reclaims, 3);
+    // Writes invalidate the shadows of 11 and 14: their entries are stale.
+    guest_write(&mem, &log, 11, 1);
+    guest_write(&mem, &log, 14, 2);
+    m.harvest().unwrap();
+    assert_eq!(shadowed(2), vec![17, 20, 23]);
+    let free2 = mem.free_pages(2);
+    assert_eq!(mem.reclaim_shadows(2, free2 + 2), 2);
+    assert_eq!(shadowed(2), vec![23]);
+    // Nothing to do: enough free pages, no shadow on the tier, no such tier.
+    assert_eq!(mem.reclaim_shadows(2, mem.free_pages(2)), 0);
+    assert_eq!(mem.reclaim_shadows(0, 64), 0);
+    assert_eq!(mem.reclaim_shadows(7, 64), 0);
+    // All of tier 1's, and tier 2's last one stays.
+    assert_eq!(mem.reclaim_shadows(1, 64), 8);
+    assert_eq!((shadowed(1), shadowed(2)), (vec![], vec![23]));
+    assert_eq!(mem.stats().migration.shadow_reclaims, 13);
+    // The FIFO holds 23's entry alone: the stale entries of 11 and 14 were
+    // dropped, not passed over for ever (it would grow with every write).
+    let (entry, left) = mem.pop_shadow_fifo();
+    assert_eq!((entry.map(|(p, _)| p), left), (Some(23), 0));
+    mem.push_shadow_fifo(entry.unwrap());
+    faults.stop().unwrap();
+    word(&mem, 11).store(11_000, Ordering::SeqCst);
+    word(&mem, 14).store(14_000, Ordering::SeqCst);
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
