@@ -471,5 +471,8 @@ mod tests {
         let m = map_with(on_tier(1) | BUSY);
         assert_eq!(m.wait_if_busy(0), on_tier(1) | BUSY);
         assert_eq!(m.load(0), on_tier(1) | BUSY | WAITER);
+        // A second waiter (the handler waits again) keeps the flag.
+        assert_eq!(m.wait_if_busy(0), on_tier(1) | BUSY | WAITER);
+        assert_eq!(m.load(0), on_tier(1) | BUSY | WAITER);
     }
 }
