@@ -476,8 +476,16 @@ fn probes_park_exactly_the_tested_pages_and_lose_nothing() {
     };
     fill(&mem);
     let mut probes = AccessProbes::new(mem.clone());
-    // Out-of-range pages are skipped; re-arming an armed page is a no-op.
-    assert_eq!(probes.arm(&[5, 6, 7, 200, 9999]).unwrap(), 4);
+    // Out-of-range pages are skipped (256 is one past the last page);
+    // re-arming an armed page is a no-op.
+    assert_eq!(probes.arm(&[5, 6, 7, 200, 256, 9999]).unwrap(), 4);
+    assert!(mem.park_pages(&[256], Parker::Sampler).unwrap().is_empty());
+    let mut busy: Vec<usize> = vec![];
+    assert_eq!(
+        mem.unpark_pages(&[256], Parker::Probe, &mut busy).unwrap(),
+        0
+    );
+    assert!(busy.is_empty());
     assert_eq!(probes.arm(&[6]).unwrap(), 0);
     // Only armed pages fault: 6 (read) and 200 (write); 8 is not armed.
     assert_eq!(word(&mem, 6).load(Ordering::SeqCst), 6000);
