@@ -2071,3 +2071,27 @@ fn reclaim_frees_only_the_asked_tiers_shadows_oldest_first() {
     check_fill(&mem);
     mem.check_consistency().unwrap();
 }
+
+/// A never-touched page (a hole in guest RAM, no host page) is not parked,
+/// by a sampler window or a probe, and stays untouched and unowned
+/// (issue 34: `claim_for_parking`'s `POPULATED` test).
+#[test]
+fn never_touched_pages_are_not_parked() {
+    if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+        return;
+    }
+    let mem = Arc::new(TieredMemory::new(&MemConfig::new(256 * PAGE_SIZE, 128)).unwrap());
+    let faults = FaultHandler::spawn(mem.clone()).unwrap();
+    mem.prefault(0, 8).unwrap();
+    assert_eq!(
+        mem.park_pages(&[3, 20, 21], Parker::Sampler).unwrap(),
+        vec![3]
+    );
+    assert!(mem.park_pages(&[22], Parker::Probe).unwrap().is_empty());
+    for p in 20..23 {
+        assert_eq!(mem.pages.load(p), 0, "page {p}: untouched and unowned");
+    }
+    assert_eq!(mem.unpark_pages_settled(&[3], Parker::Sampler).unwrap(), 1);
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
