@@ -1189,3 +1189,41 @@ fn the_wake_injection_on_a_huge_range_releases_every_page_of_it_unflagged() {
     assert_eq!(mem.fatal_error(), None);
     mem.check_consistency().unwrap();
 }
+
+/// Unparking counts every page it put back, however the map-back went: a
+/// plain move, a page found back in guest RAM already (`AlreadyBack`), a
+/// parked copy copied in after every move failed (`Copied`). Issue 34:
+/// cargo-mutants' `+=` to `-=` of that count (l. 296 of `park.rs`).
+#[test]
+fn unparking_counts_the_pages_put_back_whatever_the_map_back_did() {
+    let Some((mem, _log, _m, faults)) = setup(256, 128, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let pages = [5, 6, 7];
+    assert_eq!(
+        mem.park_pages(&pages, Parker::Sampler).unwrap(),
+        pages.to_vec()
+    );
+    act(&mem, 6, Before::MoveBackQuietly);
+    let mut busy = Vec::new();
+    assert_eq!(
+        mem.unpark_pages(&[5, 6], Parker::Sampler, &mut busy)
+            .unwrap(),
+        2
+    );
+    act(&mem, 7, Before::MovesFail);
+    assert_eq!(
+        mem.unpark_pages(&[7], Parker::Sampler, &mut busy).unwrap(),
+        1
+    );
+    mem.injector().set(&[]);
+    assert!(busy.is_empty());
+    let failures = mem.counters.unpark_failures.load(Ordering::Relaxed);
+    assert_eq!(failures, 2, "6 and 7 did not move back");
+    for p in pages {
+        assert_eq!(word(&mem, p).load(Ordering::SeqCst), p as u64 * 1000);
+    }
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
