@@ -1227,3 +1227,40 @@ fn unparking_counts_the_pages_put_back_whatever_the_map_back_did() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// A page someone else owns when unparking starts is retried until it is
+/// released, and counted with the rest (issue 34: cargo-mutants' `+=` of
+/// the retried pages' count in `unpark_pages_settled`, l. 320 of `park.rs`).
+#[test]
+fn settled_unparking_retries_a_busy_page_and_counts_it() {
+    let Some((mem, _log, _m, faults)) = setup(256, 128, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    assert_eq!(
+        mem.park_pages(&[5, 6], Parker::Sampler).unwrap(),
+        vec![5, 6]
+    );
+    assert!(
+        mem.pages.try_acquire(6, true).is_some(),
+        "the test owns page 6"
+    );
+    let owner = {
+        let mem = mem.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            mem.release_page(6, 0, 0);
+        })
+    };
+    assert_eq!(
+        mem.unpark_pages_settled(&[5, 6], Parker::Sampler).unwrap(),
+        2
+    );
+    owner.join().unwrap();
+    for p in [5, 6] {
+        assert_eq!(mem.pages.load(p) & page_map::PARKED, 0, "page {p} unparked");
+        assert_eq!(word(&mem, p).load(Ordering::SeqCst), p as u64 * 1000);
+    }
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
