@@ -1264,3 +1264,36 @@ fn settled_unparking_retries_a_busy_page_and_counts_it() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// A huge range parked whole whose move back fails (every attempt) is put
+/// back page by page, and every page of it ends unowned and unparked, not
+/// only the touched one (issue 34: cargo-mutants' `+` to `-` and `*` of the
+/// fallback's page range in `map_back_touched_range`, l. 370 of `park.rs`:
+/// 511 pages left owned for ever, each a stalled vCPU on its next touch).
+#[test]
+fn a_huge_range_whose_move_back_fails_is_put_back_page_by_page() {
+    let Some((mem, _log, _m, faults)) = setup(2048, 2048, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let first = 512;
+    assert_eq!(mem.huge_range_of(first), Some(first), "first-touched whole");
+    let range: Vec<usize> = (first..first + 512).collect();
+    assert_eq!(mem.park_pages(&range, Parker::Sampler).unwrap().len(), 512);
+    mem.injector()
+        .set(&[FaultPlan::parse("move:errno=EBUSY:max=8").unwrap()]);
+    let mut busy = Vec::new();
+    let n = mem.unpark_pages(&[first + 7], Parker::Sampler, &mut busy);
+    mem.injector().set(&[]);
+    assert_eq!(n.unwrap(), 512);
+    let held = range
+        .iter()
+        .filter(|&&p| mem.pages.load(p) & (page_map::BUSY | page_map::PARKED) != 0)
+        .count();
+    assert_eq!(held, 0, "pages of the range still owned or parked");
+    for p in [first, first + 7, first + 511] {
+        assert_eq!(word(&mem, p).load(Ordering::SeqCst), p as u64 * 1000);
+    }
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
