@@ -1297,3 +1297,34 @@ fn a_huge_range_whose_move_back_fails_is_put_back_page_by_page() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// A parked page with no copy left anywhere (its parking slot discarded: a
+/// bookkeeping bug elsewhere) is unparked and recovered, which stops the
+/// VM with an error naming the page (the page kept owned meanwhile); it must not stay flagged
+/// parked, where every touch would find it parked and missing again (issue
+/// 34: cargo-mutants' `|` to `&` of `PARKED | PROBE` in the `Lost` branch of
+/// `map_back_touched`, l. 416 of `park.rs`).
+#[test]
+fn a_parked_page_with_no_copy_left_is_unparked_and_stops_the_vm() {
+    let Some((mem, _log, _m, faults)) = setup(256, 128, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    assert_eq!(mem.park_pages(&[9], Parker::Probe).unwrap(), vec![9]);
+    mem.discard(mem.park_addr(9), PAGE_SIZE).unwrap();
+    let mut busy = Vec::new();
+    assert!(mem.unpark_pages(&[9], Parker::Probe, &mut busy).is_err());
+    // Unparked, and kept owned while the VM stops (`recover_hole`).
+    let w = mem.pages.load(9);
+    assert_eq!(
+        w & (page_map::BUSY | page_map::PARKED | page_map::PROBE),
+        page_map::BUSY,
+        "{w:#x}"
+    );
+    let fatal = mem.fatal_error().map(str::to_owned).unwrap_or_default();
+    assert!(
+        fatal.contains("page 9"),
+        "the VM is stopped naming the page: {fatal:?}"
+    );
+    faults.stop().unwrap();
+}
