@@ -2095,3 +2095,50 @@ fn never_touched_pages_are_not_parked() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// The fault-path promotion of a parked page that has a shadow (three
+/// tiers: promoted from tier 2 to tier 1 by TPM, its shadow on tier 2)
+/// frees that shadow: the page goes to tier 0 with no shadow, and tier 2
+/// gets the shadow's page back (issue 34: cargo-mutants' `!=` to `==` of
+/// `w & SHADOW != 0` in `promote_parked_owned`, l. 548 of `park.rs`: the
+/// shadow's page leaked, which the consistency check reports).
+#[test]
+fn promoting_a_parked_page_frees_its_shadow() {
+    let mut cfg = MemConfig::new(96 * PAGE_SIZE, 64);
+    cfg.placement = InitialPlacement::Interleave;
+    cfg.tiers[1].capacity_pages = 64;
+    cfg.tiers[1].max_capacity_pages = 64;
+    cfg.tiers.push(crate::mem::TierSpec {
+        name: "cxl".into(),
+        node: 0,
+        capacity_pages: 64,
+        max_capacity_pages: 64,
+    });
+    let Some((mem, _log, m, faults)) = setup_with(cfg) else {
+        return;
+    };
+    fill(&mem);
+    // Pages 2 and 5 sit on tier 2 (p % 3): promote them to tier 1 by TPM.
+    let units = [page_unit(2), page_unit(5)];
+    assert_eq!(m.migrate(&units, 1, Mechanism::TPM).unwrap().committed, 2);
+    assert_eq!(page_map::shadow_tier_of(mem.pages.load(2)), Some(2));
+    let free2 = mem.free_pages(2);
+    assert_eq!(
+        mem.park_pages(&[2, 5], Parker::Sampler).unwrap(),
+        vec![2, 5]
+    );
+    for p in [2, 5] {
+        assert!(mem.pages.try_acquire(p, true).is_some());
+        assert!(mem.promote_parked_owned(p).unwrap(), "page {p} promoted");
+        let w = mem.pages.load(p);
+        assert_eq!(page_map::tier_of(w), Some(0));
+        assert_eq!(
+            w & (page_map::SHADOW | page_map::PARKED | page_map::BUSY),
+            0
+        );
+    }
+    assert_eq!(mem.free_pages(2), free2 + 2, "both shadows given back");
+    faults.stop().unwrap();
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
