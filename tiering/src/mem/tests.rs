@@ -2142,3 +2142,42 @@ fn promoting_a_parked_page_frees_its_shadow() {
     check_fill(&mem);
     mem.check_consistency().unwrap();
 }
+
+/// Reclaim passes over shadows whose pages are owned by someone else, but
+/// looks at every entry of the FIFO once before it gives up: with the seven
+/// oldest shadows' pages owned it still frees the eighth, and with all
+/// eight owned it returns (nothing freed) instead of spinning (issue 34:
+/// cargo-mutants' `passed_in_a_row += 1` to `*=` and its `>` to `>=` and
+/// `==`, l. 52-53 of `shadow.rs`).
+#[test]
+fn reclaim_looks_at_every_shadow_once_and_gives_up_after_a_full_pass() {
+    let Some((mem, _log, m, faults)) = setup(256, 128, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let units: Vec<Unit> = (0..8).map(page_unit).collect();
+    assert_eq!(m.promote(&units, Mechanism::TPM).unwrap().committed, 8);
+    assert_eq!(mem.shadow_pages(), 8);
+    let reclaim_bounded = |want: usize| {
+        let mem = mem.clone();
+        bounded(10, "shadow reclaim", move || mem.reclaim_shadows(1, want))
+    };
+    for p in 0..8 {
+        assert!(mem.pages.try_acquire(p, true).is_some());
+    }
+    let want = mem.free_pages(1) + 1;
+    assert_eq!(reclaim_bounded(want), 0, "every shadow's page owned");
+    mem.release_page(7, 0, 0);
+    assert_eq!(
+        reclaim_bounded(want),
+        1,
+        "the newest shadow, after seven passed"
+    );
+    assert!(!mem.has_shadow(7) && mem.has_shadow(0));
+    for p in 0..7 {
+        mem.release_page(p, 0, 0);
+    }
+    faults.stop().unwrap();
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
