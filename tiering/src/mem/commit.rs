@@ -55,14 +55,21 @@ fn retry_transient(
                 let clock = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.subsec_nanos());
-                let jitter = u64::from(clock % 97) + seed % 53;
-                std::thread::sleep(Duration::from_micros((100 << n.min(4)) + jitter));
+                std::thread::sleep(retry_delay(n, clock, seed));
                 result = attempt();
             }
             _ => break,
         }
     }
     result
+}
+
+/// The sleep before retry `n` (from 0) of [`retry_transient`]: 100 us
+/// doubling up to 1.6 ms, plus a jitter of under 97 us from `clock` (the
+/// clock's nanoseconds) and under 53 us from `seed`.
+fn retry_delay(n: u32, clock: u32, seed: u64) -> Duration {
+    let jitter = u64::from(clock % 97) + seed % 53;
+    Duration::from_micros((100 << n.min(4)) + jitter)
 }
 
 /// How often the guard re-reads the node's free memory at most.
@@ -589,6 +596,16 @@ mod tests {
         assert_eq!((n, r.unwrap_err().raw_os_error()), (9, Some(libc::EIO)));
         assert!(took >= Duration::from_micros(7900), "{took:?}");
         assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn the_retry_delay_doubles_to_1_6_ms_with_a_bounded_jitter() {
+        let us = |n, clock, seed| retry_delay(n, clock, seed).as_micros();
+        let base: Vec<_> = (0..8).map(|n| us(n, 0, 0)).collect();
+        assert_eq!(base, [100, 200, 400, 800, 1600, 1600, 1600, 1600]);
+        assert_eq!(us(0, 96, 52), 100 + 96 + 52, "the largest jitter");
+        assert_eq!(us(2, 97, 53), 400, "the jitter wraps");
+        assert_eq!(us(7, 1000, 1000), 1600 + 1000 % 97 + 1000 % 53);
     }
 
     #[test]
