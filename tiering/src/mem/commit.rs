@@ -608,6 +608,24 @@ mod tests {
         assert_eq!(us(7, 1000, 1000), 1600 + 1000 % 97 + 1000 % 53);
     }
 
+    /// Commit-ahead takes a whole untouched chunk of guest RAM, and nothing
+    /// once the VM is stopping (a fatal error) or past guest RAM.
+    #[test]
+    fn commit_ahead_stops_with_the_vm_and_at_the_end_of_guest_ram() {
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = TieredMemory::new(&MemConfig::new(8 << 20, 1024)).unwrap();
+        assert!(mem.commit_ahead(1), "chunk 1 of 4, untouched");
+        assert!(!mem.commit_ahead(1), "committed already");
+        assert!(!mem.commit_ahead(4), "past guest RAM");
+        mem.set_fatal("the test stops the VM".into());
+        assert!(!mem.commit_ahead(2), "the VM is stopping");
+        let committed =
+            |r: std::ops::Range<usize>| r.filter(|&p| mem.pages.load(p) & POPULATED != 0).count();
+        assert_eq!((committed(512..1024), committed(1024..2048)), (512, 0));
+    }
+
     #[test]
     fn split_mix_is_splitmix64() {
         // The first output of SplitMix64 seeded with 0 and with 1.
