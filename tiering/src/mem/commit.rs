@@ -626,6 +626,24 @@ mod tests {
         assert_eq!((committed(512..1024), committed(1024..2048)), (512, 0));
     }
 
+    /// A commit ahead whose fill fails (every populate refused) reports
+    /// nothing committed; the failure stops the VM.
+    #[test]
+    fn a_failed_commit_ahead_reports_nothing_committed() {
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = TieredMemory::new(&MemConfig::new(8 << 20, 1024)).unwrap();
+        let plan = crate::inject::FaultPlan::parse("populate:errno=EIO").unwrap();
+        mem.injector().set(&[plan]);
+        assert!(!mem.commit_ahead(1));
+        mem.injector().set(&[]);
+        assert!(mem
+            .fatal_error()
+            .is_some_and(|e| e.contains("committing guest page 512")));
+        assert_eq!(mem.pages.load(512) & POPULATED, 0);
+    }
+
     #[test]
     fn split_mix_is_splitmix64() {
         // The first output of SplitMix64 seeded with 0 and with 1.

@@ -2193,3 +2193,43 @@ fn reclaim_looks_at_every_shadow_once_and_gives_up_after_a_full_pass() {
     check_fill(&mem);
     mem.check_consistency().unwrap();
 }
+
+/// A guest's first touch when every tier is full reclaims a shadow to make
+/// room: it must not wait for room that only a reclaim gives (issue 34:
+/// cargo-mutants' `!` deleted in `commit_owned`'s
+/// `reserve_for_commit(unit, count, !ahead)`).
+#[test]
+fn a_first_touch_reclaims_a_shadow_when_every_tier_is_full() {
+    if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+        return;
+    }
+    // 64 guest pages; tier 0 holds 31, tier 1 40 (32 pages and 8 shadows).
+    let mut cfg = MemConfig::new(64 * PAGE_SIZE, 31);
+    cfg.placement = InitialPlacement::SlowFirst;
+    cfg.tiers[1].capacity_pages = 40;
+    cfg.tiers[1].max_capacity_pages = 40;
+    cfg.shadow_low_watermark_pages = Some(0);
+    let mem = Arc::new(TieredMemory::new(&cfg).unwrap());
+    let log = Arc::new(SoftDirtyLog::new(64));
+    let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
+    mem.prefault(0, 40).unwrap();
+    assert_eq!(
+        m.promote(&[run_unit(0, 8)], Mechanism::TPM)
+            .unwrap()
+            .committed,
+        1
+    );
+    mem.prefault(40, 23).unwrap();
+    assert_eq!(
+        (mem.free_pages(0), mem.free_pages(1), mem.shadow_pages()),
+        (0, 0, 8)
+    );
+    assert_eq!(mem.commit_first_touch(63), commit::CommitOutcome::Present);
+    assert_eq!(
+        mem.shadow_pages(),
+        7,
+        "one shadow reclaimed for the first touch"
+    );
+    assert!(mem.fatal_error().is_none());
+    mem.check_consistency().unwrap();
+}
