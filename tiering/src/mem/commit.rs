@@ -644,6 +644,42 @@ mod tests {
         assert_eq!(mem.pages.load(512) & POPULATED, 0);
     }
 
+    /// A commit charges the host guard its bytes: a 2 MiB chunk, 2 MiB.
+    #[test]
+    fn a_commit_charges_the_host_guard_its_bytes() {
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = TieredMemory::new(&MemConfig::new(8 << 20, 1024)).unwrap();
+        assert!(mem.commit_ahead(1));
+        let taken = lock(&mem.host_guard.state).get(&0).map(|v| v.taken_since);
+        assert_eq!(taken, Some(2 << 20));
+    }
+
+    /// Prefault waits (bounded) for a page another thread owns and commits
+    /// it once released, instead of failing at the first busy page.
+    #[test]
+    fn prefault_waits_for_a_busy_page() {
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = std::sync::Arc::new(TieredMemory::new(&MemConfig::new(1 << 20, 256)).unwrap());
+        assert!(
+            mem.pages.try_acquire(3, false).is_some(),
+            "the test owns page 3"
+        );
+        let owner = {
+            let mem = mem.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                mem.release_page(3, 0, 0);
+            })
+        };
+        mem.prefault(0, 8).unwrap();
+        owner.join().unwrap();
+        assert!((0..8).all(|p| mem.pages.load(p) & POPULATED != 0));
+    }
+
     #[test]
     fn split_mix_is_splitmix64() {
         // The first output of SplitMix64 seeded with 0 and with 1.
