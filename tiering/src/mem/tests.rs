@@ -2000,13 +2000,8 @@ fn a_probe_arms_a_huge_range_whole_and_its_drop_disarms_every_page() {
     mem.check_consistency().unwrap();
 }
 
-/// Shadow reclaim on one tier of three: oldest first among that tier's
-/// shadows, passing over (never freeing) the other tiers' and skipping the
-/// entries of shadows invalidated since; no shadows or no such tier: nothing
-/// and dropping those entries (issue 34: `reclaim_shadows`' tier test and
-/// stale-entry test).
-#[test]
-fn reclaim_frees_only_the_asked_tiers_shadows_oldest_first() {
+/// 96 guest pages over three tiers of 64 pages each, page p on tier p % 3.
+fn three_tiers_interleaved() -> MemConfig {
     let mut cfg = MemConfig::new(96 * PAGE_SIZE, 64);
     cfg.placement = InitialPlacement::Interleave;
     cfg.tiers[1].capacity_pages = 64;
@@ -2017,6 +2012,17 @@ fn reclaim_frees_only_the_asked_tiers_shadows_oldest_first() {
         capacity_pages: 64,
         max_capacity_pages: 64,
     });
+    cfg
+}
+
+/// Shadow reclaim on one tier of three: oldest first among that tier's
+/// shadows, passing over (never freeing) the other tiers', skipping and
+/// dropping the entries of shadows invalidated since; with no shadow on the
+/// tier or no such tier, nothing (issue 34: `reclaim_shadows`' tier test and
+/// stale-entry test).
+#[test]
+fn reclaim_frees_only_the_asked_tiers_shadows_oldest_first() {
+    let mut cfg = three_tiers_interleaved();
     cfg.shadow_low_watermark_pages = Some(0);
     let Some((mem, log, m, faults)) = setup_with(cfg) else {
         return;
@@ -2104,16 +2110,7 @@ fn never_touched_pages_are_not_parked() {
 /// shadow's page leaked, which the consistency check reports).
 #[test]
 fn promoting_a_parked_page_frees_its_shadow() {
-    let mut cfg = MemConfig::new(96 * PAGE_SIZE, 64);
-    cfg.placement = InitialPlacement::Interleave;
-    cfg.tiers[1].capacity_pages = 64;
-    cfg.tiers[1].max_capacity_pages = 64;
-    cfg.tiers.push(crate::mem::TierSpec {
-        name: "cxl".into(),
-        node: 0,
-        capacity_pages: 64,
-        max_capacity_pages: 64,
-    });
+    let cfg = three_tiers_interleaved();
     let Some((mem, _log, m, faults)) = setup_with(cfg) else {
         return;
     };
