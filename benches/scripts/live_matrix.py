@@ -44,7 +44,7 @@ Usage:
   benches/scripts/live_matrix.py [--quick | --preset issue29] [--duration S] [--fast SIZE]
       [--sizes 64M,192M,...] [--workloads zipf,zipf-uniform,gups,kv,pagerank]
       [--policies static,tpp,...] [--placements fast-first,slow-first]
-      [--vcpus 1,2] [--emulate off,on] [--ceiling] [--json FILE] [--md FILE]
+      [--vcpus 1,2] [--emulate off,on] [--ceiling] [--workload-arg K=V ...] [--json FILE] [--md FILE]
 
 --quick runs a small subset (two sizes, zipf skewed and uniform, slow-first,
 2 vCPUs, no emulation) in a few minutes. The full default matrix is long
@@ -131,7 +131,7 @@ def run_one(cell, policy, args):
         "--seed", str(args.seed),
         "--quiet", "--report", "json",
     ]
-    for a in wargs:
+    for a in wargs + args.workload_arg:
         cmd += ["--arg", a]
     if cell["emulate"] == "on":
         cmd += ["--emulate-latency", EMULATION]
@@ -361,6 +361,9 @@ def main():
     ap.add_argument("--ceiling", action="store_true",
                     help="also run static with every page fast (`all-fast`, after static): the most "
                          "any placement can gain in the cell")
+    ap.add_argument("--workload-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more --arg for every run's workload, after the cell's own (repeatable; "
+                         "e.g. scramble=0: zipf's hot pages first, not spread)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()
