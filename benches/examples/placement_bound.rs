@@ -159,7 +159,7 @@ fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("zipf_placement_bound: {e}");
+            eprintln!("placement_bound: {e}");
             return ExitCode::from(2);
         }
     };
@@ -169,7 +169,11 @@ fn main() -> ExitCode {
         format!(
             "Zipf (theta {}, {})",
             args.theta,
-            if args.scrambled { "scrambled" } else { "not scrambled: hottest pages first" }
+            if args.scrambled {
+                "scrambled"
+            } else {
+                "not scrambled: hottest pages first"
+            }
         )
     };
     println!(
