@@ -270,6 +270,12 @@ impl MemoryView for LiveView<'_> {
         let (w, b) = ((page / 64) as usize, page % 64);
         self.touched.get(w).is_some_and(|word| word & (1 << b) != 0)
     }
+    fn accessed_test_cost_ns(&self) -> Option<f64> {
+        // A probe's test is paid by the hint fault of its next touch; with
+        // DAMON a test costs the guest no fault (the policy's own figure).
+        self.probe.as_ref()?;
+        self.mem.hint_fault_guest_cost_ns()
+    }
 }
 
 struct EngineState {

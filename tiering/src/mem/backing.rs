@@ -258,6 +258,11 @@ fn round_chunk(pages: usize) -> usize {
     pages.div_ceil(CHUNK_SLOTS) * CHUNK_SLOTS
 }
 
+/// Hint faults served before [`TieredMemory::hint_fault_guest_cost_ns`]
+/// gives a mean (fewer are one window's first touches of a cold range: the
+/// mean would be noise).
+pub const MIN_HINT_FAULTS_FOR_COST: u64 = 64;
+
 /// Guest RAM on tiered host memory. Shared (`Arc`) by the movers, the fault
 /// handler, the sampler and the VMM.
 #[derive(Debug)]
@@ -956,6 +961,16 @@ impl TieredMemory {
     /// (event read to wake-up), ns.
     pub fn hint_stall_ns(&self) -> u64 {
         self.counters.hint_stall_ns.load(Ordering::Relaxed)
+    }
+
+    /// What one hint fault has cost the guest so far in this run, ns: the
+    /// handler's mean stall per hint fault times [`Self::guest_cost_factor`]
+    /// (the sampler's estimate, [`super::sampler`]); `None` before
+    /// [`MIN_HINT_FAULTS_FOR_COST`] hint faults were served.
+    pub fn hint_fault_guest_cost_ns(&self) -> Option<f64> {
+        let faults = self.counters.hint_faults.load(Ordering::Relaxed);
+        (faults >= MIN_HINT_FAULTS_FOR_COST)
+            .then(|| self.hint_stall_ns() as f64 / faults as f64 * self.guest_cost_factor())
     }
 
     /// What one hint fault costs the guest, as a multiple of the stall the

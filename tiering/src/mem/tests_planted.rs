@@ -497,6 +497,29 @@ fn the_scan_budgets_the_guest_cost_of_hint_faults() {
     mem.check_consistency().unwrap();
 }
 
+/// What a hint fault cost the guest, for the policies' budgets (the scout
+/// of `adaptive`): the handler's mean stall times the guest cost factor,
+/// and nothing before enough faults were served for a mean.
+#[test]
+fn a_hint_faults_guest_cost_is_its_mean_stall_times_the_factor() {
+    let Some((mem, _log, _m, faults)) = setup(1024, 512, InitialPlacement::Interleave) else {
+        return;
+    };
+    mem.set_guest_cost_factor(7.5);
+    let n = super::backing::MIN_HINT_FAULTS_FOR_COST;
+    mem.counters.hint_faults.store(n - 1, Ordering::Relaxed);
+    mem.counters
+        .hint_stall_ns
+        .store((n - 1) * 8_000, Ordering::Relaxed);
+    assert_eq!(mem.hint_fault_guest_cost_ns(), None, "too few faults");
+    mem.counters.hint_faults.store(n, Ordering::Relaxed);
+    mem.counters.hint_stall_ns.store(n * 8_000, Ordering::Relaxed);
+    assert_eq!(mem.hint_fault_guest_cost_ns(), Some(60_000.0));
+    mem.set_guest_cost_factor(2.0);
+    assert_eq!(mem.hint_fault_guest_cost_ns(), Some(16_000.0));
+    faults.stop().unwrap();
+}
+
 // ---- 8. Resize at the exact boundaries ----
 
 /// A resize that leaves the tiers exactly the guest's size is accepted;

@@ -114,7 +114,7 @@ proptest! {
             let mut cfg = PolicyConfig::new(pages, caps.clone());
             cfg.scale = 64.0; // small regions for mtm, small budgets
             let mut policy = kind.build(&cfg).unwrap();
-            let mut view = VecView { tier: placement.clone(), shadow: vec![false; pages as usize], accessed: vec![false; pages as usize] };
+            let mut view = VecView { tier: placement.clone(), shadow: vec![false; pages as usize], accessed: vec![false; pages as usize], test_cost_ns: None };
             // Shadows only for pages in tier 0 (promoted pages keep their slow copy in tier 1).
             for ((sh, &want), &t) in view.shadow.iter_mut().zip(&shadows).zip(&placement) {
                 *sh = want && t == 0;

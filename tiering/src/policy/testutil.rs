@@ -8,6 +8,8 @@ pub struct VecView {
     pub tier: Vec<TierId>,
     pub shadow: Vec<bool>,
     pub accessed: Vec<bool>,
+    /// What [`MemoryView::accessed_test_cost_ns`] reports.
+    pub test_cost_ns: Option<f64>,
 }
 
 impl VecView {
@@ -18,6 +20,7 @@ impl VecView {
             tier,
             shadow: vec![false; pages as usize],
             accessed: vec![false; pages as usize],
+            test_cost_ns: None,
         }
     }
 
@@ -68,6 +71,9 @@ impl MemoryView for VecView {
             Some(a) => std::mem::replace(a, false),
             None => false,
         }
+    }
+    fn accessed_test_cost_ns(&self) -> Option<f64> {
+        self.test_cost_ns
     }
 }
 

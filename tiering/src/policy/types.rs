@@ -149,6 +149,16 @@ pub trait MemoryView {
     }
     /// Reads and clears the page's accessed bit (accessed since the last call).
     fn test_and_clear_accessed(&mut self, page: u64) -> bool;
+    /// What one [`Self::test_and_clear_accessed`] that finds the page
+    /// touched has cost the guest so far in this run, ns, where it was
+    /// measured (live: the hint faults' mean stall in the fault handler
+    /// times the guest cost factor, `tiering::mem::GUEST_COST_FACTOR` or the
+    /// run's own `--tracking-ab` figure); `None` where it was not (the
+    /// simulator, or too few hint faults yet): policies then budget with
+    /// [`PolicyConfig::accessed_test_cost_ns`] or their own assumed cost.
+    fn accessed_test_cost_ns(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Which trackers a policy needs the engine to run.

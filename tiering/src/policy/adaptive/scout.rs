@@ -8,8 +8,11 @@
 //! bits, and only while promoting them displaces nothing:
 //!
 //! 1. The budget is the share of [`super::PROFILE_OVERHEAD`] of one core the
-//!    samples did not use, at the measured cost of one accessed-bit test
-//!    (live: the hint fault of an armed probe) or [`ASSUMED_TEST_NS`].
+//!    samples did not use, at the cost of one accessed-bit test: what the
+//!    run has measured (live: the hint fault of an armed probe, the mean the
+//!    fault handler saw times the guest cost factor,
+//!    [`MemoryView::accessed_test_cost_ns`]), else the configured figure
+//!    (live: the host's measured constant), else [`ASSUMED_TEST_NS`].
 //! 2. A cursor walks the pages in address order and tests the slower-tier
 //!    pages no sample has made hot yet: a page touched since its last test
 //!    (one pass ago; live, the first test of a page only arms it) is a hit.
@@ -33,7 +36,7 @@ pub const MIN_LOOK: u64 = 4096;
 pub struct Scout {
     /// Next page to arm.
     cursor: u64,
-    /// Cost of one test, ns.
+    /// Cost of one test, ns, where the run has not measured it.
     test_ns: f64,
     /// Tests carried between ticks (fractions of a test at large scales).
     carry: f64,
@@ -77,7 +80,11 @@ impl Scout {
             self.carry = 0.0;
             return;
         };
-        let total = budget_ns.max(0.0) / self.test_ns + self.carry;
+        let test_ns = view
+            .accessed_test_cost_ns()
+            .filter(|c| c.is_finite() && *c > 0.0)
+            .unwrap_or(self.test_ns);
+        let total = budget_ns.max(0.0) / test_ns + self.carry;
         let mut left = total.floor() as u64;
         self.carry = (total - left as f64).min(1.0);
         let n = view.pages();
@@ -128,6 +135,15 @@ mod tests {
         }
         // Page 41, no longer known, still carries its touch.
         assert_eq!(hits, vec![40, 99, 41, 60]);
+        // A measured cost replaces the configured one: 5 us a test, 2 per tick.
+        v.test_cost_ns = Some(5_000.0);
+        let before = s.tests;
+        s.run(10_000.0, Some(0), &mut v, |_| false, &mut hits);
+        assert_eq!(s.tests - before, 2, "the run's measured cost sets the budget");
+        // A measurement that is not a cost is ignored.
+        v.test_cost_ns = Some(f64::NAN);
+        s.run(10_000.0, Some(0), &mut v, |_| false, &mut hits);
+        assert_eq!(s.tests - before, 12);
         // No room: nothing is tested.
         let before = s.tests;
         s.run(10_000.0, None, &mut v, |_| false, &mut hits);
