@@ -513,7 +513,9 @@ fn a_hint_faults_guest_cost_is_its_mean_stall_times_the_factor() {
         .store((n - 1) * 8_000, Ordering::Relaxed);
     assert_eq!(mem.hint_fault_guest_cost_ns(), None, "too few faults");
     mem.counters.hint_faults.store(n, Ordering::Relaxed);
-    mem.counters.hint_stall_ns.store(n * 8_000, Ordering::Relaxed);
+    mem.counters
+        .hint_stall_ns
+        .store(n * 8_000, Ordering::Relaxed);
     assert_eq!(mem.hint_fault_guest_cost_ns(), Some(60_000.0));
     mem.set_guest_cost_factor(2.0);
     assert_eq!(mem.hint_fault_guest_cost_ns(), Some(16_000.0));

@@ -139,7 +139,11 @@ mod tests {
         v.test_cost_ns = Some(5_000.0);
         let before = s.tests;
         s.run(10_000.0, Some(0), &mut v, |_| false, &mut hits);
-        assert_eq!(s.tests - before, 2, "the run's measured cost sets the budget");
+        assert_eq!(
+            s.tests - before,
+            2,
+            "the run's measured cost sets the budget"
+        );
         // A measurement that is not a cost is ignored.
         v.test_cost_ns = Some(f64::NAN);
         s.run(10_000.0, Some(0), &mut v, |_| false, &mut hits);
