@@ -25,6 +25,10 @@ pub enum TestPoint {
     /// A harvest has read both dirty logs and consumed nothing yet (a
     /// write here is not in what it read: it must stay for the next).
     HarvestRead,
+    /// A first-touch commit saw its page neither present nor owned and has
+    /// not claimed it yet (another commit of the page, the fault handler's
+    /// or `prefault`'s, may land here).
+    FirstTouchChecked,
 }
 
 type Action = Arc<dyn Fn(TestPoint) + Send + Sync>;

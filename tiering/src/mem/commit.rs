@@ -219,6 +219,7 @@ impl TieredMemory {
         if w & (BUSY | PARKED) != 0 {
             return CommitOutcome::Busy;
         }
+        crate::test_point::reached(crate::test_point::TestPoint::FirstTouchChecked);
         let (first, count) = match self.acquire_untouched_chunk(page) {
             Some(r) => r,
             None => match self.pages.try_acquire(page, false) {

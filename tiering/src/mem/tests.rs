@@ -2230,3 +2230,40 @@ fn a_first_touch_reclaims_a_shadow_when_every_tier_is_full() {
     assert!(mem.fatal_error().is_none());
     mem.check_consistency().unwrap();
 }
+
+/// A first touch overtaken by another commit of the same page between its
+/// check and its claim (the fault handler and `prefault` racing) finds the
+/// page present and leaves it be: nothing committed twice, the other
+/// commit's data kept. Planted bug: the claim's `POPULATED` guard made
+/// `false` (a cargo-mutants miss of `commit_first_touch`): the page is
+/// committed again over the written one.
+#[test]
+fn a_first_touch_overtaken_by_another_commit_keeps_that_commit() {
+    use crate::test_point::{with_action, TestPoint};
+    if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+        return;
+    }
+    let mem = Arc::new(TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 32)).unwrap());
+    let (other, once) = (mem.clone(), Arc::new(AtomicBool::new(false)));
+    let outcome = with_action(
+        move |p| {
+            if p == TestPoint::FirstTouchChecked && !once.swap(true, Ordering::SeqCst) {
+                assert_eq!(other.commit_first_touch(5), commit::CommitOutcome::Present);
+                last_word(&other, 5).store(0xfeed, Ordering::SeqCst);
+            }
+        },
+        || mem.commit_first_touch(5),
+    );
+    assert_eq!(outcome, commit::CommitOutcome::Present);
+    assert_eq!(
+        last_word(&mem, 5).load(Ordering::SeqCst),
+        0xfeed,
+        "the other commit's write"
+    );
+    assert_eq!(
+        mem.free_pages(0) + mem.free_pages(1),
+        mem.capacity(0) + mem.capacity(1) - 1
+    );
+    assert!(mem.fatal_error().is_none());
+    mem.check_consistency().unwrap();
+}
