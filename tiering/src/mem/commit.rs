@@ -173,6 +173,10 @@ impl HostGuard {
     }
 }
 
+/// How long [`TieredMemory::prefault`] waits for a page another thread owns
+/// (a mover's transaction holds a page for milliseconds).
+pub const PREFAULT_WAIT: Duration = Duration::from_secs(10);
+
 /// What [`TieredMemory::commit_first_touch`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CommitOutcome {
@@ -316,11 +320,17 @@ impl TieredMemory {
     }
 
     /// Commits every guest page of `[first, first+pages)` that is still
-    /// untouched (loaders and tests; the guest never needs it).
+    /// untouched (loaders and tests; the guest never needs it), waiting up
+    /// to [`PREFAULT_WAIT`] for a page another thread owns.
     pub fn prefault(&self, first: usize, pages: usize) -> std::io::Result<()> {
+        self.prefault_within(first, pages, PREFAULT_WAIT)
+    }
+
+    /// [`Self::prefault`], giving up after `wait` on a page owned elsewhere.
+    fn prefault_within(&self, first: usize, pages: usize, wait: Duration) -> std::io::Result<()> {
         let end = first.saturating_add(pages).min(self.guest_pages);
         let mut p = first;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + wait;
         while p < end {
             match self.commit_first_touch(p) {
                 CommitOutcome::Present => p += 1,
@@ -329,7 +339,7 @@ impl TieredMemory {
                 }
                 o => {
                     return Err(std::io::Error::other(format!(
-                        "prefault of guest page {p}: {o:?} for 10 s"
+                        "prefault of guest page {p}: {o:?} for {wait:?}"
                     )))
                 }
             }
@@ -679,6 +689,32 @@ mod tests {
         mem.prefault(0, 8).unwrap();
         owner.join().unwrap();
         assert!((0..8).all(|p| mem.pages.load(p) & POPULATED != 0));
+    }
+
+    /// ... and gives up once its bound has passed, naming the page, instead
+    /// of waiting for an owner that may never let go. Planted bug: the
+    /// bound's guard made `true` (a cargo-mutants miss): prefault waited
+    /// until the owner let go after 1 s and succeeded.
+    #[test]
+    fn prefault_gives_up_on_a_page_held_past_its_bound() {
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = std::sync::Arc::new(TieredMemory::new(&MemConfig::new(1 << 20, 256)).unwrap());
+        assert!(mem.pages.try_acquire(3, false).is_some());
+        let owner = {
+            let mem = mem.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(1));
+                mem.release_page(3, 0, 0);
+            })
+        };
+        let e = mem
+            .prefault_within(0, 8, Duration::from_millis(50))
+            .unwrap_err();
+        assert!(e.to_string().contains("guest page 3: Busy"), "{e}");
+        owner.join().unwrap();
+        assert_eq!(mem.pages.load(3) & POPULATED, 0);
     }
 
     #[test]
