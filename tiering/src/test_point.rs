@@ -29,6 +29,10 @@ pub enum TestPoint {
     /// not claimed it yet (another commit of the page, the fault handler's
     /// or `prefault`'s, may land here).
     FirstTouchChecked,
+    /// The soft dirty log's `get` has read a word's dirty bits and not yet
+    /// its count of writes in flight (a write ending here must still be
+    /// in what it returns).
+    DirtyBitsRead,
 }
 
 type Action = Arc<dyn Fn(TestPoint) + Send + Sync>;
