@@ -1858,6 +1858,33 @@ fn ebusy_while_parking_retries_and_parks_the_window() {
     mem.check_consistency().unwrap();
 }
 
+/// The huge-range bookkeeping: a range is whole only after a whole,
+/// aligned 2 MiB commit or move; a move of part of it, or of an unaligned
+/// 2 MiB, leaves it split, and a split range is never reported whole.
+/// Planted bugs (cargo-mutants misses of `thp.rs`): `note_huge` taking an
+/// unaligned 2 MiB or an aligned part of one as whole (`&&` to `||`), and
+/// `huge_range_of` reporting every range whole while huge pages are on.
+#[test]
+fn only_a_whole_aligned_range_is_noted_huge_and_a_split_one_is_not_reported() {
+    let Some((mem, _log, _m, faults)) = setup(2048, 2048, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    let first = 512;
+    assert_eq!(mem.huge_range_of(first + 7), Some(first), "committed whole");
+    mem.note_guest_move(mem.guest_addr(first + 5), PAGE_SIZE);
+    assert_eq!(mem.huge_range_of(first + 7), None, "split by a 4 KiB move");
+    mem.note_huge(first + 1, 512);
+    assert_eq!(mem.huge_range_of(first), None, "an unaligned 2 MiB");
+    mem.note_huge(first, 511);
+    assert_eq!(mem.huge_range_of(first), None, "part of the range");
+    mem.note_huge(first, 512);
+    assert_eq!(mem.huge_range_of(first + 511), Some(first), "whole again");
+    assert_eq!(mem.huge_range_of(0), Some(0), "another range untouched");
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
+
 /// A huge page parked whole (a sampler window or a probe covering its 2 MiB
 /// range) goes back whole on its first touch: one hint fault for the range,
 /// marked `huge`, the range never split, every page of it unparked with its
