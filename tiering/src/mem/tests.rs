@@ -1863,7 +1863,9 @@ fn ebusy_while_parking_retries_and_parks_the_window() {
 /// 2 MiB, leaves it split, and a split range is never reported whole.
 /// Planted bugs (cargo-mutants misses of `thp.rs`): `note_huge` taking an
 /// unaligned 2 MiB or an aligned part of one as whole (`&&` to `||`), and
-/// `huge_range_of` reporting every range whole while huge pages are on.
+/// `huge_range_of` reporting every range whole while huge pages are on,
+/// and `note_guest_move` splitting the wrong ranges or none (its bounds,
+/// its first and last page, its whole-range test).
 #[test]
 fn only_a_whole_aligned_range_is_noted_huge_and_a_split_one_is_not_reported() {
     let Some((mem, _log, _m, faults)) = setup(2048, 2048, InitialPlacement::SlowFirst) else {
@@ -1881,6 +1883,41 @@ fn only_a_whole_aligned_range_is_noted_huge_and_a_split_one_is_not_reported() {
     mem.note_huge(first, 512);
     assert_eq!(mem.huge_range_of(first + 511), Some(first), "whole again");
     assert_eq!(mem.huge_range_of(0), Some(0), "another range untouched");
+    // `note_guest_move` splits exactly the ranges a move touches, from the
+    // guest's first page to its last.
+    let huge = |mem: &TieredMemory| {
+        (0..4)
+            .map(|r| mem.huge_range_of(r * 512).is_some())
+            .collect::<Vec<_>>()
+    };
+    mem.note_guest_move(mem.guest_addr(0), PAGE_SIZE);
+    assert_eq!(huge(&mem), [false, true, true, true], "a move of page 0");
+    mem.note_guest_move(mem.guest_addr(1023), PAGE_SIZE);
+    assert_eq!(
+        huge(&mem),
+        [false, false, true, true],
+        "a range's last page"
+    );
+    mem.note_guest_move(mem.guest_addr(1024), PAGE_SIZE);
+    assert_eq!(
+        huge(&mem),
+        [false, false, false, true],
+        "a range's first page"
+    );
+    mem.note_guest_move(mem.guest_addr(1540), 2 * PAGE_SIZE);
+    assert_eq!(huge(&mem), [false; 4]);
+    mem.note_guest_move(mem.guest_addr(1536), 512 * PAGE_SIZE);
+    assert_eq!(
+        huge(&mem),
+        [false, false, false, true],
+        "a whole aligned move"
+    );
+    mem.note_guest_move(mem.guest_addr(2048), PAGE_SIZE);
+    assert_eq!(
+        huge(&mem),
+        [false, false, false, true],
+        "past guest RAM: nothing"
+    );
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
