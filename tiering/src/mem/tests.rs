@@ -1893,6 +1893,7 @@ fn only_a_whole_aligned_range_is_noted_huge_and_a_split_one_is_not_reported() {
     let splits = mem.stats().backing.splits;
     mem.note_guest_move(mem.guest_addr(0), PAGE_SIZE);
     assert_eq!(huge(&mem), [false, true, true, true], "a move of page 0");
+    assert_eq!(mem.stats().backing.splits, splits + 1, "a whole range split");
     mem.note_guest_move(mem.guest_addr(3), PAGE_SIZE);
     assert_eq!(
         mem.stats().backing.splits,
