@@ -495,6 +495,15 @@ impl TieredMemory {
         self.emulated
     }
 
+    /// Tests on a one-node host: act as if the tiers were on nodes of
+    /// their own (what the memory does only on a multi-node host, e.g.
+    /// the NOHUGEPAGE advice of a split range, `thp.rs`).
+    #[cfg(test)]
+    pub(crate) fn as_if_on_separate_nodes(mut self) -> Self {
+        self.emulated = false;
+        self
+    }
+
     /// Whether the areas are locked on fault (exempt from reclaim and from
     /// zero-page remapping of split huge pages).
     pub fn locked(&self) -> bool {
