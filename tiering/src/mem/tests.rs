@@ -1990,6 +1990,59 @@ fn the_first_split_of_a_range_advises_that_range_off_huge_pages() {
     mem.check_consistency().unwrap();
 }
 
+/// A split range whose pages are all back on one tier collapses into a
+/// huge page again at the second scan that sees it so; a split range with
+/// a page on another tier never does (a collapse would copy that page off
+/// its tier). Planted bugs (cargo-mutants misses of
+/// `collapse_split_ranges`): the wrong range's pages checked, the last
+/// range skipped, a range taken as whole with a page on another tier.
+#[test]
+fn a_split_range_back_on_one_tier_collapses_and_a_mixed_one_does_not() {
+    let Some((mem, _log, m, faults)) = setup(2048, 2048, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    fill(&mem);
+    // Range 3 (the last): a page out and back, so split but whole on tier 1.
+    assert_eq!(
+        m.promote(&[page_unit(1536 + 9)], Mechanism::StopAndCopy)
+            .unwrap()
+            .migrated,
+        1
+    );
+    assert_eq!(
+        m.demote(&[page_unit(1536 + 9)], Mechanism::StopAndCopy)
+            .unwrap()
+            .migrated,
+        1
+    );
+    // Range 1: one page on tier 0, so split and mixed.
+    assert_eq!(
+        m.promote(&[page_unit(512 + 5)], Mechanism::StopAndCopy)
+            .unwrap()
+            .migrated,
+        1
+    );
+    assert_eq!(
+        (mem.huge_range_of(512), mem.huge_range_of(1536)),
+        (None, None)
+    );
+    let collapses = mem.stats().backing.collapses;
+    assert_eq!(
+        mem.collapse_split_ranges(8),
+        0,
+        "the first scan only notes it"
+    );
+    assert_eq!(mem.collapse_split_ranges(8), 1, "the second collapses it");
+    assert_eq!(mem.stats().backing.collapses, collapses + 1);
+    assert_eq!(mem.huge_range_of(1536), Some(1536));
+    assert_eq!(mem.huge_range_of(512), None, "a page on another tier");
+    assert_eq!(mem.tier_of(512 + 5), Some(0));
+    assert_eq!(mem.collapse_split_ranges(8), 0);
+    faults.stop().unwrap();
+    check_fill(&mem);
+    mem.check_consistency().unwrap();
+}
+
 /// A huge page parked whole (a sampler window or a probe covering its 2 MiB
 /// range) goes back whole on its first touch: one hint fault for the range,
 /// marked `huge`, the range never split, every page of it unparked with its
