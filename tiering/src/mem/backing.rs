@@ -499,7 +499,7 @@ impl TieredMemory {
     /// their own (what the memory does only on a multi-node host, e.g.
     /// the NOHUGEPAGE advice of a split range, `thp.rs`).
     #[cfg(test)]
-    pub(crate) fn as_if_on_separate_nodes(mut self) -> Self {
+    pub(crate) fn acting_on_separate_nodes(mut self) -> Self {
         self.emulated = false;
         self
     }

@@ -1972,7 +1972,7 @@ fn the_first_split_of_a_range_advises_that_range_off_huge_pages() {
     let mut cfg = MemConfig::new(2048 * PAGE_SIZE, 1024);
     cfg.tiers[1].capacity_pages = 2048 + 64;
     cfg.tiers[1].max_capacity_pages = 2048 + 64;
-    let mem = Arc::new(TieredMemory::new(&cfg).unwrap().as_if_on_separate_nodes());
+    let mem = Arc::new(TieredMemory::new(&cfg).unwrap().acting_on_separate_nodes());
     let faults = FaultHandler::spawn(mem.clone()).unwrap();
     mem.prefault(0, mem.guest_pages()).unwrap();
     let nh = |range: usize| {
