@@ -37,6 +37,8 @@ use tiervm_guest::workloads::gups::{GupsParams, GupsPattern};
 
 const PAGE: u64 = 4096;
 const RANGE_PAGES: usize = 512;
+/// Largest size the options take, MiB (64 GiB: 256 MiB of model).
+const MAX_MIB: u64 = 64 << 10;
 
 struct Args {
     gups: bool,
@@ -104,6 +106,14 @@ fn parse_args() -> Result<Args, String> {
     if a.fast_mib < 2 || a.rss_mib.iter().any(|&r| r < 2) {
         return Err("--rss and --fast: give at least 2 MiB (one 2 MiB range)".into());
     }
+    if a.rss_mib.iter().any(|&r| r > MAX_MIB) || a.fast_mib > MAX_MIB || a.llc_mib > MAX_MIB {
+        return Err(format!(
+            "--rss, --fast and --llc: at most {MAX_MIB} MiB (the model holds 16 bytes per page)"
+        ));
+    }
+    if a.ceilings.iter().any(|c| !(c.is_finite() && *c > 0.0)) {
+        return Err("--ceiling: give positive ratios such as 1.8,2.1".into());
+    }
     Ok(a)
 }
 
@@ -155,6 +165,53 @@ fn bound(f: f64, ceiling: f64) -> f64 {
     1.0 / ((1.0 - f) + f / ceiling)
 }
 
+/// One resident set's shares and bounds, printed.
+fn report(args: &Args, rss: u64) {
+    let pages = rss * (1 << 20) / PAGE;
+    let mut mass = if args.gups {
+        gups_mass(pages)
+    } else {
+        page_mass(pages, args.theta, args.scrambled)
+    };
+    // The cache takes the hottest pages' traffic.
+    let cached_pages = (args.llc_mib * (1 << 20) / PAGE) as usize;
+    let mut order: Vec<usize> = (0..mass.len()).collect();
+    order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+    let hit = order
+        .iter()
+        .take(cached_pages)
+        .fold(0.0, |sum, &i| sum + mass[i]);
+    for &i in order.iter().take(cached_pages) {
+        mass[i] = 0.0;
+    }
+    let miss = 1.0 - hit;
+    if miss <= 0.0 {
+        println!("rss {rss} MiB: the cache holds every access; no placement matters");
+        return;
+    }
+    mass.iter_mut().for_each(|m| *m /= miss);
+    let fast_pages = (args.fast_mib * (1 << 20) / PAGE) as usize;
+    let by_address = (fast_pages as f64 / pages as f64).min(1.0);
+    let ranges: Vec<f64> = mass.chunks(RANGE_PAGES).map(|c| c.iter().sum()).collect();
+    let best_ranges = top_share(&ranges, fast_pages / RANGE_PAGES);
+    let best_pages = top_share(&mass, fast_pages);
+    println!(
+        "rss {rss} MiB: cache hits {:.1}% of accesses; of the misses the fast tier holds {:.1}% by address, {:.1}% with the best 2 MiB ranges, {:.1}% with the best 4 KiB pages",
+        100.0 * hit,
+        100.0 * by_address,
+        100.0 * best_ranges,
+        100.0 * best_pages
+    );
+    for &c in &args.ceilings {
+        println!(
+            "  all-fast {c:.2}x static: bound by address {:.2}x, best ranges {:.2}x, best pages {:.2}x",
+            bound(by_address, c),
+            bound(best_ranges, c),
+            bound(best_pages, c)
+        );
+    }
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -166,61 +223,19 @@ fn main() -> ExitCode {
     let what = if args.gups {
         "GUPS (hot set a third of the buffer, 90% of operations)".to_string()
     } else {
-        format!(
-            "Zipf (theta {}, {})",
-            args.theta,
-            if args.scrambled {
-                "scrambled"
-            } else {
-                "not scrambled: hottest pages first"
-            }
-        )
+        let order = if args.scrambled {
+            "scrambled"
+        } else {
+            "not scrambled: hottest pages first"
+        };
+        format!("Zipf (theta {}, {order})", args.theta)
     };
     println!(
         "MODELED from the guest's {what} generator, LLC {} MiB holding the hottest pages, fast tier {} MiB",
         args.llc_mib, args.fast_mib
     );
     for &rss in &args.rss_mib {
-        let pages = rss * (1 << 20) / PAGE;
-        let mut mass = if args.gups {
-            gups_mass(pages)
-        } else {
-            page_mass(pages, args.theta, args.scrambled)
-        };
-        // The cache takes the hottest pages' traffic.
-        let cached_pages = (args.llc_mib * (1 << 20) / PAGE) as usize;
-        let mut order: Vec<usize> = (0..mass.len()).collect();
-        order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
-        let hit: f64 = order.iter().take(cached_pages).map(|&i| mass[i]).sum();
-        for &i in order.iter().take(cached_pages) {
-            mass[i] = 0.0;
-        }
-        let miss = 1.0 - hit;
-        if miss <= 0.0 {
-            println!("rss {rss} MiB: the cache holds every access; no placement matters");
-            continue;
-        }
-        mass.iter_mut().for_each(|m| *m /= miss);
-        let fast_pages = (args.fast_mib * (1 << 20) / PAGE) as usize;
-        let by_address = (fast_pages as f64 / pages as f64).min(1.0);
-        let ranges: Vec<f64> = mass.chunks(RANGE_PAGES).map(|c| c.iter().sum()).collect();
-        let best_ranges = top_share(&ranges, fast_pages / RANGE_PAGES);
-        let best_pages = top_share(&mass, fast_pages);
-        println!(
-            "rss {rss} MiB: cache hits {:.1}% of accesses; of the misses the fast tier holds {:.1}% by address, {:.1}% with the best 2 MiB ranges, {:.1}% with the best 4 KiB pages",
-            100.0 * hit,
-            100.0 * by_address,
-            100.0 * best_ranges,
-            100.0 * best_pages
-        );
-        for &c in &args.ceilings {
-            println!(
-                "  all-fast {c:.2}x static: bound by address {:.2}x, best ranges {:.2}x, best pages {:.2}x",
-                bound(by_address, c),
-                bound(best_ranges, c),
-                bound(best_pages, c)
-            );
-        }
+        report(&args, rss);
     }
     ExitCode::SUCCESS
 }
