@@ -679,13 +679,7 @@ mod tests {
             mem.pages.try_acquire(3, false).is_some(),
             "the test owns page 3"
         );
-        let owner = {
-            let mem = mem.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(50));
-                mem.release_page(3, 0, 0);
-            })
-        };
+        let owner = crate::mem::tests::release_later(&mem, 3, Duration::from_millis(50));
         mem.prefault(0, 8).unwrap();
         owner.join().unwrap();
         assert!((0..8).all(|p| mem.pages.load(p) & POPULATED != 0));
@@ -702,13 +696,7 @@ mod tests {
         }
         let mem = std::sync::Arc::new(TieredMemory::new(&MemConfig::new(1 << 20, 256)).unwrap());
         assert!(mem.pages.try_acquire(3, false).is_some());
-        let owner = {
-            let mem = mem.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_secs(1));
-                mem.release_page(3, 0, 0);
-            })
-        };
+        let owner = crate::mem::tests::release_later(&mem, 3, Duration::from_secs(1));
         let e = mem
             .prefault_within(0, 8, Duration::from_millis(50))
             .unwrap_err();

@@ -72,6 +72,20 @@ fn last_word(mem: &TieredMemory, page: usize) -> &AtomicU64 {
     unsafe { &*((mem.guest_ptr() as usize + page * PAGE_SIZE + PAGE_SIZE - 8) as *const AtomicU64) }
 }
 
+/// Releases `page`, which the test owns, from another thread after `after`
+/// (an owner that lets go while the code under test waits on the page).
+pub(super) fn release_later(
+    mem: &Arc<TieredMemory>,
+    page: usize,
+    after: std::time::Duration,
+) -> std::thread::JoinHandle<()> {
+    let mem = mem.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        mem.release_page(page, 0, 0);
+    })
+}
+
 fn fill(mem: &TieredMemory) {
     for p in 0..mem.guest_pages() {
         word(mem, p).store(p as u64 * 1000, Ordering::SeqCst);

@@ -1270,13 +1270,7 @@ fn settled_unparking_retries_a_busy_page_and_counts_it() {
         mem.pages.try_acquire(6, true).is_some(),
         "the test owns page 6"
     );
-    let owner = {
-        let mem = mem.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
-            mem.release_page(6, 0, 0);
-        })
-    };
+    let owner = super::tests::release_later(&mem, 6, Duration::from_millis(20));
     assert_eq!(
         mem.unpark_pages_settled(&[5, 6], Parker::Sampler).unwrap(),
         2

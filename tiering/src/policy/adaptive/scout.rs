@@ -31,6 +31,11 @@ pub const MAX_LOOK_PER_TEST: u64 = 64;
 /// See [`MAX_LOOK_PER_TEST`].
 pub const MIN_LOOK: u64 = 4096;
 
+/// A cost that can divide a budget: finite and positive.
+fn usable_cost(ns: Option<f64>) -> Option<f64> {
+    ns.filter(|c| c.is_finite() && *c > 0.0)
+}
+
 /// The scout's state.
 #[derive(Clone, Debug)]
 pub struct Scout {
@@ -53,9 +58,7 @@ impl Scout {
     pub fn new(test_ns: Option<f64>) -> Self {
         Self {
             cursor: 0,
-            test_ns: test_ns
-                .filter(|c| c.is_finite() && *c > 0.0)
-                .unwrap_or(ASSUMED_TEST_NS),
+            test_ns: usable_cost(test_ns).unwrap_or(ASSUMED_TEST_NS),
             carry: 0.0,
             tests: 0,
             hits: 0,
@@ -80,10 +83,7 @@ impl Scout {
             self.carry = 0.0;
             return;
         };
-        let test_ns = view
-            .accessed_test_cost_ns()
-            .filter(|c| c.is_finite() && *c > 0.0)
-            .unwrap_or(self.test_ns);
+        let test_ns = usable_cost(view.accessed_test_cost_ns()).unwrap_or(self.test_ns);
         let total = budget_ns.max(0.0) / test_ns + self.carry;
         let mut left = total.floor() as u64;
         self.carry = (total - left as f64).min(1.0);
