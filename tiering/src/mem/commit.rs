@@ -35,7 +35,7 @@ use crate::vocab::TierId;
 /// all): a multi-page fill that meets a transient failure on one of its
 /// pages starts over, and under CPU contention the failing condition may
 /// outlast a few 100 us retries (the injected `populate:every=2` case of
-/// `injected_syscall_failures_lose_nothing_and_never_hang` failed so on a
+/// `injected_move_and_populate_failures_lose_nothing_and_never_hang` failed so on a
 /// loaded host with 4 retries of 100 us).
 const COMMIT_RETRIES: u32 = 8;
 
@@ -43,7 +43,7 @@ const COMMIT_RETRIES: u32 = 8;
 /// [`COMMIT_RETRIES`] retries failed, sleeping between tries from 100 us
 /// doubling to 1.6 ms plus a jitter from the clock and `seed`: two threads
 /// retrying in lockstep must not keep drawing the failing turn of a shared
-/// cause (seen in CI: `injected_syscall_failures_lose_nothing_and_never_hang`).
+/// cause (seen in CI in the injected populate failure tests).
 fn retry_transient(
     seed: u64,
     mut attempt: impl FnMut() -> std::io::Result<()>,
