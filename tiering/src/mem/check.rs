@@ -82,6 +82,15 @@ pub enum ConsistencyError {
         /// Recounted shadows.
         map_shadows: u64,
     },
+    /// A pool slot the bookkeeping calls a hole holds a page (memory nobody
+    /// accounts, and a move into it would fail).
+    #[error("{tier}: pool slot {slot} is called a hole but holds a page")]
+    PoolHole {
+        /// Tier name.
+        tier: String,
+        /// The slot's index in the tier's pool area.
+        slot: usize,
+    },
     /// Capacity or pool slots are still reserved.
     #[error("{tier}: {what} still reserved ({n})")]
     Reserved {
@@ -150,13 +159,41 @@ impl TieredMemory {
     /// once: (1) every populated guest page is present in guest RAM, every
     /// shadow in its shadow slot, and nothing else is, and nothing is parked
     /// or owned; (2) the live per-tier counts equal a recount of the page map;
-    /// (3) no capacity and no pool slot is reserved. Returns the first
-    /// violation. (Guest pages + shadows may exceed a tier's capacity: a
+    /// (3) no capacity and no pool slot is reserved; (4) no pool slot called
+    /// a hole holds a page (a cached slot may be empty: that costs a fresh
+    /// page later, not a failed move). Returns the first violation. (Guest pages + shadows may exceed a tier's capacity: a
     /// shrink lowers the capacity first and converges after.)
     pub fn check_consistency(&self) -> Result<(), ConsistencyError> {
         let present = self.present_slots()?;
         let (guest, shadows) = self.recount_against(&present)?;
-        self.check_accounts(&guest, &shadows)
+        self.check_accounts(&guest, &shadows)?;
+        self.check_pool_holes()
+    }
+
+    /// Step 4: every slot a pool calls a hole is empty.
+    fn check_pool_holes(&self) -> Result<(), ConsistencyError> {
+        for (i, t) in self.tiers.iter().enumerate() {
+            let (base, slots) = (self.layout.pools[i], self.layout.pool_slots[i]);
+            let mut bits = vec![0u64; slots.div_ceil(64)];
+            self.scanner
+                .scan(base, base + slots * PAGE_SIZE, |s, e, _| {
+                    for p in (s - base) / PAGE_SIZE..(e - base) / PAGE_SIZE {
+                        bits[p / 64] |= 1 << (p % 64);
+                    }
+                })
+                .map_err(ConsistencyError::Scan)?;
+            let stray = self
+                .pool(i as TierId)
+                .holes()
+                .find(|s| bit(&bits, s.index()));
+            if let Some(slot) = stray {
+                return Err(ConsistencyError::PoolHole {
+                    tier: t.spec.name.clone(),
+                    slot: slot.index(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Step 0: the kernel's view of the guest, shadow and parking areas.

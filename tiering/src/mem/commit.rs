@@ -480,7 +480,7 @@ impl TieredMemory {
                 let back: Vec<_> = (0..count)
                     .map(|i| (staging.addr(self, tier, i), self.guest_addr(first + i)))
                     .collect();
-                let _ = self.move_pairs_present(&back);
+                self.move_pairs_present(&back);
                 self.release_staging_checked(tier, &staging);
                 Err(e)
             }

@@ -350,6 +350,19 @@ impl Pool {
         }
     }
 
+    /// The slots the bookkeeping calls holes (both halves, a hole chunk as
+    /// its 512 slots), in no particular order.
+    pub fn holes(&self) -> impl Iterator<Item = Slot> + '_ {
+        let small = (0..self.half_slots())
+            .filter(|&i| self.small_holes.get(i))
+            .map(|i| self.small_slot(i));
+        let chunks = self.huge_holes.iter().flatten().flat_map(|&c| {
+            let first = c * CHUNK_SLOTS as u32;
+            (first..first + CHUNK_SLOTS as u32).map(Slot)
+        });
+        small.chain(chunks)
+    }
+
     /// Slots not reserved right now (holes + cached, both halves).
     pub fn unreserved_slots(&self) -> usize {
         self.small_holes.count + self.small_cached.count + self.huge_chunks() * CHUNK_SLOTS
@@ -425,5 +438,32 @@ mod tests {
         assert_eq!(huge.len(), 1);
         assert_eq!(small.len(), 6);
         assert_eq!(p.cached_pages(), 4);
+    }
+
+    #[test]
+    fn holes_are_the_unreserved_empty_slots_of_both_halves() {
+        let mut p = Pool::new(2 * CHUNK_SLOTS);
+        let count = |p: &Pool| p.holes().count();
+        assert_eq!(count(&p), p.slots(), "a new pool is all holes");
+        let (c, _) = p.reserve_chunk(Holds::Hole).unwrap();
+        let pages: Vec<Slot> = p
+            .reserve_pages(3, Holds::Hole)
+            .unwrap()
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
+        assert_eq!(count(&p), p.slots() - CHUNK_SLOTS - 3);
+        assert!(p.holes().all(|h| h != c && !pages.contains(&h)));
+        p.release_pages(&pages[..1], Holds::Cached);
+        p.release_pages(&pages[1..], Holds::Hole);
+        p.release_chunk(c, Holds::Cached, true);
+        assert_eq!(count(&p), p.slots() - CHUNK_SLOTS - 1);
+        assert!(p
+            .holes()
+            .all(|h| h != pages[0] && h.index() / CHUNK_SLOTS != c.index() / CHUNK_SLOTS));
+        let mut seen: Vec<Slot> = p.holes().collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), count(&p), "each hole once");
     }
 }

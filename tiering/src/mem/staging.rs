@@ -61,22 +61,7 @@ impl TieredMemory {
     pub(crate) fn release_staging_checked(&self, tier: TierId, staging: &Staging) {
         let slots: Vec<Slot> = match staging {
             Staging::Chunk(first, _) => {
-                let a = self.slot_addr(tier, *first);
-                let res = sys::resident(a, CHUNK_SLOTS).unwrap_or_else(|_| vec![true; CHUNK_SLOTS]);
-                if res.iter().all(|&r| !r) {
-                    // Empty again; a huge page may have gone through, a 4 KiB
-                    // one may have left a page table: assume the latter.
-                    self.pool(tier).release_chunk(*first, Holds::Hole, false);
-                    return;
-                }
-                // Mixed: the chunk becomes small, each slot as it is.
-                self.pool(tier).release_chunk(*first, Holds::Hole, false);
-                let mut pool = self.pool(tier);
-                for (i, r) in res.iter().enumerate() {
-                    if *r {
-                        pool.found_occupied(Slot(first.0 + i as u32));
-                    }
-                }
+                self.release_chunk_checked(tier, *first);
                 return;
             }
             Staging::Pages(v) => v.iter().map(|x| x.0).collect(),
@@ -101,18 +86,36 @@ impl TieredMemory {
         pool.release_pages(&holes, Holds::Hole);
     }
 
+    /// Gives a huge chunk back after a failure. A chunk is used whole, so
+    /// only an empty or a full one can be given back as it is (a hole, or a
+    /// cached page); 4 KiB pages may have gone through it either way, so it
+    /// is tainted. A chunk holding some pages is emptied first: its slots
+    /// cannot be marked one by one, and a hole holding pages would fail
+    /// every move into it (the callers have moved back what they needed).
+    fn release_chunk_checked(&self, tier: TierId, first: Slot) {
+        let a = self.slot_addr(tier, first);
+        let holds = match sys::resident(a, CHUNK_SLOTS) {
+            Ok(r) if r.iter().all(|&x| !x) => Holds::Hole,
+            Ok(r) if r.iter().all(|&x| x) => Holds::Cached,
+            _ => {
+                if let Err(e) = self.discard_retrying(a, HUGE_PAGE_SIZE) {
+                    // A later move into it fails and comes back here.
+                    tracing::error!("emptying a pool chunk after a failed move: {e}");
+                }
+                Holds::Hole
+            }
+        };
+        self.pool(tier).release_chunk(first, holds, false);
+    }
+
     /// Best effort: moves each (dst, src) pair whose source page is present
-    /// (a rollback step). Returns how many moved.
-    pub(crate) fn move_pairs_present(&self, pairs: &[(usize, usize)]) -> usize {
-        let mut moved = 0;
+    /// (a rollback step; the callers check each page's outcome after).
+    pub(crate) fn move_pairs_present(&self, pairs: &[(usize, usize)]) {
         for &(dst, src) in pairs {
-            if sys::resident(src, 1).map(|r| r[0]).unwrap_or(false)
-                && self.move_retrying(dst, src, PAGE_SIZE).is_ok()
-            {
-                moved += 1;
+            if sys::resident(src, 1).map(|r| r[0]).unwrap_or(false) {
+                let _ = self.move_retrying(dst, src, PAGE_SIZE);
             }
         }
-        moved
     }
 
     /// Disposes of pages of `tier` that nobody needs (freed shadows, the old

@@ -1347,3 +1347,97 @@ fn a_parked_page_with_no_copy_left_is_unparked_and_stops_the_vm() {
     );
     faults.stop().unwrap();
 }
+
+// ---- cargo-mutants of staging.rs: a huge chunk given back after a failure ----
+
+/// A huge pool chunk given back after a failed move goes back as the kernel
+/// says it is: empty, a hole; full (one huge page or 512 small ones), a
+/// cached chunk; holding some pages, emptied and then a hole. Before, a
+/// chunk holding pages went back as a hole with its pages still in it (each
+/// slot was "marked occupied", which only the small half knows): every
+/// later move into it failed, and its pages were memory nobody accounted
+/// (cargo-mutants: the marks' slot arithmetic mutated was missed, because
+/// the marks did nothing). The consistency checker reports such a hole.
+#[test]
+fn a_chunk_given_back_after_a_failure_is_a_hole_only_when_empty() {
+    use super::pool::{Slot, CHUNK_SLOTS};
+    let pages = 4096;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    let tier = 1;
+    let reserve = || match mem.reserve_staging(tier, CHUNK_SLOTS, Holds::Hole) {
+        Some(Staging::Chunk(first, Holds::Hole)) => first,
+        other => panic!("expected an empty huge chunk, got {other:?}"),
+    };
+    let slot = |c: Slot, i: usize| mem.slot_addr(tier, Slot(c.0 + i as u32));
+    let resident = |c: Slot| crate::sys::resident(slot(c, 0), CHUNK_SLOTS).unwrap();
+    let fill = |c: Slot| {
+        for i in 0..CHUNK_SLOTS {
+            // SAFETY: a slot of a chunk reserved by this test, in our mapping (a hole is
+            // allocated by the write); nothing else uses it.
+            unsafe { (slot(c, i) as *mut u64).write_volatile(1) };
+        }
+    };
+    let give_back = |c: Slot| mem.release_staging_checked(tier, &Staging::Chunk(c, Holds::Hole));
+
+    // Empty: a hole.
+    let c = reserve();
+    give_back(c);
+    assert!(!mem.pool(tier).is_cached(c), "an empty chunk is a hole");
+    mem.check_consistency().unwrap();
+
+    // Full: cached, its pages kept.
+    let c = reserve();
+    fill(c);
+    give_back(c);
+    assert!(mem.pool(tier).is_cached(c), "a full chunk is a cached one");
+    assert!(resident(c).iter().all(|&r| r));
+    mem.check_consistency().unwrap();
+
+    // Some pages (a 4 KiB discard splits a huge page): emptied, a hole.
+    let c = reserve();
+    fill(c);
+    mem.discard(slot(c, 1), 300 * PAGE_SIZE).unwrap();
+    assert_eq!(
+        resident(c).iter().filter(|&&r| r).count(),
+        CHUNK_SLOTS - 300
+    );
+    give_back(c);
+    assert!(!mem.pool(tier).is_cached(c), "a mixed chunk is a hole");
+    assert!(
+        resident(c).iter().all(|&r| !r),
+        "a chunk given back as a hole was not emptied"
+    );
+    mem.check_consistency().unwrap();
+
+    // The checker: a page in a hole chunk, then in a small hole.
+    let c = reserve();
+    mem.pool(tier).release_chunk(c, Holds::Hole, false);
+    // SAFETY: a slot of an unreserved hole chunk of our mapping; this test is
+    // the only user of the memory.
+    unsafe { (slot(c, 7) as *mut u64).write_volatile(1) };
+    match mem.check_consistency() {
+        // (The write may have faulted in a whole huge page.)
+        Err(ConsistencyError::PoolHole { slot: s, .. }) => {
+            assert!((c.index()..c.index() + CHUNK_SLOTS).contains(&s), "{s}")
+        }
+        other => panic!("a page in a hole chunk: expected PoolHole, got {other:?}"),
+    }
+    mem.discard(slot(c, 0), CHUNK_SLOTS * PAGE_SIZE).unwrap();
+    mem.check_consistency().unwrap();
+    let Some(Staging::Pages(v)) = mem.reserve_staging(tier, 1, Holds::Hole) else {
+        panic!("a small hole");
+    };
+    let s = v[0].0;
+    mem.pool(tier).release_pages(&[s], Holds::Hole);
+    let a = mem.slot_addr(tier, s);
+    // SAFETY: an unreserved small hole of our mapping; this test is the only user.
+    unsafe { (a as *mut u64).write_volatile(1) };
+    match mem.check_consistency() {
+        Err(ConsistencyError::PoolHole { slot: got, .. }) => assert_eq!(got, s.index()),
+        other => panic!("a page in a small hole: expected PoolHole, got {other:?}"),
+    }
+    mem.discard(a, PAGE_SIZE).unwrap();
+    mem.check_consistency().unwrap();
+}
