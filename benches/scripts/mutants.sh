@@ -171,6 +171,13 @@ if [ "$ci" = 1 ]; then
   exit 0
 fi
 
+# The per-file runs build without debug info: each mutant's build is its
+# main cost, and a build of the memory layer's tests takes about a quarter
+# less time so (5.0-6.1 s against 7.7-8.5 s for one changed line, measured
+# side by side). Not for --ci above: it shares CI's warm target directory,
+# which a profile change would rebuild.
+export CARGO_PROFILE_DEV_DEBUG=0
+
 status=0
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "no such file: $f" >&2; exit 1; }
