@@ -1441,3 +1441,65 @@ fn a_chunk_given_back_after_a_failure_is_a_hole_only_when_empty() {
     mem.discard(a, PAGE_SIZE).unwrap();
     mem.check_consistency().unwrap();
 }
+
+// ---- cargo-mutants of watch.rs: what the stall watchdog does for a page ----
+
+/// `unstick` for each state a waited-on page can be in, against a real
+/// memory and fault handler: a page past the guest is left alone; a page a
+/// mover owns stays owned (taking it would race the mover); a parked page
+/// is mapped back; a committed page whose guest copy went missing is
+/// recovered from its copy; an untouched page is released, untouched; a
+/// present page is only woken. The page's word survives each, no page
+/// stays owned, and only the cases that acted count as unsticks.
+#[test]
+fn unstick_acts_on_each_state_of_a_waited_on_page() {
+    let Some((mem, faults)) = handled() else {
+        return;
+    };
+    for p in 0..32 {
+        word(&mem, p).store(p as u64 * 1000 + 1, Ordering::SeqCst);
+    }
+    let unsticks = || mem.stats().backing.watchdog_unsticks;
+    let flags = |p: usize| mem.pages.load(p) & (page_map::BUSY | page_map::PARKED);
+    let present = |p: usize| crate::sys::resident(mem.guest_addr(p), 1).unwrap()[0];
+
+    assert_eq!(mem.unstick(mem.guest_pages()), Unstick::Woken);
+    assert_eq!(unsticks(), 0, "a page past the guest counts nothing");
+
+    assert!(mem.pages.try_acquire(3, false).is_some());
+    assert_eq!(mem.unstick(3), Unstick::OwnedByMover);
+    assert_ne!(flags(3), 0, "a mover's page was taken from it");
+    mem.release_page(3, 0, 0);
+    assert_eq!(unsticks(), 0);
+
+    assert_eq!(mem.park_pages(&[4], Parker::Sampler).unwrap(), vec![4]);
+    assert!(!present(4));
+    assert_eq!(mem.unstick(4), Unstick::Unparked);
+    assert!(present(4), "the parked page was not mapped back");
+    assert_eq!(flags(4), 0);
+    assert_eq!(word(&mem, 4).load(Ordering::SeqCst), 4001);
+    assert_eq!(unsticks(), 1);
+
+    mem.move_range(mem.park_addr(5), mem.guest_addr(5), PAGE_SIZE, false)
+        .expect("move the guest copy away quietly");
+    assert_eq!(mem.unstick(5), Unstick::Recovered);
+    assert!(present(5), "the missing page was not recovered");
+    assert_eq!(flags(5), 0);
+    assert_eq!(word(&mem, 5).load(Ordering::SeqCst), 5001);
+
+    let untouched = 40;
+    assert_eq!(mem.unstick(untouched), Unstick::NoRoom);
+    assert_eq!(
+        mem.pages.load(untouched) & (page_map::BUSY | page_map::POPULATED),
+        0
+    );
+
+    let before = unsticks();
+    assert_eq!(mem.unstick(6), Unstick::Woken);
+    assert_eq!(flags(6), 0);
+    assert_eq!(unsticks(), before + 1, "a present page's wake counts");
+
+    faults.stop().unwrap();
+    assert_eq!(mem.fatal_error(), None);
+    mem.check_consistency().unwrap();
+}

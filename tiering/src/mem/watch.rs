@@ -222,6 +222,16 @@ pub enum Unstick {
     NoRoom,
 }
 
+/// See [`TieredMemory::page_waited_by`].
+fn waited_page(view: &StallView) -> Option<usize> {
+    match (view.oldest, view.last_of_thread) {
+        (Some(o), Some(l)) if o.thread_id == l.thread_id => Some(o.page),
+        (_, Some(l)) => Some(l.page),
+        (Some(o), None) => Some(o.page),
+        (None, None) => None,
+    }
+}
+
 /// Names the flags of a page-map word.
 pub(crate) fn describe_word(w: u64) -> String {
     let mut out = Vec::new();
@@ -261,12 +271,7 @@ impl TieredMemory {
     /// The page thread `tid` most likely waits on: its fault the handler
     /// still holds, else the last fault the handler read from it.
     pub fn page_waited_by(&self, view: &StallView) -> Option<usize> {
-        match (view.oldest, view.last_of_thread) {
-            (Some(o), Some(l)) if o.thread_id == l.thread_id => Some(o.page),
-            (_, Some(l)) => Some(l.page),
-            (Some(o), None) => Some(o.page),
-            (None, None) => None,
-        }
+        waited_page(view)
     }
 
     /// Wakes every thread waiting on any guest page: each one retries its
@@ -327,5 +332,147 @@ impl TieredMemory {
             .watchdog_unsticks
             .fetch_add(1, Ordering::Relaxed);
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(page: usize, thread_id: u32) -> WaitingFault {
+        WaitingFault {
+            page,
+            thread_id,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// The page a blocked thread waits on: its own fault the handler holds,
+    /// else its last fault read, else the handler's oldest (a thread the
+    /// handler never heard of may still wait behind it), else none.
+    #[test]
+    fn the_page_waited_on_is_the_blocked_threads_own_fault_first() {
+        let page = |oldest: Option<WaitingFault>, last_of_thread: Option<WaitingFault>| {
+            let v = StallView {
+                waiting_faults: usize::from(oldest.is_some()),
+                oldest,
+                last_of_thread,
+                page_state: None,
+                activities: Vec::new(),
+            };
+            waited_page(&v)
+        };
+        assert_eq!(page(Some(fault(1, 7)), Some(fault(2, 7))), Some(1));
+        assert_eq!(page(Some(fault(1, 8)), Some(fault(2, 7))), Some(2));
+        assert_eq!(page(None, Some(fault(2, 7))), Some(2));
+        assert_eq!(page(Some(fault(1, 8)), None), Some(1));
+        assert_eq!(page(None, None), None);
+    }
+
+    #[test]
+    fn a_word_is_described_by_each_of_its_flags_in_order() {
+        assert_eq!(describe_word(0), "untouched");
+        assert_eq!(describe_word(POPULATED), "POPULATED");
+        assert_eq!(describe_word(BUSY), "BUSY (a mover owns it)");
+        assert_eq!(describe_word(PARKED), "PARKED");
+        assert_eq!(describe_word(PROBE), "PROBE");
+        assert_eq!(describe_word(SHADOW), "SHADOW");
+        assert_eq!(describe_word(WAITER), "WAITER");
+        assert_eq!(
+            describe_word(POPULATED | PARKED | WAITER),
+            "POPULATED PARKED WAITER"
+        );
+    }
+
+    /// The handler's published view is what a reader gets; each thread's
+    /// last fault is remembered, and the memory of threads is bounded: a
+    /// new thread past the bound starts it over, a known one does not.
+    #[test]
+    fn the_backlog_keeps_the_published_view_and_a_bounded_last_fault_per_thread() {
+        let b = FaultBacklog::default();
+        assert_eq!(b.read(), (0, None));
+        b.publish(3, Some((7, 42, Instant::now())));
+        let (waiting, oldest) = b.read();
+        assert_eq!(waiting, 3);
+        let o = oldest.expect("the oldest fault");
+        assert_eq!((o.page, o.thread_id), (7, 42));
+        assert_eq!(b.turns(), 1);
+        b.publish(0, None);
+        assert_eq!(b.read(), (0, None));
+        assert_eq!(b.turns(), 2);
+
+        b.note_fault(5, 9);
+        b.note_fault(5, 10);
+        assert_eq!(b.last_of(5).map(|w| (w.page, w.thread_id)), Some((10, 5)));
+        assert!(b.last_of(6).is_none());
+        let b = FaultBacklog::default();
+        let full = REMEMBERED_THREADS as u32;
+        for t in 0..full {
+            b.note_fault(1000 + t, t as usize);
+        }
+        // Full: a known thread is updated in place.
+        b.note_fault(1000, 77);
+        assert_eq!(b.last_of(1000).map(|w| w.page), Some(77));
+        assert!(
+            b.last_of(1001).is_some(),
+            "a known thread cleared the others"
+        );
+        // A new one starts over.
+        b.note_fault(1000 + full, 1);
+        assert!(
+            b.last_of(1001).is_none(),
+            "the memory of threads is unbounded"
+        );
+        assert_eq!(b.last_of(1000 + full).map(|w| w.page), Some(1));
+    }
+
+    /// One activity per thread: a second `begin` replaces the first; a
+    /// guard's drop ends only its own thread's.
+    #[test]
+    fn each_thread_has_one_activity_until_its_guard_drops() {
+        let acts = Activities::default();
+        let names = |a: &Activities| {
+            let mut v: Vec<(String, String)> = a
+                .snapshot()
+                .into_iter()
+                .map(|x| (x.thread, x.what))
+                .collect();
+            v.sort();
+            v
+        };
+        let pair = |t: &str, w: &str| (t.to_string(), w.to_string());
+        let acts = &acts;
+        std::thread::scope(|s| {
+            let (go, wait) = std::sync::mpsc::channel::<()>();
+            let (held, started) = std::sync::mpsc::channel::<()>();
+            let other = std::thread::Builder::new()
+                .name("mover-b".into())
+                .spawn_scoped(s, move || {
+                    let _g = acts.begin("demoting".into());
+                    held.send(()).unwrap();
+                    wait.recv().unwrap();
+                })
+                .unwrap();
+            started.recv().unwrap();
+            std::thread::Builder::new()
+                .name("mover-a".into())
+                .spawn_scoped(s, || {
+                    let g1 = acts.begin("promoting".into());
+                    let g2 = acts.begin("parking".into());
+                    assert_eq!(
+                        names(acts),
+                        [pair("mover-a", "parking"), pair("mover-b", "demoting")]
+                    );
+                    drop(g2);
+                    drop(g1);
+                    assert_eq!(names(acts), [pair("mover-b", "demoting")]);
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+            go.send(()).unwrap();
+            other.join().unwrap();
+        });
+        assert!(names(acts).is_empty());
     }
 }
