@@ -2496,3 +2496,84 @@ fn a_first_touch_overtaken_by_another_commit_keeps_that_commit() {
     assert!(mem.fatal_error().is_none());
     mem.check_consistency().unwrap();
 }
+
+/// Resident memory as the kernel sees it, attributed per tier: with the
+/// pools' caches given back, each tier's resident bytes are exactly its
+/// guest pages (parked ones included) and its shadows; guest RAM holds the
+/// committed pages less the parked ones; the total is the tiers' sum; the
+/// huge-page bytes are the guest's and never exceed a tier's resident
+/// bytes. Checked after first touches (2 MiB commits), promotions with
+/// shadows (TPM), a demotion without (stop-and-copy, 4 KiB and 2 MiB
+/// units) and a park. cargo-mutants of residency.rs.
+#[test]
+fn residency_attributes_every_resident_page_to_its_tier() {
+    let Some((mem, _log, m, faults)) = setup(2048, 1024, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    // `shadow_runs`: 2 MiB runs whose shadow is one huge page.
+    let expect = |what: &str, parked: &[usize], shadow_runs: u64| {
+        mem.trim_pool_caches(0);
+        let r = mem.residency().unwrap();
+        let st = mem.stats();
+        for (i, t) in st.tiers.iter().enumerate() {
+            // A parked page is still its tier's guest page.
+            let pages = (t.guest_pages + t.shadow_pages) as usize;
+            assert_eq!(
+                r.tiers[i].resident_bytes,
+                (pages * PAGE_SIZE) as u64,
+                "{what}: tier {i}: {r:?} {t:?}"
+            );
+            assert!(
+                r.tiers[i].huge_bytes <= r.tiers[i].resident_bytes,
+                "{what}: {r:?}"
+            );
+        }
+        let guest = (mem.populated_pages() - parked.len()) * PAGE_SIZE;
+        assert_eq!(r.guest_bytes, guest as u64, "{what}: {r:?}");
+        let sum: u64 = r.tiers.iter().map(|t| t.resident_bytes).sum();
+        assert_eq!(r.total_bytes, sum, "{what}: {r:?}");
+        let huge: u64 = r.tiers.iter().map(|t| t.huge_bytes).sum();
+        assert_eq!(
+            huge,
+            r.guest_huge_bytes + shadow_runs * crate::sys::HUGE_PAGE_SIZE as u64,
+            "{what}: huge pages are the guest's and the shadows' of whole runs: {r:?}"
+        );
+        r
+    };
+    let r = expect("first touches", &[], 0);
+    assert!(
+        r.guest_huge_bytes > 0,
+        "2 MiB first touches left no huge page: {r:?}"
+    );
+    assert_eq!(r.tiers[0].resident_bytes, 0, "slow first: {r:?}");
+
+    // Promoted with shadows: each page on the fast tier, its shadow on the slow.
+    let o = m
+        .promote(&[run_unit(0, 512), page_unit(600)], Mechanism::TPM)
+        .unwrap();
+    assert_eq!(o.migrated, 513, "{o:?}");
+    assert!(mem.shadow_pages() > 0);
+    let r = expect("TPM promotions", &[], 1);
+    assert!(
+        r.tiers[0].huge_bytes > 0,
+        "a 2 MiB promotion is huge on tier 0: {r:?}"
+    );
+    // Demoted by a copy: the shadows go, the pages come back.
+    let o = m.demote(&[page_unit(600)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(o.migrated, 1, "{o:?}");
+    expect("a stop-and-copy demotion", &[], 1);
+    // Parked: out of guest RAM, still its tier's.
+    assert_eq!(
+        mem.park_pages(&[1500, 5], super::backing::Parker::Sampler)
+            .unwrap(),
+        vec![1500, 5]
+    );
+    expect("two parked pages", &[1500, 5], 1);
+    let mut busy = Vec::new();
+    let n = mem
+        .unpark_pages(&[1500, 5], super::backing::Parker::Sampler, &mut busy)
+        .unwrap();
+    assert_eq!((n, busy.len()), (2, 0));
+    expect("unparked", &[], 1);
+    faults.stop().unwrap();
+}
