@@ -1503,3 +1503,125 @@ fn unstick_acts_on_each_state_of_a_waited_on_page() {
     assert_eq!(mem.fatal_error(), None);
     mem.check_consistency().unwrap();
 }
+
+// ---- cargo-mutants of check.rs: the checker's other violations ----
+
+/// The checker against planted bookkeeping faults other than a stray page:
+/// an owned page and a parked page's word, a page (and a shadow) on a tier
+/// that does not exist, a tier's count off by one, capacity and a pool
+/// slot left reserved. Each is reported as what it is; undone, the check
+/// passes again. The node check counts every present guest page and names
+/// a present page that was never committed.
+#[test]
+fn the_consistency_checker_reports_each_kind_of_violation() {
+    let pages = 128;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    mem.prefault(0, pages - 1).unwrap();
+    mem.check_consistency().unwrap();
+    assert_eq!(
+        mem.check_nodes().unwrap(),
+        pages - 1,
+        "every present page checked"
+    );
+
+    // Owned, then parked (the word only).
+    assert!(mem.pages.try_acquire(9, false).is_some());
+    match mem.check_consistency() {
+        Err(ConsistencyError::BusyOrParked { page: 9, word }) => {
+            assert_ne!(word & page_map::BUSY, 0)
+        }
+        other => panic!("an owned page: got {other:?}"),
+    }
+    mem.pages.release(9, page_map::PARKED, 0);
+    assert!(matches!(
+        mem.check_consistency(),
+        Err(ConsistencyError::BusyOrParked { page: 9, .. })
+    ));
+    mem.pages.try_acquire(9, true).unwrap();
+    mem.pages.release(9, 0, page_map::PARKED);
+    mem.check_consistency().unwrap();
+
+    // A tier that does not exist, for the page and for its shadow.
+    let tiers = mem.tier_count();
+    let t = mem.tier_of(10).unwrap();
+    for (set, clear) in [
+        (page_map::on_tier(5), page_map::PLACEMENT_BITS),
+        (page_map::shadow_on(6), page_map::SHADOW_BITS),
+    ] {
+        mem.pages.try_acquire(10, false).unwrap();
+        mem.pages.release(10, set, clear);
+        match mem.check_consistency() {
+            Err(ConsistencyError::NoSuchTier {
+                page: 10,
+                tier,
+                tiers: n,
+            }) => {
+                assert!(tier == 5 || tier == 6);
+                assert_eq!(n, tiers);
+            }
+            other => panic!("a page on tier 5 or a shadow on tier 6: got {other:?}"),
+        }
+        mem.pages.try_acquire(10, false).unwrap();
+        mem.pages.release(
+            10,
+            page_map::on_tier(t),
+            page_map::PLACEMENT_BITS | page_map::SHADOW_BITS,
+        );
+        mem.check_consistency().unwrap();
+    }
+
+    // A count off by one, each way, each tier.
+    for i in 0..tiers {
+        for delta in [1i64, -1] {
+            if delta < 0 && mem.tiers[i].guest() == 0 {
+                continue; // the counts saturate at 0
+            }
+            mem.tiers[i].add_guest(delta);
+            match mem.check_consistency() {
+                Err(ConsistencyError::Counts {
+                    guest, map_guest, ..
+                }) => {
+                    assert_eq!(guest as i64 - map_guest as i64, delta)
+                }
+                other => panic!("tier {i} guest count {delta:+}: got {other:?}"),
+            }
+            mem.tiers[i].add_guest(-delta);
+            mem.tiers[i].add_shadows(1);
+            assert!(matches!(
+                mem.check_consistency(),
+                Err(ConsistencyError::Counts { shadows: s, map_shadows: 0, .. }) if s == 1
+            ));
+            mem.tiers[i].add_shadows(-1);
+            mem.check_consistency().unwrap();
+        }
+    }
+
+    // Capacity, then a pool slot, left reserved.
+    assert!(mem.tiers[1].try_reserve(3));
+    match mem.check_consistency() {
+        Err(ConsistencyError::Reserved { what, n, .. }) => {
+            assert_eq!((what, n), ("capacity pages", 3))
+        }
+        other => panic!("capacity reserved: got {other:?}"),
+    }
+    mem.tiers[1].unreserve(3);
+    let st = mem.reserve_staging(1, 2, Holds::Hole).expect("pool slots");
+    match mem.check_consistency() {
+        Err(ConsistencyError::Reserved { what, n, .. }) => assert_eq!((what, n), ("pool slots", 2)),
+        other => panic!("pool slots reserved: got {other:?}"),
+    }
+    mem.release_staging(1, &st, Holds::Hole, false);
+    mem.check_consistency().unwrap();
+
+    // The node check: a present page never committed.
+    let last = pages - 1;
+    plant_page(&mem, mem.guest_addr(last));
+    match mem.check_nodes() {
+        Err(NodeCheckError::NeverCommitted { page, .. }) => assert_eq!(page, last),
+        other => panic!("a page never committed: got {other:?}"),
+    }
+    mem.discard(mem.guest_addr(last), PAGE_SIZE).unwrap();
+    assert_eq!(mem.check_nodes().unwrap(), pages - 1);
+}
