@@ -1625,3 +1625,125 @@ fn the_consistency_checker_reports_each_kind_of_violation() {
     mem.discard(mem.guest_addr(last), PAGE_SIZE).unwrap();
     assert_eq!(mem.check_nodes().unwrap(), pages - 1);
 }
+
+// ---- cargo-mutants of staging.rs: the rollback of a failed commit ----
+
+/// A first touch committed from scattered pool pages (no huge chunk free,
+/// the small half fragmented) whose move into guest RAM fails after its
+/// first page: the pages that reached guest RAM are moved back to the pool
+/// (`move_pairs_present`), so the retry finds guest RAM empty and the
+/// commit goes through. Without the rollback every retry fails on the page
+/// left behind and the VM stops (cargo-mutants: `move_pairs_present`
+/// emptied was missed).
+#[test]
+fn a_commit_whose_move_fails_midway_is_rolled_back_and_retried() {
+    use super::pool::{Slot, CHUNK_SLOTS};
+    let pages = 2048;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    // Every huge chunk held; every other small slot held.
+    let mut held_chunks: Vec<(TierId, Slot)> = Vec::new();
+    let mut held_pages: Vec<(TierId, Vec<Slot>)> = Vec::new();
+    for t in 0..mem.tier_count() as TierId {
+        let mut pool = mem.pool(t);
+        while let Some((c, _)) = pool.reserve_chunk(Holds::Hole) {
+            held_chunks.push((t, c));
+        }
+        let n = pool.half_slots();
+        let all: Vec<Slot> = pool
+            .reserve_pages(n, Holds::Hole)
+            .expect("the small half")
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
+        let (free, held): (Vec<Slot>, Vec<Slot>) = all.iter().partition(|s| s.0 % 2 == 0);
+        pool.release_pages(&free, Holds::Hole);
+        held_pages.push((t, held));
+    }
+    mem.injector()
+        .set(&[FaultPlan::parse("move:every=2:max=1").unwrap()]);
+    mem.prefault(0, 1).unwrap();
+    assert_eq!(
+        mem.injector().fired(FaultPoint::Move),
+        1,
+        "the failure fired"
+    );
+    mem.injector().set(&[]);
+    assert_eq!(mem.fatal_error(), None, "the retried commit failed");
+    for p in 0..CHUNK_SLOTS {
+        assert!(mem.tier_of(p).is_some(), "page {p} not committed");
+        assert_eq!(word(&mem, p).load(Ordering::SeqCst), 0, "page {p} not zero");
+    }
+    for (t, c) in held_chunks {
+        mem.pool(t).release_chunk(c, Holds::Hole, true);
+    }
+    for (t, v) in held_pages {
+        mem.pool(t).release_pages(&v, Holds::Hole);
+    }
+    mem.check_consistency().unwrap();
+}
+
+// ---- cargo-mutants of staging.rs: disposing of a whole 2 MiB run ----
+
+/// A freed 2 MiB run goes into the pool's cache as one huge chunk while
+/// the cache has room for it (its bound: `pool_cache_pages`), and back to
+/// the kernel once it has not; a failed move into the chunk (nothing
+/// moved) discards the run, gives the chunk back empty and counts no
+/// rollback error. Each way the run's old place ends up empty.
+#[test]
+fn a_disposed_2mib_run_is_cached_while_the_pool_has_room_else_discarded() {
+    use super::pool::CHUNK_SLOTS;
+    let pages = 2048;
+    let mut cfg = MemConfig::new(pages * PAGE_SIZE, pages);
+    cfg.pool_cache_pages = 1100; // room for two chunks, not three
+    let Some(mem) = bare(&cfg) else {
+        return;
+    };
+    let tier = 0;
+    // A 2 MiB run present at the parking slots of pages 0..512.
+    let run = mem.park_addr(0);
+    let plant = || {
+        let Some(Staging::Chunk(c, _)) = mem.reserve_staging(tier, CHUNK_SLOTS, Holds::Hole) else {
+            panic!("a huge chunk");
+        };
+        let a = mem.slot_addr(tier, c);
+        for i in 0..CHUNK_SLOTS {
+            // SAFETY: a reserved chunk of our pool (a hole is allocated by the write).
+            unsafe { ((a + i * PAGE_SIZE) as *mut u64).write_volatile(7) };
+        }
+        mem.move_range(run, a, crate::sys::HUGE_PAGE_SIZE, false)
+            .unwrap();
+        mem.pool(tier).release_chunk(c, Holds::Hole, true);
+    };
+    let gone = || {
+        crate::sys::resident(run, CHUNK_SLOTS)
+            .unwrap()
+            .iter()
+            .all(|&r| !r)
+    };
+    let cached = || mem.pool(tier).cached_pages();
+    for want in [CHUNK_SLOTS, 2 * CHUNK_SLOTS, 2 * CHUNK_SLOTS] {
+        plant();
+        mem.dispose_huge(tier, run);
+        assert!(gone(), "the run is still at its old place");
+        assert_eq!(cached(), want, "cached pages after a disposal");
+    }
+    mem.trim_pool_caches(0);
+    assert_eq!(cached(), 0);
+    // A failed move into the chunk: discarded, nothing cached, no rollback error.
+    plant();
+    mem.injector()
+        .set(&[FaultPlan::parse("move:every=1:max=1").unwrap()]);
+    mem.dispose_huge(tier, run);
+    assert_eq!(mem.injector().fired(FaultPoint::Move), 1);
+    mem.injector().set(&[]);
+    assert!(gone(), "a run whose move failed was not discarded");
+    assert_eq!(cached(), 0);
+    assert_eq!(
+        mem.stats().migration.rollback_errors,
+        0,
+        "nothing moved: no rollback"
+    );
+    mem.check_consistency().unwrap();
+}
