@@ -1746,4 +1746,48 @@ fn a_disposed_2mib_run_is_cached_while_the_pool_has_room_else_discarded() {
         "nothing moved: no rollback"
     );
     mem.check_consistency().unwrap();
+
+    // A move that fails part way (a stray page in the chunk's 6th slot, the
+    // run of 4 KiB pages): the 5 moved pages and the rest are discarded, the
+    // chunk given back empty, and the partial move counted.
+    let v = mem
+        .pool(tier)
+        .reserve_pages(CHUNK_SLOTS, Holds::Hole)
+        .expect("small slots");
+    let small = mem.slot_addr(tier, v[0].0);
+    assert!(
+        v.windows(2).all(|w| w[1].0 .0 == w[0].0 .0 + 1),
+        "one run of slots"
+    );
+    for i in 0..CHUNK_SLOTS {
+        // SAFETY: reserved small slots of our pool (holes are allocated by the write).
+        unsafe { ((small + i * PAGE_SIZE) as *mut u64).write_volatile(9) };
+    }
+    mem.move_range(run, small, crate::sys::HUGE_PAGE_SIZE, false)
+        .unwrap();
+    mem.release_staging(tier, &Staging::Pages(v), Holds::Hole, false);
+    let Some(Staging::Chunk(c, _)) = mem.reserve_staging(tier, CHUNK_SLOTS, Holds::Hole) else {
+        panic!("a huge chunk");
+    };
+    let chunk = mem.slot_addr(tier, c);
+    // SAFETY: a reserved chunk of our pool (a hole is allocated by the write).
+    unsafe { ((chunk + 5 * PAGE_SIZE) as *mut u64).write_volatile(1) };
+    mem.discard(chunk, 5 * PAGE_SIZE).unwrap();
+    mem.discard(chunk + 6 * PAGE_SIZE, (CHUNK_SLOTS - 6) * PAGE_SIZE)
+        .unwrap();
+    mem.pool(tier).release_chunk(c, Holds::Hole, true); // the next chunk handed out
+    mem.dispose_huge(tier, run);
+    assert!(gone(), "a run whose move failed part way was not discarded");
+    let chunk_empty = crate::sys::resident(chunk, CHUNK_SLOTS)
+        .unwrap()
+        .iter()
+        .all(|&r| !r);
+    assert!(chunk_empty, "the chunk was given back holding pages");
+    assert_eq!(
+        mem.stats().migration.rollback_errors,
+        1,
+        "the partial move is counted"
+    );
+    assert_eq!(cached(), 0);
+    mem.check_consistency().unwrap();
 }
