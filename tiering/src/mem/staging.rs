@@ -87,16 +87,17 @@ impl TieredMemory {
     }
 
     /// Gives a huge chunk back after a failure. A chunk is used whole, so
-    /// only an empty or a full one can be given back as it is (a hole, or a
-    /// cached page); 4 KiB pages may have gone through it either way, so it
-    /// is tainted. A chunk holding some pages is emptied first: its slots
-    /// cannot be marked one by one, and a hole holding pages would fail
-    /// every move into it (the callers have moved back what they needed).
+    /// only a full one can be given back as it is (a cached page); any
+    /// other is emptied and given back as a hole: its slots cannot be
+    /// marked one by one, and a hole holding pages would fail every move
+    /// into it (the callers have moved back what they needed). 4 KiB pages
+    /// may have gone through it either way, so it is tainted.
     fn release_chunk_checked(&self, tier: TierId, first: Slot) {
         let a = self.slot_addr(tier, first);
         let holds = match sys::resident(a, CHUNK_SLOTS) {
-            Ok(r) if r.iter().all(|&x| !x) => Holds::Hole,
             Ok(r) if r.iter().all(|&x| x) => Holds::Cached,
+            // Some pages, or none (then the discard costs a system call on a
+            // failure path, and keeps one way out).
             _ => {
                 if let Err(e) = self.discard_retrying(a, HUGE_PAGE_SIZE) {
                     // A later move into it fails and comes back here.
