@@ -261,3 +261,83 @@ fn upkeep(m: &Migrator, rep: &mut ChaosReport) {
         rep.first_error.get_or_insert(e.to_string());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(promote: u32, demote: u32, unit_pages: usize) -> ChaosConfig {
+        ChaosConfig {
+            promote_weight: promote,
+            demote_weight: demote,
+            unit_pages,
+            ..ChaosConfig::default()
+        }
+    }
+
+    /// Every drawn unit is a whole, aligned unit inside the slots given
+    /// (`base_slot..base_slot+slots`, in units), `k` of them in all.
+    #[test]
+    fn drawn_units_are_whole_aligned_units_of_the_range() {
+        for unit in [1usize, 512] {
+            let c = cfg(1, 1, unit);
+            let mut rng = Rng(7);
+            let (base, slots) = (3, 5);
+            let b = draw_batches(&c, &mut rng, base, slots, 2, 1000);
+            assert_eq!(b.iter().map(Vec::len).sum::<usize>(), 1000);
+            let mut seen = std::collections::BTreeSet::new();
+            for u in b.iter().flatten() {
+                assert_eq!(u.pages as usize, unit, "{u:?}");
+                let first = u.page as usize;
+                assert_eq!(first % unit, 0, "{u:?} not aligned");
+                let slot = first / unit;
+                assert!(
+                    (base..base + slots).contains(&slot),
+                    "{u:?} outside the range"
+                );
+                seen.insert(slot);
+            }
+            assert_eq!(seen.len(), slots, "every slot drawn in 1000 draws");
+        }
+    }
+
+    /// The promote:demote mix sends units to the fastest tier in its share
+    /// and the rest to the slower tiers, each of them; one tier takes all.
+    #[test]
+    fn the_mix_sends_units_to_the_tiers_by_its_weights() {
+        let draw = |p, d, tiers| {
+            let b = draw_batches(&cfg(p, d, 1), &mut Rng(11), 0, 1000, tiers, 4000);
+            b.iter().map(Vec::len).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1, 0, 3), vec![4000, 0, 0]);
+        let only_down = draw(0, 1, 3);
+        assert_eq!(only_down[0], 0);
+        assert!(only_down[1] > 1500 && only_down[2] > 1500, "{only_down:?}");
+        let three_to_one = draw(3, 1, 2);
+        assert!(
+            (2800..3200).contains(&three_to_one[0]),
+            "3:1 promote:demote gave {three_to_one:?}"
+        );
+        assert_eq!(draw(0, 1, 1), vec![4000], "one tier takes every unit");
+    }
+
+    /// The generator is xorshift64*: a fixed sequence per seed, never stuck.
+    #[test]
+    fn the_generator_is_xorshift64_star() {
+        let mut r = Rng(1);
+        let first: Vec<u64> = (0..3).map(|_| r.next()).collect();
+        // xorshift64* from state 1.
+        let mut x: u64 = 1;
+        let want: Vec<u64> = (0..3)
+            .map(|_| {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            })
+            .collect();
+        assert_eq!(first, want);
+        assert_eq!(first[0], 5_180_492_295_206_395_165);
+        assert_ne!(first[0], first[1]);
+    }
+}

@@ -2577,3 +2577,90 @@ fn residency_attributes_every_resident_page_to_its_tier() {
     expect("unparked", &[], 1);
     faults.stop().unwrap();
 }
+
+/// The chaos driver refuses a unit that does not fit the guest or the
+/// movers, a mix with no weight, and a rate that is not a positive number;
+/// a valid driver issues at most its rate (the debt is never more than
+/// one interval's), reports every unit it drew, and stops on time.
+#[test]
+fn the_chaos_driver_checks_its_config_and_keeps_its_rate() {
+    let Some((mem, _, m, faults)) = setup(1024, 512, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    let bad = [
+        ChaosConfig {
+            unit_pages: 0,
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            unit_pages: 1025,
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            unit_pages: super::MAX_UNIT_PAGES + 1,
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            promote_weight: 0,
+            demote_weight: 0,
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            units_per_sec: 0.0,
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            units_per_sec: -5.0,
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            units_per_sec: f64::NAN,
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            units_per_sec: f64::INFINITY,
+            ..ChaosConfig::default()
+        },
+    ];
+    for c in bad {
+        let what = format!("{c:?}");
+        let e = ChaosDriver::spawn(m.clone(), c).expect_err(&what);
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{what}");
+    }
+    // Neither weight alone is refused.
+    for (p, d) in [(1, 0), (0, 1)] {
+        let c = ChaosConfig {
+            promote_weight: p,
+            demote_weight: d,
+            ..ChaosConfig::default()
+        };
+        ChaosDriver::spawn(m.clone(), c).unwrap().stop().unwrap();
+    }
+    let rate = 2000.0;
+    let t0 = std::time::Instant::now();
+    let chaos = ChaosDriver::spawn(
+        m.clone(),
+        ChaosConfig {
+            units_per_sec: rate,
+            interval: std::time::Duration::from_millis(10),
+            ..ChaosConfig::default()
+        },
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let rep = chaos.stop().unwrap();
+    let elapsed = t0.elapsed().as_secs_f64();
+    assert!(rep.units > 0 && rep.batches > 0, "{rep:?}");
+    assert!(
+        rep.units as f64 <= rate * (elapsed + 0.01) + 1.0,
+        "{} units in {elapsed:.3} s at {rate}/s: {rep:?}",
+        rep.units
+    );
+    assert!(
+        rep.elapsed_ms > 0.0 && rep.elapsed_ms <= elapsed * 1e3,
+        "{rep:?}"
+    );
+    assert_eq!(rep.errors, 0, "{rep:?}");
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
