@@ -1791,3 +1791,164 @@ fn a_disposed_2mib_run_is_cached_while_the_pool_has_room_else_discarded() {
     assert_eq!(cached(), 0);
     mem.check_consistency().unwrap();
 }
+
+// ---- cargo-mutants of sampler.rs: the first window, the guest clock, the window's end ----
+
+/// The first window is what the budget affords if every parked page
+/// faulted once at the assumed cost (`ASSUMED_HINT_FAULT_NS`), bounded by
+/// the configured scan size and the limits: 2 % of one vCPU-second at
+/// 100 us a fault is 200 pages; four vCPUs afford four times as many.
+#[test]
+fn the_first_window_is_what_the_budget_affords() {
+    let Some(mem) = bare(&MemConfig::new(256 * PAGE_SIZE, 256)) else {
+        return;
+    };
+    let base = SamplerConfig {
+        scan_pages: 65536,
+        min_scan_pages: 16,
+        max_scan_pages: 100_000,
+        period: Duration::from_secs(1),
+        budget_pct: 2.0,
+        vcpus: 1,
+    };
+    let first = |c: SamplerConfig| HintSampler::new(mem.clone(), c).scan_pages();
+    assert_eq!(first(base.clone()), 200);
+    assert_eq!(
+        first(SamplerConfig {
+            vcpus: 4,
+            ..base.clone()
+        }),
+        800
+    );
+    assert_eq!(
+        first(SamplerConfig {
+            vcpus: 0,
+            ..base.clone()
+        }),
+        200,
+        "0 vCPUs count as 1"
+    );
+    let half_second = SamplerConfig {
+        period: Duration::from_millis(500),
+        ..base.clone()
+    };
+    assert_eq!(first(half_second), 100);
+    assert_eq!(
+        first(SamplerConfig {
+            budget_pct: 5.0,
+            ..base.clone()
+        }),
+        500
+    );
+    assert_eq!(
+        first(SamplerConfig {
+            scan_pages: 150,
+            ..base.clone()
+        }),
+        150
+    );
+    assert_eq!(
+        first(SamplerConfig {
+            max_scan_pages: 120,
+            ..base.clone()
+        }),
+        120
+    );
+    assert_eq!(
+        first(SamplerConfig {
+            min_scan_pages: 300,
+            ..base.clone()
+        }),
+        300
+    );
+    let nothing = SamplerConfig {
+        budget_pct: 0.0,
+        min_scan_pages: 0,
+        ..base
+    };
+    assert_eq!(first(nothing), 1, "at least one page");
+}
+
+/// With a guest clock, the overhead is at least the vCPUs' blocked time
+/// times the hint faults' share of the faults served (the estimate from
+/// the handler's stall is 0 here); a second vCPU halves it.
+#[test]
+fn the_guest_clock_counts_the_hint_faults_share_of_the_blocked_time() {
+    let Some((mem, _log, _m, faults)) = setup(1024, 512, InitialPlacement::Interleave) else {
+        return;
+    };
+    let blocked = Arc::new(AtomicU64::new(0));
+    let b = blocked.clone();
+    mem.set_guest_clock(Some(Arc::new(move || Some(b.load(Ordering::SeqCst)))));
+    let overhead = |vcpus: usize| {
+        let mut s = HintSampler::new(
+            mem.clone(),
+            SamplerConfig {
+                scan_pages: 64,
+                min_scan_pages: 8,
+                max_scan_pages: 1024,
+                period: Duration::from_secs(1),
+                budget_pct: 1000.0,
+                vcpus,
+            },
+        );
+        s.tick().unwrap(); // the guest clock's first reading
+        let t0 = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(100));
+        // 50 ms blocked; 10 faults served, 4 of them hint faults: 20 ms.
+        blocked.fetch_add(50_000_000, Ordering::SeqCst);
+        mem.counters.faults_served.fetch_add(10, Ordering::SeqCst);
+        mem.counters.hint_faults.fetch_add(4, Ordering::SeqCst);
+        let t = s.tick().unwrap();
+        let wall = t0.elapsed().as_secs_f64();
+        s.unpark_all().unwrap();
+        (t.overhead_pct, wall)
+    };
+    let (one, wall) = overhead(1);
+    let want = 0.020 / wall * 100.0;
+    assert!(
+        one <= 20.0 + 1e-9 && one >= want * 0.9,
+        "1 vCPU: {one} % (20 ms of {wall:.3} s is {want:.1} %)"
+    );
+    let (two, wall) = overhead(2);
+    let want = 0.020 / (2.0 * wall) * 100.0;
+    assert!(
+        two <= 10.0 + 1e-9 && two >= want * 0.9,
+        "2 vCPUs: {two} % (20 ms of 2 x {wall:.3} s is {want:.1} %)"
+    );
+    mem.set_guest_clock(None);
+    faults.stop().unwrap();
+}
+
+/// A window never ends inside a huge range (it takes the rest of it), and
+/// the cursor wraps at the end of guest RAM, counting a cycle; every page
+/// looked at is counted as scanned.
+#[test]
+fn a_window_ends_at_a_huge_range_and_wraps_at_the_end_of_guest_ram() {
+    let Some((mem, _log, _m, faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
+        return;
+    };
+    assert!(mem.huge_range_of(0).is_some(), "the first range is huge");
+    let mut s = HintSampler::new(
+        mem.clone(),
+        SamplerConfig {
+            scan_pages: 300,
+            min_scan_pages: 300,
+            max_scan_pages: 300,
+            period: Duration::from_secs(1),
+            budget_pct: 1000.0,
+            vcpus: 1,
+        },
+    );
+    let scanned = || mem.sampler_account().scanned_pages;
+    let t = s.tick().unwrap();
+    assert_eq!(t.parked, 512, "the window takes the rest of the huge range");
+    assert_eq!((scanned(), mem.scan_cycles()), (512, 0));
+    let t = s.tick().unwrap();
+    assert_eq!(t.untouched, 512);
+    assert_eq!(t.parked, 512);
+    assert_eq!((scanned(), mem.scan_cycles()), (1024, 1), "wrapped once");
+    s.unpark_all().unwrap();
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
