@@ -1952,3 +1952,35 @@ fn a_window_ends_at_a_huge_range_and_wraps_at_the_end_of_guest_ram() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// Disposing of a page that is not there (its move into the cache finds
+/// no source) leaves the pool as it was: the hole it reserved is a hole
+/// again, not "healed" into a cached page (an empty cached slot), and no
+/// heal is counted. Then a page that is there goes into the cache.
+#[test]
+fn disposing_of_a_missing_page_leaves_the_pool_as_it_was() {
+    let pages = 256;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    let tier = 0;
+    let cached = || mem.pool(tier).cached_pages();
+    let holes = || mem.pool(tier).holes().count();
+    let (c0, h0) = (cached(), holes());
+    mem.dispose(tier, &[mem.park_addr(3)]);
+    assert_eq!((cached(), holes()), (c0, h0), "the pool changed");
+    assert_eq!(
+        mem.stats().backing.slot_heals,
+        0,
+        "a missing source is not an occupied slot"
+    );
+    plant_page(&mem, mem.park_addr(3));
+    mem.dispose(tier, &[mem.park_addr(3)]);
+    assert_eq!(
+        (cached(), holes()),
+        (c0 + 1, h0 - 1),
+        "the page was not cached"
+    );
+    assert!(!crate::sys::resident(mem.park_addr(3), 1).unwrap()[0]);
+    mem.check_consistency().unwrap();
+}
