@@ -1984,3 +1984,67 @@ fn disposing_of_a_missing_page_leaves_the_pool_as_it_was() {
     assert!(!crate::sys::resident(mem.park_addr(3), 1).unwrap()[0]);
     mem.check_consistency().unwrap();
 }
+
+/// `discard_coalesced` discards exactly the pages given, a run at a time
+/// (pages between and after the runs stay), and trimming a pool's cache
+/// returns what it gave back: single pages and whole chunks.
+#[test]
+fn discards_take_exactly_the_pages_given_and_trims_count_what_they_gave_back() {
+    use super::pool::CHUNK_SLOTS;
+    let pages = 1024;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    let tier = 0;
+    let v = mem.pool(tier).reserve_pages(8, Holds::Hole).expect("slots");
+    let slots: Vec<usize> = v.iter().map(|x| mem.slot_addr(tier, x.0)).collect();
+    assert!(
+        slots.windows(2).all(|w| w[1] == w[0] + PAGE_SIZE),
+        "one run"
+    );
+    for &a in &slots {
+        // SAFETY: reserved small slots of our pool (a hole is allocated by the write).
+        unsafe { (a as *mut u64).write_volatile(1) };
+    }
+    mem.discard_coalesced(&[slots[5], slots[0], slots[3], slots[2]]);
+    let resident: Vec<bool> = slots
+        .iter()
+        .map(|&a| crate::sys::resident(a, 1).unwrap()[0])
+        .collect();
+    assert_eq!(
+        resident,
+        [false, true, false, false, true, false, true, true],
+        "pages 0, 2, 3 and 5 of 8 discarded"
+    );
+    mem.discard_coalesced(&slots);
+    mem.pool(tier)
+        .release_pages(&v.iter().map(|x| x.0).collect::<Vec<_>>(), Holds::Hole);
+
+    // Three cached pages and one cached chunk.
+    for p in [3, 4, 9] {
+        plant_page(&mem, mem.park_addr(p));
+    }
+    mem.dispose(
+        tier,
+        &[mem.park_addr(3), mem.park_addr(4), mem.park_addr(9)],
+    );
+    let Some(Staging::Chunk(c, _)) = mem.reserve_staging(tier, CHUNK_SLOTS, Holds::Hole) else {
+        panic!("a huge chunk");
+    };
+    let a = mem.slot_addr(tier, c);
+    for i in 0..CHUNK_SLOTS {
+        // SAFETY: a reserved chunk of our pool (a hole is allocated by the write).
+        unsafe { ((a + i * PAGE_SIZE) as *mut u64).write_volatile(2) };
+    }
+    mem.release_staging(tier, &Staging::Chunk(c, Holds::Hole), Holds::Cached, true);
+    assert_eq!(mem.pool(tier).cached_pages(), 3 + CHUNK_SLOTS);
+    assert_eq!(
+        mem.trim_tier_cache(tier, 2),
+        CHUNK_SLOTS + 1,
+        "the chunk and one page"
+    );
+    assert_eq!(mem.pool(tier).cached_pages(), 2);
+    assert_eq!(mem.trim_pool_caches(0), 2);
+    assert_eq!(mem.pool(tier).cached_pages(), 0);
+    mem.check_consistency().unwrap();
+}
