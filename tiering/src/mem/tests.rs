@@ -2498,26 +2498,33 @@ fn a_first_touch_overtaken_by_another_commit_keeps_that_commit() {
 }
 
 /// Resident memory as the kernel sees it, attributed per tier: with the
-/// pools' caches given back, each tier's resident bytes are exactly its
+/// pools' caches counted, each tier's resident bytes are exactly its
 /// guest pages (parked ones included) and its shadows; guest RAM holds the
 /// committed pages less the parked ones; the total is the tiers' sum; the
 /// huge-page bytes are the guest's and never exceed a tier's resident
 /// bytes. Checked after first touches (2 MiB commits), promotions with
 /// shadows (TPM), a demotion without (stop-and-copy, 4 KiB and 2 MiB
-/// units) and a park. cargo-mutants of residency.rs.
+/// units), a park, and with pages in a pool's cache. cargo-mutants of
+/// residency.rs.
 #[test]
 fn residency_attributes_every_resident_page_to_its_tier() {
     let Some((mem, _log, m, faults)) = setup(2048, 1024, InitialPlacement::SlowFirst) else {
         return;
     };
-    // `shadow_runs`: 2 MiB runs whose shadow is one huge page.
+    // `shadow_runs`: 2 MiB runs whose shadow is one huge page. The pools'
+    // caches are given back first, except in the last check.
+    let trim = std::cell::Cell::new(true);
     let expect = |what: &str, parked: &[usize], shadow_runs: u64| {
-        mem.trim_pool_caches(0);
+        if trim.get() {
+            mem.trim_pool_caches(0);
+        }
         let r = mem.residency().unwrap();
         let st = mem.stats();
         for (i, t) in st.tiers.iter().enumerate() {
-            // A parked page is still its tier's guest page.
-            let pages = (t.guest_pages + t.shadow_pages) as usize;
+            // A parked page is still its tier's guest page; a cached pool
+            // page is its tier's too.
+            let cached = mem.pool(i as TierId).cached_pages();
+            let pages = (t.guest_pages + t.shadow_pages) as usize + cached;
             assert_eq!(
                 r.tiers[i].resident_bytes,
                 (pages * PAGE_SIZE) as u64,
@@ -2575,6 +2582,12 @@ fn residency_attributes_every_resident_page_to_its_tier() {
         .unwrap();
     assert_eq!((n, busy.len()), (2, 0));
     expect("unparked", &[], 1);
+    // Old copies of demoted pages cached in the fast tier's pool.
+    trim.set(false);
+    let o = m.demote(&[run_unit(0, 8)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(o.migrated, 8, "{o:?}");
+    assert!(mem.pool(0).cached_pages() > 0, "nothing cached");
+    expect("pool caches", &[], 0); // (the shadows of pages 0..8 split their run)
     faults.stop().unwrap();
 }
 
