@@ -2048,3 +2048,33 @@ fn discards_take_exactly_the_pages_given_and_trims_count_what_they_gave_back() {
     assert_eq!(mem.pool(tier).cached_pages(), 0);
     mem.check_consistency().unwrap();
 }
+
+/// The watchdog's last resort: `wake_all` wakes a thread blocked on a guest
+/// page that became present without a wake-up (a lost wake), and it reads
+/// the page. cargo-mutants: `wake_all` emptied was missed.
+#[test]
+fn wake_all_wakes_a_thread_whose_page_came_without_a_wake() {
+    let pages = 64;
+    let Some(mem) = bare(&MemConfig::new(pages * PAGE_SIZE, pages)) else {
+        return;
+    };
+    let page = 20;
+    let t = Toucher::spawn(&mem, mem.guest_addr(page));
+    // The thread is in its userfault (no handler runs): give it time to get there.
+    std::thread::sleep(Duration::from_millis(50));
+    let st: Staging = mem.reserve_staging(0, 1, Holds::Hole).expect("a pool slot");
+    let a = st.addr(&mem, 0, 0);
+    // SAFETY: `a` is a reserved pool slot of our mapping (a hole is allocated by the write).
+    unsafe { (a as *mut u64).write_volatile(0xbeef) };
+    mem.move_range(mem.guest_addr(page), a, PAGE_SIZE, false)
+        .expect("the page into guest RAM, no wake");
+    mem.release_staging(0, &st, Holds::Hole, false);
+    assert!(
+        t.rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "the thread returned without a wake"
+    );
+    mem.wake_all();
+    assert_eq!(t.returned(&mem, "wake_all"), Ok(0xbeef));
+    mem.discard(mem.guest_addr(page), PAGE_SIZE).unwrap();
+    mem.check_consistency().unwrap();
+}
