@@ -318,7 +318,8 @@ impl TieredMemory {
             let back = self.map_back_touched(page);
             tracing::warn!("watchdog: guest page {page} was parked: {back}");
             Unstick::Unparked
-        } else if w & POPULATED != 0 && !present() {
+        } else if !present() {
+            // (Populated: the first case took the untouched page.)
             // recover_hole releases the page (or stops the VM).
             self.recover_hole(page);
             wake();
