@@ -1624,6 +1624,22 @@ fn the_consistency_checker_reports_each_kind_of_violation() {
     }
     mem.discard(mem.guest_addr(last), PAGE_SIZE).unwrap();
     assert_eq!(mem.check_nodes().unwrap(), pages - 1);
+    // The shared zero page (no node) at the uncommitted page: not checked.
+    mem.uffd.zero_page(mem.guest_addr(last), PAGE_SIZE).unwrap();
+    assert_eq!(
+        mem.check_nodes().unwrap(),
+        pages - 1,
+        "the zero page was checked"
+    );
+    mem.discard(mem.guest_addr(last), PAGE_SIZE).unwrap();
+    // A present range that starts past page 0 (pages 0..16 moved to their
+    // parking slots): its pages are counted from its start.
+    mem.move_range(mem.park_addr(0), mem.guest_addr(0), 16 * PAGE_SIZE, false)
+        .unwrap();
+    assert_eq!(mem.check_nodes().unwrap(), pages - 1 - 16);
+    mem.move_range(mem.guest_addr(0), mem.park_addr(0), 16 * PAGE_SIZE, false)
+        .unwrap();
+    mem.check_consistency().unwrap();
 }
 
 // ---- cargo-mutants of staging.rs: the rollback of a failed commit ----
