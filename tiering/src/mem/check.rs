@@ -173,15 +173,7 @@ impl TieredMemory {
     /// Step 4: every slot a pool calls a hole is empty.
     fn check_pool_holes(&self) -> Result<(), ConsistencyError> {
         for (i, t) in self.tiers.iter().enumerate() {
-            let (base, slots) = (self.layout.pools[i], self.layout.pool_slots[i]);
-            let mut bits = vec![0u64; slots.div_ceil(64)];
-            self.scanner
-                .scan(base, base + slots * PAGE_SIZE, |s, e, _| {
-                    for p in (s - base) / PAGE_SIZE..(e - base) / PAGE_SIZE {
-                        bits[p / 64] |= 1 << (p % 64);
-                    }
-                })
-                .map_err(ConsistencyError::Scan)?;
+            let bits = self.present_bits(self.layout.pools[i], self.layout.pool_slots[i])?;
             let stray = self
                 .pool(i as TierId)
                 .holes()
@@ -196,19 +188,23 @@ impl TieredMemory {
         Ok(())
     }
 
+    /// Which of the `pages` pages from `base` the kernel has a page in, a
+    /// bit each.
+    fn present_bits(&self, base: usize, pages: usize) -> Result<Vec<u64>, ConsistencyError> {
+        let mut bits = vec![0u64; pages.div_ceil(64)];
+        self.scanner
+            .scan(base, base + pages * PAGE_SIZE, |s, e, _| {
+                for p in (s - base) / PAGE_SIZE..(e - base) / PAGE_SIZE {
+                    bits[p / 64] |= 1 << (p % 64);
+                }
+            })
+            .map_err(ConsistencyError::Scan)?;
+        Ok(bits)
+    }
+
     /// Step 0: the kernel's view of the guest, shadow and parking areas.
     fn present_slots(&self) -> Result<Present, ConsistencyError> {
-        let scan = |base: usize| -> Result<Vec<u64>, ConsistencyError> {
-            let mut bits = vec![0u64; self.guest_pages.div_ceil(64)];
-            self.scanner
-                .scan(base, base + self.guest_len(), |s, e, _| {
-                    for p in (s - base) / PAGE_SIZE..(e - base) / PAGE_SIZE {
-                        bits[p / 64] |= 1 << (p % 64);
-                    }
-                })
-                .map_err(ConsistencyError::Scan)?;
-            Ok(bits)
-        };
+        let scan = |base: usize| self.present_bits(base, self.guest_pages);
         Ok(Present {
             guest: scan(self.layout.guest)?,
             shadow: scan(self.layout.shadow)?,

@@ -1426,11 +1426,14 @@ fn a_chunk_given_back_after_a_failure_is_a_hole_only_when_empty() {
     }
     mem.discard(slot(c, 0), CHUNK_SLOTS * PAGE_SIZE).unwrap();
     mem.check_consistency().unwrap();
-    let Some(Staging::Pages(v)) = mem.reserve_staging(tier, 1, Holds::Hole) else {
-        panic!("a small hole");
+    // (The third slot: the first is at a multiple of 64, a bit's word start.)
+    let Some(Staging::Pages(v)) = mem.reserve_staging(tier, 3, Holds::Hole) else {
+        panic!("small holes");
     };
-    let s = v[0].0;
-    mem.pool(tier).release_pages(&[s], Holds::Hole);
+    let s = v[2].0;
+    assert_ne!(s.index() % 64, 0);
+    let all: Vec<_> = v.iter().map(|x| x.0).collect();
+    mem.pool(tier).release_pages(&all, Holds::Hole);
     let a = mem.slot_addr(tier, s);
     // SAFETY: an unreserved small hole of our mapping; this test is the only user.
     unsafe { (a as *mut u64).write_volatile(1) };
