@@ -1575,6 +1575,20 @@ fn the_consistency_checker_reports_each_kind_of_violation() {
         mem.check_consistency().unwrap();
     }
 
+    // A shadow the word names but its slot does not hold.
+    mem.pages.try_acquire(11, false).unwrap();
+    mem.pages
+        .release(11, page_map::shadow_on(0), page_map::SHADOW_BITS);
+    match mem.check_consistency() {
+        Err(ConsistencyError::Residency { page: 11, what }) => {
+            assert_eq!(what, "its shadow is not present")
+        }
+        other => panic!("a missing shadow: got {other:?}"),
+    }
+    mem.pages.try_acquire(11, false).unwrap();
+    mem.pages.release(11, 0, page_map::SHADOW_BITS);
+    mem.check_consistency().unwrap();
+
     // A count off by one, each way, each tier.
     for i in 0..tiers {
         for delta in [1i64, -1] {
