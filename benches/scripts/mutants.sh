@@ -28,8 +28,8 @@
 #
 # Test tool: cargo-nextest when it is installed (MUTANTS_TEST_TOOL=cargo
 # forces `cargo test`): it stops a mutant's tests at the first failure, so a
-# caught mutant of the memory layer costs its build and a few seconds
-# instead of the whole 14-20 s of tests; a missed one costs the same. The
+# caught mutant of the memory layer costs its build and about a second
+# instead of the whole 10-11 s of tests; a missed one costs the same. The
 # first failure also ends the tests still running (`--max-fail=1:immediate`):
 # a mutant that hangs some tests (a lock or a wait never released) is caught
 # by another test's failure instead of waiting out the timeout. The filters
@@ -98,8 +98,8 @@ tests_for() {
   esac
 }
 
-# 2 cores: one mutant at a time, two compiler and test threads, low
-# priority. A target directory of its own, reused across runs (the
+# 2 cores: one mutant at a time, two compiler threads, two test threads
+# under `cargo test` (four under nextest, below), low priority. A target directory of its own, reused across runs (the
 # dependencies are built once).
 export CARGO_BUILD_JOBS=2 RUST_TEST_THREADS=2
 # MUTANTS_TARGET_DIR: another target directory (CI passes its own, warm
