@@ -2111,3 +2111,48 @@ fn wake_all_wakes_a_thread_whose_page_came_without_a_wake() {
     mem.discard(mem.guest_addr(page), PAGE_SIZE).unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// A window that reaches the end of guest RAM goes on from page 0 (4 KiB
+/// pages: no huge range stretches it): every window of a 1000-page guest
+/// parks its 300 pages, the fourth from page 900 through the end and on
+/// from page 0, and the cursor wraps once. cargo-mutants: the window cut
+/// at the end of guest RAM, and a page past it taken, were missed.
+#[test]
+fn a_window_that_reaches_the_end_of_guest_ram_goes_on_from_page_0() {
+    let mut cfg = MemConfig::new(1000 * PAGE_SIZE, 1000);
+    cfg.huge_pages = false;
+    let Some((mem, _log, _m, faults)) = super::tests::setup_with(cfg) else {
+        return;
+    };
+    let mut s = HintSampler::new(
+        mem.clone(),
+        SamplerConfig {
+            scan_pages: 300,
+            min_scan_pages: 300,
+            max_scan_pages: 300,
+            period: Duration::from_secs(1),
+            budget_pct: 1000.0,
+            vcpus: 1,
+        },
+    );
+    for (tick, cycles) in [(1, 0), (2, 0), (3, 0), (4, 1)] {
+        let t = s.tick().unwrap();
+        assert_eq!(t.parked, 300, "window {tick}: {t:?}");
+        assert_eq!(mem.scan_cycles(), cycles, "window {tick}");
+    }
+    // The fourth window holds pages 900..1000 and 0..200.
+    for (p, parked) in [
+        (899, false),
+        (900, true),
+        (999, true),
+        (0, true),
+        (199, true),
+        (200, false),
+    ] {
+        let w = mem.pages.load(p);
+        assert_eq!(w & page_map::PARKED != 0, parked, "page {p}");
+    }
+    s.unpark_all().unwrap();
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
