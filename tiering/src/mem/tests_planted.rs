@@ -2156,3 +2156,85 @@ fn a_window_that_reaches_the_end_of_guest_ram_goes_on_from_page_0() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+// ---- cargo-mutants of sampler.rs: the sampler's thread ----
+
+/// The sampler's thread ticks once a period, not once and not without
+/// pause; pausing it (or the policy holding sampling) unparks every page
+/// and parks none until resumed; stopping or dropping its handle ends the
+/// thread with no page left parked. cargo-mutants: 13 mutants of `spawn`,
+/// `set_paused` and the handle's `Drop` were missed (no memory-layer test
+/// ran the thread).
+#[test]
+fn the_sampler_thread_ticks_each_period_pauses_and_stops() {
+    let Some((mem, _log, _m, faults)) = setup(1024, 512, InitialPlacement::Interleave) else {
+        return;
+    };
+    let parked = || {
+        (0..mem.guest_pages())
+            .filter(|&p| mem.pages.load(p) & page_map::PARKED != 0)
+            .count()
+    };
+    let scanned = || mem.sampler_account().scanned_pages;
+    let period = Duration::from_millis(50);
+    let cfg = SamplerConfig {
+        scan_pages: 512,
+        min_scan_pages: 512,
+        max_scan_pages: 512,
+        period,
+        budget_pct: 1000.0,
+        vcpus: 1,
+    };
+    let before = Arc::strong_count(&mem);
+    let h = HintSampler::new(mem.clone(), cfg.clone()).spawn().unwrap();
+    assert!(wait_until(|| parked() > 0), "no window parked");
+    let s0 = scanned();
+    assert!(wait_until(|| scanned() > s0), "the thread ticked only once");
+    // Once a period: at most 300 ms / 50 ms + 2 windows of 512 pages.
+    let (s1, t1) = (scanned(), std::time::Instant::now());
+    std::thread::sleep(Duration::from_millis(300));
+    let windows = (scanned() - s1) as f64 / 512.0;
+    let most = t1.elapsed().as_secs_f64() / period.as_secs_f64() + 2.0;
+    assert!(windows <= most, "{windows} windows in {:?}", t1.elapsed());
+
+    for (what, pause, resume) in [
+        (
+            "paused",
+            &(|| h.set_paused(true)) as &dyn Fn(),
+            &(|| h.set_paused(false)) as &dyn Fn(),
+        ),
+        (
+            "held",
+            &(|| mem.hold_sampling(true)),
+            &(|| mem.hold_sampling(false)),
+        ),
+    ] {
+        pause();
+        assert!(wait_until(|| parked() == 0), "{what}: pages still parked");
+        let s = scanned();
+        std::thread::sleep(3 * period);
+        assert_eq!(
+            (parked(), scanned()),
+            (0, s),
+            "{what}: sampled while {what}"
+        );
+        resume();
+        assert!(wait_until(|| parked() > 0), "{what}: not resumed");
+    }
+
+    drop(h);
+    assert_eq!(parked(), 0, "dropped with pages parked");
+    assert_eq!(
+        Arc::strong_count(&mem),
+        before,
+        "the thread outlived its handle"
+    );
+    let h = HintSampler::new(mem.clone(), cfg).spawn().unwrap();
+    assert!(wait_until(|| parked() > 0));
+    let s = h.stop().unwrap();
+    assert_eq!(parked(), 0, "stopped with pages parked");
+    drop(s);
+    assert_eq!(Arc::strong_count(&mem), before);
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
