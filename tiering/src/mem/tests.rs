@@ -2677,3 +2677,34 @@ fn the_chaos_driver_checks_its_config_and_keeps_its_rate() {
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
+
+/// A chaos unit may be the whole of a guest smaller than the movers' unit
+/// bound, not a page more; dropping a running driver ends its thread.
+#[test]
+fn a_chaos_unit_fits_the_guest_and_a_dropped_driver_ends() {
+    let Some((mem, _, m, faults)) = setup(256, 256, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    let unit = |unit_pages| ChaosConfig {
+        unit_pages,
+        ..ChaosConfig::default()
+    };
+    let e = ChaosDriver::spawn(m.clone(), unit(257)).expect_err("a unit past the guest");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let before = Arc::strong_count(&m);
+    let whole = ChaosDriver::spawn(m.clone(), unit(256)).expect("the whole guest as one unit");
+    assert_eq!(
+        Arc::strong_count(&m),
+        before + 1,
+        "the thread holds the migrator"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    drop(whole);
+    assert_eq!(
+        Arc::strong_count(&m),
+        before,
+        "the dropped driver's thread still runs"
+    );
+    faults.stop().unwrap();
+    mem.check_consistency().unwrap();
+}
