@@ -82,6 +82,11 @@ pub struct ChaosDriver {
 
 struct Rng(u64);
 impl Rng {
+    /// A generator from `seed` (made odd: xorshift's state must not be 0).
+    fn seeded(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
     fn next(&mut self) -> u64 {
         // xorshift64*
         self.0 ^= self.0 >> 12;
@@ -148,16 +153,8 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
     crate::threads::started(crate::threads::ThreadRole::Chaos);
     let start = Instant::now();
     let mut rep = ChaosReport::default();
-    let mut rng = Rng(cfg.seed | 1);
-    let n = m.memory().guest_pages();
-    let range = cfg
-        .pages
-        .clone()
-        .map_or(0..n, |r| r.start.min(n)..r.end.min(n));
-    let base_slot = range.start.div_ceil(cfg.unit_pages);
-    let slots = (range.end / cfg.unit_pages)
-        .saturating_sub(base_slot)
-        .max(1);
+    let mut rng = Rng::seeded(cfg.seed);
+    let (base_slot, slots) = unit_slots(cfg, m.memory().guest_pages());
     let mut owed = 0.0f64;
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -188,6 +185,21 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
 /// `slots` unit slots from `base_slot`, sorted by their random destination: a batch per
 /// tier of `tiers`, promotions (to tier 0) weighted against demotions by
 /// the configuration.
+/// The units chaos draws from, as (first, count) in units: the whole
+/// units inside `cfg.pages` (all of guest RAM's `n` pages by default), at
+/// least one.
+fn unit_slots(cfg: &ChaosConfig, n: usize) -> (usize, usize) {
+    let range = cfg
+        .pages
+        .clone()
+        .map_or(0..n, |r| r.start.min(n)..r.end.min(n));
+    let base_slot = range.start.div_ceil(cfg.unit_pages);
+    let slots = (range.end / cfg.unit_pages)
+        .saturating_sub(base_slot)
+        .max(1);
+    (base_slot, slots)
+}
+
 fn draw_batches(
     cfg: &ChaosConfig,
     rng: &mut Rng,
@@ -319,6 +331,37 @@ mod tests {
             "3:1 promote:demote gave {three_to_one:?}"
         );
         assert_eq!(draw(0, 1, 1), vec![4000], "one tier takes every unit");
+    }
+
+    /// The units drawn from: every whole unit of the range, of all guest
+    /// RAM by default, clamped to it.
+    #[test]
+    fn the_units_drawn_from_are_the_whole_units_of_the_range() {
+        let slots = |pages: Option<std::ops::Range<usize>>, unit| {
+            unit_slots(
+                &ChaosConfig {
+                    pages,
+                    ..cfg(1, 1, unit)
+                },
+                1024,
+            )
+        };
+        assert_eq!(slots(None, 1), (0, 1024));
+        assert_eq!(slots(None, 512), (0, 2));
+        assert_eq!(slots(Some(100..700), 1), (100, 600));
+        assert_eq!(slots(Some(100..2000), 4), (25, 231));
+        assert_eq!(slots(Some(0..600), 512), (0, 1));
+    }
+
+    /// Any seed gives a live generator (an even one too: the state must not
+    /// be 0, which xorshift never leaves).
+    #[test]
+    fn every_seed_gives_a_generator_that_moves() {
+        for seed in [0, 1, 2, 1 << 40] {
+            let mut r = Rng::seeded(seed);
+            let (a, b) = (r.next(), r.next());
+            assert!(a != 0 && a != b, "seed {seed}: {a} {b}");
+        }
     }
 
     /// The generator is xorshift64*: a fixed sequence per seed, never stuck.
