@@ -2675,6 +2675,25 @@ fn the_chaos_driver_checks_its_config_and_keeps_its_rate() {
         "{rep:?}"
     );
     assert_eq!(rep.errors, 0, "{rep:?}");
+    // Between batches the driver harvests (the only harvester here).
+    let harvests = mem.stats().migration.harvests;
+    assert!(harvests > 0, "the driver never harvested");
+    // Every failure is counted and the first one kept: a dirty log that
+    // cannot be read fails each harvest.
+    mem.injector()
+        .set(&[crate::inject::FaultPlan::parse("dirty-get:every=1").unwrap()]);
+    // (Many units a batch: every batch has some to move, and fails.)
+    let many = ChaosConfig {
+        units_per_sec: 20_000.0,
+        ..ChaosConfig::default()
+    };
+    let chaos = ChaosDriver::spawn(m.clone(), many).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let rep = chaos.stop().unwrap();
+    mem.injector().set(&[]);
+    // More errors than batches: the harvests between batches count too.
+    assert!(rep.errors > rep.batches, "{rep:?}");
+    assert!(rep.first_error.is_some(), "{rep:?}");
     faults.stop().unwrap();
     mem.check_consistency().unwrap();
 }
