@@ -578,6 +578,19 @@ fn resize_accepts_exactly_what_holds_the_guest_and_not_a_page_less() {
 
 // ---- 10. The consistency checker sees a stray page in every area ----
 
+/// Writes `value` into the first word of each of the `pages` pool slots
+/// of `tier` from `first` (a hole gets a fresh page). For slots the test
+/// reserved, or holes nothing else uses.
+fn write_slots(mem: &TieredMemory, tier: TierId, first: Slot, pages: usize, value: u64) {
+    let a = mem.slot_addr(tier, first);
+    assert!(mem.mapping().contains_range(a, pages * PAGE_SIZE));
+    for i in 0..pages {
+        // SAFETY: inside the memory's mapping (checked above), which `mem` keeps mapped;
+        // pool memory is reached only through raw pointers and moves, never references.
+        unsafe { ((a + i * PAGE_SIZE) as *mut u64).write_volatile(value) };
+    }
+}
+
 /// Moves a fresh page (first word `0xdead`) into the hole at `dst`.
 fn plant_page(mem: &TieredMemory, dst: usize) {
     let st: Staging = mem.reserve_staging(1, 1, Holds::Hole).expect("a pool slot");
@@ -1372,13 +1385,7 @@ fn a_chunk_given_back_after_a_failure_is_a_hole_only_when_empty() {
     };
     let slot = |c: Slot, i: usize| mem.slot_addr(tier, Slot(c.0 + i as u32));
     let resident = |c: Slot| crate::sys::resident(slot(c, 0), CHUNK_SLOTS).unwrap();
-    let fill = |c: Slot| {
-        for i in 0..CHUNK_SLOTS {
-            // SAFETY: a slot of a chunk reserved by this test, in our mapping (a hole is
-            // allocated by the write); nothing else uses it.
-            unsafe { (slot(c, i) as *mut u64).write_volatile(1) };
-        }
-    };
+    let fill = |c: Slot| write_slots(&mem, tier, c, CHUNK_SLOTS, 1);
     let give_back = |c: Slot| mem.release_staging_checked(tier, &Staging::Chunk(c, Holds::Hole));
 
     // Empty: a hole.
@@ -1741,10 +1748,7 @@ fn a_disposed_2mib_run_is_cached_while_the_pool_has_room_else_discarded() {
             panic!("a huge chunk");
         };
         let a = mem.slot_addr(tier, c);
-        for i in 0..CHUNK_SLOTS {
-            // SAFETY: a reserved chunk of our pool (a hole is allocated by the write).
-            unsafe { ((a + i * PAGE_SIZE) as *mut u64).write_volatile(7) };
-        }
+        write_slots(&mem, tier, c, CHUNK_SLOTS, 7);
         mem.move_range(run, a, crate::sys::HUGE_PAGE_SIZE, false)
             .unwrap();
         mem.pool(tier).release_chunk(c, Holds::Hole, true);
@@ -1792,10 +1796,7 @@ fn a_disposed_2mib_run_is_cached_while_the_pool_has_room_else_discarded() {
         v.windows(2).all(|w| w[1].0 .0 == w[0].0 .0 + 1),
         "one run of slots"
     );
-    for i in 0..CHUNK_SLOTS {
-        // SAFETY: reserved small slots of our pool (holes are allocated by the write).
-        unsafe { ((small + i * PAGE_SIZE) as *mut u64).write_volatile(9) };
-    }
+    write_slots(&mem, tier, v[0].0, CHUNK_SLOTS, 9);
     mem.move_range(run, small, crate::sys::HUGE_PAGE_SIZE, false)
         .unwrap();
     mem.release_staging(tier, &Staging::Pages(v), Holds::Hole, false);
@@ -2064,11 +2065,7 @@ fn discards_take_exactly_the_pages_given_and_trims_count_what_they_gave_back() {
     let Some(Staging::Chunk(c, _)) = mem.reserve_staging(tier, CHUNK_SLOTS, Holds::Hole) else {
         panic!("a huge chunk");
     };
-    let a = mem.slot_addr(tier, c);
-    for i in 0..CHUNK_SLOTS {
-        // SAFETY: a reserved chunk of our pool (a hole is allocated by the write).
-        unsafe { ((a + i * PAGE_SIZE) as *mut u64).write_volatile(2) };
-    }
+    write_slots(&mem, tier, c, CHUNK_SLOTS, 2);
     mem.release_staging(tier, &Staging::Chunk(c, Holds::Hole), Holds::Cached, true);
     assert_eq!(mem.pool(tier).cached_pages(), 3 + CHUNK_SLOTS);
     assert_eq!(
