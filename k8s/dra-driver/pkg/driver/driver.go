@@ -121,7 +121,17 @@ type Driver struct {
 	attrs     string
 	// lastHost is the last answer of GET /v1/host (nil: service down).
 	lastHost *tiervm.Host
+	// firstRound is closed when Run's first reconciliation has ended: the
+	// kubelet's calls wait for it (VMs the service lost while the driver
+	// was down are back before anything is prepared or unprepared), while
+	// the plugin registers at once.
+	firstRound     chan struct{}
+	firstRoundOnce sync.Once
 }
+
+// FirstRoundWait bounds a kubelet call's wait for the first
+// reconciliation; past it the call fails and the kubelet retries.
+const FirstRoundWait = 60 * time.Second
 
 // New loads the checkpoint and returns a driver; Start runs it.
 func New(cfg Config, kube kubernetes.Interface, svc *tiervm.Client) (*Driver, error) {
@@ -142,19 +152,22 @@ func New(cfg Config, kube kubernetes.Interface, svc *tiervm.Client) (*Driver, er
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{cfg: cfg, kube: kube, svc: svc, state: st, statePath: path, published: [2]int64{-1, -1}}, nil
+	return &Driver{cfg: cfg, kube: kube, svc: svc, state: st, statePath: path, published: [2]int64{-1, -1},
+		firstRound: make(chan struct{})}, nil
 }
 
 // SetHelper gives the driver the kubelet plugin helper it publishes through.
 func (d *Driver) SetHelper(h *kubeletplugin.Helper) { d.helper = h }
 
-// Run reconciles every interval until ctx ends. The first round runs at once.
+// Run reconciles every interval until ctx ends. The first round runs at
+// once; when it ends (whatever its outcome) the kubelet's calls go ahead.
 func (d *Driver) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for {
 		if err := d.Reconcile(ctx); err != nil {
 			logger.Error(err, "reconcile")
 		}
+		d.firstRoundOnce.Do(func() { close(d.firstRound) })
 		select {
 		case <-ctx.Done():
 			return
@@ -165,8 +178,24 @@ func (d *Driver) Run(ctx context.Context) {
 
 // ---- the kubelet's calls ----
 
+// waitFirstRound waits (bounded by ctx and FirstRoundWait) for Run's first
+// reconciliation to end.
+func (d *Driver) waitFirstRound(ctx context.Context) error {
+	select {
+	case <-d.firstRound:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("node %s: the driver's first reconciliation has not ended: %w (the kubelet retries)", d.cfg.NodeName, ctx.Err())
+	case <-time.After(FirstRoundWait):
+		return fmt.Errorf("node %s: the driver's first reconciliation has not ended after %s: is the tiervm service answering? (the kubelet retries)", d.cfg.NodeName, FirstRoundWait)
+	}
+}
+
 // PrepareResourceClaims creates (or finds) each claim's VM.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	if err := d.waitFirstRound(ctx); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
@@ -391,6 +420,9 @@ func vmName(claim *resourceapi.ResourceClaim) string {
 // UnprepareResourceClaims deletes each claim's VM (idempotent: a claim the
 // driver does not know is done).
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	if err := d.waitFirstRound(ctx); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[types.UID]error, len(claims))

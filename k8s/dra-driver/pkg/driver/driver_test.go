@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -167,5 +168,31 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	e := d2.state.Entries["u"]
 	if e == nil || e.VMID != "vm-7" || e.VMPid != 42 || e.FastMin() != 32*mi {
 		t.Fatalf("%+v", e)
+	}
+}
+
+// The kubelet's calls wait for Run's first reconciliation (bounded by
+// their context), and go ahead once it has ended, even when it failed (here
+// the service is not there).
+func TestKubeletCallsWaitForTheFirstRound(t *testing.T) {
+	d := testDriver(t)
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := d.PrepareResourceClaims(short, nil); err == nil || !strings.Contains(err.Error(), "first reconciliation") {
+		t.Fatalf("a prepare before the first round: %v", err)
+	}
+	if _, err := d.UnprepareResourceClaims(short, nil); err == nil {
+		t.Fatal("an unprepare before the first round went ahead")
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go d.Run(ctx)
+	wait, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	if _, err := d.PrepareResourceClaims(wait, nil); err != nil {
+		t.Fatalf("a prepare after the first round: %v", err)
+	}
+	if _, err := d.UnprepareResourceClaims(wait, nil); err != nil {
+		t.Fatalf("an unprepare after the first round: %v", err)
 	}
 }

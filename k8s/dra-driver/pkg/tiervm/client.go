@@ -169,7 +169,43 @@ func New(socket string) *Client {
 // Socket is the service's socket path.
 func (c *Client) Socket() string { return c.socket }
 
+// Retries of an idempotent request the service answered with 504
+// worker_timeout (a VM's process slow to answer: the service says to
+// retry), and the pause before each.
+const (
+	timeoutRetries = 4
+	retryPause     = 250 * time.Millisecond
+)
+
+// IsWorkerTimeout says whether err is the service's 504 worker_timeout: a
+// VM's process did not answer in time, and the request may be retried.
+func IsWorkerTimeout(err error) bool {
+	var a *APIError
+	return errors.As(err, &a) && a.Status == http.StatusGatewayTimeout && a.Code == "worker_timeout"
+}
+
+// idempotent says whether a repeat of the request has the effect of one:
+// every method the client sends but POST (a create without a name).
+func idempotent(method string) bool { return method != http.MethodPost }
+
+// do sends one request; an idempotent one answered with 504
+// worker_timeout is sent again, at most timeoutRetries more times and
+// never past ctx.
 func (c *Client) do(ctx context.Context, method, path string, body, out any) (int, error) {
+	for try := 0; ; try++ {
+		status, err := c.doOnce(ctx, method, path, body, out)
+		if try == timeoutRetries || !idempotent(method) || !IsWorkerTimeout(err) {
+			return status, err
+		}
+		select {
+		case <-ctx.Done():
+			return status, err
+		case <-time.After(retryPause):
+		}
+	}
+}
+
+func (c *Client) doOnce(ctx context.Context, method, path string, body, out any) (int, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -272,25 +308,37 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	return err
 }
 
-// Remove stops a VM and removes its record, waiting (bounded by ctx) for the
-// stop: DELETE, poll until it ended, DELETE again.
+// RemoveBound bounds a Remove whose ctx has no deadline: the service stops
+// a VM within its stop grace (10 s) and then kills it.
+const RemoveBound = 60 * time.Second
+
+// Remove stops a VM and removes its record, waiting for the stop (bounded
+// by ctx, and by RemoveBound when ctx has no deadline): DELETE, poll until
+// it ended, DELETE again. A 504 worker_timeout on the way is waited out.
 func (c *Client) Remove(ctx context.Context, id string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, RemoveBound)
+		defer cancel()
+	}
+	state := "unknown"
 	for {
 		vm, err := c.Get(ctx, id)
-		if errors.Is(err, ErrNotFound) {
+		switch {
+		case errors.Is(err, ErrNotFound):
 			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if vm.State != "stopping" {
-			if err := c.Delete(ctx, id); err != nil {
-				return err
+		case err == nil:
+			state = vm.State
+			if vm.State != "stopping" {
+				err = c.Delete(ctx, id)
 			}
+		}
+		if err != nil && !IsWorkerTimeout(err) {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("VM %s still %s: %w", id, vm.State, ctx.Err())
+			return fmt.Errorf("VM %s still %s: %w", id, state, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

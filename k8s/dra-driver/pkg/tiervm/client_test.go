@@ -92,3 +92,54 @@ func TestHostNamed(t *testing.T) {
 		t.Fatalf("%+v", p)
 	}
 }
+
+// A 504 worker_timeout (the service: "retry") is retried for an idempotent
+// request, a bounded number of times; a POST create is never sent twice.
+func TestWorkerTimeoutRetried(t *testing.T) {
+	fails := map[string]int{"GET /v1/vms/slow": 2, "GET /v1/vms/stuck": 100, "POST /v1/vms": 1}
+	tries := map[string]int{}
+	c := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		k := r.Method + " " + r.URL.Path
+		tries[k]++
+		if tries[k] <= fails[k] {
+			w.WriteHeader(504)
+			_, _ = w.Write([]byte(`{"code":"worker_timeout","message":"VM slow's process did not answer within 2.0 s","fix":"retry"}`))
+			return
+		}
+		_, _ = w.Write([]byte(`{"id":"slow","state":"running"}`))
+	})
+	if _, err := c.Get(context.Background(), "slow"); err != nil || tries["GET /v1/vms/slow"] != 3 {
+		t.Fatalf("two 504s then an answer: %v after %d tries", err, tries["GET /v1/vms/slow"])
+	}
+	if _, err := c.Get(context.Background(), "stuck"); !IsWorkerTimeout(err) || tries["GET /v1/vms/stuck"] != timeoutRetries+1 {
+		t.Fatalf("a 504 that lasts: %v after %d tries", err, tries["GET /v1/vms/stuck"])
+	}
+	if _, err := c.Create(context.Background(), false, "", Spec{Image: "memcheck"}); !IsWorkerTimeout(err) || tries["POST /v1/vms"] != 1 {
+		t.Fatalf("a POST is not retried: %v after %d tries", err, tries["POST /v1/vms"])
+	}
+}
+
+// Remove waits out 504s and a stopping VM until the VM is gone.
+func TestRemoveWaitsOutWorkerTimeouts(t *testing.T) {
+	gets := 0
+	c := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodGet:
+			gets++
+			switch {
+			case gets <= 6:
+				w.WriteHeader(504)
+				_, _ = w.Write([]byte(`{"code":"worker_timeout","message":"slow"}`))
+			case gets <= 8:
+				_, _ = w.Write([]byte(`{"id":"v","state":"stopping"}`))
+			default:
+				w.WriteHeader(404)
+			}
+		default:
+			w.WriteHeader(202)
+		}
+	})
+	if err := c.Remove(context.Background(), "v"); err != nil || gets != 9 {
+		t.Fatalf("Remove: %v after %d GETs", err, gets)
+	}
+}
