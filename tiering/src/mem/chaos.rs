@@ -118,6 +118,18 @@ impl ChaosDriver {
                 "chaos needs a positive rate and a non-zero promote:demote mix",
             ));
         }
+        if let Some(r) = &cfg.pages {
+            if unit_slots(&cfg, n).1 == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "chaos range of pages {}..{} holds no whole aligned unit of {} pages \
+                         in a guest of {n} pages: widen the range or use 4 KiB units",
+                        r.start, r.end, cfg.unit_pages
+                    ),
+                ));
+            }
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let join = std::thread::Builder::new()
@@ -181,25 +193,23 @@ fn run(m: &Migrator, cfg: &ChaosConfig, stop: &AtomicBool) -> ChaosReport {
     rep
 }
 
-/// `k` random units of `cfg.unit_pages` pages, each at a random one of the
-/// `slots` unit slots from `base_slot`, sorted by their random destination: a batch per
-/// tier of `tiers`, promotions (to tier 0) weighted against demotions by
-/// the configuration.
 /// The units chaos draws from, as (first, count) in units: the whole
-/// units inside `cfg.pages` (all of guest RAM's `n` pages by default), at
-/// least one.
+/// units inside `cfg.pages` (all of guest RAM's `n` pages by default).
+/// `spawn` refuses a configuration with none.
 fn unit_slots(cfg: &ChaosConfig, n: usize) -> (usize, usize) {
     let range = cfg
         .pages
         .clone()
         .map_or(0..n, |r| r.start.min(n)..r.end.min(n));
     let base_slot = range.start.div_ceil(cfg.unit_pages);
-    let slots = (range.end / cfg.unit_pages)
-        .saturating_sub(base_slot)
-        .max(1);
+    let slots = (range.end / cfg.unit_pages).saturating_sub(base_slot);
     (base_slot, slots)
 }
 
+/// `k` random units of `cfg.unit_pages` pages, each at a random one of the
+/// `slots` unit slots from `base_slot` (at least one), sorted by their
+/// random destination: a batch per tier of `tiers`, promotions (to tier 0)
+/// weighted against demotions by the configuration.
 fn draw_batches(
     cfg: &ChaosConfig,
     rng: &mut Rng,
@@ -287,6 +297,67 @@ mod tests {
         }
     }
 
+    /// A batch the migrator refuses (a tier it does not have) is counted as
+    /// one batch and one error, its message kept; the batches of the real
+    /// tiers go on.
+    #[test]
+    fn a_refused_batch_counts_one_error() {
+        use crate::mem::tests::setup;
+        use crate::mem::InitialPlacement;
+        let Some((_mem, _log, m, _faults)) = setup(64, 64, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let mut rep = ChaosReport::default();
+        let stop = AtomicBool::new(false);
+        let batches = vec![vec![Unit::page(3)], Vec::new(), vec![Unit::page(5)]];
+        issue_batches(&m, &cfg(1, 1, 1), &stop, &batches, &mut rep);
+        assert_eq!((rep.batches, rep.errors), (2, 1), "{rep:?}");
+        assert_eq!(rep.outcome.committed, 1, "{rep:?}");
+        assert!(rep.first_error.is_some(), "{rep:?}");
+    }
+
+    /// Upkeep counts a failed retry and a failed harvest as one error
+    /// each: here a TPM aborted by a write in its copy window is retried
+    /// while the dirty log cannot be read, so both fail.
+    #[test]
+    fn a_failed_retry_and_a_failed_harvest_count_one_error_each() {
+        use crate::mem::tests::{setup, word};
+        use crate::mem::InitialPlacement;
+        use crate::test_point::{with_action, TestPoint};
+        let Some((mem, log, m, _faults)) = setup(64, 64, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let fired = Arc::new(AtomicBool::new(false));
+        let (mm, lg, f) = (mem.clone(), log.clone(), fired.clone());
+        let out = with_action(
+            move |point| {
+                if point == TestPoint::TpmCopied && !f.swap(true, Ordering::SeqCst) {
+                    let _g = lg.write_guard(7, 1);
+                    word(&mm, 7).store(7, Ordering::SeqCst);
+                }
+            },
+            || m.promote(&[Unit::page(7)], Mechanism::TPM),
+        )
+        .unwrap();
+        assert_eq!((out.aborted, m.pending_retries()), (1, 1), "{out:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        mem.injector().set(&[crate::inject::FaultPlan {
+            point: crate::inject::FaultPoint::DirtyGet,
+            every: 1,
+            errno: libc::EIO,
+            max: u64::MAX,
+        }]);
+        let mut rep = ChaosReport::default();
+        upkeep(&m, &mut rep);
+        mem.injector().set(&[]);
+        assert_eq!(m.pending_retries(), 0, "the due retry was run");
+        assert_eq!(rep.errors, 2, "{rep:?}");
+        assert!(rep.first_error.is_some(), "{rep:?}");
+        let mut ok = ChaosReport::default();
+        upkeep(&m, &mut ok);
+        assert_eq!(ok.errors, 0, "{ok:?}");
+    }
+
     /// Every drawn unit is a whole, aligned unit inside the slots given
     /// (`base_slot..base_slot+slots`, in units), `k` of them in all.
     #[test]
@@ -351,6 +422,10 @@ mod tests {
         assert_eq!(slots(Some(100..700), 1), (100, 600));
         assert_eq!(slots(Some(100..2000), 4), (25, 231));
         assert_eq!(slots(Some(0..600), 512), (0, 1));
+        // No whole unit: none (spawn refuses it), never one past the end.
+        assert_eq!(slots(Some(100..700), 512), (1, 0));
+        assert_eq!(slots(Some(1000..1030), 4), (250, 6));
+        assert_eq!(slots(Some(2000..3000), 1), (1024, 0));
     }
 
     /// Any seed gives a live generator (an even one too: the state must not

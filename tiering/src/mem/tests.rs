@@ -2634,12 +2634,29 @@ fn the_chaos_driver_checks_its_config_and_keeps_its_rate() {
             units_per_sec: f64::INFINITY,
             ..ChaosConfig::default()
         },
+        // A range with no whole 2 MiB unit, and one past guest RAM.
+        ChaosConfig {
+            unit_pages: 512,
+            pages: Some(100..700),
+            ..ChaosConfig::default()
+        },
+        ChaosConfig {
+            pages: Some(2000..3000),
+            ..ChaosConfig::default()
+        },
     ];
     for c in bad {
         let what = format!("{c:?}");
         let e = ChaosDriver::spawn(m.clone(), c).expect_err(&what);
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{what}");
     }
+    // A range of one whole unit is not refused.
+    let one = ChaosConfig {
+        unit_pages: 512,
+        pages: Some(100..1024),
+        ..ChaosConfig::default()
+    };
+    ChaosDriver::spawn(m.clone(), one).unwrap().stop().unwrap();
     // Neither weight alone is refused.
     for (p, d) in [(1, 0), (0, 1)] {
         let c = ChaosConfig {
