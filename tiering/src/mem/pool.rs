@@ -88,8 +88,9 @@ impl Bits {
             self.count -= 1;
         }
     }
-    /// Up to `n` set bits, taken (unset) in ascending order from `from`
-    /// (wrapping), preferring one contiguous run when there is one.
+    /// Up to `n` set bits, taken (unset): the first contiguous run of `n`
+    /// at or after `from` (wrapping to the runs before it) when there is
+    /// one, else the lowest set bits in ascending order.
     fn take(&mut self, n: usize, from: usize) -> Vec<usize> {
         let len = self.words.len() * 64;
         let mut out = Vec::with_capacity(n);
@@ -372,6 +373,79 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// `Bits::take` as its contract says, on a plain vector: the first run
+    /// of `n` set bits at or after `from` (wrapping to the runs before
+    /// it), else the lowest set bits; what it returns is unset.
+    fn model_take(bits: &mut [bool], n: usize, from: usize) -> Vec<usize> {
+        let len = bits.len();
+        if n == 0 || !bits.contains(&true) {
+            return Vec::new();
+        }
+        let f = from % len;
+        let run_in = |lo: usize, hi: usize| {
+            (lo..hi).find(|&s| s + n <= hi && bits[s..s + n].iter().all(|&b| b))
+        };
+        let out: Vec<usize> = match run_in(f, len).or_else(|| run_in(0, f)) {
+            Some(s) => (s..s + n).collect(),
+            None => (0..len).filter(|&i| bits[i]).take(n).collect(),
+        };
+        for &i in &out {
+            bits[i] = false;
+        }
+        out
+    }
+
+    /// Words of bits that hold whole-word runs, empty words and scattered
+    /// bits (the three paths of `find_run_in` and of `take`'s fallback).
+    fn words() -> impl Strategy<Value = Vec<u64>> {
+        let word = prop_oneof![
+            Just(0u64),
+            Just(u64::MAX),
+            any::<u64>(),
+            (0u32..64, 1u32..64).prop_map(|(a, k)| (u64::MAX >> (64 - k)) << a),
+        ];
+        proptest::collection::vec(word, 1..5)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, max_shrink_iters: 256, .. ProptestConfig::default() })]
+        /// A sequence of takes from one bitmap matches the model: the same
+        /// bits, in the same order, and the same count left.
+        #[test]
+        fn bits_take_matches_its_model(
+            w in words(),
+            takes in proptest::collection::vec((0usize..200, 0usize..600), 1..6),
+        ) {
+            let mut bits = Bits::new(w.len() * 64);
+            let mut model = vec![false; w.len() * 64];
+            for (i, m) in model.iter_mut().enumerate() {
+                if w[i / 64] >> (i % 64) & 1 != 0 {
+                    bits.set(i);
+                    *m = true;
+                }
+            }
+            for (n, from) in takes {
+                let want = model_take(&mut model, n, from);
+                let got = bits.take(n, from);
+                prop_assert_eq!(&got, &want, "take({}, {})", n, from);
+                prop_assert_eq!(bits.count, model.iter().filter(|&&b| b).count());
+            }
+        }
+    }
+
+    /// A take with no run of `n` that empties a word part way keeps going
+    /// into the next word (an emptied word is skipped only from its start).
+    #[test]
+    fn a_take_without_a_run_goes_on_past_a_word_it_emptied() {
+        let mut bits = Bits::new(256);
+        for i in [0, 1, 2, 3, 64, 65, 66, 67, 200] {
+            bits.set(i);
+        }
+        assert_eq!(bits.take(9, 100), vec![0, 1, 2, 3, 64, 65, 66, 67, 200]);
+        assert_eq!(bits.count, 0);
+    }
 
     #[test]
     fn pages_come_from_the_small_half_and_prefer_runs() {
