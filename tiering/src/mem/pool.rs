@@ -315,17 +315,18 @@ impl Pool {
         }
     }
 
-    /// Reserves cached pages beyond `keep` for the caller to discard
-    /// (returns single-page slots and huge chunks; release them as holes
-    /// after discarding).
-    pub fn take_excess_cache(&mut self, keep: usize) -> (Vec<Slot>, Vec<Slot>) {
+    /// Reserves cached pages beyond `keep` for the caller to discard:
+    /// single-page slots, and huge chunks with whether each is still huge
+    /// (clean). Release them as holes after discarding, each chunk with its
+    /// flag: a discard empties a tainted chunk's page table but does not
+    /// free it, so the chunk stays tainted.
+    pub fn take_excess_cache(&mut self, keep: usize) -> (Vec<Slot>, Vec<(Slot, bool)>) {
         let mut chunks = Vec::new();
         for taint in [1, 0] {
             while self.cached_pages() > keep {
                 let Some(c) = self.huge_cached[taint].pop() else {
                     break;
                 };
-                // Discarded whole: keeps its taint (a page table may remain).
                 chunks.push((Slot(c * CHUNK_SLOTS as u32), taint == 0));
             }
         }
@@ -336,7 +337,20 @@ impl Pool {
             .into_iter()
             .map(|i| self.small_slot(i))
             .collect();
-        (pages, chunks.into_iter().map(|(s, _)| s).collect())
+        (pages, chunks)
+    }
+
+    /// Whether unreserved huge chunk `first` (its first slot) is tainted;
+    /// `None` when it is reserved or not a chunk's first slot.
+    #[cfg(test)]
+    pub fn chunk_tainted(&self, first: Slot) -> Option<bool> {
+        if !first.index().is_multiple_of(CHUNK_SLOTS) || first.index() >= self.half_slots() {
+            return None;
+        }
+        let c = (first.index() / CHUNK_SLOTS) as u32;
+        (0..2)
+            .find(|&t| self.huge_holes[t].contains(&c) || self.huge_cached[t].contains(&c))
+            .map(|t| t == 1)
     }
 
     /// Whether unreserved slot `slot` holds a cached page per the bookkeeping.
@@ -509,9 +523,32 @@ mod tests {
         p.release_pages(&pages, Holds::Cached);
         assert_eq!(p.cached_pages(), CHUNK_SLOTS + 10);
         let (small, huge) = p.take_excess_cache(4);
-        assert_eq!(huge.len(), 1);
+        assert_eq!(huge, [(c, true)]);
         assert_eq!(small.len(), 6);
         assert_eq!(p.cached_pages(), 4);
+        // Exactly what is kept: nothing taken, not even a chunk.
+        p.release_chunk(c, Holds::Cached, false);
+        assert_eq!(p.take_excess_cache(CHUNK_SLOTS + 4), (vec![], vec![]));
+        // A tainted chunk is taken (before a clean one) with its taint.
+        let (d, _) = p.reserve_chunk(Holds::Hole).unwrap();
+        p.release_chunk(d, Holds::Cached, true);
+        let (_, huge) = p.take_excess_cache(4 + CHUNK_SLOTS);
+        assert_eq!(huge, [(c, false)]);
+        p.release_chunk(c, Holds::Hole, false);
+        assert_eq!(p.chunk_tainted(c), Some(true));
+        assert_eq!(p.chunk_tainted(d), Some(false));
+    }
+
+    /// Pages are handed out next-fit: the search starts after the last
+    /// slot handed out, so a slot just given back is not the next one while
+    /// others are free.
+    #[test]
+    fn pages_are_handed_out_next_fit() {
+        let mut p = Pool::new(CHUNK_SLOTS);
+        let a = p.reserve_pages(1, Holds::Hole).unwrap()[0].0;
+        p.release_pages(&[a], Holds::Hole);
+        let b = p.reserve_pages(1, Holds::Hole).unwrap()[0].0;
+        assert_eq!(b.index(), a.index() + 1);
     }
 
     #[test]

@@ -262,15 +262,15 @@ impl TieredMemory {
             let (pages, chunks) = self.pool(t).take_excess_cache(keep);
             let addrs: Vec<usize> = pages.iter().map(|&s| self.slot_addr(t, s)).collect();
             self.discard_coalesced(&addrs);
-            for &c in &chunks {
+            for &(c, _) in &chunks {
                 if let Err(e) = self.discard(self.slot_addr(t, c), HUGE_PAGE_SIZE) {
                     tracing::error!("discarding a cached chunk: {e}");
                 }
             }
             let mut pool = self.pool(t);
             pool.release_pages(&pages, Holds::Hole);
-            for &c in &chunks {
-                pool.release_chunk(c, Holds::Hole, true);
+            for &(c, still_huge) in &chunks {
+                pool.release_chunk(c, Holds::Hole, still_huge);
             }
             pages.len() + chunks.len() * CHUNK_SLOTS
         }

@@ -2066,13 +2066,16 @@ fn discards_take_exactly_the_pages_given_and_trims_count_what_they_gave_back() {
         panic!("a huge chunk");
     };
     write_slots(&mem, tier, c, CHUNK_SLOTS, 2);
-    mem.release_staging(tier, &Staging::Chunk(c, Holds::Hole), Holds::Cached, true);
+    // Given back tainted (split: a page table in the pool area).
+    mem.release_staging(tier, &Staging::Chunk(c, Holds::Hole), Holds::Cached, false);
     assert_eq!(mem.pool(tier).cached_pages(), 3 + CHUNK_SLOTS);
     assert_eq!(
         mem.trim_tier_cache(tier, 2),
         CHUNK_SLOTS + 1,
         "the chunk and one page"
     );
+    // The discard left its page table: the chunk is a hole, still tainted.
+    assert_eq!(mem.pool(tier).chunk_tainted(c), Some(true));
     assert_eq!(mem.pool(tier).cached_pages(), 2);
     assert_eq!(mem.trim_pool_caches(0), 2);
     assert_eq!(mem.pool(tier).cached_pages(), 0);
