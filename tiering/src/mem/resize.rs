@@ -598,3 +598,93 @@ pub fn parse_capacity_schedule(s: &str) -> Result<Vec<CapacityStep>, CapacitySch
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::tests::setup;
+    use crate::mem::InitialPlacement;
+
+    /// A shrink below what the tier holds leaves an excess of exactly the
+    /// difference, until a step moves it; a tier that does not exist has
+    /// none.
+    #[test]
+    fn the_excess_is_what_the_tier_holds_above_its_capacity() {
+        let Some((mem, _log, _m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
+            return;
+        };
+        assert_eq!(mem.excess_pages(0), 0);
+        mem.resize(0, 700).unwrap();
+        assert_eq!(mem.excess_pages(0), 1024 - 700);
+        assert_eq!(mem.excess_pages(1), 0);
+        assert_eq!(mem.excess_pages(7), 0);
+    }
+
+    /// The sweep goes on from where the last one stopped (the cursor is
+    /// the end of the last 2 MiB range it scanned), not from page 0.
+    #[test]
+    fn a_sweep_goes_on_from_where_the_last_one_stopped() {
+        let Some((mem, _log, _m, _faults)) = setup(2048, 2048, InitialPlacement::FastFirst) else {
+            return;
+        };
+        let first = mem.sweep_victims(0, 10);
+        assert_eq!(first, (0..10).map(Unit::page).collect::<Vec<_>>());
+        let next = mem.sweep_victims(0, 10);
+        assert_eq!(next, (512..522).map(Unit::page).collect::<Vec<_>>());
+        // Resumed from a cursor inside a range: from that range's start.
+        mem.sweep[0].0.store(1024 + 77, Ordering::Relaxed);
+        let mid = mem.sweep_victims(0, 3);
+        assert_eq!(mid, (1024..1027).map(Unit::page).collect::<Vec<_>>());
+    }
+
+    /// Pages with a valid shadow below are not sweep victims: the shrink's
+    /// shadow step remaps them without a copy.
+    #[test]
+    fn a_sweep_leaves_pages_with_a_shadow_to_the_shadow_step() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let units = |r: std::ops::Range<u64>| r.map(Unit::page).collect::<Vec<_>>();
+        m.promote(&units(0..20), Mechanism::TPM).unwrap();
+        m.promote(
+            &units(20..40),
+            Mechanism::Transactional { keep_shadow: false },
+        )
+        .unwrap();
+        assert_eq!(mem.shadowed_pages(0, 100).len(), 20);
+        assert_eq!(mem.sweep_victims(0, 10), units(20..30));
+    }
+
+    /// The resize driver applies a scheduled shrink and steps it until the
+    /// tier holds no more than its new capacity.
+    #[test]
+    fn the_resize_driver_applies_a_schedule_and_converges() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
+            return;
+        };
+        let cfg = ResizeConfig {
+            schedules: vec![(
+                0,
+                vec![CapacityStep {
+                    at: std::time::Duration::ZERO,
+                    pages: 600,
+                }],
+            )],
+            period: std::time::Duration::from_millis(5),
+            ..ResizeConfig::default()
+        };
+        let d = ResizeDriver::spawn(m.clone(), cfg).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while (mem.capacity(0) != 600 || mem.excess_pages(0) > 0)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let rep = d.stop();
+        assert_eq!(mem.capacity(0), 600, "{rep:?}");
+        assert_eq!(mem.excess_pages(0), 0, "{rep:?}");
+        assert!(rep.steps > 0 && rep.demoted >= 1024 - 600, "{rep:?}");
+        assert_eq!(rep.applied.len(), 1, "{rep:?}");
+        mem.check_consistency().unwrap();
+    }
+}
