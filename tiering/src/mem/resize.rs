@@ -653,6 +653,27 @@ mod tests {
         .unwrap();
         assert_eq!(mem.shadowed_pages(0, 100).len(), 20);
         assert_eq!(mem.sweep_victims(0, 10), units(20..30));
+        // Nor are parked pages (the parker owns their way back).
+        let parked = mem
+            .park_pages(&[40, 41], crate::mem::backing::Parker::Sampler)
+            .unwrap();
+        assert_eq!(parked, [40, 41]);
+        mem.sweep[0].0.store(0, Ordering::Relaxed);
+        assert_eq!(mem.sweep_victims(0, 3), units(20..23));
+        // Asked for more than there is: the 20 pages without a shadow
+        // (0..40 are the tier's; 40 and 41 are parked), after one scan.
+        assert_eq!(mem.sweep_victims(0, 40), units(20..40));
+        // Nor is a page a mover owns.
+        assert!(mem.pages.try_acquire(25, false).is_some());
+        let busy = mem.sweep_victims(0, 40);
+        mem.release_page(25, 0, 0);
+        assert_eq!(
+            busy,
+            units(20..25)
+                .into_iter()
+                .chain(units(26..40))
+                .collect::<Vec<_>>()
+        );
     }
 
     /// The resize driver applies a scheduled shrink and steps it until the
