@@ -676,6 +676,63 @@ mod tests {
         );
     }
 
+    /// With huge pages, a sweep takes a whole 2 MiB range as one unit when
+    /// every page of it is the tier's and the budget left holds it; else
+    /// the range's pages one by one.
+    #[test]
+    fn a_sweep_takes_whole_ranges_while_they_fit_the_budget() {
+        let Some((mem, _log, m, _faults)) = setup(2048, 2048, InitialPlacement::FastFirst) else {
+            return;
+        };
+        let run = |p: u64| Unit::run(p, CHUNK_SLOTS as u32);
+        let pages = |r: std::ops::Range<u64>| r.map(Unit::page).collect::<Vec<_>>();
+        let want: Vec<Unit> = [run(0), run(512)]
+            .into_iter()
+            .chain(pages(1024..1100))
+            .collect();
+        assert_eq!(mem.sweep_victims(0, 1100), want);
+        // A range with one page elsewhere goes page by page, without it.
+        m.demote(&[Unit::page(1500)], Mechanism::StopAndCopy)
+            .unwrap();
+        mem.sweep[0].0.store(1024, Ordering::Relaxed);
+        // ... and so does a whole range when less than 512 of the budget is
+        // left (1536..2048, after 511 pages).
+        let want = [pages(1024..1500), pages(1501..1536), pages(1536..2025)].concat();
+        assert!(
+            mem.sweep_victims(0, 1000) == want,
+            "pages 1024..2025 but 1500"
+        );
+    }
+
+    /// The shadow step's pages: the tier's pages with a shadow on a slower
+    /// tier, up to the number asked, none owned by a mover.
+    #[test]
+    fn the_shadow_step_finds_the_tiers_shadowed_pages() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let units = |r: std::ops::Range<u64>| r.map(Unit::page).collect::<Vec<_>>();
+        m.promote(&units(10..20), Mechanism::TPM).unwrap();
+        let found = |want| mem.shadowed_pages(0, want);
+        assert_eq!(
+            found(4),
+            units(10..14)
+                .into_iter()
+                .map(|u| (1, u))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(found(100).len(), 10);
+        assert!(
+            mem.shadowed_pages(1, 100).is_empty(),
+            "the slow tier's pages have none"
+        );
+        assert!(mem.pages.try_acquire(12, false).is_some());
+        let busy = found(100);
+        mem.release_page(12, 0, 0);
+        assert_eq!(busy.len(), 9);
+        assert!(busy.iter().all(|(_, u)| u.page != 12));
+    }
+
     /// The resize driver applies a scheduled shrink and steps it until the
     /// tier holds no more than its new capacity.
     #[test]
