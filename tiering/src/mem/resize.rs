@@ -733,6 +733,57 @@ mod tests {
         assert!(busy.iter().all(|(_, u)| u.page != 12));
     }
 
+    /// A shrink of a tier whose pages have shadows below remaps them (no
+    /// copy; a page written since its promotion is copied) and needs no
+    /// demotion; the report says so.
+    #[test]
+    fn a_shrink_remaps_shadowed_pages_onto_their_shadows() {
+        let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let units: Vec<Unit> = (0..100).map(Unit::page).collect();
+        m.promote(&units, Mechanism::TPM).unwrap();
+        for p in 0..5 {
+            crate::mem::tests::guest_write(&mem, &log, p, 9);
+        }
+        mem.resize(0, 60).unwrap();
+        let rep = m.shrink_step(0, 1000, None).unwrap();
+        assert!(rep.complete, "{rep:?}");
+        assert_eq!(
+            (rep.shadow_demoted, rep.demoted, rep.shadows_reclaimed),
+            (40, 0, 0),
+            "{rep:?}"
+        );
+        assert_eq!((rep.target_pages, rep.used_pages), (60, 60), "{rep:?}");
+        assert!((0..5).all(|p| crate::mem::tests::word(&mem, p).load(Ordering::SeqCst) == 9));
+        mem.check_consistency().unwrap();
+    }
+
+    /// A shrink of a tier that holds shadows drops shadows first, only
+    /// while it is above its capacity; its used pages count both.
+    #[test]
+    fn a_shrink_of_a_tier_that_holds_shadows_drops_them_first() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let units: Vec<Unit> = (0..100).map(Unit::page).collect();
+        m.promote(&units, Mechanism::TPM).unwrap();
+        let slow = &mem.tiers[1];
+        assert_eq!((slow.guest(), slow.shadows()), (924, 100));
+        // Exactly full: nothing above the capacity, nothing dropped.
+        mem.resize(1, 1024).unwrap();
+        let rep = m.shrink_step(1, 1000, None).unwrap();
+        assert_eq!(rep.shadows_reclaimed, 0, "{rep:?}");
+        assert_eq!(rep.used_pages, 1024, "{rep:?}");
+        // 24 above: 24 shadows dropped, and one more for a free page.
+        mem.resize(1, 1000).unwrap();
+        let rep = m.shrink_step(1, 1000, None).unwrap();
+        assert!(rep.complete, "{rep:?}");
+        assert_eq!((rep.shadows_reclaimed, rep.demoted), (25, 0), "{rep:?}");
+        assert_eq!(rep.used_pages, 924 + 75, "{rep:?}");
+        mem.check_consistency().unwrap();
+    }
+
     /// The resize driver applies a scheduled shrink and steps it until the
     /// tier holds no more than its new capacity.
     #[test]
