@@ -784,6 +784,24 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// Given the policy's order (coldest first), a shrink demotes the first
+    /// of its units that are on the tier, and only as many as the excess.
+    #[test]
+    fn a_shrink_in_the_policys_order_demotes_its_first_units_on_the_tier() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
+            return;
+        };
+        let units = |r: std::ops::Range<u64>| r.map(Unit::page).collect::<Vec<_>>();
+        m.demote(&units(500..510), Mechanism::StopAndCopy).unwrap();
+        mem.resize(0, 1004).unwrap();
+        let order = [units(500..510), units(700..720)].concat();
+        let rep = m.shrink_step(0, 1000, Some(&order)).unwrap();
+        assert!(rep.complete, "{rep:?}");
+        assert_eq!(rep.demoted, 10, "{rep:?}");
+        assert!((700..710).all(|p| mem.tier_of(p) == Some(1)));
+        assert!((710..720).all(|p| mem.tier_of(p) == Some(0)));
+    }
+
     /// The resize driver applies a scheduled shrink and steps it until the
     /// tier holds no more than its new capacity.
     #[test]
