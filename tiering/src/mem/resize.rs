@@ -802,6 +802,97 @@ mod tests {
         assert!((710..720).all(|p| mem.tier_of(p) == Some(0)));
     }
 
+    /// A victim written during its TPM copy aborts; the shrink moves it by
+    /// stop-and-copy in the same step and counts it with the others.
+    #[test]
+    fn a_shrink_moves_a_victim_written_during_its_copy_by_stop_and_copy() {
+        use crate::test_point::{with_action, TestPoint};
+        let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
+            return;
+        };
+        mem.resize(0, 1014).unwrap();
+        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (mm, lg, f) = (mem.clone(), log.clone(), fired.clone());
+        let order: Vec<Unit> = (300..310).map(Unit::page).collect();
+        let rep = with_action(
+            move |point| {
+                if point == TestPoint::TpmCopied && !f.swap(true, Ordering::SeqCst) {
+                    crate::mem::tests::guest_write(&mm, &lg, 303, 77);
+                }
+            },
+            || m.shrink_step(0, 1000, Some(&order)),
+        )
+        .unwrap();
+        assert!(fired.load(Ordering::SeqCst));
+        assert!(rep.complete, "{rep:?}");
+        assert_eq!(rep.demoted, 10, "{rep:?}");
+        assert!((300..310).all(|p| mem.tier_of(p) == Some(1)));
+        assert_eq!(
+            crate::mem::tests::word(&mem, 303).load(Ordering::SeqCst),
+            77
+        );
+        mem.check_consistency().unwrap();
+    }
+
+    /// Three tiers, page p on tier p % 3, and no shadow reclaimed behind
+    /// the test's back.
+    fn three_tiers() -> Option<crate::mem::tests::Env> {
+        let mut cfg = crate::mem::tests::three_tiers_interleaved();
+        cfg.shadow_low_watermark_pages = Some(0);
+        crate::mem::tests::setup_with(cfg)
+    }
+
+    fn pages_on(mem: &TieredMemory, tier: TierId) -> Vec<usize> {
+        (0..mem.guest_pages())
+            .filter(|&p| mem.tier_of(p) == Some(tier))
+            .collect()
+    }
+
+    /// A shrink demotes to the first slower tier with room: past a full
+    /// next tier to the one after it.
+    #[test]
+    fn a_shrink_demotes_past_a_full_tier_to_one_with_room() {
+        let Some((mem, _log, m, _faults)) = three_tiers() else {
+            return;
+        };
+        mem.resize(1, 32).unwrap(); // tier 1 full
+        mem.resize(0, 24).unwrap(); // 8 above
+        let rep = m.shrink_step(0, 1000, None).unwrap();
+        assert!(rep.complete, "{rep:?}");
+        assert_eq!(rep.demoted, 8, "{rep:?}");
+        assert_eq!(
+            (
+                pages_on(&mem, 0).len(),
+                pages_on(&mem, 1).len(),
+                pages_on(&mem, 2).len()
+            ),
+            (24, 32, 40)
+        );
+        mem.check_consistency().unwrap();
+    }
+
+    /// When no slower tier has room, a shrink reclaims a slower tier's
+    /// shadows (here of pages promoted from it) to make some.
+    #[test]
+    fn a_shrink_makes_room_below_by_reclaiming_shadows() {
+        let Some((mem, _log, m, _faults)) = three_tiers() else {
+            return;
+        };
+        let from_2: Vec<Unit> = pages_on(&mem, 2)[..16]
+            .iter()
+            .map(|&p| Unit::page(p as u64))
+            .collect();
+        m.promote(&from_2, Mechanism::TPM).unwrap();
+        assert_eq!((mem.tiers[2].guest(), mem.tiers[2].shadows()), (16, 16));
+        mem.resize(2, 32).unwrap(); // tier 2 full, half of it shadows
+        mem.resize(1, 24).unwrap(); // 8 above
+        let rep = m.shrink_step(1, 1000, None).unwrap();
+        assert!(rep.complete, "{rep:?}");
+        assert_eq!(rep.demoted, 8, "{rep:?}");
+        assert_eq!((mem.tiers[2].guest(), mem.tiers[2].shadows()), (24, 8));
+        mem.check_consistency().unwrap();
+    }
+
     /// The resize driver applies a scheduled shrink and steps it until the
     /// tier holds no more than its new capacity.
     #[test]
@@ -827,11 +918,48 @@ mod tests {
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        // A change asked through a handle is applied at once and reported.
+        let h = d.handle(mem.clone());
+        assert_eq!(h.set_capacity(0, 900).unwrap(), 900);
+        while h.report().applied.len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(
+            h.report().applied.last().map(|a| (a.1, a.2)),
+            Some((0, 900))
+        );
+        assert!(
+            h.set_capacity(0, 1 << 30).is_err(),
+            "above the tier's maximum"
+        );
         let rep = d.stop();
-        assert_eq!(mem.capacity(0), 600, "{rep:?}");
+        assert_eq!(mem.capacity(0), 900, "{rep:?}");
         assert_eq!(mem.excess_pages(0), 0, "{rep:?}");
         assert!(rep.steps > 0 && rep.demoted >= 1024 - 600, "{rep:?}");
-        assert_eq!(rep.applied.len(), 1, "{rep:?}");
+        assert_eq!(rep.applied.len(), 2, "{rep:?}");
         mem.check_consistency().unwrap();
+    }
+
+    /// A resize driver dropped without `stop` stops too: a step scheduled
+    /// after the drop is never applied.
+    #[test]
+    fn a_dropped_resize_driver_stops() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
+            return;
+        };
+        let cfg = ResizeConfig {
+            schedules: vec![(
+                0,
+                vec![CapacityStep {
+                    at: std::time::Duration::from_millis(300),
+                    pages: 600,
+                }],
+            )],
+            period: std::time::Duration::from_millis(5),
+            ..ResizeConfig::default()
+        };
+        drop(ResizeDriver::spawn(m.clone(), cfg).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        assert_eq!(mem.capacity(0), 1024);
     }
 }

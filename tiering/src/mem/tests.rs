@@ -2230,7 +2230,7 @@ fn a_probe_arms_a_huge_range_whole_and_its_drop_disarms_every_page() {
 }
 
 /// 96 guest pages over three tiers of 64 pages each, page p on tier p % 3.
-fn three_tiers_interleaved() -> MemConfig {
+pub(super) fn three_tiers_interleaved() -> MemConfig {
     let mut cfg = MemConfig::new(96 * PAGE_SIZE, 64);
     cfg.placement = InitialPlacement::Interleave;
     cfg.tiers[1].capacity_pages = 64;
