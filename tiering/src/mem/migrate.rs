@@ -1114,3 +1114,54 @@ fn copy_written_into_shadows(
     }
     copied
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::tests::setup;
+    use crate::mem::InitialPlacement;
+
+    /// Adding an outcome adds every one of its counts.
+    #[test]
+    fn adding_outcomes_adds_every_count() {
+        let one = |k: usize| BatchOutcome {
+            migrated: k,
+            committed: 2 * k,
+            aborted: 3 * k,
+            aborted_pages: 4 * k,
+            retries_queued: 5 * k,
+            shadow_demoted: 6 * k,
+            shadow_copied: 7 * k,
+            skipped_no_space: 8 * k,
+            skipped_busy: 9 * k,
+            skipped_untouched: 10 * k,
+            already_placed: 11 * k,
+        };
+        let mut sum = one(1);
+        sum.add(&one(2));
+        assert_eq!(format!("{sum:?}"), format!("{:?}", one(3)));
+    }
+
+    /// After a batch, a tier whose free pages fell below its shadows' low
+    /// watermark (4 pages here) gets shadows reclaimed up to twice it; at or
+    /// above the watermark none is.
+    #[test]
+    fn a_batch_reclaims_shadows_below_the_low_watermark_up_to_twice_it() {
+        for (capacity, shadows_left) in [(1030, 10), (1028, 10), (1026, 4)] {
+            let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst)
+            else {
+                return;
+            };
+            assert_eq!(mem.shadow_low_watermark(1), 4);
+            mem.resize(1, capacity).unwrap();
+            let units: Vec<Unit> = (0..10).map(Unit::page).collect();
+            m.promote(&units, Mechanism::TPM).unwrap();
+            assert_eq!(
+                mem.tiers[1].shadows(),
+                shadows_left,
+                "slow tier of {capacity} pages: {} free after the batch",
+                mem.free_pages(1)
+            );
+        }
+    }
+}
