@@ -1142,6 +1142,35 @@ mod tests {
         assert_eq!(format!("{sum:?}"), format!("{:?}", one(3)));
     }
 
+    /// A unit with a page a mover owns is skipped whole, and counted by its
+    /// pages; a page already on the destination is counted as placed.
+    #[test]
+    fn units_with_a_busy_page_are_skipped_whole_and_counted() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        m.promote(&[Unit::page(20)], Mechanism::StopAndCopy)
+            .unwrap();
+        assert!(mem.pages.try_acquire(5, false).is_some());
+        assert!(mem.pages.try_acquire(9, false).is_some());
+        let units = [
+            Unit::page(5),
+            Unit::run(8, 4),
+            Unit::page(20),
+            Unit::page(30),
+        ];
+        let out = m.promote(&units, Mechanism::StopAndCopy).unwrap();
+        mem.release_page(5, 0, 0);
+        mem.release_page(9, 0, 0);
+        assert_eq!(
+            (out.skipped_busy, out.already_placed, out.migrated),
+            (5, 1, 1),
+            "{out:?}"
+        );
+        assert!((8..12).all(|p| mem.tier_of(p) == Some(1)));
+        assert_eq!(mem.tier_of(30), Some(0));
+    }
+
     /// After a batch, a tier whose free pages fell below its shadows' low
     /// watermark (4 pages here) gets shadows reclaimed up to twice it; at or
     /// above the watermark none is.
