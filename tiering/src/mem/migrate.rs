@@ -1171,6 +1171,52 @@ mod tests {
         assert_eq!(mem.tier_of(30), Some(0));
     }
 
+    /// A move to a full tier reclaims that tier's shadows: enough for the
+    /// run and the low watermark (4 pages here), no more.
+    #[test]
+    fn a_move_to_a_full_tier_reclaims_shadows_for_the_run_and_the_watermark() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let units: Vec<Unit> = (0..10).map(Unit::page).collect();
+        m.promote(&units, Mechanism::TPM).unwrap();
+        m.promote(&[Unit::page(20)], Mechanism::StopAndCopy)
+            .unwrap();
+        mem.resize(1, 1023).unwrap(); // 1013 guest pages and 10 shadows: full
+        let out = m.demote(&[Unit::page(20)], Mechanism::StopAndCopy).unwrap();
+        assert_eq!(out.migrated, 1, "{out:?}");
+        assert_eq!((mem.tiers[1].shadows(), mem.free_pages(1)), (5, 4));
+    }
+
+    /// A page copied to a third tier gives up its shadow on the other
+    /// slower tier (the shadow would be stale).
+    #[test]
+    fn a_copied_page_gives_up_its_shadow_elsewhere() {
+        let mut cfg = crate::mem::tests::three_tiers_interleaved();
+        cfg.shadow_low_watermark_pages = Some(0);
+        let Some((mem, _log, m, _faults)) = crate::mem::tests::setup_with(cfg) else {
+            return;
+        };
+        // Page 2 is on tier 2: promoted with a shadow there, then copied to tier 1.
+        m.promote(&[Unit::page(2)], Mechanism::TPM).unwrap();
+        assert_eq!(mem.tiers[2].shadows(), 1);
+        let out = m
+            .migrate(
+                &[Unit::page(2)],
+                1,
+                Mechanism::Transactional { keep_shadow: false },
+            )
+            .unwrap();
+        assert_eq!(out.migrated, 1, "{out:?}");
+        assert_eq!(mem.tier_of(2), Some(1));
+        assert_eq!(mem.tiers[2].shadows(), 0);
+        assert_eq!(
+            crate::mem::page_map::shadow_tier_of(mem.pages.load(2)),
+            None
+        );
+        mem.check_consistency().unwrap();
+    }
+
     /// After a batch, a tier whose free pages fell below its shadows' low
     /// watermark (4 pages here) gets shadows reclaimed up to twice it; at or
     /// above the watermark none is.
