@@ -321,7 +321,7 @@ mod tests {
     /// while the dirty log cannot be read, so both fail.
     #[test]
     fn a_failed_retry_and_a_failed_harvest_count_one_error_each() {
-        use crate::mem::tests::{setup, word};
+        use crate::mem::tests::{guest_write, setup};
         use crate::mem::InitialPlacement;
         use crate::test_point::{with_action, TestPoint};
         let Some((mem, log, m, _faults)) = setup(64, 64, InitialPlacement::SlowFirst) else {
@@ -332,8 +332,7 @@ mod tests {
         let out = with_action(
             move |point| {
                 if point == TestPoint::TpmCopied && !f.swap(true, Ordering::SeqCst) {
-                    let _g = lg.write_guard(7, 1);
-                    word(&mm, 7).store(7, Ordering::SeqCst);
+                    guest_write(&mm, &lg, 7, 7);
                 }
             },
             || m.promote(&[Unit::page(7)], Mechanism::TPM),

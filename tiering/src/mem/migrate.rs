@@ -1192,9 +1192,7 @@ mod tests {
     /// slower tier (the shadow would be stale).
     #[test]
     fn a_copied_page_gives_up_its_shadow_elsewhere() {
-        let mut cfg = crate::mem::tests::three_tiers_interleaved();
-        cfg.shadow_low_watermark_pages = Some(0);
-        let Some((mem, _log, m, _faults)) = crate::mem::tests::setup_with(cfg) else {
+        let Some((mem, _log, m, _faults)) = crate::mem::tests::setup_three_tiers() else {
             return;
         };
         // Page 2 is on tier 2: promoted with a shadow there, then copied to tier 1.

@@ -602,7 +602,7 @@ pub fn parse_capacity_schedule(s: &str) -> Result<Vec<CapacityStep>, CapacitySch
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem::tests::setup;
+    use crate::mem::tests::{setup, setup_three_tiers};
     use crate::mem::InitialPlacement;
 
     /// A shrink below what the tier holds leaves an excess of exactly the
@@ -834,14 +834,6 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
-    /// Three tiers, page p on tier p % 3, and no shadow reclaimed behind
-    /// the test's back.
-    fn three_tiers() -> Option<crate::mem::tests::Env> {
-        let mut cfg = crate::mem::tests::three_tiers_interleaved();
-        cfg.shadow_low_watermark_pages = Some(0);
-        crate::mem::tests::setup_with(cfg)
-    }
-
     fn pages_on(mem: &TieredMemory, tier: TierId) -> Vec<usize> {
         (0..mem.guest_pages())
             .filter(|&p| mem.tier_of(p) == Some(tier))
@@ -852,7 +844,7 @@ mod tests {
     /// next tier to the one after it.
     #[test]
     fn a_shrink_demotes_past_a_full_tier_to_one_with_room() {
-        let Some((mem, _log, m, _faults)) = three_tiers() else {
+        let Some((mem, _log, m, _faults)) = setup_three_tiers() else {
             return;
         };
         mem.resize(1, 32).unwrap(); // tier 1 full
@@ -875,7 +867,7 @@ mod tests {
     /// shadows (here of pages promoted from it) to make some.
     #[test]
     fn a_shrink_makes_room_below_by_reclaiming_shadows() {
-        let Some((mem, _log, m, _faults)) = three_tiers() else {
+        let Some((mem, _log, m, _faults)) = setup_three_tiers() else {
             return;
         };
         let from_2: Vec<Unit> = pages_on(&mem, 2)[..16]
@@ -893,6 +885,16 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// A driver's settings: tier 0 set to 600 pages at `at`, a step every
+    /// 5 ms.
+    fn fast_tier_to_600_pages_at(at: std::time::Duration) -> ResizeConfig {
+        ResizeConfig {
+            schedules: vec![(0, vec![CapacityStep { at, pages: 600 }])],
+            period: std::time::Duration::from_millis(5),
+            ..ResizeConfig::default()
+        }
+    }
+
     /// The resize driver applies a scheduled shrink and steps it until the
     /// tier holds no more than its new capacity.
     #[test]
@@ -900,17 +902,7 @@ mod tests {
         let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
             return;
         };
-        let cfg = ResizeConfig {
-            schedules: vec![(
-                0,
-                vec![CapacityStep {
-                    at: std::time::Duration::ZERO,
-                    pages: 600,
-                }],
-            )],
-            period: std::time::Duration::from_millis(5),
-            ..ResizeConfig::default()
-        };
+        let cfg = fast_tier_to_600_pages_at(std::time::Duration::ZERO);
         let d = ResizeDriver::spawn(m.clone(), cfg).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while (mem.capacity(0) != 600 || mem.excess_pages(0) > 0)
@@ -947,17 +939,7 @@ mod tests {
         let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
             return;
         };
-        let cfg = ResizeConfig {
-            schedules: vec![(
-                0,
-                vec![CapacityStep {
-                    at: std::time::Duration::from_millis(300),
-                    pages: 600,
-                }],
-            )],
-            period: std::time::Duration::from_millis(5),
-            ..ResizeConfig::default()
-        };
+        let cfg = fast_tier_to_600_pages_at(std::time::Duration::from_millis(300));
         drop(ResizeDriver::spawn(m.clone(), cfg).unwrap());
         std::thread::sleep(std::time::Duration::from_millis(600));
         assert_eq!(mem.capacity(0), 1024);

@@ -2230,7 +2230,7 @@ fn a_probe_arms_a_huge_range_whole_and_its_drop_disarms_every_page() {
 }
 
 /// 96 guest pages over three tiers of 64 pages each, page p on tier p % 3.
-pub(super) fn three_tiers_interleaved() -> MemConfig {
+fn three_tiers_interleaved() -> MemConfig {
     let mut cfg = MemConfig::new(96 * PAGE_SIZE, 64);
     cfg.placement = InitialPlacement::Interleave;
     cfg.tiers[1].capacity_pages = 64;
@@ -2244,6 +2244,14 @@ pub(super) fn three_tiers_interleaved() -> MemConfig {
     cfg
 }
 
+/// [`three_tiers_interleaved`] set up, with no shadow reclaimed behind a
+/// test's back (a low watermark of 0).
+pub(super) fn setup_three_tiers() -> Option<Env> {
+    let mut cfg = three_tiers_interleaved();
+    cfg.shadow_low_watermark_pages = Some(0);
+    setup_with(cfg)
+}
+
 /// Shadow reclaim on one tier of three: oldest first among that tier's
 /// shadows, passing over (never freeing) the other tiers', skipping and
 /// dropping the entries of shadows invalidated since; with no shadow on the
@@ -2251,9 +2259,7 @@ pub(super) fn three_tiers_interleaved() -> MemConfig {
 /// stale-entry test).
 #[test]
 fn reclaim_frees_only_the_asked_tiers_shadows_oldest_first() {
-    let mut cfg = three_tiers_interleaved();
-    cfg.shadow_low_watermark_pages = Some(0);
-    let Some((mem, log, m, faults)) = setup_with(cfg) else {
+    let Some((mem, log, m, faults)) = setup_three_tiers() else {
         return;
     };
     fill(&mem);
