@@ -20,6 +20,12 @@ const (
 	PhaseCreating = "creating"
 	// PhasePrepared: the VM is running for the claim.
 	PhasePrepared = "prepared"
+	// PhaseUnpreparing is written before the VM is asked to stop for an
+	// unprepare: the claim no longer holds it (the service releases a
+	// stopping VM's reservation at once), and reconciliation finishes the
+	// removal rather than creating the VM again. Its VM may take a while to
+	// end: its process can be inside a slow kernel call (docs/scale-out.md).
+	PhaseUnpreparing = "unpreparing"
 )
 
 // DeviceRef is one allocated device of a claim, as returned to the kubelet.

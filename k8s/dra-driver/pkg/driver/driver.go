@@ -218,6 +218,9 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	if err != nil {
 		return nil, fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
 	}
+	if e, ok := d.state.Entries[claim.UID]; ok && e.Phase == PhaseUnpreparing {
+		return nil, fmt.Errorf("node %s: claim %s/%s is being unprepared: its VM %s is still stopping (the kubelet retries)", d.cfg.NodeName, e.Namespace, e.Name, e.VMID)
+	}
 	if e, ok := d.state.Entries[claim.UID]; ok && e.Phase == PhasePrepared {
 		if vm, ok := d.findVM(ctx, host, e); ok && vm.Alive() {
 			return e.Devices, nil // idempotent: already prepared
@@ -418,13 +421,12 @@ func vmName(claim *resourceapi.ResourceClaim) string {
 }
 
 // UnprepareResourceClaims deletes each claim's VM (idempotent: a claim the
-// driver does not know is done).
+// driver does not know is done). The wait for a VM to end holds no lock:
+// other claims' prepares and the reconciliation go on meanwhile.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	if err := d.waitFirstRound(ctx); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		out[c.UID] = d.unprepare(ctx, c.UID)
@@ -432,22 +434,66 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	return out, nil
 }
 
+// UnprepareWait bounds one unprepare's wait for its VM to end; past it the
+// call fails, the kubelet retries, and the entry stays unpreparing.
+const UnprepareWait = 30 * time.Second
+
 func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
+	vmID, err := d.beginUnprepare(ctx, uid)
+	if err != nil || vmID == "" {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, UnprepareWait)
+	err = d.svc.Remove(rctx, vmID)
+	cancel()
+	if err != nil {
+		d.mu.Lock()
+		e := d.state.Entries[uid]
+		d.mu.Unlock()
+		name := string(uid)
+		if e != nil {
+			name = e.Namespace + "/" + e.Name
+		}
+		return fmt.Errorf("node %s: delete VM %s of claim %s: %w", d.cfg.NodeName, vmID, name, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.forget(ctx, uid)
+}
+
+// beginUnprepare marks the claim's entry unpreparing and returns its VM's id
+// ("" when there is nothing to wait for: no entry, or no VM left, in which
+// case the entry is gone too).
+func (d *Driver) beginUnprepare(ctx context.Context, uid types.UID) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.state.Entries[uid]
+	if !ok {
+		return "", nil
+	}
+	host, err := d.svc.Host(ctx)
+	if err != nil {
+		return "", fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
+	}
+	vm, found := d.findVM(ctx, host, e)
+	if !found {
+		return "", d.forget(ctx, uid)
+	}
+	if e.Phase != PhaseUnpreparing {
+		e.Phase = PhaseUnpreparing
+		if err := d.state.save(d.statePath); err != nil {
+			return "", fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	return vm.ID, nil
+}
+
+// forget drops an unprepared claim's entry (if still there). The caller
+// holds d.mu.
+func (d *Driver) forget(ctx context.Context, uid types.UID) error {
 	e, ok := d.state.Entries[uid]
 	if !ok {
 		return nil
-	}
-	if host, err := d.svc.Host(ctx); err == nil {
-		if vm, ok := d.findVM(ctx, host, e); ok {
-			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := d.svc.Remove(rctx, vm.ID)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("node %s: delete VM %s of claim %s/%s: %w", d.cfg.NodeName, vm.ID, e.Namespace, e.Name, err)
-			}
-		}
-	} else {
-		return fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
 	}
 	delete(d.state.Entries, uid)
 	klog.FromContext(ctx).Info("unprepared claim", "claim", e.Namespace+"/"+e.Name, "vm", e.VMID)

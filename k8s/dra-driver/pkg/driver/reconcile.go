@@ -21,6 +21,10 @@ import (
 //   - a claim the driver prepared that is gone from the API server (deleted,
 //     replaced by another of the same name, or allocated elsewhere) has its
 //     VM deleted: no VM without a claim;
+//   - an unpreparing claim (the kubelet's unprepare has begun) has its VM
+//     stopped and, once the VM is gone, its entry dropped; it never gets a
+//     VM again. None of this waits for a VM to end: each round takes one
+//     step, so a VM slow to stop never holds the loop (or the lock);
 //   - a prepared claim whose VM the service no longer has (the service
 //     restarted: its VMs stop with it) gets its VM created again with the
 //     same spec: no claim without its VM;
@@ -45,6 +49,10 @@ func (d *Driver) Reconcile(ctx context.Context) error {
 	}
 	changed := false
 	for uid, e := range d.state.Entries {
+		if e.Phase == PhaseUnpreparing {
+			changed = d.finishUnprepare(ctx, host, uid, e) || changed
+			continue
+		}
 		gone, why, err := d.claimGone(ctx, e)
 		if err != nil {
 			logger.Error(err, "claim lookup", "claim", e.Namespace+"/"+e.Name)
@@ -52,14 +60,9 @@ func (d *Driver) Reconcile(ctx context.Context) error {
 		}
 		vm, found := d.findVM(ctx, host, e)
 		if gone {
-			if found {
-				if err := d.svc.Remove(ctx, vm.ID); err != nil {
-					logger.Error(err, "delete VM of a claim that is gone", "vm", vm.ID)
-					continue
-				}
-			}
-			logger.Info("claim gone: VM deleted", "claim", e.Namespace+"/"+e.Name, "why", why, "vm", e.VMID, "found", found)
-			delete(d.state.Entries, uid)
+			logger.Info("claim gone: deleting its VM", "claim", e.Namespace+"/"+e.Name, "why", why, "vm", e.VMID, "found", found)
+			e.Phase = PhaseUnpreparing
+			d.finishUnprepare(ctx, host, uid, e)
 			changed = true
 			continue
 		}
@@ -108,6 +111,41 @@ func (d *Driver) Reconcile(ctx context.Context) error {
 	return d.publish(ctx, host)
 }
 
+// finishUnprepare takes one step towards the end of an unpreparing entry
+// (see stepRemove); once its VM is gone the entry is too, and the kubelet's
+// next unprepare of it succeeds at once. Never creates the VM again.
+// Reports whether the entry changed. The caller holds d.mu.
+func (d *Driver) finishUnprepare(ctx context.Context, host *tiervm.Host, uid types.UID, e *Entry) bool {
+	if vm, found := d.findVM(ctx, host, e); found {
+		gone, err := d.stepRemove(ctx, vm)
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "delete the VM of an unpreparing claim", "claim", e.Namespace+"/"+e.Name, "vm", vm.ID)
+		}
+		if !gone {
+			return false
+		}
+	}
+	delete(d.state.Entries, uid)
+	klog.FromContext(ctx).Info("unprepared claim: its VM is gone", "claim", e.Namespace+"/"+e.Name, "vm", e.VMID)
+	return true
+}
+
+// stepRemove takes one step, without waiting, towards a VM's removal: a
+// VM still alive is asked to stop, an ended one's record is removed, a
+// stopping one is left to end. Reports whether the VM is gone.
+func (d *Driver) stepRemove(ctx context.Context, vm *tiervm.VM) (bool, error) {
+	switch {
+	case vm.Alive():
+		return false, d.svc.Delete(ctx, vm.ID)
+	case !vm.Ended():
+		return false, nil
+	}
+	if err := d.svc.Delete(ctx, vm.ID); err != nil { // a VM already gone is no error
+		return false, err
+	}
+	return true, nil
+}
+
 // claimGone says whether the entry's claim no longer needs a VM here.
 func (d *Driver) claimGone(ctx context.Context, e *Entry) (bool, string, error) {
 	claim, err := d.kube.ResourceV1().ResourceClaims(e.Namespace).Get(ctx, e.Name, metav1.GetOptions{})
@@ -132,7 +170,7 @@ func (d *Driver) claimGone(ctx context.Context, e *Entry) (bool, string, error) 
 }
 
 // collectOrphans deletes VMs labelled as this driver's on this node that no
-// entry knows.
+// entry knows, a step per round (stepRemove).
 func (d *Driver) collectOrphans(ctx context.Context) {
 	vms, err := d.svc.List(ctx)
 	if err != nil {
@@ -150,15 +188,23 @@ func (d *Driver) collectOrphans(ctx context.Context) {
 		if known[vm.ID] {
 			continue
 		}
-		klog.FromContext(ctx).Info("orphan VM deleted", "vm", vm.ID, "claim", vm.Labels[LabelPrefix+"claim"])
-		_ = d.svc.Remove(ctx, vm.ID)
+		gone, err := d.stepRemove(ctx, &vm)
+		switch {
+		case err != nil:
+			klog.FromContext(ctx).Error(err, "delete orphan VM", "vm", vm.ID)
+		case gone:
+			klog.FromContext(ctx).Info("orphan VM deleted", "vm", vm.ID, "claim", vm.Labels[LabelPrefix+"claim"])
+		}
 	}
 }
 
-// ours sums the fast mins and mems of the entries the service holds.
+// ours sums the fast mins and mems of the entries the service holds
+// (prepared or being created).
 func (d *Driver) ours() (fast, slow int64) {
 	for _, e := range d.state.Entries {
-		if e.VMID == "" {
+		// An unpreparing entry's VM was asked to stop (or is about to be):
+		// the service released its reservation then.
+		if e.VMID == "" || e.Phase == PhaseUnpreparing {
 			continue
 		}
 		fast += e.FastMin()

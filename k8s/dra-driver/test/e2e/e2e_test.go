@@ -33,6 +33,15 @@ const (
 	ns         = "default"
 	driverName = driver.DefaultDriverName
 	mi         = int64(1) << 20
+	// vmEndBound bounds a wait that includes a VM's end: a pod is gone
+	// once its claim is unprepared, and an unprepare waits for the VM's
+	// process to end. On the dev host (nested PVM, 2 cores) that process
+	// can sit for a minute in a KVM memory-slot ioctl or in the close of
+	// its VM fd (the kernel waits there for an SRCU grace period) while
+	// other VMs' vCPUs are busy: up to 63 s measured with three busy VMs
+	// (benches/scripts/vm_lifecycle_latency.py, docs/results.md). The
+	// bound leaves twice that; each wait's time is printed.
+	vmEndBound = 150 * time.Second
 )
 
 // env is one run: the control plane, three nodes, the objects the test made.
@@ -649,10 +658,12 @@ func (e *env) testDeletePod() {
 	vm := e.vmOf(p, 768*mi)
 	claim := e.claimOf(p)
 	e.must(e.c.CoreV1().Pods(ns).Delete(e.ctx, "vm-768", metav1.DeleteOptions{}))
-	e.must(waitFor(e.ctx, 60*time.Second, "vm-768 gone", func() (bool, error) {
+	start := time.Now()
+	e.must(waitFor(e.ctx, vmEndBound, "vm-768 gone", func() (bool, error) {
 		_, err := e.pod("vm-768")
 		return apierrors.IsNotFound(err), nil
 	}))
+	e.note("pod vm-768 gone %s after its deletion", time.Since(start).Round(time.Millisecond))
 	e.must(waitFor(e.ctx, 60*time.Second, "vm-768's claim deleted", func() (bool, error) {
 		_, err := e.c.ResourceV1().ResourceClaims(ns).Get(e.ctx, claim.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
@@ -762,10 +773,12 @@ func (e *env) testDriverRestart() {
 	}
 	e.must(n.StartDriver())
 	e.note("node-a's driver killed (SIGKILL) with %d VMs; pod vm-gone-a deleted and vm-new-a created while it was down (neither could be unprepared or prepared); driver restarted", len(before))
-	e.must(waitFor(e.ctx, 60*time.Second, "vm-gone-a gone", func() (bool, error) {
+	restarted := time.Now()
+	e.must(waitFor(e.ctx, vmEndBound, "vm-gone-a gone", func() (bool, error) {
 		_, err := e.pod("vm-gone-a")
 		return apierrors.IsNotFound(err), nil
 	}))
+	e.note("pod vm-gone-a gone %s after the driver's restart", time.Since(restarted).Round(time.Millisecond))
 	p := e.waitRunning("vm-new-a", 90*time.Second)
 	e.vmOf(p, 16*mi)
 	if vm, err := n.Svc.Get(e.ctx, victimVM); err == nil && vm.PidOf() == pids[victimVM] {
@@ -871,7 +884,7 @@ func (e *env) testDrain() {
 		names = append(names, p.Name)
 		e.must(e.c.CoreV1().Pods(ns).Delete(e.ctx, p.Name, metav1.DeleteOptions{}))
 	}
-	e.must(waitFor(e.ctx, 60*time.Second, "node-b empty", func() (bool, error) {
+	e.must(waitFor(e.ctx, vmEndBound, "node-b empty", func() (bool, error) {
 		pods, err := e.c.CoreV1().Pods(ns).List(e.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
 		return err == nil && len(pods.Items) == 0, err
 	}))
@@ -897,7 +910,7 @@ func (e *env) testDrain() {
 
 func (e *env) testTeardown() {
 	e.must(e.c.CoreV1().Pods(ns).DeleteCollection(e.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}))
-	e.must(waitFor(e.ctx, 90*time.Second, "all pods gone", func() (bool, error) {
+	e.must(waitFor(e.ctx, vmEndBound, "all pods gone", func() (bool, error) {
 		pods, err := e.c.CoreV1().Pods(ns).List(e.ctx, metav1.ListOptions{})
 		return err == nil && len(pods.Items) == 0, err
 	}))

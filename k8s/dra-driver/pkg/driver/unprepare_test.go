@@ -1,0 +1,147 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"tiervm.local/k8s/dra-driver/pkg/tiervm"
+)
+
+// slowStopService stands in for a named tiervm service (the end-to-end test
+// runs the real one) whose one VM stays "stopping" after a DELETE until the
+// test lets it end: a VM process inside a slow kernel call.
+type slowStopService struct {
+	mu      sync.Mutex
+	state   string // "running", "stopping", "stopped", "" (gone)
+	labels  map[string]string
+	creates int
+	stopped chan struct{} // closed at the first DELETE of the running VM
+}
+
+func (s *slowStopService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	vm := func() {
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": "k8s-vm", "state": s.state, "image": "memcheck", "labels": s.labels})
+	}
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/v1/host":
+		_, _ = w.Write([]byte(`{"boot_id":"b1","pools":[{"tier":"fast","capacity_bytes":1073741824},{"tier":"slow","capacity_bytes":1073741824}]}`))
+	case r.Method == http.MethodGet && r.URL.Path == "/v1/vms":
+		_, _ = w.Write([]byte(`[]`))
+	case r.Method == http.MethodPost || r.Method == http.MethodPut:
+		s.creates++
+		w.WriteHeader(201)
+		s.state = "running"
+		vm()
+	case s.state == "":
+		w.WriteHeader(404)
+		_, _ = w.Write([]byte(`{"code":"not_found","message":"no such VM"}`))
+	case r.Method == http.MethodGet:
+		vm()
+	case r.Method == http.MethodDelete && s.state == "running":
+		s.state = "stopping"
+		close(s.stopped)
+		w.WriteHeader(202)
+		vm()
+	case r.Method == http.MethodDelete && s.state == "stopped":
+		s.state = ""
+		w.WriteHeader(204)
+	default: // DELETE while stopping: already asked
+		w.WriteHeader(202)
+		vm()
+	}
+}
+
+func (s *slowStopService) end() {
+	s.mu.Lock()
+	s.state = "stopped"
+	s.mu.Unlock()
+}
+
+// An unprepare whose VM is slow to stop holds no lock while it waits: a
+// reconciliation round runs meanwhile, and neither it nor a later round
+// creates the VM again once it has stopped; the unprepare then succeeds
+// and the entry is gone.
+func TestUnprepareOfASlowStoppingVM(t *testing.T) {
+	c := claim("node-a", 16*mi, 256*mi, "")
+	svc := &slowStopService{state: "running", stopped: make(chan struct{}),
+		labels: map[string]string{LabelPrefix + "claim-uid": string(c.UID)}}
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: svc}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	d, err := New(Config{NodeName: "node-a", StateDir: t.TempDir()}, fake.NewClientset(c), tiervm.New(sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(d.firstRound)
+	d.state.Entries[c.UID] = &Entry{ClaimUID: c.UID, Namespace: c.Namespace, Name: c.Name, Phase: PhasePrepared,
+		VMName: "k8s-vm", VMID: "k8s-vm", BootID: "b1", Spec: tiervm.Spec{Image: "memcheck", Mem: 256 * mi, Fast: &tiervm.FastRequest{Min: 16 * mi}}}
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}})
+		if err == nil {
+			err = out[c.UID]
+		}
+		done <- err
+	}()
+	select {
+	case <-svc.stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unprepare did not ask the service to stop the VM")
+	}
+	round := func(what string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r := make(chan error, 1)
+		go func() { r <- d.Reconcile(ctx) }()
+		select {
+		case err := <-r:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: a reconciliation round waited on the unprepare's VM", what)
+		}
+	}
+	round("round while the VM stops")
+	if e := d.Snapshot()[c.UID]; e.Phase != PhaseUnpreparing {
+		t.Fatalf("entry while its VM stops: %+v", e)
+	}
+	if f, _ := d.ours(); f != 0 {
+		t.Fatalf("an unpreparing claim's fast min is still counted as the driver's: %d", f)
+	}
+	svc.end()
+	round("round after the VM stopped")
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("unprepare: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unprepare did not end once the VM was gone")
+	}
+	if len(d.Snapshot()) != 0 || svc.creates != 0 {
+		t.Fatalf("after the unprepare: entries %v, VMs created %d (want none)", d.Snapshot(), svc.creates)
+	}
+	if _, err := d.prepare(context.Background(), c); err != nil || svc.creates != 1 {
+		t.Fatalf("a new prepare of the claim after the unprepare: %v (VMs created: %d)", err, svc.creates)
+	}
+}
