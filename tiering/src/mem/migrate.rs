@@ -1208,6 +1208,9 @@ mod tests {
         assert_eq!(out.migrated, 1, "{out:?}");
         assert_eq!(mem.tier_of(2), Some(1));
         assert_eq!(mem.tiers[2].shadows(), 0);
+        // Its shadow slot was emptied before the move, not healed by it
+        // (cargo-mutants: the shadow test of `prepare` inverted).
+        assert_eq!(mem.counters.slot_heals.load(Ordering::Relaxed), 0);
         assert_eq!(
             crate::mem::page_map::shadow_tier_of(mem.pages.load(2)),
             None
@@ -1235,6 +1238,63 @@ mod tests {
                 "slow tier of {capacity} pages: {} free after the batch",
                 mem.free_pages(1)
             );
+        }
+    }
+
+    /// A page never touched is released and counted as untouched, not
+    /// moved: here a run of 8 touched pages (the end of the first 2 MiB,
+    /// which the first touch commits whole) and 8 untouched ones.
+    #[test]
+    fn untouched_pages_of_a_run_are_counted_and_not_moved() {
+        let mut cfg = crate::mem::MemConfig::new(1024 * PAGE_SIZE, 1024);
+        cfg.placement = InitialPlacement::SlowFirst;
+        cfg.tiers[1].capacity_pages = 1088;
+        cfg.tiers[1].max_capacity_pages = 1088;
+        if !crate::host_support::require(&[crate::host_support::HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = Arc::new(TieredMemory::new(&cfg).expect("TieredMemory::new on a capable host"));
+        let _faults = crate::mem::FaultHandler::spawn(mem.clone()).unwrap();
+        mem.prefault(0, 1).unwrap();
+        let log = Arc::new(crate::mem::SoftDirtyLog::new(mem.guest_pages()));
+        let m = Migrator::new(mem.clone(), Box::new(log), MigratorConfig::default()).unwrap();
+        let out = m
+            .promote(&[Unit::run(504, 16)], Mechanism::StopAndCopy)
+            .unwrap();
+        assert_eq!((out.migrated, out.skipped_untouched), (8, 8), "{out:?}");
+        assert!((504..512).all(|p| mem.tier_of(p) == Some(0)));
+        assert!((512..520).all(|p| mem.tier_of(p).is_none()));
+        mem.check_consistency().unwrap();
+    }
+
+    /// A destination slot holding a stray page (no page owns it) is
+    /// discarded and the move retried, for that slot only: the batch moves
+    /// whole, one heal is counted, and the guest's data is intact.
+    #[test]
+    fn a_stray_page_in_a_destination_slot_is_healed_once() {
+        for mech in [Mechanism::StopAndCopy, Mechanism::TPM] {
+            let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst)
+            else {
+                return;
+            };
+            for p in 2..5 {
+                crate::mem::tests::guest_write(&mem, &log, p, 0x1000 + p as u64);
+            }
+            crate::mem::tests_planted::plant_page(&mem, mem.shadow_addr(3));
+            let units: Vec<Unit> = (2..5).map(Unit::page).collect();
+            let out = m.promote(&units, mech).unwrap();
+            assert_eq!(out.migrated, 3, "{mech:?}: {out:?}");
+            assert_eq!(
+                mem.counters.slot_heals.load(Ordering::Relaxed),
+                1,
+                "{mech:?}"
+            );
+            for p in 2..5 {
+                assert_eq!(mem.tier_of(p), Some(0), "{mech:?}: page {p}");
+                let v = crate::mem::tests::word(&mem, p).load(Ordering::SeqCst);
+                assert_eq!(v, 0x1000 + p as u64, "{mech:?}: page {p}");
+            }
+            mem.check_consistency().unwrap();
         }
     }
 }

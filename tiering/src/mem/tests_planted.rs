@@ -592,7 +592,7 @@ fn write_slots(mem: &TieredMemory, tier: TierId, first: Slot, pages: usize, valu
 }
 
 /// Moves a fresh page (first word `0xdead`) into the hole at `dst`.
-fn plant_page(mem: &TieredMemory, dst: usize) {
+pub(super) fn plant_page(mem: &TieredMemory, dst: usize) {
     let st: Staging = mem.reserve_staging(1, 1, Holds::Hole).expect("a pool slot");
     let a = st.addr(mem, 1, 0);
     // SAFETY: `a` is a reserved pool slot of our mapping (a hole is allocated by the write).
