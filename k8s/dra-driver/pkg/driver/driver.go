@@ -439,7 +439,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 const UnprepareWait = 30 * time.Second
 
 func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
-	vmID, err := d.beginUnprepare(ctx, uid)
+	vmID, claim, err := d.beginUnprepare(ctx, uid)
 	if err != nil || vmID == "" {
 		return err
 	}
@@ -447,14 +447,7 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 	err = d.svc.Remove(rctx, vmID)
 	cancel()
 	if err != nil {
-		d.mu.Lock()
-		e := d.state.Entries[uid]
-		d.mu.Unlock()
-		name := string(uid)
-		if e != nil {
-			name = e.Namespace + "/" + e.Name
-		}
-		return fmt.Errorf("node %s: delete VM %s of claim %s: %w", d.cfg.NodeName, vmID, name, err)
+		return fmt.Errorf("node %s: delete VM %s of claim %s: %w (the claim stays unpreparing; the kubelet retries)", d.cfg.NodeName, vmID, claim, err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -462,30 +455,31 @@ func (d *Driver) unprepare(ctx context.Context, uid types.UID) error {
 }
 
 // beginUnprepare marks the claim's entry unpreparing and returns its VM's id
-// ("" when there is nothing to wait for: no entry, or no VM left, in which
-// case the entry is gone too).
-func (d *Driver) beginUnprepare(ctx context.Context, uid types.UID) (string, error) {
+// and the claim's namespace/name. The id is "" when there is nothing to
+// wait for: no entry, or no VM left (the entry is then dropped too).
+func (d *Driver) beginUnprepare(ctx context.Context, uid types.UID) (string, string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e, ok := d.state.Entries[uid]
 	if !ok {
-		return "", nil
+		return "", "", nil
 	}
+	claim := e.Namespace + "/" + e.Name
 	host, err := d.svc.Host(ctx)
 	if err != nil {
-		return "", fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
+		return "", claim, fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
 	}
 	vm, found := d.findVM(ctx, host, e)
 	if !found {
-		return "", d.forget(ctx, uid)
+		return "", claim, d.forget(ctx, uid)
 	}
 	if e.Phase != PhaseUnpreparing {
 		e.Phase = PhaseUnpreparing
 		if err := d.state.save(d.statePath); err != nil {
-			return "", fmt.Errorf("checkpoint: %w", err)
+			return "", claim, fmt.Errorf("checkpoint: %w", err)
 		}
 	}
-	return vm.ID, nil
+	return vm.ID, claim, nil
 }
 
 // forget drops an unprepared claim's entry (if still there). The caller
