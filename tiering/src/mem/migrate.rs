@@ -1297,4 +1297,108 @@ mod tests {
             mem.check_consistency().unwrap();
         }
     }
+
+    /// A TPM aborted by a write in its copy window is retried after
+    /// `retry_base`, then twice that, and given up after
+    /// `retry_max_attempts` retries; the write survives every abort. (The
+    /// test moves each retry's due time to now instead of waiting for it.)
+    #[test]
+    fn aborted_tpms_are_retried_with_a_doubling_back_off_then_given_up() {
+        let Some((mem, log, _m, _faults)) = setup(256, 256, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let cfg = MigratorConfig {
+            retry_base: Duration::from_secs(10),
+            retry_max_attempts: 2,
+            ..MigratorConfig::default()
+        };
+        let m = Migrator::new(mem.clone(), Box::new(log.clone()), cfg).unwrap();
+        let page = 40usize;
+        let write_in_copy_window = |value: u64, f: &dyn Fn() -> io::Result<BatchOutcome>| {
+            let (mm, lg) = (mem.clone(), log.clone());
+            let out = crate::test_point::with_action(
+                move |point| {
+                    if point == crate::test_point::TestPoint::TpmCopied {
+                        crate::mem::tests::guest_write(&mm, &lg, page, value);
+                    }
+                },
+                f,
+            )
+            .unwrap();
+            assert_eq!(out.aborted, 1, "{out:?}");
+            assert_eq!(crate::mem::tests::word(&mem, page).load(Ordering::SeqCst), value);
+            assert_eq!(mem.tier_of(page), Some(1));
+            out
+        };
+        // The queued retry: its attempt count and how far off it is due.
+        let queued = || {
+            let q = lock(&m.retries);
+            q.iter()
+                .map(|r| (r.attempts, r.due.saturating_duration_since(Instant::now())))
+                .collect::<Vec<_>>()
+        };
+        let make_due = || lock(&m.retries).iter_mut().for_each(|r| r.due = Instant::now());
+        let out = write_in_copy_window(1, &|| m.promote(&[Unit::page(page as u64)], Mechanism::TPM));
+        assert_eq!(out.retries_queued, 1, "{out:?}");
+        let q = queued();
+        assert!(q.len() == 1 && q[0].0 == 1, "{q:?}");
+        assert!(q[0].1 > Duration::from_secs(9) && q[0].1 <= Duration::from_secs(10), "{q:?}");
+        make_due();
+        write_in_copy_window(2, &|| m.run_due_retries());
+        let q = queued();
+        assert!(q.len() == 1 && q[0].0 == 2, "{q:?}");
+        assert!(q[0].1 > Duration::from_secs(19) && q[0].1 <= Duration::from_secs(20), "{q:?}");
+        make_due();
+        let out = write_in_copy_window(3, &|| m.run_due_retries());
+        assert_eq!((out.retries_queued, m.pending_retries()), (0, 0), "{out:?}");
+        let c = mem.stats().migration;
+        assert_eq!((c.tpm_aborts, c.tpm_retries, c.tpm_gave_up), (3, 2, 1));
+        mem.check_consistency().unwrap();
+    }
+
+    /// A stop-and-copy whose commit fails part way (the second of three
+    /// single-page moves into guest RAM, injected): each page ends with
+    /// one good copy in guest RAM, the committed one on the fast tier and
+    /// the others restored on the slow tier; every page is released and
+    /// the fast tier's reservation given back exactly.
+    #[test]
+    fn a_commit_that_fails_part_way_settles_every_page() {
+        use crate::inject::FaultPlan;
+        let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let pages = [2usize, 4, 6];
+        for p in pages {
+            crate::mem::tests::guest_write(&mem, &log, p, 0x5000 + p as u64);
+        }
+        let free_before = mem.free_pages(0);
+        // Three unmap moves, then the commit's: its second fails, and so
+        // does the retry of that page's move (EEXIST is final). The second
+        // plan counts only the calls the first one let through.
+        mem.injector().set(&[
+            FaultPlan::parse("move:every=5:max=1:errno=EIO").unwrap(),
+            FaultPlan::parse("move:every=5:max=1:errno=EEXIST").unwrap(),
+        ]);
+        let units: Vec<Unit> = pages.iter().map(|&p| Unit::page(p as u64)).collect();
+        let res = m.promote(&units, Mechanism::StopAndCopy);
+        mem.injector().set(&[]);
+        let tiers: Vec<_> = pages.iter().map(|&p| mem.tier_of(p)).collect();
+        assert!(res.is_err(), "{res:?} {tiers:?}");
+        for p in pages {
+            let v = crate::mem::tests::word(&mem, p).load(Ordering::SeqCst);
+            assert_eq!(v, 0x5000 + p as u64, "page {p} ({tiers:?})");
+        }
+        // Page 2 moved before the failure, page 6 in the commit's finishing
+        // of it; page 4's move failed twice and its old page went back.
+        assert_eq!(tiers, [Some(0), Some(1), Some(0)]);
+        let on_fast = 2;
+        assert_eq!(mem.free_pages(0), free_before - on_fast);
+        // The commit's failure, and each of the three transactions settled.
+        assert_eq!(mem.stats().migration.rollback_errors, 4);
+        mem.check_consistency().unwrap();
+        // Nothing is left owned: the restored pages move now.
+        let out = m.promote(&units, Mechanism::StopAndCopy).unwrap();
+        assert_eq!((out.migrated, out.already_placed), (3 - on_fast, on_fast), "{out:?}");
+        assert_eq!(mem.free_pages(0), free_before - 3);
+    }
 }
