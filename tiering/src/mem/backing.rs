@@ -1207,8 +1207,68 @@ mod tests {
     #[test]
     fn placement_parses() {
         assert_eq!("random:9".parse(), Ok(InitialPlacement::Random { seed: 9 }));
+        assert_eq!("random".parse(), Ok(InitialPlacement::Random { seed: 0 }));
         assert_eq!("fast-first".parse(), Ok(InitialPlacement::FastFirst));
+        assert_eq!("slow-first".parse(), Ok(InitialPlacement::SlowFirst));
+        assert_eq!("interleave".parse(), Ok(InitialPlacement::Interleave));
         assert!("random:x".parse::<InitialPlacement>().is_err());
+        assert!("Fast-first".parse::<InitialPlacement>().is_err());
+    }
+
+    /// The documented default host reserve (64 MiB).
+    #[test]
+    fn the_default_host_reserve_is_64_mib() {
+        assert_eq!(DEFAULT_HOST_RESERVE_BYTES, 64 * 1024 * 1024);
+        assert_eq!(
+            MemConfig::new(PAGE_SIZE, 1).host_reserve_bytes,
+            64 * 1024 * 1024
+        );
+    }
+
+    /// Each limit of `validate` at its boundary: the largest value passes,
+    /// one more is refused with its own error. (Nothing is allocated.)
+    #[test]
+    fn config_limits_hold_at_their_boundaries() {
+        use MemConfigError as E;
+        let max = u32::MAX as usize;
+        let guest = |pages: usize| {
+            let mut c = MemConfig::new(pages * PAGE_SIZE, 1);
+            c.tiers[1].capacity_pages = max;
+            c.tiers[1].max_capacity_pages = max;
+            c.validate()
+        };
+        assert_eq!(guest(max), Ok(()));
+        assert!(matches!(guest(max + 1), Err(E::GuestTooLarge)));
+        let tiers = |count: usize| {
+            let mut c = MemConfig::new(64 * PAGE_SIZE, 64);
+            c.tiers = vec![c.tiers[0].clone(); count];
+            c.validate()
+        };
+        assert_eq!(tiers(MAX_TIERS), Ok(()));
+        assert!(matches!(tiers(MAX_TIERS + 1), Err(E::TierCount(n)) if n == MAX_TIERS + 1));
+        let mut c = MemConfig::new(64 * PAGE_SIZE, 64);
+        c.tiers.clear();
+        assert!(matches!(c.validate(), Err(E::TierCount(0))));
+        let tier_max = |pages: usize| {
+            let mut c = MemConfig::new(64 * PAGE_SIZE, 64);
+            c.tiers[1].max_capacity_pages = pages;
+            c.validate()
+        };
+        assert_eq!(tier_max(max), Ok(()));
+        assert!(matches!(tier_max(max + 1), Err(E::TierTooLarge(t)) if t == "slow"));
+        let holding = |slow: usize| {
+            let mut c = MemConfig::new(64 * PAGE_SIZE, 16);
+            c.tiers[1].capacity_pages = slow;
+            c.validate()
+        };
+        assert_eq!(holding(48), Ok(()));
+        assert!(matches!(
+            holding(47),
+            Err(E::CapacitiesTooSmall {
+                total: 63,
+                guest: 64
+            })
+        ));
     }
 
     #[test]

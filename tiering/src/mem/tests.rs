@@ -1741,7 +1741,7 @@ fn deliver_read_fault(mem: &Arc<TieredMemory>, page: usize) {
 /// Touches `page` on a thread of its own (a vCPU) and returns the first
 /// word it reads; fails the test if the touch is not served within 20 s
 /// (the toucher was left waiting on its fault).
-fn touch_bounded(mem: &Arc<TieredMemory>, page: usize, what: &str) -> u64 {
+pub(super) fn touch_bounded(mem: &Arc<TieredMemory>, page: usize, what: &str) -> u64 {
     let m = mem.clone();
     bounded(20, what, move || word(&m, page).load(Ordering::SeqCst))
 }
