@@ -1288,4 +1288,33 @@ mod tests {
         assert!(c.validate().is_err());
         assert!(MemConfig::new(3, 1).validate().is_err());
     }
+
+    /// The reservation is guest RAM, each tier's pool (two halves), the
+    /// shadow area and the parking area back to back, and nothing more;
+    /// each pool half has a slot for every page its tier can take plus its
+    /// cache, with less than two chunks of rounding on top.
+    #[test]
+    fn the_layout_is_its_areas_back_to_back_with_pools_sized_to_their_tiers() {
+        let n = 3000;
+        let mut cfg = MemConfig::new(n * PAGE_SIZE, 1000);
+        cfg.tiers[0].max_capacity_pages = 1000;
+        cfg.pool_cache_pages = 100;
+        let (map, l, halves) = reserve_layout(&cfg, n).unwrap();
+        assert_eq!(l.area_pages, round_chunk(n));
+        assert_eq!(l.guest, map.addr());
+        let mut at = l.guest + l.area_pages * PAGE_SIZE;
+        for (i, t) in cfg.tiers.iter().enumerate() {
+            let need = t.max_capacity_pages.min(n) + cfg.pool_cache_pages;
+            assert!(
+                halves[i] >= need && halves[i] < need + 2 * CHUNK_SLOTS,
+                "tier {i}: half of {} slots for {need} pages",
+                halves[i]
+            );
+            assert_eq!(l.pool_slots[i], 2 * halves[i]);
+            assert_eq!(l.pools[i], at, "tier {i}'s pool");
+            at += l.pool_slots[i] * PAGE_SIZE;
+        }
+        assert_eq!((l.shadow, l.park), (at, at + l.area_pages * PAGE_SIZE));
+        assert_eq!(map.addr() + map.len(), l.park + l.area_pages * PAGE_SIZE);
+    }
 }
