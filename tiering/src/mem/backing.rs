@@ -385,15 +385,19 @@ fn register_areas(layout: &Layout, inject: Arc<Injector>) -> Result<Uffd, MemErr
     Ok(uffd)
 }
 
-/// True when the tiers do not sit on distinct host NUMA nodes of a
-/// multi-node host (their latencies are then emulated, not real).
-fn tiers_are_emulated(nodes: &[u32]) -> bool {
+/// True when the tiers do not sit on distinct NUMA nodes of a host with
+/// `host_nodes` nodes (their latencies are then emulated, not real).
+fn tiers_are_emulated(nodes: &[u32], host_nodes: usize) -> bool {
     let distinct = nodes
         .iter()
         .collect::<std::collections::BTreeSet<_>>()
         .len();
-    let host_nodes = crate::host::numa_nodes().map(|v| v.len()).unwrap_or(1);
     distinct < nodes.len() || host_nodes < 2
+}
+
+/// This host's NUMA node count (1 when it cannot be read).
+fn host_node_count() -> usize {
+    crate::host::numa_nodes().map(|v| v.len()).unwrap_or(1)
 }
 
 impl TieredMemory {
@@ -431,7 +435,7 @@ impl TieredMemory {
             uffd,
             huge_pages: cfg.huge_pages,
             placement: cfg.placement,
-            emulated: tiers_are_emulated(&nodes),
+            emulated: tiers_are_emulated(&nodes, host_node_count()),
             shadow_low_watermark: low,
             pool_cache_pages: cfg.pool_cache_pages,
             shadow_fifo: Mutex::new(VecDeque::new()),
@@ -1316,5 +1320,50 @@ mod tests {
         }
         assert_eq!((l.shadow, l.park), (at, at + l.area_pages * PAGE_SIZE));
         assert_eq!(map.addr() + map.len(), l.park + l.area_pages * PAGE_SIZE);
+    }
+
+    /// Tiers are real only on distinct nodes of a multi-node host.
+    #[test]
+    fn tiers_are_emulated_unless_on_distinct_nodes_of_a_multi_node_host() {
+        for (nodes, host, emulated) in [
+            (&[0, 1][..], 2, false),
+            (&[1, 0], 2, false),
+            (&[0, 1, 2], 3, false),
+            (&[0, 1], 4, false),
+            (&[0, 0], 2, true),
+            (&[0, 1, 1], 3, true),
+            (&[0, 1], 1, true),
+            (&[0], 1, true),
+        ] {
+            assert_eq!(
+                tiers_are_emulated(nodes, host),
+                emulated,
+                "{nodes:?} on {host} nodes"
+            );
+        }
+    }
+
+    /// A memory reports what it was configured with (and how long its
+    /// set-up took).
+    #[test]
+    fn a_memory_reports_its_configuration() {
+        use crate::host_support::{require, HostFeature};
+        if !require(&[HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mut cfg = MemConfig::new(64 * PAGE_SIZE, 16);
+        cfg.huge_pages = false;
+        cfg.tiers[1].name = "cxl".into();
+        let mem = TieredMemory::new(&cfg).unwrap();
+        assert!(!mem.huge_pages());
+        assert_eq!(mem.tier_spec(1).map(|t| t.name.as_str()), Some("cxl"));
+        assert!(mem.tier_spec(2).is_none());
+        assert!(mem.setup_time() > Duration::ZERO);
+        // Both tiers on node 0: emulated whatever the host.
+        assert!(mem.emulated());
+        assert_eq!(
+            mem.emulated(),
+            tiers_are_emulated(&[0, 0], host_node_count())
+        );
     }
 }
