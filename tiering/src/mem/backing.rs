@@ -1359,6 +1359,11 @@ mod tests {
         assert_eq!(mem.tier_spec(1).map(|t| t.name.as_str()), Some("cxl"));
         assert!(mem.tier_spec(2).is_none());
         assert!(mem.setup_time() > Duration::ZERO);
+        // Page lookups end at the guest's last page.
+        mem.prefault(0, 64).unwrap();
+        assert_eq!((mem.tier_of(0), mem.tier_of(63)), (Some(0), Some(1)));
+        assert_eq!((mem.tier_of(64), mem.shadow_tier(64)), (None, None));
+        assert!(!mem.has_shadow(64));
         // Both tiers on node 0: emulated whatever the host.
         assert!(mem.emulated());
         assert_eq!(
