@@ -1457,4 +1457,42 @@ mod tests {
         assert_eq!((mem.tier_of(5), mem.tier_of(8)), (Some(2), Some(2)));
         mem.check_consistency().unwrap();
     }
+
+    /// A 2 MiB run moved through a staging chunk that already had a page
+    /// table (so the copy fills it 4 KiB at a time) leaves that table in
+    /// the chunk: the pool gets the chunk back tainted, never as a clean
+    /// huge hole that a later whole 2 MiB move would split.
+    #[test]
+    fn a_staging_chunk_filled_4k_at_a_time_comes_back_tainted() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        // Every chunk of the fast tier's pool tainted: a 4 KiB page moved
+        // in (the kernel makes a page table for it), then discarded.
+        let mut chunks = Vec::new();
+        while let Some((c, holds)) = mem.pool(0).reserve_chunk(Holds::Hole) {
+            assert_eq!(holds, Holds::Hole);
+            chunks.push(c);
+        }
+        for &c in &chunks {
+            let a = mem.slot_addr(0, c);
+            crate::mem::tests_planted::plant_page(&mem, a);
+            mem.discard(a, PAGE_SIZE).unwrap();
+            mem.pool(0).release_chunk(c, Holds::Hole, false);
+        }
+        let tainted = || {
+            let pool = mem.pool(0);
+            chunks
+                .iter()
+                .filter(|&&c| pool.chunk_tainted(c) == Some(true))
+                .count()
+        };
+        assert_eq!(tainted(), chunks.len());
+        let out = m
+            .promote(&[Unit::run(512, 512)], Mechanism::StopAndCopy)
+            .unwrap();
+        assert_eq!(out.migrated, 512, "{out:?}");
+        assert_eq!(tainted(), chunks.len(), "a chunk came back clean");
+        mem.check_consistency().unwrap();
+    }
 }
