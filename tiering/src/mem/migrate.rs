@@ -1198,6 +1198,10 @@ mod tests {
         // Page 2 is on tier 2: promoted with a shadow there, then copied to tier 1.
         m.promote(&[Unit::page(2)], Mechanism::TPM).unwrap();
         assert_eq!(mem.tiers[2].shadows(), 1);
+        assert_eq!((mem.shadow_tier(2), mem.has_shadow(2)), (Some(2), true));
+        assert_eq!((mem.shadow_tier(1), mem.has_shadow(1)), (None, false));
+        // 96 pages: 32 a tier, page 2 now on tier 0 with its shadow on 2.
+        assert_eq!(mem.tier_counts(), [(33, 0), (32, 0), (31, 1)]);
         let out = m
             .migrate(
                 &[Unit::page(2)],
