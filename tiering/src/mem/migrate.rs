@@ -1499,4 +1499,54 @@ mod tests {
         assert_eq!(tainted(), chunks.len(), "a chunk came back clean");
         mem.check_consistency().unwrap();
     }
+
+    /// What the memory reports after a TPM promotion that kept a shadow
+    /// and a write a harvest then saw: its counts and per-tier stats, the
+    /// write counts (taken once), and each page's host node.
+    #[test]
+    fn the_memory_reports_its_pages_shadows_writes_and_nodes() {
+        let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        m.promote(&[Unit::page(7), Unit::page(9)], Mechanism::TPM)
+            .unwrap();
+        assert_eq!((mem.populated_pages(), mem.shadow_pages()), (1024, 2));
+        let s = mem.stats();
+        assert_eq!(
+            (s.backing.populated_pages, s.migration.shadow_pages),
+            (1024, 2)
+        );
+        let tiers: Vec<_> = s
+            .tiers
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.node,
+                    t.capacity_pages,
+                    t.pages,
+                    t.guest_pages,
+                    t.shadow_pages,
+                    t.free_pages,
+                    t.emulated,
+                )
+            })
+            .collect();
+        assert_eq!(
+            tiers,
+            [
+                ("fast", 0, 1024, 2, 2, 0, 1022, true),
+                ("slow", 0, 1088, 1024, 1022, 2, 64, true),
+            ]
+        );
+        crate::mem::tests::guest_write(&mem, &log, 9, 99);
+        m.harvest().unwrap();
+        let counts = mem.take_write_counts();
+        assert_eq!(counts.len(), 1024);
+        assert_eq!(counts[9], 1, "{:?}", &counts[..16]);
+        assert!(mem.take_write_counts().iter().all(|&c| c == 0));
+        let nodes = mem.query_guest_nodes().unwrap();
+        assert_eq!(nodes.len(), 1024);
+        assert!(nodes.iter().all(|&n| n == 0), "{:?}", &nodes[..16]);
+    }
 }
