@@ -1371,4 +1371,62 @@ mod tests {
             tiers_are_emulated(&[0, 0], host_node_count())
         );
     }
+
+    /// Address lookups end where their areas end; the shadow low
+    /// watermark defaults to 1/64 of a tier's capacity, at least 16 pages
+    /// (16 for a tier that does not exist).
+    #[test]
+    fn addresses_and_watermarks_of_a_memory() {
+        use crate::host_support::{require, HostFeature};
+        if !require(&[HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mut cfg = MemConfig::new(4096 * PAGE_SIZE, 512);
+        cfg.tiers[1].capacity_pages = 4096;
+        let mem = TieredMemory::new(&cfg).unwrap();
+        let base = mem.guest_addr(0) as u64;
+        let end = base + (4096 * PAGE_SIZE) as u64;
+        assert_eq!(mem.guest_page_of(base), Some(0));
+        assert_eq!(mem.guest_page_of(base + PAGE_SIZE as u64 + 5), Some(1));
+        assert_eq!(mem.guest_page_of(end - 1), Some(4095));
+        assert_eq!(
+            (mem.guest_page_of(end), mem.guest_page_of(base - 1)),
+            (None, None)
+        );
+        let (start, len) = (mem.mapping().addr() as u64, mem.mapping().len() as u64);
+        assert!(mem.owns_addr(start) && mem.owns_addr(start + len - 1));
+        assert!(!mem.owns_addr(start - 1) && !mem.owns_addr(start + len));
+        assert!(mem.owns_addr(mem.park_addr(4095) as u64));
+        assert_eq!(mem.shadow_addr(3) - mem.shadow_addr(2), PAGE_SIZE);
+        assert_eq!(
+            mem.slot_addr(1, Slot(2)) - mem.slot_addr(1, Slot(0)),
+            2 * PAGE_SIZE
+        );
+        assert_eq!(
+            (0..3)
+                .map(|t| mem.shadow_low_watermark(t))
+                .collect::<Vec<_>>(),
+            [16, 64, 16]
+        );
+    }
+
+    /// Each page's node is queried in batches of 64 Ki pages: a guest of
+    /// more than one batch gets an answer for every page, in order (here
+    /// -ENOENT for every page but the last, the only one touched).
+    #[test]
+    fn node_queries_cover_a_guest_larger_than_one_batch() {
+        use crate::host_support::{require, HostFeature};
+        if !require(&[HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let n = (1 << 16) + 100;
+        let mut cfg = MemConfig::new(n * PAGE_SIZE, 64);
+        cfg.huge_pages = false;
+        let mem = TieredMemory::new(&cfg).unwrap();
+        mem.prefault(n - 1, 1).unwrap();
+        let nodes = mem.query_guest_nodes().unwrap();
+        assert_eq!(nodes.len(), n);
+        assert_eq!(nodes[n - 1], 0);
+        assert!(nodes[..n - 1].iter().all(|&x| x == -libc::ENOENT));
+    }
 }
