@@ -599,25 +599,18 @@ impl TieredMemory {
     /// (`-ENOENT` for a page that is not present: never touched, in flight,
     /// parked).
     pub fn query_guest_nodes(&self) -> std::io::Result<Vec<i32>> {
-        let mut out = Vec::with_capacity(self.guest_pages);
-        self.for_each_guest_node(|_, n| out.push(n))?;
-        Ok(out)
-    }
-
-    /// Calls `f(page, node or -errno)` for every guest page, querying the
-    /// kernel 64 Ki pages at a time (bounded memory for any guest size).
-    fn for_each_guest_node(&self, mut f: impl FnMut(usize, i32)) -> std::io::Result<()> {
+        // The kernel is asked 64 Ki pages at a time (bounded memory for
+        // any guest size).
         const BATCH: usize = 1 << 16;
+        let mut out = Vec::with_capacity(self.guest_pages);
         let mut first = 0;
         while first < self.guest_pages {
             let end = (first + BATCH).min(self.guest_pages);
             let addrs: Vec<usize> = (first..end).map(|p| self.guest_addr(p)).collect();
-            for (i, n) in sys::query_nodes(&addrs)?.into_iter().enumerate() {
-                f(first + i, n);
-            }
+            out.extend(sys::query_nodes(&addrs)?);
             first = end;
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Software dirty log for writes the VMM itself makes to guest RAM (device
@@ -1428,5 +1421,34 @@ mod tests {
         assert_eq!(nodes.len(), n);
         assert_eq!(nodes[n - 1], 0);
         assert!(nodes[..n - 1].iter().all(|&x| x == -libc::ENOENT));
+    }
+
+    /// A move with either end outside the memory's own areas is refused
+    /// before the kernel sees it, and nothing moves.
+    #[test]
+    fn a_move_with_an_end_outside_the_memory_is_refused() {
+        use crate::host_support::{require, HostFeature};
+        if !require(&[HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = TieredMemory::new(&MemConfig::new(64 * PAGE_SIZE, 64)).unwrap();
+        // Outside: a mapping like the memory's own (locked on fault when
+        // the memory is, so the kernel's checks alone would let a move
+        // through), with a page holding 7.
+        let other = Mapping::reserve(PAGE_SIZE).unwrap();
+        if mem.locked() {
+            other.lock_on_fault().unwrap();
+        }
+        let outside = other.addr();
+        // SAFETY: the first page of `other`, a read/write private mapping
+        // this test owns, reached only through raw pointers.
+        unsafe { (outside as *mut u64).write_volatile(7) };
+        let inside = mem.guest_addr(0);
+        for (dst, src) in [(inside, outside), (outside, inside)] {
+            let e = mem.move_range(dst, src, PAGE_SIZE, false).unwrap_err();
+            assert_eq!((e.errno, e.moved), (libc::EINVAL, 0));
+        }
+        // SAFETY: as above; the page is still there (nothing moved it).
+        assert_eq!(unsafe { (outside as *const u64).read_volatile() }, 7);
     }
 }
