@@ -1314,7 +1314,6 @@ mod tests {
         let cfg = MigratorConfig {
             retry_base: Duration::from_secs(10),
             retry_max_attempts: 2,
-            ..MigratorConfig::default()
         };
         let m = Migrator::new(mem.clone(), Box::new(log.clone()), cfg).unwrap();
         let page = 40usize;
