@@ -772,7 +772,7 @@ func (e *env) testDriverRestart() {
 		e.t.Fatalf("vm-gone-a's VM %s should still run while the driver is down: %v", victimVM, err)
 	}
 	e.must(n.StartDriver())
-	e.note("node-a's driver killed (SIGKILL) with %d VMs; pod vm-gone-a deleted and vm-new-a created while it was down (neither could be unprepared or prepared); driver restarted", len(before))
+	e.note("node-a's driver killed (SIGKILL) with %d VMs; pod vm-gone-a deleted and vm-new-a created while it was down (neither could be unprepared or prepared); driver restarted (registered %s after its start)", len(before), n.DriverStartTook.Round(time.Millisecond))
 	restarted := time.Now()
 	e.must(waitFor(e.ctx, vmEndBound, "vm-gone-a gone", func() (bool, error) {
 		_, err := e.pod("vm-gone-a")

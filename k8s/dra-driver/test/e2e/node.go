@@ -39,6 +39,9 @@ type Node struct {
 	Driver     *Proc
 	Kubelet    *Kubelet
 	cancel     context.CancelFunc
+	// DriverStartTook is how long the last StartDriver waited for the
+	// driver's registration socket.
+	DriverStartTook time.Duration
 }
 
 // PluginDir is where the driver's DRA socket and checkpoint live.
@@ -70,8 +73,16 @@ func (n *Node) StartServe(ctx context.Context) error {
 	return fmt.Errorf("tiervm serve on %s not answering after 30s\n%s", n.Name, p.Tail(20))
 }
 
-// StartDriver starts the node's DRA driver and waits (30 s at most) for its
-// registration socket.
+// driverStartBound bounds the wait for a started driver's registration
+// socket. The driver registers as soon as its process runs, but on the dev
+// host (2 cores, nested PVM) with the e2e's VMs busy beside it the process
+// once logged its first line more than 30 s after it was started (CI of
+// 8ba2800): the same starvation that stalls the kernel's SRCU grace periods
+// (docs/results.md §10). The time taken is printed.
+const driverStartBound = 120 * time.Second
+
+// StartDriver starts the node's DRA driver and waits (driverStartBound at
+// most) for its registration socket.
 func (n *Node) StartDriver() error {
 	p, err := Start(n.Dir, "dra-driver", n.DriverBin,
 		"--kubeconfig", n.Kubeconfig, "--node-name", n.Name, "--tiervm-socket", n.Socket,
@@ -81,17 +92,18 @@ func (n *Node) StartDriver() error {
 	}
 	n.Driver = p
 	reg := filepath.Join(n.RegistrarDir(), "memory.tiervm.dev-reg.sock")
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	start := time.Now()
+	for time.Since(start) < driverStartBound {
 		if p.Exited() {
 			return fmt.Errorf("driver on %s exited: %v\n%s", n.Name, p.err, p.Tail(20))
 		}
 		if fi, err := os.Stat(reg); err == nil && fi.ModTime().After(p.startTime()) {
+			n.DriverStartTook = time.Since(start)
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("driver on %s: no registration socket after 30s\n%s", n.Name, p.Tail(20))
+	return fmt.Errorf("driver on %s: no registration socket after %s\n%s", n.Name, driverStartBound, p.Tail(20))
 }
 
 // AliveVMs lists the service's VMs that are starting, running or stopping.
