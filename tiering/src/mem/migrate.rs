@@ -1188,16 +1188,23 @@ mod tests {
         assert_eq!((mem.tiers[1].shadows(), mem.free_pages(1)), (5, 4));
     }
 
+    /// Three tiers, page 2 (on tier 2) promoted by TPM: it has a shadow on
+    /// tier 2, the one shadow there.
+    fn page_2_promoted_with_its_shadow_on_tier_2() -> Option<crate::mem::tests::Env> {
+        let env = crate::mem::tests::setup_three_tiers()?;
+        env.2.promote(&[Unit::page(2)], Mechanism::TPM).unwrap();
+        assert_eq!(env.0.tiers[2].shadows(), 1);
+        Some(env)
+    }
+
     /// A page copied to a third tier gives up its shadow on the other
     /// slower tier (the shadow would be stale).
     #[test]
     fn a_copied_page_gives_up_its_shadow_elsewhere() {
-        let Some((mem, _log, m, _faults)) = crate::mem::tests::setup_three_tiers() else {
+        let Some((mem, _log, m, _faults)) = page_2_promoted_with_its_shadow_on_tier_2() else {
             return;
         };
-        // Page 2 is on tier 2: promoted with a shadow there, then copied to tier 1.
-        m.promote(&[Unit::page(2)], Mechanism::TPM).unwrap();
-        assert_eq!(mem.tiers[2].shadows(), 1);
+        // Then copied to tier 1.
         assert_eq!((mem.shadow_tier(2), mem.has_shadow(2)), (Some(2), true));
         assert_eq!((mem.shadow_tier(1), mem.has_shadow(1)), (None, false));
         // 96 pages: 32 a tier, page 2 now on tier 0 with its shadow on 2.
@@ -1430,12 +1437,10 @@ mod tests {
     /// fit the destination is released and counted as skipped.
     #[test]
     fn kernel_moves_free_a_shadow_elsewhere_and_skip_a_full_tier() {
-        let Some((mem, _log, m, _faults)) = crate::mem::tests::setup_three_tiers() else {
+        let Some((mem, _log, m, _faults)) = page_2_promoted_with_its_shadow_on_tier_2() else {
             return;
         };
-        // Page 2 is on tier 2: promoted with a shadow there, then moved to tier 1.
-        m.promote(&[Unit::page(2)], Mechanism::TPM).unwrap();
-        assert_eq!(mem.tiers[2].shadows(), 1);
+        // Then moved to tier 1.
         let demotions = mem.stats().migration.demotions;
         let out = m
             .migrate(&[Unit::page(2)], 1, Mechanism::KernelMovePages)
