@@ -19,33 +19,16 @@ dev host (nested PVM, 2 cores) a VM's process can wait a minute in
 KVM_SET_USER_MEMORY_REGION or in the close of its VM fd (an SRCU grace
 period) while other VMs' vCPUs are busy; with --busy 0 both take ~0.1 s.
 """
-import argparse, http.client, json, os, random, shutil, socket, subprocess, sys, tempfile, time
+import argparse, os, random, shutil, subprocess, sys, tempfile, time
+
+from serve_soak import Api
 
 BOUND = 120.0
 
 
-class UnixConn(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=60)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(60)
-        self.sock.connect(self.path)
-
-
 def call(sock, method, path, body=None):
-    c = UnixConn(sock)
-    c.request(method, path, body=None if body is None else json.dumps(body),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    try:
-        return r.status, json.loads(data) if data else None
-    except ValueError:
-        return r.status, None
+    """One request to the service (serve_soak's client): (status, JSON body)."""
+    return Api(sock).call(method, path, body)
 
 
 def create(sock, name, mem, fast_min):
