@@ -1504,6 +1504,63 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// The other side of the test above: a staging chunk that held one
+    /// whole huge page (the kernel's THP at the copy's first touch, or the
+    /// test's `MADV_COLLAPSE` of it after the copy, so that it does not
+    /// depend on the host's THP settings) moved out whole and comes back
+    /// clean: a later 2 MiB move may use it without splitting.
+    #[test]
+    fn a_staging_chunk_that_held_a_huge_page_comes_back_clean() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let mut chunks = Vec::new();
+        while let Some((c, holds)) = mem.pool(0).reserve_chunk(Holds::Hole) {
+            assert_eq!(holds, Holds::Hole);
+            chunks.push(c);
+        }
+        // One chunk left to the move, so the test knows its staging chunk.
+        let staging = chunks.pop().unwrap();
+        mem.pool(0).release_chunk(staging, Holds::Hole, true);
+        assert_eq!(mem.pool(0).chunk_tainted(staging), Some(false));
+        let a = mem.slot_addr(0, staging);
+        let collapsed = Arc::new(Mutex::new(None));
+        let seen = collapsed.clone();
+        let mem2 = mem.clone();
+        let out = crate::test_point::with_action(
+            move |p| {
+                if p == crate::test_point::TestPoint::TpmCopied {
+                    let r = mem2
+                        .mapping()
+                        .advise(a, HUGE_PAGE_SIZE, sys::Advice::Collapse);
+                    *seen.lock().unwrap() = Some(r.map_err(|e| e.to_string()));
+                }
+            },
+            || m.promote(&[Unit::run(512, 512)], Mechanism::TPM),
+        )
+        .unwrap();
+        assert_eq!(out.migrated, 512, "{out:?}");
+        assert_eq!(
+            *collapsed.lock().unwrap(),
+            Some(Ok(())),
+            "MADV_COLLAPSE of the staging chunk after the copy"
+        );
+        assert_eq!(
+            mem.pool(0).chunk_tainted(staging),
+            Some(false),
+            "a staging chunk that held a huge page came back tainted"
+        );
+        for p in 512..1024 {
+            assert_eq!(page_map::tier_of(mem.pages.load(p)), Some(0), "page {p}");
+        }
+        let mut pool = mem.pool(0);
+        for c in chunks {
+            pool.release_chunk(c, Holds::Hole, true);
+        }
+        drop(pool);
+        mem.check_consistency().unwrap();
+    }
+
     /// What the memory reports after a TPM promotion that kept a shadow
     /// and a write a harvest then saw: its counts and per-tier stats, the
     /// write counts (taken once), and each page's host node.
