@@ -1504,6 +1504,47 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// A TPM abort whose move of the old pages back fails once (an injected
+    /// EIO) falls back to one retried move of the whole run: the abort
+    /// completes as an abort (retry queued, no rollback error, the write
+    /// kept) instead of being settled page by page as a failure.
+    #[test]
+    fn an_aborts_failed_move_back_falls_back_to_one_move_of_the_run() {
+        use crate::inject::FaultPlan;
+        let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        for p in 8..12 {
+            crate::mem::tests::guest_write(&mem, &log, p, 0x700 + p as u64);
+        }
+        // The unmap's move of the run, then the abort's: it fails.
+        mem.injector()
+            .set(&[FaultPlan::parse("move:every=2:max=1:errno=EIO").unwrap()]);
+        let (mm, lg) = (mem.clone(), log.clone());
+        let res = crate::test_point::with_action(
+            move |point| {
+                if point == crate::test_point::TestPoint::TpmCopied {
+                    crate::mem::tests::guest_write(&mm, &lg, 9, 0xabc);
+                }
+            },
+            || m.promote(&[Unit::run(8, 4)], Mechanism::TPM),
+        );
+        mem.injector().set(&[]);
+        let out = res.unwrap();
+        assert_eq!(
+            (out.aborted, out.aborted_pages, out.retries_queued),
+            (1, 4, 1),
+            "{out:?}"
+        );
+        assert_eq!(mem.stats().migration.rollback_errors, 0);
+        for p in 8..12 {
+            let want = if p == 9 { 0xabc } else { 0x700 + p as u64 };
+            let v = crate::mem::tests::touch_bounded(&mem, p, "a page of the aborted run");
+            assert_eq!((v, mem.tier_of(p)), (want, Some(1)), "page {p}");
+        }
+        mem.check_consistency().unwrap();
+    }
+
     /// The other side of the test above: a staging chunk that held one
     /// whole huge page (the kernel's THP at the copy's first touch, or the
     /// test's `MADV_COLLAPSE` of it after the copy, so that it does not
