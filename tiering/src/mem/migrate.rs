@@ -1545,6 +1545,60 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// A TPM whose commit fails for pages whose old copy is gone too (the
+    /// test discards it after the unmap): the settle maps the staging copy
+    /// of one (it is on the destination now, its reservation its page) and
+    /// stops the VM for the other, whose staging copy could not be mapped
+    /// either (its reservation stays: the page is still being moved).
+    #[test]
+    fn a_failed_commit_of_pages_without_their_old_copy_maps_the_staging_copy_or_stops_the_vm() {
+        use crate::inject::FaultPlan;
+        use crate::test_point::TestPoint;
+        let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        for p in [4usize, 6] {
+            crate::mem::tests::guest_write(&mem, &log, p, 0x900 + p as u64);
+        }
+        let free_before = mem.free_pages(0);
+        let copied = Arc::new(AtomicBool::new(false));
+        let mm = mem.clone();
+        let res = crate::test_point::with_action(
+            move |point| match point {
+                TestPoint::TpmCopied => copied.store(true, Ordering::SeqCst),
+                // The TPM's own harvest: the pages are unmapped, in their
+                // shadow slots. Their old copies go, and the commit's moves
+                // fail: the batch's move, then each page's retry; then the
+                // settle's move of page 6's staging copy (the 2nd after).
+                TestPoint::HarvestRead if copied.swap(false, Ordering::SeqCst) => {
+                    for p in [4, 6] {
+                        mm.discard(mm.shadow_addr(p), PAGE_SIZE).unwrap();
+                    }
+                    mm.injector().set(&[
+                        FaultPlan::parse("move:every=1:max=3:errno=EEXIST").unwrap(),
+                        FaultPlan::parse("move:every=2:max=1:errno=EEXIST").unwrap(),
+                    ]);
+                }
+                _ => {}
+            },
+            || m.promote(&[Unit::page(4), Unit::page(6)], Mechanism::TPM),
+        );
+        mem.injector().set(&[]);
+        assert!(res.is_err(), "{res:?}");
+        // Page 4: its staging copy mapped; on the fast tier, no shadow.
+        assert!(sys::resident(mem.guest_addr(4), 1).unwrap()[0]);
+        let w = mem.pages.load(4);
+        assert_eq!((page_map::tier_of(w), w & SHADOW), (Some(0), 0));
+        assert_eq!(crate::mem::tests::word(&mem, 4).load(Ordering::SeqCst), 0x904);
+        // Page 6: no copy could be mapped; the VM is stopped for it, the
+        // page stays owned (a touch would wait) and keeps its reservation.
+        assert!(!sys::resident(mem.guest_addr(6), 1).unwrap()[0]);
+        let fatal = mem.fatal_error().unwrap_or_default().to_string();
+        assert!(fatal.contains("guest page 6:"), "{fatal:?}");
+        assert_eq!(mem.free_pages(0), free_before - 2);
+        assert_eq!(mem.stats().migration.rollback_errors, 3);
+    }
+
     /// The other side of the test above: a staging chunk that held one
     /// whole huge page (the kernel's THP at the copy's first touch, or the
     /// test's `MADV_COLLAPSE` of it after the copy, so that it does not
