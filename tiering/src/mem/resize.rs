@@ -802,6 +802,47 @@ mod tests {
         assert!((710..720).all(|p| mem.tier_of(p) == Some(0)));
     }
 
+    /// A shrink in the policy's order whose first victim is busy (owned by
+    /// the test) moves the others of the round and tries the busy one again
+    /// in the next round (here it was let go meanwhile); one whose victims
+    /// are all busy gives up after a round that moved nothing, instead of
+    /// retrying them for its whole budget.
+    #[test]
+    fn a_shrink_in_order_retries_a_busy_victim_and_stops_when_none_moves() {
+        use crate::test_point::{with_action, TestPoint};
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::FastFirst) else {
+            return;
+        };
+        let units = |r: std::ops::Range<u64>| r.map(Unit::page).collect::<Vec<_>>();
+        assert!(mem.pages.try_acquire(700, false).is_some());
+        mem.resize(0, 1022).unwrap();
+        // Page 700 is let go during the first round's copy of page 701.
+        let (mm, once) = (mem.clone(), Arc::new(std::sync::Once::new()));
+        let rep = with_action(
+            move |point| {
+                if point == TestPoint::TpmCopied {
+                    once.call_once(|| mm.release_page(700, 0, 0));
+                }
+            },
+            || m.shrink_step(0, 1000, Some(&units(700..703))),
+        )
+        .unwrap();
+        assert!(rep.complete, "{rep:?}");
+        assert_eq!(rep.demoted, 2, "{rep:?}");
+        let tiers: Vec<_> = (700..703).map(|p| mem.tier_of(p)).collect();
+        assert_eq!(tiers, [Some(1), Some(1), Some(0)]);
+        // Only a busy page in the order: one round, one skip.
+        assert!(mem.pages.try_acquire(702, false).is_some());
+        mem.resize(0, 1020).unwrap();
+        let skipped = mem.stats().migration.skipped_busy;
+        let rep = m.shrink_step(0, 1000, Some(&units(702..703))).unwrap();
+        assert!(!rep.complete, "{rep:?}");
+        assert_eq!(rep.demoted, 0, "{rep:?}");
+        assert_eq!(mem.stats().migration.skipped_busy, skipped + 1);
+        mem.release_page(702, 0, 0);
+        mem.check_consistency().unwrap();
+    }
+
     /// A victim written during its TPM copy aborts; the shrink moves it by
     /// stop-and-copy in the same step and counts it with the others.
     #[test]
