@@ -973,6 +973,40 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// The resize driver also puts split huge pages back together: a range
+    /// split by a 4 KiB move and whole on one tier again is collapsed by the
+    /// driver alone (its first scan notes the range, the next, 100 ms on,
+    /// collapses it).
+    #[test]
+    fn the_resize_driver_collapses_a_range_whole_on_one_tier_again() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        m.promote(&[Unit::page(7)], Mechanism::StopAndCopy)
+            .unwrap();
+        m.demote(&[Unit::page(7)], Mechanism::StopAndCopy).unwrap();
+        assert_eq!(mem.stats().backing.splits, 1);
+        let d = ResizeDriver::spawn(
+            m.clone(),
+            ResizeConfig {
+                period: std::time::Duration::from_millis(5),
+                ..ResizeConfig::default()
+            },
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while mem.stats().backing.collapses == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let rep = d.stop();
+        assert_eq!(
+            mem.stats().backing.collapses,
+            1,
+            "not collapsed by the driver within 10 s: {rep:?}"
+        );
+        mem.check_consistency().unwrap();
+    }
+
     /// A resize driver dropped without `stop` stops too: a step scheduled
     /// after the drop is never applied.
     #[test]
