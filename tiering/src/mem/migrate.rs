@@ -1599,6 +1599,47 @@ mod tests {
         assert_eq!(mem.stats().migration.rollback_errors, 3);
     }
 
+    /// A shadow demotion whose mapping of the shadows fails for one page
+    /// (its batch move and its retry: injected) finishes page by page: the
+    /// page mapped already stays, the other's shadow goes in on the next
+    /// try; both end on the slow tier without a shadow, nothing is fatal.
+    #[test]
+    fn a_shadow_demotion_whose_map_fails_part_way_finishes_page_by_page() {
+        use crate::inject::FaultPlan;
+        let Some((mem, log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        for p in [2usize, 4] {
+            crate::mem::tests::guest_write(&mem, &log, p, 0x300 + p as u64);
+        }
+        let units = [Unit::page(2), Unit::page(4)];
+        m.promote(&units, Mechanism::TPM).unwrap();
+        assert_eq!(mem.shadow_pages(), 2);
+        // Moves: the two parkings, the batch map (page 2 moves, page 4
+        // fails), then page 4's retry fails too; the settle's move of page
+        // 4's shadow succeeds.
+        mem.injector().set(&[
+            FaultPlan::parse("move:every=4:max=1:errno=EEXIST").unwrap(),
+            FaultPlan::parse("move:every=4:max=1:errno=EEXIST").unwrap(),
+        ]);
+        let res = m.demote(&units, Mechanism::TPM);
+        mem.injector().set(&[]);
+        assert!(res.is_err(), "{res:?}");
+        assert_eq!(mem.fatal_error(), None);
+        assert_eq!(mem.stats().migration.rollback_errors, 2);
+        for p in [2usize, 4] {
+            let v = crate::mem::tests::touch_bounded(&mem, p, "a page of the demotion");
+            let w = mem.pages.load(p);
+            assert_eq!(
+                (v, page_map::tier_of(w), page_map::shadow_tier_of(w)),
+                (0x300 + p as u64, Some(1), None),
+                "page {p}"
+            );
+        }
+        assert_eq!(mem.shadow_pages(), 0);
+        mem.check_consistency().unwrap();
+    }
+
     /// The other side of the test above: a staging chunk that held one
     /// whole huge page (the kernel's THP at the copy's first touch, or the
     /// test's `MADV_COLLAPSE` of it after the copy, so that it does not

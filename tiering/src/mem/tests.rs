@@ -229,6 +229,11 @@ fn shadow_invalidation_then_copy_and_reclaim() {
     assert_eq!(o.migrated, 8);
     assert_eq!(o.shadow_copied, 1, "{o:?}");
     assert_eq!(o.shadow_demoted, 6, "{o:?}");
+    // The counters say the same, and the time it took (more than 1 µs:
+    // two page moves per page and a harvest).
+    let s = mem.stats().migration;
+    assert_eq!((s.shadow_demotions, s.shadow_demotions_copied), (6, 1));
+    assert!(s.shadow_demotion_ms > 0.001, "{}", s.shadow_demotion_ms);
     assert_eq!(word(&mem, 5).load(Ordering::SeqCst), 9);
     assert_eq!(word(&mem, 3).load(Ordering::SeqCst), 7);
     mem.check_consistency().unwrap();
