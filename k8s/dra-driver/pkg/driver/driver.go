@@ -191,13 +191,14 @@ func (d *Driver) waitFirstRound(ctx context.Context) error {
 	}
 }
 
-// PrepareResourceClaims creates (or finds) each claim's VM.
+// PrepareResourceClaims creates (or finds) each claim's VM. The wait for a
+// VM to run holds no lock: other claims' prepares and unprepares, and the
+// reconciliation, go on meanwhile (a VM can take a minute to start on a
+// busy host: docs/results.md, section 10).
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	if err := d.waitFirstRound(ctx); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, claim := range claims {
 		devs, err := d.prepare(ctx, claim)
@@ -212,23 +213,47 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	return out, nil
 }
 
+// prepare asks the service for the claim's VM (under d.mu), waits for it
+// to run (holding no lock), then records it as prepared (under d.mu).
 func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]DeviceRef, error) {
-	logger := klog.FromContext(ctx)
+	start := time.Now()
+	e, devs, err := d.beginPrepare(ctx, claim)
+	if err != nil || e == nil {
+		return devs, err
+	}
+	vm, err := d.awaitRunning(ctx, e.VMID, e.Namespace+"/"+e.Name)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.finishPrepare(claim.UID, e, vm, err); err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("prepared claim", "claim", klog.KObj(claim), "vm", e.VMID, "fastMin", e.FastMin(), "mem", e.Spec.Mem, "took", time.Since(start))
+	return devs, nil
+}
+
+// beginPrepare checkpoints the claim's entry and asks the service for its
+// VM. It returns the entry to wait on, or no entry with the devices of a
+// claim prepared already (or an error).
+func (d *Driver) beginPrepare(ctx context.Context, claim *resourceapi.ResourceClaim) (*Entry, []DeviceRef, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	host, err := d.svc.Host(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
+		return nil, nil, fmt.Errorf("node %s: tiervm service unavailable: %w", d.cfg.NodeName, err)
 	}
-	if e, ok := d.state.Entries[claim.UID]; ok && e.Phase == PhaseUnpreparing {
-		return nil, fmt.Errorf("node %s: claim %s/%s is being unprepared: its VM %s is still stopping (the kubelet retries)", d.cfg.NodeName, e.Namespace, e.Name, e.VMID)
-	}
-	if e, ok := d.state.Entries[claim.UID]; ok && e.Phase == PhasePrepared {
-		if vm, ok := d.findVM(ctx, host, e); ok && vm.Alive() {
-			return e.Devices, nil // idempotent: already prepared
+	if e, ok := d.state.Entries[claim.UID]; ok {
+		switch vm, found := d.findVM(ctx, host, e); {
+		case e.Phase == PhaseUnpreparing:
+			return nil, nil, fmt.Errorf("node %s: claim %s/%s is being unprepared: its VM %s is still stopping (the kubelet retries)", d.cfg.NodeName, e.Namespace, e.Name, e.VMID)
+		case e.Phase == PhasePrepared && found && vm.Alive():
+			return nil, e.Devices, nil // idempotent: already prepared
+		case e.Phase == PhaseCreating && e.VMID != "" && found && vm.Alive():
+			return e, e.Devices, nil // an earlier prepare's VM, still starting
 		}
 	}
 	spec, devs, err := d.specFor(ctx, claim)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	e := &Entry{
 		ClaimUID: claim.UID, Namespace: claim.Namespace, Name: claim.Name,
@@ -243,21 +268,43 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 	d.state.Entries[claim.UID] = e
 	if err := d.state.save(d.statePath); err != nil {
 		delete(d.state.Entries, claim.UID)
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return nil, nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	start := time.Now()
-	if err := d.createVM(ctx, host, e); err != nil {
+	if err := d.startVM(ctx, host, e); err != nil {
 		delete(d.state.Entries, claim.UID)
 		_ = d.state.save(d.statePath)
-		return nil, err
+		return nil, nil, err
 	}
-	logger.Info("prepared claim", "claim", klog.KObj(claim), "vm", e.VMID, "fastMin", e.FastMin(), "mem", e.Spec.Mem, "took", time.Since(start))
-	return devs, nil
+	return e, devs, nil
 }
 
-// createVM asks the service for the entry's VM, records its id, waits for
-// it to run and checkpoints. The caller holds d.mu.
-func (d *Driver) createVM(ctx context.Context, host *tiervm.Host, e *Entry) error {
+// finishPrepare records the outcome of the wait for a prepare's VM. The
+// entry may have changed meanwhile: an unprepare began (the kubelet gave
+// up on the prepare), or a reconciliation dropped it (its VM ended). The
+// caller holds d.mu.
+func (d *Driver) finishPrepare(uid types.UID, e *Entry, vm *tiervm.VM, waitErr error) error {
+	ours := d.state.Entries[uid] == e && e.Phase != PhaseUnpreparing
+	if waitErr != nil {
+		if ours {
+			delete(d.state.Entries, uid)
+			_ = d.state.save(d.statePath)
+		}
+		return waitErr
+	}
+	if !ours {
+		return fmt.Errorf("node %s: claim %s/%s was unprepared while its VM %s started (the kubelet retries)", d.cfg.NodeName, e.Namespace, e.Name, e.VMID)
+	}
+	e.VMPid = vm.PidOf()
+	e.Phase = PhasePrepared
+	if err := d.state.save(d.statePath); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// startVM asks the service for the entry's VM, records its id and
+// checkpoints; it does not wait for the VM to run. The caller holds d.mu.
+func (d *Driver) startVM(ctx context.Context, host *tiervm.Host, e *Entry) error {
 	named := host.Named()
 	if named {
 		// A record of an ended VM of that name (a restart of the service)
@@ -277,12 +324,19 @@ func (d *Driver) createVM(ctx context.Context, host *tiervm.Host, e *Entry) erro
 	if err := d.state.save(d.statePath); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
+	return nil
+}
+
+// awaitRunning waits, bounded by StartTimeout, for VM id (of claim, for
+// messages) to run; a VM that ended or stops instead is removed, one still
+// starting at the bound is deleted. Holds no lock.
+func (d *Driver) awaitRunning(ctx context.Context, id, claim string) (*tiervm.VM, error) {
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.StartTimeout)
 	defer cancel()
 	for {
-		vm, err = d.svc.Get(wctx, e.VMID)
+		vm, err := d.svc.Get(wctx, id)
 		if err == nil && vm.State == "running" {
-			break
+			return vm, nil
 		}
 		if err == nil && (vm.Ended() || vm.State == "stopping") {
 			why := vm.State
@@ -290,21 +344,18 @@ func (d *Driver) createVM(ctx context.Context, host *tiervm.Host, e *Entry) erro
 				why += ": " + *vm.Error
 			}
 			_ = d.svc.Remove(ctx, vm.ID)
-			return fmt.Errorf("node %s: VM %s for claim %s/%s did not start: %s", d.cfg.NodeName, vm.ID, e.Namespace, e.Name, why)
+			return nil, fmt.Errorf("node %s: VM %s for claim %s did not start: %s", d.cfg.NodeName, vm.ID, claim, why)
 		}
 		if errors.Is(err, tiervm.ErrNotFound) {
-			return fmt.Errorf("node %s: VM %s vanished while starting", d.cfg.NodeName, e.VMID)
+			return nil, fmt.Errorf("node %s: VM %s vanished while starting", d.cfg.NodeName, id)
 		}
 		select {
 		case <-wctx.Done():
-			_ = d.svc.Delete(ctx, e.VMID)
-			return fmt.Errorf("node %s: VM %s not running after %s", d.cfg.NodeName, e.VMID, d.cfg.StartTimeout)
+			_ = d.svc.Delete(ctx, id)
+			return nil, fmt.Errorf("node %s: VM %s not running after %s", d.cfg.NodeName, id, d.cfg.StartTimeout)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	e.VMPid = vm.PidOf()
-	e.Phase = PhasePrepared
-	return d.state.save(d.statePath)
 }
 
 // specFor derives the VM's spec from the claim's allocation: fast.min is the

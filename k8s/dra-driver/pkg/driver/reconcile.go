@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"fmt"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,7 +66,9 @@ func (d *Driver) Reconcile(ctx context.Context) error {
 			continue
 		}
 		if found && (vm.Alive() || vm.State == "stopping") {
-			if e.Phase != PhasePrepared && vm.State == "running" {
+			// A VM now running that a prepare still waits for, or one
+			// recreated (below) that was still starting: record it.
+			if (e.Phase != PhasePrepared || (e.VMPid == 0 && vm.PidOf() != 0)) && vm.State == "running" {
 				e.Phase, e.VMPid = PhasePrepared, vm.PidOf()
 				changed = true
 			}
@@ -83,22 +84,22 @@ func (d *Driver) Reconcile(ctx context.Context) error {
 			changed = true
 			continue
 		}
-		// Prepared, and the service lost the VM: create it again.
+		// Prepared, and the service lost the VM: create it again. The
+		// round does not wait for it to run (a later round records its
+		// pid, or creates it again if it ended instead).
 		if found {
 			_ = d.svc.Remove(ctx, vm.ID)
 		}
 		old := e.VMID
-		e.Phase = PhaseCreating
-		start := time.Now()
-		if err := d.createVM(ctx, host, e); err != nil {
-			e.Phase = PhasePrepared
+		e.VMPid = 0
+		if err := d.startVM(ctx, host, e); err != nil {
 			logger.Error(err, "recreate VM", "claim", e.Namespace+"/"+e.Name)
 			changed = true
 			continue
 		}
 		e.Recreated++
 		changed = true
-		logger.Info("VM recreated for prepared claim", "claim", e.Namespace+"/"+e.Name, "old", old, "vm", e.VMID, "took", time.Since(start))
+		logger.Info("VM recreated for prepared claim", "claim", e.Namespace+"/"+e.Name, "old", old, "vm", e.VMID)
 	}
 	if host.Named() {
 		d.collectOrphans(ctx)

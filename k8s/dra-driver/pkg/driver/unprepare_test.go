@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
@@ -25,6 +26,7 @@ type slowStopService struct {
 	labels  map[string]string
 	creates int
 	stopped chan struct{} // closed at the first DELETE of the running VM
+	startAs string        // the state a created VM starts in ("" for running)
 }
 
 func (s *slowStopService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -42,13 +44,16 @@ func (s *slowStopService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.creates++
 		w.WriteHeader(201)
 		s.state = "running"
+		if s.startAs != "" {
+			s.state = s.startAs
+		}
 		vm()
 	case s.state == "":
 		w.WriteHeader(404)
 		_, _ = w.Write([]byte(`{"code":"not_found","message":"no such VM"}`))
 	case r.Method == http.MethodGet:
 		vm()
-	case r.Method == http.MethodDelete && s.state == "running":
+	case r.Method == http.MethodDelete && (s.state == "running" || s.state == "starting"):
 		s.state = "stopping"
 		close(s.stopped)
 		w.WriteHeader(202)
@@ -60,6 +65,12 @@ func (s *slowStopService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(202)
 		vm()
 	}
+}
+
+func (s *slowStopService) set(state string) {
+	s.mu.Lock()
+	s.state = state
+	s.mu.Unlock()
 }
 
 func (s *slowStopService) end() {
@@ -143,5 +154,162 @@ func TestUnprepareOfASlowStoppingVM(t *testing.T) {
 	}
 	if _, err := d.prepare(context.Background(), c); err != nil || svc.creates != 1 {
 		t.Fatalf("a new prepare of the claim after the unprepare: %v (VMs created: %d)", err, svc.creates)
+	}
+}
+
+// slowStartDriver is a driver on a stand-in service whose created VM stays
+// "starting" until the test sets it running.
+func slowStartDriver(t *testing.T) (*Driver, *slowStopService, *resourceapi.ResourceClaim) {
+	c := claim("node-a", 16*mi, 256*mi, "")
+	svc := &slowStopService{stopped: make(chan struct{}), startAs: "starting",
+		labels: map[string]string{LabelPrefix + "claim-uid": string(c.UID)}}
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: svc}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	d, err := New(Config{NodeName: "node-a", StateDir: t.TempDir(), StartTimeout: 20 * time.Second}, fake.NewClientset(c), tiervm.New(sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(d.firstRound)
+	return d, svc, c
+}
+
+// prepareInBackground runs a prepare of c and returns its result channel,
+// once the service has created the VM.
+func prepareInBackground(t *testing.T, d *Driver, svc *slowStopService, c *resourceapi.ResourceClaim) chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+		defer cancel()
+		out, err := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c})
+		if err == nil {
+			err = out[c.UID].Err
+		}
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		svc.mu.Lock()
+		n := svc.creates
+		svc.mu.Unlock()
+		if n == 1 {
+			return done
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the prepare did not ask the service for the VM")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// boundedRound runs one reconciliation round, failing the test if it
+// waits on a VM (more than 3 s).
+func boundedRound(t *testing.T, d *Driver, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r := make(chan error, 1)
+	go func() { r <- d.Reconcile(ctx) }()
+	select {
+	case err := <-r:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatalf("%s: a reconciliation round waited on a prepare's VM", what)
+	}
+}
+
+// A prepare whose VM is slow to start holds no lock while it waits: a
+// reconciliation round runs meanwhile (counting the starting VM's
+// reservation as the driver's), and the prepare succeeds once the VM runs.
+func TestPrepareOfASlowStartingVM(t *testing.T) {
+	d, svc, c := slowStartDriver(t)
+	done := prepareInBackground(t, d, svc, c)
+	boundedRound(t, d, "round while the VM starts")
+	if e := d.Snapshot()[c.UID]; e.Phase != PhaseCreating || e.VMID != "k8s-vm" {
+		t.Fatalf("entry while its VM starts: %+v", e)
+	}
+	if f, _ := d.ours(); f != 16*mi {
+		t.Fatalf("a starting VM's fast min is not counted as the driver's: %d", f)
+	}
+	svc.set("running")
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("prepare: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the prepare did not end once the VM ran")
+	}
+	if e := d.Snapshot()[c.UID]; e.Phase != PhasePrepared || svc.creates != 1 {
+		t.Fatalf("after the prepare: %+v, VMs created %d", e, svc.creates)
+	}
+}
+
+// An unprepare that comes while the claim's VM still starts (the kubelet
+// gave up on the prepare) is not held behind it, and the prepare then fails
+// instead of recording a claim that is gone.
+func TestUnprepareDuringASlowStart(t *testing.T) {
+	d, svc, c := slowStartDriver(t)
+	done := prepareInBackground(t, d, svc, c)
+	un := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}})
+		if err == nil {
+			err = out[c.UID]
+		}
+		un <- err
+	}()
+	select {
+	case <-svc.stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unprepare did not ask the service to stop the starting VM")
+	}
+	svc.end()
+	for _, w := range []struct {
+		what string
+		ch   chan error
+		ok   bool
+	}{{"unprepare", un, true}, {"prepare", done, false}} {
+		select {
+		case err := <-w.ch:
+			if (err == nil) != w.ok {
+				t.Fatalf("%s: %v", w.what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the %s did not end once the VM was gone", w.what)
+		}
+	}
+	if len(d.Snapshot()) != 0 {
+		t.Fatalf("entries left: %v", d.Snapshot())
+	}
+}
+
+// A prepared claim whose VM the service lost gets it created again by a
+// reconciliation round that does not wait for it to run; the claim stays
+// prepared meanwhile and the next rounds create nothing more.
+func TestRecreateDoesNotWaitForTheVMToRun(t *testing.T) {
+	d, svc, c := slowStartDriver(t)
+	d.state.Entries[c.UID] = &Entry{ClaimUID: c.UID, Namespace: c.Namespace, Name: c.Name, Phase: PhasePrepared,
+		VMName: "k8s-vm", VMID: "k8s-vm", BootID: "b1", VMPid: 4242,
+		Spec: tiervm.Spec{Image: "memcheck", Mem: 256 * mi, Fast: &tiervm.FastRequest{Min: 16 * mi}}}
+	boundedRound(t, d, "round that recreates the VM")
+	e := d.Snapshot()[c.UID]
+	if svc.creates != 1 || e.Phase != PhasePrepared || e.Recreated != 1 || e.VMPid != 0 {
+		t.Fatalf("after the recreating round: %+v, VMs created %d", e, svc.creates)
+	}
+	boundedRound(t, d, "round while the recreated VM starts")
+	svc.set("running")
+	boundedRound(t, d, "round once it runs")
+	if e := d.Snapshot()[c.UID]; svc.creates != 1 || e.Phase != PhasePrepared || e.Recreated != 1 {
+		t.Fatalf("after the VM ran: %+v, VMs created %d", e, svc.creates)
 	}
 }
