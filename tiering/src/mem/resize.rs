@@ -973,6 +973,53 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// The resize driver's report adds up its steps: pages demoted by copy
+    /// and by remapping their shadows, shadows dropped, pages given back.
+    #[test]
+    fn the_resize_drivers_report_adds_up_its_steps() {
+        let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+            return;
+        };
+        let units: Vec<Unit> = (0..100).map(Unit::page).collect();
+        m.promote(&units, Mechanism::TPM).unwrap();
+        let run = |tier: TierId, pages: usize| {
+            let d = ResizeDriver::spawn(
+                m.clone(),
+                ResizeConfig {
+                    schedules: vec![(
+                        tier,
+                        vec![CapacityStep {
+                            at: std::time::Duration::ZERO,
+                            pages,
+                        }],
+                    )],
+                    period: std::time::Duration::from_millis(5),
+                    ..ResizeConfig::default()
+                },
+            )
+            .unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while (mem.capacity(tier) != pages || mem.excess_pages(tier) > 0)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            d.stop()
+        };
+        // The fast tier to 40 pages: 60 of its 100 pages go back onto their
+        // shadows (no copy).
+        let rep = run(0, 40);
+        assert_eq!((rep.demoted, rep.shadows_reclaimed), (60, 0), "{rep:?}");
+        assert_eq!(rep.returned_pages, 60, "{rep:?}");
+        // The slow tier (984 guest pages, 40 shadows) to 1000: 24 shadows
+        // go for the excess, and one more for a free page.
+        let rep = run(1, 1000);
+        assert_eq!(rep.demoted, 0, "{rep:?}");
+        assert_eq!(rep.shadows_reclaimed, 25, "{rep:?}");
+        assert_eq!(rep.returned_pages, 24, "{rep:?}");
+        mem.check_consistency().unwrap();
+    }
+
     /// The resize driver also puts split huge pages back together: a range
     /// split by a 4 KiB move and whole on one tier again is collapsed by the
     /// driver alone (its first scan notes the range, the next, 100 ms on,
