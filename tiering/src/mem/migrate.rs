@@ -1589,7 +1589,10 @@ mod tests {
         assert!(sys::resident(mem.guest_addr(4), 1).unwrap()[0]);
         let w = mem.pages.load(4);
         assert_eq!((page_map::tier_of(w), w & SHADOW), (Some(0), 0));
-        assert_eq!(crate::mem::tests::word(&mem, 4).load(Ordering::SeqCst), 0x904);
+        assert_eq!(
+            crate::mem::tests::word(&mem, 4).load(Ordering::SeqCst),
+            0x904
+        );
         // Page 6: no copy could be mapped; the VM is stopped for it, the
         // page stays owned (a touch would wait) and keeps its reservation.
         assert!(!sys::resident(mem.guest_addr(6), 1).unwrap()[0]);

@@ -973,6 +973,35 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// `--fast-schedule`'s parser: sizes to pages, times in order (equal
+    /// times allowed), blanks and empty parts skipped, and each error.
+    #[test]
+    fn capacity_schedules_parse_to_pages_in_time_order() {
+        use std::time::Duration as D;
+        let steps = |s: &str| {
+            parse_capacity_schedule(s)
+                .map(|v| v.iter().map(|c| (c.pages, c.at)).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            steps(" 256M@0s, ,32M@5s,32K@5s,"),
+            Ok(vec![
+                (65536, D::ZERO),
+                (8192, D::from_secs(5)),
+                (8, D::from_secs(5))
+            ])
+        );
+        use CapacityScheduleError as E;
+        assert_eq!(steps("256M"), Err(E::NotSizeAtTime("256M".into())));
+        assert!(matches!(steps("lots@0s"), Err(E::BadSize { .. })));
+        assert!(matches!(steps("6000@0s"), Err(E::SizeNotPages { .. })));
+        assert!(matches!(steps("4M@soon"), Err(E::BadTime { .. })));
+        assert_eq!(
+            steps("4M@2s,8M@1s"),
+            Err(E::TimesDecrease("4M@2s,8M@1s".into()))
+        );
+        assert_eq!(steps(" , "), Err(E::Empty));
+    }
+
     /// The resize driver's report adds up its steps: pages demoted by copy
     /// and by remapping their shadows, shadows dropped, pages given back.
     #[test]
@@ -1029,8 +1058,7 @@ mod tests {
         let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
             return;
         };
-        m.promote(&[Unit::page(7)], Mechanism::StopAndCopy)
-            .unwrap();
+        m.promote(&[Unit::page(7)], Mechanism::StopAndCopy).unwrap();
         m.demote(&[Unit::page(7)], Mechanism::StopAndCopy).unwrap();
         assert_eq!(mem.stats().backing.splits, 1);
         let d = ResizeDriver::spawn(
