@@ -315,6 +315,49 @@ fn first_touches_draw_from_the_pool_of_their_tier() {
     mem.check_consistency().unwrap();
 }
 
+/// A first-touch commit whose move into guest RAM fails part way puts
+/// back only what it moved, from its own pages: a page committed before
+/// (page 0, the test's word in it) stays in guest RAM with its content.
+/// The failing commit is of the second 2 MiB range with no huge pool chunk
+/// left, from 4 KiB pool pages that cross a 2 MiB boundary of the pool:
+/// two moves, the second injected to fail.
+#[test]
+fn a_failed_first_touch_commit_takes_back_only_its_own_pages() {
+    let mut cfg = MemConfig::two_tier(1024 * PAGE_SIZE, 1024, 1024, 0, 0);
+    cfg.placement = InitialPlacement::FastFirst;
+    let Some(mem) = bare(&cfg) else {
+        return;
+    };
+    mem.prefault(0, 1).unwrap();
+    let word0 = || super::tests::word(&mem, 0);
+    word0().store(0x1234, Ordering::SeqCst);
+    let (mut chunks, first_page) = {
+        let mut pool = mem.pool(0);
+        let mut chunks = Vec::new();
+        while let Some((c, _)) = pool.reserve_chunk(Holds::Hole) {
+            chunks.push(c);
+        }
+        (chunks, pool.reserve_pages(1, Holds::Hole).unwrap())
+    };
+    mem.injector()
+        .set(&[FaultPlan::parse("move:every=2:max=1:errno=EEXIST").unwrap()]);
+    let r = mem.prefault(512, 1);
+    let fired = mem.injector().fired(FaultPoint::Move);
+    mem.injector().set(&[]);
+    assert_eq!(fired, 1, "the commit's second move did not fail ({r:?})");
+    let resident = |p: usize| crate::sys::resident(mem.guest_addr(p), 1).unwrap()[0];
+    assert!(resident(0), "page 0 taken out of guest RAM ({r:?})");
+    assert_eq!(word0().load(Ordering::SeqCst), 0x1234);
+    assert_eq!((mem.tier_of(0), mem.tier_of(512)), (Some(0), Some(0)));
+    let mut pool = mem.pool(0);
+    pool.release_pages(&[first_page[0].0], Holds::Hole);
+    for c in chunks.drain(..) {
+        pool.release_chunk(c, Holds::Hole, true);
+    }
+    drop(pool);
+    mem.check_consistency().unwrap();
+}
+
 // ---- 5. The dirty harvest covers the last guest page ----
 
 /// TPM of the last page of a guest whose size is not a multiple of 64
