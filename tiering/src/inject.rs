@@ -32,6 +32,9 @@ pub enum FaultPoint {
     /// The fault handler's read of userfaultfd events: the handler thread
     /// ends with the error, which its `stop` returns (tests of that path).
     FaultRead,
+    /// `MADV_COLLAPSE` of a split 2 MiB guest range back into a huge page
+    /// (the kernel refuses when it cannot allocate one).
+    Collapse,
 }
 
 impl std::str::FromStr for FaultPoint {
@@ -47,6 +50,7 @@ impl std::str::FromStr for FaultPoint {
             "dirty-clear" => FaultPoint::DirtyClear,
             "wake" => FaultPoint::Wake,
             "fault-read" => FaultPoint::FaultRead,
+            "collapse" => FaultPoint::Collapse,
             _ => return Err(FaultPlanError::UnknownPoint(s.to_string())),
         })
     }
@@ -59,7 +63,7 @@ pub enum FaultPlanError {
     /// Not one of the fault points.
     #[error(
         "unknown fault point '{0}': use move, zero-page, populate, discard, move-pages, \
-         dirty-get, dirty-clear, wake or fault-read"
+         dirty-get, dirty-clear, wake, fault-read or collapse"
     )]
     UnknownPoint(String),
     /// A part after the point that is not `key=value`.

@@ -33,6 +33,10 @@ pub enum TestPoint {
     /// its count of writes in flight (a write ending here must still be
     /// in what it returns).
     DirtyBitsRead,
+    /// `collapse_split_ranges` found a split 2 MiB range whole on one tier
+    /// for the second scan in a row and has not taken its pages yet (a
+    /// mover may move one of them here).
+    CollapseScanned,
 }
 
 type Action = Arc<dyn Fn(TestPoint) + Send + Sync>;

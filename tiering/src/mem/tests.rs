@@ -2092,6 +2092,70 @@ fn a_split_range_back_on_one_tier_collapses_and_a_mixed_one_does_not() {
     mem.check_consistency().unwrap();
 }
 
+/// Range 0 split by a page moved out and back: whole on tier 1 again, and
+/// noted by a first scan (the next one collapses it).
+fn range_0_split_and_noted() -> Option<Env> {
+    let env = setup(1024, 1024, InitialPlacement::SlowFirst)?;
+    let m = &env.2;
+    m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    m.demote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    assert_eq!(env.0.collapse_split_ranges(8), 0, "the first scan notes it");
+    Some(env)
+}
+
+/// A range whose page moves to another tier between the collapse's second
+/// scan and its taking of the pages is not collapsed (that page would end
+/// in a huge page of the other tier's node), and every page it took is
+/// given back.
+#[test]
+fn a_page_moved_between_the_collapse_scan_and_its_taking_stops_the_collapse() {
+    use crate::test_point::{with_action, TestPoint};
+    let Some((mem, _log, m, _faults)) = range_0_split_and_noted() else {
+        return;
+    };
+    let (m2, once) = (m.clone(), Arc::new(std::sync::Once::new()));
+    let done = with_action(
+        move |p| {
+            if p == TestPoint::CollapseScanned {
+                once.call_once(|| {
+                    let o = m2.promote(&[page_unit(9)], Mechanism::StopAndCopy);
+                    assert_eq!(o.unwrap().migrated, 1);
+                });
+            }
+        },
+        || mem.collapse_split_ranges(8),
+    );
+    assert_eq!((done, mem.stats().backing.collapses), (0, 0));
+    assert_eq!(mem.tier_of(9), Some(0));
+    let owned: Vec<usize> = (0..512)
+        .filter(|&p| mem.pages.load(p) & page_map::BUSY != 0)
+        .collect();
+    assert_eq!(owned, Vec::<usize>::new(), "pages left owned");
+    mem.check_consistency().unwrap();
+}
+
+/// A collapse the kernel refuses (injected) leaves the range eligible: the
+/// next scan collapses it.
+#[test]
+fn a_failed_collapse_is_tried_again() {
+    use crate::inject::{FaultPlan, FaultPoint};
+    let Some((mem, _log, _m, _faults)) = range_0_split_and_noted() else {
+        return;
+    };
+    mem.injector()
+        .set(&[FaultPlan::parse("collapse:errno=EAGAIN:max=1").unwrap()]);
+    assert_eq!(mem.collapse_split_ranges(8), 0);
+    assert_eq!(mem.injector().fired(FaultPoint::Collapse), 1);
+    mem.injector().set(&[]);
+    assert_eq!(
+        mem.collapse_split_ranges(8),
+        1,
+        "the next scan collapses it"
+    );
+    assert_eq!(mem.huge_range_of(0), Some(0));
+    mem.check_consistency().unwrap();
+}
+
 /// A huge page parked whole (a sampler window or a probe covering its 2 MiB
 /// range) goes back whole on its first touch: one hint fault for the range,
 /// marked `huge`, the range never split, every page of it unparked with its

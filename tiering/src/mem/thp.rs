@@ -142,6 +142,7 @@ impl TieredMemory {
                     state.compare_exchange(SPLIT, WHOLE_ONCE, Ordering::Relaxed, Ordering::Relaxed);
                 continue;
             }
+            crate::test_point::reached(crate::test_point::TestPoint::CollapseScanned);
             // Own every page so no mover or sampler races the collapse.
             let mut owned = 0;
             for p in first..first + CHUNK_SLOTS {
@@ -179,13 +180,17 @@ impl TieredMemory {
         // MADV_COLLAPSE refuses: eligible again for the collapse, and
         // staying so once it is huge.
         let a = self.guest_addr(first);
+        let collapse = || {
+            self.inject.io(crate::inject::FaultPoint::Collapse)?;
+            self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse)
+        };
         let collapsed = if self.emulated() {
             // Never made NOHUGEPAGE (see `note_guest_move`).
-            self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse)
+            collapse()
         } else {
             self.mapping()
                 .advise(a, HUGE_PAGE_SIZE, Advice::HugePage)
-                .and_then(|()| self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::Collapse))
+                .and_then(|()| collapse())
         };
         if collapsed.is_err() && !self.emulated() {
             if let Err(e) = self.mapping().advise(a, HUGE_PAGE_SIZE, Advice::NoHugePage) {
