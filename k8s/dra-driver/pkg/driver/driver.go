@@ -285,7 +285,7 @@ func (d *Driver) beginPrepare(ctx context.Context, claim *resourceapi.ResourceCl
 func (d *Driver) finishPrepare(uid types.UID, e *Entry, vm *tiervm.VM, waitErr error) error {
 	ours := d.state.Entries[uid] == e && e.Phase != PhaseUnpreparing
 	if waitErr != nil {
-		if ours {
+		if ours && !errors.Is(waitErr, errCallerGone) {
 			delete(d.state.Entries, uid)
 			_ = d.state.save(d.statePath)
 		}
@@ -351,12 +351,19 @@ func (d *Driver) awaitRunning(ctx context.Context, id, claim string) (*tiervm.VM
 		}
 		select {
 		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("node %s: VM %s for claim %s still starting when the kubelet's call ended (%w): it goes on starting, and the kubelet's retry waits for it", d.cfg.NodeName, id, claim, errCallerGone)
+			}
 			_ = d.svc.Delete(ctx, id)
 			return nil, fmt.Errorf("node %s: VM %s not running after %s", d.cfg.NodeName, id, d.cfg.StartTimeout)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
+
+// errCallerGone: the kubelet's call ended (its deadline) while its VM was
+// still starting. The entry and the VM stay for the kubelet's retry.
+var errCallerGone = errors.New("the call's context ended")
 
 // specFor derives the VM's spec from the claim's allocation: fast.min is the
 // capacity consumed on the fast device, mem the capacity consumed on the

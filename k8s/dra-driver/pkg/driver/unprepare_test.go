@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -311,5 +312,34 @@ func TestRecreateDoesNotWaitForTheVMToRun(t *testing.T) {
 	boundedRound(t, d, "round once it runs")
 	if e := d.Snapshot()[c.UID]; svc.creates != 1 || e.Phase != PhasePrepared || e.Recreated != 1 {
 		t.Fatalf("after the VM ran: %+v, VMs created %d", e, svc.creates)
+	}
+}
+
+// A prepare whose kubelet call ends (its deadline) while the VM still
+// starts leaves the VM and the entry for the kubelet's retry, which waits
+// for that VM instead of creating another.
+func TestAPrepareRetriedAfterTheKubeletsDeadlineWaitsForTheSameVM(t *testing.T) {
+	d, svc, c := slowStartDriver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err := d.prepare(ctx, c)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "still starting when the kubelet's call ended") {
+		t.Fatalf("prepare past the kubelet's deadline: %v", err)
+	}
+	if e := d.Snapshot()[c.UID]; e.Phase != PhaseCreating || svc.state != "starting" {
+		t.Fatalf("after the deadline: entry %+v, VM %q", e, svc.state)
+	}
+	done := prepareInBackground(t, d, svc, c)
+	svc.set("running")
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the retry: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry did not end once the VM ran")
+	}
+	if e := d.Snapshot()[c.UID]; e.Phase != PhasePrepared || svc.creates != 1 {
+		t.Fatalf("after the retry: %+v, VMs created %d (want 1)", e, svc.creates)
 	}
 }
