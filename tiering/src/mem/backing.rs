@@ -1451,4 +1451,82 @@ mod tests {
         // SAFETY: as above; the page is still there (nothing moved it).
         assert_eq!(unsafe { (outside as *const u64).read_volatile() }, 7);
     }
+
+    /// A memory of `pages` pages, all committed, with no fault handler
+    /// (the tests below never touch a hole they make).
+    fn committed(pages: usize) -> Option<TieredMemory> {
+        use crate::host_support::{require, HostFeature};
+        if !require(&[HostFeature::UserfaultfdMove]) {
+            return None;
+        }
+        let mem = TieredMemory::new(&MemConfig::new(pages * PAGE_SIZE, pages)).unwrap();
+        mem.prefault(0, pages).unwrap();
+        for p in 0..pages {
+            // SAFETY: a committed page of guest RAM, reached only through
+            // raw pointers (no vCPU runs).
+            unsafe { (mem.guest_addr(p) as *mut u64).write_volatile(0x100 + p as u64) };
+        }
+        Some(mem)
+    }
+
+    fn present(a: usize) -> bool {
+        sys::resident(a, 1).unwrap()[0]
+    }
+
+    /// After a batch move fails part way, the finishing moves what the
+    /// batch left: a transient failure of one range is overcome (Ok, every
+    /// page moved), and a pair whose destination is taken returns the
+    /// batch's own failure (the range the kernel refused, not the retry's).
+    #[test]
+    fn finishing_moves_what_a_batch_left_and_returns_what_it_could_not() {
+        use crate::inject::FaultPlan;
+        let Some(mem) = committed(64) else {
+            return;
+        };
+        let out = |p: usize| (mem.shadow_addr(p), mem.guest_addr(p));
+        // Pages 2 and 4 (two ranges): the second range's move fails once.
+        mem.injector()
+            .set(&[FaultPlan::parse("move:every=2:max=1:errno=EIO").unwrap()]);
+        let r = mem.move_pairs_finishing(&[out(2), out(4)]);
+        mem.injector().set(&[]);
+        assert!(r.is_ok(), "{r:?}");
+        for p in [2, 4] {
+            assert!(present(mem.shadow_addr(p)) && !present(mem.guest_addr(p)), "page {p}");
+            // SAFETY: the page's shadow slot, present (checked above).
+            let v = unsafe { (mem.shadow_addr(p) as *const u64).read_volatile() };
+            assert_eq!(v, 0x100 + p as u64);
+        }
+        assert_eq!(mem.stats().migration.rollback_errors, 1);
+        // Pages 8 and 9 (one range) with page 9's slot taken: the kernel
+        // moves page 8 and refuses page 9; page 9 stays, and the error is
+        // the range's.
+        crate::mem::tests_planted::plant_page(&mem, mem.shadow_addr(9));
+        let e = mem.move_pairs_finishing(&[out(8), out(9)]).unwrap_err();
+        assert_eq!(
+            (e.dst, e.len, e.moved, e.errno),
+            (mem.shadow_addr(8), 2 * PAGE_SIZE, PAGE_SIZE, libc::EEXIST)
+        );
+        assert!(present(mem.guest_addr(9)) && !present(mem.guest_addr(8)));
+    }
+
+    /// A page found missing from guest RAM with its copy in its parking
+    /// slot is put back and released unflagged (neither parked nor a
+    /// probe's).
+    #[test]
+    fn a_recovered_hole_is_released_unparked() {
+        let Some(mem) = committed(64) else {
+            return;
+        };
+        assert!(mem.pages.try_acquire(5, false).is_some());
+        mem.move_range(mem.park_addr(5), mem.guest_addr(5), PAGE_SIZE, false)
+            .unwrap();
+        mem.release_page(5, page_map::PARKED | page_map::PROBE, 0);
+        assert!(mem.pages.try_acquire(5, true).is_some());
+        mem.recover_hole(5);
+        let w = mem.pages.load(5);
+        assert_eq!(w & (page_map::PARKED | page_map::PROBE | page_map::BUSY), 0);
+        assert!(present(mem.guest_addr(5)) && !present(mem.park_addr(5)));
+        assert_eq!(mem.fatal_error(), None);
+    }
+
 }
