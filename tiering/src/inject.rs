@@ -67,7 +67,9 @@ pub enum FaultPlanError {
     )]
     UnknownPoint(String),
     /// A part after the point that is not `key=value`.
-    #[error("'{part}' in fault plan '{plan}' is not key=value (every=N, errno=NAME, max=N)")]
+    #[error(
+        "'{part}' in fault plan '{plan}' is not key=value (every=N, errno=NAME, max=N, moved=PAGES)"
+    )]
     NotKeyValue {
         /// The part.
         part: String,
@@ -94,7 +96,7 @@ pub enum FaultPlanError {
         plan: String,
     },
     /// A key other than every, errno and max.
-    #[error("unknown key '{key}' in fault plan '{plan}' (every, errno, max)")]
+    #[error("unknown key '{key}' in fault plan '{plan}' (every, errno, max, moved)")]
     UnknownKey {
         /// The key.
         key: String,
@@ -115,10 +117,14 @@ pub struct FaultPlan {
     pub errno: i32,
     /// Failures after which the plan stops firing.
     pub max: u64,
+    /// `move` only: the failure comes after this many pages of the range
+    /// moved (at most all but one), as when the kernel stops part way.
+    #[serde(default)]
+    pub moved_pages: u64,
 }
 
 impl FaultPlan {
-    /// Parses `POINT[:every=N][:errno=NAME|N][:max=N]`, e.g.
+    /// Parses `POINT[:every=N][:errno=NAME|N][:max=N][:moved=PAGES]`, e.g.
     /// `move:every=50:errno=EBUSY`.
     pub fn parse(s: &str) -> Result<Self, FaultPlanError> {
         let mut parts = s.split(':');
@@ -128,6 +134,7 @@ impl FaultPlan {
             every: 1,
             errno: libc::EIO,
             max: u64::MAX,
+            moved_pages: 0,
         };
         for kv in parts {
             let (k, v) = kv
@@ -145,6 +152,7 @@ impl FaultPlan {
             match k {
                 "every" => plan.every = num(v)?.max(1),
                 "max" => plan.max = num(v)?,
+                "moved" => plan.moved_pages = num(v)?,
                 "errno" => {
                     plan.errno = parse_errno(v).ok_or_else(|| FaultPlanError::UnknownErrno {
                         value: v.to_string(),
@@ -206,6 +214,12 @@ impl Injector {
 
     /// Whether a call at `point` must fail now (and with which errno).
     pub fn check(&self, point: FaultPoint) -> Option<i32> {
+        self.check_plan(point).map(|p| p.errno)
+    }
+
+    /// Like [`Self::check`], with the whole plan that fired (a move's
+    /// failure may come part way: [`FaultPlan::moved_pages`]).
+    pub fn check_plan(&self, point: FaultPoint) -> Option<FaultPlan> {
         if !self.armed.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
@@ -214,7 +228,7 @@ impl Injector {
             *calls += 1;
             if *fired < plan.max && (*calls).is_multiple_of(plan.every) {
                 *fired += 1;
-                return Some(plan.errno);
+                return Some(*plan);
             }
         }
         None
@@ -232,5 +246,44 @@ impl Injector {
             )),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_plans_parse_with_their_defaults_and_refuse_what_is_not_a_plan() {
+        let p = FaultPlan::parse("move:every=3:errno=EBUSY:max=2:moved=5").unwrap();
+        assert_eq!(
+            (p.point, p.every, p.errno, p.max, p.moved_pages),
+            (FaultPoint::Move, 3, libc::EBUSY, 2, 5)
+        );
+        let p = FaultPlan::parse("collapse").unwrap();
+        assert_eq!(
+            (p.point, p.every, p.errno, p.max, p.moved_pages),
+            (FaultPoint::Collapse, 1, libc::EIO, u64::MAX, 0)
+        );
+        assert!(matches!(
+            FaultPlan::parse("moves"),
+            Err(FaultPlanError::UnknownPoint(_))
+        ));
+        assert!(matches!(
+            FaultPlan::parse("move:moved"),
+            Err(FaultPlanError::NotKeyValue { .. })
+        ));
+        assert!(matches!(
+            FaultPlan::parse("move:moved=x"),
+            Err(FaultPlanError::NotANumber { .. })
+        ));
+        assert!(matches!(
+            FaultPlan::parse("move:errno=EWHAT"),
+            Err(FaultPlanError::UnknownErrno { .. })
+        ));
+        assert!(matches!(
+            FaultPlan::parse("move:often=2"),
+            Err(FaultPlanError::UnknownKey { .. })
+        ));
     }
 }

@@ -1491,7 +1491,10 @@ mod tests {
         mem.injector().set(&[]);
         assert!(r.is_ok(), "{r:?}");
         for p in [2, 4] {
-            assert!(present(mem.shadow_addr(p)) && !present(mem.guest_addr(p)), "page {p}");
+            assert!(
+                present(mem.shadow_addr(p)) && !present(mem.guest_addr(p)),
+                "page {p}"
+            );
             // SAFETY: the page's shadow slot, present (checked above).
             let v = unsafe { (mem.shadow_addr(p) as *const u64).read_volatile() };
             assert_eq!(v, 0x100 + p as u64);
@@ -1529,4 +1532,30 @@ mod tests {
         assert_eq!(mem.fatal_error(), None);
     }
 
+    /// A rollback move the kernel stops part way (injected: 2 of 4 pages
+    /// moved, then EBUSY) finishes the rest of the range: each page once, in
+    /// its place.
+    #[test]
+    fn a_rollback_move_stopped_part_way_finishes_the_rest() {
+        use crate::inject::{FaultPlan, FaultPoint};
+        let Some(mem) = committed(64) else {
+            return;
+        };
+        mem.injector()
+            .set(&[FaultPlan::parse("move:max=1:errno=EBUSY:moved=2").unwrap()]);
+        let r = mem.move_retrying(mem.shadow_addr(8), mem.guest_addr(8), 4 * PAGE_SIZE);
+        let fired = mem.injector().fired(FaultPoint::Move);
+        mem.injector().set(&[]);
+        assert!(r.is_ok() && fired == 1, "{r:?}, {fired} injected");
+        for p in 6..14 {
+            let moved = (8..12).contains(&p);
+            assert_eq!(present(mem.shadow_addr(p)), moved, "page {p}'s slot");
+            assert_eq!(present(mem.guest_addr(p)), !moved, "page {p}");
+        }
+        for p in 8..12 {
+            // SAFETY: the page's shadow slot, present (checked above).
+            let v = unsafe { (mem.shadow_addr(p) as *const u64).read_volatile() };
+            assert_eq!(v, 0x100 + p as u64);
+        }
+    }
 }

@@ -345,6 +345,7 @@ mod tests {
             every: 1,
             errno: libc::EIO,
             max: u64::MAX,
+            moved_pages: 0,
         }]);
         let mut rep = ChaosReport::default();
         upkeep(&m, &mut rep);

@@ -293,15 +293,38 @@ impl Uffd {
         len: usize,
         wake: bool,
     ) -> Result<(), MoveError> {
-        if let Some(errno) = self.inject.check(FaultPoint::Move) {
+        if let Some(plan) = self.inject.check_plan(FaultPoint::Move) {
+            // A failure part way: the first pages really move.
+            let part = (plan.moved_pages as usize)
+                .saturating_mul(super::PAGE_SIZE)
+                .min(len.saturating_sub(super::PAGE_SIZE));
+            if part > 0 {
+                // SAFETY: a part of the caller's ranges, under its guarantees.
+                unsafe { self.move_uninjected(dst, src, part, wake) }?;
+            }
             return Err(MoveError {
                 dst,
                 src,
                 len,
-                moved: 0,
-                errno,
+                moved: part,
+                errno: plan.errno,
             });
         }
+        // SAFETY: the caller's guarantees (above).
+        unsafe { self.move_uninjected(dst, src, len, wake) }
+    }
+
+    /// [`Self::move_range`] without failure injection.
+    ///
+    /// # Safety
+    /// As for [`Self::move_range`].
+    unsafe fn move_uninjected(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        wake: bool,
+    ) -> Result<(), MoveError> {
         let mut done = 0usize;
         // Consecutive EAGAIN / EINTR answers without progress.
         let mut stalled = 0u32;
