@@ -1469,6 +1469,42 @@ fn the_placement_observer_sees_every_placement() {
     }
 }
 
+/// The placement observer hears of a page's new tier before the move that
+/// maps the page there (the guest's tier map must not lag its memory):
+/// while the page is still out of guest RAM.
+#[test]
+fn the_placement_observer_hears_of_a_move_before_the_move() {
+    struct Seen {
+        addr: usize,
+        calls: std::sync::Mutex<Vec<(TierId, bool)>>,
+    }
+    impl PlacementObserver for Seen {
+        fn placed(&self, first: usize, pages: usize, tier: TierId) {
+            if (first..first + pages).contains(&7) {
+                let mapped = crate::sys::resident(self.addr, 1).unwrap()[0];
+                self.calls.lock().unwrap().push((tier, mapped));
+            }
+        }
+    }
+    let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    let seen = Arc::new(Seen {
+        addr: mem.guest_addr(7),
+        calls: Default::default(),
+    });
+    mem.set_placement_observer(Some(seen.clone()));
+    assert_eq!(
+        *seen.calls.lock().unwrap(),
+        [(1, true)],
+        "the placement now"
+    );
+    seen.calls.lock().unwrap().clear();
+    m.promote(&[page_unit(7)], Mechanism::StopAndCopy).unwrap();
+    let calls = seen.calls.lock().unwrap().clone();
+    assert_eq!(calls.first(), Some(&(0, false)), "{calls:?}");
+}
+
 /// A 4 KiB migration splits a guest huge page (counted); once the range is
 /// whole on one tier again, a collapse makes it one huge page again
 /// (measured from the kernel).
