@@ -885,6 +885,10 @@ fn a_write_while_a_shadowed_page_is_owned_invalidates_its_shadow() {
         0,
         "the stale shadow was dropped"
     );
+    // And its page given back: the shadow slot is empty, tier 1 holds no
+    // shadow.
+    assert!(!crate::sys::resident(mem.shadow_addr(3), 1).unwrap()[0]);
+    assert_eq!(mem.tiers[1].shadows(), 0);
     let o = m.demote(&[page_unit(3)], Mechanism::TPM).unwrap();
     assert_eq!(o.migrated, 1, "{o:?}");
     assert_eq!(
@@ -892,6 +896,65 @@ fn a_write_while_a_shadowed_page_is_owned_invalidates_its_shadow() {
         8,
         "the write survived the demotion"
     );
+    mem.check_consistency().unwrap();
+}
+
+/// A release that would give a page written while owned a new shadow
+/// (a commit keeping the old copy as the shadow, when a harvest saw a write
+/// after the page was mapped) releases it without one, once.
+#[test]
+fn a_release_giving_a_shadow_to_a_page_written_while_owned_gives_none() {
+    let Some((mem, _log, _m, _faults)) = setup(64, 32, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    assert!(mem.pages.try_acquire(3, false).is_some());
+    assert_eq!(mem.pages.consume_dirty(3), page_map::Consumed::Noted);
+    let invalidations = mem.stats().migration.shadow_invalidations;
+    let mm = mem.clone();
+    bounded(20, "the release", move || {
+        mm.release_page(
+            3,
+            page_map::on_tier(1) | page_map::shadow_on(1),
+            page_map::PLACEMENT_BITS | page_map::SHADOW_BITS,
+        )
+    });
+    let w = mem.pages.load(3);
+    assert_eq!(
+        (
+            page_map::tier_of(w),
+            w & (page_map::SHADOW | page_map::BUSY)
+        ),
+        (Some(1), 0)
+    );
+    let s = mem.stats().migration;
+    assert_eq!(s.shadow_invalidations, invalidations + 1);
+    assert_eq!(mem.tiers[1].shadows(), 0);
+}
+
+/// The placement observer hears of a tier change made at a page's release
+/// alone (no publication before: the safety net), and only of changes.
+#[test]
+fn the_placement_observer_hears_of_a_tier_changed_at_release() {
+    struct Calls(std::sync::Mutex<Vec<(usize, TierId)>>);
+    impl PlacementObserver for Calls {
+        fn placed(&self, first: usize, _pages: usize, tier: TierId) {
+            self.0.lock().unwrap().push((first, tier));
+        }
+    }
+    let Some((mem, _log, _m, _faults)) = setup(64, 32, InitialPlacement::SlowFirst) else {
+        return;
+    };
+    let calls = Arc::new(Calls(Default::default()));
+    mem.set_placement_observer(Some(calls.clone()));
+    calls.0.lock().unwrap().clear();
+    for (page, tier) in [(3, 1), (4, 0)] {
+        assert!(mem.pages.try_acquire(page, false).is_some());
+        mem.release_page(page, page_map::on_tier(tier), page_map::PLACEMENT_BITS);
+    }
+    // Page 3 stayed on tier 1; page 4 (the word only: nothing moved) on 0.
+    assert_eq!(*calls.0.lock().unwrap(), [(4, 0)]);
+    assert!(mem.pages.try_acquire(4, false).is_some());
+    mem.release_page(4, page_map::on_tier(1), page_map::PLACEMENT_BITS);
     mem.check_consistency().unwrap();
 }
 
