@@ -1558,4 +1558,48 @@ mod tests {
             assert_eq!(v, 0x100 + p as u64);
         }
     }
+
+    /// Every area has its explicit memory policy (`bind`, as
+    /// /proc/self/numa_maps shows it): the guest, shadow and parking areas
+    /// on the tiers' nodes, each pool on its tier's. A range left with the
+    /// default policy would be NUMA balancing's to scan and move.
+    #[test]
+    fn every_area_is_bound_to_its_nodes() {
+        use crate::host_support::{require, HostFeature};
+        if !require(&[HostFeature::UserfaultfdMove]) {
+            return;
+        }
+        let mem = TieredMemory::new(&MemConfig::new(1024 * PAGE_SIZE, 512)).unwrap();
+        let l = &mem.layout;
+        let pools_end = l.pools[1] + l.pool_slots[1] * PAGE_SIZE;
+        let areas = [
+            ("guest", l.guest, l.guest + l.area_pages * PAGE_SIZE),
+            ("shadow", l.shadow, l.shadow + l.area_pages * PAGE_SIZE),
+            ("parking", l.park, l.park + l.area_pages * PAGE_SIZE),
+            ("pools", l.pools[0], pools_end),
+        ];
+        let maps = std::fs::read_to_string("/proc/self/numa_maps").unwrap();
+        let vmas: Vec<(usize, &str)> = maps
+            .lines()
+            .filter_map(|line| {
+                let (start, policy) = line.split_once(' ')?;
+                Some((usize::from_str_radix(start, 16).ok()?, policy))
+            })
+            .collect();
+        for (name, start, end) in areas {
+            // The mapping that holds the area's start, and any that start
+            // inside it (madvise splits areas into several).
+            let first = vmas.iter().rposition(|(a, _)| *a <= start);
+            let inside: Vec<_> = vmas
+                .iter()
+                .enumerate()
+                .filter(|(i, (a, _))| Some(*i) == first || (start..end).contains(a))
+                .map(|(_, v)| v)
+                .collect();
+            assert!(first.is_some(), "{name}: no mapping at {start:#x}");
+            for (a, policy) in inside {
+                assert!(policy.starts_with("bind:"), "{name} at {a:#x}: {policy}");
+            }
+        }
+    }
 }
