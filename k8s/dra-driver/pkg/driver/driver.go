@@ -352,7 +352,7 @@ func (d *Driver) awaitRunning(ctx context.Context, id, claim string) (*tiervm.VM
 		select {
 		case <-wctx.Done():
 			if ctx.Err() != nil {
-				return nil, fmt.Errorf("node %s: VM %s for claim %s still starting when the kubelet's call ended (%w): it goes on starting, and the kubelet's retry waits for it", d.cfg.NodeName, id, claim, errCallerGone)
+				return nil, fmt.Errorf("node %s: VM %s for claim %s was still starting when the kubelet's call ended (%v): it goes on starting, and %w", d.cfg.NodeName, id, claim, ctx.Err(), errCallerGone)
 			}
 			_ = d.svc.Delete(ctx, id)
 			return nil, fmt.Errorf("node %s: VM %s not running after %s", d.cfg.NodeName, id, d.cfg.StartTimeout)
@@ -363,7 +363,7 @@ func (d *Driver) awaitRunning(ctx context.Context, id, claim string) (*tiervm.VM
 
 // errCallerGone: the kubelet's call ended (its deadline) while its VM was
 // still starting. The entry and the VM stay for the kubelet's retry.
-var errCallerGone = errors.New("the call's context ended")
+var errCallerGone = errors.New("the kubelet's retry waits for it")
 
 // specFor derives the VM's spec from the claim's allocation: fast.min is the
 // capacity consumed on the fast device, mem the capacity consumed on the
