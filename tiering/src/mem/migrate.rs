@@ -1466,6 +1466,13 @@ mod tests {
         mem.check_consistency().unwrap();
     }
 
+    /// Every free chunk of the fast tier's pool, reserved; each a hole.
+    fn free_hole_chunks(mem: &TieredMemory) -> Vec<crate::mem::pool::Slot> {
+        let chunks = crate::mem::tests::take_free_chunks(mem, 0);
+        assert!(chunks.iter().all(|&(_, h)| h == Holds::Hole), "{chunks:?}");
+        chunks.into_iter().map(|(c, _)| c).collect()
+    }
+
     /// A 2 MiB run moved through a staging chunk that already had a page
     /// table (so the copy fills it 4 KiB at a time) leaves that table in
     /// the chunk: the pool gets the chunk back tainted, never as a clean
@@ -1477,11 +1484,7 @@ mod tests {
         };
         // Every chunk of the fast tier's pool tainted: a 4 KiB page moved
         // in (the kernel makes a page table for it), then discarded.
-        let mut chunks = Vec::new();
-        while let Some((c, holds)) = mem.pool(0).reserve_chunk(Holds::Hole) {
-            assert_eq!(holds, Holds::Hole);
-            chunks.push(c);
-        }
+        let chunks = free_hole_chunks(&mem);
         for &c in &chunks {
             let a = mem.slot_addr(0, c);
             crate::mem::tests_planted::plant_page(&mem, a);
@@ -1653,11 +1656,7 @@ mod tests {
         let Some((mem, _log, m, _faults)) = setup(1024, 1024, InitialPlacement::SlowFirst) else {
             return;
         };
-        let mut chunks = Vec::new();
-        while let Some((c, holds)) = mem.pool(0).reserve_chunk(Holds::Hole) {
-            assert_eq!(holds, Holds::Hole);
-            chunks.push(c);
-        }
+        let mut chunks = free_hole_chunks(&mem);
         // One chunk left to the move, so the test knows its staging chunk.
         let staging = chunks.pop().unwrap();
         mem.pool(0).release_chunk(staging, Holds::Hole, true);
@@ -1692,11 +1691,7 @@ mod tests {
         for p in 512..1024 {
             assert_eq!(page_map::tier_of(mem.pages.load(p)), Some(0), "page {p}");
         }
-        let mut pool = mem.pool(0);
-        for c in chunks {
-            pool.release_chunk(c, Holds::Hole, true);
-        }
-        drop(pool);
+        crate::mem::tests::give_back_chunks(&mem, 0, &chunks);
         mem.check_consistency().unwrap();
     }
 

@@ -61,6 +61,22 @@ pub(super) fn guest_write(mem: &TieredMemory, log: &SoftDirtyLog, page: usize, v
     word(mem, page).store(value, Ordering::SeqCst);
 }
 
+/// Reserves every free huge chunk of `tier`'s pool (holes first, then
+/// cached ones) and returns them with what each holds.
+pub(super) fn take_free_chunks(mem: &TieredMemory, tier: TierId) -> Vec<(pool::Slot, pool::Holds)> {
+    let mut pool = mem.pool(tier);
+    std::iter::from_fn(|| pool.reserve_chunk(pool::Holds::Hole)).collect()
+}
+
+/// Gives chunks taken by [`take_free_chunks`] back to `tier`'s pool as
+/// clean holes.
+pub(super) fn give_back_chunks(mem: &TieredMemory, tier: TierId, chunks: &[pool::Slot]) {
+    let mut pool = mem.pool(tier);
+    for &c in chunks {
+        pool.release_chunk(c, pool::Holds::Hole, true);
+    }
+}
+
 pub(super) fn word(mem: &TieredMemory, page: usize) -> &AtomicU64 {
     // SAFETY: page < guest_pages (callers), guest RAM is mapped for the memory's lifetime
     // and 8-byte aligned; all test accesses to it are atomic.

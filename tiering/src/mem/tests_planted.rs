@@ -331,14 +331,11 @@ fn a_failed_first_touch_commit_takes_back_only_its_own_pages() {
     mem.prefault(0, 1).unwrap();
     let word0 = || super::tests::word(&mem, 0);
     word0().store(0x1234, Ordering::SeqCst);
-    let (mut chunks, first_page) = {
-        let mut pool = mem.pool(0);
-        let mut chunks = Vec::new();
-        while let Some((c, _)) = pool.reserve_chunk(Holds::Hole) {
-            chunks.push(c);
-        }
-        (chunks, pool.reserve_pages(1, Holds::Hole).unwrap())
-    };
+    let chunks: Vec<Slot> = super::tests::take_free_chunks(&mem, 0)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    let first_page = mem.pool(0).reserve_pages(1, Holds::Hole).unwrap();
     mem.injector()
         .set(&[FaultPlan::parse("move:every=2:max=1:errno=EEXIST").unwrap()]);
     let r = mem.prefault(512, 1);
@@ -349,12 +346,8 @@ fn a_failed_first_touch_commit_takes_back_only_its_own_pages() {
     assert!(resident(0), "page 0 taken out of guest RAM ({r:?})");
     assert_eq!(word0().load(Ordering::SeqCst), 0x1234);
     assert_eq!((mem.tier_of(0), mem.tier_of(512)), (Some(0), Some(0)));
-    let mut pool = mem.pool(0);
-    pool.release_pages(&[first_page[0].0], Holds::Hole);
-    for c in chunks.drain(..) {
-        pool.release_chunk(c, Holds::Hole, true);
-    }
-    drop(pool);
+    mem.pool(0).release_pages(&[first_page[0].0], Holds::Hole);
+    super::tests::give_back_chunks(&mem, 0, &chunks);
     mem.check_consistency().unwrap();
 }
 

@@ -85,55 +85,15 @@ func (s *slowStopService) end() {
 // creates the VM again once it has stopped; the unprepare then succeeds
 // and the entry is gone.
 func TestUnprepareOfASlowStoppingVM(t *testing.T) {
-	c := claim("node-a", 16*mi, 256*mi, "")
-	svc := &slowStopService{state: "running", stopped: make(chan struct{}),
-		labels: map[string]string{LabelPrefix + "claim-uid": string(c.UID)}}
-	sock := filepath.Join(t.TempDir(), "api.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: svc}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	d, err := New(Config{NodeName: "node-a", StateDir: t.TempDir()}, fake.NewClientset(c), tiervm.New(sock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(d.firstRound)
-	d.state.Entries[c.UID] = &Entry{ClaimUID: c.UID, Namespace: c.Namespace, Name: c.Name, Phase: PhasePrepared,
-		VMName: "k8s-vm", VMID: "k8s-vm", BootID: "b1", Spec: tiervm.Spec{Image: "memcheck", Mem: 256 * mi, Fast: &tiervm.FastRequest{Min: 16 * mi}}}
-
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		out, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}})
-		if err == nil {
-			err = out[c.UID]
-		}
-		done <- err
-	}()
+	d, svc, c := standInDriver(t, "running", "")
+	d.state.Entries[c.UID] = preparedEntry(c)
+	done := unprepareInBackground(d, c)
 	select {
 	case <-svc.stopped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the unprepare did not ask the service to stop the VM")
 	}
-	round := func(what string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		r := make(chan error, 1)
-		go func() { r <- d.Reconcile(ctx) }()
-		select {
-		case err := <-r:
-			if err != nil {
-				t.Fatalf("%s: %v", what, err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatalf("%s: a reconciliation round waited on the unprepare's VM", what)
-		}
-	}
-	round("round while the VM stops")
+	boundedRound(t, d, "round while the VM stops")
 	if e := d.Snapshot()[c.UID]; e.Phase != PhaseUnpreparing {
 		t.Fatalf("entry while its VM stops: %+v", e)
 	}
@@ -141,7 +101,7 @@ func TestUnprepareOfASlowStoppingVM(t *testing.T) {
 		t.Fatalf("an unpreparing claim's fast min is still counted as the driver's: %d", f)
 	}
 	svc.end()
-	round("round after the VM stopped")
+	boundedRound(t, d, "round after the VM stopped")
 	select {
 	case err := <-done:
 		if err != nil {
@@ -158,11 +118,12 @@ func TestUnprepareOfASlowStoppingVM(t *testing.T) {
 	}
 }
 
-// slowStartDriver is a driver on a stand-in service whose created VM stays
-// "starting" until the test sets it running.
-func slowStartDriver(t *testing.T) (*Driver, *slowStopService, *resourceapi.ResourceClaim) {
+// standInDriver is a driver on a stand-in service whose one VM is in
+// state (created VMs start in startAs; "" for running), for the claim it
+// returns.
+func standInDriver(t *testing.T, state, startAs string) (*Driver, *slowStopService, *resourceapi.ResourceClaim) {
 	c := claim("node-a", 16*mi, 256*mi, "")
-	svc := &slowStopService{stopped: make(chan struct{}), startAs: "starting",
+	svc := &slowStopService{state: state, stopped: make(chan struct{}), startAs: startAs,
 		labels: map[string]string{LabelPrefix + "claim-uid": string(c.UID)}}
 	sock := filepath.Join(t.TempDir(), "api.sock")
 	l, err := net.Listen("unix", sock)
@@ -178,6 +139,35 @@ func slowStartDriver(t *testing.T) (*Driver, *slowStopService, *resourceapi.Reso
 	}
 	close(d.firstRound)
 	return d, svc, c
+}
+
+// slowStartDriver: a stand-in service with no VM yet, whose created VM
+// stays "starting" until the test sets it running.
+func slowStartDriver(t *testing.T) (*Driver, *slowStopService, *resourceapi.ResourceClaim) {
+	return standInDriver(t, "", "starting")
+}
+
+// preparedEntry is the checkpoint entry of c prepared with the stand-in
+// service's VM.
+func preparedEntry(c *resourceapi.ResourceClaim) *Entry {
+	return &Entry{ClaimUID: c.UID, Namespace: c.Namespace, Name: c.Name, Phase: PhasePrepared,
+		VMName: "k8s-vm", VMID: "k8s-vm", BootID: "b1", Spec: tiervm.Spec{Image: "memcheck", Mem: 256 * mi, Fast: &tiervm.FastRequest{Min: 16 * mi}}}
+}
+
+// unprepareInBackground runs an unprepare of c and returns its result
+// channel.
+func unprepareInBackground(d *Driver, c *resourceapi.ResourceClaim) chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}})
+		if err == nil {
+			err = out[c.UID]
+		}
+		done <- err
+	}()
+	return done
 }
 
 // prepareInBackground runs a prepare of c and returns its result channel,
@@ -222,7 +212,7 @@ func boundedRound(t *testing.T, d *Driver, what string) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	case <-time.After(3 * time.Second):
-		t.Fatalf("%s: a reconciliation round waited on a prepare's VM", what)
+		t.Fatalf("%s: a reconciliation round waited on a VM (more than 3 s)", what)
 	}
 }
 
@@ -259,16 +249,7 @@ func TestPrepareOfASlowStartingVM(t *testing.T) {
 func TestUnprepareDuringASlowStart(t *testing.T) {
 	d, svc, c := slowStartDriver(t)
 	done := prepareInBackground(t, d, svc, c)
-	un := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		out, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}})
-		if err == nil {
-			err = out[c.UID]
-		}
-		un <- err
-	}()
+	un := unprepareInBackground(d, c)
 	select {
 	case <-svc.stopped:
 	case <-time.After(10 * time.Second):
@@ -299,9 +280,8 @@ func TestUnprepareDuringASlowStart(t *testing.T) {
 // prepared meanwhile and the next rounds create nothing more.
 func TestRecreateDoesNotWaitForTheVMToRun(t *testing.T) {
 	d, svc, c := slowStartDriver(t)
-	d.state.Entries[c.UID] = &Entry{ClaimUID: c.UID, Namespace: c.Namespace, Name: c.Name, Phase: PhasePrepared,
-		VMName: "k8s-vm", VMID: "k8s-vm", BootID: "b1", VMPid: 4242,
-		Spec: tiervm.Spec{Image: "memcheck", Mem: 256 * mi, Fast: &tiervm.FastRequest{Min: 16 * mi}}}
+	d.state.Entries[c.UID] = preparedEntry(c)
+	d.state.Entries[c.UID].VMPid = 4242
 	boundedRound(t, d, "round that recreates the VM")
 	e := d.Snapshot()[c.UID]
 	if svc.creates != 1 || e.Phase != PhasePrepared || e.Recreated != 1 || e.VMPid != 0 {
