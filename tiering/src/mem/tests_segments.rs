@@ -353,6 +353,45 @@ fn a_vmm_write_after_the_harvests_read_is_left_for_the_next_harvest() {
     mem.check_consistency().unwrap();
 }
 
+/// A mover's re-arm clears its own pages' bits in the VMM-write log, not
+/// another word's: page 70 (word 1, bit 6) armed for a TPM while a VMM write
+/// lands on shadowed page 6 (word 0, bit 6) between the arm's harvest and its
+/// clear. That write must reach the next harvest (a bit cleared at the wrong
+/// word loses it: page 6's shadow kept stale, a later demotion by remap
+/// would map the old content back).
+#[test]
+fn a_movers_rearm_leaves_another_words_vmm_write_for_the_next_harvest() {
+    let Some((mem, _, m, _faults)) = segmented_env() else {
+        return;
+    };
+    promote_keeping_shadow(&m, &mem, 6);
+    let mm = mem.clone();
+    let wrote = Arc::new(AtomicBool::new(false));
+    let w2 = wrote.clone();
+    crate::test_point::with_action(
+        move |point| {
+            if point == crate::test_point::TestPoint::ArmHarvested
+                && !w2.swap(true, Ordering::SeqCst)
+            {
+                let _vmm = mm.vmm_writes().write_guard(6, 1);
+                word(&mm, 6).store(4242, Ordering::SeqCst);
+            }
+        },
+        || promote_keeping_shadow(&m, &mem, 70),
+    );
+    assert!(
+        wrote.load(Ordering::SeqCst),
+        "the arm's harvest was reached"
+    );
+    m.harvest().unwrap();
+    assert!(
+        !mem.has_shadow(6),
+        "the next harvest sees the VMM write to page 6"
+    );
+    assert_eq!(word(&mem, 6).load(Ordering::SeqCst), 4242);
+    mem.check_consistency().unwrap();
+}
+
 /// What a harvest leaves in the logs: an untracked page's bit stays set in
 /// the guest's log (left unarmed: the guest writes on without faults) and
 /// is gone from the VMM-write log (which costs nothing to re-arm); a
