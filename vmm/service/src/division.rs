@@ -173,17 +173,6 @@ pub struct Plan {
     pub gain: f64,
 }
 
-impl Plan {
-    /// VMs whose target changed.
-    pub fn moves(&self, shares: &[Share]) -> usize {
-        self.targets
-            .iter()
-            .zip(shares)
-            .filter(|(t, s)| **t != s.target)
-            .count()
-    }
-}
-
 /// Marginal values of a VM's quanta around its current target.
 struct Curve<'a> {
     s: &'a Share,
@@ -734,6 +723,109 @@ mod tests {
         let pl = plan(512 * M, &[a, b], &params());
         assert!(pl.targets[0] <= 384 * M, "a shrinks: {:?}", pl.targets);
         assert!(pl.mandatory_bytes >= 64 * M);
+    }
+
+    /// A donor's quanta are valued one by one down from its target: the
+    /// k-th quantum given up loses `shrink[k]`, times the share of that
+    /// quantum (not the top one) the donor fills.
+    #[test]
+    fn a_donors_quanta_are_valued_one_by_one_down_from_its_target() {
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.5, 0.5];
+        // The first quantum loses nothing, the second much.
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.0, 0.9];
+        let pl = plan(512 * M, &[a, b.clone()], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M], "the second is kept");
+        // Equally valued quanta, the top one unused, the next one full.
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.used = 192 * M;
+        a.shrink = vec![0.5, 0.5];
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M], "the full one is kept");
+    }
+
+    /// Of two donors, the one that loses least gives, whatever their order;
+    /// on equal losses, the one holding most unused capacity.
+    #[test]
+    fn the_donor_that_loses_least_gives_in_either_order() {
+        let mut cheap = share(0, 1024 * M, 256 * M);
+        cheap.shrink = vec![0.01];
+        let mut dear = share(0, 1024 * M, 256 * M);
+        dear.shrink = vec![0.05];
+        let mut c = share(0, 1024 * M, 0);
+        c.grow = vec![0.5];
+        let pl = plan(
+            512 * M,
+            &[cheap.clone(), dear.clone(), c.clone()],
+            &params(),
+        );
+        assert_eq!(pl.targets, vec![192 * M, 256 * M, 64 * M]);
+        let pl = plan(512 * M, &[dear, cheap, c.clone()], &params());
+        assert_eq!(pl.targets, vec![256 * M, 192 * M, 64 * M]);
+        // Equal (zero) losses: b holds 128M unused and gives, first or not.
+        let a = share(0, 1024 * M, 256 * M);
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.used = 128 * M;
+        let pl = plan(512 * M, &[b, a, c], &params());
+        assert_eq!(pl.targets, vec![192 * M, 256 * M, 64 * M]);
+    }
+
+    /// A quantum's value is weight x rate x share: a heavier VM's smaller
+    /// share can outbid a lighter VM's larger one, and the rate's noise
+    /// scales with the weight too.
+    #[test]
+    fn weight_scales_a_vms_value_and_its_noise() {
+        let mut heavy = share(0, 1024 * M, 0);
+        heavy.weight = 3.0;
+        heavy.grow = vec![0.1];
+        let mut light = share(0, 1024 * M, 0);
+        light.grow = vec![0.2];
+        let pl = plan(64 * M, &[heavy, light], &params());
+        assert_eq!(pl.targets, vec![64 * M, 0], "3 x 0.1 > 1 x 0.2");
+        // An exchange worth 2 x 0.2 - 0.1 = 0.3 (x 1e6) against noise of
+        // 2 x 0.2 x weight x rate_se: refused at weight 2, rate_se 5e5
+        // (0.4 x 1e6); taken with that noise halved.
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.1];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.weight = 2.0;
+        b.grow = vec![0.2];
+        b.rate_se = 5e5;
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "within b's noise");
+        b.rate_se = 2.5e5;
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M], "beyond it");
+    }
+
+    /// The receiver's share noise and its rate noise add up: a rate known
+    /// to 5% lets a clear gain through (the share times the rate's error,
+    /// not the rate's error alone).
+    #[test]
+    fn a_rate_known_to_five_percent_lets_a_clear_exchange_through() {
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.10];
+        a.shrink_se = vec![0.002];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.13];
+        b.grow_se = vec![0.002];
+        b.rate_se = 0.05 * b.rate;
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M]);
+    }
+
+    /// A VM above its max is cut to it at once, counted as mandatory.
+    #[test]
+    fn a_vm_above_its_max_is_cut_to_it_as_a_mandatory_move() {
+        let a = share(0, 128 * M, 320 * M);
+        let b = share(0, 512 * M, 128 * M);
+        let mut p = params();
+        p.budget_bytes = 0;
+        let pl = plan(512 * M, &[a, b], &p);
+        assert_eq!(pl.targets, vec![128 * M, 128 * M]);
+        assert_eq!(pl.mandatory_bytes, 192 * M);
+        assert_eq!(pl.optional_bytes, 0);
     }
 
     proptest! {
