@@ -828,6 +828,25 @@ mod tests {
         assert_eq!(pl.optional_bytes, 0);
     }
 
+    /// A pool that shrank takes back exactly its excess (half a quantum
+    /// here, not a whole one), cheapest loss first, and no VM below its min.
+    #[test]
+    fn a_shrunk_pool_takes_back_its_excess_and_no_more_than_a_vm_has_above_min() {
+        let a = share(0, 1024 * M, 256 * M);
+        let b = share(0, 1024 * M, 256 * M);
+        let pl = plan(480 * M, &[a, b], &params());
+        assert_eq!(pl.targets.iter().sum::<u64>(), 480 * M, "{:?}", pl.targets);
+        assert_eq!(pl.mandatory_bytes, 32 * M);
+        // a loses least but has only 32M above its min: b gives the rest.
+        let mut a = share(224 * M, 1024 * M, 256 * M);
+        a.shrink = vec![0.01];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.shrink = vec![0.5];
+        let pl = plan(448 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![224 * M, 224 * M]);
+        assert_eq!(pl.mandatory_bytes, 64 * M);
+    }
+
     proptest! {
         #[test]
         fn plans_respect_min_max_pool_and_budget(
