@@ -546,6 +546,7 @@ mod tests {
             "a takes its three valuable quanta"
         );
         assert_eq!(pl.targets[1], 128 * M, "b its one");
+        assert_eq!(pl.optional_bytes, 4 * 64 * M);
         assert!(pl.gain > 0.0);
     }
 
@@ -851,6 +852,53 @@ mod tests {
         let pl = plan(448 * M, &[a, b], &params());
         assert_eq!(pl.targets, vec![224 * M, 224 * M]);
         assert_eq!(pl.mandatory_bytes, 64 * M);
+    }
+
+    /// A new VM's min comes from the cheapest donors, none taken below its
+    /// own min: a has only 32M above its min, c gives the rest.
+    #[test]
+    fn a_min_is_raised_without_taking_a_donor_below_its_own() {
+        let mut a = share(224 * M, 1024 * M, 256 * M);
+        a.shrink = vec![0.01];
+        let new = share(64 * M, 1024 * M, 0);
+        let mut c = share(0, 1024 * M, 256 * M);
+        c.shrink = vec![0.5];
+        let pl = plan(512 * M, &[a, new, c], &params());
+        assert_eq!(pl.targets, vec![224 * M, 0, 224 * M]);
+        assert_eq!(pl.mandatory_bytes, 64 * M);
+    }
+
+    /// A grant must be worth `min_share` of the receiver's weighted
+    /// throughput: at it, granted; below it, not (however much is free).
+    #[test]
+    fn a_grant_worth_less_than_min_share_is_not_made() {
+        let mut a = share(0, 1024 * M, 64 * M);
+        let p = params();
+        a.grow = vec![p.min_share];
+        let pl = plan(512 * M, &[a.clone()], &p);
+        assert_eq!(pl.targets, vec![128 * M], "worth min_share exactly");
+        assert_eq!(pl.optional_bytes, 64 * M);
+        a.grow = vec![p.min_share / 2.0];
+        let pl = plan(512 * M, &[a], &p);
+        assert_eq!(pl.targets, vec![64 * M], "worth half of it");
+        assert_eq!(pl.optional_bytes, 0);
+    }
+
+    /// A donor whose estimate is zero but uncertain is not a sure zero: the
+    /// receiver's gain must beat that noise.
+    #[test]
+    fn a_donors_zero_loss_with_noise_must_be_beaten() {
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.0];
+        a.shrink_se = vec![0.1];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.1];
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &params());
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "0.1 within 2 x 0.1");
+        a.shrink_se = vec![0.01];
+        let pl = plan(512 * M, &[a, b], &params());
+        assert_eq!(pl.targets, vec![192 * M, 320 * M], "0.1 beyond 2 x 0.01");
+        assert_eq!(pl.optional_bytes, 128 * M, "an exchange counts twice");
     }
 
     proptest! {
