@@ -182,7 +182,11 @@ impl Default for ShiftSearch {
 impl ShiftSearch {
     /// ComputeShift(p, L_D, L_A): the magnitude of the desired change of `p`.
     pub fn compute_shift(&mut self, p: f64, l_d: f64, l_a: f64) -> f64 {
-        if (l_d - l_a).abs() < DELTA * l_d {
+        // Equal latencies are balanced even where `DELTA * l_d` is no
+        // tolerance at all (both 0: tiers a latency source reports idle);
+        // Algorithm 2's test alone would take them for a slower default
+        // tier and demote.
+        if l_d == l_a || (l_d - l_a).abs() < DELTA * l_d {
             return 0.0;
         }
         if l_d < l_a {
@@ -1592,6 +1596,25 @@ mod tests {
         assert_eq!(moved, vec![(0, 1), (2, 1), (5, 0), (1, 1)]);
     }
 
+    /// A default-tier page swapped out leaves the candidates: the next pair
+    /// takes another one (a page paired again would stop the search, its
+    /// move refused as already chosen).
+    #[test]
+    fn colloid_2m_pairs_each_default_page_at_most_once_per_quantum() {
+        // Default tier full: 0 (1), 1 (2), 2 and 3 (9); alternate: 4 (5),
+        // 5 (4). Total 30.
+        let counts = [(0, 1), (1, 2), (2, 9), (3, 9), (4, 5), (5, 4)];
+        let mut c = colloid_2m_with_counts(8, 4, &counts);
+        let mut v = VecView::two_tier(8, 4);
+        // p = 0.5, L_D < L_A: dp = 0.25, 7.5 counts of 30.
+        let st = loaded(&v, &[4, 8], (80.0, 200.0), (5e8, 5e8));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert!((c.last_shift() - 0.25).abs() < 1e-9);
+        // 5 - 1 = 4 first (page 0 for page 4); 3.5 left: page 5 (4) with
+        // page 1 (2), not with page 0 again (4 - 1 = 3).
+        assert_eq!(moves(&d), vec![(0, 1), (4, 0), (1, 1), (5, 0)]);
+    }
+
     /// Paired with a count-0 default-tier page, an alternate-tier page goes
     /// into free default-tier space without a swap; when there is no free
     /// space left, a count-0 page is demoted first.
@@ -1689,5 +1712,29 @@ mod tests {
         let before = s;
         assert_eq!(s.compute_shift(0.3, 100.0, 102.0), 0.0);
         assert_eq!(s, before);
+        // Equal latencies, even both 0 (idle tiers), are balanced.
+        assert_eq!(s.compute_shift(0.3, 0.0, 0.0), 0.0);
+        assert_eq!(s, before);
+    }
+
+    /// Algorithm 2's comparisons are strict: latencies exactly `DELTA` apart
+    /// are not balanced, and a window exactly `EPSILON` wide is still open.
+    #[test]
+    fn the_shift_searchs_tolerances_are_strict_bounds() {
+        let mut s = ShiftSearch::default();
+        assert!(DELTA * 100.0 == 5.0, "the case below is exact");
+        let dp = s.compute_shift(0.5, 100.0, 105.0);
+        assert_eq!(
+            (s.p_lo, s.p_hi, dp),
+            (0.5, 1.0, 0.25),
+            "5 apart: not balanced"
+        );
+        let mut s = ShiftSearch {
+            p_lo: 0.5,
+            p_hi: 0.9,
+        };
+        let p = 0.5 + EPSILON;
+        s.compute_shift(p, 100.0, 50.0);
+        assert_eq!((s.p_lo, s.p_hi), (0.5, p), "EPSILON wide: still open");
     }
 }
