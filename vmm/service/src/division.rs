@@ -901,6 +901,59 @@ mod tests {
         assert_eq!(pl.optional_bytes, 128 * M, "an exchange counts twice");
     }
 
+    /// An exchange costs two quanta of the budget: made with exactly that
+    /// left, not with less; its gain is the receiver's value less the
+    /// donor's loss.
+    #[test]
+    fn an_exchange_needs_two_quanta_of_budget_and_gains_value_less_loss() {
+        let mut a = share(0, 1024 * M, 256 * M);
+        a.shrink = vec![0.1];
+        let mut b = share(0, 1024 * M, 256 * M);
+        b.grow = vec![0.5];
+        let mut p = params();
+        p.budget_bytes = 128 * M;
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &p);
+        assert_eq!(pl.targets, vec![192 * M, 320 * M]);
+        assert!((pl.gain - 0.4e6).abs() < 1e-6, "gain {}", pl.gain);
+        p.budget_bytes = 96 * M;
+        let pl = plan(512 * M, &[a, b], &p);
+        assert_eq!(pl.targets, vec![256 * M, 256 * M], "a quantum and a half");
+        assert_eq!(pl.gain, 0.0);
+    }
+
+    /// An exchange never takes a donor below its min: one with less than a
+    /// quantum above it is passed over however little it would lose.
+    #[test]
+    fn an_exchange_passes_over_a_donor_within_a_quantum_of_its_min() {
+        let mut a = share(224 * M, 1024 * M, 256 * M);
+        a.shrink = vec![0.0];
+        let mut c = share(0, 1024 * M, 256 * M);
+        c.shrink = vec![0.05];
+        let mut b = share(0, 1024 * M, 0);
+        b.grow = vec![0.5];
+        let pl = plan(512 * M, &[a, c, b], &params());
+        assert_eq!(pl.targets, vec![256 * M, 192 * M, 64 * M]);
+    }
+
+    /// Free capacity nobody values goes, a whole quantum at a time and all
+    /// of it, to the VMs without information, least target per weight
+    /// first (not to an informed VM that values nothing).
+    #[test]
+    fn unvalued_free_capacity_is_spread_by_weight() {
+        let mut a = share(0, 1024 * M, 0);
+        a.informed = false;
+        a.weight = 2.0;
+        let mut b = share(0, 1024 * M, 0);
+        b.informed = false;
+        b.weight = 6.0;
+        let c = share(0, 1024 * M, 0);
+        let pl = plan(512 * M, &[a.clone(), b.clone(), c.clone()], &params());
+        assert_eq!(pl.targets, vec![128 * M, 384 * M, 0]);
+        // A part of a quantum stays free.
+        let pl = plan(560 * M, &[a, b, c], &params());
+        assert_eq!(pl.targets, vec![128 * M, 384 * M, 0]);
+    }
+
     proptest! {
         #[test]
         fn plans_respect_min_max_pool_and_budget(
