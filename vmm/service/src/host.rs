@@ -2321,6 +2321,174 @@ mod tests {
         assert_eq!(t[1], 512 * M, "{t:?}");
     }
 
+    /// A VM's UUID is a random version 4 UUID: the layout, version and
+    /// variant of RFC 9562, and every other byte random (not a counter or a
+    /// clock: those leave bytes that never change).
+    #[test]
+    fn new_uuids_are_random_version_4_uuids() {
+        let ids: Vec<String> = (0..32).map(|_| new_uuid()).collect();
+        let mut bytes: Vec<Vec<u8>> = Vec::new();
+        for id in &ids {
+            let parts: Vec<&str> = id.split('-').collect();
+            let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+            assert_eq!(lens, vec![8, 4, 4, 4, 12], "{id}");
+            let hex: String = parts.concat();
+            let b: Vec<u8> = (0..16)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+                .collect();
+            assert_eq!(b[6] >> 4, 4, "version 4: {id}");
+            assert_eq!(b[8] >> 6, 0b10, "variant: {id}");
+            bytes.push(b);
+        }
+        let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        for i in 0..16 {
+            let seen: std::collections::BTreeSet<u8> = bytes.iter().map(|b| b[i]).collect();
+            assert!(seen.len() > 1, "byte {i} never changes: {ids:?}");
+        }
+    }
+
+    /// Timestamps are the real time (seconds since the epoch).
+    #[test]
+    fn unix_now_is_the_real_time() {
+        let sys = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after the epoch")
+            .as_secs_f64();
+        assert!((unix_now() - sys).abs() < 60.0, "{} vs {sys}", unix_now());
+    }
+
+    /// The API's state names (docs/service.md), and which states hold pool
+    /// capacity: a VM asked to stop releases its reservations at once.
+    #[test]
+    fn states_have_their_api_names_and_only_live_ones_hold_capacity() {
+        let names: Vec<&str> = VmState::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "starting",
+                "running",
+                "unresponsive",
+                "stopping",
+                "stopped",
+                "crashed",
+                "failed",
+                "lost"
+            ]
+        );
+        let holding: Vec<&str> = VmState::ALL
+            .iter()
+            .filter(|s| s.holds_capacity())
+            .map(|s| s.name())
+            .collect();
+        assert_eq!(holding, ["starting", "running", "unresponsive"]);
+    }
+
+    /// A record read back at the service's start: an ended VM keeps its
+    /// state and how it ended; one that was alive is `lost`.
+    #[test]
+    fn records_of_an_earlier_run_come_back_ended_or_lost() {
+        let mut r = entry("vm-1", VmState::Stopped).record();
+        r.exit_code = Some(3);
+        let v = VmEntry::from_record(r.clone());
+        assert_eq!(v.state, VmState::Stopped);
+        assert_eq!(
+            v.exit.as_ref().map(|e| (e.code, e.signal)),
+            Some((Some(3), None))
+        );
+        r.exit_code = None;
+        r.exit_signal = Some(9);
+        r.state = "crashed".into();
+        let v = VmEntry::from_record(r.clone());
+        assert_eq!(v.state, VmState::Crashed);
+        assert_eq!(
+            v.exit.as_ref().map(|e| (e.code, e.signal)),
+            Some((None, Some(9)))
+        );
+        r.exit_signal = None;
+        r.state = "running".into();
+        let v = VmEntry::from_record(r);
+        assert_eq!(v.state, VmState::Lost);
+        assert!(v.exit.is_none());
+        assert_eq!(v.stop_reason.as_deref(), Some("service_lost"));
+    }
+
+    /// The guest's ops/s smoothed over `OPS_TAU_S` (an exponentially
+    /// weighted mean and variance, by the time between samples), and the
+    /// standard error the division reads.
+    #[test]
+    fn guest_ops_are_smoothed_by_the_time_between_samples() {
+        let mut v = entry("vm-1", VmState::Running);
+        assert_eq!(v.ops_estimate(), (0.0, 0.0));
+        let sample = |ops_per_sec: f64, t_s: f64| WorkerStats {
+            t_s,
+            ops_per_sec,
+            ..WorkerStats::default()
+        };
+        v.stats = Some(sample(100.0, 10.0));
+        v.smooth_ops();
+        assert_eq!(v.ops_smooth, Some((100.0, 0.0, 10.0)));
+        v.stats = Some(sample(200.0, 10.0 + OPS_TAU_S));
+        v.smooth_ops();
+        let a = 1.0 - (-1.0f64).exp();
+        let (m, var) = (100.0 + a * 100.0, (1.0 - a) * a * 100.0 * 100.0);
+        let Some((m2, v2, t2)) = v.ops_smooth else {
+            panic!("smoothed")
+        };
+        assert!(
+            (m2 - m).abs() < 1e-9 && (v2 - var).abs() < 1e-6,
+            "{m2} {v2}"
+        );
+        assert_eq!(t2, 10.0 + OPS_TAU_S);
+        // A sample no newer than the last changes nothing.
+        v.stats = Some(sample(1e6, 10.0));
+        v.smooth_ops();
+        assert_eq!(v.ops_smooth, Some((m2, v2, t2)));
+        let k = 1.0 / OPS_TAU_S;
+        let (em, ese) = v.ops_estimate();
+        assert_eq!(em, m2);
+        assert!((ese - (v2 * k / (2.0 - k)).sqrt()).abs() < 1e-9, "{ese}");
+    }
+
+    /// The host-measured access rate is read only when both it and its
+    /// error are numbers.
+    #[test]
+    fn an_access_rate_or_error_that_is_no_number_is_no_estimate() {
+        let mut v = entry("vm-1", VmState::Running);
+        assert_eq!(v.access_estimate(), None);
+        for (per_sec, se, want) in [
+            (5.0, 0.5, Some((5.0, 0.5))),
+            (5.0, f64::NAN, None),
+            (f64::INFINITY, 0.5, None),
+        ] {
+            v.stats = Some(WorkerStats {
+                accesses: Some(tiering::engine::profile::AccessRate {
+                    per_sec,
+                    se,
+                    coverage: 1.0,
+                }),
+                ..WorkerStats::default()
+            });
+            assert_eq!(v.access_estimate(), want, "{per_sec} {se}");
+        }
+    }
+
+    /// What admission counts as reserved: the mins (fast) and slow sizes of
+    /// the VMs that hold capacity, not of those stopping or ended.
+    #[test]
+    fn reservations_count_the_vms_that_hold_capacity() {
+        let host = Host::new(ServeConfig::for_tests());
+        let mut s = host.state();
+        for (k, st) in VmState::ALL.into_iter().enumerate() {
+            let mut v = entry(&format!("vm-{k}"), st);
+            v.min = (k as u64 + 1) * M;
+            s.vms.insert(k as u64 + 1, v);
+        }
+        // starting (1), running (2), unresponsive (3).
+        assert_eq!(s.fast_reserved(), 6 * M);
+        assert_eq!(s.slow_reserved(), 3 * 64 * M);
+    }
+
     #[test]
     fn the_oldest_ended_vms_are_forgotten_and_running_ones_never() {
         let host = Host::new(ServeConfig::for_tests());
