@@ -1670,6 +1670,50 @@ mod tests {
         assert!(d.migrations.iter().all(|m| m.to == 1));
     }
 
+    /// Step 3's dynamic limit (Colloid §4.2): `dp x request rate x quantum x
+    /// 64 B per request` in pages, the fraction carried to the next quantum,
+    /// none carried past the static limit, and an earlier excess paid off
+    /// first.
+    #[test]
+    fn the_dynamic_limit_carries_its_fraction_and_pays_off_an_excess() {
+        let mut c = Colloid::new(&PolicyConfig::new(1 << 20, vec![1 << 19, 1 << 20]));
+        assert_eq!((c.scale, c.quantum_ns), (1.0, 10_000_000));
+        let shift = |dp: f64, total_rate: f64| Shift {
+            dp,
+            total_rate,
+            promote: true,
+            src: 1,
+            dst: 0,
+        };
+        // 0.25 x 1e7/s x 10 ms x 64 B / 4 KiB = 390.625 pages.
+        assert_eq!(c.page_limit(&shift(0.25, 1e7)), 390);
+        assert_eq!(
+            c.page_limit(&shift(0.25, 1e7)),
+            391,
+            "0.625 + 0.625 carried"
+        );
+        assert_eq!(c.page_limit(&shift(0.25, 1e7)), 390, "0.25 carried");
+        // Past the static limit: the limit, nothing carried.
+        let cap = c.static_limit_pages;
+        let over = (cap as f64 + 1000.5) * 25_600.0;
+        assert_eq!(c.page_limit(&shift(0.25, over)), cap);
+        assert_eq!(
+            c.page_limit(&shift(0.25, 1e7)),
+            390,
+            "0.875: nothing from the capped one"
+        );
+        // An excess of 500 pages (a swap past the limit) is paid off first.
+        c.limit_carry = -500.0;
+        assert_eq!(c.page_limit(&shift(0.25, 1e7)), 0);
+        assert!((c.limit_carry + 109.375).abs() < 1e-6, "{}", c.limit_carry);
+        assert_eq!(c.page_limit(&shift(0.25, 1e7)), 281, "390.625 - 109.375");
+        // A modeled page standing for 2 real pages: half as many.
+        let mut cfg = PolicyConfig::new(1 << 20, vec![1 << 19, 1 << 20]);
+        cfg.scale = 2.0;
+        let mut c = Colloid::new(&cfg);
+        assert_eq!(c.page_limit(&shift(0.25, 1e7)), 195);
+    }
+
     /// ShiftSearch when the window collapses (Algorithm 2, lines 7-11): the
     /// watermark on the side the search must move to is reset, never the
     /// other one, for both orders of the tiers' latencies. Planted bug: the
