@@ -1714,6 +1714,76 @@ mod tests {
         assert_eq!(c.page_limit(&shift(0.25, 1e7)), 195);
     }
 
+    /// Samples: `n` of page `page` in `tier`.
+    fn samples_of(page: u64, tier: TierId, n: usize) -> Vec<AccessSample> {
+        vec![
+            AccessSample {
+                page,
+                tier,
+                write: false
+            };
+            n
+        ]
+    }
+
+    /// Page 0 with 5 of 10 samples (probability 0.5), pages 1-5 with one
+    /// each (0.1), all in the default tier.
+    fn half_and_tenths() -> Vec<AccessSample> {
+        let mut s = samples_of(0, 0, 5);
+        for p in 1..6 {
+            s.extend(samples_of(p, 0, 1));
+        }
+        s
+    }
+
+    /// FindPages (4 KiB): a page whose probability is exactly what is left
+    /// of the shift fits (Algorithm 3 skips only a page above it).
+    #[test]
+    fn find_pages_takes_a_page_that_fits_the_shift_exactly() {
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 100]));
+        let mut v = VecView::two_tier(100, 40);
+        // Every request to the default tier (p = 1), which is slower:
+        // dp = 0.5, the probability of page 0.
+        let st = loaded(&v, &[50, 100], (300.0, 140.0), (1e9, 0.0));
+        let d = c.tick(&obs(0, &st, &half_and_tenths()), &mut v);
+        assert_eq!(c.last_shift(), 0.5);
+        assert_eq!(moves(&d), vec![(0, 1)]);
+    }
+
+    /// FindPages (4 KiB) stops at the dynamic limit: 2 pages here, where
+    /// four would fit in the shift.
+    #[test]
+    fn find_pages_stops_at_the_dynamic_limit() {
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 100]));
+        let mut v = VecView::two_tier(100, 40);
+        // p = 0.9, dp = 0.45: 0.45 x 36,000/s x 10 ms x 64 B / 4 KiB = 2.53 pages.
+        let st = loaded(&v, &[50, 100], (300.0, 140.0), (32_400.0, 3_600.0));
+        let d = c.tick(&obs(0, &st, &half_and_tenths()), &mut v);
+        assert!((c.last_shift() - 0.45).abs() < 1e-9);
+        assert_eq!(moves(&d), vec![(1, 1), (2, 1)]);
+    }
+
+    /// FindPages (4 KiB) promoting into a full default tier first demotes a
+    /// cold page (as HeMem does), then promotes the hot one into its place.
+    #[test]
+    fn find_pages_promotes_into_a_full_default_tier_after_a_cold_demotion() {
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 100]));
+        assert_eq!(c.reserve, 1);
+        let mut v = VecView::two_tier(100, 50);
+        let mut samples = samples_of(60, 1, 4);
+        for p in 2..50 {
+            samples.extend(samples_of(p, 0, 1));
+        }
+        // The default tier is faster and takes a tenth of the requests:
+        // promotion mode, dp = 0.45.
+        let st = loaded(&v, &[50, 100], (80.0, 200.0), (1e8, 9e8));
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert!((c.last_shift() - 0.45).abs() < 1e-9);
+        // Pages 0 and 1, the unsampled default pages, go down: room for 60
+        // and the free reserve of 1; 60 comes up.
+        assert_eq!(moves(&d), vec![(0, 1), (1, 1), (60, 0)]);
+    }
+
     /// ShiftSearch when the window collapses (Algorithm 2, lines 7-11): the
     /// watermark on the side the search must move to is reset, never the
     /// other one, for both orders of the tiers' latencies. Planted bug: the
