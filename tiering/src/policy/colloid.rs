@@ -1615,6 +1615,29 @@ mod tests {
         assert_eq!(moves(&d), vec![(0, 1), (4, 0), (1, 1), (5, 0)]);
     }
 
+    /// Swaps stop at the dynamic limit (in modeled pages, both pages of a
+    /// swap counted), and a swap that passes it comes off the next quanta's
+    /// limits (pebs.c lets the last page pass the limit).
+    #[test]
+    fn colloid_2m_swaps_stop_at_the_limit_and_carry_its_excess() {
+        let counts = [(0, 1), (1, 2), (2, 9), (3, 9), (4, 5), (5, 4)];
+        // p = 0.5, dp = 0.25 (two swaps fit the shift, as in the test above).
+        // 0.25 x 32,768,000/s x 10 ms x 64 B / 4 KiB / 512 = 2.5 pages: one swap.
+        let mut c = colloid_2m_with_counts(8, 4, &counts);
+        let mut v = VecView::two_tier(8, 4);
+        let st = loaded(&v, &[4, 8], (80.0, 200.0), (16_384_000.0, 16_384_000.0));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
+        assert!((c.limit_carry - 0.5).abs() < 1e-9, "{}", c.limit_carry);
+        // 1.5 pages: the one swap passes the limit by a page, owed after.
+        let mut c = colloid_2m_with_counts(8, 4, &counts);
+        let mut v = VecView::two_tier(8, 4);
+        let st = loaded(&v, &[4, 8], (80.0, 200.0), (9_830_400.0, 9_830_400.0));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
+        assert!((c.limit_carry + 0.5).abs() < 1e-9, "{}", c.limit_carry);
+    }
+
     /// Paired with a count-0 default-tier page, an alternate-tier page goes
     /// into free default-tier space without a swap; when there is no free
     /// space left, a count-0 page is demoted first.
