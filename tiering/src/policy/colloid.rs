@@ -1355,6 +1355,27 @@ mod tests {
 
     /// One HeMem 2 MiB page per modeled page (scale 512), 8 pages, the
     /// default tier holding 0-3.
+    /// HeMem's base promotes at most `PEBS_KSWAPD_MIGRATE_RATE` (10 GB) per
+    /// quantum: with a modeled page of 4 GiB (2,048 huge pages of equal
+    /// heat), 2.5 pages, so 3 of 4 hot pages (the last may pass the limit).
+    #[test]
+    fn hemem_base_promotes_at_most_ten_gb_per_quantum() {
+        let mut cfg = PolicyConfig::new(8, vec![4, 8]);
+        cfg.huge_pages = true;
+        cfg.scale = 512.0 * 2048.0;
+        let mut c = Colloid::base(&cfg);
+        assert_eq!(c.hemem_limit_pages, 3, "10,240 MB / 4,096 MB, rounded");
+        let mut v = VecView::two_tier(8, 4);
+        let st = v.status(&[4, 8]);
+        let mut samples = Vec::new();
+        for page in 4..8 {
+            samples.extend(samples_of(page, 1, usize::from(HEMEM_HOT_THRESHOLD)));
+        }
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        let promoted = d.migrations.iter().filter(|m| m.to == 0).count();
+        assert_eq!(promoted, 3, "{:?}", moves(&d));
+    }
+
     fn base_8_pages() -> Colloid {
         let mut cfg = PolicyConfig::new(8, vec![4, 8]);
         cfg.huge_pages = true;
