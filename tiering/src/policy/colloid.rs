@@ -1657,6 +1657,14 @@ mod tests {
         let d = c.tick(&obs(0, &st, &[]), &mut v);
         assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
         assert!((c.limit_carry + 0.5).abs() < 1e-9, "{}", c.limit_carry);
+        // A swap with an unsampled page (a count-0 page demoted to make
+        // room) counts both pages too: at 2.5 pages, one swap of the two
+        // that fit the shift (p = 0.1, dp = 0.45: 12 counts of 27).
+        let mut c = colloid_2m_with_counts(8, 4, &[(2, 9), (3, 9), (4, 5), (5, 4)]);
+        let mut v = VecView::two_tier(8, 4);
+        let st = loaded(&v, &[4, 8], (80.0, 200.0), (1_820_444.0, 16_384_000.0));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
     }
 
     /// Paired with a count-0 default-tier page, an alternate-tier page goes
