@@ -1650,6 +1650,13 @@ mod tests {
         let d = c.tick(&obs(0, &st, &[]), &mut v);
         assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
         assert!((c.limit_carry - 0.5).abs() < 1e-9, "{}", c.limit_carry);
+        assert_eq!(
+            c.search(),
+            ShiftSearch {
+                p_lo: 0.5,
+                p_hi: 1.0
+            }
+        );
         // 1.5 pages: the one swap passes the limit by a page, owed after.
         let mut c = colloid_2m_with_counts(8, 4, &counts);
         let mut v = VecView::two_tier(8, 4);
@@ -1665,6 +1672,21 @@ mod tests {
         let st = loaded(&v, &[4, 8], (80.0, 200.0), (1_820_444.0, 16_384_000.0));
         let d = c.tick(&obs(0, &st, &[]), &mut v);
         assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
+    }
+
+    /// Demotion mode counts its pages against the limit too: at 2.5 pages,
+    /// page 0 alone (1), then page 2 for page 5 (2 more, 1 past the limit,
+    /// owed after); page 1 would have followed (the test above).
+    #[test]
+    fn colloid_2m_demotions_stop_at_the_limit_and_carry_its_excess() {
+        let counts = [(0, 9), (1, 2), (2, 8), (3, 8), (4, 7), (5, 4), (6, 1)];
+        let mut c = colloid_2m_with_counts(8, 4, &counts);
+        let mut v = VecView::two_tier(8, 4);
+        // p = 0.77: dp = 0.385 x 21,277,922/s x 10 ms x 64 B / 4 KiB / 512 = 2.5.
+        let st = loaded(&v, &[4, 8], (300.0, 140.0), (16_384_000.0, 4_893_922.0));
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        assert_eq!(moves(&d), vec![(0, 1), (2, 1), (5, 0)]);
+        assert!((c.limit_carry + 0.5).abs() < 1e-6, "{}", c.limit_carry);
     }
 
     /// Paired with a count-0 default-tier page, an alternate-tier page goes
