@@ -1376,6 +1376,48 @@ mod tests {
         assert_eq!(promoted, 3, "{:?}", moves(&d));
     }
 
+    /// A cooling halves every count: a page halved to 0 is no longer
+    /// tracked (nor a FindPages candidate of probability 0); the others are.
+    #[test]
+    fn a_page_cooled_to_zero_is_no_longer_tracked() {
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 100]));
+        let cools_at = usize::from(c.counting().cools_at);
+        let mut samples = samples_of(0, 0, 1);
+        samples.extend(samples_of(1, 0, cools_at));
+        c.ingest(&samples);
+        assert_eq!(c.tracked, vec![1]);
+        assert_eq!(
+            (c.counts.count(0), c.counts.count(1)),
+            (0, (cools_at / 2) as u16)
+        );
+        assert!(!c.is_tracked[0] && c.is_tracked[1]);
+    }
+
+    /// HeMem's cooling (`partial_cool`) sends a hot page to the cold list
+    /// only if halved *below* the hot threshold: one halved to it stays hot
+    /// and is promoted.
+    #[test]
+    fn hemem_base_keeps_a_page_halved_to_the_hot_threshold_hot() {
+        let mut c = base_8_pages();
+        let th = c.counting().hot_threshold;
+        assert_eq!(c.counting().cools_at, HEMEM_COOLING_THRESHOLD + 1);
+        // Page 5 at twice the threshold, then page 6 to the cooling.
+        let mut samples = repeat_samples(5, usize::from(2 * th));
+        samples.extend(repeat_samples(6, usize::from(c.counting().cools_at)));
+        let mut v = VecView::two_tier(8, 4);
+        let st = v.status(&[4, 8]);
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert_eq!(c.counts.count(5), th, "halved to the threshold");
+        let mut promoted: Vec<u64> = d
+            .migrations
+            .iter()
+            .filter(|m| m.to == 0)
+            .map(|m| m.unit.page)
+            .collect();
+        promoted.sort_unstable();
+        assert_eq!(promoted, vec![5, 6]);
+    }
+
     fn base_8_pages() -> Colloid {
         let mut cfg = PolicyConfig::new(8, vec![4, 8]);
         cfg.huge_pages = true;
