@@ -24,7 +24,6 @@ pub struct SampleCounts {
     counts: Vec<u16>,
     hist: [u64; BINS],
     total: u64,
-    samples_since_cooling: u64,
 }
 
 impl SampleCounts {
@@ -36,7 +35,6 @@ impl SampleCounts {
             counts: vec![0; pages as usize],
             hist,
             total: 0,
-            samples_since_cooling: 0,
         }
     }
 
@@ -52,7 +50,6 @@ impl SampleCounts {
         self.hist[bin_of(old)] -= 1;
         self.hist[bin_of(new)] += 1;
         self.total += u64::from(new - old);
-        self.samples_since_cooling += 1;
     }
 
     /// Count of `page`.
@@ -66,16 +63,6 @@ impl SampleCounts {
         self.total
     }
 
-    /// Largest count of any page.
-    pub fn max_bin(&self) -> usize {
-        (0..BINS).rev().find(|&b| self.hist[b] > 0).unwrap_or(0)
-    }
-
-    /// Samples recorded since the last [`SampleCounts::cool`].
-    pub fn samples_since_cooling(&self) -> u64 {
-        self.samples_since_cooling
-    }
-
     /// Halves every count (Memtis/HeMem cooling) and rebuilds the histogram.
     pub fn cool(&mut self) {
         self.hist = [0; BINS];
@@ -85,7 +72,6 @@ impl SampleCounts {
             self.hist[bin_of(*c)] += 1;
             self.total += u64::from(*c);
         }
-        self.samples_since_cooling = 0;
     }
 
     /// Pages per histogram bin.
