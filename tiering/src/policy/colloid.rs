@@ -1418,6 +1418,57 @@ mod tests {
         assert_eq!(promoted, vec![5, 6]);
     }
 
+    /// FindPages takes the highest frequency bin first: page 9 (4 samples,
+    /// bin 1) before pages 1-6 (1 each, bin 0), though its index is higher.
+    #[test]
+    fn find_pages_takes_the_hottest_bin_first() {
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 100]));
+        let mut v = VecView::two_tier(100, 40);
+        let mut samples = samples_of(9, 0, 4);
+        for p in 1..7 {
+            samples.extend(samples_of(p, 0, 1));
+        }
+        let st = loaded(&v, &[50, 100], (300.0, 140.0), (9e8, 1e8));
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert!((c.last_shift() - 0.45).abs() < 1e-9);
+        // 0.4 of the 0.45: nothing else fits after it.
+        assert_eq!(moves(&d), vec![(9, 1)]);
+        // Five bins over [0, 10]: counts 3 and 4 share bin 1 (page order
+        // within it), 1 is in bin 0. Page 2 (0.3) goes first, then page 7
+        // (0.4) does not fit, then page 10 (0.1) does.
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 100]));
+        let mut v = VecView::two_tier(100, 40);
+        let mut samples = samples_of(2, 0, 3);
+        samples.extend(samples_of(7, 0, 4));
+        for p in 10..13 {
+            samples.extend(samples_of(p, 0, 1));
+        }
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert_eq!(moves(&d), vec![(2, 1), (10, 1)]);
+    }
+
+    /// HeMem's hot list in the order pages became hot: a page sampled once
+    /// while cold is not queued then; it joins behind one that got hot
+    /// first, and with room for one promotion only the first goes up.
+    #[test]
+    fn hemem_base_queues_a_page_when_it_gets_hot_not_at_its_first_sample() {
+        let mut c = base_8_pages();
+        let th = usize::from(c.counting().hot_threshold);
+        let mut v = VecView::two_tier(8, 4);
+        let st = v.status(&[4, 8]);
+        // Default tier: 0-2 hot, 3 cold (room for one). Alternate: 4 gets a
+        // sample, then 5 gets hot, then 4 gets hot.
+        let mut samples = Vec::new();
+        for p in 0..3 {
+            samples.extend(repeat_samples(p, th));
+        }
+        samples.extend(repeat_samples(4, 1));
+        samples.extend(repeat_samples(5, th));
+        samples.extend(repeat_samples(4, th - 1));
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert_eq!(moves(&d), vec![(3, 1), (5, 0)]);
+    }
+
     fn base_8_pages() -> Colloid {
         let mut cfg = PolicyConfig::new(8, vec![4, 8]);
         cfg.huge_pages = true;

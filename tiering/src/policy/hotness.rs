@@ -182,5 +182,12 @@ mod tests {
         assert_eq!((c.count(0), c.count(1), c.count(2)), (4, 1, 0));
         assert_eq!(c.total(), 5);
         assert_eq!(c.histogram()[0], 8);
+        // Imported counts (`set`) keep the histogram and the total.
+        c.set(2, 5);
+        c.set(0, 1);
+        assert_eq!((c.count(0), c.count(2)), (1, 5));
+        assert_eq!(c.total(), 7);
+        let h = c.histogram();
+        assert_eq!((h[0], h[1], h[2], h[3]), (7, 2, 0, 1));
     }
 }
