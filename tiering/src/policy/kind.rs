@@ -279,4 +279,23 @@ mod tests {
         assert!(PolicyKind::Tpp.promotes_in_fault_path());
         assert!(!PolicyKind::Nomad.promotes_in_fault_path());
     }
+
+    /// Every kind once: the policies in order, then the variants.
+    #[test]
+    fn all_kinds_are_the_policies_then_the_variants() {
+        let n = PolicyKind::POLICIES.len();
+        assert_eq!(PolicyKind::ALL[..n], PolicyKind::POLICIES);
+        assert_eq!(PolicyKind::ALL[n..], PolicyKind::VARIANTS);
+    }
+
+    /// A tier id is a `u8`: 255 tiers build, 256 are refused by name.
+    #[test]
+    fn the_most_tiers_a_policy_takes_is_the_largest_tier_id() {
+        let tiers = |n: usize| PolicyConfig::new(4096, vec![16; n]);
+        assert!(PolicyKind::Static.build(&tiers(255)).is_ok());
+        assert!(matches!(
+            PolicyKind::Static.build(&tiers(256)),
+            Err(PolicyError::TooManyTiers { tiers: 256 })
+        ));
+    }
 }
