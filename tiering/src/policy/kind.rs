@@ -280,6 +280,54 @@ mod tests {
         assert!(!PolicyKind::Nomad.promotes_in_fault_path());
     }
 
+    /// What the engines ask of each kind besides its decisions: the trait's
+    /// defaults (no refault, no mode, samples wanted) for every policy that
+    /// does not change them; static's idle tick; MTM's profiling interval
+    /// before its first migration; who reads which latency.
+    #[test]
+    fn kinds_answer_the_engines_questions() {
+        let cfg = PolicyConfig::new(4096, vec![1024, 4096]);
+        for k in PolicyKind::ALL {
+            let mut p = k.build(&cfg).unwrap();
+            assert!(!p.take_refault(), "{k}");
+            if k != PolicyKind::Adaptive {
+                assert!(p.mode().is_none(), "{k}");
+                assert!(p.wants_samples(), "{k}");
+            }
+            assert!(p.tick_interval_ns() > 0, "{k}");
+        }
+        let st = PolicyKind::Static.build(&cfg).unwrap();
+        assert_eq!(st.tick_interval_ns(), 1_000_000_000);
+        let secs = Duration::from_secs;
+        let mtm_default = Duration::from_nanos(mtm::INTERVAL_NS).mul_f64(4.0 / 3.0);
+        assert_eq!(
+            PolicyKind::Mtm.first_migration_after(None),
+            Some(mtm_default)
+        );
+        assert_eq!(
+            PolicyKind::Mtm.first_migration_after(Some(secs(3))),
+            Some(secs(4))
+        );
+        let pick = |f: fn(PolicyKind) -> bool| -> Vec<&str> {
+            PolicyKind::ALL
+                .into_iter()
+                .filter(|k| f(*k))
+                .map(|k| k.name())
+                .collect()
+        };
+        assert_eq!(
+            pick(|k| k
+                .first_migration_after(Some(Duration::from_secs(3)))
+                .is_some()),
+            ["mtm"]
+        );
+        assert_eq!(
+            pick(PolicyKind::reads_loaded_latency),
+            ["colloid", "adaptive", "colloid-base"]
+        );
+        assert_eq!(pick(PolicyKind::reads_unloaded_latency), ["adaptive"]);
+    }
+
     /// Every kind once: the policies in order, then the variants.
     #[test]
     fn all_kinds_are_the_policies_then_the_variants() {
