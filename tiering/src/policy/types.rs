@@ -499,3 +499,68 @@ impl IntervalBudget {
         whole as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A view of pages all on tier 0, with page 1 shadowed on tier 1, that
+    /// keeps the trait's defaults.
+    struct Plain;
+
+    impl MemoryView for Plain {
+        fn pages(&self) -> u64 {
+            4
+        }
+        fn tier_of(&self, _: u64) -> TierId {
+            0
+        }
+        fn shadow_tier(&self, page: u64) -> Option<TierId> {
+            (page == 1).then_some(1)
+        }
+        fn test_and_clear_accessed(&mut self, _: u64) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_views_defaults_read_its_shadows_and_claim_no_measured_cost() {
+        let v = Plain;
+        assert!(v.has_shadow(1));
+        assert!(!v.has_shadow(2));
+        assert_eq!(v.accessed_test_cost_ns(), None);
+    }
+
+    #[test]
+    fn a_promotion_moves_to_a_faster_tier_than_the_source() {
+        let to = |to: TierId| Migration {
+            unit: Unit::page(0),
+            to,
+            mechanism: Mechanism::StopAndCopy,
+            urgency: Urgency::Background,
+        };
+        assert!(to(0).is_promotion_from(1));
+        assert!(!to(1).is_promotion_from(1));
+        assert!(!to(2).is_promotion_from(1));
+    }
+
+    #[test]
+    fn config_overrides_out_of_range_fall_back() {
+        let mut c = PolicyConfig::new(8, vec![4, 8]);
+        let reserve = |c: &PolicyConfig| c.free_reserve_or(0.004);
+        assert_eq!(reserve(&c), 0.004);
+        for (set, want) in [(0.0, 0.0), (0.01, 0.01), (1.0, 0.004), (-0.1, 0.004)] {
+            c.free_reserve_fraction = Some(set);
+            assert_eq!(reserve(&c), want, "{set}");
+        }
+        for (scale, want) in [
+            (4.0, 4.0),
+            (0.5, 1.0),
+            (f64::NAN, 1.0),
+            (f64::INFINITY, 1.0),
+        ] {
+            c.scale = scale;
+            assert_eq!(c.scale_at_least_one(), want, "{scale}");
+        }
+    }
+}
