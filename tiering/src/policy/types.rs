@@ -562,5 +562,17 @@ mod tests {
             c.scale = scale;
             assert_eq!(c.scale_at_least_one(), want, "{scale}");
         }
+        // A paper's page counts in modeled pages: a nonsense scale (0,
+        // negative, not finite) counts as 1.
+        for (scale, pages, per_mb) in [
+            (4.0, 25, 64.0),
+            (0.0, 100, 256.0),
+            (-2.0, 100, 256.0),
+            (f64::INFINITY, 100, 256.0),
+        ] {
+            c.scale = scale;
+            assert_eq!(c.scaled_pages(100.0), pages, "{scale}");
+            assert_eq!(c.mb_to_pages_f64(1.0), per_mb, "{scale}");
+        }
     }
 }
