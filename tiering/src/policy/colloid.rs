@@ -1469,6 +1469,20 @@ mod tests {
         assert_eq!(moves(&d), vec![(3, 1), (5, 0)]);
     }
 
+    /// Colloid samples with PEBS on HeMem and Memtis (hardware samples,
+    /// stores as their own event), and on one tier it has nothing to
+    /// balance: a tick moves nothing.
+    #[test]
+    fn colloid_asks_for_hardware_samples_and_needs_two_tiers() {
+        let cfg = PolicyConfig::new(100, vec![50, 100]);
+        let mut c = Colloid::new(&cfg);
+        assert!(c.trackers().hardware_samples);
+        let mut v = VecView::two_tier(100, 40);
+        let st = loaded(&v, &[50, 100], (300.0, 140.0), (9e8, 1e8));
+        let d = c.tick(&obs(0, &st[..1], &half_and_tenths()), &mut v);
+        assert!(d.migrations.is_empty());
+    }
+
     fn base_8_pages() -> Colloid {
         let mut cfg = PolicyConfig::new(8, vec![4, 8]);
         cfg.huge_pages = true;

@@ -544,6 +544,18 @@ mod tests {
         assert!(!to(2).is_promotion_from(1));
     }
 
+    /// A fractional rate limit grants whole pages, the fraction carried.
+    #[test]
+    fn an_interval_budget_carries_its_fraction() {
+        let mut b = IntervalBudget::new(2.5);
+        let got: Vec<u64> = (0..4).map(|_| b.next_interval()).collect();
+        assert_eq!(got, [2, 3, 2, 3]);
+        let mut b = IntervalBudget::new(0.25);
+        let got: Vec<u64> = (0..8).map(|_| b.next_interval()).collect();
+        assert_eq!(got, [0, 0, 0, 1, 0, 0, 0, 1]);
+        assert_eq!(IntervalBudget::new(-1.0).next_interval(), 0);
+    }
+
     #[test]
     fn config_overrides_out_of_range_fall_back() {
         let mut c = PolicyConfig::new(8, vec![4, 8]);
