@@ -1483,6 +1483,29 @@ mod tests {
         assert!(d.migrations.is_empty());
     }
 
+    /// On 4 KiB pages Colloid keeps a free reserve in the default tier
+    /// every quantum, balanced or not: a full default tier gives up one
+    /// unsampled page (when the alternate tier has room for it).
+    #[test]
+    fn colloid_keeps_its_free_reserve_when_the_tiers_are_balanced() {
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 100]));
+        assert_eq!(c.reserve, 1);
+        let mut v = VecView::two_tier(100, 50);
+        let mut samples = Vec::new();
+        for p in 1..50 {
+            samples.extend(samples_of(p, 0, 1));
+        }
+        let st = loaded(&v, &[50, 100], (100.0, 100.0), (5e8, 5e8));
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert_eq!(c.last_shift(), 0.0, "balanced");
+        assert_eq!(moves(&d), vec![(0, 1)]);
+        // With no room in the alternate tier, nothing moves.
+        let mut c = Colloid::new(&PolicyConfig::new(100, vec![50, 50]));
+        let st = loaded(&v, &[50, 50], (100.0, 100.0), (5e8, 5e8));
+        let d = c.tick(&obs(0, &st, &samples), &mut v);
+        assert!(d.migrations.is_empty());
+    }
+
     fn base_8_pages() -> Colloid {
         let mut cfg = PolicyConfig::new(8, vec![4, 8]);
         cfg.huge_pages = true;
