@@ -1506,6 +1506,30 @@ mod tests {
         assert!(d.migrations.is_empty());
     }
 
+    /// The hand-over to another policy: heat is count over the cooling
+    /// threshold, hottest first; an import sets counts from heat (to
+    /// `cools_at - 1` at most), never lowers a count, and skips what rounds
+    /// to 0 or lies past the policy's pages.
+    #[test]
+    fn colloid_hands_its_counts_over_as_heat_and_takes_them_back() {
+        let cfg = PolicyConfig::new(100, vec![50, 100]);
+        let mut c = Colloid::new(&cfg);
+        let mut samples = samples_of(7, 0, 2);
+        samples.extend(samples_of(3, 0, 5));
+        c.ingest(&samples);
+        let st = c.export_state();
+        assert_eq!(st.from, PolicyKind::Colloid);
+        assert_eq!(st.hot_pages, vec![(3, 0.5), (7, 0.2)]);
+        let mut d = Colloid::new(&cfg);
+        d.ingest(&samples_of(3, 0, 7));
+        let mut state = st.clone();
+        state.hot_pages.extend([(9, 0.01), (500, 1.0), (11, 2.0)]);
+        d.import_state(&state);
+        let counts: Vec<u16> = [3, 7, 9, 11].iter().map(|&p| d.counts.count(p)).collect();
+        assert_eq!(counts, [7, 2, 0, 9], "kept, round(1.8), 0, clamped to 9");
+        assert!(d.is_tracked[7] && d.is_tracked[11] && !d.is_tracked[9]);
+    }
+
     fn base_8_pages() -> Colloid {
         let mut cfg = PolicyConfig::new(8, vec![4, 8]);
         cfg.huge_pages = true;
