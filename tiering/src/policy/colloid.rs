@@ -2064,7 +2064,7 @@ mod tests {
     #[test]
     fn the_shift_searchs_tolerances_are_strict_bounds() {
         let mut s = ShiftSearch::default();
-        assert!(DELTA * 100.0 == 5.0, "the case below is exact");
+        const { assert!(DELTA * 100.0 == 5.0, "the case below is exact") };
         let dp = s.compute_shift(0.5, 100.0, 105.0);
         assert_eq!(
             (s.p_lo, s.p_hi, dp),
