@@ -1353,8 +1353,6 @@ mod tests {
         assert_eq!(moved(&d), vec![(4, 1), (5, 0)]);
     }
 
-    /// One HeMem 2 MiB page per modeled page (scale 512), 8 pages, the
-    /// default tier holding 0-3.
     /// HeMem's base promotes at most `PEBS_KSWAPD_MIGRATE_RATE` (10 GB) per
     /// quantum: with a modeled page of 4 GiB (2,048 huge pages of equal
     /// heat), 2.5 pages, so 3 of 4 hot pages (the last may pass the limit).
@@ -1530,6 +1528,8 @@ mod tests {
         assert!(d.is_tracked[7] && d.is_tracked[11] && !d.is_tracked[9]);
     }
 
+    /// One HeMem 2 MiB page per modeled page (scale 512), 8 pages, the
+    /// default tier holding 0-3.
     fn base_8_pages() -> Colloid {
         let mut cfg = PolicyConfig::new(8, vec![4, 8]);
         cfg.huge_pages = true;
