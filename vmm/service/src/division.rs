@@ -916,9 +916,14 @@ mod tests {
         assert_eq!(pl.targets, vec![192 * M, 320 * M]);
         assert!((pl.gain - 0.4e6).abs() < 1e-6, "gain {}", pl.gain);
         p.budget_bytes = 96 * M;
-        let pl = plan(512 * M, &[a, b], &p);
+        let pl = plan(512 * M, &[a.clone(), b.clone()], &p);
         assert_eq!(pl.targets, vec![256 * M, 256 * M], "a quantum and a half");
         assert_eq!(pl.gain, 0.0);
+        // Five quanta of budget: two exchanges, not a third.
+        (a.shrink, b.grow) = (vec![0.1; 4], vec![0.5; 4]);
+        p.budget_bytes = 320 * M;
+        let pl = plan(512 * M, &[a, b], &p);
+        assert_eq!(pl.targets, vec![128 * M, 384 * M]);
     }
 
     /// An exchange never takes a donor below its min: one with less than a
