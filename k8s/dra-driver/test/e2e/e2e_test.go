@@ -843,7 +843,12 @@ func (e *env) testServiceRestart() {
 	took := time.Since(t0)
 	e.consistent("after service restart")
 	var after []tiervm.VM
-	e.must(waitFor(e.ctx, 30*time.Second, "node-b's VMs running", func() (bool, error) {
+	// The recreations are checkpointed when asked for, not when their VMs
+	// run (the reconciliation does not wait for a VM to start), so their
+	// whole start is waited for here: as long as a pod's (waitRunning), as a
+	// VM's start on this host beside busy VMs can take a minute
+	// (docs/scale-out.md, "Restarts").
+	e.must(waitFor(e.ctx, 90*time.Second, "node-b's VMs running", func() (bool, error) {
 		var err error
 		after, err = n.AliveVMs(e.ctx)
 		if err != nil {
