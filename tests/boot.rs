@@ -127,7 +127,11 @@ struct Corrupt {
 
 impl RunHooks for Corrupt {
     fn on_sample(&mut self, ctx: &SampleCtx<'_>) {
-        if !self.done && ctx.t_s > 0.3 {
+        // Once the guest's run phase has begun (it publishes ops only there):
+        // a stamp corrupted during its init would be overwritten by the init
+        // itself, unseen (CI saw that when a loaded host made the init outlast
+        // the 0.3 s this waited for).
+        if !self.done && ctx.ops > 0 {
             let gpa = ctx.layout.heap_start + SCRATCH_BYTES + memcheck::page_offset(self.page);
             ctx.mem.write_obj(0xbad_u64, GuestAddress(gpa)).unwrap();
             self.done = true;
@@ -149,7 +153,9 @@ fn memcheck_detects_host_side_corruption() {
             "memcheck",
             MEM,
             1,
-            Duration::from_millis(800),
+            // Long enough for the init (stamping 16M) and a sample after it
+            // on a loaded host.
+            Duration::from_secs(3),
             &["region=16M", "pattern=sequential"],
         ),
         &mut hook,
