@@ -1653,14 +1653,14 @@ mod tests {
         assert_eq!(moved, vec![(Unit::run(1024, 512), 0)]);
     }
 
-    /// Colloid on HeMem's 2 MiB pages, one per modeled page (scale 512),
-    /// over `fast` default-tier and 8 alternate-tier pages, with `counts`
-    /// samples per page (all counts below the cooling threshold).
     /// Each migration of `d` as (page, destination tier).
     fn moves(d: &Decisions) -> Vec<(u64, TierId)> {
         d.migrations.iter().map(|m| (m.unit.page, m.to)).collect()
     }
 
+    /// Colloid on HeMem's 2 MiB pages, one per modeled page (scale 512),
+    /// over `fast` default-tier and 8 alternate-tier pages, with `counts`
+    /// samples per page (all counts below the cooling threshold).
     fn colloid_2m_with_counts(pages: u64, fast: u64, counts: &[(u64, usize)]) -> Colloid {
         let mut cfg = PolicyConfig::new(pages, vec![fast, 8]);
         cfg.huge_pages = true;
@@ -1681,6 +1681,22 @@ mod tests {
         st[0].request_rate = Some(rates.0);
         st[1].request_rate = Some(rates.1);
         st
+    }
+
+    /// One quantum of `colloid_2m_with_counts(8, fast, counts)` over 8
+    /// pages, 0-3 in the default tier, with the tiers' loaded latencies
+    /// `lat` and request rates `rates`: the policy after it and its moves.
+    fn tick_2m(
+        fast: u64,
+        counts: &[(u64, usize)],
+        lat: (f64, f64),
+        rates: (f64, f64),
+    ) -> (Colloid, Decisions) {
+        let mut c = colloid_2m_with_counts(8, fast, counts);
+        let mut v = VecView::two_tier(8, 4);
+        let st = loaded(&v, &[fast, 8], lat, rates);
+        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        (c, d)
     }
 
     /// `best_pair`: the largest positive difference within the bound, the
@@ -1725,10 +1741,12 @@ mod tests {
     fn colloid_2m_promotes_nothing_when_every_default_page_is_hotter() {
         // Default tier: pages 0-3 (counts 5, 6, 7, 5) and 2 free pages;
         // alternate: 4 (3), 5 (1), 6 and 7 unsampled.
-        let mut c = colloid_2m_with_counts(8, 6, &[(0, 5), (1, 6), (2, 7), (3, 5), (4, 3), (5, 1)]);
-        let mut v = VecView::two_tier(8, 4);
-        let st = loaded(&v, &[6, 8], (80.0, 200.0), (7e8, 3e8));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (c, d) = tick_2m(
+            6,
+            &[(0, 5), (1, 6), (2, 7), (3, 5), (4, 3), (5, 1)],
+            (80.0, 200.0),
+            (7e8, 3e8),
+        );
         assert!(c.last_shift() > 0.1, "promotion mode with room to shift");
         assert!(d.migrations.is_empty(), "{:?}", d.migrations);
     }
@@ -1742,11 +1760,8 @@ mod tests {
         // Default tier full: 0-3 (counts 9, 2, 8, 8); alternate: 4 (7),
         // 5 (4), 6 (1). Total 39.
         let counts = [(0, 9), (1, 2), (2, 8), (3, 8), (4, 7), (5, 4), (6, 1)];
-        let mut c = colloid_2m_with_counts(8, 4, &counts);
-        let mut v = VecView::two_tier(8, 4);
         // p = 0.77, L_D < L_A: dp = (1 - p) / 2 = 0.115, 4 counts of 39.
-        let st = loaded(&v, &[4, 8], (80.0, 200.0), (7.7e8, 2.3e8));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (c, d) = tick_2m(4, &counts, (80.0, 200.0), (7.7e8, 2.3e8));
         assert!((c.last_shift() - 0.115).abs() < 1e-9);
         // 4 - 2 = 2 is the largest difference within 4 (7 - 2 = 5 is not):
         // page 1 goes down, page 5 up. 2 counts are left, and no other
@@ -1757,11 +1772,8 @@ mod tests {
         // Demotion mode (L_D > L_A): a default-tier page goes down in
         // exchange for the coldest alternate page within the shift; paired
         // with an unsampled one (7), it goes down alone.
-        let mut c = colloid_2m_with_counts(8, 4, &counts);
-        let mut v = VecView::two_tier(8, 4);
         // p = 0.77: dp = 0.77 / 2 = 0.385, 15 counts of 39.
-        let st = loaded(&v, &[4, 8], (300.0, 140.0), (7.7e8, 2.3e8));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (c, d) = tick_2m(4, &counts, (300.0, 140.0), (7.7e8, 2.3e8));
         assert!((c.last_shift() - 0.385).abs() < 1e-9);
         let moved = moves(&d);
         // Page 0 with a count-0 page: 9 - 0 = 9 first (page 2 or 3 with
@@ -1779,11 +1791,8 @@ mod tests {
         // Default tier full: 0 (1), 1 (2), 2 and 3 (9); alternate: 4 (5),
         // 5 (4). Total 30.
         let counts = [(0, 1), (1, 2), (2, 9), (3, 9), (4, 5), (5, 4)];
-        let mut c = colloid_2m_with_counts(8, 4, &counts);
-        let mut v = VecView::two_tier(8, 4);
         // p = 0.5, L_D < L_A: dp = 0.25, 7.5 counts of 30.
-        let st = loaded(&v, &[4, 8], (80.0, 200.0), (5e8, 5e8));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (c, d) = tick_2m(4, &counts, (80.0, 200.0), (5e8, 5e8));
         assert!((c.last_shift() - 0.25).abs() < 1e-9);
         // 5 - 1 = 4 first (page 0 for page 4); 3.5 left: page 5 (4) with
         // page 1 (2), not with page 0 again (4 - 1 = 3).
@@ -1798,10 +1807,7 @@ mod tests {
         let counts = [(0, 1), (1, 2), (2, 9), (3, 9), (4, 5), (5, 4)];
         // p = 0.5, dp = 0.25 (two swaps fit the shift, as in the test above).
         // 0.25 x 32,768,000/s x 10 ms x 64 B / 4 KiB / 512 = 2.5 pages: one swap.
-        let mut c = colloid_2m_with_counts(8, 4, &counts);
-        let mut v = VecView::two_tier(8, 4);
-        let st = loaded(&v, &[4, 8], (80.0, 200.0), (16_384_000.0, 16_384_000.0));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (c, d) = tick_2m(4, &counts, (80.0, 200.0), (16_384_000.0, 16_384_000.0));
         assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
         assert!((c.limit_carry - 0.5).abs() < 1e-9, "{}", c.limit_carry);
         assert_eq!(
@@ -1812,19 +1818,18 @@ mod tests {
             }
         );
         // 1.5 pages: the one swap passes the limit by a page, owed after.
-        let mut c = colloid_2m_with_counts(8, 4, &counts);
-        let mut v = VecView::two_tier(8, 4);
-        let st = loaded(&v, &[4, 8], (80.0, 200.0), (9_830_400.0, 9_830_400.0));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (c, d) = tick_2m(4, &counts, (80.0, 200.0), (9_830_400.0, 9_830_400.0));
         assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
         assert!((c.limit_carry + 0.5).abs() < 1e-9, "{}", c.limit_carry);
         // A swap with an unsampled page (a count-0 page demoted to make
         // room) counts both pages too: at 2.5 pages, one swap of the two
         // that fit the shift (p = 0.1, dp = 0.45: 12 counts of 27).
-        let mut c = colloid_2m_with_counts(8, 4, &[(2, 9), (3, 9), (4, 5), (5, 4)]);
-        let mut v = VecView::two_tier(8, 4);
-        let st = loaded(&v, &[4, 8], (80.0, 200.0), (1_820_444.0, 16_384_000.0));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (_, d) = tick_2m(
+            4,
+            &[(2, 9), (3, 9), (4, 5), (5, 4)],
+            (80.0, 200.0),
+            (1_820_444.0, 16_384_000.0),
+        );
         assert_eq!(moves(&d), vec![(0, 1), (4, 0)]);
     }
 
@@ -1834,11 +1839,8 @@ mod tests {
     #[test]
     fn colloid_2m_demotions_stop_at_the_limit_and_carry_its_excess() {
         let counts = [(0, 9), (1, 2), (2, 8), (3, 8), (4, 7), (5, 4), (6, 1)];
-        let mut c = colloid_2m_with_counts(8, 4, &counts);
-        let mut v = VecView::two_tier(8, 4);
         // p = 0.77: dp = 0.385 x 21,277,922/s x 10 ms x 64 B / 4 KiB / 512 = 2.5.
-        let st = loaded(&v, &[4, 8], (300.0, 140.0), (16_384_000.0, 4_893_922.0));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (c, d) = tick_2m(4, &counts, (300.0, 140.0), (16_384_000.0, 4_893_922.0));
         assert_eq!(moves(&d), vec![(0, 1), (2, 1), (5, 0)]);
         assert!((c.limit_carry + 0.5).abs() < 1e-6, "{}", c.limit_carry);
     }
@@ -1850,11 +1852,13 @@ mod tests {
     fn colloid_2m_fills_free_space_then_swaps_out_unsampled_pages() {
         // Default tier: 0-3 (0 and 1 unsampled, 2 and 3 at 9) and one
         // free page; alternate: 4 (5), 5 (4).
-        let mut c = colloid_2m_with_counts(8, 5, &[(2, 9), (3, 9), (4, 5), (5, 4)]);
-        let mut v = VecView::two_tier(8, 4);
         // p = 0.3: dp = 0.35, 9 counts of 27.
-        let st = loaded(&v, &[5, 8], (80.0, 200.0), (3e8, 7e8));
-        let d = c.tick(&obs(0, &st, &[]), &mut v);
+        let (_, d) = tick_2m(
+            5,
+            &[(2, 9), (3, 9), (4, 5), (5, 4)],
+            (80.0, 200.0),
+            (3e8, 7e8),
+        );
         let moved = moves(&d);
         // Page 4 (5 - 0) into the free page; 4 left: page 5 (4 - 0) in
         // place of unsampled page 0.
