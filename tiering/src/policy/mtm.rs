@@ -796,4 +796,184 @@ mod tests {
         assert_eq!(m.regions().len(), 4);
         assert_eq!(m.total_samples(), 5);
     }
+
+    /// Eq. 1's budget, scaled to modeled pages, with the host's measured
+    /// cost of one scan where it gives one, else the assumed 1 us; a cost
+    /// that is no number or not positive is no measure.
+    #[test]
+    fn the_sample_budget_is_eq1_at_the_measured_scan_cost() {
+        // 166,667 samples / scale 128 = 1302.
+        assert_eq!(mtm().sample_budget(), 1302);
+        let with_cost = |cost: Option<f64>| {
+            let mut cfg = PolicyConfig::new(32, vec![8, 32]);
+            cfg.scale = 128.0;
+            cfg.accessed_test_cost_ns = cost;
+            Mtm::new(&cfg).sample_budget()
+        };
+        // 2 us per scan: half as many samples.
+        assert_eq!(with_cost(Some(2_000.0)), 651);
+        for no_measure in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(with_cost(Some(no_measure)), 1302, "{no_measure}");
+        }
+    }
+
+    /// Step 5 (§5.3): while there are more regions than samples, each
+    /// interval raises `tau_m` by a step (a sixth of num_scans) and keeps
+    /// `tau_s` a step above it; back within the budget, both return to
+    /// their defaults.
+    #[test]
+    fn more_regions_than_samples_raise_tau_m_a_step_per_interval() {
+        let mut m = mtm();
+        assert_eq!(m.thresholds(), (TAU_MERGE, TAU_SPLIT));
+        assert_eq!((TAU_MERGE, TAU_SPLIT, TAU_MERGE_STEP), (1.0, 2.0, 0.5));
+        // HI 0, 3, 0, 3...: no two neighbours merge even at tau_m = 2.
+        m.num_ps = 2;
+        set_counts(&mut m, &[&[0], &[3], &[0], &[3], &[0], &[3], &[0], &[3]]);
+        m.end_interval();
+        assert_eq!(m.regions().len(), 8);
+        assert_eq!(m.thresholds(), (1.5, 2.0));
+        m.end_interval();
+        assert_eq!(m.thresholds(), (2.0, 2.5));
+        m.num_ps = 8;
+        m.end_interval();
+        assert_eq!(m.thresholds(), (TAU_MERGE, TAU_SPLIT));
+    }
+
+    /// Step 4 (§5.2): freed samples go to the regions whose hotness
+    /// changed most since the last interval, `(HI - HI_prev)^2`.
+    #[test]
+    fn freed_samples_go_to_the_regions_whose_hotness_changed_most() {
+        let mut m = mtm();
+        // Regions 0 and 1 (HI 0) merge and free a sample; no other pair
+        // merges. Every region's HI is as before but region 7's (3 -> 0)
+        // and region 2's (2 -> 3).
+        set_counts(&mut m, &[&[0], &[0], &[3], &[0], &[3], &[0], &[3], &[0]]);
+        for (r, hi) in m
+            .regions
+            .iter_mut()
+            .zip([0.0, 0.0, 2.0, 0.0, 3.0, 0.0, 3.0, 3.0])
+        {
+            r.hi = hi;
+        }
+        m.end_interval();
+        let samples: Vec<u32> = m.regions().iter().map(|r| r.samples).collect();
+        // Region 7 (now 6) changed by 3, region 2 (now 1) by 1.
+        assert_eq!(samples, vec![1, 1, 1, 1, 1, 1, 2]);
+    }
+
+    /// The first tick picks each region's samples: distinct pages of the
+    /// region, their accessed bits cleared (a scan counts accesses from
+    /// then on), the other pages' bits left; the pick differs by region
+    /// and by interval.
+    #[test]
+    fn samples_are_distinct_pages_of_their_region_drawn_anew_each_interval() {
+        let mut m = mtm();
+        for r in &mut m.regions {
+            r.samples = 3;
+        }
+        let mut v = VecView::two_tier(32, 8);
+        v.accessed = vec![true; 32];
+        let st = v.status(&[8, 32]);
+        assert!(m.tick(&obs(0, &st, &[]), &mut v).migrations.is_empty());
+        let mut offsets = std::collections::BTreeSet::new();
+        let mut sampled = 0;
+        for r in m.regions() {
+            assert!(!r.sample_pages.is_empty() && r.sample_pages.len() <= 3);
+            assert!(r.sample_pages.windows(2).all(|w| w[0] < w[1]), "{r:?}");
+            assert!(r
+                .sample_pages
+                .iter()
+                .all(|&p| (r.start..r.start + r.len).contains(&p)));
+            assert_eq!(r.counts, vec![0; r.sample_pages.len()]);
+            offsets.extend(r.sample_pages.iter().map(|&p| p - r.start));
+            sampled += r.sample_pages.len();
+        }
+        assert!(
+            offsets.len() > 1,
+            "every region sampled at the same offsets: {offsets:?}"
+        );
+        let first = &m.regions()[0];
+        assert!(
+            m.regions().iter().any(|r| r
+                .sample_pages
+                .iter()
+                .zip(&first.sample_pages)
+                .any(|(p, q)| p - r.start != *q)),
+            "every region drew the same offsets"
+        );
+        assert_eq!(v.accessed.iter().filter(|&&a| !a).count(), sampled);
+        // The next interval's draw (same regions) differs.
+        let before: Vec<Vec<u64>> = m.regions().iter().map(|r| r.sample_pages.clone()).collect();
+        // (An interval that merges nothing: HI 0, 3, 0, 3...)
+        set_counts(&mut m, &[&[0], &[3], &[0], &[3], &[0], &[3], &[0], &[3]]);
+        m.end_interval();
+        assert_eq!(m.regions().len(), 8);
+        m.pick_samples(&mut v);
+        let after: Vec<Vec<u64>> = m.regions().iter().map(|r| r.sample_pages.clone()).collect();
+        assert_ne!(before, after);
+    }
+
+    /// The sample draw's hash depends on both the region (and interval)
+    /// and the draw's index, from 0 on: region 0's draws in interval 0
+    /// are not all one page.
+    #[test]
+    fn the_sample_hash_depends_on_both_its_inputs() {
+        let draws: std::collections::BTreeSet<u64> = (0..4).map(|k| mix(0, k)).collect();
+        assert_eq!(draws.len(), 4);
+        let regions: std::collections::BTreeSet<u64> = (0..4).map(|a| mix(a, 0)).collect();
+        assert_eq!(regions.len(), 4);
+        assert_ne!(mix(1, 2), mix(2, 1));
+    }
+
+    /// Each scan counts, per sample, whether its page was accessed since
+    /// the last test; after `NUM_SCANS` scans the interval ends.
+    #[test]
+    fn scans_count_the_accessed_samples_and_the_interval_ends_after_num_scans() {
+        let mut m = mtm();
+        let mut v = VecView::two_tier(32, 8);
+        let st = v.status(&[8, 32]);
+        m.tick(&obs(0, &st, &[]), &mut v);
+        let s0 = m.regions()[0].sample_pages[0];
+        let s1 = m.regions()[1].sample_pages[0];
+        for scan in 1..NUM_SCANS {
+            v.accessed[s0 as usize] = true;
+            v.accessed[s1 as usize] = scan == 1;
+            m.tick(&obs(0, &st, &[]), &mut v);
+            assert_eq!(m.regions()[0].counts, vec![scan as u8]);
+        }
+        assert_eq!(m.regions()[1].counts, vec![1]);
+        assert!(m.regions()[2..].iter().all(|r| r.counts == vec![0]));
+        // The last scan ends the interval: HI is the mean count (0..=3).
+        v.accessed[s0 as usize] = true;
+        m.tick(&obs(0, &st, &[]), &mut v);
+        assert_eq!(m.regions()[0].hi, 3.0);
+        assert_eq!(m.regions()[0].whi, 1.5);
+    }
+
+    /// Eq. 2: `WHI = alpha * HI + (1 - alpha) * WHI_prev`, alpha = 0.5.
+    #[test]
+    fn whi_is_the_moving_average_of_hi() {
+        let mut m = mtm();
+        let hot_and_cold = |m: &mut Mtm, hi: u8| {
+            let cold = 3 - hi;
+            set_counts(
+                m,
+                &[
+                    &[hi],
+                    &[cold],
+                    &[hi],
+                    &[cold],
+                    &[hi],
+                    &[cold],
+                    &[hi],
+                    &[cold],
+                ],
+            );
+            m.end_interval();
+            m.regions()[0].whi
+        };
+        assert_eq!(hot_and_cold(&mut m, 3), 1.5);
+        assert_eq!(hot_and_cold(&mut m, 1), 0.5 + 0.75);
+        assert_eq!(m.regions()[0].hi_prev, 3.0);
+    }
 }
