@@ -901,4 +901,115 @@ mod tests {
         m.tick(&obs(1, &st, &skewed(99, 100, true)), &mut v);
         assert!(m.threshold_bin() > HOT_THRESHOLD_MIN);
     }
+
+    /// Counts at base-page grain over `pages` pages.
+    fn base_counts(pages: u64) -> AccessCounts {
+        AccessCounts::new(
+            pages,
+            Grain {
+                unit_pages: 1,
+                huge: false,
+            },
+        )
+    }
+
+    /// Counts are Memtis' 32-bit counts: they saturate at `u32::MAX`.
+    #[test]
+    fn counts_saturate_at_u32_max() {
+        let mut c = base_counts(4);
+        c.add(1, u64::MAX);
+        assert_eq!(c.count(1), u32::MAX);
+        c.add(1, FIXED_ONE);
+        assert_eq!(c.count(1), u32::MAX);
+        assert_eq!(c.bin(1), BINS - 1);
+    }
+
+    /// `__adjust_active_threshold` step 1: from the top bin down, the bins
+    /// whose pages together fit in the capacity; the lowest of them, at
+    /// least `htmm_thres_hot`, at most the top bin (even when the top
+    /// bin's pages alone do not fit).
+    #[test]
+    fn the_hot_bin_is_the_lowest_whose_pages_all_fit() {
+        // 2 pages in bin 3 (count 7), 3 in bin 2 (count 3), 4 in bin 1
+        // (count 1), 1 in bin 0.
+        let mut c = base_counts(10);
+        for (unit, count) in [
+            (0, 7),
+            (1, 7),
+            (2, 3),
+            (3, 3),
+            (4, 3),
+            (5, 1),
+            (6, 1),
+            (7, 1),
+            (8, 1),
+        ] {
+            c.add(unit, count * FIXED_ONE);
+        }
+        assert_eq!(c.histogram()[..4], [1, 4, 3, 2]);
+        // Bins 3 and 2 hold 5 pages: they fit in 5 (not 4), bin 1 too in 9.
+        assert_eq!(c.hot_threshold_bin(5), 2);
+        assert_eq!(c.hot_threshold_bin(4), 3);
+        assert_eq!(c.hot_threshold_bin(9), 1);
+        // Bin 0 fits in 10, but the threshold is at least 1.
+        assert_eq!(c.hot_threshold_bin(10), HOT_THRESHOLD_MIN);
+        // Not even the top bin fits: the top bin.
+        let mut top = base_counts(3);
+        for unit in 0..3 {
+            top.add(unit, u64::from(u32::MAX) * FIXED_ONE);
+        }
+        assert_eq!(top.hot_threshold_bin(2), BINS - 1);
+        assert_eq!(top.hot_threshold_bin(0), BINS - 1);
+    }
+
+    /// Step 2 after a cooling: the threshold drops by one only when the
+    /// histogram asks for a lower bin; asked for the same bin, it stays
+    /// (and `cooled` clears either way).
+    #[test]
+    fn after_a_cooling_the_threshold_drops_only_when_the_histogram_asks_lower() {
+        // Fast tier of 10 pages, reserve 1: 9 pages fit.
+        let cfg = PolicyConfig::new(20, vec![10, 20]);
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        assert_eq!(m.reserve, 1);
+        // 9 pages in bin 2, 1 in bin 1 and 10 in bin 0: the histogram's
+        // bin is 2.
+        for unit in 0..9 {
+            m.counts.add(unit, 3 * FIXED_ONE);
+        }
+        m.counts.add(9, FIXED_ONE);
+        assert_eq!(fit(&m), 2);
+        for (threshold, after) in [(2, 2), (3, 2), (5, 4)] {
+            m.threshold_bin = threshold;
+            m.cooled = true;
+            m.adjust_threshold();
+            assert_eq!(m.threshold_bin(), after, "from {threshold}");
+            assert!(!m.cooled);
+        }
+        // Without a cooling it only rises, to the histogram's bin.
+        m.threshold_bin = 1;
+        m.adjust_threshold();
+        assert_eq!(m.threshold_bin(), 2);
+        m.threshold_bin = 5;
+        m.adjust_threshold();
+        assert_eq!(m.threshold_bin(), 5);
+    }
+
+    /// A modeled sample that stands for more real samples than a cooling
+    /// period cools once per period it covers (QuickCool, 2,000 samples,
+    /// at scale 5,000: one modeled sample covers real samples 1 to 5,000,
+    /// two coolings).
+    #[test]
+    fn one_modeled_sample_cools_once_per_period_it_covers() {
+        let mut cfg = PolicyConfig::new(100, vec![10, 100]);
+        cfg.scale = 5000.0;
+        let mut m = Memtis::new(&cfg, QUICK_COOL_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(100, 10);
+        let st = v.status(&[10, 100]);
+        m.tick(&obs(0, &st, &[sample(50, 1)]), &mut v);
+        assert_eq!(m.count(50), BASE_PAGE_SAMPLE_WEIGHT / 4);
+        // Real samples 5,001 to 10,000: 6,000, 8,000 and 10,000.
+        m.tick(&obs(1, &st, &[sample(60, 1)]), &mut v);
+        assert_eq!(m.count(50), BASE_PAGE_SAMPLE_WEIGHT / 32);
+        assert_eq!(m.count(60), BASE_PAGE_SAMPLE_WEIGHT / 8);
+    }
 }
