@@ -1012,4 +1012,37 @@ mod tests {
         assert_eq!(m.count(50), BASE_PAGE_SAMPLE_WEIGHT / 32);
         assert_eq!(m.count(60), BASE_PAGE_SAMPLE_WEIGHT / 8);
     }
+
+    /// A candidate below the threshold stays on the list while its count
+    /// is above zero: when the threshold later falls to its bin, it is
+    /// promoted without another sample. Cooled to zero, it leaves.
+    #[test]
+    fn a_colder_candidate_waits_on_the_list_until_its_count_cools_to_zero() {
+        let cfg = PolicyConfig::new(100, vec![10, 100]);
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(100, 10);
+        let mut tick = |m: &mut Memtis, k: u64, s: &[AccessSample]| {
+            let st = v.status(&[10, 100]);
+            let d = m.tick(&obs(k, &st, s), &mut v);
+            v.apply(&d.migrations);
+            pages_moved_to(&d, 0)
+        };
+        m.threshold_bin = 10;
+        assert!(tick(&mut m, 0, &[sample(50, 1)]).is_empty());
+        assert_eq!(m.candidates, vec![50], "bin 9 < 10: kept");
+        // The threshold falls to page 50's bin: promoted, unsampled.
+        m.threshold_bin = 9;
+        assert_eq!(tick(&mut m, 1, &[]), vec![50]);
+        // Another candidate, then cooled to zero: off the list.
+        m.threshold_bin = 10;
+        tick(&mut m, 2, &[sample(60, 1)]);
+        assert_eq!(m.candidates, vec![60]);
+        for _ in 0..10 {
+            m.counts.cool();
+        }
+        assert_eq!(m.count(60), 0);
+        tick(&mut m, 3, &[]);
+        assert!(m.candidates.is_empty(), "{:?}", m.candidates);
+        assert!(!m.is_candidate[60]);
+    }
 }

@@ -693,6 +693,24 @@ mod tests {
         let starts: Vec<u64> = m.regions().iter().map(|r| r.start).collect();
         assert_eq!(starts, vec![0, 8, 12, 16, 20, 24], "{starts:?}");
         assert_eq!(m.last_merges, 2);
+        let lens: Vec<u64> = m.regions().iter().map(|r| r.len).collect();
+        assert_eq!(lens, vec![8, 4, 4, 4, 4, 8]);
+        // The merged region's HI: the pages' mean, 0.375.
+        assert_eq!(m.regions()[0].hi, 0.375);
+    }
+
+    /// A merge keeps half the two regions' samples (at least one).
+    #[test]
+    fn a_merge_keeps_half_the_samples() {
+        let mut m = mtm();
+        m.num_ps = 0;
+        for (r, samples) in m.regions.iter_mut().zip([2, 2, 3, 1, 1, 1, 4, 4]) {
+            r.samples = samples;
+        }
+        set_counts(&mut m, &[&[0], &[0], &[3], &[3], &[0], &[3], &[0], &[0]]);
+        m.end_interval();
+        let samples: Vec<u32> = m.regions().iter().map(|r| r.samples).collect();
+        assert_eq!(samples, vec![2, 2, 1, 1, 4]);
     }
 
     #[test]
