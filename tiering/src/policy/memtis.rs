@@ -1045,4 +1045,29 @@ mod tests {
         assert!(m.candidates.is_empty(), "{:?}", m.candidates);
         assert!(!m.is_candidate[60]);
     }
+
+    /// A period moves at most twice its budget, demotions and promotions
+    /// together: with a budget of half a huge page, demoting one cold huge
+    /// page leaves no room to promote the hot one in the same period; it
+    /// goes up in the next, into the room made.
+    #[test]
+    fn demotions_and_promotions_together_stay_within_twice_the_budget() {
+        let huge = u64::from(PAGES_PER_2M);
+        let caps = [2 * huge, 4 * huge];
+        let mut cfg = PolicyConfig::new(4 * huge, caps.to_vec());
+        cfg.transparent_huge_pages = true;
+        // 2 MB/s x 0.5 s = 256 pages a period.
+        cfg.promote_rate_limit_mbps = Some(2.0);
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(4 * huge, 2 * huge);
+        let mut tick = |m: &mut Memtis, k: u64, s: &[AccessSample]| {
+            let st = v.status(&caps);
+            let d = m.tick(&obs(k, &st, s), &mut v);
+            v.apply(&d.migrations);
+            (pages_moved_to(&d, 0), pages_moved_to(&d, 1))
+        };
+        // (Huge pages moved up, and down, by their first page.)
+        assert_eq!(tick(&mut m, 0, &[sample(3 * huge, 1)]), (vec![], vec![0]));
+        assert_eq!(tick(&mut m, 1, &[]), (vec![3 * huge], vec![]));
+    }
 }

@@ -688,7 +688,9 @@ mod tests {
             &mut m,
             &[&[0], &[1, 1, 1, 0], &[3], &[2], &[0], &[1], &[3], &[3]],
         );
-        // HI of region 1 is 0.75: |0 - 0.75| < 1 merges.
+        // HI of region 1 is 0.75: |0 - 0.75| < 1 merges. Region 0's WHI
+        // before: 2.
+        m.regions[0].whi = 2.0;
         m.end_interval();
         let starts: Vec<u64> = m.regions().iter().map(|r| r.start).collect();
         assert_eq!(starts, vec![0, 8, 12, 16, 20, 24], "{starts:?}");
@@ -697,6 +699,8 @@ mod tests {
         assert_eq!(lens, vec![8, 4, 4, 4, 4, 8]);
         // The merged region's HI: the pages' mean, 0.375.
         assert_eq!(m.regions()[0].hi, 0.375);
+        // Its WHI: the pages' mean of 0.5 x 0 + 0.5 x 2 and 0.5 x 0.75.
+        assert_eq!(m.regions()[0].whi, (1.0 + 0.375) / 2.0);
     }
 
     /// A merge keeps half the two regions' samples (at least one).
