@@ -1070,4 +1070,26 @@ mod tests {
         assert_eq!(tick(&mut m, 0, &[sample(3 * huge, 1)]), (vec![], vec![0]));
         assert_eq!(tick(&mut m, 1, &[]), (vec![3 * huge], vec![]));
     }
+
+    /// Promotions stop at the period's budget (after the first, which may
+    /// overshoot it by one tracked page), hottest first.
+    #[test]
+    fn promotions_stop_at_the_periods_budget_hottest_first() {
+        let mut cfg = PolicyConfig::new(100, vec![20, 100]);
+        // 3 pages a period: 3 x 4 KiB / 0.5 s.
+        cfg.promote_rate_limit_mbps = Some(3.0 * 4096.0 / 1048576.0 / 0.5);
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(100, 10);
+        let st = v.status(&[20, 100]);
+        let samples: Vec<AccessSample> = [50, 51, 52, 53, 54, 54, 53]
+            .into_iter()
+            .map(|p| sample(p, 1))
+            .collect();
+        let d = m.tick(&obs(0, &st, &samples), &mut v);
+        let mut up = pages_moved_to(&d, 0);
+        up.sort_unstable();
+        assert_eq!(up, vec![50, 53, 54]);
+        assert!(pages_moved_to(&d, 1).is_empty(), "room enough: no demotion");
+        assert_eq!(m.candidates, vec![51, 52]);
+    }
 }

@@ -682,25 +682,37 @@ mod tests {
     fn merges_only_below_tau_m() {
         let mut m = mtm();
         assert_eq!(m.regions().len(), 8);
-        // HI: 0, 0.99 (merge: diff < 1), 3, 2 (diff 1: no merge), 0, 1 (no),
+        // HI: 0.25, 0.75 (merge: diff < 1), 3, 2 (diff 1: no merge), 0, 1 (no),
         // 3, 3 (merge).
         set_counts(
             &mut m,
-            &[&[0], &[1, 1, 1, 0], &[3], &[2], &[0], &[1], &[3], &[3]],
+            &[
+                &[1, 0, 0, 0],
+                &[1, 1, 1, 0],
+                &[3],
+                &[2],
+                &[0],
+                &[1],
+                &[3],
+                &[3],
+            ],
         );
-        // HI of region 1 is 0.75: |0 - 0.75| < 1 merges. Region 0's WHI
-        // before: 2.
+        // HI of regions 0 and 1 are 0.25 and 0.75: they merge. Before:
+        // HI 2 and 1, WHI 2 and 0.
         m.regions[0].whi = 2.0;
+        m.regions[0].hi = 2.0;
+        m.regions[1].hi = 1.0;
         m.end_interval();
         let starts: Vec<u64> = m.regions().iter().map(|r| r.start).collect();
         assert_eq!(starts, vec![0, 8, 12, 16, 20, 24], "{starts:?}");
         assert_eq!(m.last_merges, 2);
         let lens: Vec<u64> = m.regions().iter().map(|r| r.len).collect();
         assert_eq!(lens, vec![8, 4, 4, 4, 4, 8]);
-        // The merged region's HI: the pages' mean, 0.375.
-        assert_eq!(m.regions()[0].hi, 0.375);
-        // Its WHI: the pages' mean of 0.5 x 0 + 0.5 x 2 and 0.5 x 0.75.
-        assert_eq!(m.regions()[0].whi, (1.0 + 0.375) / 2.0);
+        // The merged region's HI, HI_prev and WHI: the pages' means.
+        let r = &m.regions()[0];
+        assert_eq!((r.hi, r.hi_prev), (0.5, 1.5));
+        // 0.5 x 0.25 + 0.5 x 2 and 0.5 x 0.75 + 0.5 x 0.
+        assert_eq!(r.whi, (1.125 + 0.375) / 2.0);
     }
 
     /// A merge keeps half the two regions' samples (at least one).
