@@ -156,4 +156,98 @@ mod tests {
         off.close_window(25);
         assert!(off.displacing_allowed() && off.found.is_empty());
     }
+
+    /// Step 2's bounds: a promotion expected to earn exactly
+    /// [`MIN_EXPECTED`] hits is judged, one expected to earn less is not;
+    /// no hit at all is a burst, any hit is not.
+    #[test]
+    fn a_promotion_is_judged_from_min_expected_hits_and_a_burst_at_zero_hits() {
+        let mut b = Bursts::default();
+        b.valued(1, MIN_EXPECTED, 0.0);
+        b.valued(2, MIN_EXPECTED - 0.01, 0.0);
+        b.valued(3, 10.0, 0.1);
+        b.valued(4, 10.0, -1.0);
+        assert_eq!((b.window_judged, b.window_bursts), (3.0, 2.0));
+        assert_eq!((b.found.clone(), b.total), (vec![1, 4], 2));
+    }
+
+    /// Step 3's moving average: the newest window weighs `EMA_WEIGHT`; a
+    /// window with nothing judged leaves the averages; each window starts
+    /// from zero.
+    #[test]
+    fn the_burst_share_is_a_moving_average_of_the_windows() {
+        let mut b = Bursts::default();
+        assert_eq!(b.share(), 0.0, "nothing judged: no share");
+        for p in 0..10 {
+            b.valued(p, 5.0, if p < 4 { 0.0 } else { 1.0 });
+        }
+        b.close_window(25);
+        assert!((b.judged - 3.0).abs() < 1e-12 && (b.bursts - 1.2).abs() < 1e-12);
+        assert!((b.share() - 0.4).abs() < 1e-12);
+        assert_eq!((b.window_judged, b.window_bursts), (0.0, 0.0));
+        b.close_window(50);
+        assert!(
+            (b.share() - 0.4).abs() < 1e-12,
+            "an empty window changes nothing"
+        );
+        for p in 0..10 {
+            b.valued(p, 5.0, 0.0);
+        }
+        b.close_window(75);
+        // 0.3 x 10 + 0.7 x 3 and 0.3 x 10 + 0.7 x 1.2.
+        assert!((b.judged - 5.1).abs() < 1e-12 && (b.bursts - 3.84).abs() < 1e-12);
+        assert!((b.share() - 3.84 / 5.1).abs() < 1e-12);
+    }
+
+    /// Displacement stops when at least `MIN_JUDGED` promotions (moving
+    /// average) were judged and more than half of them were bursts; it is
+    /// retried exactly `RETRY_TICKS` after, and stops again at the next
+    /// window if the share is still above.
+    #[test]
+    fn displacement_stops_above_half_bursts_of_enough_judged_and_retries_on_time() {
+        let at = |judged: f64, bursts: f64| {
+            let mut b = Bursts {
+                judged,
+                bursts,
+                ..Bursts::default()
+            };
+            b.close_window(100);
+            b
+        };
+        assert!(at(MIN_JUDGED, MIN_JUDGED * MAX_SHARE).displacing_allowed());
+        assert!(at(MIN_JUDGED - 0.01, MIN_JUDGED - 0.01).displacing_allowed());
+        let mut b = at(MIN_JUDGED, MIN_JUDGED * MAX_SHARE + 0.01);
+        assert!(!b.displacing_allowed());
+        b.close_window(100 + RETRY_TICKS - 1);
+        assert!(!b.displacing_allowed());
+        b.close_window(100 + RETRY_TICKS);
+        assert!(b.displacing_allowed(), "retried");
+        b.close_window(100 + RETRY_TICKS + 25);
+        assert!(!b.displacing_allowed(), "still a stream");
+    }
+
+    /// A pattern change forgets the share, the stop and the found pages,
+    /// but not whether the detector is switched off.
+    #[test]
+    fn a_reset_forgets_everything_but_the_switch() {
+        let mut b = Bursts {
+            judged: 20.0,
+            bursts: 20.0,
+            ..Bursts::default()
+        };
+        b.valued(7, 5.0, 0.0);
+        b.close_window(25);
+        assert!(!b.displacing_allowed());
+        b.reset();
+        assert!(b.displacing_allowed() && b.enabled);
+        assert_eq!((b.share(), b.total, b.found.len()), (0.0, 0, 0));
+        let mut off = Bursts {
+            enabled: false,
+            judged: 10.0,
+            ..Bursts::default()
+        };
+        off.reset();
+        assert!(!off.enabled);
+        assert_eq!(off.judged, 0.0);
+    }
 }
