@@ -153,4 +153,71 @@ mod tests {
         s.run(10_000.0, None, &mut v, |_| false, &mut hits);
         assert_eq!(s.tests, before);
     }
+
+    /// A cost that is no number, or not positive, is no cost: the assumed
+    /// one (1 us) is taken.
+    #[test]
+    fn a_configured_cost_that_is_no_cost_is_replaced_by_the_assumed_one() {
+        assert_eq!(Scout::new(Some(2_000.0)).test_ns, 2_000.0);
+        for no_cost in [
+            None,
+            Some(0.0),
+            Some(-1.0),
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+        ] {
+            assert_eq!(Scout::new(no_cost).test_ns, ASSUMED_TEST_NS, "{no_cost:?}");
+        }
+    }
+
+    /// Fractions of a test carry to the next tick; a rest (no room, or
+    /// switched off) drops them.
+    #[test]
+    fn fractions_of_a_test_carry_and_a_rest_drops_them() {
+        let mut v = VecView::two_tier(100, 10);
+        let mut s = Scout::new(None);
+        let mut hits = Vec::new();
+        let mut tests_of = |s: &mut Scout, room: Option<TierId>| {
+            let before = s.tests;
+            s.run(2_500.0, room, &mut v, |_| false, &mut hits);
+            s.tests - before
+        };
+        assert_eq!(tests_of(&mut s, Some(0)), 2);
+        assert_eq!(tests_of(&mut s, Some(0)), 3, "2.5 + 0.5");
+        assert_eq!(tests_of(&mut s, Some(0)), 2);
+        assert_eq!(tests_of(&mut s, None), 0);
+        assert_eq!(tests_of(&mut s, Some(0)), 2, "the half carried was dropped");
+        s.enabled = false;
+        assert_eq!(tests_of(&mut s, Some(0)), 0);
+        s.enabled = true;
+        assert_eq!(tests_of(&mut s, Some(0)), 2, "dropped when off too");
+    }
+
+    /// The walk passes over at most 64 pages per test it may do, and at
+    /// least 4,096, at most the whole guest; only pages slower than the
+    /// tier with room are tested.
+    #[test]
+    fn the_walk_is_bounded_and_tests_only_pages_below_the_room() {
+        // 10,000 pages, all fast: nothing to test, the walk is the bound.
+        let mut v = VecView::two_tier(10_000, 10_000);
+        let mut hits = Vec::new();
+        let walked = |v: &mut VecView, budget_ns: f64| {
+            let mut s = Scout::new(None);
+            s.run(budget_ns, Some(0), v, |_| false, &mut Vec::new());
+            s.cursor
+        };
+        assert_eq!(walked(&mut v, 1_000.0), MIN_LOOK);
+        assert_eq!(walked(&mut v, 100_000.0), 100 * MAX_LOOK_PER_TEST);
+        assert_eq!(walked(&mut v, 1e9), 0, "the whole guest, once: back at 0");
+        // Three tiers, room in tier 1: only tier-2 pages are tested.
+        let mut v = VecView::two_tier(30, 10);
+        for p in 20..30 {
+            v.tier[p] = 2;
+        }
+        v.accessed = vec![true; 30];
+        let mut s = Scout::new(None);
+        s.run(1e6, Some(1), &mut v, |_| false, &mut hits);
+        assert_eq!(hits, (20..30).collect::<Vec<u64>>());
+        assert_eq!((s.tests, s.hits), (10, 10));
+    }
 }
