@@ -858,6 +858,10 @@ mod tests {
         assert!((on_page - 512.0 / 398.0).abs() < 1e-9 && (clock - 256.0 / 199.0).abs() < 1e-9);
         let t = m.trackers();
         assert!(t.huge_pages && t.sample_period == 1 && t.store_sample_period == 391);
+        assert!(
+            t.hardware_samples && !t.accessed_bits && !t.dirty_log,
+            "PEBS"
+        );
         let mut v = VecView::two_tier(64, 4); // pages 0-3 fast, room for 4
         let st = v.status(&caps);
         let d = m.tick(&obs(0, &st, &[sample(41, 1)]), &mut v);

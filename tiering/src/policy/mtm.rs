@@ -1010,4 +1010,28 @@ mod tests {
         assert_eq!(hot_and_cold(&mut m, 1), 0.5 + 0.75);
         assert_eq!(m.regions()[0].hi_prev, 3.0);
     }
+
+    /// MTM places across N tiers: with three, a hot region in the slowest
+    /// goes straight to the fastest with room ("fast promotion"), and a
+    /// region of zero hotness stays where it is, room or not.
+    #[test]
+    fn on_three_tiers_a_hot_region_goes_straight_up_and_a_cold_one_stays() {
+        let mut cfg = PolicyConfig::new(32, vec![16, 8, 32]);
+        cfg.scale = 128.0;
+        let mut m = Mtm::new(&cfg);
+        // Pages 0-7 in tier 0 (8 free), 8-15 in tier 1, 16-31 in tier 2.
+        let mut v = VecView::two_tier(32, 8);
+        for p in 8..16 {
+            v.tier[p] = 1;
+        }
+        for p in 16..32 {
+            v.tier[p] = 2;
+        }
+        m.regions[6].whi = 3.0; // pages 24-27
+        let st = v.status(&[16, 8, 32]);
+        let d = m.migrate(&obs(0, &st, &[]), &mut v);
+        assert_eq!(pages_moved_to(&d, 0), vec![24]);
+        assert_eq!(d.migrations.len(), 1, "{:?}", d.migrations);
+        assert_eq!(d.migrations[0].unit, Unit::run(24, 4));
+    }
 }
