@@ -353,4 +353,178 @@ mod tests {
         assert_eq!(t.level(), 0);
         assert!(t.last_ratio.unwrap() > RECOVER_RATIO, "{:?}", t.last_ratio);
     }
+
+    /// One evaluation window: `moves` recorded now as (page, promotion,
+    /// hits by valuation, moved again since), then `EVAL_TICKS` sampled
+    /// ticks with `saved_ns` per sampled access.
+    fn window(t: &mut Thrash, tick: &mut u64, moves: &[(u64, bool, u16, bool)], saved_ns: f64) {
+        let mut h = Hist::new(0);
+        for &(page, promotion, hits, again) in moves {
+            t.record(page, promotion, *tick, 5.0);
+            h.hits[page as usize] = hits;
+            h.last[page as usize] = if again { *tick + 1 } else { *tick };
+        }
+        for _ in 0..EVAL_TICKS {
+            *tick += 1;
+            t.evaluate(*tick, &h, saved_ns, true);
+        }
+    }
+
+    /// Six promotions (4 hits each), four demotions (1 hit each) and a
+    /// ping-pong.
+    const MIXED: [(u64, bool, u16, bool); 11] = [
+        (0, true, 4, false),
+        (1, true, 4, false),
+        (2, true, 4, false),
+        (3, true, 4, false),
+        (4, true, 4, false),
+        (5, true, 4, false),
+        (6, false, 1, false),
+        (7, false, 1, false),
+        (8, false, 1, false),
+        (9, false, 1, false),
+        (10, true, 9, true),
+    ];
+
+    /// Steps 2-3: a promotion earns its hits, a demotion is charged its
+    /// victim's, a ping-pong earns nothing; the window's sums enter the
+    /// moving averages with weight 0.3; the ratio is the gain over the
+    /// horizon (1,500 / 25 windows) against 10 us a migration.
+    #[test]
+    fn a_window_values_its_migrations_into_the_moving_averages() {
+        let mut t = Thrash::default();
+        let mut tick = 0;
+        window(&mut t, &mut tick, &MIXED, 1_000.0);
+        // Gain 6 x 4 - 4 = 20, variance 24 + 4 = 28, 11 moves, 1 ping-pong.
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(t.gain_ema, 6.0), "{}", t.gain_ema);
+        assert!(close(t.var_ema, 8.4), "{}", t.var_ema);
+        assert!(close(t.moves_ema, 3.3), "{}", t.moves_ema);
+        assert!(close(t.pingpong_share(), 0.3 / 3.3));
+        // 6 x 60 x 1,000 ns against 3.3 x 10,000 ns.
+        assert!(close(t.last_ratio.unwrap(), 360_000.0 / 33_000.0));
+        assert_eq!(t.level(), 0);
+        // The window's sums start again from zero; the averages decay.
+        window(&mut t, &mut tick, &MIXED[..10], 1_000.0);
+        assert!(close(t.gain_ema, 0.3 * 20.0 + 0.7 * 6.0), "{}", t.gain_ema);
+        assert!(close(t.moves_ema, 0.3 * 10.0 + 0.7 * 3.3));
+        assert!(close(t.var_ema, 0.3 * 28.0 + 0.7 * 8.4));
+        assert!(close(t.pingpong_share(), 0.7 * 0.3 / (3.0 + 0.7 * 3.3)));
+        // The promotions were judged by the burst detector (5 expected hits).
+        assert_eq!(t.bursts.total, 0);
+    }
+
+    /// A migration is valued `EVAL_TICKS` sampled ticks after it moved,
+    /// not before; the window closes every `EVAL_TICKS` sampled ticks.
+    #[test]
+    fn a_migration_is_valued_after_eval_ticks_sampled_ticks() {
+        let mut t = Thrash::default();
+        let h = Hist::new(3);
+        t.record(0, true, 0, 1.0);
+        for k in 1..EVAL_TICKS {
+            t.evaluate(u64::from(k), &h, 1_000.0, true);
+            t.evaluate(u64::from(k), &h, 1_000.0, false);
+        }
+        assert_eq!((t.moves.len(), t.window_moves), (1, 0.0));
+        t.evaluate(100, &h, 1_000.0, true);
+        assert!(t.moves.is_empty());
+        assert_eq!(t.window_moves, 0.0, "valued, and its window closed");
+        assert!((t.moves_ema - 0.3).abs() < 1e-12);
+        assert!((t.gain_ema - 0.9).abs() < 1e-12);
+        assert_eq!(t.last_ratio, None, "fewer than MIN_VALUED: no ratio");
+    }
+
+    /// Step 4: the throttle rises a level when even the optimistic gain
+    /// is short of the cost and at least a quarter of the valued moves
+    /// displaced a page; not when fewer displaced. Disabled, it only
+    /// reports the ratio.
+    #[test]
+    fn the_throttle_rises_only_when_short_and_displacing() {
+        // 8 moves; 2 demotions (a quarter): rises.
+        let mut eight: Vec<(u64, bool, u16, bool)> = (0..8).map(|p| (p, true, 1, false)).collect();
+        eight[6].1 = false;
+        eight[7].1 = false;
+        let mut t = Thrash::default();
+        let mut tick = 0;
+        window(&mut t, &mut tick, &eight, 1.0);
+        assert_eq!(t.level(), 1);
+        // 1 demotion of 8: promotions into room cannot thrash.
+        eight[6].1 = true;
+        let mut t = Thrash::default();
+        window(&mut t, &mut tick, &eight, 1.0);
+        assert_eq!(t.level(), 0);
+        // 7 moves: too few to judge at all.
+        let mut t = Thrash::default();
+        window(&mut t, &mut tick, &eight[..7], 1.0);
+        assert_eq!((t.level(), t.last_ratio), (0, None));
+        // Disabled: the ratio, no level.
+        let mut t = Thrash {
+            enabled: false,
+            ..Thrash::default()
+        };
+        eight[6].1 = false;
+        window(&mut t, &mut tick, &eight, 1.0);
+        assert_eq!(t.level(), 0);
+        assert!(t.last_ratio.is_some());
+    }
+
+    /// Step 4: the throttle falls a level only when the benefit is more
+    /// than twice the cost; at exactly twice it stays.
+    #[test]
+    fn the_throttle_falls_only_above_twice_the_cost() {
+        // 8 promotions of 1 hit: gain 0.3 x 8, cost 0.3 x 8 x 10 us; a
+        // sampled access saving 10,000 / 60 ns makes the ratio 1 exactly.
+        let eight: Vec<(u64, bool, u16, bool)> = (0..8).map(|p| (p, true, 1, false)).collect();
+        let at_ratio = |r: f64| {
+            let mut t = Thrash {
+                level: 3,
+                ..Thrash::default()
+            };
+            let mut tick = 0;
+            window(&mut t, &mut tick, &eight, r * 10_000.0 / 60.0);
+            (t.level(), t.last_ratio.unwrap())
+        };
+        let (level, ratio) = at_ratio(RECOVER_RATIO);
+        assert!((ratio - RECOVER_RATIO).abs() < 1e-9, "{ratio}");
+        assert_eq!(level, 3);
+        assert_eq!(at_ratio(RECOVER_RATIO * 1.01).0, 2);
+    }
+
+    /// The budget halves per level; fully throttled, a probe of the last
+    /// level's share runs every `PROBE_EVERY_TICKS`; a reset forgets all.
+    #[test]
+    fn the_budget_halves_per_level_and_probes_when_fully_throttled() {
+        let mut t = Thrash::default();
+        for (level, share) in [(0, 1.0), (1, 0.5), (2, 0.25), (4, 1.0 / 16.0)] {
+            t.level = level;
+            assert_eq!(t.budget_share(7), share);
+        }
+        t.level = MAX_LEVEL;
+        assert_eq!(t.budget_share(PROBE_EVERY_TICKS - 1), 0.0);
+        assert_eq!(t.budget_share(PROBE_EVERY_TICKS), 1.0 / 16.0);
+        assert_eq!(t.budget_share(2 * PROBE_EVERY_TICKS), 1.0 / 16.0);
+        let mut tick = 0;
+        window(&mut t, &mut tick, &MIXED, 1_000.0);
+        t.level = MAX_LEVEL;
+        t.reset();
+        assert_eq!(
+            (t.level(), t.last_ratio, t.pingpong_share()),
+            (0, None, 0.0)
+        );
+        assert_eq!((t.gain_ema, t.var_ema, t.moves_ema), (0.0, 0.0, 0.0));
+    }
+
+    /// At most `MAX_RECORDED` migrations are remembered: the oldest goes,
+    /// and a full list is valued early.
+    #[test]
+    fn a_full_record_drops_the_oldest_and_values_early() {
+        let mut t = Thrash::default();
+        for p in 0..=MAX_RECORDED as u64 {
+            t.record(p, true, 0, 1.0);
+        }
+        assert_eq!(t.moves.len(), MAX_RECORDED);
+        assert_eq!(t.moves.front().map(|m| m.page), Some(1));
+        t.evaluate(1, &Hist::new(0), 1_000.0, true);
+        assert_eq!(t.moves.len(), MAX_RECORDED - 1, "one valued early");
+    }
 }
