@@ -1096,4 +1096,58 @@ mod tests {
         assert!(pages_moved_to(&d, 1).is_empty(), "room enough: no demotion");
         assert_eq!(m.candidates, vec![51, 52]);
     }
+
+    /// Step 2 under THP: the hand stops at the first page of each cold
+    /// huge page wholly in the fast tier, each huge page once; the room
+    /// made takes the hot ones.
+    #[test]
+    fn under_thp_each_cold_huge_page_is_demoted_once() {
+        let huge = u64::from(PAGES_PER_2M);
+        let caps = [2 * huge, 4 * huge];
+        let mut cfg = PolicyConfig::new(4 * huge, caps.to_vec());
+        cfg.transparent_huge_pages = true;
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(4 * huge, 2 * huge);
+        let st = v.status(&caps);
+        let s = [sample(2 * huge, 1), sample(3 * huge + 7, 1)];
+        let d = m.tick(&obs(0, &st, &s), &mut v);
+        assert_eq!(pages_moved_to(&d, 1), vec![0, huge]);
+        assert_eq!(pages_moved_to(&d, 0), vec![2 * huge, 3 * huge]);
+    }
+
+    /// A tracked page at the threshold's bin is hot: it is not demoted to
+    /// make room (only those below are).
+    #[test]
+    fn a_fast_page_at_the_threshold_is_not_cold() {
+        let cfg = PolicyConfig::new(100, vec![10, 100]);
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(100, 10);
+        let st = v.status(&[10, 100]);
+        m.threshold_bin = 9;
+        // Fast pages 0-8 sampled once (512, bin 9), page 9 never; slow
+        // page 50 sampled once: hot. Room for it and the reserve: 2 pages.
+        let mut s: Vec<AccessSample> = (0..9).map(|p| sample(p, 0)).collect();
+        s.push(sample(50, 1));
+        let d = m.tick(&obs(0, &st, &s), &mut v);
+        assert_eq!(pages_moved_to(&d, 1), vec![9]);
+        assert_eq!(pages_moved_to(&d, 0), vec![50]);
+    }
+
+    /// The exported heat is a page's count over the top bin's lower bound
+    /// (at most 1): the hottest page exports 1.
+    #[test]
+    fn exported_heat_is_relative_to_the_top_bin() {
+        let cfg = PolicyConfig::new(100, vec![10, 100]);
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(100, 10);
+        let st = v.status(&[10, 100]);
+        m.threshold_bin = 15;
+        m.tick(
+            &obs(0, &st, &[sample(50, 1), sample(50, 1), sample(60, 1)]),
+            &mut v,
+        );
+        // Counts 1024 (bin 10) and 512.
+        let state = m.export_state();
+        assert_eq!(state.hot_pages, vec![(50, 1.0), (60, 0.5)]);
+    }
 }

@@ -1034,4 +1034,35 @@ mod tests {
         assert_eq!(d.migrations.len(), 1, "{:?}", d.migrations);
         assert_eq!(d.migrations[0].unit, Unit::run(24, 4));
     }
+
+    /// Step 1 of the migration: regions hottest first, each targeting the
+    /// fastest tier whose capacity less its reserve the hotter regions
+    /// have not filled; the slowest tier takes the rest, full or not.
+    #[test]
+    fn regions_target_tiers_by_cumulative_capacity_hottest_first() {
+        let mut cfg = PolicyConfig::new(32, vec![8, 8, 12]);
+        cfg.scale = 128.0;
+        let mut m = Mtm::new(&cfg);
+        // Hotness 7, 6, ..., 0 for regions 7, 6, ..., 0.
+        for (i, r) in m.regions.iter_mut().enumerate() {
+            r.whi = i as f64;
+        }
+        let (order, target) = m.rank_and_target(3, &[1, 1, 1]);
+        assert_eq!(order, vec![7, 6, 5, 4, 3, 2, 1, 0]);
+        // 7 pages fit in tiers 0 and 1 (two regions each, the second
+        // starting below 7), 11 in tier 2, which also takes what is left.
+        assert_eq!(target, vec![2, 2, 2, 2, 1, 1, 0, 0]);
+    }
+
+    /// A split halves the samples: the left half the larger share.
+    #[test]
+    fn a_split_halves_the_samples() {
+        let halves = |samples: u32| {
+            let (a, b) = split_in_halves(Region::new(0, 8, samples), 4);
+            (a.samples, b.samples, a.len, b.start, b.len)
+        };
+        assert_eq!(halves(5), (3, 2, 4, 4, 4));
+        assert_eq!(halves(4), (2, 2, 4, 4, 4));
+        assert_eq!(halves(1), (1, 1, 4, 4, 4));
+    }
 }
