@@ -1062,7 +1062,53 @@ mod tests {
             (a.samples, b.samples, a.len, b.start, b.len)
         };
         assert_eq!(halves(5), (3, 2, 4, 4, 4));
+        // Each half keeps its samples' counts; its HI is their mean.
+        let mut r = Region::new(0, 8, 3);
+        r.sample_pages = vec![1, 4, 6];
+        r.counts = vec![0, 3, 1];
+        let (a, b) = split_in_halves(r, 4);
+        assert_eq!((a.sample_pages, a.counts, a.hi), (vec![1], vec![0], 0.0));
+        assert_eq!(
+            (b.sample_pages, b.counts, b.hi),
+            (vec![4, 6], vec![3, 1], 2.0)
+        );
         assert_eq!(halves(4), (2, 2, 4, 4, 4));
         assert_eq!(halves(1), (1, 1, 4, 4, 4));
+    }
+
+    /// A promotion moves only the region's pages below its target tier,
+    /// as many as the interval's budget has left (the rest next interval),
+    /// and into room that fits them exactly when nothing colder can make
+    /// more.
+    #[test]
+    fn a_promotion_moves_the_slower_pages_within_the_budget_and_the_room() {
+        let caps = [16, 32];
+        let mut cfg = PolicyConfig::new(32, caps.to_vec());
+        cfg.scale = 128.0;
+        let run = |fast: u64, whi: &[(usize, f64)], budget: f64| {
+            let mut m = Mtm::new(&cfg);
+            m.budget = IntervalBudget::new(budget);
+            for &(i, w) in whi {
+                m.regions[i].whi = w;
+            }
+            let mut v = VecView::two_tier(32, fast);
+            let st = v.status(&caps);
+            let d = m.migrate(&obs(0, &st, &[]), &mut v);
+            let moved: Vec<(Unit, TierId)> = d.migrations.iter().map(|x| (x.unit, x.to)).collect();
+            moved
+        };
+        // Region 1 (pages 4-7) half fast: pages 6 and 7 move.
+        assert_eq!(run(6, &[(1, 3.0)], 100.0), vec![(Unit::run(6, 2), 0)]);
+        // A budget of 5 pages: region 5 whole, one page of region 6.
+        assert_eq!(
+            run(6, &[(5, 3.0), (6, 2.0)], 5.0),
+            vec![(Unit::run(20, 4), 0), (Unit::run(24, 1), 0)]
+        );
+        // 4 pages free in tier 0, every region there hotter: region 7's
+        // 4 pages fill them (the reserve cannot be made).
+        assert_eq!(
+            run(12, &[(0, 3.0), (1, 3.0), (2, 3.0), (7, 2.0)], 100.0),
+            vec![(Unit::run(28, 4), 0)]
+        );
     }
 }
