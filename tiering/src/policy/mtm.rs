@@ -1111,4 +1111,27 @@ mod tests {
             vec![(Unit::run(28, 4), 0)]
         );
     }
+
+    /// Making room demotes the coldest regions of the target tier until it
+    /// has the pages needed plus its reserve free, and no more.
+    #[test]
+    fn making_room_demotes_until_the_need_and_the_reserve_are_free() {
+        let caps = [17, 32];
+        let run = |reserve: f64| {
+            let mut cfg = PolicyConfig::new(32, caps.to_vec());
+            cfg.scale = 128.0;
+            cfg.free_reserve_fraction = Some(reserve);
+            let mut m = Mtm::new(&cfg);
+            m.regions[7].whi = 3.0;
+            // Regions 0-3 in tier 0, 1 page free.
+            let mut v = VecView::two_tier(32, 16);
+            let st = v.status(&caps);
+            let d = m.migrate(&obs(0, &st, &[]), &mut v);
+            (pages_moved_to(&d, 1), pages_moved_to(&d, 0))
+        };
+        // Reserve 1: 1 + 4 free covers 4 + 1.
+        assert_eq!(run(0.0), (vec![12], vec![28]));
+        // Reserve 3 (17 x 0.2): 5 free is short of 7, 9 is not.
+        assert_eq!(run(0.2), (vec![12, 8], vec![28]));
+    }
 }
