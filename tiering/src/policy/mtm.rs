@@ -1134,4 +1134,81 @@ mod tests {
         // Reserve 3 (17 x 0.2): 5 free is short of 7, 9 is not.
         assert_eq!(run(0.2), (vec![12, 8], vec![28]));
     }
+
+    /// Moves go in runs of consecutive pages of one source tier.
+    #[test]
+    fn moves_coalesce_into_runs_of_consecutive_pages_of_one_tier() {
+        let mut v = VecView::two_tier(16, 4);
+        v.tier[6] = 0;
+        let units = runs(&[2, 3, 4, 5, 6, 7, 9, 10], &v);
+        assert_eq!(
+            units,
+            vec![
+                Unit::run(2, 2),
+                Unit::run(4, 2),
+                Unit::page(6),
+                Unit::page(7),
+                Unit::run(9, 2)
+            ]
+        );
+        assert!(runs(&[], &v).is_empty());
+    }
+
+    /// MTM asks for accessed bits only, and ticks `NUM_SCANS` times an
+    /// interval: the first tick picks samples, each interval's last scan
+    /// migrates.
+    #[test]
+    fn mtm_scans_num_scans_times_an_interval_and_migrates_at_its_end() {
+        let m = mtm();
+        let t = m.trackers();
+        assert!(t.accessed_bits && !t.hardware_samples && !t.dirty_log);
+        assert_eq!(m.tick_interval_ns(), INTERVAL_NS / u64::from(NUM_SCANS));
+        let mut cfg = PolicyConfig::new(32, vec![8, 32]);
+        cfg.interval_ns = Some(2);
+        assert_eq!(Mtm::new(&cfg).tick_interval_ns(), 1, "at least 1 ns");
+        // Region 6 (pages 24-27) touched at every scan: promoted at the
+        // interval's end, not before.
+        let mut m = mtm();
+        let mut v = VecView::two_tier(32, 8);
+        let st = v.status(&[8, 32]);
+        assert!(m.tick(&obs(0, &st, &[]), &mut v).migrations.is_empty());
+        for scan in 1..=NUM_SCANS {
+            for p in 24..28 {
+                v.accessed[p] = true;
+            }
+            let d = m.tick(&obs(0, &st, &[]), &mut v);
+            assert_eq!(d.migrations.is_empty(), scan < NUM_SCANS, "scan {scan}");
+        }
+    }
+
+    /// The exported state gives each page of a warm region its WHI over
+    /// the most (`NUM_SCANS`), hottest first; imported, a region's WHI is
+    /// its pages' heat over its length (clamped to 0..=1 each).
+    #[test]
+    fn state_exports_whi_per_page_and_imports_it_per_region() {
+        let mut m = mtm();
+        m.regions[2].whi = 1.5;
+        m.regions[5].whi = 3.0;
+        let st = m.export_state();
+        assert_eq!(st.from, PolicyKind::Mtm);
+        let expected: Vec<(u64, f32)> = (20..24)
+            .map(|p| (p, 1.0))
+            .chain((8..12).map(|p| (p, 0.5)))
+            .collect();
+        assert_eq!(st.hot_pages, expected);
+        let mut n = mtm();
+        n.import_state(&st);
+        let whi: Vec<f64> = n.regions().iter().map(|r| r.whi).collect();
+        assert_eq!(whi, vec![0.0, 0.0, 1.5, 0.0, 0.0, 3.0, 0.0, 0.0]);
+        // Half a region's pages at heat 2 (clamped to 1), one out of range.
+        let st = PolicyState {
+            from: PolicyKind::Tpp,
+            now_ns: 0,
+            hot_pages: vec![(0, 2.0), (1, 2.0), (31, 0.5), (99, 1.0), (12, -1.0)],
+        };
+        let mut n = mtm();
+        n.import_state(&st);
+        let whi: Vec<f64> = n.regions().iter().map(|r| r.whi).collect();
+        assert_eq!(whi, vec![1.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.375]);
+    }
 }
