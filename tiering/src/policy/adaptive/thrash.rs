@@ -453,6 +453,12 @@ mod tests {
         let mut t = Thrash::default();
         window(&mut t, &mut tick, &eight, 1.0);
         assert_eq!(t.level(), 0);
+        // ... but a ping-pong displaced a page too: 2 of 8 again.
+        eight[5].3 = true;
+        let mut t = Thrash::default();
+        window(&mut t, &mut tick, &eight, 1.0);
+        assert_eq!(t.level(), 1);
+        eight[5].3 = false;
         // 7 moves: too few to judge at all.
         let mut t = Thrash::default();
         window(&mut t, &mut tick, &eight[..7], 1.0);
