@@ -1133,6 +1133,25 @@ mod tests {
         assert_eq!(run(0.0), (vec![12], vec![28]));
         // Reserve 3 (17 x 0.2): 5 free is short of 7, 9 is not.
         assert_eq!(run(0.2), (vec![12, 8], vec![28]));
+        // A budget of 6 pages: region 3 (4 pages), then 2 of region 2's.
+        let mut cfg = PolicyConfig::new(32, caps.to_vec());
+        cfg.scale = 128.0;
+        cfg.free_reserve_fraction = Some(0.2);
+        let mut m = Mtm::new(&cfg);
+        m.budget = IntervalBudget::new(6.0);
+        m.regions[7].whi = 3.0;
+        let mut v = VecView::two_tier(32, 16);
+        let st = v.status(&caps);
+        let d = m.migrate(&obs(0, &st, &[]), &mut v);
+        let moved: Vec<(Unit, TierId)> = d.migrations.iter().map(|x| (x.unit, x.to)).collect();
+        assert_eq!(
+            moved,
+            vec![
+                (Unit::run(12, 4), 1),
+                (Unit::run(8, 2), 1),
+                (Unit::run(28, 4), 0)
+            ]
+        );
     }
 
     /// Moves go in runs of consecutive pages of one source tier.

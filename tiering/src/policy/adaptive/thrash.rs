@@ -533,4 +533,26 @@ mod tests {
         t.evaluate(1, &Hist::new(0), 1_000.0, true);
         assert_eq!(t.moves.len(), MAX_RECORDED - 1, "one valued early");
     }
+
+    /// Step 4's optimistic gain: the EMA's gain plus two standard errors,
+    /// the EMA of independent windows having `w / (2 - w)` of one
+    /// window's variance. A window with no net gain (6 promotions of 1
+    /// hit, 2 demotions of 3) but a variance of 12 is short of its cost
+    /// only if that variance is underrated.
+    #[test]
+    fn the_optimistic_gain_uses_the_emas_variance() {
+        let mut moves: Vec<(u64, bool, u16, bool)> = (0..6).map(|p| (p, true, 1, false)).collect();
+        moves.extend([(6, false, 3, false), (7, false, 3, false)]);
+        // Optimistic gain 2 x sqrt(0.3 x 12 x 0.3 / 1.7) = 1.594 sampled
+        // accesses; the cost 2.4 x 10 us is worth 1.481 at 270 ns each.
+        let mut t = Thrash::default();
+        let mut tick = 0;
+        window(&mut t, &mut tick, &moves, 270.0);
+        assert_eq!(t.level(), 0);
+        assert_eq!(t.last_ratio, Some(0.0));
+        // At 250 ns, the cost is worth 1.6: short.
+        let mut t = Thrash::default();
+        window(&mut t, &mut tick, &moves, 250.0);
+        assert_eq!(t.level(), 1);
+    }
 }
