@@ -1150,4 +1150,41 @@ mod tests {
         let state = m.export_state();
         assert_eq!(state.hot_pages, vec![(50, 1.0), (60, 0.5)]);
     }
+
+    /// Imported heat becomes counts (the hottest page: sixteen load
+    /// samples' worth, 16 x 512 on a base page), never lowering a count,
+    /// and every imported page becomes a candidate once.
+    #[test]
+    fn imported_heat_becomes_counts_and_candidates() {
+        let cfg = PolicyConfig::new(100, vec![10, 100]);
+        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
+        let mut v = VecView::two_tier(100, 10);
+        let st = v.status(&[10, 100]);
+        m.threshold_bin = 15;
+        // Page 40 sampled 20 times: 10,240, above what heat 1 gives.
+        let s: Vec<AccessSample> = (0..20).map(|_| sample(40, 1)).collect();
+        m.tick(&obs(0, &st, &s), &mut v);
+        let state = PolicyState {
+            from: PolicyKind::Tpp,
+            now_ns: 0,
+            hot_pages: vec![
+                (50, 1.0),
+                (60, 0.25),
+                (70, 2.0),
+                (40, 1.0),
+                (50, 0.5),
+                (999, 1.0),
+            ],
+        };
+        m.import_state(&state);
+        assert_eq!(m.count(50), 16 * BASE_PAGE_SAMPLE_WEIGHT);
+        assert_eq!(m.count(60), 4 * BASE_PAGE_SAMPLE_WEIGHT);
+        assert_eq!(
+            m.count(70),
+            16 * BASE_PAGE_SAMPLE_WEIGHT,
+            "heat clamped to 1"
+        );
+        assert_eq!(m.count(40), 20 * BASE_PAGE_SAMPLE_WEIGHT, "never lowered");
+        assert_eq!(m.candidates, vec![40, 50, 60, 70]);
+    }
 }
