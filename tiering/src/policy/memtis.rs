@@ -906,6 +906,15 @@ mod tests {
         assert!(m.threshold_bin() > HOT_THRESHOLD_MIN);
     }
 
+    /// Memtis-Default over 100 base pages at scale 1, a fast tier of 10
+    /// holding pages 0-9 (full): the policy, the view and its status.
+    fn memtis_on_100_pages() -> (Memtis, VecView, Vec<TierStatus>) {
+        let cfg = PolicyConfig::new(100, vec![10, 100]);
+        let v = VecView::two_tier(100, 10);
+        let st = v.status(&[10, 100]);
+        (Memtis::new(&cfg, COOLING_PERIOD_SAMPLES), v, st)
+    }
+
     /// Counts at base-page grain over `pages` pages.
     fn base_counts(pages: u64) -> AccessCounts {
         AccessCounts::new(
@@ -1022,9 +1031,7 @@ mod tests {
     /// promoted without another sample. Cooled to zero, it leaves.
     #[test]
     fn a_colder_candidate_waits_on_the_list_until_its_count_cools_to_zero() {
-        let cfg = PolicyConfig::new(100, vec![10, 100]);
-        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
-        let mut v = VecView::two_tier(100, 10);
+        let (mut m, mut v, _) = memtis_on_100_pages();
         let mut tick = |m: &mut Memtis, k: u64, s: &[AccessSample]| {
             let st = v.status(&[10, 100]);
             let d = m.tick(&obs(k, &st, s), &mut v);
@@ -1119,10 +1126,7 @@ mod tests {
     /// make room (only those below are).
     #[test]
     fn a_fast_page_at_the_threshold_is_not_cold() {
-        let cfg = PolicyConfig::new(100, vec![10, 100]);
-        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
-        let mut v = VecView::two_tier(100, 10);
-        let st = v.status(&[10, 100]);
+        let (mut m, mut v, st) = memtis_on_100_pages();
         m.threshold_bin = 9;
         // Fast pages 0-8 sampled once (512, bin 9), page 9 never; slow
         // page 50 sampled once: hot. Room for it and the reserve: 2 pages.
@@ -1137,10 +1141,7 @@ mod tests {
     /// (at most 1): the hottest page exports 1.
     #[test]
     fn exported_heat_is_relative_to_the_top_bin() {
-        let cfg = PolicyConfig::new(100, vec![10, 100]);
-        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
-        let mut v = VecView::two_tier(100, 10);
-        let st = v.status(&[10, 100]);
+        let (mut m, mut v, st) = memtis_on_100_pages();
         m.threshold_bin = 15;
         m.tick(
             &obs(0, &st, &[sample(50, 1), sample(50, 1), sample(60, 1)]),
@@ -1156,10 +1157,7 @@ mod tests {
     /// and every imported page becomes a candidate once.
     #[test]
     fn imported_heat_becomes_counts_and_candidates() {
-        let cfg = PolicyConfig::new(100, vec![10, 100]);
-        let mut m = Memtis::new(&cfg, COOLING_PERIOD_SAMPLES);
-        let mut v = VecView::two_tier(100, 10);
-        let st = v.status(&[10, 100]);
+        let (mut m, mut v, st) = memtis_on_100_pages();
         m.threshold_bin = 15;
         // Page 40 sampled 20 times: 10,240, above what heat 1 gives.
         let s: Vec<AccessSample> = (0..20).map(|_| sample(40, 1)).collect();
