@@ -743,10 +743,10 @@ impl Adaptive {
                 break;
             };
             let (mech, why) = self.chooser.demotion(view.shadow_tier(p), down);
-            let mech = if unit.pages > 1 && mech == Mechanism::ShadowDemotion {
-                Mechanism::StopAndCopy
+            let (mech, why) = if unit.pages > 1 && mech == Mechanism::ShadowDemotion {
+                (Mechanism::StopAndCopy, Reason::ColdCopy)
             } else {
-                mech
+                (mech, why)
             };
             self.count_reason(why);
             plan.written = false;
@@ -1378,3 +1378,6 @@ pub const BYTES_PER_TRACKED_PAGE: usize = 8;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod step_tests;

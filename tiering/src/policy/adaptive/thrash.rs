@@ -267,6 +267,19 @@ impl Thrash {
     }
 }
 
+/// What the unit tests of the policy (`adaptive`'s `step_tests`) read back.
+#[cfg(test)]
+impl Thrash {
+    /// The migrations recorded and not valued yet: page, promotion, tick
+    /// and the hits expected of it.
+    pub(crate) fn recorded(&self) -> Vec<(u64, bool, u64, f32)> {
+        self.moves
+            .iter()
+            .map(|m| (m.page, m.promotion, m.tick, m.expected))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

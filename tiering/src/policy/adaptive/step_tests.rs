@@ -1,0 +1,832 @@
+//! Unit tests of `adaptive`'s steps, one function at a time: the numbers
+//! each step computes from the config, the samples, the outcomes and the
+//! tiers' status. `tests.rs` holds the behaviour tests (scenarios and
+//! negative controls); these pin what those scenarios only pass through
+//! (issue 34: cargo-mutants showed which).
+
+use super::super::testutil::VecView;
+use super::*;
+
+/// `adaptive` for `pages` pages over tiers of `caps` pages, unscaled.
+fn adaptive(pages: u64, caps: &[u64]) -> Adaptive {
+    Adaptive::new(&PolicyConfig::new(pages, caps.to_vec()))
+}
+
+/// Gives `page` heat `h` and tracks it, as sampling would.
+fn heat_up(a: &mut Adaptive, page: u64, h: u16) {
+    let i = page as usize;
+    a.heat[i] = h;
+    if a.flags[i] & TRACKED == 0 {
+        a.flags[i] |= TRACKED;
+        a.tracked.push(page);
+    }
+}
+
+/// A tier of `cap` pages with `free` free, without latency signals.
+fn tier(cap: u64, free: u64) -> TierStatus {
+    TierStatus {
+        capacity_pages: cap,
+        free_pages: free,
+        shadow_pages: 0,
+        loaded_latency_ns: None,
+        request_rate: None,
+        unloaded_latency_ns: None,
+    }
+}
+
+/// A tier with a loaded latency `l` ns at `r` requests/s.
+fn loaded(l: f64, r: f64) -> TierStatus {
+    TierStatus {
+        loaded_latency_ns: Some(l),
+        request_rate: Some(r),
+        ..tier(100, 50)
+    }
+}
+
+/// A tier with an unloaded latency `u` ns.
+fn unloaded(u: f64) -> TierStatus {
+    TierStatus {
+        unloaded_latency_ns: Some(u),
+        ..tier(100, 50)
+    }
+}
+
+fn sample(page: u64, tier: TierId, write: bool) -> AccessSample {
+    AccessSample { page, tier, write }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9 * b.abs().max(1.0)
+}
+
+#[test]
+fn new_takes_rates_budgets_and_reserves_from_the_config() {
+    let a = adaptive(1000, &[1000, 5000, 100]);
+    // 0.4% of each tier, rounded, at least one page.
+    assert_eq!(a.reserve, vec![4, 20, 1]);
+    assert_eq!(a.caps, vec![1000, 5000, 100]);
+    assert_eq!(a.hands.len(), 3);
+    assert_eq!(a.region, 512);
+    for len in [
+        a.heat.len(),
+        a.hits.len(),
+        a.last_move.len(),
+        a.since.len(),
+        a.aborts.len(),
+        a.writes.len(),
+        a.flags.len(),
+    ] {
+        assert_eq!(len, 1000);
+    }
+    // 2048 MB/s over a 20 ms tick: 40.96 MB, 10 485.76 pages of 4 KiB.
+    assert!(close(a.rate_pages, 10_485.76), "{}", a.rate_pages);
+    // 5% of a 20 ms tick at 20 ns a sample: 1 ms, 50 000 samples.
+    assert!(close(a.profile_ns, 1e6), "{}", a.profile_ns);
+    assert_eq!(a.profile.clone().next_interval(), 50_000);
+    assert!(!a.whole_ranges && !a.chooser.dirty_log_costly);
+    assert_eq!(a.current_mode(), Mode::Warming);
+
+    let mut cfg = PolicyConfig::new(1000, vec![1000, 5000]);
+    cfg.scale = 4.0;
+    cfg.interval_ns = Some(10_000_000);
+    cfg.promote_rate_limit_mbps = Some(100.0);
+    cfg.free_reserve_fraction = Some(0.01);
+    cfg.huge_split_costly = true;
+    cfg.dirty_log_costly = true;
+    let a = Adaptive::new(&cfg);
+    assert_eq!(a.reserve, vec![10, 50]);
+    assert_eq!(a.region, 128);
+    // 100 MB/s x 10 ms = 1 MB = 256 pages, a quarter of them at scale 4.
+    assert!(close(a.rate_pages, 64.0), "{}", a.rate_pages);
+    // 5% of 10 ms, a quarter of it at scale 4.
+    assert!(close(a.profile_ns, 125_000.0), "{}", a.profile_ns);
+    assert_eq!(a.profile.clone().next_interval(), 6_250);
+    assert!(a.whole_ranges && a.chooser.dirty_log_costly);
+
+    // A nonsense scale counts as 1; a zero interval as 1 ns.
+    for scale in [f64::NAN, -2.0, 0.0] {
+        let mut cfg = PolicyConfig::new(10, vec![10, 10]);
+        cfg.scale = scale;
+        assert_eq!(Adaptive::new(&cfg).scale, 1.0, "scale {scale}");
+    }
+    let mut cfg = PolicyConfig::new(10, vec![10, 10]);
+    cfg.interval_ns = Some(0);
+    assert!(close(Adaptive::new(&cfg).profile_ns, 0.05));
+}
+
+#[test]
+fn ingest_keeps_an_even_share_of_samples_within_the_profiling_budget() {
+    // 4 us ticks: 5% of them at 20 ns a sample is 10 samples.
+    let mut cfg = PolicyConfig::new(100, vec![10, 100]);
+    cfg.interval_ns = Some(4_000);
+    let mut a = Adaptive::new(&cfg);
+    a.tick_no = 7;
+    let samples: Vec<AccessSample> = (0..25)
+        .map(|p| sample(p, (p % 2) as TierId, p % 4 == 0))
+        .collect();
+    assert_eq!(a.ingest(&samples), None, "25 samples are no phase window");
+    // Every third sample (25 over 10 allowed): pages 0, 3, ..., 24.
+    let kept: Vec<u64> = (0..25).step_by(3).collect();
+    assert_eq!(a.tracked, kept);
+    assert_eq!(a.kept, 9);
+    assert_eq!(a.stats.samples_dropped, 16);
+    for p in 0..25u64 {
+        let i = p as usize;
+        let k = u16::from(kept.contains(&p));
+        assert_eq!((a.heat[i], a.hits[i]), (k, k), "page {p}");
+        assert_eq!(a.flags[i] & TRACKED != 0, k == 1, "page {p}");
+        let w = u8::from(k == 1 && p % 4 == 0);
+        assert_eq!(a.writes[i], w, "page {p}");
+    }
+    assert_eq!(a.since[3], 7);
+    // Of the kept pages, 3, 9, 15 and 21 were sampled in the slow tier.
+    assert_eq!(a.phase_window, (9, 4));
+
+    // A sample beyond the guest's pages is not kept.
+    let mut a = adaptive(100, &[10, 100]);
+    a.ingest(&[sample(100, 1, false), sample(5, 1, false)]);
+    assert_eq!((a.kept, a.tracked.clone()), (1, vec![5]));
+    assert_eq!(a.stats.samples_dropped, 0);
+}
+
+#[test]
+fn the_slow_share_is_returned_once_a_phase_window_is_full() {
+    let mut a = adaptive(1000, &[100, 1000]);
+    let window: Vec<AccessSample> = (0..PHASE_WINDOW_SAMPLES)
+        .map(|i| sample(i, TierId::from(i % 4 == 0), false))
+        .collect();
+    assert_eq!(a.ingest(&window), Some(0.25));
+    assert_eq!(a.phase_window, (0, 0), "a full window starts a new one");
+    let short = &window[..window.len() - 1];
+    assert_eq!(a.ingest(short), None);
+    assert_eq!(a.ingest(&[sample(0, 1, false)]), Some(65.0 / 256.0));
+}
+
+#[test]
+fn a_page_reaching_cool_at_halves_every_tracked_page_and_forgets_zeros() {
+    let mut a = adaptive(100, &[10, 100]);
+    let mut s = vec![sample(2, 1, false)];
+    s.extend((0..3).map(|_| sample(3, 1, false)));
+    s.extend((0..COOL_AT - 1).map(|_| sample(1, 1, false)));
+    a.ingest(&s);
+    assert_eq!((a.heat(1), a.heat(2), a.heat(3)), (COOL_AT - 1, 1, 3));
+    a.ingest(&[sample(1, 1, false)]);
+    assert_eq!((a.heat(1), a.heat(2), a.heat(3)), (COOL_AT / 2, 0, 1));
+    assert_eq!(a.tracked, vec![3, 1], "page 2 cooled to 0 is forgotten");
+    assert_eq!(a.flags[2] & TRACKED, 0);
+    a.tick_no = 4;
+    a.ingest(&[sample(2, 1, false)]);
+    assert_eq!(a.tracked, vec![3, 1, 2], "and tracked again when sampled");
+    assert_eq!(a.since[2], 4);
+}
+
+#[test]
+fn engine_outcomes_count_aborts_and_keep_the_write_evidence() {
+    let mut a = adaptive(100, &[10, 100]);
+    let v = VecView::two_tier(100, 10);
+    a.in_flight = vec![(50, 0, true), (51, 0, false), (52, 0, true)];
+    a.aborts[51] = 2;
+    a.writes[50] = 3;
+    let outcomes = [
+        TpmOutcome {
+            page: 50,
+            committed: false,
+        },
+        TpmOutcome {
+            page: 51,
+            committed: true,
+        },
+        TpmOutcome {
+            page: 53,
+            committed: false,
+        },
+        TpmOutcome {
+            page: 100,
+            committed: false,
+        },
+    ];
+    a.learn_outcomes(&outcomes, &v);
+    assert!(a.in_flight.is_empty());
+    assert_eq!((a.aborts(50), a.aborts(51), a.aborts(53)), (1, 0, 1));
+    // Page 50's writes are kept; page 53 (not in flight as written) gets one.
+    assert_eq!((a.writes[50], a.writes[51], a.writes[53]), (3, 0, 1));
+    assert_eq!(a.stats.tpm_aborts, 2, "page 100 is beyond the guest");
+    // One abort of a written page (50) fed the abort rate; 53 was not written.
+    assert!(
+        close(a.chooser.write_abort_rate, 0.1),
+        "{}",
+        a.chooser.write_abort_rate
+    );
+}
+
+#[test]
+fn without_engine_outcomes_a_page_not_where_it_was_sent_aborted() {
+    let mut a = adaptive(100, &[10, 100]);
+    let v = VecView::two_tier(100, 10);
+    // Page 15 is still in tier 1; page 5 reached tier 0.
+    a.in_flight = vec![(15, 0, true), (5, 0, true)];
+    a.aborts[5] = 1;
+    a.learn_outcomes(&[], &v);
+    assert_eq!((a.aborts(15), a.aborts(5)), (1, 0));
+    assert_eq!((a.writes[15], a.writes[5]), (1, 0));
+    assert_eq!(a.stats.tpm_aborts, 1);
+    // 0.9 x (0.9 x 0 + 0.1) + 0.1 x 0 after an abort then a commit.
+    assert!(
+        close(a.chooser.write_abort_rate, 0.09),
+        "{}",
+        a.chooser.write_abort_rate
+    );
+}
+
+#[test]
+fn a_slow_share_rising_beyond_the_jump_is_a_new_pattern() {
+    let mut a = adaptive(100, &[10, 100]);
+    heat_up(&mut a, 3, 8);
+    a.flags[4] |= BURSTY;
+    a.detect_phase(None);
+    assert_eq!(a.slow_share_base, None);
+    a.slow_share_base = Some(0.25);
+    // A rise of exactly PHASE_JUMP is not beyond it: the baseline moves.
+    a.detect_phase(Some(0.25 + PHASE_JUMP));
+    assert_eq!(a.stats.phase_changes, 0);
+    let base = a.slow_share_base.expect("a baseline");
+    assert!(close(base, 0.8 * 0.25 + 0.2 * 0.45), "{base}");
+    assert_eq!(a.heat(3), 8);
+    // 0.29 + 0.2 < 0.5: a new pattern.
+    a.detect_phase(Some(0.5));
+    assert_eq!(a.stats.phase_changes, 1);
+    assert_eq!(a.slow_share_base, Some(0.5));
+    assert_eq!(a.heat(3), 2, "cooled twice");
+    assert_eq!(a.flags[4] & BURSTY, 0, "streaming flags forgotten");
+    assert!(
+        a.why.contains("50% of samples hit slower tiers (was 29%)"),
+        "{}",
+        a.why
+    );
+
+    // The first window sets the baseline.
+    let mut a = adaptive(100, &[10, 100]);
+    a.detect_phase(Some(0.4));
+    assert_eq!(a.stats.phase_changes, 0);
+    assert!(close(a.slow_share_base.unwrap_or(0.0), 0.4));
+}
+
+#[test]
+fn the_jump_is_measured_against_the_baselines_sampling_noise() {
+    // At a baseline of 0.5 four standard errors of a 256-sample window
+    // are 0.125, under PHASE_JUMP: 0.71 is a new pattern.
+    let mut a = adaptive(100, &[10, 100]);
+    a.slow_share_base = Some(0.5);
+    a.detect_phase(Some(0.71));
+    assert_eq!(a.stats.phase_changes, 1);
+    // Without detection nothing moves, not even the baseline.
+    let mut a = adaptive(100, &[10, 100]).without_phase_detection();
+    a.slow_share_base = Some(0.1);
+    a.detect_phase(Some(0.9));
+    assert_eq!((a.slow_share_base, a.stats.phase_changes), (Some(0.1), 0));
+}
+
+#[test]
+fn ranking_fills_each_tier_by_cumulative_capacity_hottest_first() {
+    // Reserves of one page each: tier 0 holds 9 ranked pages, tiers 0-1 28.
+    let mut a = adaptive(100, &[10, 20, 100]);
+    for p in 0..9 {
+        heat_up(&mut a, p, 10);
+    }
+    for p in 9..19 {
+        heat_up(&mut a, p, 5);
+    }
+    for p in 19..39 {
+        heat_up(&mut a, p, 2);
+    }
+    let r = a.rank();
+    // The 9 pages of heat 10 fill tier 0 exactly; 19 of heat >= 5 fit tiers 0-1.
+    assert_eq!(r.th, vec![6, 3, 0]);
+    // Over all 100 pages: mean 1.8, E[h^2] 12.3.
+    assert!(close(r.mean, 1.8), "{}", r.mean);
+    assert!(
+        close(r.dispersion, (12.3 - 1.8 * 1.8) / 1.8),
+        "{}",
+        r.dispersion
+    );
+    assert_eq!(
+        [33, 6, 5, 4, 3, 2, 0].map(|h| r.target(h)),
+        [0, 0, 1, 1, 1, 2, 2]
+    );
+    // One more hot page than tier 0 holds: none of them fits (heat 11 up
+    // does, and no page has it).
+    heat_up(&mut a, 50, 10);
+    assert_eq!(a.rank().th[0], 11);
+
+    // Nothing tracked: any heat from 1 fits.
+    let empty = adaptive(100, &[10, 100]).rank();
+    assert_eq!(empty.th, vec![1, 0]);
+    assert_eq!((empty.mean, empty.dispersion), (0.0, 0.0));
+}
+
+#[test]
+fn target_and_the_skew_gate_at_their_bounds() {
+    let r = |th: Vec<u16>, dispersion: f64, mean: f64| Ranking {
+        th,
+        dispersion,
+        mean,
+    };
+    // No tier reached: the slowest.
+    assert_eq!(r(vec![6, 3], 0.0, 0.0).target(1), 1);
+    assert_eq!(r(vec![], 0.0, 0.0).target(5), 0);
+    assert!(r(vec![], 1.0, SKEW_MIN_MEAN_HEAT).no_skew());
+    assert!(r(vec![], SKEW_MIN - 0.01, 5.0).no_skew());
+    assert!(!r(vec![], SKEW_MIN, 5.0).no_skew());
+    assert!(!r(vec![], 1.0, SKEW_MIN_MEAN_HEAT * 0.9).no_skew());
+    assert!(skew_note(&r(vec![], 1.0, 1.0)).contains("dispersion 1.00 < 1.03"));
+    assert_eq!(skew_note(&r(vec![], 2.0, 1.0)), "");
+    assert_eq!(scout_note(0), "");
+    assert!(scout_note(3).contains("scout found 3 touched"));
+}
+
+#[test]
+fn the_latency_verdict_is_colloids_search_between_tiers_0_and_1() {
+    let verdict = |tiers: &[TierStatus]| adaptive(100, &[10, 100]).latency_verdict(tiers);
+    let no_signal = |v: LatencyVerdict| matches!(v, LatencyVerdict::NoSignal);
+    assert!(no_signal(verdict(&[loaded(70.0, 1e6)])));
+    assert!(no_signal(verdict(&[loaded(70.0, 1e6), tier(100, 50)])));
+    assert!(no_signal(verdict(&[loaded(70.0, 0.0), loaded(135.0, 0.0)])));
+    assert!(no_signal(verdict(&[
+        loaded(70.0, -1e6),
+        loaded(135.0, 0.0)
+    ])));
+    assert!(no_signal(verdict(&[
+        loaded(f64::INFINITY, 1e6),
+        loaded(135.0, 1e6)
+    ])));
+    assert!(no_signal(verdict(&[
+        loaded(70.0, 1e6),
+        loaded(f64::NAN, 1e6)
+    ])));
+    // Tier 0 faster, with a quarter of the requests: promote, by the shift
+    // Colloid's search computes for that share.
+    let want = ShiftSearch::default().compute_shift(0.25, 70.0, 135.0);
+    match verdict(&[loaded(70.0, 25.0), loaded(135.0, 75.0)]) {
+        LatencyVerdict::Promote(dp) => assert!(close(dp, want), "{dp} vs {want}"),
+        _ => panic!("tier 0 faster must promote"),
+    }
+    let want = ShiftSearch::default().compute_shift(0.75, 135.0, 70.0);
+    match verdict(&[loaded(135.0, 75.0), loaded(70.0, 25.0)]) {
+        LatencyVerdict::Demote(dp) => assert!(close(dp, want), "{dp} vs {want}"),
+        _ => panic!("tier 0 slower must demote"),
+    }
+    let mut a = adaptive(100, &[10, 100]).without_balance();
+    assert!(no_signal(
+        a.latency_verdict(&[loaded(135.0, 75.0), loaded(70.0, 25.0)])
+    ));
+    assert!(matches!(
+        verdict(&[loaded(100.0, 50.0), loaded(103.0, 50.0)]),
+        LatencyVerdict::Balanced
+    ));
+}
+
+#[test]
+fn colloids_dynamic_limit_is_the_shifted_requests_in_pages() {
+    let a = adaptive(100, &[10, 100]);
+    let tiers = [loaded(100.0, 1e6), loaded(200.0, 1e6), loaded(300.0, 5e9)];
+    // 0.5 x 2e6 req/s x 20 ms x 64 B / 4 KiB = 312.5 pages, rounded up; a
+    // third tier's requests are not Colloid's.
+    assert_eq!(a.dynamic_limit(0.5, &tiers, TICK_NS), 313);
+    let mut cfg = PolicyConfig::new(100, vec![10, 100]);
+    cfg.scale = 2.0;
+    assert_eq!(Adaptive::new(&cfg).dynamic_limit(0.5, &tiers, TICK_NS), 157);
+    assert_eq!(a.dynamic_limit(0.5, &tiers[..1], 2 * TICK_NS), 313);
+    let negative = [loaded(100.0, -5e6), loaded(200.0, 1e6)];
+    assert_eq!(a.dynamic_limit(0.5, &negative, TICK_NS), 0);
+}
+
+#[test]
+fn the_migration_limit_carries_fractions_of_the_throttled_rate() {
+    let mut a = adaptive(100, &[10, 100]);
+    a.rate_pages = 2.5;
+    let got: Vec<u64> = [1.0, 1.0, 0.5, 0.0, 1.0]
+        .iter()
+        .map(|&s| a.migration_limit(s))
+        .collect();
+    // 2.5, 2.5 + 0.5, 1.25, 0.25, 2.75.
+    assert_eq!(got, vec![2, 3, 1, 0, 2]);
+    assert!(close(a.rate_carry, 0.75), "{}", a.rate_carry);
+    a.rate_pages = 0.3;
+    a.rate_carry = 0.0;
+    let got: Vec<u64> = (0..4).map(|_| a.migration_limit(1.0)).collect();
+    assert_eq!(
+        got,
+        vec![0, 0, 0, 1],
+        "a rate below a page a tick still moves"
+    );
+}
+
+#[test]
+fn equally_fast_needs_both_unloaded_latencies_known_and_within_delta() {
+    assert_eq!(
+        equally_fast(&[unloaded(100.0), unloaded(104.0)]),
+        Some((100.0, 104.0))
+    );
+    assert_eq!(
+        equally_fast(&[unloaded(104.0), unloaded(100.0)]),
+        Some((104.0, 100.0))
+    );
+    // 5% of 200 ns is 10 ns: a 10 ns gap is not within it.
+    assert_eq!(equally_fast(&[unloaded(200.0), unloaded(210.0)]), None);
+    assert_eq!(
+        equally_fast(&[unloaded(200.0), unloaded(209.0)]),
+        Some((200.0, 209.0))
+    );
+    for (u0, u1) in [
+        (0.0, 0.0),
+        (100.0, 0.0),
+        (f64::NAN, 100.0),
+        (100.0, f64::INFINITY),
+    ] {
+        assert_eq!(
+            equally_fast(&[unloaded(u0), unloaded(u1)]),
+            None,
+            "{u0} {u1}"
+        );
+    }
+    assert_eq!(equally_fast(&[unloaded(100.0), tier(100, 50)]), None);
+    assert_eq!(equally_fast(&[unloaded(100.0)]), None);
+}
+
+#[test]
+fn emit_marks_the_pages_moved_and_takes_the_room_its_mechanism_needs() {
+    let mut a = adaptive(100, &[10, 100]);
+    a.tick_no = 7;
+    let st = [tier(10, 4), tier(100, 10)];
+    let mut plan = Plan::new(&st, 100);
+    // Page 20: sampled at tick 2, heat 10: after its first sample 9 hits in
+    // 5 ticks, 3 at the rate's lower bound (9 - 2 x 3): 15 over EVAL_TICKS.
+    heat_up(&mut a, 20, 10);
+    a.since[20] = 2;
+    a.hits[20] = 5;
+    a.writes[20] = 2;
+    plan.written = true;
+    a.emit(&mut plan, Unit::page(20), 1, 0, Mechanism::TPM);
+    assert_eq!((a.hits[20], a.writes[20], a.last_move[20]), (0, 0, 7));
+    assert_eq!(a.flags[20] & DEMOTED_BEFORE, 0);
+    assert_eq!(a.in_flight, vec![(20, 0, true)]);
+    assert_eq!(
+        (plan.budget.free(0), plan.budget.free(1)),
+        (3, 10),
+        "TPM keeps its source"
+    );
+    assert_eq!(a.thrash.recorded(), vec![(20, true, 7, 15.0)]);
+    // A 2-page shadow demotion needs no destination page.
+    a.emit(&mut plan, Unit::run(0, 2), 0, 1, Mechanism::ShadowDemotion);
+    assert_eq!(a.flags[0] & a.flags[1] & DEMOTED_BEFORE, DEMOTED_BEFORE);
+    assert_eq!((plan.budget.free(0), plan.budget.free(1)), (5, 10));
+    assert_eq!(
+        a.in_flight.len(),
+        1,
+        "only transactional moves are in flight"
+    );
+    // A page sampled 17 times this very tick: 16 - 2 x 4 = 8 hits in one tick.
+    heat_up(&mut a, 30, 17);
+    a.since[30] = 7;
+    a.emit(&mut plan, Unit::page(30), 1, 0, Mechanism::StopAndCopy);
+    assert_eq!((plan.budget.free(0), plan.budget.free(1)), (4, 11));
+    let rec = a.thrash.recorded();
+    assert_eq!(
+        rec[1..],
+        [(0, false, 7, 0.0), (1, false, 7, 0.0), (30, true, 7, 200.0)]
+    );
+    assert_eq!((a.stats.page_units, a.stats.region_units), (2, 1));
+    assert_eq!(plan.moved, 4);
+    let to: Vec<(Unit, TierId, Mechanism)> = plan
+        .out
+        .migrations
+        .iter()
+        .map(|m| (m.unit, m.to, m.mechanism))
+        .collect();
+    assert_eq!(
+        to,
+        vec![
+            (Unit::page(20), 0, Mechanism::TPM),
+            (Unit::run(0, 2), 1, Mechanism::ShadowDemotion),
+            (Unit::page(30), 0, Mechanism::StopAndCopy),
+        ]
+    );
+    assert!(plan
+        .out
+        .migrations
+        .iter()
+        .all(|m| m.urgency == Urgency::Background));
+}
+
+#[test]
+fn each_reason_counts_in_its_own_stat() {
+    let reasons = [
+        Reason::CleanTpm,
+        Reason::ShadowedTpm,
+        Reason::WrittenTpm,
+        Reason::WriteHotStopCopy,
+        Reason::UnloggedStopCopy,
+        Reason::ShadowRemap,
+        Reason::ColdCopy,
+    ];
+    for (i, &r) in reasons.iter().enumerate() {
+        let mut a = adaptive(10, &[5, 10]);
+        for _ in 0..=i {
+            a.count_reason(r);
+        }
+        let s = &a.stats;
+        let counts = [
+            s.clean_tpm,
+            s.shadowed_tpm,
+            s.written_tpm,
+            s.write_hot_stop_copy,
+            s.unlogged_stop_copy,
+            s.shadow_remaps,
+            s.cold_copies,
+        ];
+        let want: Vec<u64> = (0..reasons.len())
+            .map(|j| if j == i { i as u64 + 1 } else { 0 })
+            .collect();
+        assert_eq!(counts.to_vec(), want, "{r:?}");
+    }
+}
+
+#[test]
+fn state_exports_heat_as_a_share_of_cool_at_and_imports_it_back() {
+    let mut a = adaptive(100, &[10, 100]);
+    heat_up(&mut a, 9, 16);
+    heat_up(&mut a, 2, 32);
+    heat_up(&mut a, 5, 16);
+    let st = a.export_state();
+    assert_eq!(st.from, PolicyKind::Adaptive);
+    assert_eq!(st.now_ns, 0);
+    assert_eq!(st.hot_pages, vec![(2, 1.0), (5, 0.5), (9, 0.5)]);
+
+    let mut b = adaptive(100, &[10, 100]);
+    let hot = vec![(3, 0.5), (4, 2.0), (6, -1.0), (7, 0.01), (100, 1.0)];
+    let state = PolicyState {
+        from: PolicyKind::Memtis,
+        now_ns: 0,
+        hot_pages: hot,
+    };
+    b.import_state(&state);
+    // 0.5 x 31 = 15.5, rounded; shares are clamped to 0..1.
+    assert_eq!(
+        (b.heat(3), b.heat(4), b.heat(6), b.heat(7)),
+        (16, COOL_AT - 1, 0, 0)
+    );
+    assert_eq!(b.tracked, vec![3, 4]);
+    b.import_state(&state);
+    assert_eq!(b.tracked, vec![3, 4], "a page is tracked once");
+}
+
+#[test]
+fn the_policy_says_what_it_tracks_and_which_mode_it_is_in() {
+    let mut a = adaptive(10, &[5, 10]);
+    assert_eq!(a.kind(), PolicyKind::Adaptive);
+    assert_eq!(a.tick_interval_ns(), TICK_NS);
+    assert_eq!(
+        a.trackers(),
+        TrackerRequest {
+            sample_period: SAMPLE_PERIOD,
+            accessed_bits: true,
+            ..TrackerRequest::none()
+        }
+    );
+    let names: Vec<&str> = [
+        Mode::Warming,
+        Mode::Promote,
+        Mode::Balance,
+        Mode::Throttled,
+        Mode::Hold,
+    ]
+    .map(Mode::name)
+    .to_vec();
+    assert_eq!(
+        names,
+        [
+            "warming",
+            "promote",
+            "balance",
+            "throttled: thrashing",
+            "hold: tiers equally fast"
+        ]
+    );
+    assert!(a.wants_samples());
+    let m = a.mode().expect("adaptive reports its mode");
+    assert_eq!(
+        (m.mode.as_str(), m.why.as_str()),
+        ("warming", "no samples yet")
+    );
+    a.mode = Mode::Hold;
+    assert!(!a.wants_samples(), "nothing is sampled in hold");
+    assert_eq!(BYTES_PER_PAGE, 2 * 2 + 2 * 4 + 3);
+}
+
+#[test]
+fn a_tick_holds_over_equally_fast_tiers_and_warms_without_samples() {
+    let mut a = adaptive(100, &[10, 100]);
+    let mut v = VecView::two_tier(100, 10);
+    let s = [sample(50, 1, false)];
+    let equal = [unloaded(100.0), unloaded(102.0)];
+    let d = a.tick(&obs_of(&equal, &s), &mut v);
+    assert!(d.migrations.is_empty());
+    assert_eq!(a.current_mode(), Mode::Hold);
+    assert!(a.why.contains("100 vs 102 ns"), "{}", a.why);
+    // Its samples were still taken in.
+    assert_eq!(a.heat(50), 1);
+
+    let mut a = adaptive(100, &[10, 100]);
+    let st = v.status(&[10, 100]);
+    a.mode = Mode::Promote;
+    a.tick(&obs_of(&st, &[]), &mut v);
+    assert_eq!(
+        (a.current_mode(), a.why.as_str()),
+        (Mode::Warming, "no samples yet")
+    );
+    assert_eq!(a.tick_no, 1);
+    // One tier: nothing to place, the mode is left as it was.
+    let mut a = adaptive(100, &[100]);
+    a.mode = Mode::Promote;
+    let one = [tier(100, 50)];
+    assert!(a.tick(&obs_of(&one, &s), &mut v).migrations.is_empty());
+    assert_eq!(a.current_mode(), Mode::Promote);
+}
+
+fn obs_of<'a>(tiers: &'a [TierStatus], samples: &'a [AccessSample]) -> Observations<'a> {
+    Observations {
+        now_ns: 0,
+        tiers,
+        samples,
+        tpm_outcomes: &[],
+        dirty: &[],
+    }
+}
+
+#[test]
+fn demote_cold_pushes_pages_below_the_threshold_to_the_first_tier_with_room() {
+    let mut a = adaptive(100, &[10, 5, 100]);
+    let mut v = VecView::two_tier(100, 10);
+    for p in 0..5 {
+        heat_up(&mut a, p, 8);
+    }
+    heat_up(&mut a, 6, 3);
+    v.shadow[7] = true;
+    // Tier 1 is full: tier 2 takes them.
+    let st = [tier(10, 0), tier(5, 0), tier(100, 90)];
+    let mut plan = Plan::new(&st, 100);
+    plan.chosen.insert(5);
+    assert_eq!(a.demote_cold(&mut plan, 0, 0, 4, &mut v), 0);
+    assert_eq!(
+        a.demote_cold(&mut plan, 2, 3, 4, &mut v),
+        0,
+        "nothing below the slowest"
+    );
+    assert_eq!(a.demote_cold(&mut plan, 0, 3, 4, &mut v), 3);
+    let moved: Vec<(u64, TierId, Mechanism)> = plan
+        .out
+        .migrations
+        .iter()
+        .map(|m| (m.unit.page, m.to, m.mechanism))
+        .collect();
+    // Page 5 was chosen already; 6 is colder than 4; 7 is shadowed, but
+    // in tier 1, not 2.
+    assert_eq!(
+        moved,
+        vec![
+            (6, 2, Mechanism::StopAndCopy),
+            (7, 2, Mechanism::StopAndCopy),
+            (8, 2, Mechanism::StopAndCopy)
+        ]
+    );
+    assert_eq!(a.stats.cold_copies, 3);
+    assert!([6, 7, 8].iter().all(|p| plan.chosen.contains(p)));
+    // No tier below with room: nothing.
+    let full = [tier(10, 0), tier(5, 0), tier(100, 0)];
+    let mut plan = Plan::new(&full, 100);
+    assert_eq!(a.demote_cold(&mut plan, 0, 3, 4, &mut v), 0);
+    assert!(plan.out.migrations.is_empty());
+}
+
+#[test]
+fn a_cold_region_is_demoted_whole_and_by_copy_even_with_a_shadow() {
+    // Scale 64: 8-page regions; pages 0-15 in tier 0, 8-15 all cold.
+    let mut cfg = PolicyConfig::new(64, vec![16, 64]);
+    cfg.scale = 64.0;
+    let mut a = Adaptive::new(&cfg);
+    let mut v = VecView::two_tier(64, 16);
+    for p in 0..8 {
+        heat_up(&mut a, p, 8);
+    }
+    v.shadow[8] = true;
+    let st = [tier(16, 0), tier(64, 48)];
+    let mut plan = Plan::new(&st, 100);
+    assert_eq!(a.demote_cold(&mut plan, 0, 3, 4, &mut v), 8);
+    let m = &plan.out.migrations;
+    assert_eq!(m.len(), 1);
+    assert_eq!(
+        (m[0].unit, m[0].to, m[0].mechanism),
+        (Unit::run(8, 8), 1, Mechanism::StopAndCopy)
+    );
+    // Counted as what it is: a copy.
+    assert_eq!(
+        (
+            a.stats.region_units,
+            a.stats.shadow_remaps,
+            a.stats.cold_copies
+        ),
+        (1, 0, 1)
+    );
+    // A cold page of a mixed region with a shadow is remapped, alone.
+    let mut a = Adaptive::new(&cfg);
+    for p in (0..8).chain([9]) {
+        heat_up(&mut a, p, 8);
+    }
+    let mut plan = Plan::new(&st, 100);
+    assert_eq!(a.demote_cold(&mut plan, 0, 1, 4, &mut v), 1);
+    let m = &plan.out.migrations;
+    assert_eq!(
+        (m[0].unit, m[0].mechanism),
+        (Unit::page(8), Mechanism::ShadowDemotion)
+    );
+    assert_eq!(a.stats.shadow_remaps, 1);
+}
+
+#[test]
+fn push_down_moves_tier_0s_hottest_pages_whose_share_fits_the_shift() {
+    // Heat 16 in all: 8, 4, 2, 1 in tier 0 and 1 in tier 1; shares 1/2,
+    // 1/4, 1/8 and 1/16.
+    let setup = || {
+        let mut a = adaptive(100, &[10, 100]);
+        for (p, h) in [(0, 8), (1, 4), (2, 2), (3, 1), (50, 1)] {
+            heat_up(&mut a, p, h);
+        }
+        a
+    };
+    let mut v = VecView::two_tier(100, 10);
+    v.shadow[2] = true;
+    let st = [tier(10, 6), tier(100, 90)];
+    let mut a = setup();
+    let mut plan = Plan::new(&st, 100);
+    // 5/8: 1/2 and then 1/8 fit; 1/4 does not after 1/2.
+    assert_eq!(a.push_down(&mut plan, 0.625, &mut v), 2);
+    let moved: Vec<(u64, TierId, Mechanism)> = plan
+        .out
+        .migrations
+        .iter()
+        .map(|m| (m.unit.page, m.to, m.mechanism))
+        .collect();
+    assert_eq!(
+        moved,
+        vec![
+            (0, 1, Mechanism::StopAndCopy),
+            (2, 1, Mechanism::ShadowDemotion)
+        ]
+    );
+    assert_eq!((a.stats.cold_copies, a.stats.shadow_remaps), (1, 1));
+    assert!(plan.chosen.contains(&0) && plan.chosen.contains(&2));
+    // The limit stops it; so does a full tier 1.
+    let mut plan = Plan::new(&st, 1);
+    assert_eq!(setup().push_down(&mut plan, 0.625, &mut v), 1);
+    let full = [tier(10, 6), tier(100, 0)];
+    let mut plan = Plan::new(&full, 100);
+    assert_eq!(setup().push_down(&mut plan, 0.625, &mut v), 0);
+}
+
+#[test]
+fn the_scout_heats_touched_slower_pages_while_a_faster_tier_has_room() {
+    let mut cfg = PolicyConfig::new(100, vec![10, 100]);
+    cfg.accessed_test_cost_ns = Some(1_000.0);
+    let mut v = VecView::two_tier(100, 10);
+    v.accessed[50] = true;
+    v.accessed[60] = true;
+    v.accessed[5] = true;
+    // Reserve 1: room means more than 2 free pages.
+    let room = [tier(10, 3), tier(100, 10)];
+    let mut a = Adaptive::new(&cfg);
+    a.tick_no = 3;
+    assert_eq!(a.scout(&room, &mut v), 2);
+    assert_eq!((a.heat(50), a.heat(60), a.heat(5)), (1, 1, 0));
+    assert_eq!(a.tracked, vec![50, 60]);
+    assert_eq!((a.since[50], a.stats.scout_hits), (3, 2));
+    assert_eq!(
+        a.scout.tests, 90,
+        "1 ms of budget at 1 us a test covers tier 1"
+    );
+
+    let mut v = VecView::two_tier(100, 10);
+    v.accessed[50] = true;
+    let no_room = [tier(10, 2), tier(100, 10)];
+    let mut a = Adaptive::new(&cfg);
+    assert_eq!(a.scout(&no_room, &mut v), 0);
+    assert_eq!(a.scout.tests, 0);
+    // Samples that used the whole budget leave the scout none.
+    let mut a = Adaptive::new(&cfg);
+    a.kept = 50_000;
+    assert_eq!(a.scout(&room, &mut v), 0);
+    // 50 us of the budget left: 50 tests.
+    let mut a = Adaptive::new(&cfg);
+    a.kept = 47_500;
+    a.scout(&room, &mut v);
+    assert_eq!(a.scout.tests, 50);
+}
