@@ -830,3 +830,201 @@ fn the_scout_heats_touched_slower_pages_while_a_faster_tier_has_room() {
     a.scout(&room, &mut v);
     assert_eq!(a.scout.tests, 50);
 }
+
+/// A view whose pages sit in `tiers[page]`.
+fn view_of(tiers: Vec<TierId>) -> VecView {
+    let n = tiers.len();
+    VecView {
+        tier: tiers,
+        shadow: vec![false; n],
+        accessed: vec![false; n],
+        test_cost_ns: None,
+    }
+}
+
+/// Bursts that judged a stream: promotions stop displacing pages.
+fn stream_seen(a: &mut Adaptive) {
+    for p in 0..30 {
+        a.thrash.bursts.valued(p, 5.0, 0.0);
+    }
+    a.thrash.bursts.close_window(100);
+    assert!(!a.thrash.bursts.displacing_allowed());
+}
+
+#[test]
+fn the_mode_says_why_and_a_throttle_says_its_budget() {
+    let mut a = adaptive(10, &[5, 10]);
+    assert_eq!(a.stream_note(), "");
+    a.set_mode(Mode::Promote, "3 pages up".into(), 1.0, 0);
+    assert_eq!((a.mode, a.why.as_str()), (Mode::Promote, "3 pages up"));
+    // A pattern change this tick keeps its note in front.
+    a.why = "pattern changed".into();
+    a.stats.phase_changes = 1;
+    a.set_mode(Mode::Balance, "x".into(), 1.0, 0);
+    assert_eq!(
+        (a.mode, a.why.as_str()),
+        (Mode::Balance, "pattern changed; x")
+    );
+    assert_eq!(a.stats.throttled_ticks, 0);
+    a.thrash.set_level(2);
+    a.thrash.last_ratio = Some(0.5);
+    a.set_mode(Mode::Promote, "y".into(), 0.25, 1);
+    assert_eq!(a.mode, Mode::Throttled);
+    assert_eq!(
+        a.why,
+        "migrations returned 0.50x their cost (0% ping-pong): budget 1/4; y"
+    );
+    a.set_mode(Mode::Promote, "z".into(), 0.0, 1);
+    assert!(a.why.ends_with("no migration; z"), "{}", a.why);
+    assert_eq!(a.stats.throttled_ticks, 2);
+    stream_seen(&mut a);
+    assert!(
+        a.stream_note().contains("100% of promotions were bursts"),
+        "{}",
+        a.stream_note()
+    );
+}
+
+#[test]
+fn candidates_are_tracked_pages_slower_than_their_target_hottest_first() {
+    let mut a = adaptive(100, &[10, 20, 100]);
+    let mut tiers = vec![2; 100];
+    tiers[5] = 0;
+    tiers[60] = 1;
+    let v = view_of(tiers);
+    assert_eq!(a.total_heat(), 1.0, "at least 1");
+    for (p, h) in [(51, 10), (50, 10), (60, 12), (5, 12), (70, 4), (80, 1)] {
+        heat_up(&mut a, p, h);
+    }
+    assert_eq!(a.total_heat(), 49.0);
+    let rank = Ranking {
+        th: vec![10, 4, 0],
+        dispersion: 2.0,
+        mean: 1.0,
+    };
+    let got = |min_dst: TierId| -> Vec<(u64, u16, TierId)> {
+        a.promotion_candidates(&rank, min_dst, &v)
+            .iter()
+            .map(|c| (c.page, c.heat, c.dst))
+            .collect()
+    };
+    assert_eq!(
+        got(0),
+        vec![(60, 12, 0), (50, 10, 0), (51, 10, 0), (70, 4, 1)]
+    );
+    // Not above tier 1: page 60 is there already.
+    assert_eq!(got(1), vec![(50, 10, 1), (51, 10, 1), (70, 4, 1)]);
+}
+
+#[test]
+fn a_promotion_takes_its_mechanism_from_the_whole_units_writes_and_aborts() {
+    let mut cfg = PolicyConfig::new(64, vec![16, 64]);
+    cfg.scale = 64.0; // 8-page regions
+    let mut a = Adaptive::new(&cfg);
+    a.writes[18] = 2;
+    a.aborts[20] = mechanism::ABORT_LIMIT;
+    heat_up(&mut a, 16, 20);
+    let st = [tier(16, 8), tier(64, 8)];
+    let mut plan = Plan::new(&st, 100);
+    let placed = Placement {
+        src: 1,
+        dst: 0,
+        th: 4,
+        unit: Unit::run(16, 8),
+    };
+    assert_eq!(a.promote(&mut plan, 16, &placed), 8);
+    let m = &plan.out.migrations[0];
+    assert_eq!(
+        (m.unit, m.to, m.mechanism),
+        (Unit::run(16, 8), 0, Mechanism::StopAndCopy)
+    );
+    assert_eq!(a.stats.write_hot_stop_copy, 1);
+    assert!((16..24).all(|p| plan.chosen.contains(&p)));
+    assert!(!plan.chosen.contains(&24));
+    // The page alone: clean, well above the threshold: TPM without a shadow.
+    let placed = Placement {
+        unit: Unit::page(16),
+        ..placed
+    };
+    let mut plan = Plan::new(&st, 100);
+    plan.written = true;
+    assert_eq!(a.promote(&mut plan, 16, &placed), 1);
+    assert_eq!(
+        plan.out.migrations[0].mechanism,
+        Mechanism::Transactional { keep_shadow: false }
+    );
+    assert!(!plan.written);
+    assert_eq!(a.stats.clean_tpm, 1);
+}
+
+#[test]
+fn placement_takes_the_fastest_tier_with_room_that_the_page_may_displace_into() {
+    // Reserves 4, 1 and 1; page 50 in tier 2.
+    let mut a = adaptive(100, &[1000, 20, 100]);
+    let v = view_of(vec![2; 100]);
+    let rank = Ranking {
+        th: vec![10, 4, 0],
+        dispersion: 2.0,
+        mean: 1.0,
+    };
+    let c = |heat: u16| Candidate {
+        heat,
+        page: 50,
+        dst: 0,
+    };
+    let calm = [false; 3];
+    let at = |a: &Adaptive, free0: u64, displaced: [bool; 3], tight: &[bool], heat: u16| {
+        let st = [tier(1000, free0), tier(20, 10), tier(100, 50)];
+        let mut plan = Plan::new(&st, 100);
+        plan.displaced = displaced.to_vec();
+        a.placement(&plan, &rank, tight, &c(heat), &v)
+            .map(|p| (p.src, p.dst, p.th, p.unit))
+    };
+    // A page and half the reserve must fit: 1 + 2 pages.
+    assert_eq!(
+        at(&a, 3, [false; 3], &calm, 12),
+        Some((2, 0, 10, Unit::page(50)))
+    );
+    assert_eq!(
+        at(&a, 2, [false; 3], &calm, 12),
+        Some((2, 1, 4, Unit::page(50)))
+    );
+    // Into a tier that displaced pages, the target needs twice its threshold.
+    assert_eq!(
+        at(&a, 9, [true, false, false], &calm, 19).map(|p| p.1),
+        Some(1)
+    );
+    assert_eq!(
+        at(&a, 9, [true, false, false], &calm, 20).map(|p| p.1),
+        Some(0)
+    );
+    // A fallback tier only its threshold.
+    assert_eq!(
+        at(&a, 0, [false, true, false], &calm, 4).map(|p| p.1),
+        Some(1)
+    );
+    assert_eq!(at(&a, 0, [false, true, false], &calm, 3).map(|p| p.1), None);
+    // A bursty page does not displace: not into a tight tier either.
+    a.flags[50] |= BURSTY;
+    assert_eq!(
+        at(&a, 9, [false; 3], &[true, false, false], 30).map(|p| p.1),
+        Some(1)
+    );
+    assert_eq!(at(&a, 9, [false; 3], &calm, 30).map(|p| p.1), Some(0));
+    a.flags[50] &= !BURSTY;
+    assert_eq!(
+        at(&a, 9, [false; 3], &[true, false, false], 30).map(|p| p.1),
+        Some(0)
+    );
+    // Nor does any page while a stream is seen.
+    stream_seen(&mut a);
+    assert_eq!(
+        at(&a, 9, [false; 3], &[true, false, false], 30).map(|p| p.1),
+        Some(1)
+    );
+    // A page already at its target: nowhere.
+    let v0 = view_of(vec![0; 100]);
+    let st = [tier(1000, 9), tier(20, 10), tier(100, 50)];
+    let plan = Plan::new(&st, 100);
+    assert!(a.placement(&plan, &rank, &calm, &c(30), &v0).is_none());
+}

@@ -278,6 +278,11 @@ impl Thrash {
             .map(|m| (m.page, m.promotion, m.tick, m.expected))
             .collect()
     }
+
+    /// Sets the throttle level, as windows of unpaid migrations would.
+    pub(crate) fn set_level(&mut self, level: u8) {
+        self.level = level;
+    }
 }
 
 #[cfg(test)]
