@@ -4,7 +4,7 @@
 //! negative controls); these pin what those scenarios only pass through
 //! (issue 34: cargo-mutants showed which).
 
-use super::super::testutil::VecView;
+use super::super::testutil::{pages_moved_to, VecView};
 use super::*;
 
 /// `adaptive` for `pages` pages over tiers of `caps` pages, unscaled.
@@ -1027,4 +1027,162 @@ fn placement_takes_the_fastest_tier_with_room_that_the_page_may_displace_into() 
     let st = [tier(1000, 9), tier(20, 10), tier(100, 50)];
     let plan = Plan::new(&st, 100);
     assert!(a.placement(&plan, &rank, &calm, &c(30), &v0).is_none());
+}
+
+#[test]
+fn room_is_made_for_the_strong_candidates_the_reserve_and_the_spill_from_above() {
+    // Reserves 4, 1 and 1; every page in tier 2.
+    let mut a = adaptive(100, &[1000, 20, 100]);
+    let v = view_of(vec![2; 100]);
+    let rank = Ranking {
+        th: vec![10, 4, 0],
+        dispersion: 2.0,
+        mean: 1.0,
+    };
+    let cands: Vec<Candidate> = [(50, 25, 0), (51, 20, 0), (52, 12, 0), (70, 5, 1)]
+        .into_iter()
+        .map(|(page, heat, dst)| Candidate { heat, page, dst })
+        .collect();
+    let need = |a: &Adaptive, free: [u64; 2], limit: u64, dst: TierId| {
+        let st = [tier(1000, free[0]), tier(20, free[1]), tier(100, 50)];
+        let plan = Plan::new(&st, limit);
+        a.room_needed(&plan, &rank, &cands, dst, &v)
+    };
+    // Tier 0: 3 candidates and the reserve less 2 free is 5; but only the
+    // 2 of twice the threshold displace: 2 + 4 - 2.
+    assert_eq!(need(&a, [2, 1], 100, 0), 4);
+    // Half the budget left bounds the candidates counted: 1 + 4 - 2.
+    assert_eq!(need(&a, [2, 1], 2, 0), 3);
+    // Tier 1: its candidate and reserve, less 1 free, and the 3 tier-0
+    // candidates that spill into it while tier 0 has no room above its
+    // reserve; 2 pages above it take 2 of them.
+    assert_eq!(need(&a, [2, 1], 100, 1), 4);
+    assert_eq!(need(&a, [6, 1], 100, 1), 2);
+    // A bursty page does not displace, nor spill.
+    a.flags[51] |= BURSTY;
+    assert_eq!(need(&a, [2, 1], 100, 0), 3);
+    assert_eq!(need(&a, [2, 1], 100, 1), 3);
+    // While a stream is seen, no page does: the reserve only (tier 1's
+    // free page is its reserve).
+    stream_seen(&mut a);
+    assert_eq!(need(&a, [2, 1], 100, 0), 2);
+    assert_eq!(need(&a, [2, 1], 100, 1), 0);
+}
+
+#[test]
+fn pack_promotes_hottest_first_within_the_limit_and_colloids_share() {
+    // Tier 0 holds pages 0 and 1 of its 10; heat 16 in all.
+    let setup = || {
+        let mut a = adaptive(100, &[10, 100]);
+        for (p, h) in [(50, 8), (51, 4), (52, 2), (53, 1), (1, 1)] {
+            heat_up(&mut a, p, h);
+        }
+        a
+    };
+    let mut v = VecView::two_tier(100, 2);
+    let st = v.status(&[10, 100]);
+    let rank = Ranking {
+        th: vec![1, 0],
+        dispersion: 2.0,
+        mean: 1.0,
+    };
+    let up = |share: Option<f64>, min_dst: TierId, limit: u64, chosen: &[u64], v: &mut VecView| {
+        let mut a = setup();
+        let mut plan = Plan::new(&st, limit);
+        plan.chosen.extend(chosen);
+        let n = a.pack(&mut plan, &rank, share, min_dst, v);
+        let pages = pages_moved_to(&plan.out, 0);
+        assert_eq!(n, pages.len() as u64);
+        pages
+    };
+    assert_eq!(up(None, 0, 100, &[], &mut v), vec![50, 51, 52, 53]);
+    // Shares 1/2, 1/4, 1/8, 1/16 of the requests: 5/8 takes the first and third.
+    assert_eq!(up(Some(0.625), 0, 100, &[], &mut v), vec![50, 52]);
+    assert_eq!(up(None, 0, 1, &[], &mut v), vec![50]);
+    assert_eq!(up(None, 0, 100, &[50], &mut v), vec![51, 52, 53]);
+    assert_eq!(up(None, 1, 100, &[], &mut v), Vec::<u64>::new());
+}
+
+#[test]
+fn room_is_made_only_where_the_heat_is_skewed() {
+    // Tier 0 full of cold pages; page 50 of heat 8 (twice tier 0's 4).
+    let mut v = VecView::two_tier(100, 10);
+    let st = v.status(&[10, 100]);
+    let run = |dispersion: f64, v: &mut VecView| {
+        let mut a = adaptive(100, &[10, 100]);
+        heat_up(&mut a, 50, 8);
+        let rank = Ranking {
+            th: vec![4, 0],
+            dispersion,
+            mean: 1.0,
+        };
+        let mut plan = Plan::new(&st, 100);
+        let n = a.pack(&mut plan, &rank, None, 0, v);
+        (n, pages_moved_to(&plan.out, 1), plan.displaced[0])
+    };
+    // Room for it and the reserve: pages 0 and 1 down, then it goes up.
+    assert_eq!(run(2.0, &mut v), (1, vec![0, 1], true));
+    // No skew: nothing is displaced, and there is no room.
+    assert_eq!(run(1.0, &mut v), (0, vec![], false));
+}
+
+#[test]
+fn each_verdict_plans_its_moves_and_says_so() {
+    // Page 0 (tier 0) and page 50 (tier 1), heat 8 each.
+    let mut v = VecView::two_tier(100, 2);
+    let mut st = v.status(&[10, 100]);
+    for (t, l) in st.iter_mut().zip([135.0, 70.0]) {
+        t.loaded_latency_ns = Some(l);
+        t.request_rate = Some(1_000.0);
+    }
+    let rank = Ranking {
+        th: vec![1, 0],
+        dispersion: 2.0,
+        mean: 1.0,
+    };
+    let mut plan_with = |verdict: LatencyVerdict| {
+        let mut a = adaptive(100, &[10, 100]);
+        heat_up(&mut a, 0, 8);
+        heat_up(&mut a, 50, 8);
+        let mut plan = Plan::new(&st, 100);
+        let (mode, why) = a.plan_moves(&mut plan, &rank, verdict, &mut v);
+        (
+            mode,
+            why,
+            plan.limit,
+            pages_moved_to(&plan.out, 0),
+            pages_moved_to(&plan.out, 1),
+        )
+    };
+    // Colloid's dynamic limit: 0.5 x 2000 req/s x 20 ms x 64 B is under a page: 1.
+    let (mode, why, limit, up, down) = plan_with(LatencyVerdict::Demote(0.5));
+    assert_eq!((mode, limit, up, down), (Mode::Balance, 1, vec![], vec![0]));
+    assert_eq!(
+        why,
+        "tier 0 loaded latency 135 ns above tier 1's 70 ns: moving 50.0% of requests down (1 pages down, 0 packed below)"
+    );
+    let (mode, why, limit, up, down) = plan_with(LatencyVerdict::Balanced);
+    assert_eq!(
+        (mode, limit, up, down),
+        (Mode::Balance, 100, vec![], vec![])
+    );
+    assert_eq!(
+        why,
+        "tiers 0 and 1 balanced (loaded latency 135 vs 70 ns, within 5%): 0 pages packed below"
+    );
+    let (mode, why, _, up, _) = plan_with(LatencyVerdict::Promote(0.5));
+    assert_eq!((mode, up), (Mode::Promote, vec![50]));
+    assert_eq!(
+        why,
+        "1 pages up (hot threshold heat 1 for tier 0; tier 0 faster: 135 vs 70 ns, up to 50.0% of requests)"
+    );
+    // Half the requests do not take page 50's share when it is more.
+    let (_, _, _, up, _) = plan_with(LatencyVerdict::Promote(0.4));
+    assert_eq!(up, Vec::<u64>::new());
+    let (mode, why, _, up, _) = plan_with(LatencyVerdict::NoSignal);
+    assert_eq!((mode, up), (Mode::Promote, vec![50]));
+    assert_eq!(
+        why,
+        "1 pages up (hot threshold heat 1 for tier 0; no latency signal)"
+    );
 }
