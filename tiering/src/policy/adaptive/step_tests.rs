@@ -1186,3 +1186,24 @@ fn each_verdict_plans_its_moves_and_says_so() {
         "1 pages up (hot threshold heat 1 for tier 0; no latency signal)"
     );
 }
+
+#[test]
+fn demote_cold_stops_once_a_region_freed_what_was_wanted() {
+    // Scale 64: 8-page regions. Tier 0 holds pages 0-31; page 0 is hot, so
+    // region 0-7 moves page by page and regions 8-15 and 16-23 whole.
+    let mut cfg = PolicyConfig::new(64, vec![32, 64]);
+    cfg.scale = 64.0;
+    let mut a = Adaptive::new(&cfg);
+    let mut v = VecView::two_tier(64, 32);
+    heat_up(&mut a, 0, 8);
+    let st = [tier(32, 0), tier(64, 32)];
+    // The clock hand stops at page 14, inside region 8-15.
+    let mut plan = Plan::new(&st, 100);
+    assert_eq!(a.demote_cold(&mut plan, 0, 13, 4, &mut v), 15);
+    // From page 14 it finds 14, 15 and 16: region 8-15 frees 8 >= 3, so
+    // region 16-23 stays.
+    let mut plan = Plan::new(&st, 100);
+    assert_eq!(a.demote_cold(&mut plan, 0, 3, 4, &mut v), 8);
+    let units: Vec<Unit> = plan.out.migrations.iter().map(|m| m.unit).collect();
+    assert_eq!(units, vec![Unit::run(8, 8)]);
+}
