@@ -1207,3 +1207,54 @@ fn demote_cold_stops_once_a_region_freed_what_was_wanted() {
     let units: Vec<Unit> = plan.out.migrations.iter().map(|m| m.unit).collect();
     assert_eq!(units, vec![Unit::run(8, 8)]);
 }
+
+#[test]
+fn migrations_are_valued_at_the_measured_latency_gap_and_streams_flagged() {
+    // Eight promotions that earned 10 hits each, and page 30, sampled 20
+    // times before its promotion and not once after: a burst.
+    let run = |lat: Option<(f64, f64)>| {
+        let mut a = adaptive(100, &[10, 100]);
+        let mut st = [tier(10, 5), tier(100, 50)];
+        if let Some((f, s)) = lat {
+            st[0].loaded_latency_ns = Some(f);
+            st[1].loaded_latency_ns = Some(s);
+        }
+        a.tick_no = 1;
+        let mut plan = Plan::new(&st, 100);
+        for p in (20..28).chain([30]) {
+            heat_up(&mut a, p, if p == 30 { 20 } else { 1 });
+            a.since[p as usize] = 1;
+            a.emit(&mut plan, Unit::page(p), 1, 0, Mechanism::StopAndCopy);
+        }
+        for p in 20..28 {
+            a.hits[p] = 10;
+        }
+        let s = [sample(0, 0, false)];
+        let mut share = 0.0;
+        for tick in 2..=(1 + u64::from(thrash::EVAL_TICKS)) {
+            share = a.value_migrations(tick, &obs_of(&st, &s));
+        }
+        let ratio = a.thrash.last_ratio.expect("a window valued");
+        (ratio, share, a.flags[30] & BURSTY != 0)
+    };
+    // The window's EMAs: gain 0.3 x 80, moves 0.3 x 9; a sampled access
+    // saves SAMPLE_PERIOD x the gap, over HORIZON_TICKS / EVAL_TICKS windows.
+    let want = |gap: f64| {
+        let horizon = f64::from(thrash::HORIZON_TICKS) / f64::from(thrash::EVAL_TICKS);
+        0.3 * 80.0 * horizon * SAMPLE_PERIOD as f64 * gap / (0.3 * 9.0 * thrash::MIGRATION_COST_NS)
+    };
+    let (measured, share, bursty) = run(Some((100.0, 300.0)));
+    assert!(
+        close(measured, want(200.0)),
+        "{measured} vs {}",
+        want(200.0)
+    );
+    assert_eq!(share, 1.0, "migrations that pay keep the whole budget");
+    assert!(bursty, "page 30 is flagged a burst");
+    let (assumed, _, _) = run(None);
+    assert!(close(assumed, want(ASSUMED_GAP_NS)), "{assumed}");
+    let (unmeasured, _, _) = run(Some((100.0, f64::INFINITY)));
+    assert!(close(unmeasured, want(ASSUMED_GAP_NS)), "{unmeasured}");
+    // A tier 0 slower than tier 1: promotions gain nothing.
+    assert_eq!(run(Some((300.0, 100.0))).0, 0.0);
+}
