@@ -867,6 +867,7 @@ fn the_mode_says_why_and_a_throttle_says_its_budget() {
     );
     assert_eq!(a.stats.throttled_ticks, 0);
     a.thrash.set_level(2);
+    assert_eq!(a.throttle_level(), 2);
     a.thrash.last_ratio = Some(0.5);
     a.set_mode(Mode::Promote, "y".into(), 0.25, 1);
     assert_eq!(a.mode, Mode::Throttled);
@@ -1257,4 +1258,29 @@ fn migrations_are_valued_at_the_measured_latency_gap_and_streams_flagged() {
     assert!(close(unmeasured, want(ASSUMED_GAP_NS)), "{unmeasured}");
     // A tier 0 slower than tier 1: promotions gain nothing.
     assert_eq!(run(Some((300.0, 100.0))).0, 0.0);
+}
+
+#[test]
+fn a_tier_near_its_reserve_takes_no_burst_even_without_displacing_this_tick() {
+    // Reserves of 4: a tier 0 with 8 free (twice the reserve) or fewer is
+    // tight. The heat shows no skew, so nothing is displaced this tick.
+    let rank = Ranking {
+        th: vec![1, 0],
+        dispersion: 1.0,
+        mean: 1.0,
+    };
+    let mut v = VecView::two_tier(100, 0);
+    let up = |free0: u64, bursty: bool, v: &mut VecView| {
+        let mut a = adaptive(100, &[1000, 1000]);
+        heat_up(&mut a, 50, 8);
+        if bursty {
+            a.flags[50] |= BURSTY;
+        }
+        let st = [tier(1000, free0), tier(1000, 900)];
+        let mut plan = Plan::new(&st, 100);
+        a.pack(&mut plan, &rank, None, 0, v)
+    };
+    assert_eq!(up(8, true, &mut v), 0);
+    assert_eq!(up(9, true, &mut v), 1);
+    assert_eq!(up(8, false, &mut v), 1);
 }
