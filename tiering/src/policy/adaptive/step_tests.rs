@@ -956,6 +956,27 @@ fn a_promotion_takes_its_mechanism_from_the_whole_units_writes_and_aborts() {
     );
     assert!(!plan.written);
     assert_eq!(a.stats.clean_tpm, 1);
+    // A clean page keeps a shadow when its heat is marginal (below the
+    // threshold plus SHADOW_MARGIN) or it was demoted before.
+    heat_up(&mut a, 40, 5);
+    heat_up(&mut a, 41, 20);
+    a.flags[41] |= DEMOTED_BEFORE;
+    heat_up(&mut a, 42, 6);
+    let mechs: Vec<Mechanism> = [40, 41, 42]
+        .iter()
+        .map(|&p| {
+            let mut plan = Plan::new(&st, 100);
+            let placed = Placement {
+                unit: Unit::page(p),
+                ..placed
+            };
+            a.promote(&mut plan, p, &placed);
+            plan.out.migrations[0].mechanism
+        })
+        .collect();
+    let clean = Mechanism::Transactional { keep_shadow: false };
+    assert_eq!(mechs, vec![Mechanism::TPM, Mechanism::TPM, clean]);
+    assert_eq!((a.stats.shadowed_tpm, a.stats.clean_tpm), (2, 2));
 }
 
 #[test]
