@@ -805,13 +805,19 @@ fn the_scout_heats_touched_slower_pages_while_a_faster_tier_has_room() {
     let room = [tier(10, 3), tier(100, 10)];
     let mut a = Adaptive::new(&cfg);
     a.tick_no = 3;
+    heat_up(&mut a, 70, 3);
     assert_eq!(a.scout(&room, &mut v), 2);
-    assert_eq!((a.heat(50), a.heat(60), a.heat(5)), (1, 1, 0));
-    assert_eq!(a.tracked, vec![50, 60]);
-    assert_eq!((a.since[50], a.stats.scout_hits), (3, 2));
     assert_eq!(
-        a.scout.tests, 90,
-        "1 ms of budget at 1 us a test covers tier 1"
+        (a.heat(50), a.heat(60), a.heat(5), a.heat(70)),
+        (1, 1, 0, 3)
+    );
+    assert_eq!(a.tracked, vec![70, 50, 60]);
+    assert!([50, 60].iter().all(|&p| a.flags[p] & TRACKED != 0));
+    assert_eq!((a.since[50], a.stats.scout_hits), (3, 2));
+    let tests = a.scout.tests;
+    assert_eq!(
+        tests, 89,
+        "1 ms of budget at 1 us a test covers tier 1 but page 70"
     );
 
     let mut v = VecView::two_tier(100, 10);
@@ -1053,33 +1059,43 @@ fn placement_takes_the_fastest_tier_with_room_that_the_page_may_displace_into() 
 
 #[test]
 fn room_is_made_for_the_strong_candidates_the_reserve_and_the_spill_from_above() {
-    // Reserves 4, 1 and 1; every page in tier 2.
+    // Reserves 4, 1 and 1; every page in tier 2 but page 60, in tier 1.
     let mut a = adaptive(100, &[1000, 20, 100]);
-    let v = view_of(vec![2; 100]);
+    let mut tiers = vec![2; 100];
+    tiers[60] = 1;
+    let v = view_of(tiers);
     let rank = Ranking {
         th: vec![10, 4, 0],
         dispersion: 2.0,
         mean: 1.0,
     };
-    let cands: Vec<Candidate> = [(50, 25, 0), (51, 20, 0), (52, 12, 0), (70, 5, 1)]
-        .into_iter()
-        .map(|(page, heat, dst)| Candidate { heat, page, dst })
-        .collect();
+    let cands: Vec<Candidate> = [
+        (50, 25, 0),
+        (51, 20, 0),
+        (52, 12, 0),
+        (60, 15, 0),
+        (70, 5, 1),
+    ]
+    .into_iter()
+    .map(|(page, heat, dst)| Candidate { heat, page, dst })
+    .collect();
     let need = |a: &Adaptive, free: [u64; 2], limit: u64, dst: TierId| {
         let st = [tier(1000, free[0]), tier(20, free[1]), tier(100, 50)];
         let plan = Plan::new(&st, limit);
         a.room_needed(&plan, &rank, &cands, dst, &v)
     };
-    // Tier 0: 3 candidates and the reserve less 2 free is 5; but only the
+    // Tier 0: 4 candidates and the reserve less 2 free is 6; but only the
     // 2 of twice the threshold displace: 2 + 4 - 2.
     assert_eq!(need(&a, [2, 1], 100, 0), 4);
     // Half the budget left bounds the candidates counted: 1 + 4 - 2.
     assert_eq!(need(&a, [2, 1], 2, 0), 3);
     // Tier 1: its candidate and reserve, less 1 free, and the 3 tier-0
-    // candidates that spill into it while tier 0 has no room above its
-    // reserve; 2 pages above it take 2 of them.
+    // candidates below it that spill into it while tier 0 has no room
+    // above its reserve (page 60 is in tier 1 already); 2 pages above it
+    // take 2 of them; half the budget left bounds the spill.
     assert_eq!(need(&a, [2, 1], 100, 1), 4);
     assert_eq!(need(&a, [6, 1], 100, 1), 2);
+    assert_eq!(need(&a, [2, 1], 2, 1), 2);
     // A bursty page does not displace, nor spill.
     a.flags[51] |= BURSTY;
     assert_eq!(need(&a, [2, 1], 100, 0), 3);
