@@ -383,6 +383,21 @@ fn the_latency_verdict_is_colloids_search_between_tiers_0_and_1() {
         verdict(&[loaded(100.0, 50.0), loaded(103.0, 50.0)]),
         LatencyVerdict::Balanced
     ));
+    // A gap of exactly DELTA is not within it (Colloid's strict test).
+    assert!(matches!(
+        verdict(&[loaded(100.0, 50.0), loaded(105.0, 50.0)]),
+        LatencyVerdict::Promote(_)
+    ));
+    // The tolerance is relative: DELTA of tier 0's latency, at any scale.
+    assert!(matches!(
+        verdict(&[loaded(0.1, 50.0), loaded(0.5, 50.0)]),
+        LatencyVerdict::Promote(_)
+    ));
+    // Every request in a faster tier 0 already: no shift is left to make.
+    assert!(matches!(
+        verdict(&[loaded(70.0, 100.0), loaded(135.0, 0.0)]),
+        LatencyVerdict::Balanced
+    ));
 }
 
 #[test]
@@ -946,6 +961,7 @@ fn a_promotion_takes_its_mechanism_from_the_whole_units_writes_and_aborts() {
         (Unit::run(16, 8), 0, Mechanism::StopAndCopy)
     );
     assert_eq!(a.stats.write_hot_stop_copy, 1);
+    assert!(plan.written, "the unit was written");
     assert!((16..24).all(|p| plan.chosen.contains(&p)));
     assert!(!plan.chosen.contains(&24));
     // The page alone: clean, well above the threshold: TPM without a shadow.
