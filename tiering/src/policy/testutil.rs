@@ -92,6 +92,11 @@ pub fn obs<'a>(
     }
 }
 
+/// An access sample of `page` in `tier`, a write if `write`.
+pub fn sample(page: u64, tier: TierId, write: bool) -> AccessSample {
+    AccessSample { page, tier, write }
+}
+
 /// The first pages of the units `d` moves to `tier`, in order.
 pub fn pages_moved_to(d: &Decisions, tier: TierId) -> Vec<u64> {
     d.migrations

@@ -3,13 +3,9 @@
 //! return an error; each runs once with the feature and once with it
 //! switched off (negative control), which must fail the check.
 
-use super::super::testutil::{obs, VecView};
+use super::super::testutil::{obs, sample, VecView};
 use super::*;
 use crate::sim::{self, SimPlacement, SimReport};
-
-fn sample(page: u64, tier: TierId, write: bool) -> AccessSample {
-    AccessSample { page, tier, write }
-}
 
 fn caps_status(v: &VecView, caps: &[u64]) -> Vec<TierStatus> {
     v.status(caps)

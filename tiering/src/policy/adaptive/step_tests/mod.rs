@@ -10,7 +10,7 @@
 mod observe;
 mod plan;
 
-use super::super::testutil::VecView;
+use super::super::testutil::{obs, sample, VecView};
 use super::*;
 
 /// `adaptive` for `pages` pages over tiers of `caps` pages, unscaled.
@@ -57,22 +57,9 @@ fn unloaded(u: f64) -> TierStatus {
     }
 }
 
-fn sample(page: u64, tier: TierId, write: bool) -> AccessSample {
-    AccessSample { page, tier, write }
-}
-
+/// Whether `a` is `b` within rounding (relative 1e-9, absolute near 0).
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9 * b.abs().max(1.0)
-}
-
-fn obs_of<'a>(tiers: &'a [TierStatus], samples: &'a [AccessSample]) -> Observations<'a> {
-    Observations {
-        now_ns: 0,
-        tiers,
-        samples,
-        tpm_outcomes: &[],
-        dirty: &[],
-    }
 }
 
 /// A view whose pages sit in `tiers[page]`.

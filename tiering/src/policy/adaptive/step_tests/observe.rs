@@ -300,7 +300,7 @@ fn migrations_are_valued_at_the_measured_latency_gap_and_streams_flagged() {
         let s = [sample(0, 0, false)];
         let mut share = 0.0;
         for tick in 2..=(1 + u64::from(thrash::EVAL_TICKS)) {
-            share = a.value_migrations(tick, &obs_of(&st, &s));
+            share = a.value_migrations(tick, &obs(0, &st, &s));
         }
         let ratio = a.thrash.last_ratio.expect("a window valued");
         (ratio, share, a.flags[30] & BURSTY != 0)
@@ -386,7 +386,7 @@ fn a_tick_holds_over_equally_fast_tiers_and_warms_without_samples() {
     let mut v = VecView::two_tier(100, 10);
     let s = [sample(50, 1, false)];
     let equal = [unloaded(100.0), unloaded(102.0)];
-    let d = a.tick(&obs_of(&equal, &s), &mut v);
+    let d = a.tick(&obs(0, &equal, &s), &mut v);
     assert!(d.migrations.is_empty());
     assert_eq!(a.current_mode(), Mode::Hold);
     assert!(a.why.contains("100 vs 102 ns"), "{}", a.why);
@@ -396,7 +396,7 @@ fn a_tick_holds_over_equally_fast_tiers_and_warms_without_samples() {
     let mut a = adaptive(100, &[10, 100]);
     let st = v.status(&[10, 100]);
     a.mode = Mode::Promote;
-    a.tick(&obs_of(&st, &[]), &mut v);
+    a.tick(&obs(0, &st, &[]), &mut v);
     assert_eq!(
         (a.current_mode(), a.why.as_str()),
         (Mode::Warming, "no samples yet")
@@ -406,7 +406,7 @@ fn a_tick_holds_over_equally_fast_tiers_and_warms_without_samples() {
     let mut a = adaptive(100, &[100]);
     a.mode = Mode::Promote;
     let one = [tier(100, 50)];
-    assert!(a.tick(&obs_of(&one, &s), &mut v).migrations.is_empty());
+    assert!(a.tick(&obs(0, &one, &s), &mut v).migrations.is_empty());
     assert_eq!(a.current_mode(), Mode::Promote);
 }
 
