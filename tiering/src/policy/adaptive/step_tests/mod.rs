@@ -57,9 +57,22 @@ fn unloaded(u: f64) -> TierStatus {
     }
 }
 
-/// Whether `a` is `b` within rounding (relative 1e-9, absolute near 0).
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() < 1e-9 * b.abs().max(1.0)
+/// Asserts that `got` is `want` within rounding (relative 1e-9, absolute
+/// near 0).
+#[track_caller]
+fn assert_close(got: f64, want: f64) {
+    assert!(
+        (got - want).abs() < 1e-9 * want.abs().max(1.0),
+        "{got} is not {want}"
+    );
+}
+
+/// The first page, destination and mechanism of each migration of `d`.
+fn moves(d: &Decisions) -> Vec<(u64, TierId, Mechanism)> {
+    d.migrations
+        .iter()
+        .map(|m| (m.unit.page, m.to, m.mechanism))
+        .collect()
 }
 
 /// A view whose pages sit in `tiers[page]`.

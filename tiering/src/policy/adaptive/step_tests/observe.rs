@@ -25,9 +25,9 @@ fn new_takes_rates_budgets_and_reserves_from_the_config() {
         assert_eq!(len, 1000);
     }
     // 2048 MB/s over a 20 ms tick: 40.96 MB, 10 485.76 pages of 4 KiB.
-    assert!(close(a.rate_pages, 10_485.76), "{}", a.rate_pages);
+    assert_close(a.rate_pages, 10_485.76);
     // 5% of a 20 ms tick at 20 ns a sample: 1 ms, 50 000 samples.
-    assert!(close(a.profile_ns, 1e6), "{}", a.profile_ns);
+    assert_close(a.profile_ns, 1e6);
     assert_eq!(a.profile.clone().next_interval(), 50_000);
     assert!(!a.whole_ranges && !a.chooser.dirty_log_costly);
     assert_eq!(a.current_mode(), Mode::Warming);
@@ -43,9 +43,9 @@ fn new_takes_rates_budgets_and_reserves_from_the_config() {
     assert_eq!(a.reserve, vec![10, 50]);
     assert_eq!(a.region, 128);
     // 100 MB/s x 10 ms = 1 MB = 256 pages, a quarter of them at scale 4.
-    assert!(close(a.rate_pages, 64.0), "{}", a.rate_pages);
+    assert_close(a.rate_pages, 64.0);
     // 5% of 10 ms, a quarter of it at scale 4.
-    assert!(close(a.profile_ns, 125_000.0), "{}", a.profile_ns);
+    assert_close(a.profile_ns, 125_000.0);
     assert_eq!(a.profile.clone().next_interval(), 6_250);
     assert!(a.whole_ranges && a.chooser.dirty_log_costly);
 
@@ -57,7 +57,7 @@ fn new_takes_rates_budgets_and_reserves_from_the_config() {
     }
     let mut cfg = PolicyConfig::new(10, vec![10, 10]);
     cfg.interval_ns = Some(0);
-    assert!(close(Adaptive::new(&cfg).profile_ns, 0.05));
+    assert_close(Adaptive::new(&cfg).profile_ns, 0.05);
 }
 
 #[test]
@@ -158,11 +158,7 @@ fn engine_outcomes_count_aborts_and_keep_the_write_evidence() {
     assert_eq!((a.writes[50], a.writes[51], a.writes[53]), (3, 0, 1));
     assert_eq!(a.stats.tpm_aborts, 2, "page 100 is beyond the guest");
     // One abort of a written page (50) fed the abort rate; 53 was not written.
-    assert!(
-        close(a.chooser.write_abort_rate, 0.1),
-        "{}",
-        a.chooser.write_abort_rate
-    );
+    assert_close(a.chooser.write_abort_rate, 0.1);
 }
 
 #[test]
@@ -177,11 +173,7 @@ fn without_engine_outcomes_a_page_not_where_it_was_sent_aborted() {
     assert_eq!((a.writes[15], a.writes[5]), (1, 0));
     assert_eq!(a.stats.tpm_aborts, 1);
     // 0.9 x (0.9 x 0 + 0.1) + 0.1 x 0 after an abort then a commit.
-    assert!(
-        close(a.chooser.write_abort_rate, 0.09),
-        "{}",
-        a.chooser.write_abort_rate
-    );
+    assert_close(a.chooser.write_abort_rate, 0.09);
 }
 
 #[test]
@@ -196,7 +188,7 @@ fn a_slow_share_rising_beyond_the_jump_is_a_new_pattern() {
     a.detect_phase(Some(0.25 + PHASE_JUMP));
     assert_eq!(a.stats.phase_changes, 0);
     let base = a.slow_share_base.expect("a baseline");
-    assert!(close(base, 0.8 * 0.25 + 0.2 * 0.45), "{base}");
+    assert_close(base, 0.8 * 0.25 + 0.2 * 0.45);
     assert_eq!(a.heat(3), 8);
     // 0.29 + 0.2 < 0.5: a new pattern.
     a.detect_phase(Some(0.5));
@@ -214,7 +206,7 @@ fn a_slow_share_rising_beyond_the_jump_is_a_new_pattern() {
     let mut a = adaptive(100, &[10, 100]);
     a.detect_phase(Some(0.4));
     assert_eq!(a.stats.phase_changes, 0);
-    assert!(close(a.slow_share_base.unwrap_or(0.0), 0.4));
+    assert_close(a.slow_share_base.unwrap_or(0.0), 0.4);
 }
 
 #[test]
@@ -312,17 +304,13 @@ fn migrations_are_valued_at_the_measured_latency_gap_and_streams_flagged() {
         0.3 * 80.0 * horizon * SAMPLE_PERIOD as f64 * gap / (0.3 * 9.0 * thrash::MIGRATION_COST_NS)
     };
     let (measured, share, bursty) = run(Some((100.0, 300.0)));
-    assert!(
-        close(measured, want(200.0)),
-        "{measured} vs {}",
-        want(200.0)
-    );
+    assert_close(measured, want(200.0));
     assert_eq!(share, 1.0, "migrations that pay keep the whole budget");
     assert!(bursty, "page 30 is flagged a burst");
     let (assumed, _, _) = run(None);
-    assert!(close(assumed, want(ASSUMED_GAP_NS)), "{assumed}");
+    assert_close(assumed, want(ASSUMED_GAP_NS));
     let (unmeasured, _, _) = run(Some((100.0, f64::INFINITY)));
-    assert!(close(unmeasured, want(ASSUMED_GAP_NS)), "{unmeasured}");
+    assert_close(unmeasured, want(ASSUMED_GAP_NS));
     // A tier 0 slower than tier 1: promotions gain nothing.
     assert_eq!(run(Some((300.0, 100.0))).0, 0.0);
 }
@@ -337,7 +325,7 @@ fn the_migration_limit_carries_fractions_of_the_throttled_rate() {
         .collect();
     // 2.5, 2.5 + 0.5, 1.25, 0.25, 2.75.
     assert_eq!(got, vec![2, 3, 1, 0, 2]);
-    assert!(close(a.rate_carry, 0.75), "{}", a.rate_carry);
+    assert_close(a.rate_carry, 0.75);
     a.rate_pages = 0.3;
     a.rate_carry = 0.0;
     let got: Vec<u64> = (0..4).map(|_| a.migration_limit(1.0)).collect();

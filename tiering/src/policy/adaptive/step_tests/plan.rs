@@ -21,12 +21,8 @@ fn ranking_fills_each_tier_by_cumulative_capacity_hottest_first() {
     // The 9 pages of heat 10 fill tier 0 exactly; 19 of heat >= 5 fit tiers 0-1.
     assert_eq!(r.th, vec![6, 3, 0]);
     // Over all 100 pages: mean 1.8, E[h^2] 12.3.
-    assert!(close(r.mean, 1.8), "{}", r.mean);
-    assert!(
-        close(r.dispersion, (12.3 - 1.8 * 1.8) / 1.8),
-        "{}",
-        r.dispersion
-    );
+    assert_close(r.mean, 1.8);
+    assert_close(r.dispersion, (12.3 - 1.8 * 1.8) / 1.8);
     assert_eq!(
         [33, 6, 5, 4, 3, 2, 0].map(|h| r.target(h)),
         [0, 0, 1, 1, 1, 2, 2]
@@ -85,12 +81,12 @@ fn the_latency_verdict_is_colloids_search_between_tiers_0_and_1() {
     // Colloid's search computes for that share.
     let want = ShiftSearch::default().compute_shift(0.25, 70.0, 135.0);
     match verdict(&[loaded(70.0, 25.0), loaded(135.0, 75.0)]) {
-        LatencyVerdict::Promote(dp) => assert!(close(dp, want), "{dp} vs {want}"),
+        LatencyVerdict::Promote(dp) => assert_close(dp, want),
         _ => panic!("tier 0 faster must promote"),
     }
     let want = ShiftSearch::default().compute_shift(0.75, 135.0, 70.0);
     match verdict(&[loaded(135.0, 75.0), loaded(70.0, 25.0)]) {
-        LatencyVerdict::Demote(dp) => assert!(close(dp, want), "{dp} vs {want}"),
+        LatencyVerdict::Demote(dp) => assert_close(dp, want),
         _ => panic!("tier 0 slower must demote"),
     }
     let mut a = adaptive(100, &[10, 100]).without_balance();
@@ -218,12 +214,7 @@ fn demote_cold_pushes_pages_below_the_threshold_to_the_first_tier_with_room() {
         "nothing below the slowest"
     );
     assert_eq!(a.demote_cold(&mut plan, 0, 3, 4, &mut v), 3);
-    let moved: Vec<(u64, TierId, Mechanism)> = plan
-        .out
-        .migrations
-        .iter()
-        .map(|m| (m.unit.page, m.to, m.mechanism))
-        .collect();
+    let moved = moves(&plan.out);
     // Page 5 was chosen already; 6 is colder than 4; 7 is shadowed, but
     // in tier 1, not 2.
     assert_eq!(
@@ -305,12 +296,7 @@ fn push_down_moves_tier_0s_hottest_pages_whose_share_fits_the_shift() {
     let mut plan = Plan::new(&st, 100);
     // 5/8: 1/2 and then 1/8 fit; 1/4 does not after 1/2.
     assert_eq!(a.push_down(&mut plan, 0.625, &mut v), 2);
-    let moved: Vec<(u64, TierId, Mechanism)> = plan
-        .out
-        .migrations
-        .iter()
-        .map(|m| (m.unit.page, m.to, m.mechanism))
-        .collect();
+    let moved = moves(&plan.out);
     assert_eq!(
         moved,
         vec![
