@@ -24,7 +24,8 @@
 # Each mutant is built and tested by the tests that guard its file (see
 # tests_for below), not the whole workspace: the memory layer's unit tests
 # for tiering/src/mem, the policies' for tiering/src/policy, the seccomp and
-# dirty-log tests of tiervm-core, the service's admission tests.
+# dirty-log tests of tiervm-core, the service's admission tests (and, for
+# host.rs, its lifecycle and requests on stand-in workers).
 #
 # Test tool: cargo-nextest when it is installed (MUTANTS_TEST_TOOL=cargo
 # forces `cargo test`): it stops a mutant's tests at the first failure, so a
@@ -93,6 +94,9 @@ tests_for() {
     tiering/src/policy/*) echo "--lib -- policy::" ;;
     vmm/core/src/kvm_dirty_log.rs) echo "--lib --test kvm_clear_dirty_log -- kvm_dirty_log clearing_pages segmented manual_protect" ;;
     vmm/core/src/seccomp/*) echo "--lib --test seccomp_denylist -- seccomp no_role the_vcpu a_role" ;;
+    # host.rs: also its lifecycle and requests on stand-in workers (in
+    # process, about 10 s); tests/serve.rs (real VMs, minutes) is not run.
+    vmm/service/src/host.rs) echo "--lib --test create_admission --test host_lifecycle --test host_requests" ;;
     vmm/service/src/*) echo "--lib --test create_admission" ;;
     *) echo "--lib" ;;
   esac

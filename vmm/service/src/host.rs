@@ -1671,15 +1671,28 @@ impl Host {
             let s = self.state();
             return Err(s.vms.get(&key).map_or_else(|| not_found(id), unresponsive));
         }
+        // Who asks is recorded before the stop is sent: the worker's
+        // `finished` may arrive (on the reader thread) before the answer.
+        let asked_first = self.state().vms.get_mut(&key).is_some_and(|v| {
+            let first = v.stop_cause.is_none();
+            if first {
+                v.stop_cause = Some("deleted");
+            }
+            first
+        });
         if let Some(l) = link {
-            l.request(Command::Stop, STATS_TIMEOUT)
-                .map_err(|e| link_error(id, &e))?;
+            if let Err(e) = l.request(Command::Stop, STATS_TIMEOUT) {
+                // Not asked after all (the VM runs on): forget who asked.
+                if let Some(v) = self.state().vms.get_mut(&key) {
+                    if asked_first && v.state.active() {
+                        v.stop_cause = None;
+                    }
+                }
+                return Err(link_error(id, &e));
+            }
         }
         if let Some(v) = self.state().vms.get_mut(&key) {
             if v.state.active() {
-                if v.stop_cause.is_none() {
-                    v.stop_cause = Some("deleted");
-                }
                 self.set_state(v, VmState::Stopping);
                 self.persist(v);
             }

@@ -1,0 +1,311 @@
+//! A VM's life in the service (`host.rs`) on stand-in workers
+//! (`stand_in/mod.rs`): started, polled, stopped, ended in each way a
+//! worker ends (stopped, guest exit, crash, killed, failed to build,
+//! silent), its report collected and its record removed; events; the
+//! service's shutdown. In process, no KVM (issue 34: the part of host.rs
+//! its unit tests cannot reach; `tests/serve.rs` runs the same API on
+//! real VMs).
+
+mod stand_in;
+
+use std::time::Duration;
+
+use stand_in::{create, zipf, Service, M, OPS_PER_SEC, PROMOTIONS};
+use vmm_service::host_error::HostErrorKind;
+use vmm_service::types::{FastRequest, PutPolicy};
+
+/// Not a test: the stand-in worker's entry (`stand_in::worker_main`).
+#[test]
+fn stand_in_worker() {
+    stand_in::worker_main();
+}
+
+#[test]
+fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
+    let svc = Service::new("lifecycle");
+    let v = svc.running(None, &zipf(128, 64, 128));
+    assert_eq!(v.id, "vm-1");
+    assert_eq!(v.notes, ["stand-in worker"]);
+    assert!(v.pid.is_some_and(|p| p > 1));
+    // Statistics within a second or two (the rebalancer polls).
+    let v = svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
+    assert_eq!(v.ops_per_sec, OPS_PER_SEC);
+    assert_eq!(v.migration.promotions, PROMOTIONS);
+    assert_eq!(v.migration.hint_faults, 11);
+    assert_eq!(v.tiers.len(), 2);
+    assert_eq!(
+        v.tiers[1].capacity_bytes,
+        128 * M,
+        "the slow tier holds the guest"
+    );
+    assert_eq!(v.silent_s.map(|s| s < 5.0), Some(true));
+    let record = svc.dir.join("state/vms/vm-1.json");
+    assert!(record.exists(), "the VM's record is written");
+    match svc.host.report("vm-1") {
+        Err(e) => assert_eq!(e.kind, HostErrorKind::Conflict, "{e:?}"),
+        Ok(r) => panic!("a running VM's report: {r}"),
+    }
+    // A graceful delete: the VM stops, says who asked, leaves its report.
+    assert_eq!(svc.host.delete("vm-1", false), Ok(true));
+    let v = svc.wait_vm("vm-1", "stopped with its report", |v| {
+        v.state == "stopped" && v.report_ready
+    });
+    assert_eq!(v.stop_reason.as_deref(), Some("deleted"));
+    assert_eq!(v.guest_exit_code, Some(0));
+    assert_eq!(v.error, None);
+    assert!(v.ended_unix.is_some());
+    assert!(v.tiers.is_empty(), "an ended VM has no tiers");
+    assert_eq!(v.ops_per_sec, 0.0, "an ended VM does no ops");
+    let report = svc.host.report("vm-1").expect("the report");
+    assert_eq!(
+        report["stop_reason"], "deleted",
+        "the service says who stopped it"
+    );
+    let written = std::fs::read_to_string(svc.dir.join("state/reports/vm-1.json"))
+        .expect("the report is written");
+    assert!(written.contains("\"deleted\""), "{written}");
+    assert_eq!(svc.host.state().fast_reserved(), 0, "its min is released");
+    // Deleted again: removed, with its record.
+    assert_eq!(svc.host.delete("vm-1", false), Ok(false));
+    assert_eq!(
+        svc.host.vm_info("vm-1", false).map_err(|e| e.kind),
+        Err(HostErrorKind::NotFound)
+    );
+    assert!(svc.host.list().is_empty());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while record.exists() {
+        assert!(std::time::Instant::now() < deadline, "the record stays");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (events, last) = svc.host.events_since(0);
+    let seen: Vec<(String, Option<String>, Option<String>)> = (events.iter())
+        .filter(|e| e.kind != "division")
+        .map(|e| (e.kind.clone(), e.state.clone(), e.previous_state.clone()))
+        .collect();
+    let ev = |k: &str, s: Option<&str>, p: Option<&str>| {
+        (k.to_string(), s.map(String::from), p.map(String::from))
+    };
+    assert_eq!(
+        seen,
+        [
+            ev("vm_state", Some("starting"), None),
+            ev("vm_state", Some("running"), Some("starting")),
+            ev("vm_state", Some("stopping"), Some("running")),
+            ev("vm_state", Some("stopped"), Some("stopping")),
+            ev("vm_removed", None, None),
+        ]
+    );
+    assert_eq!(last, events.last().map_or(0, |e| e.seq));
+    assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    let (after, _) = svc.host.events_since(last - 1);
+    assert_eq!(after.len(), 1, "events after a sequence number only");
+}
+
+#[test]
+fn a_vm_that_ends_before_the_answer_to_its_stop_still_says_it_was_deleted() {
+    // The worker's `finished` arrives on the reader thread, possibly
+    // before DELETE has its answer: who asked is recorded before.
+    let svc = Service::new("quick");
+    for n in 0..5 {
+        let id = format!("quick-{n}");
+        svc.running(Some(&id), &zipf(64, 0, 64));
+        assert_eq!(svc.host.delete(&id, false), Ok(true));
+        let v = svc.wait_vm(&id, "stopped with its report", |v| v.report_ready);
+        assert_eq!(v.stop_reason.as_deref(), Some("deleted"), "{id}");
+        let report = svc.host.report(&id).expect("the report");
+        assert_eq!(report["stop_reason"], "deleted", "{id}");
+    }
+}
+
+#[test]
+fn a_guest_exit_a_crash_and_a_failed_build_end_the_vm_each_its_way() {
+    let svc = Service::new("endings");
+    svc.running(Some("exit3-a"), &zipf(64, 0, 64));
+    svc.running(Some("crash-b"), &zipf(64, 0, 64));
+    create(&svc.host, Some("fail-c"), &zipf(64, 32, 64)).expect("admitted");
+    let v = svc.wait_state("fail-c", "failed");
+    assert_eq!(
+        v.error.as_deref(),
+        Some("stand-in: the VM could not be built")
+    );
+    assert_eq!(
+        svc.host.state().fast_reserved(),
+        0,
+        "a failed VM holds no min"
+    );
+    assert_eq!(svc.host.delete("exit3-a", false), Ok(true));
+    assert_eq!(svc.host.delete("crash-b", false), Ok(true));
+    let v = svc.wait_vm("exit3-a", "stopped with its report", |v| v.report_ready);
+    assert_eq!(v.state, "stopped");
+    assert_eq!(v.stop_reason.as_deref(), Some("guest_exited"));
+    assert_eq!(v.guest_exit_code, Some(3));
+    assert_eq!(v.error.as_deref(), Some("the guest exited with code 0x3"));
+    let v = svc.wait_state("crash-b", "crashed");
+    assert_eq!(v.stop_reason.as_deref(), Some("crashed"));
+    assert_eq!(v.error.as_deref(), Some("stand-in: the guest crashed"));
+    assert_eq!(svc.host.state().counters.crashes, 1);
+    // A failed VM left no report.
+    let e = svc.host.report("fail-c").expect_err("no report");
+    assert_eq!(e.kind, HostErrorKind::NotFound);
+    assert!(e.message.contains("is failed and left no report"), "{e:?}");
+    let i = svc.host.host_info();
+    assert_eq!(i.vms["stopped"], 1);
+    assert_eq!(i.vms["crashed"], 1);
+    assert_eq!(i.vms["failed"], 1);
+    assert_eq!(i.vms["running"], 0);
+}
+
+#[test]
+fn a_killed_worker_is_crashed_and_a_forced_delete_is_stopped() {
+    let svc = Service::new("killed");
+    let a = svc.running(None, &zipf(64, 0, 64));
+    let b = svc.running(None, &zipf(64, 0, 64));
+    // SAFETY: kill(2) of the stand-in worker this test's service started.
+    unsafe { libc::kill(a.pid.expect("a pid") as i32, libc::SIGKILL) };
+    let v = svc.wait_state(&a.id, "crashed");
+    assert_eq!(v.stop_reason.as_deref(), Some("crashed"));
+    assert_eq!(
+        v.error.as_deref(),
+        Some("the VM process was killed by signal 9")
+    );
+    assert_eq!(v.exit.and_then(|e| e.signal), Some(9));
+    assert_eq!(svc.host.state().counters.crashes, 1);
+    assert_eq!(svc.host.delete(&b.id, true), Ok(true));
+    let v = svc.wait_state(&b.id, "stopped");
+    assert_eq!(v.stop_reason.as_deref(), Some("force_deleted"));
+    assert_eq!(v.error, None, "killed on request is no crash");
+    assert_eq!(svc.host.state().counters.crashes, 1);
+    assert!(v.pid.is_none());
+}
+
+#[test]
+fn a_silent_worker_is_unresponsive_refuses_changes_and_runs_again_once_it_answers() {
+    let (mut cfg, dir) = stand_in::config("silent");
+    cfg.unresponsive_after = Duration::from_millis(1500);
+    let svc = Service::start(cfg, dir);
+    let v = svc.running(None, &zipf(64, 0, 64));
+    svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
+    svc.mute(&v.id, true);
+    let u = svc.wait_state(&v.id, "unresponsive");
+    assert!(u.silent_s.is_some_and(|s| s > 1.5), "{u:?}");
+    let refused = |r: Result<(), vmm_service::host_error::HostError>| match r {
+        Err(e) => {
+            assert_eq!(e.kind, HostErrorKind::Unresponsive, "{e:?}");
+            assert!(e.message.contains("is unresponsive"), "{e:?}");
+            assert!(e.fix.contains("force=true"), "{e:?}");
+        }
+        Ok(()) => panic!("an unresponsive VM changed"),
+    };
+    refused(svc.host.delete(&v.id, false).map(|_| ()));
+    let fast: FastRequest = serde_json::from_str(r#"{"max":"32M"}"#).unwrap();
+    refused(svc.host.patch_fast(&v.id, &fast).map(|_| ()));
+    let tpp = PutPolicy {
+        policy: "tpp".into(),
+    };
+    refused(svc.host.put_policy(&v.id, &tpp).map(|_| ()));
+    svc.mute(&v.id, false);
+    svc.wait_state(&v.id, "running");
+    let (events, _) = svc.host.events_since(0);
+    let states: Vec<_> = events.iter().filter_map(|e| e.state.as_deref()).collect();
+    assert_eq!(states, ["starting", "running", "unresponsive", "running"]);
+}
+
+#[test]
+fn a_vm_still_starting_refuses_a_stop_as_not_ready_and_is_killed_on_force() {
+    let svc = Service::new("starting");
+    let v = create(&svc.host, Some("starting-a"), &zipf(64, 0, 64)).expect("admitted");
+    assert_eq!(v.state, "starting");
+    let e = svc.host.delete("starting-a", false).expect_err("not ready");
+    assert_eq!(e.kind, HostErrorKind::NotReady, "{e:?}");
+    assert_eq!(e.message, "VM starting-a: the VM is still starting");
+    let cause = |h: &vmm_service::host::Host| {
+        let s = h.state();
+        s.vms
+            .values()
+            .find(|v| v.id == "starting-a")
+            .and_then(|v| v.stop_cause)
+    };
+    assert_eq!(cause(&svc.host), None, "a stop not sent asked nothing");
+    let tpp = PutPolicy {
+        policy: "tpp".into(),
+    };
+    let e = svc
+        .host
+        .put_policy("starting-a", &tpp)
+        .expect_err("not running");
+    assert_eq!(e.kind, HostErrorKind::Conflict, "{e:?}");
+    assert_eq!(e.message, "VM starting-a is starting");
+    assert_eq!(svc.host.delete("starting-a", true), Ok(true));
+    let v = svc.wait_state("starting-a", "stopped");
+    assert_eq!(v.stop_reason.as_deref(), Some("force_deleted"));
+}
+
+#[test]
+fn a_policy_switch_reaches_the_worker_and_a_refusal_is_the_clients_error() {
+    let svc = Service::new("policy");
+    let v = svc.running(None, &zipf(64, 0, 64));
+    assert_eq!(v.policy, "nomad");
+    let tpp = PutPolicy {
+        policy: "tpp".into(),
+    };
+    let after = svc.host.put_policy(&v.id, &tpp).expect("switched");
+    assert_eq!(after.policy_requested, "tpp");
+    assert_eq!(after.policy_switches, 1);
+    svc.wait_vm(&v.id, "running tpp", |v| v.policy == "tpp");
+    let bogus = PutPolicy {
+        policy: "bogus".into(),
+    };
+    let e = svc
+        .host
+        .put_policy(&v.id, &bogus)
+        .expect_err("no such policy");
+    assert_eq!(e.kind, HostErrorKind::Invalid);
+    assert_eq!(svc.info(&v.id).policy_switches, 1);
+    svc.running(Some("refuse-b"), &zipf(64, 0, 64));
+    let e = svc.host.put_policy("refuse-b", &tpp).expect_err("refused");
+    assert_eq!(e.kind, HostErrorKind::Invalid, "{e:?}");
+    assert_eq!(e.message, "VM refuse-b: tpp: refused by the stand-in");
+    assert_eq!(svc.info("refuse-b").policy_switches, 0);
+    let e = svc.host.put_policy("nope", &tpp).expect_err("no VM");
+    assert_eq!(e.kind, HostErrorKind::NotFound);
+}
+
+#[test]
+fn shutdown_stops_every_vm_collects_its_report_and_refuses_requests() {
+    let svc = Service::new("shutdown");
+    let a = svc.running(None, &zipf(64, 32, 64));
+    let b = svc.running(None, &zipf(64, 0, 64));
+    let t = std::time::Instant::now();
+    svc.host.shutdown();
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "bounded by stop_grace + 20 s"
+    );
+    for id in [&a.id, &b.id] {
+        let v = svc.info(id);
+        assert_eq!(v.state, "stopped");
+        assert_eq!(v.stop_reason.as_deref(), Some("service_stopped"));
+        assert!(
+            v.report_ready,
+            "{id}: the report is collected before the end"
+        );
+    }
+    assert!(svc.host.shutting_down());
+    assert!(svc.host.host_info().shutting_down);
+    let e = create(&svc.host, None, &zipf(64, 0, 64)).expect_err("shutting down");
+    assert_eq!(e.kind, HostErrorKind::ShuttingDown);
+    let p: vmm_service::types::PatchHost = serde_json::from_str(r#"{"fast_pool":"128M"}"#).unwrap();
+    let e = svc.host.patch_host(&p).expect_err("shutting down");
+    assert_eq!(e.kind, HostErrorKind::ShuttingDown);
+    let fast: FastRequest = serde_json::from_str(r#"{"min":"2M"}"#).unwrap();
+    let e = svc
+        .host
+        .patch_fast(&a.id, &fast)
+        .expect_err("shutting down");
+    assert_eq!(e.kind, HostErrorKind::ShuttingDown);
+    let tpp = PutPolicy {
+        policy: "tpp".into(),
+    };
+    let e = svc.host.put_policy(&a.id, &tpp).expect_err("shutting down");
+    assert_eq!(e.kind, HostErrorKind::ShuttingDown);
+}
