@@ -548,18 +548,18 @@ fn link_error(id: &str, e: &WorkerLinkError) -> HostError {
             let (k, fix) = match kind {
                 RefusalKind::NotReady => (
                     HostErrorKind::NotReady,
-                    "retry in a moment (GET /v1/vms/{id} shows the state)",
+                    format!("retry in a moment (GET /v1/vms/{id} shows the state)"),
                 ),
-                RefusalKind::Ended => (HostErrorKind::Conflict, "the VM has ended: GET /v1/vms/{id} shows how"),
-                RefusalKind::Invalid => (HostErrorKind::Invalid, "fix the request"),
-                RefusalKind::Failed => (HostErrorKind::Worker, "GET /v1/vms/{id}; the VM's log is in the state directory"),
+                RefusalKind::Ended => (HostErrorKind::Conflict, format!("the VM has ended: GET /v1/vms/{id} shows how")),
+                RefusalKind::Invalid => (HostErrorKind::Invalid, "fix the request".to_string()),
+                RefusalKind::Failed => (HostErrorKind::Worker, format!("GET /v1/vms/{id}; the VM's log is in the state directory")),
             };
             HostError::new(k, format!("VM {id}: {message}"), fix)
         }
         WorkerLinkError::Timeout(t) => HostError::new(
             HostErrorKind::WorkerTimeout,
             format!("VM {id}'s process did not answer within {:.1} s", t.as_secs_f64()),
-            "retry; GET /v1/vms/{id} shows `unresponsive` once its process has been silent too long",
+            format!("retry; GET /v1/vms/{id} shows `unresponsive` once its process has been silent too long"),
         ),
         e => HostError::new(
             HostErrorKind::Worker,
@@ -1293,7 +1293,7 @@ impl Host {
             if s.find(n).is_some() {
                 return Err(HostError::conflict(
                     format!("VM '{n}' was created meanwhile"),
-                    "GET /v1/vms/{name}",
+                    format!("GET /v1/vms/{n}"),
                 ));
             }
         }
@@ -1821,7 +1821,7 @@ impl Host {
             )),
             (None, st) => Err(HostError::not_found(
                 format!("VM {id} is {} and left no report", st.name()),
-                "GET /v1/vms/{id} shows why (error, exit)",
+                format!("GET /v1/vms/{id} shows why (error, exit)"),
             )),
         }
     }

@@ -30,8 +30,16 @@ fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
     // Statistics within a second or two (the rebalancer polls).
     let v = svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
     assert_eq!(v.ops_per_sec, OPS_PER_SEC);
-    assert_eq!(v.migration.promotions, PROMOTIONS);
-    assert_eq!(v.migration.hint_faults, 11);
+    let m = &v.migration;
+    assert_eq!(
+        (m.promotions, m.demotions, m.tpm_commits),
+        (PROMOTIONS, 8, 9)
+    );
+    assert_eq!(
+        (m.tpm_aborts, m.shadow_demotions, m.shadow_reclaims),
+        (10, 12, 13)
+    );
+    assert_eq!((m.hint_faults, m.guest_stall_seconds), (11, 2.5));
     assert_eq!(v.tiers.len(), 2);
     assert_eq!(
         v.tiers[1].capacity_bytes,
@@ -148,6 +156,7 @@ fn a_guest_exit_a_crash_and_a_failed_build_end_the_vm_each_its_way() {
     let e = svc.host.report("fail-c").expect_err("no report");
     assert_eq!(e.kind, HostErrorKind::NotFound);
     assert!(e.message.contains("is failed and left no report"), "{e:?}");
+    assert_eq!(e.fix, "GET /v1/vms/fail-c shows why (error, exit)");
     let i = svc.host.host_info();
     assert_eq!(i.vms["stopped"], 1);
     assert_eq!(i.vms["crashed"], 1);
@@ -218,6 +227,10 @@ fn a_vm_still_starting_refuses_a_stop_as_not_ready_and_is_killed_on_force() {
     let e = svc.host.delete("starting-a", false).expect_err("not ready");
     assert_eq!(e.kind, HostErrorKind::NotReady, "{e:?}");
     assert_eq!(e.message, "VM starting-a: the VM is still starting");
+    assert_eq!(
+        e.fix,
+        "retry in a moment (GET /v1/vms/starting-a shows the state)"
+    );
     let cause = |h: &vmm_service::host::Host| {
         let s = h.state();
         s.vms
@@ -308,4 +321,106 @@ fn shutdown_stops_every_vm_collects_its_report_and_refuses_requests() {
     };
     let e = svc.host.put_policy(&a.id, &tpp).expect_err("shutting down");
     assert_eq!(e.kind, HostErrorKind::ShuttingDown);
+}
+
+#[test]
+fn a_worker_that_exits_without_a_report_is_crashed_with_its_exit_status() {
+    let svc = Service::new("died");
+    svc.running(Some("die-a"), &zipf(64, 0, 64));
+    assert_eq!(svc.host.delete("die-a", false), Ok(true));
+    let v = svc.wait_state("die-a", "crashed");
+    assert_eq!(
+        v.error.as_deref(),
+        Some("the VM process exited with status 3 without a report")
+    );
+    assert_eq!(v.stop_reason.as_deref(), Some("crashed"));
+    assert_eq!(v.exit.and_then(|e| e.code), Some(3));
+    assert_eq!(svc.host.state().counters.crashes, 1);
+    assert!(!v.report_ready);
+}
+
+#[test]
+fn a_worker_that_does_not_answer_in_time_is_a_timeout_until_it_is_unresponsive() {
+    let svc = Service::new("timeout");
+    let v = svc.running(None, &zipf(64, 0, 64));
+    svc.mute(&v.id, true);
+    let tpp = PutPolicy {
+        policy: "tpp".into(),
+    };
+    let e = svc.host.put_policy(&v.id, &tpp).expect_err("no answer");
+    assert_eq!(e.kind, HostErrorKind::WorkerTimeout, "{e:?}");
+    assert_eq!(
+        e.message,
+        format!("VM {}'s process did not answer within 2.0 s", v.id)
+    );
+    assert!(e.kind.retryable());
+    assert!(
+        e.fix.contains(&format!("GET /v1/vms/{} shows", v.id)),
+        "{e:?}"
+    );
+    svc.mute(&v.id, false);
+}
+
+#[test]
+fn polled_statistics_add_up_the_host_measured_accesses_over_the_time_between_them() {
+    let svc = Service::new("accesses");
+    let v = svc.running(None, &zipf(64, 0, 64));
+    let per_sec = stand_in::accesses_per_sec(&v.id);
+    // (worker time, accesses added up) at each poll seen.
+    let mut seen: Vec<(f64, f64)> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while seen.len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "3 polls in 20 s: {seen:?}"
+        );
+        let s = svc.host.state();
+        let e = s.vms.values().next().expect("the VM");
+        if let Some(t) = e.stats.as_ref().map(|st| st.t_s) {
+            if seen.last().is_none_or(|l| l.0 != t) {
+                seen.push((t, e.sampled_accesses));
+            }
+        }
+        drop(s);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(seen[0].1, 0.0, "the first statistics cover no time yet");
+    for w in seen.windows(2) {
+        let (dt, da) = (w[1].0 - w[0].0, w[1].1 - w[0].1);
+        assert!(dt > 0.0);
+        assert!((da - per_sec * dt).abs() < 1e-6 * per_sec, "{seen:?}");
+    }
+}
+
+#[test]
+fn ids_and_records_survive_a_restart_of_the_service() {
+    let (cfg, dir) = stand_in::config("restart");
+    let (first_boot, a) = {
+        let svc = Service::start(cfg.clone(), dir.clone());
+        let a = svc.running(None, &zipf(64, 0, 64));
+        svc.running(None, &zipf(64, 0, 64));
+        assert_eq!(svc.host.delete("vm-2", true), Ok(true));
+        svc.wait_state("vm-2", "stopped");
+        assert_eq!(svc.host.delete("vm-2", false), Ok(false));
+        let boot = svc.host.boot_id.clone();
+        svc.stop_for_restart();
+        (boot, a)
+    };
+    let svc = Service::start(cfg, dir);
+    assert_eq!(
+        svc.host.previous_boot_id.as_deref(),
+        Some(first_boot.as_str())
+    );
+    assert_ne!(svc.host.boot_id, first_boot);
+    let old = svc.info("vm-1");
+    assert_eq!(old.uuid, a.uuid);
+    assert_eq!(old.state, "stopped");
+    assert_eq!(old.stop_reason.as_deref(), Some("service_stopped"));
+    assert_eq!(
+        svc.host.vm_info("vm-2", false).map_err(|e| e.kind),
+        Err(HostErrorKind::NotFound),
+        "a removed VM stays removed"
+    );
+    let b = svc.running(None, &zipf(64, 0, 64));
+    assert_eq!(b.id, "vm-3", "no id is handed out twice");
 }

@@ -91,6 +91,12 @@ fn every_field_of_a_create_is_checked_at_its_bounds() {
     // The VM's own validation, in the API's words.
     let e = create(&svc.host, None, r#"{"image":"zipf","args":["bogus=1"]}"#).expect_err("args");
     assert_eq!(e.kind, HostErrorKind::Invalid, "{e:?}");
+    // Written for `tiervm run`'s `--arg`, answered in the API's field.
+    assert!(
+        e.message
+            .starts_with("unknown args key 'bogus' for image zipf"),
+        "{e:?}"
+    );
     let too_many: Vec<String> = (0..33).map(|i| format!(r#""k{i}":"v""#)).collect();
     bad(
         &svc,
@@ -432,4 +438,72 @@ fn the_division_grants_spare_capacity_to_the_vm_that_gains_more_and_the_worker_a
     assert_eq!(i.rebalance.optional_bytes, 64 * M);
     assert_eq!(i.pools[0].committed_bytes, 96 * M);
     assert_eq!(i.pools[0].free_bytes, 32 * M);
+}
+
+#[test]
+fn a_workers_refusal_is_the_error_of_its_kind() {
+    let svc = Service::new("refusals");
+    svc.running(Some("refuse-a"), &zipf(64, 0, 64));
+    for (policy, kind) in [
+        ("tpp", HostErrorKind::Invalid),
+        ("memtis", HostErrorKind::Conflict),
+        ("colloid", HostErrorKind::Worker),
+        ("mtm", HostErrorKind::NotReady),
+    ] {
+        let p = vmm_service::types::PutPolicy {
+            policy: policy.into(),
+        };
+        let e = svc.host.put_policy("refuse-a", &p).expect_err(policy);
+        assert_eq!(e.kind, kind, "{policy}: {e:?}");
+        assert_eq!(
+            e.message,
+            format!("VM refuse-a: {policy}: refused by the stand-in")
+        );
+        assert!(
+            e.fix.contains("refuse-a") || kind == HostErrorKind::Invalid,
+            "{e:?}"
+        );
+    }
+}
+
+#[test]
+fn a_planted_log_or_a_worker_that_cannot_start_leaves_no_vm() {
+    let (cfg, dir) = stand_in::config("planted");
+    let vms = cfg.state_dir.join("vms");
+    let svc = Service::start(cfg, dir);
+    std::os::unix::fs::symlink("/etc/passwd", vms.join("vm-1.log")).unwrap();
+    let e = create(&svc.host, None, &zipf(64, 0, 64)).expect_err("a planted link");
+    assert_eq!(e.kind, HostErrorKind::StateDir, "{e:?}");
+    assert!(
+        e.message.contains("vms/vm-1.log") && e.message.contains("is a symbolic link"),
+        "{e:?}"
+    );
+    assert!(e.fix.contains("remove vms/vm-1.log"), "{e:?}");
+    std::fs::create_dir(vms.join("web.log")).unwrap();
+    let e = create(&svc.host, Some("web"), &zipf(64, 0, 64)).expect_err("a planted directory");
+    assert!(e.message.contains("is a directory"), "{e:?}");
+    assert!(svc.host.list().is_empty(), "no VM is left");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while vms.join("web.json").exists() || vms.join("vm-1.json").exists() {
+        assert!(std::time::Instant::now() < deadline, "a record is left");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(svc.host.state().fast_reserved(), 0);
+    // A worker program that is not there: an internal error, no VM.
+    let (mut cfg, dir) = stand_in::config("no-worker");
+    cfg.worker_exe = dir.join("missing");
+    let svc = Service::start(cfg, dir);
+    let e = create(&svc.host, None, &zipf(64, 0, 64)).expect_err("no worker");
+    assert_eq!(e.kind, HostErrorKind::Internal, "{e:?}");
+    assert!(svc.host.list().is_empty());
+}
+
+#[test]
+fn a_pool_larger_than_its_node_is_refused() {
+    let svc = Service::new("node");
+    let p: PatchHost = serde_json::from_str(r#"{"fast_pool":"1048576G"}"#).unwrap();
+    let e = svc.host.patch_host(&p).expect_err("larger than the node");
+    assert_eq!(e.kind, HostErrorKind::Invalid, "{e:?}");
+    assert_eq!(e.fix, "lower the pool");
+    assert_eq!(svc.host.host_info().pools[0].capacity_bytes, 256 * M);
 }

@@ -17,7 +17,8 @@
 //!   as not ready;
 //! - `crash-…`: a stop ends in a guest crash; `exit3-…`: the guest exits
 //!   with code 3 when stopped;
-//! - `refuse-…`: refuses policy switches as invalid;
+//! - `refuse-…`: refuses policy switches ([`refusal_for`] says how);
+//! - `die-…`: exits with status 3 when asked to stop, saying nothing;
 //! - `quick-…`: says the VM ended at once when asked to stop (the others
 //!   after [`STOP_TIME`], as a guest takes a moment to stop);
 //! - `hot-…`: a host-measured access rate ten times the others';
@@ -183,7 +184,7 @@ impl Worker {
             )),
             Command::SwitchPolicy { policy } if self.id.starts_with("refuse-") => {
                 Err(Refusal::new(
-                    RefusalKind::Invalid,
+                    refusal_for(&policy),
                     format!("{policy}: refused by the stand-in"),
                 ))
             }
@@ -195,6 +196,10 @@ impl Worker {
                 report: serde_json::json!({ "id": self.id, "stop_reason": "duration" }),
             }),
             Command::Report => Err(Refusal::new(RefusalKind::NotReady, "still running")),
+            Command::Stop if self.id.starts_with("die-") => {
+                self.reply(id, Ok(Reply::Ok))?;
+                std::process::exit(3);
+            }
             Command::Stop => {
                 self.reply(id, Ok(Reply::Ok))?;
                 self.ended = true;
@@ -229,7 +234,9 @@ impl Worker {
     fn stats(&self) -> WorkerStats {
         let t_s = self.started.elapsed().as_secs_f64();
         let mut mem = MemStats::default();
-        mem.migration.promotions = PROMOTIONS;
+        let m = &mut mem.migration;
+        (m.promotions, m.demotions, m.tpm_commits, m.tpm_aborts) = (PROMOTIONS, 8, 9, 10);
+        (m.shadow_demotions, m.shadow_reclaims, m.guest_stall_ms) = (12, 13, 2500.0);
         mem.hint_faults = 11;
         let per_sec = accesses_per_sec(&self.id);
         WorkerStats {
@@ -262,6 +269,16 @@ impl Worker {
     }
 }
 
+/// How a `refuse-…` stand-in refuses a switch to `policy`.
+pub fn refusal_for(policy: &str) -> RefusalKind {
+    match policy {
+        "memtis" => RefusalKind::Ended,
+        "colloid" => RefusalKind::Failed,
+        "mtm" => RefusalKind::NotReady,
+        _ => RefusalKind::Invalid,
+    }
+}
+
 fn tier_now(name: &str, capacity: u64, used: u64) -> TierNow {
     TierNow {
         name: name.into(),
@@ -278,6 +295,8 @@ pub struct Service {
     pub host: Arc<Host>,
     pub dir: PathBuf,
     threads: Vec<JoinHandle<()>>,
+    /// Whether dropping it leaves its directory (for a restart).
+    keep_dir: bool,
 }
 
 /// `cfg` for a service in a fresh directory named after `test` (its
@@ -316,7 +335,12 @@ impl Service {
             std::thread::spawn(move || h1.run_rebalancer()),
             std::thread::spawn(move || h2.run_report_collector()),
         ];
-        Self { host, dir, threads }
+        Self {
+            host,
+            dir,
+            threads,
+            keep_dir: false,
+        }
     }
 
     /// A service as [`config`] makes it.
@@ -356,6 +380,12 @@ impl Service {
         self.wait_state(&v.id, "running")
     }
 
+    /// Shuts the service down as dropping it does, its state directory
+    /// kept (a service started on it next is a restart).
+    pub fn stop_for_restart(mut self) {
+        self.keep_dir = true;
+    }
+
     /// Mutes (`true`) or unmutes VM `id`'s stand-in.
     pub fn mute(&self, id: &str, on: bool) {
         let f = self.dir.join(format!("mute-{id}"));
@@ -374,7 +404,9 @@ impl Drop for Service {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
