@@ -23,7 +23,13 @@ fn stand_in_worker() {
 #[test]
 fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
     let svc = Service::new("lifecycle");
+    let mut woken = svc.host.subscribe();
     let v = svc.running(None, &zipf(128, 64, 128));
+    assert!(
+        woken.has_changed().unwrap_or(false),
+        "an event wakes its subscribers"
+    );
+    assert_eq!(*woken.borrow_and_update(), svc.host.events_since(0).1);
     assert_eq!(v.id, "vm-1");
     assert_eq!(v.notes, ["stand-in worker"]);
     assert!(v.pid.is_some_and(|p| p > 1));
@@ -64,6 +70,10 @@ fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
     assert!(v.ended_unix.is_some());
     assert!(v.tiers.is_empty(), "an ended VM has no tiers");
     assert_eq!(v.ops_per_sec, 0.0, "an ended VM does no ops");
+    // The report fetched, the worker is let go and reaped.
+    let v = svc.wait_vm("vm-1", "reaped", |v| v.exit.is_some());
+    assert_eq!(v.exit.and_then(|e| e.code), Some(0));
+    assert!(v.pid.is_none());
     let report = svc.host.report("vm-1").expect("the report");
     assert_eq!(
         report["stop_reason"], "deleted",
@@ -288,6 +298,10 @@ fn shutdown_stops_every_vm_collects_its_report_and_refuses_requests() {
     let svc = Service::new("shutdown");
     let a = svc.running(None, &zipf(64, 32, 64));
     let b = svc.running(None, &zipf(64, 0, 64));
+    assert!(
+        svc.host.heartbeat_age_s() < 2.0,
+        "the rebalancer goes round"
+    );
     let t = std::time::Instant::now();
     svc.host.shutdown();
     assert!(
@@ -307,6 +321,11 @@ fn shutdown_stops_every_vm_collects_its_report_and_refuses_requests() {
     assert!(svc.host.host_info().shutting_down);
     let e = create(&svc.host, None, &zipf(64, 0, 64)).expect_err("shutting down");
     assert_eq!(e.kind, HostErrorKind::ShuttingDown);
+    // The rebalancer has ended: its heartbeat ages.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(svc.host.heartbeat_age_s() > 1.0);
+    let up = svc.host.uptime_s();
+    assert!(up > 1.2 && up < 60.0, "{up}");
     let p: vmm_service::types::PatchHost = serde_json::from_str(r#"{"fast_pool":"128M"}"#).unwrap();
     let e = svc.host.patch_host(&p).expect_err("shutting down");
     assert_eq!(e.kind, HostErrorKind::ShuttingDown);

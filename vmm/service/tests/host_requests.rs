@@ -404,6 +404,8 @@ fn the_division_grants_spare_capacity_to_the_vm_that_gains_more_and_the_worker_a
     let (mut cfg, dir) = stand_in::config("division");
     cfg.fast_pool = 64 * M;
     cfg.period = Duration::from_millis(300);
+    // Dwells longer than any wait here: a move that waits one never comes.
+    (cfg.division.dwell_s, cfg.division.reverse_dwell_s) = (600.0, 600.0);
     let svc = Service::start(cfg, dir);
     let cold = svc.running(Some("cold"), &zipf(256, 16, 256));
     let hot = svc.running(Some("hot-a"), &zipf(256, 16, 256));
@@ -438,6 +440,14 @@ fn the_division_grants_spare_capacity_to_the_vm_that_gains_more_and_the_worker_a
     assert_eq!(i.rebalance.optional_bytes, 64 * M);
     assert_eq!(i.pools[0].committed_bytes, 96 * M);
     assert_eq!(i.pools[0].free_bytes, 32 * M);
+    // Another quantum goes the same way without a dwell (a VM that just
+    // grew may grow again; only a reversal waits its dwell out).
+    let p: PatchHost = serde_json::from_str(r#"{"fast_pool":"192M"}"#).unwrap();
+    svc.host.patch_host(&p).expect("the pool grows");
+    svc.wait_vm(&hot.id, "granted a second quantum", |v| {
+        v.fast.target_bytes == 144 * M
+    });
+    assert_eq!(svc.info(&cold.id).fast.target_bytes, 16 * M);
 }
 
 #[test]
