@@ -307,10 +307,9 @@ fn patch_fast_checks_its_bounds_and_the_new_target_reaches_the_worker() {
         (192 * M, 256 * M, 3.0)
     );
     assert_eq!(svc.host.state().fast_reserved(), 256 * M);
-    assert!(
-        f.target_bytes >= 192 * M,
-        "the min is granted at once: {f:?}"
-    );
+    // The min is granted as soon as the other VM's share above its own
+    // min has been given back (the stand-in gives it back at once).
+    svc.wait_vm(&a.id, "granted its min", |v| v.fast.target_bytes >= 192 * M);
     // Unchanged fields stay.
     let f = patch(&a.id, r#"{"weight":2}"#).expect("weight only");
     assert_eq!(

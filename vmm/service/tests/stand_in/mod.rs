@@ -68,7 +68,7 @@ pub fn accesses_per_sec(id: &str) -> f64 {
 }
 
 /// How long a stand-in's guest takes to stop (but `quick-…`'s).
-pub const STOP_TIME: Duration = Duration::from_millis(200);
+pub const STOP_TIME: Duration = Duration::from_millis(500);
 
 /// Migration counters every stand-in reports.
 pub const PROMOTIONS: u64 = 7;
