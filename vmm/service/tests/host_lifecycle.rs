@@ -115,6 +115,18 @@ fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
     );
     assert_eq!(last, events.last().map_or(0, |e| e.seq));
     assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    assert!(
+        events.iter().all(|e| e.vm == "vm-1" && e.uuid == v.uuid),
+        "each event names its VM: {events:?}"
+    );
+    let (first, end) = (events[0].time_unix, events[events.len() - 1].time_unix);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    assert!(
+        first > now - 60.0 && first <= end && end <= now,
+        "{events:?}"
+    );
     let (after, _) = svc.host.events_since(last - 1);
     assert_eq!(after.len(), 1, "events after a sequence number only");
 }

@@ -432,7 +432,7 @@ fn the_division_grants_spare_capacity_to_the_vm_that_gains_more_and_the_worker_a
     let (events, _) = svc.host.events_since(0);
     let grants: Vec<_> = events.iter().filter(|e| e.kind == "division").collect();
     assert_eq!(grants.len(), 1, "{grants:?}");
-    assert_eq!(grants[0].vm, hot.id);
+    assert_eq!((&grants[0].vm, &grants[0].uuid), (&hot.id, &hot.uuid));
     assert_eq!(grants[0].fast_target_bytes, Some(80 * M));
     assert_eq!(grants[0].previous_target_bytes, Some(16 * M));
     let i = svc.host.host_info();
