@@ -222,6 +222,11 @@ fn the_worker_is_asked_to_run_the_request_with_the_fast_tier_admission_left() {
         assert_eq!(spec.vm.mem_bytes, 128 * M);
         assert_eq!(spec.vm.duration, Duration::from_secs(90));
         assert_eq!(spec.vm.tiering.slow, Some(128 * M));
+        assert_eq!(spec.vm.args, ["rss=16M"]);
+        assert_eq!(spec.vm.stop_grace, svc.host.cfg.defaults.stop_grace);
+        let nodes = (spec.vm.tiering.fast_node, spec.vm.tiering.slow_node);
+        assert_eq!(nodes, (Some(0), Some(0)));
+        assert_eq!(s.counters.created, 2);
         let policy = serde_json::to_value(spec.vm.tiering.policy).unwrap();
         assert_eq!(policy, "tpp");
         let tracking = serde_json::to_value(spec.vm.tiering.tracking).unwrap();
@@ -237,6 +242,7 @@ fn the_worker_is_asked_to_run_the_request_with_the_fast_tier_admission_left() {
         );
     }
     let bi = svc.info(&b.id);
+    assert_eq!(bi.boot_id, svc.host.boot_id);
     assert_eq!((bi.fast.min_bytes, bi.fast.max_bytes), (48 * M, 96 * M));
     assert_eq!(bi.fast.weight, 2.5);
     assert_eq!(bi.vcpus, 2);
@@ -515,4 +521,31 @@ fn a_pool_larger_than_its_node_is_refused() {
     assert_eq!(e.kind, HostErrorKind::Invalid, "{e:?}");
     assert_eq!(e.fix, "lower the pool");
     assert_eq!(svc.host.host_info().pools[0].capacity_bytes, 256 * M);
+}
+
+#[test]
+fn the_slow_pool_admits_an_exact_fit_and_a_shrink_not_converged_stays_committed() {
+    let (mut cfg, dir) = stand_in::config("committed");
+    cfg.slow_pool = 192 * M;
+    let svc = Service::start(cfg, dir);
+    let v = svc.running(Some("sticky-a"), &zipf(128, 64, 64));
+    let labelled = r#"{"image":"zipf","args":["rss=16M"],"mem":"64M","labels":{"team":"x"}}"#;
+    let b = create(&svc.host, None, labelled).expect("exactly what is left of the slow pool");
+    assert_eq!(b.labels.get("team").map(String::as_str), Some("x"));
+    let e = create(&svc.host, None, &zipf(2, 0, 2)).expect_err("the slow pool is full");
+    assert!(e.message.contains("does not fit the slow pool"), "{e:?}");
+    // A shrink the VM does not converge: its use, not its target, is
+    // what it holds of the pool.
+    let p: FastRequest = serde_json::from_str(r#"{"min":"0M","max":"32M"}"#).unwrap();
+    let f = svc.host.patch_fast(&v.id, &p).expect("a lower max");
+    assert_eq!(f.target_bytes, 32 * M);
+    let v = svc.wait_vm(&v.id, "shrinking", |v| {
+        v.fast.capacity_bytes == 32 * M && v.fast.used_bytes == 64 * M
+    });
+    assert!(!v.fast.converged);
+    // (The other VM's target does not change while its dwell lasts.)
+    let other = svc.info(&b.id).fast.target_bytes;
+    let fast = &svc.host.host_info().pools[0];
+    assert_eq!(fast.committed_bytes, 64 * M + other, "{fast:?}");
+    assert_eq!(fast.free_bytes, 256 * M - 64 * M - other);
 }

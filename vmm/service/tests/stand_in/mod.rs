@@ -22,6 +22,8 @@
 //! - `quick-…`: says the VM ended at once when asked to stop (the others
 //!   after [`STOP_TIME`], as a guest takes a moment to stop);
 //! - `hot-…`: a host-measured access rate ten times the others';
+//! - `sticky-…`: a shrink of its fast tier never converges (its use
+//!   stays where it was);
 //! - anything else (`vm-N` too): a VM that runs until it is stopped.
 //!
 //! While the file `DIR/mute-ID` exists the stand-in answers nothing (a
@@ -93,6 +95,8 @@ struct Worker {
     dir: PathBuf,
     out: UnixStream,
     capacity: u64,
+    /// The fast tier's use (the capacity but for `sticky-…`).
+    used: u64,
     slow: u64,
     policy: String,
     /// Pages per step of the gain curve (the service's quantum).
@@ -123,6 +127,7 @@ fn serve_channel(dir: &Path) -> std::io::Result<()> {
         dir: dir.to_path_buf(),
         out,
         capacity: spec.vm.tiering.fast.unwrap_or(0),
+        used: spec.vm.tiering.fast.unwrap_or(0),
         slow: spec.slow_bytes(),
         policy,
         quantum_pages: spec.profile.quantum_pages,
@@ -176,6 +181,9 @@ impl Worker {
             Command::Stats => Ok(Reply::Stats(Box::new(self.stats()))),
             Command::SetCapacity { tier: 0, bytes } => {
                 self.capacity = bytes;
+                if !self.id.starts_with("sticky-") || bytes > self.used {
+                    self.used = bytes;
+                }
                 Ok(Reply::Capacity { bytes })
             }
             Command::SetCapacity { tier, .. } => Err(Refusal::new(
@@ -250,7 +258,7 @@ impl Worker {
             }),
             policy: self.policy.clone(),
             tiers: vec![
-                tier_now("fast", self.capacity, self.capacity),
+                tier_now("fast", self.capacity, self.used),
                 tier_now("slow", self.slow, self.slow / 2),
             ],
             mem,
