@@ -2512,7 +2512,11 @@ mod tests {
             } else {
                 VmState::Stopped
             };
-            s.vms.insert(k, entry(&format!("vm-{k}"), st));
+            let mut e = entry(&format!("vm-{k}"), st);
+            // Ended with their `finished` seen but no report and no worker
+            // left to fetch it from: nothing is on its way.
+            e.finished_event = k <= 2;
+            s.vms.insert(k, e);
         }
         s.forget_oldest_ended(3);
         let left: Vec<u64> = s.vms.keys().copied().collect();
