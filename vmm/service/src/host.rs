@@ -2527,4 +2527,54 @@ mod tests {
         assert_eq!(s.find("vm-x"), None);
         assert_eq!(s.find("7"), None);
     }
+
+    #[test]
+    fn an_ended_vm_is_kept_only_while_its_report_is_on_its_way() {
+        use std::os::unix::fs::PermissionsExt;
+        // A worker that holds its channel until the service's end closes.
+        let dir = std::env::temp_dir().join(format!("tiervm-forget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("worker.sh");
+        let body = format!(
+            "#!/bin/sh\nexec cat <&{} >/dev/null\n",
+            super::super::worker::CHANNEL_FD
+        );
+        std::fs::write(&exe, body).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = || {
+            let log = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .unwrap();
+            let spec = entry("w", VmState::Stopped).spec;
+            WorkerLink::spawn(&exe, &spec, log, |_| {}, || {}).expect("a stand-in worker")
+        };
+        let host = Host::new(ServeConfig::for_tests());
+        let mut s = host.state();
+        // (finished seen, report collected, worker still linked)
+        let cases = [
+            (true, false, true), // its report is on its way: kept
+            (false, false, true),
+            (true, true, true),
+            (true, false, false),
+            (false, false, false),
+        ];
+        for (k, (finished, report, linked)) in cases.into_iter().enumerate() {
+            let mut e = entry(&format!("vm-{k}"), VmState::Stopped);
+            e.finished_event = finished;
+            e.report = report.then(|| serde_json::json!({}));
+            e.link = linked.then(link);
+            s.vms.insert(k as u64, e);
+        }
+        s.forget_oldest_ended(0);
+        let left: Vec<u64> = s.vms.keys().copied().collect();
+        assert_eq!(left, vec![0]);
+        for v in s.vms.values() {
+            if let Some(l) = &v.link {
+                l.kill();
+            }
+        }
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
