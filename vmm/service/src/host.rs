@@ -424,9 +424,7 @@ impl HostState {
     /// Forgets the oldest ended VMs (their reports collected) beyond
     /// `keep`; their logs and reports stay in the state directory.
     fn forget_oldest_ended(&mut self, keep: usize) {
-        let report_on_its_way =
-            |v: &VmEntry| v.finished_event && v.report.is_none() && v.link.is_some();
-        let forgettable = |v: &VmEntry| !v.state.active() && !report_on_its_way(v);
+        let forgettable = |v: &VmEntry| !v.state.active() && !v.report_on_its_way();
         let ended: Vec<u64> = (self.vms.iter())
             .filter(|(_, v)| forgettable(v))
             .map(|(&k, _)| k)
@@ -1815,7 +1813,7 @@ impl Host {
                 ),
                 "DELETE the VM (it stops and writes its report), then GET the report",
             )),
-            (None, VmState::Stopped) => Err(HostError::conflict(
+            (None, _) if v.report_on_its_way() => Err(HostError::conflict(
                 format!("VM {id}'s report is being collected"),
                 "retry in a moment",
             )),
@@ -1991,9 +1989,11 @@ impl Host {
         let grace = self.cfg.defaults.stop_grace + Duration::from_secs(20);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
-            let waiting = self.state().vms.values().any(|v| {
-                v.state.active() || (v.finished_event && v.report.is_none() && v.link.is_some())
-            });
+            let waiting = self
+                .state()
+                .vms
+                .values()
+                .any(|v| v.state.active() || v.report_on_its_way());
             if !waiting {
                 break;
             }
@@ -2009,6 +2009,12 @@ impl Host {
 }
 
 impl VmEntry {
+    /// Whether the VM ended and the collector may still fetch its report
+    /// (its end was reported and its worker is still linked).
+    fn report_on_its_way(&self) -> bool {
+        self.finished_event && self.report.is_none() && self.link.is_some()
+    }
+
     /// The policy that runs (the worker's last word), else the one the VM
     /// was created with.
     pub fn active_policy(&self) -> &str {

@@ -455,3 +455,23 @@ fn ids_and_records_survive_a_restart_of_the_service() {
     let b = svc.running(None, &zipf(64, 0, 64));
     assert_eq!(b.id, "vm-3", "no id is handed out twice");
 }
+
+#[test]
+fn a_crash_without_a_description_is_a_crash_and_a_lost_report_is_not_awaited() {
+    let svc = Service::new("no-report");
+    svc.running(Some("oops-a"), &zipf(64, 0, 64));
+    svc.running(Some("noreport-b"), &zipf(64, 0, 64));
+    assert_eq!(svc.host.delete("oops-a", false), Ok(true));
+    assert_eq!(svc.host.delete("noreport-b", false), Ok(true));
+    let v = svc.wait_state("oops-a", "crashed");
+    assert_eq!(v.stop_reason.as_deref(), Some("crashed"));
+    assert_eq!(svc.host.state().counters.crashes, 1);
+    // Its worker is let go without a report: the report is not "being
+    // collected" any more.
+    let v = svc.wait_vm("noreport-b", "reaped", |v| v.exit.is_some());
+    assert_eq!(v.state, "stopped");
+    assert!(!v.report_ready);
+    let e = svc.host.report("noreport-b").expect_err("no report");
+    assert_eq!(e.kind, HostErrorKind::NotFound, "{e:?}");
+    assert_eq!(e.message, "VM noreport-b is stopped and left no report");
+}

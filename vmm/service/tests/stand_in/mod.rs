@@ -17,6 +17,8 @@
 //!   as not ready;
 //! - `crash-…`: a stop ends in a guest crash; `exit3-…`: the guest exits
 //!   with code 3 when stopped;
+//! - `oops-…`: a stop ends in a crash the worker cannot describe;
+//! - `noreport-…`: has no report to give when its VM ended;
 //! - `refuse-…`: refuses policy switches ([`refusal_for`] says how);
 //! - `die-…`: exits with status 3 when asked to stop, saying nothing;
 //! - `quick-…`: says the VM ended at once when asked to stop (the others
@@ -200,6 +202,9 @@ impl Worker {
                 self.policy = policy;
                 Ok(Reply::Ok)
             }
+            Command::Report if self.id.starts_with("noreport-") => {
+                Err(Refusal::new(RefusalKind::Failed, "the report was lost"))
+            }
             Command::Report if self.ended => Ok(Reply::Report {
                 report: serde_json::json!({ "id": self.id, "stop_reason": "duration" }),
             }),
@@ -229,6 +234,7 @@ impl Worker {
         let (stop_reason, exit_code, crash) = match self.id.split('-').next() {
             Some("crash") => ("crashed", None, Some("stand-in: the guest crashed".into())),
             Some("exit3") => ("guest_exited", Some(3), None),
+            Some("oops") => ("crashed", None, None),
             _ => ("duration", Some(0), None),
         };
         FromWorker::Finished {
