@@ -437,23 +437,40 @@ fn ids_and_records_survive_a_restart_of_the_service() {
         svc.stop_for_restart();
         (boot, a)
     };
+    {
+        let svc = Service::start(cfg.clone(), dir.clone());
+        assert_eq!(
+            svc.host.previous_boot_id.as_deref(),
+            Some(first_boot.as_str())
+        );
+        assert_ne!(svc.host.boot_id, first_boot);
+        let old = svc.info("vm-1");
+        assert_eq!(old.uuid, a.uuid);
+        assert_eq!(old.state, "stopped");
+        assert_eq!(old.stop_reason.as_deref(), Some("service_stopped"));
+        assert_eq!(
+            svc.host.vm_info("vm-2", false).map_err(|e| e.kind),
+            Err(HostErrorKind::NotFound),
+            "a removed VM stays removed"
+        );
+        let b = svc.running(None, &zipf(64, 0, 64));
+        assert_eq!(b.id, "vm-3", "no id is handed out twice");
+        assert_eq!(
+            svc.info("vm-1").uuid,
+            a.uuid,
+            "the new VM took no old one's place"
+        );
+        assert_eq!(svc.host.list().len(), 2);
+        svc.stop_for_restart();
+    }
+    // Without the service's record the VMs' records still say which ids
+    // were handed out.
+    std::fs::remove_file(cfg.state_dir.join("service.json")).expect("service.json");
     let svc = Service::start(cfg, dir);
-    assert_eq!(
-        svc.host.previous_boot_id.as_deref(),
-        Some(first_boot.as_str())
-    );
-    assert_ne!(svc.host.boot_id, first_boot);
-    let old = svc.info("vm-1");
-    assert_eq!(old.uuid, a.uuid);
-    assert_eq!(old.state, "stopped");
-    assert_eq!(old.stop_reason.as_deref(), Some("service_stopped"));
-    assert_eq!(
-        svc.host.vm_info("vm-2", false).map_err(|e| e.kind),
-        Err(HostErrorKind::NotFound),
-        "a removed VM stays removed"
-    );
-    let b = svc.running(None, &zipf(64, 0, 64));
-    assert_eq!(b.id, "vm-3", "no id is handed out twice");
+    assert_eq!(svc.host.previous_boot_id, None);
+    let ids: Vec<String> = svc.host.list().into_iter().map(|v| v.id).collect();
+    assert_eq!(ids, ["vm-1", "vm-3"]);
+    assert_eq!(svc.running(None, &zipf(64, 0, 64)).id, "vm-4");
 }
 
 #[test]

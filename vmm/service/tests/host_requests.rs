@@ -539,6 +539,7 @@ fn the_slow_pool_admits_an_exact_fit_and_a_shrink_not_converged_stays_committed(
     let p: FastRequest = serde_json::from_str(r#"{"min":"0M","max":"32M"}"#).unwrap();
     let f = svc.host.patch_fast(&v.id, &p).expect("a lower max");
     assert_eq!(f.target_bytes, 32 * M);
+    assert_eq!(f.capacity_bytes, 32 * M, "resized within the request");
     let v = svc.wait_vm(&v.id, "shrinking", |v| {
         v.fast.capacity_bytes == 32 * M && v.fast.used_bytes == 64 * M
     });
