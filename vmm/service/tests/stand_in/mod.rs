@@ -415,7 +415,17 @@ impl Drop for Service {
     fn drop(&mut self) {
         self.host.shutdown();
         self.host.stop_report_collector();
-        for t in self.threads.drain(..) {
+        // The rebalancer and the collector end within a second or so of
+        // the shutdown; a test that failed already does not wait for them.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::thread::panicking() && self.threads.iter().any(|t| !t.is_finished()) {
+            assert!(
+                Instant::now() < deadline,
+                "the service's threads did not end in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for t in self.threads.drain(..).filter(|t| t.is_finished()) {
             let _ = t.join();
         }
         if !self.keep_dir {
