@@ -464,12 +464,34 @@ fn ids_and_records_survive_a_restart_of_the_service() {
         svc.stop_for_restart();
     }
     // Without the service's record the VMs' records still say which ids
-    // were handed out.
+    // were handed out; a record that says "running" is of a service that
+    // died: its VM comes back lost, and its record says so.
     std::fs::remove_file(cfg.state_dir.join("service.json")).expect("service.json");
+    let record = cfg.state_dir.join("vms/vm-3.json");
+    let text = std::fs::read_to_string(&record).expect("vm-3's record");
+    let mut r: serde_json::Value = serde_json::from_str(&text).expect("a record");
+    r["state"] = "running".into();
+    std::fs::write(&record, r.to_string()).expect("the record");
     let svc = Service::start(cfg, dir);
     assert_eq!(svc.host.previous_boot_id, None);
     let ids: Vec<String> = svc.host.list().into_iter().map(|v| v.id).collect();
     assert_eq!(ids, ["vm-1", "vm-3"]);
+    let lost = svc.info("vm-3");
+    assert_eq!(lost.state, "lost");
+    assert_eq!(lost.stop_reason.as_deref(), Some("service_lost"));
+    assert_eq!(
+        svc.host.state().fast_reserved(),
+        0,
+        "a lost VM holds nothing"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&record).is_ok_and(|t| t.contains("\"lost\"")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lost VM's record is not rewritten"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(svc.running(None, &zipf(64, 0, 64)).id, "vm-4");
 }
 

@@ -408,7 +408,8 @@ fn the_division_grants_spare_capacity_to_the_vm_that_gains_more_and_the_worker_a
     // until both are measured, then grown by one quantum and a half.
     let (mut cfg, dir) = stand_in::config("division");
     cfg.fast_pool = 64 * M;
-    cfg.period = Duration::from_millis(300);
+    // No round but those a change wakes (a create, an event, a PATCH).
+    cfg.period = Duration::from_secs(600);
     // Dwells longer than any wait here: a move that waits one never comes.
     (cfg.division.dwell_s, cfg.division.reverse_dwell_s) = (600.0, 600.0);
     let svc = Service::start(cfg, dir);
