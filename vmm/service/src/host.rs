@@ -2535,6 +2535,30 @@ mod tests {
     }
 
     #[test]
+    fn the_event_log_keeps_the_latest_events_only() {
+        // Creates whose worker cannot start: one event each (`starting`),
+        // nothing else left behind.
+        let mut cfg = ServeConfig::for_tests();
+        cfg.fast_pool = 64 << 20;
+        cfg.slow_pool = 1 << 30;
+        let host = Host::new(cfg);
+        let req: CreateVm = serde_json::from_str(r#"{"image":"zipf","args":["rss=16M"]}"#).unwrap();
+        let n = EVENTS_KEPT as u64 + 5;
+        for _ in 0..n {
+            let e = host.create(&req).expect_err("no worker program");
+            assert_eq!(e.kind, HostErrorKind::Internal);
+        }
+        let (events, last) = host.events_since(0);
+        assert_eq!(last, n);
+        assert_eq!(events.len(), EVENTS_KEPT);
+        assert_eq!(
+            events.first().map(|e| e.seq),
+            Some(n - EVENTS_KEPT as u64 + 1)
+        );
+        assert!(host.state().vms.is_empty());
+    }
+
+    #[test]
     fn an_ended_vm_is_kept_only_while_its_report_is_on_its_way() {
         use std::os::unix::fs::PermissionsExt;
         // A worker that holds its channel until the service's end closes.

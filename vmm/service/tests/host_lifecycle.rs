@@ -426,9 +426,24 @@ fn polled_statistics_add_up_the_host_measured_accesses_over_the_time_between_the
 #[test]
 fn ids_and_records_survive_a_restart_of_the_service() {
     let (cfg, dir) = stand_in::config("restart");
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
     let (first_boot, a) = {
+        let t0 = unix_now();
         let svc = Service::start(cfg.clone(), dir.clone());
+        let t1 = unix_now();
+        std::thread::sleep(Duration::from_millis(300));
         let a = svc.running(None, &zipf(64, 0, 64));
+        // Rewritten at each id handed out, still saying when it started.
+        let text = std::fs::read_to_string(cfg.state_dir.join("service.json")).unwrap();
+        let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let started = record["started_unix"].as_f64().unwrap_or(0.0);
+        assert!(t0 <= started && started <= t1, "{t0} {started} {t1}");
+        assert_eq!(record["next_id"], 2);
+        assert_eq!(record["pid"], std::process::id());
         svc.running(None, &zipf(64, 0, 64));
         assert_eq!(svc.host.delete("vm-2", true), Ok(true));
         svc.wait_state("vm-2", "stopped");
