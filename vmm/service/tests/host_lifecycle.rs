@@ -32,6 +32,7 @@ fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
     assert_eq!(*woken.borrow_and_update(), svc.host.events_since(0).1);
     assert_eq!(v.id, "vm-1");
     assert_eq!(v.notes, ["stand-in worker"]);
+    assert_eq!(v.ended_unix, None, "a running VM has not ended");
     assert!(v.pid.is_some_and(|p| p > 1));
     // Statistics within a second or two (the rebalancer polls).
     let v = svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
@@ -528,4 +529,25 @@ fn a_crash_without_a_description_is_a_crash_and_a_lost_report_is_not_awaited() {
     let e = svc.host.report("noreport-b").expect_err("no report");
     assert_eq!(e.kind, HostErrorKind::NotFound, "{e:?}");
     assert_eq!(e.message, "VM noreport-b is stopped and left no report");
+}
+
+#[test]
+fn a_second_delete_the_worker_refuses_keeps_who_asked_first() {
+    let svc = Service::new("second-delete");
+    svc.running(Some("slowstop-a"), &zipf(64, 0, 64));
+    let cause = || {
+        let s = svc.host.state();
+        s.vms
+            .values()
+            .find(|v| v.id == "slowstop-a")
+            .and_then(|v| v.stop_cause)
+    };
+    assert_eq!(svc.host.delete("slowstop-a", false), Ok(true));
+    assert_eq!(svc.info("slowstop-a").state, "stopping");
+    let e = svc.host.delete("slowstop-a", false).expect_err("refused");
+    assert_eq!(e.kind, HostErrorKind::NotReady, "{e:?}");
+    assert_eq!(cause(), Some("deleted"), "the first DELETE asked");
+    assert_eq!(svc.host.delete("slowstop-a", true), Ok(true));
+    let v = svc.wait_state("slowstop-a", "stopped");
+    assert_eq!(v.stop_reason.as_deref(), Some("force_deleted"));
 }

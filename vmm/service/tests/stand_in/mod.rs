@@ -19,6 +19,8 @@
 //!   with code 3 when stopped;
 //! - `oops-…`: a stop ends in a crash the worker cannot describe;
 //! - `noreport-…`: has no report to give when its VM ended;
+//! - `slowstop-…`: never ends once asked to stop, and refuses a second
+//!   stop as not ready;
 //! - `refuse-…`: refuses policy switches ([`refusal_for`] says how);
 //! - `die-…`: exits with status 3 when asked to stop, saying nothing;
 //! - `quick-…`: says the VM ended at once when asked to stop (the others
@@ -209,6 +211,14 @@ impl Worker {
                 report: serde_json::json!({ "id": self.id, "stop_reason": "duration" }),
             }),
             Command::Report => Err(Refusal::new(RefusalKind::NotReady, "still running")),
+            Command::Stop if self.id.starts_with("slowstop-") && self.ended => Err(Refusal::new(
+                RefusalKind::NotReady,
+                "the VM is stopping already",
+            )),
+            Command::Stop if self.id.starts_with("slowstop-") => {
+                self.ended = true;
+                Ok(Reply::Ok)
+            }
             Command::Stop if self.id.starts_with("die-") => {
                 self.reply(id, Ok(Reply::Ok))?;
                 std::process::exit(3);
