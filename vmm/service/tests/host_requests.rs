@@ -551,3 +551,23 @@ fn the_slow_pool_admits_an_exact_fit_and_a_shrink_not_converged_stays_committed(
     assert_eq!(fast.committed_bytes, 64 * M + other, "{fast:?}");
     assert_eq!(fast.free_bytes, 256 * M - 64 * M - other);
 }
+
+#[test]
+fn a_round_comes_once_a_period_when_nothing_changes() {
+    let (mut cfg, dir) = stand_in::config("period");
+    cfg.period = Duration::from_secs(2);
+    let svc = Service::start(cfg, dir);
+    let v = svc.running(None, &zipf(64, 0, 64));
+    svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
+    // Nothing changes for 8 s (the statistics poll each second wakes no
+    // round): 4 rounds, one more or less by where the window falls (and
+    // a loaded machine delays each by at most a poll), never one a poll.
+    let rounds = || svc.host.state().counters.rounds;
+    let before = rounds();
+    std::thread::sleep(Duration::from_secs(8));
+    let idle = rounds() - before;
+    assert!(
+        (3..=5).contains(&idle),
+        "{idle} rounds in 8 s at a 2 s period"
+    );
+}
