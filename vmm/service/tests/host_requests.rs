@@ -571,3 +571,27 @@ fn a_round_comes_once_a_period_when_nothing_changes() {
         "{idle} rounds in 8 s at a 2 s period"
     );
 }
+
+#[test]
+fn a_resize_is_sent_only_to_a_running_vm_not_at_its_target() {
+    let (mut cfg, dir) = stand_in::config("resizes");
+    cfg.period = Duration::from_millis(200);
+    let svc = Service::start(cfg, dir);
+    // Its min is its max: its target never moves from what it started with.
+    let v = svc.running(None, &zipf(64, 64, 64));
+    let s = create(&svc.host, Some("starting-b"), &zipf(128, 0, 128)).expect("admitted");
+    let rounds = || svc.host.state().counters.rounds;
+    let before = rounds();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while rounds() < before + 5 {
+        assert!(std::time::Instant::now() < deadline, "5 rounds in 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(svc.resizes(&v.id), Vec::<u64>::new(), "a VM at its target");
+    // The starting VM was granted spare capacity it is not sent yet.
+    assert!(svc.info(&s.id).fast.target_bytes > 0);
+    assert_eq!(svc.resizes(&s.id), Vec::<u64>::new(), "a VM still starting");
+    // (A VM that never starts outlasts a shutdown's grace: killed here.)
+    assert_eq!(svc.host.delete(&s.id, true), Ok(true));
+    svc.wait_state(&s.id, "stopped");
+}

@@ -30,7 +30,8 @@
 //!   stays where it was);
 //! - anything else (`vm-N` too): a VM that runs until it is stopped.
 //!
-//! While the file `DIR/mute-ID` exists the stand-in answers nothing (a
+//! Each stand-in appends the capacity of each `set-capacity` it gets to
+//! `DIR/resizes-ID`. While the file `DIR/mute-ID` exists the stand-in answers nothing (a
 //! stopped or stuck worker, alive but silent).
 
 #![allow(dead_code)] // each test file uses part of the harness
@@ -184,6 +185,7 @@ impl Worker {
         let result = match command {
             Command::Stats => Ok(Reply::Stats(Box::new(self.stats()))),
             Command::SetCapacity { tier: 0, bytes } => {
+                self.log_resize(bytes)?;
                 self.capacity = bytes;
                 if !self.id.starts_with("sticky-") || bytes > self.used {
                     self.used = bytes;
@@ -238,6 +240,16 @@ impl Worker {
             }
         };
         self.reply(id, result).map(|()| true)
+    }
+
+    /// Appends `bytes` to `DIR/resizes-ID` (what the service asked).
+    fn log_resize(&self, bytes: u64) -> std::io::Result<()> {
+        let path = self.dir.join(format!("resizes-{}", self.id));
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        writeln!(f, "{bytes}")
     }
 
     fn finished(&self) -> FromWorker {
@@ -408,6 +420,13 @@ impl Service {
     /// kept (a service started on it next is a restart).
     pub fn stop_for_restart(mut self) {
         self.keep_dir = true;
+    }
+
+    /// The fast capacities VM `id`'s stand-in was asked to set, in order.
+    pub fn resizes(&self, id: &str) -> Vec<u64> {
+        let text = std::fs::read_to_string(self.dir.join(format!("resizes-{id}")));
+        let text = text.unwrap_or_default();
+        text.lines().filter_map(|l| l.parse().ok()).collect()
     }
 
     /// Mutes (`true`) or unmutes VM `id`'s stand-in.
