@@ -316,6 +316,9 @@ fn patch_fast_checks_its_bounds_and_the_new_target_reaches_the_worker() {
     // The min is granted as soon as the other VM's share above its own
     // min has been given back (the stand-in gives it back at once).
     svc.wait_vm(&a.id, "granted its min", |v| v.fast.target_bytes >= 192 * M);
+    // A min equal to the max is a fixed share.
+    let f = patch(&b.id, r#"{"min":"64M","max":"64M"}"#).expect("min = max");
+    assert_eq!((f.min_bytes, f.max_bytes), (64 * M, 64 * M));
     // Unchanged fields stay.
     let f = patch(&a.id, r#"{"weight":2}"#).expect("weight only");
     assert_eq!(
@@ -594,4 +597,23 @@ fn a_resize_is_sent_only_to_a_running_vm_not_at_its_target() {
     // (A VM that never starts outlasts a shutdown's grace: killed here.)
     assert_eq!(svc.host.delete(&s.id, true), Ok(true));
     svc.wait_state(&s.id, "stopped");
+}
+
+#[test]
+fn a_vm_without_a_measured_access_rate_shares_the_capacity_nobody_values() {
+    // Its gain curve is no use without a rate: the spare is spread to it
+    // as to a VM never measured, whole quanta up to its max.
+    let (mut cfg, dir) = stand_in::config("unmeasured");
+    cfg.fast_pool = 16 * M;
+    let svc = Service::start(cfg, dir);
+    let v = svc.running(Some("unmeasured-a"), &zipf(256, 16, 256));
+    svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
+    let i = svc.info(&v.id);
+    assert!(
+        i.fast.gain.as_ref().is_some_and(|g| g.accesses_per_sec.is_none()),
+        "{i:?}"
+    );
+    let p: PatchHost = serde_json::from_str(r#"{"fast_pool":"160M"}"#).unwrap();
+    svc.host.patch_host(&p).expect("the pool grows");
+    svc.wait_vm(&v.id, "given the spare", |v| v.fast.target_bytes == 144 * M);
 }

@@ -26,6 +26,8 @@
 //! - `quick-…`: says the VM ended at once when asked to stop (the others
 //!   after [`STOP_TIME`], as a guest takes a moment to stop);
 //! - `hot-…`: a host-measured access rate ten times the others';
+//! - `unmeasured-…`: no host-measured access rate (its sampler has not
+//!   covered memory yet), a gain curve all the same;
 //! - `sticky-…`: a shrink of its fast tier never converges (its use
 //!   stays where it was);
 //! - anything else (`vm-N` too): a VM that runs until it is stopped.
@@ -275,11 +277,12 @@ impl Worker {
         (m.shadow_demotions, m.shadow_reclaims, m.guest_stall_ms) = (12, 13, 2500.0);
         mem.hint_faults = 11;
         let per_sec = accesses_per_sec(&self.id);
+        let measured = !self.id.starts_with("unmeasured-");
         WorkerStats {
             t_s,
             ops: (t_s * OPS_PER_SEC) as u64,
             ops_per_sec: OPS_PER_SEC,
-            accesses: Some(AccessRate {
+            accesses: measured.then_some(AccessRate {
                 per_sec,
                 se: per_sec / 100.0,
                 coverage: 1.0,
