@@ -551,3 +551,22 @@ fn a_second_delete_the_worker_refuses_keeps_who_asked_first() {
     let v = svc.wait_state("slowstop-a", "stopped");
     assert_eq!(v.stop_reason.as_deref(), Some("force_deleted"));
 }
+
+#[test]
+fn a_report_on_its_way_is_a_retry_then_the_report() {
+    let svc = Service::new("slow-report");
+    svc.running(Some("slowreport-a"), &zipf(64, 0, 64));
+    assert_eq!(svc.host.delete("slowreport-a", false), Ok(true));
+    svc.wait_state("slowreport-a", "stopped");
+    // The collector waits for it (2 s): meanwhile a 409 to retry.
+    let e = svc.host.report("slowreport-a").expect_err("not yet");
+    assert_eq!(e.kind, HostErrorKind::Conflict, "{e:?}");
+    assert_eq!(e.message, "VM slowreport-a's report is being collected");
+    svc.wait_vm("slowreport-a", "its report", |v| v.report_ready);
+    assert_eq!(
+        svc.host
+            .report("slowreport-a")
+            .map(|r| r["stop_reason"].clone()),
+        Ok("deleted".into())
+    );
+}

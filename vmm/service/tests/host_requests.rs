@@ -610,7 +610,10 @@ fn a_vm_without_a_measured_access_rate_shares_the_capacity_nobody_values() {
     svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
     let i = svc.info(&v.id);
     assert!(
-        i.fast.gain.as_ref().is_some_and(|g| g.accesses_per_sec.is_none()),
+        i.fast
+            .gain
+            .as_ref()
+            .is_some_and(|g| g.accesses_per_sec.is_none()),
         "{i:?}"
     );
     let p: PatchHost = serde_json::from_str(r#"{"fast_pool":"160M"}"#).unwrap();

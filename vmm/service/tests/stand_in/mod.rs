@@ -19,6 +19,7 @@
 //!   with code 3 when stopped;
 //! - `oops-…`: a stop ends in a crash the worker cannot describe;
 //! - `noreport-…`: has no report to give when its VM ended;
+//!   `slowreport-…`: gives it after [`REPORT_TIME`];
 //! - `slowstop-…`: never ends once asked to stop, and refuses a second
 //!   stop as not ready;
 //! - `refuse-…`: refuses policy switches ([`refusal_for`] says how);
@@ -78,6 +79,9 @@ pub fn accesses_per_sec(id: &str) -> f64 {
 
 /// How long a stand-in's guest takes to stop (but `quick-…`'s).
 pub const STOP_TIME: Duration = Duration::from_millis(500);
+
+/// How long a `slowreport-…` stand-in takes to give its report.
+pub const REPORT_TIME: Duration = Duration::from_secs(2);
 
 /// Migration counters every stand-in reports.
 pub const PROMOTIONS: u64 = 7;
@@ -211,9 +215,14 @@ impl Worker {
             Command::Report if self.id.starts_with("noreport-") => {
                 Err(Refusal::new(RefusalKind::Failed, "the report was lost"))
             }
-            Command::Report if self.ended => Ok(Reply::Report {
-                report: serde_json::json!({ "id": self.id, "stop_reason": "duration" }),
-            }),
+            Command::Report if self.ended => {
+                if self.id.starts_with("slowreport-") {
+                    std::thread::sleep(REPORT_TIME);
+                }
+                Ok(Reply::Report {
+                    report: serde_json::json!({ "id": self.id, "stop_reason": "duration" }),
+                })
+            }
             Command::Report => Err(Refusal::new(RefusalKind::NotReady, "still running")),
             Command::Stop if self.id.starts_with("slowstop-") && self.ended => Err(Refusal::new(
                 RefusalKind::NotReady,
