@@ -19,7 +19,7 @@
 //!   with code 3 when stopped;
 //! - `oops-…`: a stop ends in a crash the worker cannot describe;
 //! - `noreport-…`: has no report to give when its VM ended;
-//!   `slowreport-…`: gives it after [`REPORT_TIME`];
+//! - `slowreport-…`: gives its report only after [`REPORT_TIME`];
 //! - `slowstop-…`: never ends once asked to stop, and refuses a second
 //!   stop as not ready;
 //! - `refuse-…`: refuses policy switches ([`refusal_for`] says how);
@@ -34,8 +34,10 @@
 //! - anything else (`vm-N` too): a VM that runs until it is stopped.
 //!
 //! Each stand-in appends the capacity of each `set-capacity` it gets to
-//! `DIR/resizes-ID`. While the file `DIR/mute-ID` exists the stand-in answers nothing (a
-//! stopped or stuck worker, alive but silent).
+//! `DIR/resizes-ID`. While the file `DIR/mute-ID` exists it answers
+//! nothing (a stopped or stuck worker, alive but silent). Its numbers
+//! (statistics, gain curves) are made up: the tests check what the
+//! service does with them, never a placement.
 
 #![allow(dead_code)] // each test file uses part of the harness
 
