@@ -85,7 +85,8 @@ pub const STOP_TIME: Duration = Duration::from_millis(500);
 /// How long a `slowreport-…` stand-in takes to give its report.
 pub const REPORT_TIME: Duration = Duration::from_secs(2);
 
-/// Migration counters every stand-in reports.
+/// Promotions every stand-in reports (its other migration counters are 8
+/// to 13, its guest stall 2.5 s).
 pub const PROMOTIONS: u64 = 7;
 
 /// The test binary's entry as a worker: serves the channel and exits
