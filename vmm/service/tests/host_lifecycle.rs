@@ -96,6 +96,12 @@ fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
         assert!(std::time::Instant::now() < deadline, "the record stays");
         std::thread::sleep(Duration::from_millis(10));
     }
+    one_lifes_events(&svc, &v.uuid);
+}
+
+/// The events of the one VM `vm-1` (`uuid`) created, run, deleted and
+/// removed: in order, each naming it, with consecutive numbers and times.
+fn one_lifes_events(svc: &Service, uuid: &str) {
     let (events, last) = svc.host.events_since(0);
     let seen: Vec<(String, Option<String>, Option<String>)> = (events.iter())
         .filter(|e| e.kind != "division")
@@ -117,7 +123,7 @@ fn a_vm_runs_is_polled_stops_on_delete_leaves_its_report_and_is_removed() {
     assert_eq!(last, events.last().map_or(0, |e| e.seq));
     assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
     assert!(
-        events.iter().all(|e| e.vm == "vm-1" && e.uuid == v.uuid),
+        events.iter().all(|e| e.vm == "vm-1" && e.uuid == uuid),
         "each event names its VM: {events:?}"
     );
     let (first, end) = (events[0].time_unix, events[events.len() - 1].time_unix);

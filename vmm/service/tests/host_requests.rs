@@ -273,40 +273,24 @@ fn patch_fast_checks_its_bounds_and_the_new_target_reaches_the_worker() {
         assert_eq!(e.kind, kind, "{json}: {e:?}");
         assert!(e.message.contains(says), "{json}: {e:?}");
     };
-    refused(&a.id, r#"{"min":"3M"}"#, HostErrorKind::Invalid, "min 3M");
-    refused(&a.id, r#"{"max":"3M"}"#, HostErrorKind::Invalid, "max 3M");
-    refused(
-        &a.id,
-        r#"{"min":"130M"}"#,
-        HostErrorKind::Invalid,
-        "need min <= max",
-    );
-    refused(
-        &a.id,
-        r#"{"max":"258M"}"#,
-        HostErrorKind::Invalid,
-        "need min <= max",
-    );
-    refused(
-        &a.id,
-        r#"{"weight":0}"#,
-        HostErrorKind::Invalid,
-        "out of range",
-    );
-    // b holds 64M of the 256M pool: a's min may be 192M, not one unit more.
-    let over = r#"{"min":"194M","max":"256M"}"#;
-    refused(
-        &a.id,
-        over,
-        HostErrorKind::Conflict,
-        "min 194M does not fit",
-    );
-    refused(
-        "nope",
-        r#"{"min":"2M"}"#,
-        HostErrorKind::NotFound,
-        "no VM 'nope'",
-    );
+    use HostErrorKind::{Conflict, Invalid, NotFound};
+    for (id, json, kind, says) in [
+        (a.id.as_str(), r#"{"min":"3M"}"#, Invalid, "min 3M"),
+        (&a.id, r#"{"max":"3M"}"#, Invalid, "max 3M"),
+        (&a.id, r#"{"min":"130M"}"#, Invalid, "need min <= max"),
+        (&a.id, r#"{"max":"258M"}"#, Invalid, "need min <= max"),
+        (&a.id, r#"{"weight":0}"#, Invalid, "out of range"),
+        // b holds 64M of the 256M pool: a's min may be 192M, not a unit more.
+        (
+            &a.id,
+            r#"{"min":"194M","max":"256M"}"#,
+            Conflict,
+            "min 194M does not fit",
+        ),
+        ("nope", r#"{"min":"2M"}"#, NotFound, "no VM 'nope'"),
+    ] {
+        refused(id, json, kind, says);
+    }
     let f = patch(&a.id, r#"{"min":"192M","max":"256M","weight":3}"#).expect("an exact fit");
     assert_eq!(
         (f.min_bytes, f.max_bytes, f.weight),
@@ -346,12 +330,7 @@ fn patch_fast_checks_its_bounds_and_the_new_target_reaches_the_worker() {
     // An ended VM's share cannot change.
     assert_eq!(svc.host.delete(&b.id, true), Ok(true));
     svc.wait_state(&b.id, "stopped");
-    refused(
-        &b.id,
-        r#"{"min":"2M"}"#,
-        HostErrorKind::Conflict,
-        "is stopped",
-    );
+    refused(&b.id, r#"{"min":"2M"}"#, Conflict, "is stopped");
 }
 
 #[test]

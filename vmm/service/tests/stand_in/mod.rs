@@ -227,33 +227,40 @@ impl Worker {
                 })
             }
             Command::Report => Err(Refusal::new(RefusalKind::NotReady, "still running")),
-            Command::Stop if self.id.starts_with("slowstop-") && self.ended => Err(Refusal::new(
-                RefusalKind::NotReady,
-                "the VM is stopping already",
-            )),
-            Command::Stop if self.id.starts_with("slowstop-") => {
-                self.ended = true;
-                Ok(Reply::Ok)
-            }
-            Command::Stop if self.id.starts_with("die-") => {
-                self.reply(id, Ok(Reply::Ok))?;
-                std::process::exit(3);
-            }
-            Command::Stop => {
-                self.reply(id, Ok(Reply::Ok))?;
-                self.ended = true;
-                // A guest takes a moment to stop; `quick-…` ends at once.
-                if !self.id.starts_with("quick-") {
-                    std::thread::sleep(STOP_TIME);
-                }
-                return self.send(&self.finished()).map(|()| true);
-            }
+            Command::Stop => return self.stop(id).map(|()| true),
             Command::Exit => {
                 self.reply(id, Ok(Reply::Ok))?;
                 return Ok(false);
             }
         };
         self.reply(id, result).map(|()| true)
+    }
+
+    /// Answers a stop and, but for `slowstop-…` and `die-…`, reports the
+    /// VM's end.
+    fn stop(&mut self, id: u64) -> std::io::Result<()> {
+        if self.id.starts_with("slowstop-") {
+            let result = if self.ended {
+                Err(Refusal::new(
+                    RefusalKind::NotReady,
+                    "the VM is stopping already",
+                ))
+            } else {
+                Ok(Reply::Ok)
+            };
+            self.ended = true;
+            return self.reply(id, result);
+        }
+        self.reply(id, Ok(Reply::Ok))?;
+        if self.id.starts_with("die-") {
+            std::process::exit(3);
+        }
+        self.ended = true;
+        // A guest takes a moment to stop; `quick-…` ends at once.
+        if !self.id.starts_with("quick-") {
+            std::thread::sleep(STOP_TIME);
+        }
+        self.send(&self.finished())
     }
 
     /// Appends `bytes` to `DIR/resizes-ID` (what the service asked).
