@@ -208,8 +208,7 @@ fn a_killed_worker_is_crashed_and_a_forced_delete_is_stopped() {
     );
     assert_eq!(v.exit.and_then(|e| e.signal), Some(9));
     assert_eq!(svc.host.state().counters.crashes, 1);
-    assert_eq!(svc.host.delete(&b.id, true), Ok(true));
-    let v = svc.wait_state(&b.id, "stopped");
+    let v = svc.force_delete(&b.id);
     assert_eq!(v.stop_reason.as_deref(), Some("force_deleted"));
     assert_eq!(v.error, None, "killed on request is no crash");
     assert_eq!(svc.host.state().counters.crashes, 1);
@@ -218,11 +217,10 @@ fn a_killed_worker_is_crashed_and_a_forced_delete_is_stopped() {
 
 #[test]
 fn a_silent_worker_is_unresponsive_refuses_changes_and_runs_again_once_it_answers() {
-    let (mut cfg, dir) = stand_in::config("silent");
-    cfg.unresponsive_after = Duration::from_millis(1500);
-    let svc = Service::start(cfg, dir);
-    let v = svc.running(None, &zipf(64, 0, 64));
-    svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
+    let svc = Service::with("silent", |cfg| {
+        cfg.unresponsive_after = Duration::from_millis(1500);
+    });
+    let v = svc.polled(None, &zipf(64, 0, 64));
     svc.mute(&v.id, true);
     let u = svc.wait_state(&v.id, "unresponsive");
     assert!(u.silent_s.is_some_and(|s| s > 1.5), "{u:?}");
@@ -277,8 +275,7 @@ fn a_vm_still_starting_refuses_a_stop_as_not_ready_and_is_killed_on_force() {
         .expect_err("not running");
     assert_eq!(e.kind, HostErrorKind::Conflict, "{e:?}");
     assert_eq!(e.message, "VM starting-a is starting");
-    assert_eq!(svc.host.delete("starting-a", true), Ok(true));
-    let v = svc.wait_state("starting-a", "stopped");
+    let v = svc.force_delete("starting-a");
     assert_eq!(v.stop_reason.as_deref(), Some("force_deleted"));
 }
 
@@ -553,8 +550,7 @@ fn a_second_delete_the_worker_refuses_keeps_who_asked_first() {
     let e = svc.host.delete("slowstop-a", false).expect_err("refused");
     assert_eq!(e.kind, HostErrorKind::NotReady, "{e:?}");
     assert_eq!(cause(), Some("deleted"), "the first DELETE asked");
-    assert_eq!(svc.host.delete("slowstop-a", true), Ok(true));
-    let v = svc.wait_state("slowstop-a", "stopped");
+    let v = svc.force_delete("slowstop-a");
     assert_eq!(v.stop_reason.as_deref(), Some("force_deleted"));
 }
 

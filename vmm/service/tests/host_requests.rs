@@ -35,8 +35,7 @@ fn bad(svc: &Service, fields: &str, says: &str) {
 fn ok(svc: &Service, name: Option<&str>, fields: &str) -> String {
     let json = format!(r#"{{"image":"zipf","args":["rss=16M","wss=8M"]{fields}}}"#);
     let v = create(&svc.host, name, &json).unwrap_or_else(|e| panic!("{fields}: {e:?}"));
-    assert_eq!(svc.host.delete(&v.id, true), Ok(true));
-    svc.wait_vm(&v.id, "ended", |v| v.state == "stopped");
+    svc.force_delete(&v.id);
     assert_eq!(svc.host.delete(&v.id, false), Ok(false));
     v.id
 }
@@ -199,9 +198,9 @@ fn images_are_built_in_or_plain_files_of_the_image_dir_and_named_so_in_errors() 
 
 #[test]
 fn the_worker_is_asked_to_run_the_request_with_the_fast_tier_admission_left() {
-    let (mut cfg, dir) = stand_in::config("spec");
-    cfg.max_vms = 3;
-    let svc = Service::start(cfg, dir);
+    let svc = Service::with("spec", |cfg| {
+        cfg.max_vms = 3;
+    });
     // The first VM's max is its min: it never holds more than 192M.
     let a = svc.running(None, &zipf(256, 192, 192));
     let b_json = r#"{"image":"zipf","args":["rss=16M"],"mem":"128M","vcpus":2,"seed":42,
@@ -328,8 +327,7 @@ fn patch_fast_checks_its_bounds_and_the_new_target_reaches_the_worker() {
         Some(stand_in::accesses_per_sec(&a.id))
     );
     // An ended VM's share cannot change.
-    assert_eq!(svc.host.delete(&b.id, true), Ok(true));
-    svc.wait_state(&b.id, "stopped");
+    svc.force_delete(&b.id);
     refused(&b.id, r#"{"min":"2M"}"#, Conflict, "is stopped");
 }
 
@@ -388,13 +386,13 @@ fn the_division_grants_spare_capacity_to_the_vm_that_gains_more_and_the_worker_a
     // Two VMs with the same gain curves, one with ten times the other's
     // host-measured accesses; a pool with no whole quantum (64M) spare
     // until both are measured, then grown by one quantum and a half.
-    let (mut cfg, dir) = stand_in::config("division");
-    cfg.fast_pool = 64 * M;
-    // No round but those a change wakes (a create, an event, a PATCH).
-    cfg.period = Duration::from_secs(600);
-    // Dwells longer than any wait here: a move that waits one never comes.
-    (cfg.division.dwell_s, cfg.division.reverse_dwell_s) = (600.0, 600.0);
-    let svc = Service::start(cfg, dir);
+    let svc = Service::with("division", |cfg| {
+        cfg.fast_pool = 64 * M;
+        // No round but those a change wakes (a create, an event, a PATCH).
+        cfg.period = Duration::from_secs(600);
+        // Dwells longer than any wait here: a move that waits one never comes.
+        (cfg.division.dwell_s, cfg.division.reverse_dwell_s) = (600.0, 600.0);
+    });
     let cold = svc.running(Some("cold"), &zipf(256, 16, 256));
     let hot = svc.running(Some("hot-a"), &zipf(256, 16, 256));
     for id in [&cold.id, &hot.id] {
@@ -508,9 +506,9 @@ fn a_pool_larger_than_its_node_is_refused() {
 
 #[test]
 fn the_slow_pool_admits_an_exact_fit_and_a_shrink_not_converged_stays_committed() {
-    let (mut cfg, dir) = stand_in::config("committed");
-    cfg.slow_pool = 192 * M;
-    let svc = Service::start(cfg, dir);
+    let svc = Service::with("committed", |cfg| {
+        cfg.slow_pool = 192 * M;
+    });
     let v = svc.running(Some("sticky-a"), &zipf(128, 64, 64));
     let labelled = r#"{"image":"zipf","args":["rss=16M"],"mem":"64M","labels":{"team":"x"}}"#;
     let b = create(&svc.host, None, labelled).expect("exactly what is left of the slow pool");
@@ -536,11 +534,10 @@ fn the_slow_pool_admits_an_exact_fit_and_a_shrink_not_converged_stays_committed(
 
 #[test]
 fn a_round_comes_once_a_period_when_nothing_changes() {
-    let (mut cfg, dir) = stand_in::config("period");
-    cfg.period = Duration::from_secs(2);
-    let svc = Service::start(cfg, dir);
-    let v = svc.running(None, &zipf(64, 0, 64));
-    svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
+    let svc = Service::with("period", |cfg| {
+        cfg.period = Duration::from_secs(2);
+    });
+    svc.polled(None, &zipf(64, 0, 64));
     // Nothing changes for 8 s (the statistics poll each second wakes no
     // round): 4 rounds, one more or less by where the window falls, one
     // less again on a loaded machine (a round waits for the poll under
@@ -557,9 +554,9 @@ fn a_round_comes_once_a_period_when_nothing_changes() {
 
 #[test]
 fn a_resize_is_sent_only_to_a_running_vm_not_at_its_target() {
-    let (mut cfg, dir) = stand_in::config("resizes");
-    cfg.period = Duration::from_millis(200);
-    let svc = Service::start(cfg, dir);
+    let svc = Service::with("resizes", |cfg| {
+        cfg.period = Duration::from_millis(200);
+    });
     // Its min is its max: its target never moves from what it started with.
     let v = svc.running(None, &zipf(64, 64, 64));
     let s = create(&svc.host, Some("starting-b"), &zipf(128, 0, 128)).expect("admitted");
@@ -575,19 +572,17 @@ fn a_resize_is_sent_only_to_a_running_vm_not_at_its_target() {
     assert!(svc.info(&s.id).fast.target_bytes > 0);
     assert_eq!(svc.resizes(&s.id), Vec::<u64>::new(), "a VM still starting");
     // (A VM that never starts outlasts a shutdown's grace: killed here.)
-    assert_eq!(svc.host.delete(&s.id, true), Ok(true));
-    svc.wait_state(&s.id, "stopped");
+    svc.force_delete(&s.id);
 }
 
 #[test]
 fn a_vm_without_a_measured_access_rate_shares_the_capacity_nobody_values() {
     // Its gain curve is no use without a rate: the spare is spread to it
     // as to a VM never measured, whole quanta up to its max.
-    let (mut cfg, dir) = stand_in::config("unmeasured");
-    cfg.fast_pool = 16 * M;
-    let svc = Service::start(cfg, dir);
-    let v = svc.running(Some("unmeasured-a"), &zipf(256, 16, 256));
-    svc.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0);
+    let svc = Service::with("unmeasured", |cfg| {
+        cfg.fast_pool = 16 * M;
+    });
+    let v = svc.polled(Some("unmeasured-a"), &zipf(256, 16, 256));
     let i = svc.info(&v.id);
     assert!(
         i.fast

@@ -403,7 +403,13 @@ impl Service {
 
     /// A service as [`config`] makes it.
     pub fn new(test: &str) -> Self {
-        let (cfg, dir) = config(test);
+        Self::with(test, |_| {})
+    }
+
+    /// A service as [`config`] makes it, its config changed by `tweak`.
+    pub fn with(test: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Self {
+        let (mut cfg, dir) = config(test);
+        tweak(&mut cfg);
         Self::start(cfg, dir)
     }
 
@@ -449,6 +455,20 @@ impl Service {
         let text = std::fs::read_to_string(self.dir.join(format!("resizes-{id}")));
         let text = text.unwrap_or_default();
         text.lines().filter_map(|l| l.parse().ok()).collect()
+    }
+
+    /// Creates a VM as [`Service::running`] does and waits until its
+    /// statistics have been polled.
+    pub fn polled(&self, name: Option<&str>, json: &str) -> VmInfo {
+        let v = self.running(name, json);
+        self.wait_vm(&v.id, "polled", |v| v.ops_per_sec > 0.0)
+    }
+
+    /// `DELETE ?force=true` of VM `id`, answered 202, and its answer once
+    /// it has stopped.
+    pub fn force_delete(&self, id: &str) -> VmInfo {
+        assert_eq!(self.host.delete(id, true), Ok(true), "{id}");
+        self.wait_state(id, "stopped")
     }
 
     /// Mutes (`true`) or unmutes VM `id`'s stand-in.
