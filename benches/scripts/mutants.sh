@@ -21,6 +21,14 @@
 #             a warm build; exits 1 when a mutant of it is missed or times
 #             out, or the run does not complete
 #
+# MUTANTS_IN_PLACE=1 mutates this checkout's files in place (cargo-mutants'
+# --in-place) instead of a copy of the tree: meant for a checkout of its
+# own (`git worktree add --detach DIR`). Each copy is a new path, so its
+# baseline rebuilds the workspace's crates (about 3 min for `tiering` on
+# this host); in place, the baseline build is incremental. A mutated file
+# must be unchanged in git at the start, and it is restored from git after
+# the run (a run cut by its budget can leave its last mutant in the file).
+#
 # Each mutant is built and tested by the tests that guard its file (see
 # tests_for below), not the whole workspace: the memory layer's unit tests
 # for tiering/src/mem, the policies' for tiering/src/policy, the seccomp and
@@ -189,9 +197,17 @@ export CARGO_PROFILE_DEV_DEBUG=0
 status=0
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "no such file: $f" >&2; exit 1; }
+  in_place=()
+  if [ "${MUTANTS_IN_PLACE:-}" = 1 ] && [ "$list" = 0 ]; then
+    if ! git diff --quiet HEAD -- "$f"; then
+      echo "MUTANTS_IN_PLACE=1: $f has changes git does not have; an interrupted run is restored from git, so commit or stash them first" >&2
+      exit 1
+    fi
+    in_place=(--in-place)
+  fi
   out="target/mutants/$(echo "$f" | tr '/' '_')"
   mkdir -p "$out"
-  args=(--no-config "${config_args[@]}" "${tool_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"})
+  args=(--no-config "${config_args[@]}" "${tool_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"} "${in_place[@]}")
   if [ "$iterate" = 1 ]; then args+=(--iterate); fi
   if [ "$list" = 1 ]; then
     nice -n 15 cargo mutants "${args[@]}" --list
@@ -202,6 +218,10 @@ for f in "${files[@]}"; do
   rc=0
   timeout --kill-after=60 "$budget" nice -n 15 \
     cargo mutants "${args[@]}" -- "${test_args[@]}" >"$out/run.log" 2>&1 || rc=$?
+  if [ ${#in_place[@]} -gt 0 ] && ! git diff --quiet HEAD -- "$f"; then
+    git checkout HEAD -- "$f"
+    echo "$f: restored from git (the run left a mutant in it)" >&2
+  fi
   d="$out/mutants.out"
   complete=yes
   case "$rc" in
