@@ -308,14 +308,22 @@ func (d *Driver) startVM(ctx context.Context, host *tiervm.Host, e *Entry) error
 	named := host.Named()
 	if named {
 		// A record of an ended VM of that name (a restart of the service)
-		// makes the name's PUT a 409: remove it first.
+		// makes the name's PUT a 409: remove it first. One still stopping
+		// (an earlier preparation's) holds the name until it ends.
 		if vm, err := d.svc.Get(ctx, e.VMName); err == nil && vm.Ended() {
 			_ = d.svc.Remove(ctx, vm.ID)
+		} else if err == nil && vm.State == "stopping" {
+			return d.nameHeld(e, vm)
 		}
 	}
 	vm, err := d.svc.Create(ctx, named, e.VMName, e.Spec)
 	if err != nil {
 		if tiervm.IsConflict(err) {
+			// The name's VM may have appeared or changed since the Get:
+			// then the 409 is about the name, not about capacity.
+			if old, gerr := d.svc.Get(ctx, e.VMName); named && gerr == nil {
+				return d.nameHeld(e, old)
+			}
 			return fmt.Errorf("node %s cannot honour claim %s/%s (fast.min %d, mem %d): %w", d.cfg.NodeName, e.Namespace, e.Name, e.FastMin(), e.Spec.Mem, err)
 		}
 		return fmt.Errorf("node %s: create VM: %w", d.cfg.NodeName, err)
@@ -325,6 +333,13 @@ func (d *Driver) startVM(ctx context.Context, host *tiervm.Host, e *Entry) error
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return nil
+}
+
+// nameHeld is the error of a prepare whose VM name is still held by vm,
+// a VM of an earlier preparation of the claim (stopping, or created under
+// another request): the kubelet retries once it has ended.
+func (d *Driver) nameHeld(e *Entry, vm *tiervm.VM) error {
+	return fmt.Errorf("node %s: claim %s/%s: its VM name %s is still held by VM %s (%s) of an earlier preparation; the kubelet retries once it has ended", d.cfg.NodeName, e.Namespace, e.Name, e.VMName, vm.ID, vm.State)
 }
 
 // awaitRunning waits, bounded by StartTimeout, for VM id (of claim, for

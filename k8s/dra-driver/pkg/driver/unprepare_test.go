@@ -28,6 +28,9 @@ type slowStopService struct {
 	creates int
 	stopped chan struct{} // closed at the first DELETE of the running VM
 	startAs string        // the state a created VM starts in ("" for running)
+	// conflict makes the next create a 409 (the service's refusal), after
+	// which the VM is in that state ("" for none: a refusal for capacity).
+	conflict *string
 }
 
 func (s *slowStopService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -41,6 +44,10 @@ func (s *slowStopService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"boot_id":"b1","pools":[{"tier":"fast","capacity_bytes":1073741824},{"tier":"slow","capacity_bytes":1073741824}]}`))
 	case r.Method == http.MethodGet && r.URL.Path == "/v1/vms":
 		_, _ = w.Write([]byte(`[]`))
+	case (r.Method == http.MethodPost || r.Method == http.MethodPut) && s.conflict != nil:
+		s.state, s.conflict = *s.conflict, nil
+		w.WriteHeader(409)
+		_, _ = w.Write([]byte(`{"code":"conflict","message":"refused","fix":"-"}`))
 	case r.Method == http.MethodPost || r.Method == http.MethodPut:
 		s.creates++
 		w.WriteHeader(201)
@@ -321,5 +328,40 @@ func TestAPrepareRetriedAfterTheKubeletsDeadlineWaitsForTheSameVM(t *testing.T) 
 	}
 	if e := d.Snapshot()[c.UID]; e.Phase != PhasePrepared || svc.creates != 1 {
 		t.Fatalf("after the retry: %+v, VMs created %d (want 1)", e, svc.creates)
+	}
+}
+
+// A prepare whose VM name is held by an earlier VM of the claim (stopping,
+// or created meanwhile) fails with that VM's state for the kubelet to
+// retry, not as a claim the node cannot honour; a 409 with no VM of the
+// name is one. Once the earlier VM has ended, a prepare creates the VM.
+func TestAPrepareWhoseVMNameIsStillHeld(t *testing.T) {
+	running, none := "running", ""
+	for _, tc := range []struct {
+		what     string
+		state    string  // the name's VM before the prepare ("" none)
+		conflict *string // the create's 409, then the name's VM state
+		want     string
+	}{
+		{"an earlier VM still stopping", "stopping", nil, "still held by VM k8s-vm (stopping)"},
+		{"a VM of the name created meanwhile", "", &running, "still held by VM k8s-vm (running)"},
+		{"a refusal for capacity", "", &none, "cannot honour claim"},
+	} {
+		d, svc, c := standInDriver(t, tc.state, "")
+		svc.conflict = tc.conflict
+		_, err := d.prepare(context.Background(), c)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%s: prepare: %v (want %q)", tc.what, err, tc.want)
+		}
+		if tc.want != "cannot honour claim" && strings.Contains(err.Error(), "cannot honour") {
+			t.Fatalf("%s: reported as a claim the node cannot honour: %v", tc.what, err)
+		}
+		if len(d.Snapshot()) != 0 || svc.creates != 0 {
+			t.Fatalf("%s: after the failed prepare: entries %v, VMs created %d", tc.what, d.Snapshot(), svc.creates)
+		}
+		svc.end()
+		if _, err := d.prepare(context.Background(), c); err != nil || svc.creates != 1 {
+			t.Fatalf("%s: a prepare once the VM ended: %v (VMs created: %d)", tc.what, err, svc.creates)
+		}
 	}
 }
