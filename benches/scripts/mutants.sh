@@ -203,11 +203,12 @@ for f in "${files[@]}"; do
       echo "MUTANTS_IN_PLACE=1: $f has changes git does not have; an interrupted run is restored from git, so commit or stash them first" >&2
       exit 1
     fi
-    in_place=(--in-place)
+    in_place=(--in-place)  # one mutant at a time already: no --jobs
   fi
   out="target/mutants/$(echo "$f" | tr '/' '_')"
   mkdir -p "$out"
-  args=(--no-config "${config_args[@]}" "${tool_args[@]}" --file "$f" --jobs 1 --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"} "${in_place[@]}")
+  args=(--no-config "${config_args[@]}" "${tool_args[@]}" --file "$f" --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"})
+  if [ ${#in_place[@]} -gt 0 ]; then args+=("${in_place[@]}"); else args+=(--jobs 1); fi
   if [ "$iterate" = 1 ]; then args+=(--iterate); fi
   if [ "$list" = 1 ]; then
     nice -n 15 cargo mutants "${args[@]}" --list
