@@ -158,36 +158,21 @@ count() { if [ -f "$1" ]; then grep -c . "$1" || true; else echo 0; fi; }
 # and the KVM dirty log's re-arm of pages (`clear`) and its segment layout
 # (`segmented`): 46 mutants, about 3-4 minutes on 2 busy cores after a warm
 # build (docs/results.md section 12). Any missed or timed-out mutant, or a
-# run cut short, fails it. With MUTANTS_IN_PLACE=1 (CI's fresh clone) it
-# mutates the checkout in place, so its baseline reuses the test suite's
-# build instead of building the workspace's crates again in a copy.
+# run cut short, fails it.
 if [ "$ci" = 1 ]; then
   out=target/mutants/ci
   rm -rf "$out"
   mkdir -p "$out"
   rc=0
   start=$(date +%s)
-  ci_files=(vmm/core/src/seccomp/allowlist.rs vmm/core/src/kvm_dirty_log.rs)
-  mode=(--jobs 1)
-  if [ "${MUTANTS_IN_PLACE:-}" = 1 ]; then
-    if ! git diff --quiet HEAD -- "${ci_files[@]}"; then
-      echo "MUTANTS_IN_PLACE=1: ${ci_files[*]} have changes git does not have; an interrupted run is restored from git, so commit or stash them first" >&2
-      exit 1
-    fi
-    mode=(--in-place)
-  fi
   timeout --kill-after=60 "$budget" nice -n 15 cargo mutants --no-config "${config_args[@]}" \
-    "${mode[@]}" --output "$out" \
+    --jobs 1 --output "$out" \
     --file vmm/core/src/seccomp/allowlist.rs --file vmm/core/src/kvm_dirty_log.rs \
     --re 'seccomp/allowlist\.rs|kvm_dirty_log\.rs:.*(<impl DirtyLog for KvmDirtyLog>::clear( |$)|KvmDirtyLog::segmented)' \
     -- --lib --test seccomp_denylist --test kvm_clear_dirty_log \
     -- seccomp no_role the_vcpu a_role kvm_dirty_log clearing_pages segmented manual_protect \
     >"$out/run.log" 2>&1 || rc=$?
-  if [ "${mode[0]}" = --in-place ] && ! git diff --quiet HEAD -- "${ci_files[@]}"; then
-    git checkout HEAD -- "${ci_files[@]}"
-    echo "CI shard: restored ${ci_files[*]} from git (the run left a mutant in them)" >&2
-  fi
-  touch "${ci_files[@]}"
+  touch vmm/core/src/seccomp/allowlist.rs vmm/core/src/kvm_dirty_log.rs
   d="$out/mutants.out"
   caught=$(count "$d/caught.txt"); missed=$(count "$d/missed.txt")
   timeout=$(count "$d/timeout.txt"); unviable=$(count "$d/unviable.txt")
