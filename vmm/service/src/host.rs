@@ -504,10 +504,15 @@ fn unresponsive(v: &VmEntry) -> HostError {
         .link
         .as_ref()
         .map_or(0.0, |l| l.silent_for().as_secs_f64());
+    let why = v
+        .link
+        .as_ref()
+        .and_then(|l| l.condition())
+        .unwrap_or_else(|| "stopped, frozen or stuck".into());
     HostError::new(
         HostErrorKind::Unresponsive,
         format!(
-            "VM {} is unresponsive: its process has not answered for {silent:.0} s (stopped, frozen or stuck); nothing was changed",
+            "VM {} is unresponsive: its process has not answered for {silent:.0} s ({why}); nothing was changed",
             v.id
         ),
         format!(
@@ -2070,6 +2075,11 @@ pub fn info_of(v: &VmEntry, emulated: bool) -> VmInfo {
             .as_ref()
             .filter(|_| v.state.active())
             .map(|l| l.silent_for().as_secs_f64()),
+        process_condition: v
+            .link
+            .as_ref()
+            .filter(|_| v.state == VmState::Unresponsive)
+            .and_then(|l| l.condition()),
         pid: v.pid,
         image: v.spec.vm.image.clone(),
         args: v.spec.vm.args.clone(),

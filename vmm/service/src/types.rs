@@ -553,6 +553,11 @@ pub struct VmInfo {
     pub state: String,
     /// Seconds since the VM's process last answered (while it runs).
     pub silent_s: Option<f64>,
+    /// While the VM is unresponsive, what `/proc` says its process is
+    /// doing when that explains the silence: stopped by a signal or a
+    /// tracer, or a thread waiting uninterruptibly in the kernel, and
+    /// where; `null` otherwise (a busy or sleeping process).
+    pub process_condition: Option<String>,
     /// The worker's process id while it runs.
     pub pid: Option<u32>,
     /// Image.

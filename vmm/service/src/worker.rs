@@ -210,6 +210,21 @@ impl WorkerLink {
         lock(&self.last_heard).elapsed()
     }
 
+    /// What `/proc` says the process is doing, when that explains its
+    /// silence: stopped by a signal or a tracer, exited and not yet
+    /// reaped, or a thread waiting uninterruptibly in the kernel (and
+    /// where). `None` when it runs or sleeps as any busy process may, when
+    /// `/proc` cannot say, or while a reap holds the process (the process
+    /// is read only while it is ours and unreaped, so its pid is not
+    /// another's).
+    pub fn condition(&self) -> Option<String> {
+        let mut child = self.child.try_lock().ok()?;
+        if !matches!(child.try_wait(), Ok(None)) {
+            return None;
+        }
+        process_condition(Path::new("/proc"), self.pid)
+    }
+
     /// Kills the process (SIGKILL: works on a stopped process too); its
     /// reader reaps it when the channel closes.
     pub fn kill(&self) {
@@ -246,6 +261,44 @@ impl WorkerLink {
     pub fn exited(&self) -> Option<ExitInfo> {
         lock(&self.child).try_wait().ok().flatten().map(Into::into)
     }
+}
+
+/// The state letter of a `stat` file of `/proc` (after the command's
+/// closing parenthesis, which may itself hold one).
+fn stat_state(path: &Path) -> Option<char> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// See [`WorkerLink::condition`]; `proc` is `/proc` (a copy in tests).
+fn process_condition(proc: &Path, pid: u32) -> Option<String> {
+    let dir = proc.join(pid.to_string());
+    match stat_state(&dir.join("stat"))? {
+        'T' => return Some("its process is stopped by a signal (SIGCONT resumes it)".into()),
+        't' => return Some("its process is stopped by a tracer".into()),
+        'Z' | 'X' => return Some("its process has exited".into()),
+        _ => {}
+    }
+    let tasks = std::fs::read_dir(dir.join("task")).ok()?;
+    let blocked = tasks
+        .flatten()
+        .map(|t| t.path())
+        .find(|t| stat_state(&t.join("stat")) == Some('D'))?;
+    let read = |f: &str| std::fs::read_to_string(blocked.join(f)).unwrap_or_default();
+    let (wchan, comm) = (read("wchan"), read("comm"));
+    let tid = blocked
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let at = match wchan.trim() {
+        "" | "0" => String::new(),
+        w => format!(" in {w}"),
+    };
+    Some(format!(
+        "its thread {tid} ({}) waits uninterruptibly in the kernel{at}",
+        comm.trim()
+    ))
 }
 
 fn read_loop(
@@ -296,5 +349,70 @@ pub fn release_free_heap() {
     // memory of the allocator's arenas to the kernel.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task of a fake process: `(tid, stat state, comm, wchan)`.
+    type Task = (u32, char, &'static str, &'static str);
+
+    /// A copy of `/proc/7` under `root` with the given process state and
+    /// tasks.
+    fn fake_proc(root: &Path, state: char, tasks: &[Task]) {
+        let _ = std::fs::remove_dir_all(root);
+        let dir = root.join("7");
+        // A command with a parenthesis and a space, as a process may name itself.
+        std::fs::create_dir_all(dir.join("task")).unwrap();
+        std::fs::write(dir.join("stat"), format!("7 (a) b) {state} 1 7 7")).unwrap();
+        for (tid, st, comm, wchan) in tasks {
+            let t = dir.join("task").join(tid.to_string());
+            std::fs::create_dir_all(&t).unwrap();
+            std::fs::write(t.join("stat"), format!("{tid} ({comm}) {st} 1")).unwrap();
+            std::fs::write(t.join("comm"), format!("{comm}\n")).unwrap();
+            std::fs::write(t.join("wchan"), wchan).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_condition_names_a_stopped_process_or_a_thread_stuck_in_the_kernel() {
+        let cases: [(char, Vec<Task>, Option<&str>); 7] = [
+            (
+                'T',
+                vec![],
+                Some("its process is stopped by a signal (SIGCONT resumes it)"),
+            ),
+            ('t', vec![], Some("its process is stopped by a tracer")),
+            ('Z', vec![], Some("its process has exited")),
+            (
+                'S',
+                vec![(7, 'S', "tiervm", "0"), (9, 'R', "vcpu 0", "0")],
+                None,
+            ),
+            (
+                'S',
+                vec![(7, 'S', "tiervm", "0"), (9, 'D', "vcpu 0", "hugetlb_fault")],
+                Some("its thread 9 (vcpu 0) waits uninterruptibly in the kernel in hugetlb_fault"),
+            ),
+            (
+                'D',
+                vec![(7, 'D', "tiervm", "0")],
+                Some("its thread 7 (tiervm) waits uninterruptibly in the kernel"),
+            ),
+            ('R', vec![], None),
+        ];
+        let root = std::env::temp_dir().join(format!("tiervm-proc-{}", std::process::id()));
+        for (state, tasks, want) in cases {
+            fake_proc(&root, state, &tasks);
+            assert_eq!(
+                process_condition(&root, 7).as_deref(),
+                want,
+                "state {state}, tasks {tasks:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(process_condition(&root, 7), None);
     }
 }

@@ -224,26 +224,57 @@ fn a_silent_worker_is_unresponsive_refuses_changes_and_runs_again_once_it_answer
     svc.mute(&v.id, true);
     let u = svc.wait_state(&v.id, "unresponsive");
     assert!(u.silent_s.is_some_and(|s| s > 1.5), "{u:?}");
+    // A process that sleeps tells nothing more than its silence.
+    assert_eq!(u.process_condition, None);
+    refused_as_unresponsive(&svc, &v.id, "(stopped, frozen or stuck)");
+    svc.mute(&v.id, false);
+    svc.wait_state(&v.id, "running");
+    assert_eq!(svc.info(&v.id).process_condition, None);
+    // A process stopped by a signal is named so, in the VM and its errors.
+    let pid = v.pid.expect("a pid") as i32;
+    // SAFETY: kill(2) of the stand-in worker this test's service started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let u = svc.wait_state(&v.id, "unresponsive");
+    let stopped = "its process is stopped by a signal (SIGCONT resumes it)";
+    assert_eq!(u.process_condition.as_deref(), Some(stopped), "{u:?}");
+    refused_as_unresponsive(&svc, &v.id, stopped);
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    svc.wait_state(&v.id, "running");
+    let (events, _) = svc.host.events_since(0);
+    let states: Vec<_> = events.iter().filter_map(|e| e.state.as_deref()).collect();
+    assert_eq!(
+        states,
+        [
+            "starting",
+            "running",
+            "unresponsive",
+            "running",
+            "unresponsive",
+            "running"
+        ]
+    );
+}
+
+/// Every change to unresponsive VM `id` is refused, with an error that
+/// says why (`why`) and how to go on.
+fn refused_as_unresponsive(svc: &Service, id: &str, why: &str) {
     let refused = |r: Result<(), vmm_service::host_error::HostError>| match r {
         Err(e) => {
             assert_eq!(e.kind, HostErrorKind::Unresponsive, "{e:?}");
             assert!(e.message.contains("is unresponsive"), "{e:?}");
+            assert!(e.message.contains(why), "{e:?}");
             assert!(e.fix.contains("force=true"), "{e:?}");
         }
         Ok(()) => panic!("an unresponsive VM changed"),
     };
-    refused(svc.host.delete(&v.id, false).map(|_| ()));
+    refused(svc.host.delete(id, false).map(|_| ()));
     let fast: FastRequest = serde_json::from_str(r#"{"max":"32M"}"#).unwrap();
-    refused(svc.host.patch_fast(&v.id, &fast).map(|_| ()));
+    refused(svc.host.patch_fast(id, &fast).map(|_| ()));
     let tpp = PutPolicy {
         policy: "tpp".into(),
     };
-    refused(svc.host.put_policy(&v.id, &tpp).map(|_| ()));
-    svc.mute(&v.id, false);
-    svc.wait_state(&v.id, "running");
-    let (events, _) = svc.host.events_since(0);
-    let states: Vec<_> = events.iter().filter_map(|e| e.state.as_deref()).collect();
-    assert_eq!(states, ["starting", "running", "unresponsive", "running"]);
+    refused(svc.host.put_policy(id, &tpp).map(|_| ()));
 }
 
 #[test]
