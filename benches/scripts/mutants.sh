@@ -47,7 +47,8 @@
 #
 # Output: target/mutants/<file>/ (cargo-mutants' outcomes.json and
 # caught.txt, missed.txt, timeout.txt, unviable.txt, with a diff and a log per
-# mutant), and per file one line on stdout for docs/results.md:
+# mutant; for a run cut short, not_reached.txt), and per file one line on
+# stdout for docs/results.md:
 #   file | mutants | caught | missed | timed out | unviable | complete
 # Needs: cargo install --locked cargo-mutants.
 set -euo pipefail
@@ -209,6 +210,7 @@ for f in "${files[@]}"; do
   mkdir -p "$out"
   args=(--no-config "${config_args[@]}" "${tool_args[@]}" --file "$f" --output "$out" ${shard:+--shard "$shard"} ${re:+--re "$re"})
   if [ ${#in_place[@]} -gt 0 ]; then args+=("${in_place[@]}"); else args+=(--jobs 1); fi
+  list_args=("${args[@]}")
   if [ "$iterate" = 1 ]; then args+=(--iterate); fi
   if [ "$list" = 1 ]; then
     nice -n 15 cargo mutants "${args[@]}" --list
@@ -239,6 +241,18 @@ for f in "${files[@]}"; do
   echo "$f | $total | $caught | $missed | $timeout | $unviable | $complete"
   if [ "$missed" != 0 ]; then
     sed 's/^/    missed: /' "$d/missed.txt"
+  fi
+  # A run cut short: which mutants it did not reach (the list less every
+  # outcome, and less those an --iterate run skipped as caught before),
+  # for a later --iterate or --re run.
+  if [ "$complete" != yes ] && [ -d "$d" ]; then
+    nice -n 15 cargo mutants "${list_args[@]}" --list 2>/dev/null | sort >"$d/listed.tmp" || true
+    for k in caught missed timeout unviable previously_caught; do
+      if [ -f "$d/$k.txt" ]; then cat "$d/$k.txt"; fi
+    done | sort -u >"$d/done.tmp"
+    comm -23 "$d/listed.tmp" "$d/done.tmp" >"$d/not_reached.txt" || true
+    rm -f "$d/listed.tmp" "$d/done.tmp"
+    echo "    not reached: $(count "$d/not_reached.txt") (listed in $d/not_reached.txt)"
   fi
 done
 exit "$status"
