@@ -868,6 +868,8 @@ mod tests {
         assert!(rep.complete, "{rep:?}");
         assert_eq!(rep.demoted, 10, "{rep:?}");
         assert!((300..310).all(|p| mem.tier_of(p) == Some(1)));
+        // By stop-and-copy in this round, not by TPM again in the next.
+        assert_eq!(mem.stats().migration.stop_copy, 1);
         assert_eq!(
             crate::mem::tests::word(&mem, 303).load(Ordering::SeqCst),
             77
