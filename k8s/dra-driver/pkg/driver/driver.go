@@ -321,8 +321,10 @@ func (d *Driver) startVM(ctx context.Context, host *tiervm.Host, e *Entry) error
 		if tiervm.IsConflict(err) {
 			// The name's VM may have appeared or changed since the Get:
 			// then the 409 is about the name, not about capacity.
-			if old, gerr := d.svc.Get(ctx, e.VMName); named && gerr == nil {
-				return d.nameHeld(e, old)
+			if named {
+				if old, gerr := d.svc.Get(ctx, e.VMName); gerr == nil {
+					return d.nameHeld(e, old)
+				}
 			}
 			return fmt.Errorf("node %s cannot honour claim %s/%s (fast.min %d, mem %d): %w", d.cfg.NodeName, e.Namespace, e.Name, e.FastMin(), e.Spec.Mem, err)
 		}
