@@ -27,6 +27,7 @@
 //! unpark, recover a hole; never take a page a mover owns), and records
 //! it. A vCPU still blocked after [`FATAL_STALL`] ends the run as failed.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -124,16 +125,19 @@ pub fn schedstat(tid: u32) -> Option<(u64, u64)> {
 /// is not: the kernel adds its run-queue delay to schedstat only when it
 /// gets the CPU, so schedstat alone cannot tell it from a sleeper.
 fn asleep(tid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')').and_then(|(_, rest)| {
-                rest.split_whitespace()
-                    .next()
-                    .map(|st| st == "S" || st == "D")
-            })
-        })
-        .unwrap_or(false)
+    matches!(
+        proc_state(Path::new(&format!("/proc/self/task/{tid}/stat"))),
+        Some('S' | 'D')
+    )
+}
+
+/// The state letter of a `/proc` `stat` file (of a process or a thread):
+/// the field after the command's closing parenthesis, which the command
+/// itself may hold.
+pub fn proc_state(stat: &Path) -> Option<char> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    rest.trim_start().chars().next()
 }
 
 /// The top frames of a thread's kernel stack (root only; empty otherwise).

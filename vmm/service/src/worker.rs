@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use vmm_core::liveness::proc_state;
+
 use super::protocol::{encode, Command, FromWorker, Refusal, Reply, ToWorker, WorkerStart};
 
 /// The fd number the channel has in the worker.
@@ -263,18 +265,10 @@ impl WorkerLink {
     }
 }
 
-/// The state letter of a `stat` file of `/proc` (after the command's
-/// closing parenthesis, which may itself hold one).
-fn stat_state(path: &Path) -> Option<char> {
-    let stat = std::fs::read_to_string(path).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.trim_start().chars().next()
-}
-
 /// See [`WorkerLink::condition`]; `proc` is `/proc` (a copy in tests).
 fn process_condition(proc: &Path, pid: u32) -> Option<String> {
     let dir = proc.join(pid.to_string());
-    match stat_state(&dir.join("stat"))? {
+    match proc_state(&dir.join("stat"))? {
         'T' => return Some("its process is stopped by a signal (SIGCONT resumes it)".into()),
         't' => return Some("its process is stopped by a tracer".into()),
         'Z' | 'X' => return Some("its process has exited".into()),
@@ -284,7 +278,7 @@ fn process_condition(proc: &Path, pid: u32) -> Option<String> {
     let blocked = tasks
         .flatten()
         .map(|t| t.path())
-        .find(|t| stat_state(&t.join("stat")) == Some('D'))?;
+        .find(|t| proc_state(&t.join("stat")) == Some('D'))?;
     let read = |f: &str| std::fs::read_to_string(blocked.join(f)).unwrap_or_default();
     let (wchan, comm) = (read("wchan"), read("comm"));
     let tid = blocked
