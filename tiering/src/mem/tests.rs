@@ -2908,6 +2908,16 @@ fn the_chaos_driver_checks_its_config_and_keeps_its_rate() {
         ..ChaosConfig::default()
     };
     let chaos = ChaosDriver::spawn(m.clone(), many).unwrap();
+    // Again from its first failed harvest on (a thread that had not started
+    // within the 100 ms once made an empty report).
+    let began = std::time::Instant::now();
+    while mem.injector().fired(crate::inject::FaultPoint::DirtyGet) == 0 {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "the chaos driver did not harvest within 10 s of its spawn"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     std::thread::sleep(std::time::Duration::from_millis(100));
     let rep = chaos.stop().unwrap();
     mem.injector().set(&[]);
