@@ -47,7 +47,8 @@
 #
 # Output: target/mutants/<file>/ (cargo-mutants' outcomes.json and
 # caught.txt, missed.txt, timeout.txt, unviable.txt, with a diff and a log per
-# mutant; for a run cut short, not_reached.txt), and per file one line on
+# mutant; for a run cut short, not_reached.txt; caught_by.txt, the tests that
+# failed for each caught mutant, and catches_by_test.txt), and per file one line on
 # stdout for docs/results.md:
 #   file | mutants | caught | missed | timed out | unviable | complete
 # Needs: cargo install --locked cargo-mutants.
@@ -241,6 +242,11 @@ for f in "${files[@]}"; do
   echo "$f | $total | $caught | $missed | $timeout | $unviable | $complete"
   if [ "$missed" != 0 ]; then
     sed 's/^/    missed: /' "$d/missed.txt"
+  fi
+  # The test behind each catch (a flaky test makes false catches: see
+  # mutants_caught_by.py), for a reader of the run.
+  if [ -f "$d/outcomes.json" ]; then
+    python3 benches/scripts/mutants_caught_by.py "$d" >"$d/caught_by.txt" 2>"$d/catches_by_test.txt" || true
   fi
   # A run cut short: which mutants it did not reach (the list less every
   # outcome, and less those an --iterate run skipped as caught before),
