@@ -1,0 +1,1 @@
+check\.rs:131:46: replace / with \* in TieredMemory::check_nodes$|check\.rs:136:29: replace < with > in TieredMemory::check_nodes$|check\.rs:198:39: replace << with >> in TieredMemory::present_bits$|check\.rs:244:28: replace match guard !bit\(\&k\.shadow, page\) with false in TieredMemory::recount_against$

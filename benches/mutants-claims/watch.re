@@ -1,0 +1,1 @@
+watch\.rs:282:9: replace TieredMemory::wake_all with \(\)$
