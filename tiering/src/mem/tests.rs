@@ -23,6 +23,18 @@ fn run_unit(p: usize, n: usize) -> Unit {
     Unit::run(p as u64, n as u32)
 }
 
+/// Waits (up to 10 s) for `cond`; whether it held.
+pub(super) fn wait_until(cond: impl Fn() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
 /// Tiered memory of `pages` guest pages with `fast` fast pages and room for
 /// 64 shadows on the slow tier, with its fault handler running and every
 /// page committed (touched once, so `placement` placed it). Skips (None)
@@ -2871,14 +2883,10 @@ fn the_chaos_driver_checks_its_config_and_keeps_its_rate() {
     // spawn: on a loaded host its thread can start late (seen: 6 ms), and
     // its own clock starts with the thread.
     let harvests0 = mem.stats().migration.harvests;
-    let began = std::time::Instant::now();
-    while mem.stats().migration.harvests == harvests0 {
-        assert!(
-            began.elapsed() < std::time::Duration::from_secs(10),
-            "the chaos driver did not harvest within 10 s of its spawn"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    assert!(
+        wait_until(|| mem.stats().migration.harvests != harvests0),
+        "the chaos driver did not harvest within 10 s of its spawn"
+    );
     std::thread::sleep(std::time::Duration::from_millis(300));
     let rep = chaos.stop().unwrap();
     let elapsed = t0.elapsed().as_secs_f64();
@@ -2910,14 +2918,10 @@ fn the_chaos_driver_checks_its_config_and_keeps_its_rate() {
     let chaos = ChaosDriver::spawn(m.clone(), many).unwrap();
     // Again from its first failed harvest on (a thread that had not started
     // within the 100 ms once made an empty report).
-    let began = std::time::Instant::now();
-    while mem.injector().fired(crate::inject::FaultPoint::DirtyGet) == 0 {
-        assert!(
-            began.elapsed() < std::time::Duration::from_secs(10),
-            "the chaos driver did not harvest within 10 s of its spawn"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    assert!(
+        wait_until(|| mem.injector().fired(crate::inject::FaultPoint::DirtyGet) > 0),
+        "the chaos driver did not harvest within 10 s of its spawn"
+    );
     std::thread::sleep(std::time::Duration::from_millis(100));
     let rep = chaos.stop().unwrap();
     mem.injector().set(&[]);

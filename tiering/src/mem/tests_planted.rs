@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::backing::{Parker, Staging};
 use super::pool::Holds;
-use super::tests::setup;
+use super::tests::{setup, wait_until};
 use super::*;
 use crate::inject::{FaultPlan, FaultPoint};
 
@@ -756,18 +756,6 @@ impl Toucher {
             }
         }
     }
-}
-
-/// Waits (up to 10 s) for `cond`; whether it held.
-fn wait_until(cond: impl Fn() -> bool) -> bool {
-    let t0 = std::time::Instant::now();
-    while !cond() {
-        if t0.elapsed() > Duration::from_secs(10) {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
 }
 
 /// A memory of 64 pages, its first 32 committed, with a fault handler.
