@@ -1365,6 +1365,17 @@ mod tests {
         );
     }
 
+    /// The host's node count is that of its NUMA nodes with memory, and at
+    /// least 1 (a host whose nodes cannot be read is one node): what decides
+    /// whether tiers on distinct nodes are real or emulated. cargo-mutants:
+    /// `host_node_count` returning 0 (and returning 1, which only a host
+    /// with two nodes or more can tell apart).
+    #[test]
+    fn the_host_node_count_is_its_nodes_with_memory() {
+        let nodes = crate::host::numa_nodes().map(|v| v.len()).unwrap_or(0);
+        assert_eq!(host_node_count(), nodes.max(1));
+    }
+
     /// Address lookups end where their areas end; the shadow low
     /// watermark defaults to 1/64 of a tier's capacity, at least 16 pages
     /// (16 for a tier that does not exist).
