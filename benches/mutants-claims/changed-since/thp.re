@@ -1,0 +1,1 @@
+tiering/src/mem/thp\.rs:111:9: replace TieredMemory::collapse_split_ranges -> usize with 0$|tiering/src/mem/thp\.rs:111:9: replace TieredMemory::collapse_split_ranges -> usize with 1$|tiering/src/mem/thp\.rs:182:9: replace TieredMemory::collapse_owned_range -> std::io::Result<\(\)> with Ok\(\(\)\)$
