@@ -150,11 +150,17 @@ pub fn image_with_entry_code(name: &str, code: &[u8]) -> std::path::PathBuf {
 }
 
 /// A hook that stops the run once `done` holds for the tiered memory's
-/// counters: tests wait for events, not for a fixed time (the run's
-/// `--duration` and the watchdog bound the wait).
+/// counters and the guest has reported operations: tests wait for events,
+/// not for a fixed time (the run's `--duration` and the watchdog bound the
+/// wait). A workload reports operations from its run phase on, after its
+/// init; a stop asked for during init is forced after the runner's
+/// `STOP_ACK_GRACE` (memcheck's init stamps its whole region without
+/// looking at the stop flag), and a forced run has no exit code.
 pub struct UntilEvents<F: FnMut(&tiering::mem::MemStats) -> bool> {
     mem: Option<std::sync::Arc<tiering::mem::TieredMemory>>,
     done: F,
+    /// Whether a status sample has shown guest operations.
+    guest_ran: bool,
     /// Whether `done` held when the run stopped.
     pub reached: bool,
 }
@@ -165,6 +171,7 @@ impl<F: FnMut(&tiering::mem::MemStats) -> bool> UntilEvents<F> {
         Self {
             mem: None,
             done,
+            guest_ran: false,
             reached: false,
         }
     }
@@ -175,8 +182,12 @@ impl<F: FnMut(&tiering::mem::MemStats) -> bool> RunHooks for UntilEvents<F> {
         self.mem = tiered.cloned();
     }
 
+    fn on_sample(&mut self, ctx: &runner::SampleCtx<'_>) {
+        self.guest_ran |= ctx.ops > 0;
+    }
+
     fn wants_stop(&mut self) -> bool {
-        if !self.reached {
+        if !self.reached && self.guest_ran {
             if let Some(m) = &self.mem {
                 self.reached = (self.done)(&m.stats());
             }
